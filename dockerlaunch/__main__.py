@@ -1,0 +1,3 @@
+from dockerlaunch.cli import main
+
+main()

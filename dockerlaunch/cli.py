@@ -1,0 +1,228 @@
+"""Command line: parse flags, call the planning/apply layers, print results. No logic of its own."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import click
+import yaml
+
+from dockerlaunch import __version__
+from dockerlaunch.config import Overrides, config_schema, load_config
+from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.plan import ClusterPlan, make_plan
+from dockerlaunch.ssh import load_ssh_config
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="dockerlaunch")
+def cli() -> None:
+    """Build pinned LLM-training images and launch them across GPU hosts over SSH."""
+
+
+# ---------------------------------------------------------------- shared options
+
+
+def _split_hosts(ctx, param, value):
+    if value is None:
+        return None
+    hosts = [h.strip() for h in value.split(",") if h.strip()]
+    if not hosts:
+        raise click.BadParameter("give at least one host, e.g. --hosts h1,h2")
+    return hosts
+
+
+def config_options(f):
+    """Flags that override the config file; shared by every command that reads it."""
+    opts = [
+        click.option("--config", "config_path", metavar="PATH", help="Cluster config (default ./dockerlaunch.yaml)."),
+        click.option("--hosts", callback=_split_hosts, metavar="H1,H2", help="Hosts, rank 0 first: [user@]host[:port]."),
+        click.option("--image", metavar="IMAGE", help="Job image."),
+        click.option("--nproc-per-node", type=click.IntRange(1, 1024), help="Processes per host."),
+        click.option("--master-port", type=click.IntRange(1, 65535), help="Rendezvous port on host 0."),
+        click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:ro]", help="Extra mount (repeatable)."),
+        click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra env (repeatable; no secrets)."),
+        click.option("--name", metavar="NAME", help="Job name (containers are NAME-RANK)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _load(kw: dict, command: tuple[str, ...] = ()):
+    ov = Overrides(
+        hosts=kw.pop("hosts"), image=kw.pop("image"), nproc_per_node=kw.pop("nproc_per_node"),
+        master_port=kw.pop("master_port"), mounts=list(kw.pop("mounts")), env=list(kw.pop("env")),
+        name=kw.pop("name"), command=list(command) or None,
+    )
+    return load_config(kw.pop("config_path"), ov)
+
+
+# ---------------------------------------------------------------- commands
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of the cluster config."""
+    click.echo(json.dumps(config_schema(), indent=2))
+
+
+@cli.group("config", context_settings=CONTEXT)
+def config_group() -> None:
+    """Inspect the cluster config."""
+
+
+@config_group.command("show")
+@config_options
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+def config_show(fmt: str, **kw) -> None:
+    """Print the config after merging the file and the flags."""
+    cfg = _load(kw)
+    data = cfg.model_dump(mode="json")
+    click.echo(json.dumps(data, indent=2) if fmt == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+@cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@config_options
+@click.option("--dry-run", is_flag=True, help="Print the per-host plan; contact no host.")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def up(dry_run: bool, output: str, command: tuple[str, ...], **kw) -> None:
+    """Start the job: one container per host. Put the training command after `--`."""
+    cfg = _load(kw, command)
+    plan = make_plan(cfg, ssh_config=load_ssh_config(cfg.ssh.config_file))
+    if not dry_run:
+        raise DockerlaunchError(
+            "launching is not built yet in this version: only `dockerlaunch up --dry-run` works (it prints the plan)"
+        )
+    if output == "json":
+        click.echo(json.dumps(plan.to_dict(), indent=2))
+    else:
+        click.echo(render_plan(plan))
+
+
+def format_argv(argv: list[str], n_command: int) -> str:
+    """docker run argv as a copy-pasteable multi-line shell command: one flag per line."""
+    tail = len(argv) - n_command - 1  # index of the image
+    lines: list[list[str]] = [argv[:2]]
+    for tok in argv[2:tail]:
+        if len(lines) > 1 and len(lines[-1]) == 1 and lines[-1][0].startswith("-") and not tok.startswith("-"):
+            lines[-1].append(tok)  # the flag's value
+        else:
+            lines.append([tok])
+    lines.append(argv[tail:])
+    return " \\\n    ".join(shlex.join(parts) for parts in lines)
+
+
+def render_plan(plan: ClusterPlan) -> str:
+    out = [
+        f"Plan for job {plan.job!r}: {plan.nnodes} host(s), image {plan.image}, "
+        f"MASTER_ADDR={plan.master_addr} MASTER_PORT={plan.master_port}",
+    ]
+    for h in plan.hosts:
+        out.append("")
+        out.append(f"# rank {h.rank}: {h.address}  (ssh {h.ssh.describe()}; {h.nproc_per_node} process(es))")
+        out.append(format_argv(h.container.argv(), len(h.container.command)))
+    pending = plan.unresolved()
+    out.append("")
+    if pending:
+        out.append(f"{len(pending)} value(s) are resolved on the hosts at launch (shown as <resolved at launch: ...>).")
+    out.append("Dry run: no host was contacted.")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- simulated cluster
+
+
+
+@cli.group(context_settings=CONTEXT)
+def sim() -> None:
+    """A simulated cluster on this machine: containers with sshd + dockerd, to rehearse launches."""
+
+
+@sim.command("up")
+@click.option("--nodes", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--name", "cluster", default="dlsim", show_default=True, help="Cluster name (prefix of every object).")
+@click.option("--subnet", default="172.30.0.0/24", show_default=True, help="Private bridge subnet; node1 is .11.")
+@click.option("--config-out", metavar="FILE", help="Write the cluster config here (default: in the state dir).")
+@click.option("--base-image", metavar="REF", help="Debian bookworm image to build nodes from.")
+@click.option("--egress-rate", metavar="RATE", help="Shape each node's egress, tc units (e.g. 200mbit).")
+@click.option("--seed-image", "seed_images", multiple=True, metavar="IMAGE", help="Preload a local image into every node.")
+def sim_up(**kw) -> None:
+    """Start N nodes; write a cluster config that `--config FILE` uses directly."""
+    from dockerlaunch import sim as simlib
+
+    path = simlib.up(
+        nodes=kw["nodes"], cluster=kw["cluster"], subnet=kw["subnet"], config_out=kw["config_out"],
+        base_image=kw["base_image"], egress_rate=kw["egress_rate"], seed_images=kw["seed_images"],
+    )
+    click.echo(str(path))
+
+
+@sim.command("down")
+@click.option("--name", "cluster", default="dlsim", show_default=True)
+def sim_down(cluster: str) -> None:
+    """Remove the nodes, their network and volumes."""
+    from dockerlaunch import sim as simlib
+
+    simlib.down(cluster)
+
+
+@sim.command("status")
+@click.option("--name", "cluster", default=None, help="Only this cluster (default: all).")
+def sim_status(cluster: str | None) -> None:
+    """List sim nodes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from dockerlaunch import sim as simlib
+
+    rows = simlib.status(cluster)
+    if not rows:
+        click.echo("no sim nodes")
+        return
+    table = Table("cluster", "node", "ip", "state", "image", box=None)
+    for r in rows:
+        table.add_row(r["cluster"], r["node"], r["ip"], r["state"], r["image"])
+    Console().print(table)
+
+
+@sim.command("shape")
+@click.option("--name", "cluster", default="dlsim", show_default=True)
+@click.option("--rate", metavar="RATE", help="Egress rate in tc units (e.g. 200mbit).")
+@click.option("--off", is_flag=True, help="Remove shaping.")
+@click.option("--node", "nodes", multiple=True, type=int, help="Only these node numbers (1-based).")
+def sim_shape(cluster: str, rate: str | None, off: bool, nodes: tuple[int, ...]) -> None:
+    """Shape each node's egress bandwidth (token bucket on eth0), for benchmarks."""
+    from dockerlaunch import sim as simlib
+
+    if bool(rate) == off:
+        raise click.UsageError("give exactly one of --rate RATE or --off")
+    simlib.shape(cluster, None if off else rate, list(nodes) or None)
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="dockerlaunch", standalone_mode=False)
+    except DockerlaunchError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(0)

@@ -1,0 +1,446 @@
+"""The cluster config: typed models, YAML loading and command-line overrides.
+
+One validated `ClusterConfig` is the only input of the planning layer, so every check on user
+input lives here and fails with a one-line `ConfigError` that names the field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dockerlaunch.errors import ConfigError, describe_validation_error
+
+DEFAULT_CONFIG_FILE = "dockerlaunch.yaml"
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$")
+_ULIMIT_VALUE = re.compile(r"^-?[0-9]+(:-?[0-9]+)?$")
+_CAP = re.compile(r"^[A-Z_]+$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback(value: str) -> bool:
+    if value.lower() in {"localhost", "localhost.localdomain", "ip6-localhost"}:
+        return True
+    try:
+        return ipaddress.ip_address(value).is_loopback
+    except ValueError:
+        return False
+
+
+class SSHSettings(_Model):
+    """Defaults for every host; a host entry or ~/.ssh/config fills what is left unset."""
+
+    user: str | None = Field(None, description="Login user; default: ~/.ssh/config's User, else the local user.")
+    port: int | None = Field(None, ge=1, le=65535, description="Default: ~/.ssh/config's Port, else 22.")
+    identity_file: str | None = Field(None, description="Private key file; default: ~/.ssh/config, agent, ~/.ssh/id_*.")
+    known_hosts: str | None = Field(None, description="known_hosts file; default ~/.ssh/known_hosts.")
+    host_key_policy: Literal["strict", "accept-new"] = Field(
+        "strict",
+        description="strict: unknown or changed host keys are refused. accept-new: unknown keys are recorded, "
+        "changed keys are still refused.",
+    )
+    connect_timeout: float = Field(10.0, gt=0, le=600, description="Seconds to wait for a TCP connect + handshake.")
+    config_file: str | None = Field("~/.ssh/config", description="OpenSSH client config to honour; null to ignore.")
+
+
+class HostConfig(_Model):
+    address: str = Field(..., min_length=1, description="Host name, ~/.ssh/config alias or IP address.")
+    user: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    identity_file: str | None = None
+    advertise_addr: str | None = Field(
+        None, description="The IP the other hosts use to reach this one (MASTER_ADDR when this is host 0)."
+    )
+    gpus: GpuRequest | None = Field(None, description="Override container.gpus on this host.")
+    nproc_per_node: int | None = Field(None, ge=1, le=1024, description="Override job.nproc_per_node on this host.")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        v = v.strip()
+        if not v or any(c.isspace() for c in v) or v.startswith("-"):
+            raise ValueError(f"{v!r} is not a host name or IP address")
+        return v
+
+    _gpus = field_validator("gpus", mode="before")(lambda cls, v: normalize_gpus(v))
+
+    @field_validator("advertise_addr")
+    @classmethod
+    def _advertise(cls, v: str | None) -> str | None:
+        if v is not None and not is_ip(v):
+            raise ValueError(f"{v!r} is not an IP address (advertise_addr must be the IP other hosts reach)")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return parse_host_string(data)
+        return data
+
+
+# `all` | `none` | a count | a list of device indexes or UUIDs
+GpuRequest = Union[Literal["all", "none"], Annotated[int, Field(ge=1, le=1024)], list[str]]
+HostConfig.model_rebuild()
+
+
+def normalize_gpus(v: Any) -> Any:
+    """Accept YAML's natural spellings: `[0, 1]`, `"0,1"`, `"2"`, `0` (= none)."""
+    if isinstance(v, bool):
+        raise ValueError("use all, none, a count or a device list")
+    if v == 0 or v is None:
+        return "none"
+    if isinstance(v, str) and v not in ("all", "none"):
+        if v.isdigit():
+            return int(v)
+        return [p.strip() for p in v.split(",") if p.strip()]
+    if isinstance(v, (list, tuple)):
+        if not v:
+            raise ValueError("an empty device list; use none for no GPUs")
+        return [str(x) for x in v]
+    return v
+
+
+class Mount(_Model):
+    source: str = Field(..., description="Absolute path on the host.")
+    target: str = Field(..., description="Absolute path in the container.")
+    read_only: bool = False
+    shared: bool = Field(False, description="The same storage on every host (NFS, Lustre...); doctor checks it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return parse_mount_string(data)
+        return data
+
+    @field_validator("source", "target")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"{v!r} is not an absolute path")
+        if "," in v or ":" in v:
+            raise ValueError(f"{v!r}: ',' and ':' are not allowed in mount paths")
+        return v
+
+    def render(self) -> str:
+        return f"{self.source}:{self.target}" + (":ro" if self.read_only else "")
+
+
+class ContainerSettings(_Model):
+    mounts: list[Mount] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="Plain variables. Put secrets in env_files.")
+    env_files: list[str] = Field(
+        default_factory=list, description="Local files of KEY=VALUE lines (secrets): never shown or put on a command line."
+    )
+    ipc: Literal["host", "private", "shareable"] | None = Field(
+        None, description="Default host; private when shm_size is set."
+    )
+    shm_size: str | None = Field(None, description="e.g. 64g; needs ipc other than host.")
+    gpus: GpuRequest = "all"
+    gpu_mode: Literal["gpus", "cdi"] = Field("gpus", description="gpus: docker --gpus; cdi: --device nvidia.com/gpu=...")
+    infiniband: Literal["auto", "on", "off"] = Field(
+        "auto", description="on: /dev/infiniband, IPC_LOCK, memlock unlimited; auto: the same where the host has IB."
+    )
+    ulimits: dict[str, str] = Field(default_factory=dict, description="name -> soft[:hard], e.g. memlock: '-1'.")
+    cap_add: list[str] = Field(default_factory=list)
+    workdir: str | None = None
+    user: str | None = None
+    privileged: bool = Field(False, description="Only when you really need it.")
+    extra_args: list[str] = Field(default_factory=list, description="Appended to docker run before the image.")
+
+    _gpus = field_validator("gpus", mode="before")(lambda cls, v: normalize_gpus(v))
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            check_env_key(key)
+        return {k: str(val) for k, val in v.items()}
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: ("" if val is None else str(val) if not isinstance(val, bool) else str(val).lower()) for k, val in v.items()}
+        return v
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, v: str | None) -> str | None:
+        if v is not None and not _SIZE.match(str(v)):
+            raise ValueError(f"{v!r} is not a size like 64g or 16384m")
+        return v
+
+    @field_validator("ulimits", mode="before")
+    @classmethod
+    def _ulimits_str(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: str(val) for k, val in v.items()}
+        return v
+
+    @field_validator("ulimits")
+    @classmethod
+    def _ulimits(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not re.fullmatch(r"[a-z]+", name):
+                raise ValueError(f"{name!r} is not a ulimit name (memlock, nofile, stack, ...)")
+            if not _ULIMIT_VALUE.match(value):
+                raise ValueError(f"ulimit {name}={value!r} is not soft[:hard] integers (-1 = unlimited)")
+        return v
+
+    @field_validator("cap_add")
+    @classmethod
+    def _caps(cls, v: list[str]) -> list[str]:
+        out = []
+        for cap in v:
+            cap = cap.upper().removeprefix("CAP_")
+            if not _CAP.match(cap):
+                raise ValueError(f"{cap!r} is not a capability name like SYS_PTRACE")
+            out.append(cap)
+        return out
+
+    @model_validator(mode="after")
+    def _ipc_shm(self) -> ContainerSettings:
+        if self.shm_size and self.ipc == "host":
+            raise ValueError("shm_size has no effect with ipc: host; drop one of them")
+        if self.gpu_mode == "cdi" and isinstance(self.gpus, int):
+            raise ValueError("gpu_mode cdi takes gpus: all, none or a device list, not a count")
+        return self
+
+    @property
+    def effective_ipc(self) -> str:
+        return self.ipc or ("private" if self.shm_size else "host")
+
+
+class JobSettings(_Model):
+    name: str = Field("dockerlaunch", description="Container names are <name>-<rank>.")
+    nproc_per_node: int | None = Field(
+        None, ge=1, le=1024, description="Default: the GPU count (resolved at launch for gpus: all), 1 for gpus: none."
+    )
+    master_port: int = Field(29500, ge=1, le=65535)
+    command: list[str] | str | None = Field(
+        None, description="A list runs as is; a string runs under /bin/sh -c (so $NODE_RANK expands in the container)."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _JOB_NAME.match(v):
+            raise ValueError(f"{v!r}: use letters, digits, '_', '.', '-' (start with a letter or digit, at most 63)")
+        return v
+
+
+class ClusterConfig(_Model):
+    hosts: list[HostConfig] = Field(..., min_length=1, description="Rank 0 is the first host.")
+    ssh: SSHSettings = Field(default_factory=SSHSettings)
+    image: str | None = Field(None, description="The job image, e.g. registry/name:tag or an image ID.")
+    container: ContainerSettings = Field(default_factory=ContainerSettings)
+    job: JobSettings = Field(default_factory=JobSettings)
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
+            raise ValueError(f"{v!r} is not an image reference")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_hosts(self) -> ClusterConfig:
+        seen: dict[tuple[str, int | None], int] = {}
+        for i, h in enumerate(self.hosts):
+            key = (h.address, h.port)
+            if key in seen:
+                raise ValueError(f"host {h.address!r} is listed twice (hosts[{seen[key]}] and hosts[{i}])")
+            seen[key] = i
+        return self
+
+
+# ---------------------------------------------------------------- parsing helpers (pure)
+
+
+def check_env_key(key: str) -> str:
+    if not _ENV_KEY.match(key):
+        raise ValueError(f"{key!r} is not a valid environment variable name")
+    return key
+
+
+def parse_host_string(text: str) -> dict[str, Any]:
+    """`[user@]host[:port]`, with `[v6addr]:port` for IPv6; a bare IPv6 address has no port."""
+    text = text.strip()
+    out: dict[str, Any] = {}
+    if "@" in text:
+        user, text = text.rsplit("@", 1)
+        if not user:
+            raise ValueError("empty user before '@'")
+        out["user"] = user
+    port: str | None = None
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise ValueError(f"{text!r}: missing ']' after an IPv6 address")
+        host, rest = text[1:end], text[end + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(f"{text!r}: expected :PORT after ']'")
+            port = rest[1:]
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host = text
+    if port is not None:
+        if not port.isdigit():
+            raise ValueError(f"{port!r} is not a port number")
+        out["port"] = int(port)
+    out["address"] = host
+    return out
+
+
+def parse_mount_string(text: str) -> dict[str, Any]:
+    """`host:container[:ro|rw]`, docker's -v syntax."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]):
+        raise ValueError(f"{text!r} is not host_path:container_path[:ro]")
+    out: dict[str, Any] = {"source": parts[0], "target": parts[1]}
+    if len(parts) == 3:
+        if parts[2] not in ("ro", "rw"):
+            raise ValueError(f"{text!r}: mode must be ro or rw, not {parts[2]!r}")
+        out["read_only"] = parts[2] == "ro"
+    return out
+
+
+def parse_env_assignment(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ConfigError(f"--env {text!r}: expected KEY=VALUE")
+    key, value = text.split("=", 1)
+    try:
+        check_env_key(key)
+    except ValueError as e:
+        raise ConfigError(f"--env: {e}") from None
+    return key, value
+
+
+# ---------------------------------------------------------------- loading + overrides
+
+
+class Overrides(_Model):
+    """Command-line flags; each one set replaces (hosts, image, ...) or extends (mounts, env) the file."""
+
+    hosts: list[str] | None = None
+    image: str | None = None
+    nproc_per_node: int | None = None
+    master_port: int | None = None
+    mounts: list[str] = Field(default_factory=list)
+    env: list[str] = Field(default_factory=list)
+    name: str | None = None
+    command: list[str] | None = None
+
+
+def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
+    """Raw mapping from YAML. An explicit path must exist; the default file is optional."""
+    explicit = path is not None
+    p = Path(path if explicit else DEFAULT_CONFIG_FILE)
+    if not p.exists():
+        if explicit:
+            raise ConfigError(f"config file {p} does not exist (--config)")
+        return {}, None
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{p}{where}: invalid YAML: {problem}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping (hosts:, image:, ...), not {type(data).__name__}")
+    return data, str(p)
+
+
+def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
+    """Merge flags into the raw mapping before validation, so errors name the same fields either way."""
+    data = dict(data)
+    if ov.hosts is not None:
+        by_address = {}
+        for entry in data.get("hosts") or []:
+            if isinstance(entry, dict) and "address" in entry:
+                by_address[entry["address"]] = entry
+        new_hosts: list[Any] = []
+        for text in ov.hosts:
+            try:
+                parsed = parse_host_string(text)
+            except ValueError as e:
+                raise ConfigError(f"--hosts {text!r}: {e}") from None
+            base = dict(by_address.get(parsed["address"], {}))
+            base.update(parsed)
+            new_hosts.append(base)
+        data["hosts"] = new_hosts
+    if ov.image is not None:
+        data["image"] = ov.image
+    job = dict(data.get("job") or {})
+    if ov.nproc_per_node is not None:
+        job["nproc_per_node"] = ov.nproc_per_node
+    if ov.master_port is not None:
+        job["master_port"] = ov.master_port
+    if ov.name is not None:
+        job["name"] = ov.name
+    if ov.command:
+        job["command"] = list(ov.command)
+    if job:
+        data["job"] = job
+    if ov.mounts or ov.env:
+        container = dict(data.get("container") or {})
+        if ov.mounts:
+            container["mounts"] = list(container.get("mounts") or []) + list(ov.mounts)
+        if ov.env:
+            env = dict(container.get("env") or {})
+            for text in ov.env:
+                key, value = parse_env_assignment(text)
+                env[key] = value
+            container["env"] = env
+        data["container"] = container
+    return data
+
+
+def validate_config(data: dict[str, Any], source: str | None = None) -> ClusterConfig:
+    if not data.get("hosts"):
+        where = f" in {source}" if source else ""
+        raise ConfigError(f"no hosts: pass --hosts h1,h2 or list hosts:{where}")
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as e:
+        where = f"{source}: " if source else ""
+        raise ConfigError(f"{where}{describe_validation_error(e)}") from None
+
+
+def load_config(path: str | None = None, overrides: Overrides | None = None) -> ClusterConfig:
+    data, source = read_config_file(path)
+    if overrides is not None:
+        data = apply_overrides(data, overrides)
+    return validate_config(data, source)
+
+
+def config_schema() -> dict[str, Any]:
+    return ClusterConfig.model_json_schema()

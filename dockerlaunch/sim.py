@@ -1,0 +1,487 @@
+"""Simulated cluster: N "hosts" on one machine, each a container running sshd and its own dockerd.
+
+What kind is to Kubernetes: rehearse a multi-host launch for real (paramiko, known_hosts, docker
+run --network host on each node, cross-node TCP) without GPU hosts. Works with no registry: the
+base image is a local Debian image if there is one, else a pull, else debootstrap + docker import.
+Everything it creates carries the label `dockerlaunch.sim=<cluster>` so `down` finds it all.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import io
+import ipaddress
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from dockerlaunch.errors import DockerlaunchError
+
+SIM_LABEL = "dockerlaunch.sim"
+NODE_LABEL = "dockerlaunch.sim.node"
+BASE_TAG = "dockerlaunch/debian:bookworm"
+LOCAL_BASE_CANDIDATES = ("debian:bookworm-slim", "debian:bookworm", "debian:12", BASE_TAG)
+PULL_CANDIDATE = "debian:bookworm-slim"
+DEFAULT_SUBNET = "172.30.0.0/24"
+DEFAULT_NAME = "dlsim"
+FIRST_HOST_OFFSET = 11  # node1 = .11, node2 = .12, ...
+# Every capability except SYS_RESOURCE: --privileged fails on VMs whose bounding set lacks it (testbed.md).
+NODE_CAPS = (
+    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
+    "NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT "
+    "SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE "
+    "AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ"
+).split()
+SEED_DIR_IN_NODE = "/var/cache/dockerlaunch-seed"
+
+
+class SimError(DockerlaunchError):
+    pass
+
+
+def _log(msg: str) -> None:
+    print(f"[sim] {msg}", flush=True)
+
+
+def state_root() -> Path:
+    return Path(os.environ.get("DOCKERLAUNCH_STATE_DIR", "~/.local/share/dockerlaunch")).expanduser() / "sim"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DOCKERLAUNCH_CACHE_DIR", "~/.cache/dockerlaunch")).expanduser() / "sim"
+
+
+@dataclass(frozen=True)
+class SimNode:
+    index: int  # 1-based
+    name: str  # container name
+    ip: str
+    volume: str
+
+
+def node_layout(cluster: str, nodes: int, subnet: str) -> list[SimNode]:
+    """Pure: names and fixed IPs of the nodes."""
+    net = ipaddress.ip_network(subnet)
+    hosts = list(net.hosts())
+    if nodes < 1:
+        raise SimError("--nodes must be at least 1")
+    if FIRST_HOST_OFFSET - 1 + nodes > len(hosts):
+        raise SimError(f"subnet {subnet} is too small for {nodes} nodes")
+    return [
+        SimNode(
+            index=i,
+            name=f"{cluster}-node{i}",
+            ip=str(hosts[FIRST_HOST_OFFSET - 2 + i]),
+            volume=f"{cluster}-node{i}-docker",
+        )
+        for i in range(1, nodes + 1)
+    ]
+
+
+def network_name(cluster: str) -> str:
+    return f"{cluster}-net"
+
+
+# ---------------------------------------------------------------- keys
+
+
+def _new_ed25519() -> tuple[bytes, str]:
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return private, public.decode()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _tar_of(files: dict[str, tuple[bytes, int]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, (data, mode) in files.items():
+            info = tarfile.TarInfo(name.lstrip("/"))
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- engine
+
+
+def engine():
+    """The local Docker engine, or a one-line error that says how to get one."""
+    import docker  # local import: the plan/config path must not need the docker SDK
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except Exception as e:  # docker raises DockerException / requests errors / FileNotFoundError
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        reason = str(e).splitlines()[0][:160]
+        raise SimError(
+            f"no usable Docker engine at {host} ({reason}); on Debian run `sudo scripts/install-docker` "
+            "(installs docker.io and starts dockerd)"
+        ) from None
+    return client
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("dockerlaunch.sim_assets").joinpath(name).read_bytes()
+
+
+def _image_exists(client, ref: str) -> bool:
+    import docker
+
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def ensure_base_image(client, requested: str | None = None) -> str:
+    """A Debian bookworm image: the requested one, a local one, a pulled one, or one made by debootstrap."""
+    if requested:
+        if _image_exists(client, requested):
+            return requested
+        try:
+            client.images.pull(requested)
+            return requested
+        except Exception as e:
+            raise SimError(f"base image {requested} is not local and cannot be pulled ({str(e)[:120]})") from None
+    for ref in LOCAL_BASE_CANDIDATES:
+        if _image_exists(client, ref):
+            return ref
+    try:
+        _log(f"pulling {PULL_CANDIDATE}")
+        client.images.pull(PULL_CANDIDATE)
+        return PULL_CANDIDATE
+    except Exception:
+        _log("no registry reachable; making the base image with debootstrap")
+    return debootstrap_base(client)
+
+
+def debootstrap_base(client, tag: str = BASE_TAG) -> str:
+    if shutil.which("debootstrap") is None:
+        raise SimError(
+            "no Debian base image and no registry: install debootstrap (`apt-get install debootstrap`, "
+            "or run scripts/install-docker) or load a debian:bookworm image"
+        )
+    if os.geteuid() != 0:
+        raise SimError("debootstrap needs root to make the base image; run once as root or load debian:bookworm")
+    mirror = os.environ.get("DOCKERLAUNCH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    with tempfile.TemporaryDirectory(prefix="dockerlaunch-rootfs-") as tmp:
+        root = Path(tmp) / "rootfs"
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            ["debootstrap", "--variant=minbase", "bookworm", str(root), mirror],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+            raise SimError(f"debootstrap from {mirror} failed: {tail[0]} (set DOCKERLAUNCH_DEBIAN_MIRROR?)")
+        shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
+        (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+        tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
+        try:
+            client.api.import_image_from_stream(tar.stdout, repository=tag.split(":")[0], tag=tag.split(":")[1])
+        finally:
+            tar.stdout.close()
+            tar.wait()
+        _log(f"base image {tag} made by debootstrap in {time.monotonic() - t0:.0f}s")
+    return tag
+
+
+def _build(client, dockerfile: str, base: str, repo: str, extra: tuple[str, ...] = ()) -> str:
+    """Build a sim image once; its tag hashes the inputs, so a changed asset rebuilds."""
+    base_id = client.images.get(base).id
+    files = {dockerfile: _asset(dockerfile), **{n: _asset(n) for n in extra}}
+    digest = hashlib.sha256(base_id.encode())
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name])
+    tag = f"{repo}:{digest.hexdigest()[:12]}"
+    if _image_exists(client, tag):
+        return tag
+    _log(f"building {tag} from {base}")
+    context = _tar_of({name: (data, 0o755 if name.endswith(".sh") else 0o644) for name, data in files.items()})
+    try:
+        stream = client.api.build(
+            fileobj=io.BytesIO(context), custom_context=True, dockerfile=dockerfile, tag=tag,
+            buildargs={"BASE": base}, network_mode="host", rm=True, forcerm=True, decode=True,
+        )
+        last = []
+        for chunk in stream:
+            if "error" in chunk:
+                raise SimError(f"building {repo} failed: {chunk['error'].strip()} ({' | '.join(last[-3:])})")
+            if chunk.get("stream", "").strip():
+                last.append(chunk["stream"].strip())
+    except SimError:
+        raise
+    except Exception as e:
+        raise SimError(f"building {repo} failed: {str(e)[:200]}") from None
+    return tag
+
+
+def ensure_images(client, base: str | None = None) -> tuple[str, str]:
+    base_ref = ensure_base_image(client, base)
+    node = _build(client, "node.Dockerfile", base_ref, "dockerlaunch/sim-node", ("entrypoint.sh", "sshd.conf"))
+    tools = _build(client, "tools.Dockerfile", base_ref, "dockerlaunch/sim-tools")
+    return node, tools
+
+
+def _seed_tarball(client, image: str) -> Path:
+    """`docker save` of the image, cached on disk once, bind-mounted read-only into every node."""
+    cache = cache_root()
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / (image.replace("/", "_").replace(":", "_") + ".tar")
+    if not path.exists():
+        tmp = path.with_suffix(".part")
+        with open(tmp, "wb") as f:
+            for chunk in client.images.get(image).save(named=True):
+                f.write(chunk)
+        tmp.rename(path)
+    return path
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def _cluster_containers(client, cluster: str | None = None):
+    label = SIM_LABEL if cluster is None else f"{SIM_LABEL}={cluster}"
+    return client.containers.list(all=True, filters={"label": label})
+
+
+def up(
+    nodes: int = 2,
+    cluster: str = DEFAULT_NAME,
+    subnet: str = DEFAULT_SUBNET,
+    config_out: str | None = None,
+    base_image: str | None = None,
+    egress_rate: str | None = None,
+    seed_images: tuple[str, ...] = (),
+    ready_timeout: float = 90.0,
+) -> Path:
+    """Start the cluster and return the path of the cluster config it wrote."""
+    import docker
+
+    layout = node_layout(cluster, nodes, subnet)
+    client = engine()
+    existing = _cluster_containers(client, cluster)
+    if existing:
+        raise SimError(f"sim cluster {cluster!r} already exists ({len(existing)} node(s)); run `dockerlaunch sim down` first")
+    if egress_rate:
+        parse_rate(egress_rate)
+    node_image, tools_image = ensure_images(client, base_image)
+    seeds = [_seed_tarball(client, tools_image)] + [_seed_tarball(client, s) for s in seed_images]
+
+    state = state_root() / cluster
+    state.mkdir(parents=True, exist_ok=True)
+    user_key = state / "id_ed25519"
+    private, public = _new_ed25519()
+    _write_private(user_key, private)
+    (state / "id_ed25519.pub").write_text(public + f" dockerlaunch-sim-{cluster}\n")
+
+    labels = {SIM_LABEL: cluster}
+    try:
+        net = client.networks.create(
+            network_name(cluster), driver="bridge", labels=labels,
+            ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)]),
+        )
+    except docker.errors.APIError as e:
+        raise SimError(f"cannot create network {network_name(cluster)} on {subnet}: {e.explanation}") from None
+
+    known_hosts: list[str] = []
+    try:
+        for n in layout:
+            host_private, host_public = _new_ed25519()
+            known_hosts.append(f"{n.ip} {host_public}")
+            client.volumes.create(n.volume, labels=labels)
+            container = client.containers.create(
+                node_image,
+                name=n.name,
+                hostname=f"node{n.index}",
+                labels={**labels, NODE_LABEL: str(n.index)},
+                cap_add=NODE_CAPS,
+                security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+                cgroupns="host",
+                device_cgroup_rules=["a *:* rwm"],
+                volumes={
+                    "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                    n.volume: {"bind": "/var/lib/docker", "mode": "rw"},
+                    str(cache_root()): {"bind": SEED_DIR_IN_NODE, "mode": "ro"},
+                },
+                init=True,
+                network=net.name,
+                detach=True,
+            )
+            net.disconnect(container)
+            net.connect(container, ipv4_address=n.ip)
+            container.put_archive(
+                "/",
+                _tar_of({
+                    "etc/ssh/ssh_host_ed25519_key": (host_private, 0o600),
+                    "etc/ssh/ssh_host_ed25519_key.pub": (host_public.encode() + b"\n", 0o644),
+                    "root/.ssh/authorized_keys": (public.encode() + b"\n", 0o600),
+                }),
+            )
+            container.start()
+        (state / "known_hosts").write_text("\n".join(known_hosts) + "\n")
+        with cf.ThreadPoolExecutor(max_workers=len(layout)) as pool:
+            list(pool.map(lambda n: _wait_ready(client, n, ready_timeout), layout))
+            list(pool.map(lambda n: _seed(client, n, seeds), layout))
+        if egress_rate:
+            shape(cluster, egress_rate)
+    except BaseException:
+        _log("start failed; removing what was created")
+        down(cluster, quiet=True)
+        raise
+
+    out = Path(config_out) if config_out else state / "cluster.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_cluster_config(cluster, layout, state, tools_image))
+    _log(f"{nodes} node(s) up: {', '.join(n.ip for n in layout)}; config: {out}")
+    return out
+
+
+def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, image: str) -> str:
+    data = {
+        "hosts": [{"address": n.ip} for n in layout],
+        "ssh": {
+            "user": "root",
+            "identity_file": str(state / "id_ed25519"),
+            "known_hosts": str(state / "known_hosts"),
+            "host_key_policy": "strict",
+            "config_file": None,
+        },
+        "image": image,
+        # Sim nodes have no GPUs or InfiniBand, and these VMs refuse memlock=-1 (testbed.md).
+        "container": {"gpus": "none", "infiniband": "off"},
+        "job": {"name": f"{cluster}-job"},
+    }
+    header = f"# Written by `dockerlaunch sim up` for sim cluster {cluster!r}; host keys pinned at creation.\n"
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+def _wait_ready(client, node: SimNode, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    container = client.containers.get(node.name)
+    last = "not started"
+    while time.monotonic() < deadline:
+        container.reload()
+        if container.status != "running":
+            logs = container.logs(tail=5).decode(errors="replace").strip().replace("\n", " | ")
+            raise SimError(f"node {node.name} stopped while starting ({container.status}): {logs}")
+        try:
+            with socket.create_connection((node.ip, 22), timeout=2) as s:
+                s.settimeout(2)
+                if not s.recv(64).startswith(b"SSH-"):
+                    last = "port 22 answers without an SSH banner"
+                    continue
+        except OSError as e:
+            last = f"sshd on {node.ip}:22: {e.strerror or e}"
+            time.sleep(0.5)
+            continue
+        code, out = container.exec_run(["docker", "info", "--format", "{{.ServerVersion}}"])
+        if code == 0:
+            return
+        last = "dockerd: " + out.decode(errors="replace").strip().splitlines()[-1][:160]
+        time.sleep(0.5)
+    tail = container.exec_run(["tail", "-n", "5", "/var/log/dockerd.log"])[1].decode(errors="replace")
+    raise SimError(f"node {node.name} not ready after {timeout:.0f}s: {last} ({tail.strip()[-300:]})")
+
+
+def _seed(client, node: SimNode, seeds: list[Path]) -> None:
+    container = client.containers.get(node.name)
+    for path in seeds:
+        code, out = container.exec_run(["docker", "load", "-q", "-i", f"{SEED_DIR_IN_NODE}/{path.name}"])
+        if code != 0:
+            raise SimError(f"node {node.name}: loading {path.name} failed: {out.decode(errors='replace').strip()[:200]}")
+
+
+def parse_rate(rate: str) -> str:
+    import re
+
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)", rate):
+        raise SimError(f"egress rate {rate!r}: use tc units, e.g. 200mbit or 1gbit")
+    return rate
+
+
+def shape(cluster: str = DEFAULT_NAME, rate: str | None = None, nodes: list[int] | None = None) -> None:
+    """Shape (or, with rate None, unshape) each node's egress on eth0 with a token bucket."""
+    client = engine()
+    containers = _cluster_containers(client, cluster)
+    if not containers:
+        raise SimError(f"no sim cluster {cluster!r} (dockerlaunch sim up first)")
+    for c in containers:
+        idx = int(c.labels.get(NODE_LABEL, "0"))
+        if nodes and idx not in nodes:
+            continue
+        if rate:
+            cmd = ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", parse_rate(rate),
+                   "burst", "256kb", "latency", "50ms"]
+        else:
+            cmd = ["sh", "-c", "tc qdisc del dev eth0 root 2>/dev/null || true"]
+        code, out = c.exec_run(cmd)
+        if code != 0:
+            raise SimError(f"node {c.name}: tc failed: {out.decode(errors='replace').strip()[:200]}")
+
+
+def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
+    """Remove every container, network and volume of the cluster, and its state directory."""
+    import docker
+
+    client = engine()
+    removed = {"containers": 0, "networks": 0, "volumes": 0}
+    for c in _cluster_containers(client, cluster):
+        c.remove(force=True, v=True)
+        removed["containers"] += 1
+    for n in client.networks.list(filters={"label": f"{SIM_LABEL}={cluster}"}):
+        try:
+            n.remove()
+            removed["networks"] += 1
+        except docker.errors.NotFound:
+            pass
+    for v in client.volumes.list(filters={"label": f"{SIM_LABEL}={cluster}"}):
+        try:
+            v.remove(force=True)
+            removed["volumes"] += 1
+        except docker.errors.NotFound:
+            pass
+    shutil.rmtree(state_root() / cluster, ignore_errors=True)
+    if not quiet:
+        _log(f"removed {removed['containers']} node(s), {removed['networks']} network(s), {removed['volumes']} volume(s)")
+    return removed
+
+
+def status(cluster: str | None = None) -> list[dict[str, str]]:
+    client = engine()
+    rows = []
+    for c in sorted(_cluster_containers(client, cluster), key=lambda c: c.name):
+        nets = c.attrs.get("NetworkSettings", {}).get("Networks", {})
+        ip = next((v.get("IPAddress") for v in nets.values() if v.get("IPAddress")), "-")
+        rows.append({
+            "cluster": c.labels.get(SIM_LABEL, "?"),
+            "node": c.name,
+            "ip": ip,
+            "state": c.status,
+            "image": c.image.tags[0] if c.image.tags else c.image.short_id,
+        })
+    return rows

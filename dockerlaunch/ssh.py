@@ -1,0 +1,228 @@
+"""SSH: resolve where and how to reach each host, then connect with paramiko.
+
+Resolution is pure (config + a parsed ~/.ssh/config in, `SSHTarget` out) so plans show it without
+touching a host. Precedence, most specific first: the host entry, the `ssh:` section, ~/.ssh/config,
+then defaults (local user, port 22). Host keys are verified against known_hosts by default.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+
+from dockerlaunch.config import HostConfig, SSHSettings, parse_host_string
+from dockerlaunch.errors import DockerlaunchError
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+MAX_JUMPS = 8
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    alias: str  # what the user wrote
+    hostname: str  # what we connect to
+    user: str
+    port: int = 22
+    identity_files: tuple[str, ...] = ()
+    known_hosts: str = DEFAULT_KNOWN_HOSTS
+    host_key_policy: str = "strict"
+    connect_timeout: float = 10.0
+    jumps: tuple[SSHTarget, ...] = field(default=())
+
+    def describe(self) -> str:
+        s = f"{self.user}@{self.hostname}:{self.port}"
+        if self.jumps:
+            s += " via " + " -> ".join(f"{j.user}@{j.hostname}:{j.port}" for j in self.jumps)
+        return s
+
+
+class SSHError(DockerlaunchError):
+    pass
+
+
+def load_ssh_config(path: str | None) -> paramiko.SSHConfig | None:
+    if not path:
+        return None
+    p = Path(path).expanduser()
+    if not p.is_file():
+        return None
+    try:
+        return paramiko.SSHConfig.from_path(str(p))
+    except Exception as e:  # paramiko raises assorted errors on malformed files
+        raise SSHError(f"cannot parse SSH config {p}: {e}") from None
+
+
+def resolve_target(
+    host: HostConfig,
+    settings: SSHSettings,
+    ssh_config: paramiko.SSHConfig | None = None,
+    local_user: str | None = None,
+    _depth: int = 0,
+) -> SSHTarget:
+    looked = ssh_config.lookup(host.address) if ssh_config else {}
+    local_user = local_user or getpass.getuser()
+    identity = host.identity_file or settings.identity_file
+    identities = (identity,) if identity else tuple(looked.get("identityfile", ()))
+    known = settings.known_hosts or looked.get("userknownhostsfile", "").split(" ")[0] or DEFAULT_KNOWN_HOSTS
+    jumps: tuple[SSHTarget, ...] = ()
+    proxy_jump = looked.get("proxyjump")
+    if proxy_jump and proxy_jump.lower() != "none":
+        if _depth >= MAX_JUMPS:
+            raise SSHError(f"host {host.address}: ProxyJump chain deeper than {MAX_JUMPS} (a loop in ~/.ssh/config?)")
+        chain: list[SSHTarget] = []
+        for hop in proxy_jump.split(","):
+            parsed = parse_host_string(hop.removeprefix("ssh://"))
+            hop_target = resolve_target(
+                HostConfig(**parsed), settings.model_copy(update={"user": None, "port": None, "identity_file": None}),
+                ssh_config, local_user, _depth + 1,
+            )
+            chain.extend(hop_target.jumps)
+            chain.append(SSHTarget(**{**hop_target.__dict__, "jumps": ()}))
+        jumps = tuple(chain)
+    return SSHTarget(
+        alias=host.address,
+        hostname=looked.get("hostname", host.address),
+        user=host.user or settings.user or looked.get("user") or local_user,
+        port=host.port or settings.port or int(looked.get("port", 22)),
+        identity_files=identities,
+        known_hosts=known,
+        host_key_policy=settings.host_key_policy,
+        connect_timeout=settings.connect_timeout,
+        jumps=jumps,
+    )
+
+
+# ---------------------------------------------------------------- connecting
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _known_hosts_name(target: SSHTarget) -> str:
+    return target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
+
+
+def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
+    """An authenticated client, or an SSHError that says what failed and how to fix it."""
+    sock = _sock
+    jump_clients: list[paramiko.SSHClient] = []
+    if target.jumps and sock is None:
+        prev: paramiko.SSHClient | None = None
+        for hop in target.jumps:
+            hop_sock = None
+            if prev is not None:
+                hop_sock = _open_tunnel(prev, hop, target)
+            prev = connect(hop, _sock=hop_sock)
+            jump_clients.append(prev)
+        sock = _open_tunnel(prev, target, target)
+
+    known = Path(os.path.expanduser(target.known_hosts))
+    client = paramiko.SSHClient()
+    if known.is_file():
+        try:
+            client.load_host_keys(str(known))
+        except Exception as e:
+            raise SSHError(f"host {target.alias}: cannot read known_hosts {known}: {e}") from None
+    elif target.host_key_policy == "strict":
+        raise SSHError(
+            f"host {target.alias}: known_hosts file {known} does not exist; add the host's key "
+            f"(ssh-keyscan -p {target.port} {target.hostname} >> {known}, after checking it) "
+            "or set ssh.host_key_policy: accept-new"
+        )
+    if target.host_key_policy == "accept-new":
+        client.set_missing_host_key_policy(_AcceptNewPolicy(known))
+    else:
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+
+    key_filenames = [os.path.expanduser(p) for p in target.identity_files]
+    try:
+        client.connect(
+            target.hostname,
+            port=target.port,
+            username=target.user,
+            key_filename=key_filenames or None,
+            timeout=target.connect_timeout,
+            banner_timeout=target.connect_timeout,
+            auth_timeout=target.connect_timeout,
+            sock=sock,
+            allow_agent=True,
+            look_for_keys=not key_filenames,
+        )
+    except paramiko.BadHostKeyException as e:
+        raise SSHError(
+            f"host {target.alias}: HOST KEY CHANGED ({e.key.get_name()} offered, known_hosts {known} has another). "
+            f"If the host was reinstalled, check the new key and run: ssh-keygen -R {_known_hosts_name(target)} -f {known}"
+        ) from None
+    except paramiko.SSHException as e:
+        msg = str(e)
+        if "not found in known_hosts" in msg:
+            raise SSHError(
+                f"host {target.alias}: host key unknown ({_known_hosts_name(target)} is not in {known}); "
+                f"check and add it: ssh-keyscan -p {target.port} {target.hostname} >> {known}, "
+                "or set ssh.host_key_policy: accept-new"
+            ) from None
+        if isinstance(e, paramiko.AuthenticationException):
+            keys = ", ".join(target.identity_files) or "agent and ~/.ssh/id_*"
+            raise SSHError(
+                f"host {target.alias}: authentication failed for user {target.user} (keys tried: {keys}); "
+                "set ssh.identity_file or the host's user"
+            ) from None
+        raise SSHError(f"host {target.alias}: SSH failed: {msg}") from None
+    except (socket.timeout, TimeoutError):
+        raise SSHError(
+            f"host {target.alias}: no answer from {target.hostname}:{target.port} within {target.connect_timeout:g}s "
+            "(host down, wrong address, or a firewall)"
+        ) from None
+    except OSError as e:
+        raise SSHError(f"host {target.alias}: cannot connect to {target.hostname}:{target.port}: {e.strerror or e}") from None
+    # keep jump connections alive as long as the client
+    client._dockerlaunch_jumps = jump_clients  # type: ignore[attr-defined]
+    return client
+
+
+def _open_tunnel(via: paramiko.SSHClient, dest: SSHTarget, for_target: SSHTarget):
+    transport = via.get_transport()
+    assert transport is not None
+    try:
+        return transport.open_channel("direct-tcpip", (dest.hostname, dest.port), ("127.0.0.1", 0))
+    except paramiko.ChannelException as e:
+        raise SSHError(
+            f"host {for_target.alias}: the jump host cannot reach {dest.hostname}:{dest.port} ({e.text})"
+        ) from None
+
+
+@dataclass
+class Result:
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+def run(client: paramiko.SSHClient, command: str, timeout: float | None = 60.0, stdin: bytes | None = None) -> Result:
+    """Run one command (already shell-quoted) and collect its output."""
+    chan_in, chan_out, chan_err = client.exec_command(command, timeout=timeout)
+    if stdin is not None:
+        chan_in.write(stdin)
+    chan_in.channel.shutdown_write()
+    try:
+        out = chan_out.read().decode(errors="replace")
+        err = chan_err.read().decode(errors="replace")
+    except socket.timeout:
+        chan_out.channel.close()
+        raise SSHError(f"command timed out after {timeout:g}s: {command[:80]}") from None
+    return Result(chan_out.channel.recv_exit_status(), out, err)
