@@ -23,6 +23,7 @@ _JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$")
 _ULIMIT_VALUE = re.compile(r"^-?[0-9]+(:-?[0-9]+)?$")
 _CAP = re.compile(r"^[A-Z_]+$")
+_GPU_DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)$")
 
 
 class _Model(BaseModel):
@@ -105,18 +106,24 @@ HostConfig.model_rebuild()
 
 def normalize_gpus(v: Any) -> Any:
     """Accept YAML's natural spellings: `[0, 1]`, `"0,1"`, `"2"`, `0` (= none)."""
+    if v is None:
+        return None  # unset (a host without an override)
     if isinstance(v, bool):
         raise ValueError("use all, none, a count or a device list")
-    if v == 0 or v is None:
+    if v == 0:
         return "none"
     if isinstance(v, str) and v not in ("all", "none"):
         if v.isdigit():
             return int(v)
-        return [p.strip() for p in v.split(",") if p.strip()]
+        v = [p.strip() for p in v.split(",") if p.strip()]
     if isinstance(v, (list, tuple)):
         if not v:
             raise ValueError("an empty device list; use none for no GPUs")
-        return [str(x) for x in v]
+        devices = [str(x) for x in v]
+        for d in devices:
+            if not _GPU_DEVICE.match(d):
+                raise ValueError(f"{d!r} is not a GPU index or UUID (use all, none, a count, or e.g. [0, 1])")
+        return devices
     return v
 
 

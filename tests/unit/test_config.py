@@ -1,0 +1,194 @@
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from dockerlaunch.config import (
+    ClusterConfig,
+    Overrides,
+    apply_overrides,
+    load_config,
+    parse_host_string,
+    parse_mount_string,
+)
+from dockerlaunch.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("10.0.0.1", {"address": "10.0.0.1"}),
+        ("gpu1", {"address": "gpu1"}),
+        ("root@gpu1", {"address": "gpu1", "user": "root"}),
+        ("ubuntu@10.0.0.1:2222", {"address": "10.0.0.1", "user": "ubuntu", "port": 2222}),
+        ("fe80::1", {"address": "fe80::1"}),
+        ("[fe80::1]:22", {"address": "fe80::1", "port": 22}),
+        ("a@[::1]", {"address": "::1", "user": "a"}),
+    ],
+)
+def test_parse_host_string(text, expected):
+    assert parse_host_string(text) == expected
+
+
+@pytest.mark.parametrize("text", ["h:port", "[::1", "[::1]x", "@h"])
+def test_parse_host_string_rejects(text):
+    with pytest.raises(ValueError):
+        parse_host_string(text)
+
+
+def test_mount_string_forms():
+    assert parse_mount_string("/a:/b") == {"source": "/a", "target": "/b"}
+    assert parse_mount_string("/a:/b:ro") == {"source": "/a", "target": "/b", "read_only": True}
+    for bad in ["/a", "/a:/b:rx", ":/b", "/a:/b:ro:x"]:
+        with pytest.raises(ValueError):
+            parse_mount_string(bad)
+
+
+def test_full_config_round_trip():
+    cfg = ClusterConfig.model_validate(
+        {
+            "hosts": ["10.0.0.1", "ubuntu@gpu2:2222", {"address": "gpu3", "advertise_addr": "10.0.0.3", "gpus": [0, 1]}],
+            "ssh": {"user": "root", "host_key_policy": "accept-new", "connect_timeout": 5},
+            "image": "reg/img:tag",
+            "container": {
+                "mounts": ["/data:/data:ro", {"source": "/ckpt", "target": "/ckpt", "shared": True}],
+                "env": {"A": 1, "B": True, "C": None},
+                "gpus": "0,1",
+                "ulimits": {"memlock": -1, "nofile": "1048576:1048576"},
+                "cap_add": ["sys_ptrace", "CAP_IPC_LOCK"],
+            },
+            "job": {"name": "sft", "nproc_per_node": 8, "command": "torchrun train.py"},
+        }
+    )
+    assert cfg.hosts[1].user == "ubuntu" and cfg.hosts[1].port == 2222
+    assert cfg.hosts[2].gpus == ["0", "1"]
+    assert cfg.container.gpus == ["0", "1"]
+    assert cfg.container.env == {"A": "1", "B": "true", "C": ""}
+    assert cfg.container.ulimits == {"memlock": "-1", "nofile": "1048576:1048576"}
+    assert cfg.container.cap_add == ["SYS_PTRACE", "IPC_LOCK"]
+    assert cfg.container.mounts[0].read_only and cfg.container.mounts[1].shared
+    assert cfg.container.effective_ipc == "host"
+    # what `config show` prints validates again to the same thing
+    assert ClusterConfig.model_validate(cfg.model_dump(mode="json")) == cfg
+
+
+@pytest.mark.parametrize(
+    "data,needle",
+    [
+        ({"hosts": ["a"], "container": {"shm_size": "16g", "ipc": "host"}}, "shm_size has no effect with ipc: host"),
+        ({"hosts": ["a", "a"]}, "listed twice"),
+        ({"hosts": ["a"], "container": {"mounts": ["data:/data"]}}, "not an absolute path"),
+        ({"hosts": ["a"], "container": {"env": {"BAD-KEY": "x"}}}, "not a valid environment variable name"),
+        ({"hosts": ["a"], "job": {"name": "-x"}}, "job.name"),
+        ({"hosts": ["a"], "job": {"master_port": 70000}}, "job.master_port"),
+        ({"hosts": [{"address": "a", "advertise_addr": "gpu1"}]}, "not an IP address"),
+        ({"hosts": ["a"], "container": {"gpu_mode": "cdi", "gpus": 2}}, "cdi"),
+        ({"hosts": ["a"], "container": {"ulimits": {"memlock": "lots"}}}, "memlock"),
+        ({"hosts": ["a"], "contianer": {}}, "contianer: unknown field"),
+        ({"hosts": ["a"], "container": {"gpus": "many"}}, "container.gpus"),
+    ],
+)
+def test_invalid_config_names_the_field(data, needle, tmp_path):
+    path = tmp_path / "c.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    msg = str(e.value)
+    assert needle in msg
+    assert "\n" not in msg
+    assert str(path) in msg
+    assert e.value.exit_code == 2
+
+
+def test_overrides_replace_and_extend():
+    data = {
+        "hosts": [{"address": "h1", "advertise_addr": "10.0.0.1"}, "h2"],
+        "image": "old",
+        "container": {"mounts": ["/a:/a"], "env": {"X": "1"}},
+        "job": {"name": "j"},
+    }
+    merged = apply_overrides(
+        data,
+        Overrides(hosts=["h1", "root@h3:23"], image="new", mounts=["/b:/b:ro"], env=["Y=2", "X=3"], master_port=1234,
+                  command=["python", "t.py"]),
+    )
+    cfg = ClusterConfig.model_validate(merged)
+    assert [h.address for h in cfg.hosts] == ["h1", "h3"]
+    assert cfg.hosts[0].advertise_addr == "10.0.0.1"  # per-host settings kept for a host named again
+    assert cfg.hosts[1].user == "root" and cfg.hosts[1].port == 23
+    assert cfg.image == "new"
+    assert [m.target for m in cfg.container.mounts] == ["/a", "/b"]
+    assert cfg.container.env == {"X": "3", "Y": "2"}
+    assert cfg.job.master_port == 1234 and cfg.job.name == "j" and cfg.job.command == ["python", "t.py"]
+    assert data["image"] == "old"  # the input mapping is not changed
+
+
+def test_override_errors_name_the_flag():
+    with pytest.raises(ConfigError, match="--env"):
+        apply_overrides({}, Overrides(env=["NOEQUALS"]))
+    with pytest.raises(ConfigError, match="--hosts"):
+        apply_overrides({}, Overrides(hosts=["h:notaport"]))
+
+
+def test_no_hosts_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="no hosts: pass --hosts"):
+        load_config(None, Overrides())
+
+
+def test_missing_explicit_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.yaml"))
+
+
+def test_default_config_file_is_read(tmp_path, monkeypatch):
+    (tmp_path / "dockerlaunch.yaml").write_text("hosts: [10.1.1.1]\nimage: x\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_config().hosts[0].address == "10.1.1.1"
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("hosts: [a\nimage: x\n", "invalid YAML"),
+        ("- just\n- a list\n", "top level must be a mapping"),
+        ("hosts:\n  - address: a\n    gpus: -3\n", "hosts[0].gpus"),
+        ("hosts: [a]\nssh:\n  host_key_policy: yolo\n", "ssh.host_key_policy"),
+    ],
+)
+def test_malformed_file_via_cli_is_one_line_exit_2(cli, tmp_path, text, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    r = cli("config", "show", "--config", str(path))
+    assert r.returncode == 2, r
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ") and needle in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_schema_is_json_schema(cli):
+    r = cli("schema")
+    assert r.returncode == 0
+    schema = json.loads(r.stdout)
+    assert schema["type"] == "object"
+    assert {"hosts", "ssh", "image", "container", "job"} <= set(schema["properties"])
+    assert schema["required"] == ["hosts"]
+
+
+def test_config_show_merges_flags(cli, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("hosts: [10.0.0.1]\nimage: a\n")
+    r = cli("config", "show", "--config", str(path), "--hosts", "10.0.0.5,10.0.0.6", "--env", "K=v", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [h["address"] for h in data["hosts"]] == ["10.0.0.5", "10.0.0.6"]
+    assert data["container"]["env"] == {"K": "v"} and data["image"] == "a"
+
+
+def test_validation_error_is_flat():
+    with pytest.raises(ValidationError):
+        ClusterConfig.model_validate({"hosts": []})

@@ -1,0 +1,205 @@
+import json
+
+import pytest
+
+from dockerlaunch.config import ClusterConfig
+from dockerlaunch.errors import ConfigError
+from dockerlaunch.plan import HostFacts, make_plan
+from dockerlaunch.spec import Deferred, UnresolvedError
+
+
+def cfg(**kw) -> ClusterConfig:
+    data = {"hosts": ["10.0.0.1", "10.0.0.2"], "image": "img:tag", "ssh": {"config_file": None}}
+    data.update(kw)
+    return ClusterConfig.model_validate(data)
+
+
+def flag_values(argv, flag):
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_done_when_dry_run(cli):
+    r = cli("up", "--dry-run", "--hosts", "10.0.0.1,10.0.0.2", "--image", "img:tag", "--", "python", "train.py")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.count("# rank ") == 2
+    assert "# rank 0: 10.0.0.1" in out and "# rank 1: 10.0.0.2" in out
+    assert out.count("--network host") == 2
+    assert "--env NODE_RANK=0" in out and "--env NODE_RANK=1" in out
+    assert out.count("--env MASTER_ADDR=10.0.0.1") == 2
+    assert out.count("--env NNODES=2") == 2
+    assert out.count("img:tag python train.py") == 2
+    assert "no host was contacted" in out
+
+
+def test_done_when_loopback_refused(cli):
+    r = cli("up", "--dry-run", "--hosts", "127.0.0.1,10.0.0.2", "--image", "img:tag", "--", "python", "train.py")
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "loopback" in r.stderr and "127.0.0.1" in r.stderr and "advertise_addr" in r.stderr
+
+
+def test_dry_run_json_matches_plan(cli):
+    r = cli("up", "--dry-run", "--output", "json", "--hosts", "10.0.0.1,10.0.0.2", "--image", "i", "--", "a", "b c")
+    data = json.loads(r.stdout)
+    assert [h["env"]["NODE_RANK"] for h in data["hosts"]] == ["0", "1"]
+    assert data["hosts"][1]["argv"][-3:] == ["i", "a", "b c"]
+
+
+def test_up_without_dry_run_says_so(cli):
+    r = cli("up", "--hosts", "10.0.0.1", "--image", "i", "--", "true")
+    assert r.returncode == 1 and "--dry-run" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_rank_env_and_names():
+    plan = make_plan(cfg(job={"name": "sft", "master_port": 12345, "nproc_per_node": 8}))
+    assert plan.nnodes == 2 and plan.master_addr == "10.0.0.1"
+    for rank, h in enumerate(plan.hosts):
+        env = h.container.env
+        assert env["NNODES"] == "2" and env["NODE_RANK"] == str(rank)
+        assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "12345"
+        assert env["NPROC_PER_NODE"] == "8"
+        assert h.container.name == f"sft-{rank}"
+        argv = h.container.argv()
+        assert flag_values(argv, "--network") == ["host"]
+        assert flag_values(argv, "--ipc") == ["host"]
+        assert flag_values(argv, "--restart") == ["no"]
+        assert f"dockerlaunch.rank={rank}" in flag_values(argv, "--label")
+        assert "dockerlaunch.job=sft" in flag_values(argv, "--label")
+        assert "--privileged" not in argv
+
+
+def test_master_addr_rules():
+    assert make_plan(cfg(hosts=[{"address": "gpu1", "advertise_addr": "10.9.9.9"}, "gpu2"])).master_addr == "10.9.9.9"
+    named = make_plan(cfg(hosts=["gpu1", "gpu2"])).master_addr
+    assert isinstance(named, Deferred)
+    facts = {0: HostFacts(master_addr="10.1.2.3")}
+    assert make_plan(cfg(hosts=["gpu1", "gpu2"]), facts=facts).master_addr == "10.1.2.3"
+    # one host may use loopback; several may not, whatever the spelling
+    assert make_plan(cfg(hosts=["127.0.0.1"])).master_addr == "127.0.0.1"
+    for bad in (["localhost", "10.0.0.2"], ["::1", "10.0.0.2"], [{"address": "gpu1", "advertise_addr": "127.0.0.2"}, "g2"]):
+        with pytest.raises(ConfigError, match="loopback"):
+            make_plan(cfg(hosts=bad))
+
+
+def test_ssh_config_hostname_gives_master_addr():
+    import paramiko
+
+    sc = paramiko.SSHConfig.from_text("Host gpu1\n  HostName 10.5.5.5\n  User ubuntu\n")
+    plan = make_plan(cfg(hosts=["gpu1", "gpu2"]), ssh_config=sc)
+    assert plan.master_addr == "10.5.5.5"
+    assert plan.hosts[0].ssh.user == "ubuntu" and plan.hosts[0].ssh.hostname == "10.5.5.5"
+
+
+@pytest.mark.parametrize(
+    "gpus,mode,gpu_flag,devices,nproc",
+    [
+        ("all", "gpus", "all", [], None),
+        (4, "gpus", "4", [], 4),
+        (["0", "3"], "gpus", '"device=0,3"', [], 2),
+        ("none", "gpus", None, [], 1),
+        ("all", "cdi", None, ["nvidia.com/gpu=all"], None),
+        (["1"], "cdi", None, ["nvidia.com/gpu=1"], 1),
+    ],
+)
+def test_gpu_flags(gpus, mode, gpu_flag, devices, nproc):
+    h = make_plan(cfg(container={"gpus": gpus, "gpu_mode": mode, "infiniband": "off"})).hosts[0]
+    argv = h.container.argv()
+    assert flag_values(argv, "--gpus") == ([gpu_flag] if gpu_flag else [])
+    assert flag_values(argv, "--device") == devices
+    if nproc is None:
+        assert isinstance(h.nproc_per_node, Deferred)
+        assert make_plan(cfg(container={"gpus": gpus}), facts={0: HostFacts(gpu_count=8)}).hosts[0].nproc_per_node == 8
+    else:
+        assert h.nproc_per_node == nproc
+
+
+def test_per_host_overrides():
+    plan = make_plan(cfg(hosts=["10.0.0.1", {"address": "10.0.0.2", "gpus": 2, "nproc_per_node": 3}],
+                         job={"nproc_per_node": 8}))
+    assert plan.hosts[0].container.env["NPROC_PER_NODE"] == "8"
+    assert plan.hosts[1].container.env["NPROC_PER_NODE"] == "3"
+    assert flag_values(plan.hosts[1].container.argv(), "--gpus") == ["2"]
+
+
+def test_infiniband_modes():
+    on = make_plan(cfg(container={"infiniband": "on"}), facts={0: HostFacts(ib_hca="mlx5_0:1,mlx5_1:1")}).hosts[0]
+    argv = on.container.argv()
+    assert "/dev/infiniband" in flag_values(argv, "--device")
+    assert "IPC_LOCK" in flag_values(argv, "--cap-add")
+    assert "memlock=-1:-1" in flag_values(argv, "--ulimit")
+    assert on.container.env["NCCL_IB_HCA"] == "mlx5_0:1,mlx5_1:1"
+
+    off = make_plan(cfg(container={"infiniband": "off"})).hosts[0].container
+    assert "/dev/infiniband" not in off.argv() and "NCCL_IB_HCA" not in off.env and not off.deferred_flags
+
+    auto = make_plan(cfg()).hosts[0].container
+    assert auto.deferred_flags and isinstance(auto.env["NCCL_IB_HCA"], Deferred)
+    auto_no_ib = make_plan(cfg(), facts={0: HostFacts(infiniband=False)}).hosts[0].container
+    assert not auto_no_ib.deferred_flags and "/dev/infiniband" not in auto_no_ib.argv()
+    auto_ib = make_plan(cfg(), facts={0: HostFacts(infiniband=True, ib_hca="")}).hosts[0].container
+    assert "/dev/infiniband" in auto_ib.argv() and "NCCL_IB_HCA" not in auto_ib.env
+
+    # the user's memlock wins (the sim VMs refuse memlock=-1)
+    mine = make_plan(cfg(container={"infiniband": "on", "ulimits": {"memlock": "8192"}})).hosts[0].container
+    assert flag_values(mine.argv(), "--ulimit") == ["memlock=8192"]
+
+
+def test_user_env_wins_but_rank_env_is_reserved():
+    c = make_plan(cfg(container={"env": {"NCCL_SOCKET_IFNAME": "ib0", "PYTHONUNBUFFERED": "0"}})).hosts[0].container
+    assert c.env["NCCL_SOCKET_IFNAME"] == "ib0" and c.env["PYTHONUNBUFFERED"] == "0"
+    assert isinstance(c.env["GLOO_SOCKET_IFNAME"], Deferred)
+    with pytest.raises(ConfigError, match="container.env.NODE_RANK"):
+        make_plan(cfg(container={"env": {"NODE_RANK": "3"}}))
+
+
+def test_ipc_and_shm():
+    c = make_plan(cfg(container={"shm_size": "64g"})).hosts[0].container
+    assert flag_values(c.argv(), "--ipc") == ["private"] and flag_values(c.argv(), "--shm-size") == ["64g"]
+
+
+def test_command_forms():
+    assert make_plan(cfg(job={"command": ["python", "t.py"]})).hosts[0].container.command == ["python", "t.py"]
+    assert make_plan(cfg(job={"command": "torchrun --node_rank $NODE_RANK t.py"})).hosts[0].container.command == [
+        "/bin/sh", "-c", "torchrun --node_rank $NODE_RANK t.py"]
+    assert make_plan(cfg()).hosts[0].container.command == []
+
+
+def test_no_image_is_an_error():
+    with pytest.raises(ConfigError, match="no image"):
+        make_plan(ClusterConfig.model_validate({"hosts": ["10.0.0.1"]}))
+
+
+def test_mounts_and_extras():
+    c = make_plan(cfg(container={"mounts": ["/data:/data:ro", "/ckpt:/ckpt"], "workdir": "/w", "user": "1000:1000",
+                                 "extra_args": ["--pids-limit", "-1"], "cap_add": ["SYS_PTRACE"],
+                                 "infiniband": "off"})).hosts[0].container
+    argv = c.argv()
+    assert flag_values(argv, "--volume") == ["/data:/data:ro", "/ckpt:/ckpt"]
+    assert flag_values(argv, "--workdir") == ["/w"] and flag_values(argv, "--user") == ["1000:1000"]
+    assert flag_values(argv, "--cap-add") == ["SYS_PTRACE"]
+    assert argv[argv.index("--pids-limit") + 1] == "-1" and argv.index("--pids-limit") < argv.index("img:tag")
+
+
+def test_resolved_plan_has_no_placeholders_and_unresolved_is_refused():
+    dry = make_plan(cfg())
+    assert dry.unresolved()
+    with pytest.raises(UnresolvedError):
+        dry.hosts[0].container.run_argv()
+    facts = {r: HostFacts(interface="eth0", gpu_count=8, infiniband=False) for r in range(2)}
+    full = make_plan(cfg(), facts=facts)
+    assert full.unresolved() == []
+    for h in full.hosts:
+        argv = h.container.run_argv()
+        assert not any(isinstance(a, Deferred) or "<resolved at launch" in a for a in argv)
+        assert h.container.env["NCCL_SOCKET_IFNAME"] == "eth0" == h.container.env["GLOO_SOCKET_IFNAME"]
+
+
+def test_env_files_are_never_inlined():
+    plan = make_plan(cfg(container={"env_files": ["/home/me/secrets.env"], "infiniband": "off"}))
+    c = plan.hosts[0].container
+    assert any("secrets.env" in u for u in c.unresolved())
+    facts = {r: HostFacts(interface="eth0", gpu_count=1, env_files=(f"/tmp/dl-{r}.env",)) for r in range(2)}
+    c = make_plan(cfg(container={"env_files": ["/home/me/secrets.env"], "infiniband": "off"}), facts=facts).hosts[1].container
+    assert flag_values(c.run_argv(), "--env-file") == ["/tmp/dl-1.env"]

@@ -1,0 +1,43 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dockerlaunch.config import ClusterConfig
+from dockerlaunch.plan import make_plan
+from dockerlaunch.sim import SimError, node_layout, parse_rate, render_cluster_config
+
+
+def test_layout_fixed_ips_and_names():
+    nodes = node_layout("c", 3, "172.30.0.0/24")
+    assert [n.ip for n in nodes] == ["172.30.0.11", "172.30.0.12", "172.30.0.13"]
+    assert [n.name for n in nodes] == ["c-node1", "c-node2", "c-node3"]
+    assert len({n.volume for n in nodes}) == 3
+
+
+def test_layout_limits():
+    with pytest.raises(SimError):
+        node_layout("c", 0, "172.30.0.0/24")
+    with pytest.raises(SimError, match="too small"):
+        node_layout("c", 10, "172.30.0.0/29")
+
+
+def test_rendered_config_is_a_valid_cluster_config():
+    layout = node_layout("c", 2, "172.30.0.0/24")
+    text = render_cluster_config("c", layout, Path("/state/c"), "tools:1")
+    cfg = ClusterConfig.model_validate(yaml.safe_load(text))
+    assert cfg.ssh.host_key_policy == "strict" and cfg.ssh.known_hosts == "/state/c/known_hosts"
+    plan = make_plan(cfg)
+    assert plan.master_addr == "172.30.0.11"
+    assert not plan.hosts[0].container.deferred_flags  # IB off: nothing left to the host but the NIC
+
+
+@pytest.mark.parametrize("rate", ["200mbit", "1gbit", "1.5mbit"])
+def test_rate_ok(rate):
+    assert parse_rate(rate) == rate
+
+
+@pytest.mark.parametrize("rate", ["fast", "200", "200 mbit", "1gb;reboot"])
+def test_rate_rejected(rate):
+    with pytest.raises(SimError):
+        parse_rate(rate)
