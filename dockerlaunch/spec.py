@@ -52,6 +52,7 @@ class ContainerSpec:
     restart: str = "no"
     init: bool = True
     detach: bool = True
+    remove: bool = False  # --rm: for short-lived probes, never for job containers (their exit code is evidence)
     extra_args: list[str] = field(default_factory=list)
     deferred_flags: list[Deferred] = field(default_factory=list)  # flag groups that depend on the host
 
@@ -60,6 +61,8 @@ class ContainerSpec:
         a = ["docker", "run"]
         if self.detach:
             a.append("--detach")
+        if self.remove:
+            a.append("--rm")
         a += ["--name", self.name]
         for k, v in self.labels.items():
             a += ["--label", f"{k}={v}"]

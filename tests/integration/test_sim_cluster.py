@@ -1,0 +1,154 @@
+"""The foundation's promises, on a real 2-node sim cluster."""
+
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dockerlaunch import sim
+from dockerlaunch.config import load_config
+from dockerlaunch.plan import make_plan
+from dockerlaunch.spec import ContainerSpec
+from dockerlaunch.ssh import SSHError, connect, resolve_target, run
+
+from .conftest import _leftovers
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def clients(cluster_config):
+    out = [connect(resolve_target(h, cluster_config.ssh)) for h in cluster_config.hosts]
+    yield out
+    for c in out:
+        c.close()
+
+
+def test_ssh_with_generated_key_and_strict_known_hosts(cluster_config, clients):
+    assert cluster_config.ssh.host_key_policy == "strict"
+    for i, client in enumerate(clients, start=1):
+        r = run(client, "hostname; id -u")
+        assert r.exit_status == 0 and r.stdout.split() == [f"node{i}", "0"]
+
+
+def test_unknown_host_key_is_refused(cluster_config, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    target = resolve_target(cluster_config.hosts[0], cluster_config.ssh.model_copy(update={"known_hosts": str(empty)}))
+    with pytest.raises(SSHError, match="host key unknown"):
+        connect(target)
+
+
+def test_changed_host_key_is_refused(cluster_config, tmp_path):
+    """known_hosts says node1's IP has node2's key: a man in the middle must not get in."""
+    lines = open(cluster_config.ssh.known_hosts).read().split("\n")
+    ip1, ip2 = (h.address for h in cluster_config.hosts)
+    key2 = next(line for line in lines if line.startswith(ip2 + " ")).split(" ", 1)[1]
+    swapped = tmp_path / "known_hosts"
+    swapped.write_text(f"{ip1} {key2}\n")
+    target = resolve_target(cluster_config.hosts[0], cluster_config.ssh.model_copy(update={"known_hosts": str(swapped)}))
+    with pytest.raises(SSHError, match="HOST KEY CHANGED"):
+        connect(target)
+
+
+def test_each_node_dockerd_answers(clients, tools_image):
+    for client in clients:
+        r = run(client, "docker info --format '{{.ServerVersion}} {{.Driver}}'")
+        assert r.exit_status == 0, r.stderr
+        version, driver = r.stdout.split()
+        assert version and driver == "overlay2"
+        r = run(client, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(tools_image)}")
+        assert r.exit_status == 0 and r.stdout.startswith("sha256:")
+
+
+def test_host_network_container_on_node2_reaches_listener_on_node1(sim_cluster, clients, tools_image):
+    """Both containers are rendered from ContainerSpec, as the launcher will render job containers."""
+    _, _, layout = sim_cluster
+    port = 20000 + secrets.randbelow(20000)
+    token = secrets.token_hex(8)
+    listener = ContainerSpec(name=f"listen-{token}", image=tools_image, command=["nc", "-l", str(port)], init=False)
+    r = run(clients[0], listener.shell_command())
+    assert r.exit_status == 0, r.stderr
+    try:
+        talker = ContainerSpec(
+            name=f"talk-{token}", image=tools_image, detach=False, remove=True, init=False,
+            command=["sh", "-c", f'echo "{token} from $(ip -o -4 addr show eth0 | awk \'{{print $4}}\')" '
+                                 f"| nc -N -w 5 {layout[0].ip} {port}"],
+        )
+        for _ in range(20):  # until the listener is up
+            r = run(clients[1], talker.shell_command())
+            if r.exit_status == 0:
+                break
+            time.sleep(0.5)
+        assert r.exit_status == 0, r.stderr
+        r = run(clients[0], f"docker wait {listener.name} >/dev/null; docker logs {listener.name}")
+        # the talker ran with --network host, so it spoke from node2's own address
+        assert r.stdout.strip() == f"{token} from {layout[1].ip}/24"
+    finally:
+        run(clients[0], f"docker rm -f {listener.name}")
+
+
+NASTY = "it's \"quoted\" $HOME `id` $(id) ; rm -rf / \\ back\\slash\nnew line\ttab 💥"
+
+
+def test_nasty_values_reach_the_container_byte_exact(clients, tools_image):
+    spec = ContainerSpec(
+        name=f"env-{secrets.token_hex(4)}", image=tools_image, detach=False, remove=True, init=False,
+        env={"NASTY": NASTY}, command=["sh", "-c", 'printf %s "$NASTY"; printf "\\0"; printf %s "$1"', "sh", NASTY],
+    )
+    r = run(clients[1], spec.shell_command())
+    assert r.exit_status == 0, r.stderr
+    assert r.stdout.split("\0") == [NASTY, NASTY]
+
+
+def test_dry_run_with_sim_config(cli, sim_cluster):
+    _, config_path, layout = sim_cluster
+    r = cli("up", "--dry-run", "--config", str(config_path), "--", "hostname")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(f"--env MASTER_ADDR={layout[0].ip}") == 2
+    assert "--gpus" not in r.stdout and "/dev/infiniband" not in r.stdout
+
+
+def test_sim_lifecycle_via_cli(cli, engine, tmp_path, sim_cluster):
+    """sim up writes a usable config; a second up is refused; shape works; down leaves nothing."""
+    name = f"dlc{os.getpid()}"
+    subnet = f"172.30.{200 + os.getpid() % 50}.0/24"
+    out = tmp_path / "one.yaml"
+    env_state = os.environ["DOCKERLAUNCH_STATE_DIR"]
+    try:
+        r = cli("sim", "up", "--nodes", "1", "--name", name, "--subnet", subnet, "--config-out", str(out))
+        assert r.returncode == 0, r.stdout + r.stderr
+        cfg = load_config(str(out))
+        assert [h.address for h in cfg.hosts] == [sim.node_layout(name, 1, subnet)[0].ip]
+        assert make_plan(cfg).master_addr == cfg.hosts[0].address
+        assert os.path.exists(os.path.join(env_state, "sim", name, "known_hosts"))
+
+        again = cli("sim", "up", "--nodes", "1", "--name", name, "--subnet", subnet)
+        assert again.returncode == 1 and "already exists" in again.stderr and "sim down" in again.stderr
+
+        st = cli("sim", "status", "--name", name)
+        assert st.returncode == 0 and f"{name}-node1" in st.stdout and "running" in st.stdout
+
+        assert cli("sim", "shape", "--name", name, "--rate", "200mbit").returncode == 0
+        qdisc = engine.containers.get(f"{name}-node1").exec_run(["tc", "qdisc", "show", "dev", "eth0"])[1].decode()
+        assert "tbf" in qdisc and "200Mbit" in qdisc
+        assert cli("sim", "shape", "--name", name, "--off").returncode == 0
+        qdisc = engine.containers.get(f"{name}-node1").exec_run(["tc", "qdisc", "show", "dev", "eth0"])[1].decode()
+        assert "tbf" not in qdisc
+    finally:
+        r = cli("sim", "down", "--name", name)
+    assert r.returncode == 0
+    assert _leftovers(engine, name) == []
+    assert not os.path.exists(os.path.join(env_state, "sim", name))
+
+
+def test_sim_without_engine_is_a_clear_error(tmp_path):
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no.sock"}
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "sim", "status"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: no usable Docker engine") and "scripts/install-docker" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
