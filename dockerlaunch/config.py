@@ -96,6 +96,12 @@ class HostConfig(_Model):
     def _from_string(cls, data: Any) -> Any:
         if isinstance(data, str):
             return parse_host_string(data)
+        if isinstance(data, dict) and isinstance(data.get("address"), str):
+            parsed = parse_host_string(data["address"])
+            for key, value in parsed.items():
+                if key != "address" and data.get(key) not in (None, value):
+                    raise ValueError(f"address {data['address']!r} says {key} {value}, but {key}: {data[key]}")
+            return {**data, **parsed}
         return data
 
 

@@ -192,3 +192,24 @@ def test_config_show_merges_flags(cli, tmp_path):
 def test_validation_error_is_flat():
     with pytest.raises(ValidationError):
         ClusterConfig.model_validate({"hosts": []})
+
+
+def test_documented_example_config_is_valid():
+    """docs/dockerlaunch.example.yaml must stay true."""
+    from pathlib import Path
+
+    from dockerlaunch.plan import make_plan
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "dockerlaunch.example.yaml"
+    cfg = load_config(str(path))
+    assert cfg.hosts[2].user == "ubuntu" and cfg.hosts[2].port == 2222
+    plan = make_plan(cfg)
+    assert plan.master_addr == "10.0.0.1"
+    assert plan.hosts[2].container.env["NPROC_PER_NODE"] == "4"
+
+
+def test_mapping_address_may_carry_user_and_port_but_not_contradict():
+    h = ClusterConfig.model_validate({"hosts": [{"address": "u@h:2", "nproc_per_node": 1}]}).hosts[0]
+    assert (h.address, h.user, h.port) == ("h", "u", 2)
+    with pytest.raises(ValidationError, match="says port 2"):
+        ClusterConfig.model_validate({"hosts": [{"address": "h:2", "port": 3}]})
