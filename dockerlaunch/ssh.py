@@ -78,7 +78,9 @@ def resolve_target(
         for hop in proxy_jump.split(","):
             parsed = parse_host_string(hop.removeprefix("ssh://"))
             hop_target = resolve_target(
-                HostConfig(**parsed), settings.model_copy(update={"user": None, "port": None, "identity_file": None}),
+                # a jump host's user/port come from the ProxyJump spec or its own ~/.ssh/config entry;
+                # the ssh: section's key and known_hosts still apply to it
+                HostConfig(**parsed), settings.model_copy(update={"user": None, "port": None}),
                 ssh_config, local_user, _depth + 1,
             )
             chain.extend(hop_target.jumps)

@@ -152,3 +152,24 @@ def test_sim_without_engine_is_a_clear_error(tmp_path):
     assert r.returncode == 1
     assert r.stderr.startswith("error: no usable Docker engine") and "scripts/install-docker" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_proxy_jump_through_node1_to_node2(cluster_config, sim_cluster, tmp_path):
+    """~/.ssh/config ProxyJump, resolved by paramiko's SSHConfig and tunnelled through node1."""
+    import paramiko
+
+    from dockerlaunch.config import HostConfig
+
+    _, _, layout = sim_cluster
+    ssh_config = paramiko.SSHConfig.from_text(
+        f"Host inner\n  HostName {layout[1].ip}\n  ProxyJump root@{layout[0].ip}\n"
+    )
+    target = resolve_target(HostConfig(address="inner"), cluster_config.ssh, ssh_config)
+    assert [j.hostname for j in target.jumps] == [layout[0].ip]
+    client = connect(target)
+    try:
+        r = run(client, "hostname; echo $SSH_CONNECTION")
+        assert r.stdout.split()[0] == "node2"
+        assert r.stdout.split()[1] == layout[0].ip  # the connection came from the jump host
+    finally:
+        client.close()

@@ -65,3 +65,11 @@ def test_policy_and_known_hosts_pass_through():
     t = resolve("10.1.1.1", SSHSettings(known_hosts="/kh", host_key_policy="accept-new", connect_timeout=3))
     assert (t.known_hosts, t.host_key_policy, t.connect_timeout) == ("/kh", "accept-new", 3)
     assert resolve("10.1.1.1").host_key_policy == "strict"
+
+
+def test_jump_host_keeps_the_configured_key_but_not_the_user():
+    t = resolve("inner", SSHSettings(user="root", identity_file="/k", known_hosts="/kh"))
+    j = t.jumps[0]
+    assert j.identity_files == ("/k",) and j.known_hosts == "/kh"
+    assert j.user == "admin"  # from the ProxyJump spec, not ssh.user
+    assert t.user == "root"
