@@ -7,11 +7,17 @@ then defaults (local user, port 22). Host keys are verified against known_hosts 
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import getpass
 import os
+import shlex
 import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import paramiko
 
@@ -214,17 +220,165 @@ class Result:
     stdout: str
     stderr: str
 
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
 
-def run(client: paramiko.SSHClient, command: str, timeout: float | None = 60.0, stdin: bytes | None = None) -> Result:
-    """Run one command (already shell-quoted) and collect its output."""
-    chan_in, chan_out, chan_err = client.exec_command(command, timeout=timeout)
-    if stdin is not None:
-        chan_in.write(stdin)
-    chan_in.channel.shutdown_write()
+    def last_line(self) -> str:
+        lines = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return lines[-1][:300] if lines else f"exit status {self.exit_status}"
+
+
+def _quote(command: str | Sequence[str]) -> str:
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+class Remote:
+    """One SSH connection to a host, reused for every step; channels may run concurrently from threads.
+
+    Commands given as lists are shell-quoted here, so no caller builds a remote shell line by hand.
+    """
+
+    def __init__(self, target: SSHTarget, client: paramiko.SSHClient | None = None):
+        self.target = target
+        self.client = client or connect(target)
+        transport = self.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(15)
+
+    @property
+    def name(self) -> str:
+        return self.target.alias
+
+    def close(self) -> None:
+        self.client.close()
+        for jump in getattr(self.client, "_dockerlaunch_jumps", []):
+            jump.close()
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _channel(self, command: str) -> paramiko.Channel:
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise SSHError(f"host {self.name}: the SSH connection was lost")
+        try:
+            chan = transport.open_session(timeout=self.target.connect_timeout)
+            chan.exec_command(command)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise SSHError(f"host {self.name}: cannot start a command over SSH: {e}") from None
+        return chan
+
+    def stream(
+        self,
+        command: str | Sequence[str],
+        on_stdout: Callable[[bytes], None] | None = None,
+        on_stderr: Callable[[bytes], None] | None = None,
+        stdin: bytes | BinaryIO | None = None,
+        timeout: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> int:
+        """Run a command, handing its output to callbacks as it arrives; returns the exit status.
+
+        `stdin` (bytes or a binary file) is written from a thread while output is read, so large
+        streams cannot deadlock. `timeout` bounds the whole command; `stop` ends it early (-1).
+        """
+        cmd = _quote(command)
+        chan = self._channel(cmd)
+        writer = None
+        write_error: list[BaseException] = []
+        if stdin is None:
+            chan.shutdown_write()
+        else:
+            writer = threading.Thread(target=_feed, args=(chan, stdin, write_error), daemon=True)
+            writer.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                busy = False
+                if chan.recv_ready():
+                    data = chan.recv(65536)
+                    busy = True
+                    if data and on_stdout:
+                        on_stdout(data)
+                if chan.recv_stderr_ready():
+                    data = chan.recv_stderr(65536)
+                    busy = True
+                    if data and on_stderr:
+                        on_stderr(data)
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if stop is not None and stop.is_set():
+                    return -1
+                if deadline is not None and time.monotonic() > deadline:
+                    raise SSHError(f"host {self.name}: command timed out after {timeout:g}s: {cmd[:120]}")
+                if not busy:
+                    time.sleep(0.01)
+            status = chan.recv_exit_status()
+        finally:
+            chan.close()
+            if writer is not None:
+                writer.join(timeout=5)
+        if write_error and status == 0:
+            raise SSHError(f"host {self.name}: sending input failed: {write_error[0]}")
+        return status
+
+    def run(
+        self, command: str | Sequence[str], timeout: float | None = 120.0, stdin: bytes | BinaryIO | None = None
+    ) -> Result:
+        """Run a command and collect its output."""
+        out, err = bytearray(), bytearray()
+        status = self.stream(command, out.extend, err.extend, stdin=stdin, timeout=timeout)
+        return Result(status, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def check(self, command: str | Sequence[str], what: str, timeout: float | None = 120.0,
+              stdin: bytes | BinaryIO | None = None) -> Result:
+        """run(), raising a one-line error that names the host and the step when it fails."""
+        r = self.run(command, timeout=timeout, stdin=stdin)
+        if not r.ok:
+            raise SSHError(f"host {self.name}: {what} failed: {r.last_line()}")
+        return r
+
+
+def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseException]) -> None:
     try:
-        out = chan_out.read().decode(errors="replace")
-        err = chan_err.read().decode(errors="replace")
-    except socket.timeout:
-        chan_out.channel.close()
-        raise SSHError(f"command timed out after {timeout:g}s: {command[:80]}") from None
-    return Result(chan_out.channel.recv_exit_status(), out, err)
+        if isinstance(stdin, (bytes, bytearray)):
+            chan.sendall(stdin)
+        else:
+            while chunk := stdin.read(1 << 20):
+                chan.sendall(chunk)
+        chan.shutdown_write()
+    except BaseException as e:  # noqa: BLE001 - reported by the reader
+        errors.append(e)
+
+
+def open_all(targets: Sequence[SSHTarget], max_workers: int = 32) -> list[Remote]:
+    """Connect to every host concurrently; on any failure close the others and raise one error per host."""
+    results = map_hosts(lambda t: Remote(t), targets, max_workers=max_workers)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        for r in results:
+            if isinstance(r, Remote):
+                r.close()
+        if len(failures) == 1:
+            raise failures[0]
+        raise SSHError("; ".join(str(f) for f in failures))
+    return list(results)  # type: ignore[arg-type]
+
+
+def map_hosts(fn: Callable[[Any], Any], items: Sequence[Any], max_workers: int = 32) -> list[Any]:
+    """fn over items concurrently, in order; an exception is returned in its slot, not raised."""
+    if not items:
+        return []
+    with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        out = []
+        for f in futures:
+            try:
+                out.append(f.result())
+            except BaseException as e:  # noqa: BLE001
+                out.append(e)
+        return out

@@ -13,7 +13,7 @@ from dockerlaunch import sim
 from dockerlaunch.config import load_config
 from dockerlaunch.plan import make_plan
 from dockerlaunch.spec import ContainerSpec
-from dockerlaunch.ssh import SSHError, connect, resolve_target, run
+from dockerlaunch.ssh import Remote, SSHError, connect, resolve_target
 
 from .conftest import _leftovers
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def clients(cluster_config):
-    out = [connect(resolve_target(h, cluster_config.ssh)) for h in cluster_config.hosts]
+    out = [Remote(resolve_target(h, cluster_config.ssh)) for h in cluster_config.hosts]
     yield out
     for c in out:
         c.close()
@@ -31,7 +31,7 @@ def clients(cluster_config):
 def test_ssh_with_generated_key_and_strict_known_hosts(cluster_config, clients):
     assert cluster_config.ssh.host_key_policy == "strict"
     for i, client in enumerate(clients, start=1):
-        r = run(client, "hostname; id -u")
+        r = client.run("hostname; id -u")
         assert r.exit_status == 0 and r.stdout.split() == [f"node{i}", "0"]
 
 
@@ -57,11 +57,11 @@ def test_changed_host_key_is_refused(cluster_config, tmp_path):
 
 def test_each_node_dockerd_answers(clients, tools_image):
     for client in clients:
-        r = run(client, "docker info --format '{{.ServerVersion}} {{.Driver}}'")
+        r = client.run("docker info --format '{{.ServerVersion}} {{.Driver}}'")
         assert r.exit_status == 0, r.stderr
         version, driver = r.stdout.split()
         assert version and driver == "overlay2"
-        r = run(client, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(tools_image)}")
+        r = client.run(f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(tools_image)}")
         assert r.exit_status == 0 and r.stdout.startswith("sha256:")
 
 
@@ -71,7 +71,7 @@ def test_host_network_container_on_node2_reaches_listener_on_node1(sim_cluster, 
     port = 20000 + secrets.randbelow(20000)
     token = secrets.token_hex(8)
     listener = ContainerSpec(name=f"listen-{token}", image=tools_image, command=["nc", "-l", str(port)], init=False)
-    r = run(clients[0], listener.shell_command())
+    r = clients[0].run(listener.shell_command())
     assert r.exit_status == 0, r.stderr
     try:
         talker = ContainerSpec(
@@ -80,16 +80,16 @@ def test_host_network_container_on_node2_reaches_listener_on_node1(sim_cluster, 
                                  f"| nc -N -w 5 {layout[0].ip} {port}"],
         )
         for _ in range(20):  # until the listener is up
-            r = run(clients[1], talker.shell_command())
+            r = clients[1].run(talker.shell_command())
             if r.exit_status == 0:
                 break
             time.sleep(0.5)
         assert r.exit_status == 0, r.stderr
-        r = run(clients[0], f"docker wait {listener.name} >/dev/null; docker logs {listener.name}")
+        r = clients[0].run(f"docker wait {listener.name} >/dev/null; docker logs {listener.name}")
         # the talker ran with --network host, so it spoke from node2's own address
         assert r.stdout.strip() == f"{token} from {layout[1].ip}/24"
     finally:
-        run(clients[0], f"docker rm -f {listener.name}")
+        clients[0].run(f"docker rm -f {listener.name}")
 
 
 NASTY = "it's \"quoted\" $HOME `id` $(id) ; rm -rf / \\ back\\slash\nnew line\ttab 💥"
@@ -100,7 +100,7 @@ def test_nasty_values_reach_the_container_byte_exact(clients, tools_image):
         name=f"env-{secrets.token_hex(4)}", image=tools_image, detach=False, remove=True, init=False,
         env={"NASTY": NASTY}, command=["sh", "-c", 'printf %s "$NASTY"; printf "\\0"; printf %s "$1"', "sh", NASTY],
     )
-    r = run(clients[1], spec.shell_command())
+    r = clients[1].run(spec.shell_command())
     assert r.exit_status == 0, r.stderr
     assert r.stdout.split("\0") == [NASTY, NASTY]
 
@@ -166,9 +166,9 @@ def test_proxy_jump_through_node1_to_node2(cluster_config, sim_cluster, tmp_path
     )
     target = resolve_target(HostConfig(address="inner"), cluster_config.ssh, ssh_config)
     assert [j.hostname for j in target.jumps] == [layout[0].ip]
-    client = connect(target)
+    client = Remote(target)
     try:
-        r = run(client, "hostname; echo $SSH_CONNECTION")
+        r = client.run("hostname; echo $SSH_CONNECTION")
         assert r.stdout.split()[0] == "node2"
         assert r.stdout.split()[1] == layout[0].ip  # the connection came from the jump host
     finally:
