@@ -89,20 +89,84 @@ def config_show(fmt: str, **kw) -> None:
 @cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
 @config_options
 @click.option("--dry-run", is_flag=True, help="Print the per-host plan; contact no host.")
-@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True, help="For --dry-run.")
+@click.option("--detach", is_flag=True, help="Return once every container has started.")
+@click.option("--skip-preflight", is_flag=True, help="Do not run the doctor checks first.")
+@click.option("--keep", is_flag=True, help="Keep the containers after the job ends (inspect, then `down`).")
+@click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
+              help="Per-host log files go to DIR/<job>-<time>/.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def up(dry_run: bool, output: str, command: tuple[str, ...], **kw) -> None:
-    """Start the job: one container per host. Put the training command after `--`."""
+def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: bool, log_dir: str,
+       command: tuple[str, ...], **kw) -> None:
+    """Start the job: one container per host. Put the training command after `--`.
+
+    Checks every host first (see `doctor`), then starts the containers concurrently, streams their
+    logs, and stops every container on every host as soon as one rank fails or on Ctrl-C.
+    """
     cfg = _load(kw, command)
     plan = make_plan(cfg, ssh_config=load_ssh_config(cfg.ssh.config_file))
-    if not dry_run:
-        raise DockerlaunchError(
-            "launching is not built yet in this version: only `dockerlaunch up --dry-run` works (it prints the plan)"
-        )
-    if output == "json":
-        click.echo(json.dumps(plan.to_dict(), indent=2))
-    else:
-        click.echo(render_plan(plan))
+    if dry_run:
+        click.echo(json.dumps(plan.to_dict(), indent=2) if output == "json" else render_plan(plan))
+        return
+    from dockerlaunch import launch
+
+    sys.exit(launch.up(cfg, detach=detach, keep=keep, preflight=not skip_preflight, log_dir=log_dir or None))
+
+
+@cli.command()
+@config_options
+def doctor(**kw) -> None:
+    """Pre-flight checks on every host; exits 1 if any check FAILs."""
+    from dockerlaunch import doctor as doctorlib
+    from dockerlaunch.launch import _console
+
+    cfg = _load(kw)
+    if not cfg.image:
+        raise DockerlaunchError("doctor needs the job image: pass --image IMAGE or set image:")
+    report = doctorlib.doctor(cfg)
+    doctorlib.print_report(report, _console())
+    sys.exit(1 if report.failed else 0)
+
+
+@cli.command()
+@config_options
+def down(**kw) -> None:
+    """Stop and remove the job's containers on every host."""
+    from dockerlaunch import launch
+
+    sys.exit(launch.down(_load(kw)))
+
+
+@cli.command()
+@config_options
+def status(**kw) -> None:
+    """The job's containers per host: state, exit code, since when."""
+    from dockerlaunch import launch
+
+    sys.exit(launch.status(_load(kw)))
+
+
+@cli.command()
+@config_options
+@click.option("--follow", "-f", is_flag=True, help="Keep streaming until the containers exit.")
+@click.option("--rank", type=int, help="Only this rank.")
+@click.option("--tail", default="all", show_default=True, help="Lines from the end of each log.")
+def logs(follow: bool, rank: int | None, tail: str, **kw) -> None:
+    """Show the job's logs, prefixed by rank and host."""
+    from dockerlaunch import launch
+
+    sys.exit(launch.logs(_load(kw), rank=rank, follow=follow, tail=tail))
+
+
+@cli.command("exec", context_settings={**CONTEXT, "allow_interspersed_args": False})
+@config_options
+@click.option("--rank", type=int, required=True, help="Which rank's container.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def exec_cmd(rank: int, command: tuple[str, ...], **kw) -> None:
+    """Run a command in one rank's container, e.g. `exec --rank 1 -- py-spy dump --pid 1`."""
+    from dockerlaunch import launch
+
+    sys.exit(launch.exec_in(_load(kw), rank, list(command)))
 
 
 def format_argv(argv: list[str], n_command: int) -> str:

@@ -45,6 +45,7 @@ NODE_CAPS = (
     "AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ"
 ).split()
 SEED_DIR_IN_NODE = "/var/cache/dockerlaunch-seed"
+NODE_SHM = "2g"
 
 
 class SimError(DockerlaunchError):
@@ -329,6 +330,7 @@ def up(
                     str(cache_root()): {"bind": SEED_DIR_IN_NODE, "mode": "ro"},
                 },
                 init=True,
+                shm_size=NODE_SHM,  # job containers use --ipc host: they inherit the node's /dev/shm
                 network=net.name,
                 detach=True,
             )

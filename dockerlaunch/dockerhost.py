@@ -1,0 +1,109 @@
+"""Docker on a remote host, through its SSH runner (Ray's DockerCommandRunner on SSHCommandRunner).
+
+Everything goes through the docker CLI on the host, argv quoted by `Remote`; job containers are
+found by label, so the launcher keeps no state of its own (like torchx's docker scheduler).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dockerlaunch.plan import LABEL_JOB, LABEL_RANK
+from dockerlaunch.spec import ContainerSpec
+from dockerlaunch.ssh import Remote, Result, SSHError
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    name: str
+    rank: int | None
+    status: str  # created | running | exited | ...
+    exit_code: int
+    started_at: str
+    finished_at: str
+
+
+def parse_inspect(text: str) -> list[ContainerState]:
+    """`docker inspect` JSON -> states (pure; tested on fixture output)."""
+    text = text.strip()
+    if not text:
+        return []
+    out = []
+    for c in json.loads(text):
+        state = c.get("State", {})
+        labels = (c.get("Config") or {}).get("Labels") or {}
+        rank = labels.get(LABEL_RANK)
+        out.append(
+            ContainerState(
+                name=c.get("Name", "").lstrip("/"),
+                rank=int(rank) if rank is not None and rank.isdigit() else None,
+                status=state.get("Status", "unknown"),
+                exit_code=int(state.get("ExitCode", 0)),
+                started_at=state.get("StartedAt", ""),
+                finished_at=state.get("FinishedAt", ""),
+            )
+        )
+    return sorted(out, key=lambda s: (s.rank is None, s.rank, s.name))
+
+
+class DockerHost:
+    def __init__(self, remote: Remote):
+        self.remote = remote
+
+    @property
+    def name(self) -> str:
+        return self.remote.name
+
+    def docker(self, *args: str, timeout: float | None = 120.0, stdin=None) -> Result:
+        return self.remote.run(["docker", *args], timeout=timeout, stdin=stdin)
+
+    def version(self) -> str:
+        r = self.docker("version", "--format", "{{.Server.Version}}", timeout=30)
+        if not r.ok:
+            raise SSHError(f"host {self.name}: docker is not usable: {r.last_line()}")
+        return r.stdout.strip()
+
+    def image_id(self, image: str) -> str | None:
+        r = self.docker("image", "inspect", "--format", "{{.Id}}", image, timeout=30)
+        return r.stdout.strip() if r.ok else None
+
+    def job_containers(self, job: str) -> list[ContainerState]:
+        label = shlex.quote(f"{LABEL_JOB}={job}")
+        script = f"ids=$(docker ps -aq --filter label={label}) && if [ -n \"$ids\" ]; then docker inspect $ids; fi"
+        r = self.remote.run(script, timeout=60)
+        if not r.ok:
+            raise SSHError(f"host {self.name}: listing containers of job {job} failed: {r.last_line()}")
+        return parse_inspect(r.stdout)
+
+    def run_container(self, spec: ContainerSpec) -> str:
+        r = self.remote.run(spec.run_argv(), timeout=300)
+        if not r.ok:
+            raise SSHError(f"host {self.name}: starting container {spec.name} failed: {r.last_line()}")
+        return r.stdout.strip()
+
+    def remove(self, names: list[str], grace: int = 3) -> None:
+        """Stop (SIGTERM, then SIGKILL after `grace` s) and remove; missing containers are fine."""
+        if not names:
+            return
+        quoted = " ".join(shlex.quote(n) for n in names)
+        self.remote.run(
+            f"docker stop -t {int(grace)} {quoted} >/dev/null 2>&1; docker rm -f {quoted} >/dev/null 2>&1; true",
+            timeout=grace + 60,
+        )
+
+    def wait(self, name: str, timeout: float | None = None) -> int:
+        r = self.docker("wait", name, timeout=timeout)
+        if not r.ok:
+            raise SSHError(f"host {self.name}: waiting for {name} failed: {r.last_line()}")
+        return int(r.stdout.strip().splitlines()[-1])
+
+    def follow_logs(
+        self, name: str, on_data: Callable[[bytes], None], follow: bool = True, stop: threading.Event | None = None,
+        tail: str = "all",
+    ) -> int:
+        args = ["docker", "logs", "--tail", tail] + (["--follow"] if follow else []) + [name]
+        return self.remote.stream(args, on_data, on_data, stop=stop)

@@ -1,0 +1,127 @@
+"""What a host must tell us before its container can be planned: NIC toward the master, IB ports, GPUs.
+
+One probe script per host (one SSH round trip); parsing is pure and tested on fixture output.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from dockerlaunch.ssh import Remote
+
+BAD_IFACE = re.compile(r"^(lo|docker\d*|virbr\d*|br-[0-9a-f]+|veth.*)$")
+
+
+@dataclass(frozen=True)
+class Route:
+    interface: str | None
+    source: str | None
+    local: bool  # the address is this host's own
+
+
+def parse_route_get(text: str) -> Route:
+    """`ip -o route get ADDR` -> device, source, whether it is local."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    dev = re.search(r"\bdev (\S+)", line)
+    src = re.search(r"\bsrc (\S+)", line)
+    return Route(dev.group(1) if dev else None, src.group(1) if src else None, line.startswith("local "))
+
+
+def parse_addr_owner(text: str) -> str | None:
+    """`ip -o addr show to ADDR` -> the interface holding ADDR (e.g. `2: eth0    inet 10.0.0.5/24 ...`)."""
+    for line in text.strip().splitlines():
+        m = re.match(r"^\d+:\s+(\S+?)(@\S+)?\s+inet6?\s", line)
+        if m:
+            return m.group(1)
+    return None
+
+
+def nic_problem(interface: str | None, source: str | None) -> str | None:
+    """Why this NIC cannot carry NCCL/Gloo traffic between hosts, or None."""
+    if not interface:
+        return "no route"
+    if BAD_IFACE.match(interface):
+        return f"route goes through {interface}, a loopback/bridge/virtual interface"
+    if source and (source.startswith("127.") or source.startswith("172.17.")):
+        return f"source address {source} is loopback or Docker's default bridge"
+    return None
+
+
+def parse_ib_ports(lines: list[str]) -> tuple[list[str], list[str]]:
+    """Lines `PORT_DIR STATE LINK_LAYER` -> (active `hca:port` list, every `hca:port state` seen).
+
+    STATE is /sys/class/infiniband/<hca>/ports/<n>/state, e.g. `4: ACTIVE`.
+    """
+    active, seen = [], []
+    for line in lines:
+        m = re.match(r"^/sys/class/infiniband/([^/]+)/ports/(\d+)\s+(\d+):\s*(\S+)", line.strip())
+        if not m:
+            continue
+        hca, port, _, state = m.groups()
+        seen.append(f"{hca}:{port} {state}")
+        if state == "ACTIVE":
+            active.append(f"{hca}:{port}")
+    return active, seen
+
+
+def probe_script(master_addr: str) -> str:
+    m = shlex.quote(master_addr)
+    return f"""
+echo "route=$(ip -o route get {m} 2>&1 | head -n1)"
+echo "owner=$(ip -o addr show to {m} 2>/dev/null | head -n1)"
+if [ -e /dev/infiniband ]; then echo ib_dev=1; else echo ib_dev=0; fi
+for p in /sys/class/infiniband/*/ports/*; do
+  [ -r "$p/state" ] && echo "ib_port=$p $(cat "$p/state") $(cat "$p/link_layer" 2>/dev/null)"
+done
+if command -v nvidia-smi >/dev/null 2>&1; then echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')"; else echo gpus=none; fi
+echo "has_ip=$(command -v ip >/dev/null 2>&1 && echo 1 || echo 0)"
+"""
+
+
+@dataclass(frozen=True)
+class Probe:
+    interface: str | None
+    source: str | None
+    problem: str | None
+    ib_device: bool
+    ib_active: list[str]
+    ib_seen: list[str]
+    gpu_count: int | None  # None: no nvidia-smi on the host
+
+
+def parse_probe(text: str) -> Probe:
+    kv: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            kv.setdefault(k, []).append(v)
+    get = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
+    if get("has_ip") == "0":
+        iface, src, problem = None, None, "the host has no `ip` command (install iproute2)"
+    else:
+        route = parse_route_get(get("route"))
+        iface, src = route.interface, route.source
+        if route.local:  # we are the master: use the NIC that owns the address, not lo
+            iface = parse_addr_owner(get("owner")) or iface
+            src = None
+        problem = nic_problem(iface, src)
+        if problem == "no route":
+            problem = f"no route: {get('route')[:160]}"
+    active, seen = parse_ib_ports(kv.get("ib_port", []))
+    gpus = get("gpus")
+    return Probe(
+        interface=iface,
+        source=src,
+        problem=problem,
+        ib_device=get("ib_dev") == "1",
+        ib_active=active,
+        ib_seen=seen,
+        gpu_count=int(gpus) if gpus.isdigit() else None,
+    )
+
+
+def probe(remote: Remote, master_addr: str) -> Probe:
+    r = remote.check(["sh", "-c", probe_script(master_addr)], "probing the host", timeout=60)
+    return parse_probe(r.stdout)
