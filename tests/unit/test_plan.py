@@ -47,11 +47,6 @@ def test_dry_run_json_matches_plan(cli):
     assert data["hosts"][1]["argv"][-3:] == ["i", "a", "b c"]
 
 
-def test_up_without_dry_run_says_so(cli):
-    r = cli("up", "--hosts", "10.0.0.1", "--image", "i", "--", "true")
-    assert r.returncode == 1 and "--dry-run" in r.stderr and "Traceback" not in r.stderr
-
-
 def test_rank_env_and_names():
     plan = make_plan(cfg(job={"name": "sft", "master_port": 12345, "nproc_per_node": 8}))
     assert plan.nnodes == 2 and plan.master_addr == "10.0.0.1"
