@@ -227,6 +227,18 @@ def sim_up(**kw) -> None:
     click.echo(str(path))
 
 
+@sim.command("demo-image")
+@click.option("--base-image", metavar="REF", help="Debian bookworm image to build from.")
+@click.option("--wheelhouse", metavar="DIR", help="Use these wheels instead of downloading torch and its deps.")
+def sim_demo_image(base_image: str | None, wheelhouse: str | None) -> None:
+    """Build the demo job image (torch CPU + a gloo all_reduce) offline from a wheelhouse; print its tag."""
+    from pathlib import Path
+
+    from dockerlaunch import sim as simlib
+
+    click.echo(simlib.build_demo_image(base_image, Path(wheelhouse) if wheelhouse else None))
+
+
 @sim.command("down")
 @click.option("--name", "cluster", default="dlsim", show_default=True)
 def sim_down(cluster: str) -> None:

@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -211,34 +212,97 @@ def debootstrap_base(client, tag: str = BASE_TAG) -> str:
     return tag
 
 
-def _build(client, dockerfile: str, base: str, repo: str, extra: tuple[str, ...] = ()) -> str:
-    """Build a sim image once; its tag hashes the inputs, so a changed asset rebuilds."""
+def _build(
+    client, dockerfile: str, base: str, repo: str, extra: tuple[str, ...] = (),
+    disk: dict[str, Path] | None = None, buildargs: dict[str, str] | None = None,
+) -> str:
+    """Build a sim image once; its tag hashes every input, so a changed asset or wheel rebuilds.
+
+    `extra` are package assets; `disk` maps context names to local files (e.g. wheels/x.whl).
+    """
     base_id = client.images.get(base).id
     files = {dockerfile: _asset(dockerfile), **{n: _asset(n) for n in extra}}
+    disk = disk or {}
     digest = hashlib.sha256(base_id.encode())
     for name in sorted(files):
         digest.update(name.encode() + b"\0" + files[name])
+    for name in sorted(disk):
+        st = disk[name].stat()
+        digest.update(f"{name}\0{st.st_size}\0{_file_sha256(disk[name])}".encode())
+    for k, v in sorted((buildargs or {}).items()):
+        digest.update(f"{k}={v}".encode())
     tag = f"{repo}:{digest.hexdigest()[:12]}"
     if _image_exists(client, tag):
         return tag
     _log(f"building {tag} from {base}")
-    context = _tar_of({name: (data, 0o755 if name.endswith(".sh") else 0o644) for name, data in files.items()})
-    try:
-        stream = client.api.build(
-            fileobj=io.BytesIO(context), custom_context=True, dockerfile=dockerfile, tag=tag,
-            buildargs={"BASE": base}, network_mode="host", rm=True, forcerm=True, decode=True,
-        )
-        last = []
-        for chunk in stream:
-            if "error" in chunk:
-                raise SimError(f"building {repo} failed: {chunk['error'].strip()} ({' | '.join(last[-3:])})")
-            if chunk.get("stream", "").strip():
-                last.append(chunk["stream"].strip())
-    except SimError:
-        raise
-    except Exception as e:
-        raise SimError(f"building {repo} failed: {str(e)[:200]}") from None
+    with tempfile.TemporaryFile() as context:
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o755 if name.endswith(".sh") else 0o644, 0
+                tar.addfile(info, io.BytesIO(data))
+            for name, path in disk.items():
+                tar.add(str(path), arcname=name)
+        context.seek(0)
+        try:
+            stream = client.api.build(
+                fileobj=context, custom_context=True, dockerfile=dockerfile, tag=tag,
+                buildargs={"BASE": base, **(buildargs or {})}, network_mode="host", rm=True, forcerm=True,
+                decode=True,
+            )
+            last: list[str] = []
+            for chunk in stream:
+                if "error" in chunk:
+                    raise SimError(f"building {repo} failed: {chunk['error'].strip()} ({' | '.join(last[-3:])})")
+                if chunk.get("stream", "").strip():
+                    last.append(chunk["stream"].strip())
+        except SimError:
+            raise
+        except Exception as e:
+            raise SimError(f"building {repo} failed: {str(e)[:200]}") from None
     return tag
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+DEMO_TORCH = "2.13.0"
+DEMO_PYTHON = "3.11"  # Debian bookworm's python3
+DEMO_NUMPY = "numpy>=1.26,<3"  # torch warns at import without it
+
+
+def fetch_demo_wheels(dest: Path | None = None) -> Path:
+    """torch (CPU) and its dependencies as wheels for the image's Python, via this machine's pip."""
+    dest = dest or cache_root() / "wheelhouse-demo"
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
+        "--python-version", DEMO_PYTHON, "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "--platform", "any",
+        "-d", str(dest), f"torch=={DEMO_TORCH}", DEMO_NUMPY,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        errs = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")] or proc.stderr.splitlines()[-1:]
+        raise SimError(f"downloading torch=={DEMO_TORCH} wheels failed: {' '.join(errs)[:300]}")
+    return dest
+
+
+def build_demo_image(base: str | None = None, wheelhouse: Path | None = None) -> str:
+    """The demo job image (torch CPU + all_reduce script), built with no network for pip."""
+    client = engine()
+    base_ref = ensure_base_image(client, base)
+    wheels = wheelhouse or fetch_demo_wheels()
+    disk = {f"wheels/{p.name}": p for p in sorted(Path(wheels).glob("*.whl"))}
+    if not any(name.startswith("wheels/torch-") for name in disk):
+        raise SimError(f"no torch wheel in {wheels}")
+    return _build(client, "demo.Dockerfile", base_ref, "dockerlaunch/demo-torch", ("allreduce.py",), disk,
+                  {"TORCH_VERSION": DEMO_TORCH, "NUMPY": DEMO_NUMPY})
 
 
 def ensure_images(client, base: str | None = None) -> tuple[str, str]:
