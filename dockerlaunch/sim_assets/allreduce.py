@@ -14,12 +14,12 @@ def main() -> None:
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     expected = world * (world + 1) // 2
     got = int(value.item())
-    print(
+    line = (
         f"rank {rank}/{world} on {socket.gethostname()} (NODE_RANK={os.environ.get('NODE_RANK')}, "
         f"local rank {os.environ.get('LOCAL_RANK')}): all_reduce sum={got} expected={expected} "
-        f"{'OK' if got == expected else 'WRONG'}",
-        flush=True,
+        f"{'OK' if got == expected else 'WRONG'}\n"
     )
+    os.write(1, line.encode())  # one write: local ranks share stdout and must not interleave
     dist.barrier()
     dist.destroy_process_group()
     if got != expected:

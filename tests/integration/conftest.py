@@ -32,7 +32,8 @@ def sim_cluster(engine, tmp_path_factory):
     name = f"dlt{os.getpid()}"
     subnet = f"172.30.{100 + os.getpid() % 100}.0/24"
     config_path = state / "cluster.yaml"
-    sim.up(nodes=2, cluster=name, subnet=subnet, config_out=str(config_path))
+    demo = sim.build_demo_image()  # cached by content hash: built once per machine
+    sim.up(nodes=2, cluster=name, subnet=subnet, config_out=str(config_path), seed_images=(demo,))
     try:
         yield name, config_path, sim.node_layout(name, 2, subnet)
     finally:
@@ -48,3 +49,29 @@ def cluster_config(sim_cluster):
 @pytest.fixture(scope="session")
 def tools_image(cluster_config):
     return cluster_config.image
+
+
+@pytest.fixture(scope="session")
+def demo_image(sim_cluster):
+    return sim.build_demo_image()
+
+
+@pytest.fixture(scope="session")
+def remotes(cluster_config):
+    from dockerlaunch.ssh import Remote, resolve_target
+
+    out = [Remote(resolve_target(h, cluster_config.ssh)) for h in cluster_config.hosts]
+    yield out
+    for r in out:
+        r.close()
+
+
+@pytest.fixture
+def job_containers(remotes):
+    """Job containers left on any host, by job name (asked over SSH, as a user would)."""
+    from dockerlaunch.dockerhost import DockerHost
+
+    def find(job: str) -> list[str]:
+        return [f"{r.name}:{s.name}:{s.status}" for r in remotes for s in DockerHost(r).job_containers(job)]
+
+    return find
