@@ -54,7 +54,7 @@ class SimError(DockerlaunchError):
 
 
 def _log(msg: str) -> None:
-    print(f"[sim] {msg}", flush=True)
+    print(f"[sim] {msg}", file=sys.stderr, flush=True)
 
 
 def state_root() -> Path:

@@ -1,0 +1,112 @@
+"""Parsing of what hosts print, on fixture text from real machines' output formats."""
+
+import json
+
+import pytest
+
+from dockerlaunch.doctor import count_gpus, listening_ports, parse_df_kb
+from dockerlaunch.dockerhost import parse_inspect
+from dockerlaunch.facts import nic_problem, parse_addr_owner, parse_ib_ports, parse_probe, parse_route_get
+
+
+def test_route_via_gateway():
+    r = parse_route_get("10.0.0.1 via 10.0.0.254 dev ens5f0 src 10.0.0.5 uid 0 \\    cache ")
+    assert (r.interface, r.source, r.local) == ("ens5f0", "10.0.0.5", False)
+
+
+def test_route_to_own_address_is_local():
+    r = parse_route_get("local 172.30.0.11 dev lo table local src 172.30.0.11 uid 0 \\    cache <local> ")
+    assert r.local and r.interface == "lo"
+
+
+def test_addr_owner():
+    text = "6: eth0    inet 172.30.0.11/24 brd 172.30.0.255 scope global eth0\\       valid_lft forever preferred_lft forever"
+    assert parse_addr_owner(text) == "eth0"
+    assert parse_addr_owner("7: bond0.100@bond0    inet 10.1.1.1/16 scope global bond0.100") == "bond0.100"
+    assert parse_addr_owner("") is None
+
+
+@pytest.mark.parametrize(
+    "iface,src,bad",
+    [("eth0", "10.0.0.5", None), ("ib0", "192.168.1.2", None), ("lo", "127.0.0.1", "loopback"),
+     ("docker0", "172.17.0.1", "docker0"), ("virbr0", "192.168.122.1", "virbr0"), ("br-1a2b3c", "172.18.0.1", "br-"),
+     ("eth0", "172.17.0.5", "172.17.0.5"), (None, None, "no route")],
+)
+def test_nic_problem(iface, src, bad):
+    problem = nic_problem(iface, src)
+    assert (problem is None) if bad is None else (bad in problem)
+
+
+def test_ib_ports_only_active():
+    lines = [
+        "/sys/class/infiniband/mlx5_0/ports/1 4: ACTIVE InfiniBand",
+        "/sys/class/infiniband/mlx5_1/ports/1 1: DOWN InfiniBand",
+        "/sys/class/infiniband/mlx5_2/ports/1 4: ACTIVE Ethernet",
+        "garbage",
+    ]
+    active, seen = parse_ib_ports(lines)
+    assert active == ["mlx5_0:1", "mlx5_2:1"]
+    assert "mlx5_1:1 DOWN" in seen
+
+
+def test_probe_on_a_gpu_ib_host():
+    text = """route=10.0.0.1 via 10.0.0.254 dev ens5f0 src 10.0.0.5 uid 0
+owner=
+ib_dev=1
+ib_port=/sys/class/infiniband/mlx5_0/ports/1 4: ACTIVE InfiniBand
+ib_port=/sys/class/infiniband/mlx5_1/ports/1 4: ACTIVE InfiniBand
+gpus=8
+has_ip=1
+"""
+    p = parse_probe(text)
+    assert (p.interface, p.problem, p.ib_device, p.ib_active, p.gpu_count) == (
+        "ens5f0", None, True, ["mlx5_0:1", "mlx5_1:1"], 8)
+
+
+def test_probe_on_the_master_uses_the_owning_nic():
+    text = """route=local 172.30.0.11 dev lo table local src 172.30.0.11 uid 0
+owner=6: eth0    inet 172.30.0.11/24 brd 172.30.0.255 scope global eth0
+ib_dev=0
+gpus=none
+has_ip=1
+"""
+    p = parse_probe(text)
+    assert (p.interface, p.problem, p.ib_device, p.gpu_count) == ("eth0", None, False, None)
+
+
+def test_probe_problems():
+    assert "no route" in parse_probe("route=RTNETLINK answers: Network is unreachable\nhas_ip=1\n").problem
+    assert "iproute2" in parse_probe("route=\nhas_ip=0\n").problem
+    assert "docker0" in parse_probe("route=10.9.9.9 dev docker0 src 172.17.0.1 uid 0\nhas_ip=1\n").problem
+
+
+def test_listening_ports():
+    text = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:7531 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0100007F:0035 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1
+   2: 0B001EAC:9C40 0C001EAC:7531 01 00000000:00000000 00:00000000 00000000     0        0 3 1
+   0: 00000000000000000000000000000000:0016 00000000000000000000000000000000:0000 0A 00000000:00000000 0 0 4 1
+"""
+    assert listening_ports(text) == {0x7531, 0x35, 22}  # 0x9C40 is an ESTABLISHED connection
+
+
+def test_df_and_gpus():
+    assert parse_df_kb("Filesystem 1024-blocks Used Available Capacity Mounted on\nshm 2097152 0 2097152 0% /dev/shm\n") == (
+        2097152, 2097152)
+    assert parse_df_kb("nonsense") is None
+    assert count_gpus("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)\n") == 2
+    assert count_gpus("") == 0
+
+
+def test_parse_inspect():
+    text = json.dumps([
+        {"Name": "/job-1", "State": {"Status": "exited", "ExitCode": 3, "StartedAt": "2026-11-21T07:00:00Z",
+                                     "FinishedAt": "2026-11-21T07:01:00Z"},
+         "Config": {"Labels": {"dockerlaunch.rank": "1"}}},
+        {"Name": "/job-0", "State": {"Status": "running", "ExitCode": 0, "StartedAt": "x", "FinishedAt": ""},
+         "Config": {"Labels": {"dockerlaunch.rank": "0"}}},
+    ])
+    states = parse_inspect(text)
+    assert [(s.name, s.rank, s.status, s.exit_code) for s in states] == [
+        ("job-0", 0, "running", 0), ("job-1", 1, "exited", 3)]
+    assert parse_inspect("") == []
