@@ -61,12 +61,6 @@ class DockerHost:
     def docker(self, *args: str, timeout: float | None = 120.0, stdin=None) -> Result:
         return self.remote.run(["docker", *args], timeout=timeout, stdin=stdin)
 
-    def version(self) -> str:
-        r = self.docker("version", "--format", "{{.Server.Version}}", timeout=30)
-        if not r.ok:
-            raise SSHError(f"host {self.name}: docker is not usable: {r.last_line()}")
-        return r.stdout.strip()
-
     def image_id(self, image: str) -> str | None:
         r = self.docker("image", "inspect", "--format", "{{.Id}}", image, timeout=30)
         return r.stdout.strip() if r.ok else None

@@ -216,7 +216,7 @@ def _check_shared(report: Report, config: ClusterConfig, plan: ClusterPlan, remo
             report.add(plan.hosts[0].address, "shared", FAIL, f"cannot write to {m.source}: {w.last_line()}")
             continue
         try:
-            reads = map_hosts(lambda i: remotes[i].run(["cat", path], timeout=30), [i for i in remotes if i != 0])
+            reads = map_hosts(lambda i, path=path: remotes[i].run(["cat", path], timeout=30), [i for i in remotes if i != 0])
             for i, r in zip([i for i in remotes if i != 0], reads):
                 ok = not isinstance(r, BaseException) and r.ok and r.stdout == token
                 report.add(plan.hosts[i].address, "shared", PASS if ok else FAIL,
@@ -372,10 +372,8 @@ def run_checks(session) -> Report:
 
 
 def doctor(config: ClusterConfig) -> Report:
-    from dockerlaunch.ssh import Remote as _Remote
-
     plan = make_plan(config, ssh_config=load_ssh_config(config.ssh.config_file))
-    remotes = map_hosts(lambda hp: _Remote(hp.ssh), plan.hosts)
+    remotes = map_hosts(lambda hp: Remote(hp.ssh), plan.hosts)
     try:
         return check(config, remotes, plan)
     finally:

@@ -343,18 +343,13 @@ def _start_and_watch(session: Session, plan: ClusterPlan, console, *, detach: bo
             _say(console, f"job {plan.job} succeeded on all {plan.nnodes} host(s)", "bold green")
         started = False
         return code
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as e:
         stop.set()
+        interrupted = isinstance(e, KeyboardInterrupt)
         if started:
-            _teardown(session, plan, console, "interrupted")
+            _teardown(session, plan, console, "interrupted" if interrupted else "terminated")
             started = False
-        return 130
-    except Terminated:
-        stop.set()
-        if started:
-            _teardown(session, plan, console, "terminated")
-            started = False
-        return 143
+        return 130 if interrupted else 143
     finally:
         stop.set()
         if started:  # an unexpected error: never leave containers behind

@@ -1,6 +1,5 @@
 """`dockerlaunch up` / doctor / down / status / logs / exec on a real 2-node sim cluster."""
 
-import os
 import secrets
 import signal
 import subprocess

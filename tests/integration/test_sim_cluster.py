@@ -20,17 +20,9 @@ from .conftest import _leftovers
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def clients(cluster_config):
-    out = [Remote(resolve_target(h, cluster_config.ssh)) for h in cluster_config.hosts]
-    yield out
-    for c in out:
-        c.close()
-
-
-def test_ssh_with_generated_key_and_strict_known_hosts(cluster_config, clients):
+def test_ssh_with_generated_key_and_strict_known_hosts(cluster_config, remotes):
     assert cluster_config.ssh.host_key_policy == "strict"
-    for i, client in enumerate(clients, start=1):
+    for i, client in enumerate(remotes, start=1):
         r = client.run("hostname; id -u")
         assert r.exit_status == 0 and r.stdout.split() == [f"node{i}", "0"]
 
@@ -55,8 +47,8 @@ def test_changed_host_key_is_refused(cluster_config, tmp_path):
         connect(target)
 
 
-def test_each_node_dockerd_answers(clients, tools_image):
-    for client in clients:
+def test_each_node_dockerd_answers(remotes, tools_image):
+    for client in remotes:
         r = client.run("docker info --format '{{.ServerVersion}} {{.Driver}}'")
         assert r.exit_status == 0, r.stderr
         version, driver = r.stdout.split()
@@ -65,13 +57,13 @@ def test_each_node_dockerd_answers(clients, tools_image):
         assert r.exit_status == 0 and r.stdout.startswith("sha256:")
 
 
-def test_host_network_container_on_node2_reaches_listener_on_node1(sim_cluster, clients, tools_image):
+def test_host_network_container_on_node2_reaches_listener_on_node1(sim_cluster, remotes, tools_image):
     """Both containers are rendered from ContainerSpec, as the launcher will render job containers."""
     _, _, layout = sim_cluster
     port = 20000 + secrets.randbelow(20000)
     token = secrets.token_hex(8)
     listener = ContainerSpec(name=f"listen-{token}", image=tools_image, command=["nc", "-l", str(port)], init=False)
-    r = clients[0].run(listener.shell_command())
+    r = remotes[0].run(listener.shell_command())
     assert r.exit_status == 0, r.stderr
     try:
         talker = ContainerSpec(
@@ -80,27 +72,27 @@ def test_host_network_container_on_node2_reaches_listener_on_node1(sim_cluster, 
                                  f"| nc -N -w 5 {layout[0].ip} {port}"],
         )
         for _ in range(20):  # until the listener is up
-            r = clients[1].run(talker.shell_command())
+            r = remotes[1].run(talker.shell_command())
             if r.exit_status == 0:
                 break
             time.sleep(0.5)
         assert r.exit_status == 0, r.stderr
-        r = clients[0].run(f"docker wait {listener.name} >/dev/null; docker logs {listener.name}")
+        r = remotes[0].run(f"docker wait {listener.name} >/dev/null; docker logs {listener.name}")
         # the talker ran with --network host, so it spoke from node2's own address
         assert r.stdout.strip() == f"{token} from {layout[1].ip}/24"
     finally:
-        clients[0].run(f"docker rm -f {listener.name}")
+        remotes[0].run(f"docker rm -f {listener.name}")
 
 
 NASTY = "it's \"quoted\" $HOME `id` $(id) ; rm -rf / \\ back\\slash\nnew line\ttab 💥"
 
 
-def test_nasty_values_reach_the_container_byte_exact(clients, tools_image):
+def test_nasty_values_reach_the_container_byte_exact(remotes, tools_image):
     spec = ContainerSpec(
         name=f"env-{secrets.token_hex(4)}", image=tools_image, detach=False, remove=True, init=False,
         env={"NASTY": NASTY}, command=["sh", "-c", 'printf %s "$NASTY"; printf "\\0"; printf %s "$1"', "sh", NASTY],
     )
-    r = clients[1].run(spec.shell_command())
+    r = remotes[1].run(spec.shell_command())
     assert r.exit_status == 0, r.stderr
     assert r.stdout.split("\0") == [NASTY, NASTY]
 
