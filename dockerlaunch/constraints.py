@@ -1,0 +1,281 @@
+"""Compatibility rules between pins, each with its upstream source (../shared/research/stacks.md).
+
+A rule sees one Stack and returns None or what is wrong. `error` rules stop `build` (unless
+--force); `warn` rules are printed. Rules that need the installed tree run in `verify`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+from dockerlaunch.stacks import Stack
+
+
+def V(s: str) -> Version:
+    return Version(s)
+
+
+def minor(s: str) -> tuple[int, int]:
+    v = V(s)
+    return v.major, v.minor
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    rule: str
+    source: str
+    check: Callable[[Stack], str | None]
+    severity: str = "error"
+
+
+@dataclass(frozen=True)
+class Violation:
+    stack: str
+    rule: Rule
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.stack}: [{self.rule.id}] {self.detail} -- rule: {self.rule.rule} (source: {self.rule.source})"
+
+
+# ---------------------------------------------------------------- helpers (pure)
+
+
+def te_flash_attn_ceiling(te: str) -> str | None:
+    """The newest flash-attn 2 that a TE release accepts (else TE silently disables FA2)."""
+    m = minor(te)
+    if (2, 3) <= m <= (2, 5):
+        return "2.7.4.post1"
+    if (2, 6) <= m <= (2, 9):
+        return "2.8.1"
+    if (2, 10) <= m <= (2, 18):
+        return "2.8.3"
+    return None
+
+
+def swift_megatron_branch(swift: str) -> tuple[int, int] | None:
+    """The Megatron-LM core_r0.X branch that ms-swift 3.x clones (swift/megatron/init.py); None for 4.x."""
+    v = V(swift)
+    if v.major >= 4:
+        return None
+    if (3, 5) <= (v.major, v.minor) <= (3, 6):
+        return (0, 12)
+    if (3, 7) <= (v.major, v.minor) <= (3, 9):
+        return (0, 13)
+    if (v.major, v.minor) == (3, 10) or v.release[:3] == (3, 11, 0):
+        return (0, 14)
+    if V("3.11.1") <= v < V("3.13"):
+        return (0, 15)
+    return None
+
+
+def swift_mcore_range(swift: str) -> tuple[str, str | None] | None:
+    """[low, high) of megatron-core that an ms-swift line supports (its docs' tables)."""
+    m = minor(swift)
+    if (3, 7) <= m <= (3, 8):
+        return "0.12", None
+    if (3, 11) <= m <= (4, 0):
+        return "0.12", "0.16"
+    if m == (4, 1):
+        return "0.12", "0.17"
+    if m == (4, 2):
+        return "0.15", "0.18"
+    if (4, 3) <= m <= (4, 5):
+        return "0.16", "0.20"
+    return None
+
+
+def ref_version(ref: str) -> tuple[int, int] | None:
+    """`core_v0.13.0` / `core_r0.15.0` / `v0.13.1` -> (0, 13); a commit -> None (checked by verify)."""
+    m = re.search(r"(\d+)\.(\d+)(\.\d+)?$", ref)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def torch_cuda(stack: Stack) -> str | None:
+    """CUDA major.minor of the torch wheel, from `+cuXYZ` or the index URL's cuXYZ."""
+    for text in (stack.torch, stack.torch_index_url or ""):
+        m = re.search(r"cu(\d+)(\d)\b", text)
+        if m:
+            return f"{m.group(1)}.{m.group(2)}"
+    return None
+
+
+def te_dev_pin(mcore: str) -> tuple[str, str] | None:
+    return {(0, 14): ("2.6", "2.8"), (0, 15): ("2.9", "2.10"), (0, 16): ("2.9", "2.12")}.get(minor(mcore))
+
+
+# ---------------------------------------------------------------- rules
+
+
+def _fa_te(s: Stack) -> str | None:
+    if not (s.transformer_engine and s.flash_attn):
+        return None
+    ceiling = te_flash_attn_ceiling(s.transformer_engine)
+    if V(s.flash_attn) < V("2.1.1"):
+        return f"flash-attn {s.flash_attn} is below TE's floor 2.1.1"
+    if ceiling and V(s.flash_attn) > V(ceiling):
+        return f"flash-attn {s.flash_attn} is above TE {s.transformer_engine}'s ceiling {ceiling}"
+    return None
+
+
+def _te_torch(s: Stack) -> str | None:
+    if s.transformer_engine and V(s.torch.split("+")[0]) < V("2.1"):
+        return f"TE {s.transformer_engine} needs torch >= 2.1, not {s.torch}"
+    return None
+
+
+def _python(s: Stack) -> str | None:
+    py = V(s.python)
+    if s.transformer_engine and V(s.transformer_engine) >= V("2.9") and py < V("3.10"):
+        return f"TE {s.transformer_engine} needs python >= 3.10"
+    if V(s.megatron_core) >= V("0.17") and py < V("3.12"):
+        return f"megatron-core {s.megatron_core} needs python >= 3.12, not {s.python}"
+    if V(s.megatron_core) >= V("0.13") and py < V("3.10"):
+        return f"megatron-core {s.megatron_core} needs python >= 3.10"
+    return None
+
+
+def _mcore_torch(s: Stack) -> str | None:
+    if V(s.megatron_core) >= V("0.15.3") and V(s.torch.split("+")[0]) < V("2.6.0"):
+        return f"megatron-core {s.megatron_core} needs torch >= 2.6.0, not {s.torch}"
+    return None
+
+
+def _numpy(s: Stack) -> str | None:
+    needs = V(s.megatron_core) < V("0.16") or V(s.ms_swift).major == 3
+    if not needs:
+        return None
+    if s.numpy is None:
+        return f"numpy must be pinned < 2.0 (megatron-core {s.megatron_core}, ms-swift {s.ms_swift})"
+    if V(s.numpy) >= V("2.0"):
+        return f"numpy {s.numpy} must be < 2.0 with megatron-core {s.megatron_core} / ms-swift {s.ms_swift}"
+    return None
+
+
+def _clone_branch(s: Stack) -> str | None:
+    want = swift_megatron_branch(s.ms_swift)
+    if want is None:
+        return None
+    if s.megatron_lm is None:
+        return (f"ms-swift {s.ms_swift} clones Megatron-LM core_r{want[0]}.{want[1]}.0 at run time: "
+                f"bake it (megatron_lm: ref core_v{want[0]}.{want[1]}.x) so MEGATRON_LM_PATH works offline")
+    got = ref_version(s.megatron_lm.ref)
+    if got is not None and got != want:
+        return f"megatron_lm ref {s.megatron_lm.ref} is {got[0]}.{got[1]} but ms-swift {s.ms_swift} expects {want[0]}.{want[1]}"
+    return None
+
+
+def _mcore_range(s: Stack) -> str | None:
+    r = swift_mcore_range(s.ms_swift)
+    if r is None:
+        return None
+    low, high = r
+    mc = V(s.megatron_core)
+    if mc < V(low) or (high and mc >= V(high)):
+        return f"megatron-core {s.megatron_core} is outside [{low}, {high or 'any'}) for ms-swift {s.ms_swift}"
+    return None
+
+
+def _pip_vs_clone(s: Stack) -> str | None:
+    if s.megatron_lm is None:
+        return None
+    got = ref_version(s.megatron_lm.ref)
+    if got is not None and got != minor(s.megatron_core):
+        return (f"pip megatron-core {s.megatron_core} is {minor(s.megatron_core)[0]}.{minor(s.megatron_core)[1]} "
+                f"but the clone {s.megatron_lm.ref} is {got[0]}.{got[1]}")
+    return None
+
+
+def _apex_cuda(s: Stack) -> str | None:
+    if not s.apex:
+        return None
+    tc = torch_cuda(s)
+    if tc is None:
+        return f"cannot tell torch {s.torch}'s CUDA (set torch_index_url .../cuXYZ) to compare with nvcc {s.cuda}"
+    if tc != s.cuda:
+        return f"apex builds with nvcc {s.cuda} but torch is built for CUDA {tc}"
+    return None
+
+
+def _te_cuda(s: Stack) -> str | None:
+    if s.transformer_engine and s.cuda and V(s.cuda) < V("12.1"):
+        return f"TE needs CUDA >= 12.1, the base has {s.cuda}"
+    return None
+
+
+def _te_dev_pin(s: Stack) -> str | None:
+    if not s.transformer_engine:
+        return None
+    pin = te_dev_pin(s.megatron_core)
+    if pin and not (V(pin[0]) <= V(s.transformer_engine) < V(pin[1])):
+        return f"megatron-core[dev] {s.megatron_core} pins TE [{pin[0]}, {pin[1]}), the stack has {s.transformer_engine}"
+    return None
+
+
+RULES: list[Rule] = [
+    Rule("fa-te", "flash-attn within TE's supported range (floor 2.1.1; ceiling by TE minor)", 
+         "NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py "
+         "FlashAttentionUtils.max_version", _fa_te),
+    Rule("te-torch", "TE 2.3-2.18 needs torch >= 2.1", "NVIDIA/TransformerEngine build_tools/pytorch.py", _te_torch),
+    Rule("python", "python >= 3.10 for TE >= 2.9 and megatron-core >= 0.13; >= 3.12 for megatron-core >= 0.17",
+         "TE build_tools/utils.py; NVIDIA/Megatron-LM pyproject.toml, README", _python),
+    Rule("mcore-torch", "megatron-core >= 0.15.3 needs torch >= 2.6.0", "NVIDIA/Megatron-LM pyproject.toml", _mcore_torch),
+    Rule("numpy", "numpy < 2.0 with megatron-core <= 0.15.x and with ms-swift 3.x Megatron",
+         "modelscope/ms-swift swift/megatron/argument/megatron_args.py require_version", _numpy),
+    Rule("swift-clone", "ms-swift 3.x clones a fixed Megatron-LM branch unless MEGATRON_LM_PATH points at a baked clone",
+         "modelscope/ms-swift swift/megatron/init.py; ms-swift #4866, #6033", _clone_branch),
+    Rule("swift-mcore", "megatron-core within the range that the ms-swift release documents",
+         "modelscope/ms-swift docs Megatron-SWIFT Quick-start (v3.7.3 .. v4.5.2)", _mcore_range),
+    Rule("mcore-clone", "pip megatron-core major.minor == the baked Megatron-LM clone's",
+         "ms-swift 3.x reads importlib.metadata.version('megatron-core') for gates (stacks.md rule 9)", _pip_vs_clone),
+    Rule("apex-cuda", "apex's nvcc major.minor == torch.version.cuda",
+         "NVIDIA/apex setup.py check_cuda_torch_binary_vs_bare_metal; ms-swift #4414", _apex_cuda),
+    Rule("te-cuda", "TE needs CUDA >= 12.1", "NVIDIA/TransformerEngine v2.10 docs/installation.rst", _te_cuda),
+    Rule("te-mcore-dev", "megatron-core[dev]'s TE pin (advisory: ms-swift docs recommend other TE versions)",
+         "NVIDIA/Megatron-LM pyproject.toml [dev] extra", _te_dev_pin, severity="warn"),
+]
+
+
+def check_stack(stack: Stack, rules: list[Rule] | None = None) -> list[Violation]:
+    out = []
+    for rule in rules or RULES:
+        detail = rule.check(stack)
+        if detail:
+            out.append(Violation(stack.name, rule, detail))
+    return out
+
+
+# ---------------------------------------------------------------- flash-attn prebuilt wheels
+
+
+def flash_attn_wheel(stack: Stack) -> str | None:
+    """File name of a prebuilt flash-attn wheel on its GitHub release, or None (then: source build).
+
+    Prebuilt wheels exist for CUDA 12 only: 2.7.4.post1 for torch 2.2-2.6; 2.8.0.post2-2.8.2 for torch
+    2.4-2.7; 2.8.3(.post1) for torch 2.4-2.8 (Dao-AILab/flash-attention setup.py get_wheel_url).
+    """
+    if not (stack.flash_attn and stack.cuda) or V(stack.cuda).major != 12:
+        return None
+    fa, t = V(stack.flash_attn), V(stack.torch.split("+")[0])
+    tm = (t.major, t.minor)
+    ok = (
+        (fa == V("2.7.4.post1") and (2, 2) <= tm <= (2, 6))
+        or (V("2.8.0.post2") <= fa <= V("2.8.2") and (2, 4) <= tm <= (2, 7))
+        or (fa in (V("2.8.3"), V("2.8.3.post1")) and (2, 4) <= tm <= (2, 8))
+    )
+    if not ok:
+        return None
+    py = stack.python.replace(".", "")
+    return f"flash_attn-{stack.flash_attn}+cu12torch{tm[0]}.{tm[1]}cxx11abiTRUE-cp{py}-cp{py}-linux_x86_64.whl"
+
+
+def flash_attn_wheel_url(stack: Stack) -> str | None:
+    name = flash_attn_wheel(stack)
+    if not name:
+        return None
+    return f"https://github.com/Dao-AILab/flash-attention/releases/download/v{stack.flash_attn}/{name}"
