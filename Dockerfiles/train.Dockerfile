@@ -64,6 +64,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 
 # 4. TransformerEngine: compiled against the torch above, so after it and without build isolation.
 ARG TE_VERSION=""
+ARG TE_EXTRAS=pytorch
 ARG MAX_JOBS=4
 # hadolint ignore=DL3013
 RUN --mount=type=cache,target=/root/.cache/pip \
@@ -75,7 +76,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
       . /opt/dockerlaunch/pip-env.sh \
       && site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
       && CUDNN_PATH="$site/nvidia/cudnn" CPLUS_INCLUDE_PATH="$site/nvidia/cudnn/include" NVTE_FRAMEWORK=pytorch \
-         MAX_JOBS="$MAX_JOBS" pip install --no-build-isolation "transformer_engine[pytorch]==${TE_VERSION}"; \
+         MAX_JOBS="$MAX_JOBS" pip install --no-build-isolation "transformer_engine[${TE_EXTRAS}]==${TE_VERSION}"; \
     fi
 
 # 5. apex at a pinned commit, with its C++ and CUDA extensions (nvcc must match torch.version.cuda).

@@ -63,6 +63,13 @@ def top_pins(stack: Stack) -> list[str]:
     return pins + list(stack.extra)
 
 
+def te_extras(stack: Stack) -> str:
+    """TE's `core` extra is the CUDA 12 build; CUDA 13 images need `core_cu13`."""
+    if stack.cuda and stack.cuda.split(".")[0] == "13":
+        return "pytorch,core_cu13"
+    return "pytorch"
+
+
 def build_args(stack: Stack, opts: BuildOptions) -> dict[str, str]:
     args = {
         "BASE_IMAGE": opts.base_image or stack.base_image,
@@ -73,6 +80,7 @@ def build_args(stack: Stack, opts: BuildOptions) -> dict[str, str]:
         "NUMPY_VERSION": stack.numpy or "",
         "BUILD_TOOLS": " ".join(BUILD_TOOLS),
         "TE_VERSION": stack.transformer_engine or "",
+        "TE_EXTRAS": te_extras(stack),
         "MAX_JOBS": str(opts.max_jobs),
         "APEX_SOURCE": "",
         "FLASH_ATTN_VERSION": stack.flash_attn or "",
@@ -283,13 +291,16 @@ def fetch(stack: Stack, out_dir: Path, log=None) -> dict[str, int]:
                          f"run python{stack.python} -m dockerlaunch fetch --stack {stack.name}")
     out_dir.mkdir(parents=True, exist_ok=True)
     torch_index = ["--extra-index-url", stack.torch_index_url] if stack.torch_index_url else []
+    # Later layers find torch in 1-torch rather than asking the torch index again for every package.
+    local_torch = ["--find-links", str(out_dir / "1-torch")]
     plan: dict[str, list[str]] = {
         "1-torch": torch_index + [f"torch=={stack.torch}"],
         "2-build": BUILD_TOOLS + ([f"numpy=={stack.numpy}"] if stack.numpy else []),
-        "3-te": [f"transformer_engine[pytorch]=={stack.transformer_engine}"] if stack.transformer_engine else [],
+        "3-te": local_torch + [f"transformer_engine[{te_extras(stack)}]=={stack.transformer_engine}"]
+        if stack.transformer_engine else [],
         "5-flash": [],
-        "6-megatron": [f"megatron-core=={stack.megatron_core}", f"torch=={stack.torch}"] + torch_index,
-        "7-top": [f"ms-swift=={stack.ms_swift}", *top_pins(stack), f"torch=={stack.torch}"] + torch_index,
+        "6-megatron": local_torch + [f"megatron-core=={stack.megatron_core}", f"torch=={stack.torch}"],
+        "7-top": local_torch + [f"ms-swift=={stack.ms_swift}", *top_pins(stack), f"torch=={stack.torch}"],
     }
     counts = {}
     for layer in LAYERS:
@@ -297,7 +308,7 @@ def fetch(stack: Stack, out_dir: Path, log=None) -> dict[str, int]:
         dest.mkdir(exist_ok=True)
         reqs = plan.get(layer, [])
         if reqs:
-            log(f"{layer}: pip download {' '.join(r for r in reqs if not r.startswith('http'))}")
+            log(f"{layer}: pip download {' '.join(r for r in reqs if not r.startswith(('http', '/', '--')))}")
             _pip(["download", "--dest", str(dest), *reqs])
             _wheelify(dest)
         counts[layer] = len(list(dest.iterdir()))

@@ -85,8 +85,33 @@ def swift_mcore_range(swift: str) -> tuple[str, str | None] | None:
         return "0.12", "0.17"
     if m == (4, 2):
         return "0.15", "0.18"
-    if (4, 3) <= m <= (4, 5):
+    if m == (4, 4):  # the 4.4.x wheels' METADATA says >=0.15; mcore-bridge caps <0.20
+        return "0.15", "0.20"
+    if (4, 3) <= m <= (4, 6):
         return "0.16", "0.20"
+    return None
+
+
+APEX_WITH_AMP = {"e13873debc4699d39c6861074b9a3b2a02327f92"}
+
+
+def swift_bridge_floor(swift: str) -> str | None:
+    """mcore-bridge that ms-swift 4.4+ Megatron needs (its [megatron] extra)."""
+    v = V(swift)
+    if v >= V("4.5.3"):
+        return "1.6.3"
+    if v >= V("4.5"):
+        return "1.6.2"
+    if v >= V("4.4"):
+        return "1.4.0"
+    return None
+
+
+def extra_version(stack: Stack, name: str) -> str | None:
+    for pin in stack.extra:
+        n, _, version = pin.partition("==")
+        if n.lower().replace("_", "-") == name:
+            return version
     return None
 
 
@@ -217,6 +242,38 @@ def _te_dev_pin(s: Stack) -> str | None:
     return None
 
 
+def _apex_amp(s: Stack) -> str | None:
+    if s.apex and V(s.transformers) < V("4.53.0") and s.apex.ref not in APEX_WITH_AMP:
+        return (f"transformers {s.transformers} imports apex.amp at module level, but apex {s.apex.ref[:12]} "
+                "is after its removal (use e13873debc4699d39c6861074b9a3b2a02327f92)")
+    return None
+
+
+def _pyarrow(s: Stack) -> str | None:
+    if s.numpy is None or V(s.numpy) >= V("2.0"):
+        return None
+    pa = extra_version(s, "pyarrow")
+    if pa is None or V(pa) >= V("26"):
+        return f"numpy {s.numpy} needs pyarrow < 26 pinned in extra (pyarrow 26 requires NumPy 2 at import)"
+    return None
+
+
+def _te_cu13(s: Stack) -> str | None:
+    if s.transformer_engine and s.cuda and V(s.cuda).major >= 13 and V(s.transformer_engine) < V("2.9"):
+        return f"CUDA {s.cuda} needs TE >= 2.9 (first transformer-engine-cu13 core), not {s.transformer_engine}"
+    return None
+
+
+def _bridge(s: Stack) -> str | None:
+    floor = swift_bridge_floor(s.ms_swift)
+    if floor is None:
+        return None
+    have = extra_version(s, "mcore-bridge")
+    if have is None or V(have) < V(floor):
+        return f"ms-swift {s.ms_swift} Megatron needs mcore-bridge >= {floor} in extra (have {have})"
+    return None
+
+
 RULES: list[Rule] = [
     Rule("fa-te", "flash-attn within TE's supported range (floor 2.1.1; ceiling by TE minor)", 
          "NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py "
@@ -236,6 +293,14 @@ RULES: list[Rule] = [
     Rule("apex-cuda", "apex's nvcc major.minor == torch.version.cuda",
          "NVIDIA/apex setup.py check_cuda_torch_binary_vs_bare_metal; ms-swift #4414", _apex_cuda),
     Rule("te-cuda", "TE needs CUDA >= 12.1", "NVIDIA/TransformerEngine v2.10 docs/installation.rst", _te_cuda),
+    Rule("apex-amp", "transformers <= 4.52.4 imports apex.amp at module level: apex must predate amp's removal",
+         "NVIDIA/apex PR #1896; modelscope/ms-swift#4176; transformers 4.51.3 trainer.py", _apex_amp),
+    Rule("numpy-pyarrow", "numpy < 2 needs pyarrow < 26", "pyarrow 26.0.1 import check (requires NumPy >= 2.0)",
+         _pyarrow),
+    Rule("te-cu13", "CUDA 13 images need TE >= 2.9, installed with the core_cu13 extra",
+         "PyPI transformer-engine-cu13 (first release 2.9.0); TE 2.10+ METADATA extras", _te_cu13),
+    Rule("swift-bridge", "ms-swift >= 4.4 Megatron needs mcore-bridge (>= 1.4.0; 4.5.0-4.5.2 >= 1.6.2; >= 4.5.3 >= 1.6.3)",
+         "modelscope/ms-swift wheel METADATA [megatron] extra", _bridge),
     Rule("te-mcore-dev", "megatron-core[dev]'s TE pin (advisory: ms-swift docs recommend other TE versions)",
          "NVIDIA/Megatron-LM pyproject.toml [dev] extra", _te_dev_pin, severity="warn"),
 ]
