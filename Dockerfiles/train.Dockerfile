@@ -3,7 +3,7 @@
 # an ms-swift bump rebuilds only the top layer. Each layer bind-mounts only its own part of the build
 # context's wheelhouse/ (filled by `dockerlaunch fetch`; empty dirs online), which keeps its cache key
 # independent of the layers above it. Needs BuildKit; no syntax directive, so offline builds pull nothing.
-ARG BASE_IMAGE=debian:bookworm
+ARG BASE_IMAGE=debian:bookworm-20251229-slim
 FROM ${BASE_IMAGE}
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

@@ -259,20 +259,19 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True)
 
 
 def cached_steps(build_log: str) -> tuple[list[str], list[str]]:
-    """(cached, executed) RUN steps from a BuildKit plain-progress log."""
+    """(cached, executed) RUN steps, as `N/M RUN ...`, from a BuildKit plain-progress log."""
     names: dict[str, str] = {}
     cached: set[str] = set()
-    done: set[str] = set()
     for line in build_log.splitlines():
-        m = re.match(r"^#(\d+) \[(?:\S+ )?\s*\d+/\d+\] (RUN .*)$", line)
+        m = re.match(r"^#(\d+) \[(?:\S+\s+)?(\d+/\d+)\] (RUN .*)$", line)
         if m:
-            names[m.group(1)] = m.group(2)[:80]
+            names[m.group(1)] = f"{m.group(2)} {m.group(3)[:70]}"
             continue
-        m = re.match(r"^#(\d+) (CACHED|DONE)", line)
+        m = re.match(r"^#(\d+) CACHED", line)
         if m:
-            (cached if m.group(2) == "CACHED" else done).add(m.group(1))
-    runs = sorted(names, key=int)
-    return [names[i] for i in runs if i in cached], [names[i] for i in runs if i not in cached]
+            cached.add(m.group(1))
+    order = sorted(names, key=lambda i: int(names[i].split("/")[0]))
+    return [names[i] for i in order if i in cached], [names[i] for i in order if i not in cached]
 
 
 # ---------------------------------------------------------------- fetch

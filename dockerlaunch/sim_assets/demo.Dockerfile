@@ -1,6 +1,6 @@
 # The demo job image: torch (CPU) and a gloo all_reduce script. pip never touches the network:
 # every wheel comes from the wheelhouse in the build context (wheels/), downloaded on the host first.
-ARG BASE=debian:bookworm
+ARG BASE=debian:bookworm-20251229-slim
 FROM ${BASE} AS build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008

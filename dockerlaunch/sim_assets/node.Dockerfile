@@ -1,5 +1,5 @@
 # A simulated GPU-less host for `dockerlaunch sim`: sshd + its own dockerd (Docker-in-Docker).
-ARG BASE=debian:bookworm
+ARG BASE=debian:bookworm-20251229-slim
 FROM ${BASE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008

@@ -1,5 +1,5 @@
 # A small image with nc/ip/ps that `dockerlaunch sim` preloads into every node's dockerd.
-ARG BASE=debian:bookworm
+ARG BASE=debian:bookworm-20251229-slim
 FROM ${BASE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008

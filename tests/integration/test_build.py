@@ -1,0 +1,95 @@
+"""The cpu stack, built for real: fetched wheelhouse, offline build, verify, layer reuse on an ms-swift bump."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from dockerlaunch import sim
+from dockerlaunch.build import cached_steps
+from dockerlaunch.stacks import default_dockerfiles_dir, load_matrix
+
+pytestmark = pytest.mark.integration
+
+OTHER_SWIFT = "4.0.3"
+
+
+def dl(*args, env=None, timeout=1800):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def base_image(engine):
+    return sim.ensure_base_image(engine)  # no registry here: the local Debian image (debootstrap if needed)
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    wh = tmp_path_factory.mktemp("wheelhouse")
+    r = dl("fetch", "--stack", "cpu", "-o", str(wh))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return wh
+
+
+@pytest.fixture(scope="module")
+def bumped_dockerfiles(tmp_path_factory):
+    """A copy of Dockerfiles/ whose cpu stack differs only in its ms-swift pin."""
+    d = tmp_path_factory.mktemp("dockerfiles")
+    src = default_dockerfiles_dir()
+    shutil.copy(src / "train.Dockerfile", d / "train.Dockerfile")
+    data = yaml.safe_load((src / "stacks.yaml").read_text())
+    data["stacks"] = {"cpu": {**data["stacks"]["cpu"], "ms_swift": OTHER_SWIFT}}
+    (d / "stacks.yaml").write_text(yaml.safe_dump(data))
+    return d
+
+
+def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, base_image, wheelhouse, bumped_dockerfiles):
+    stack = load_matrix().get("cpu")
+    bumped_tag = stack.tag.replace(f"swift{stack.ms_swift}", f"swift{OTHER_SWIFT}")
+    try:
+        r = dl("build", "--stack", "cpu", "--wheelhouse", str(wheelhouse), "--offline", "--base-image", base_image)
+        log = r.stdout + r.stderr
+        assert r.returncode == 0, log[-4000:]
+        assert "verify: PASS" in log
+        for line in ("PASS  import torch", "PASS  import megatron.core", "PASS  import swift",
+                     f"PASS  ms_swift version: pinned {stack.ms_swift}"):
+            assert line in log
+        assert "Looking in links: /wheelhouse/1-torch" in log
+        assert "Looking in indexes" not in log  # pip never asked an index: the build was offline
+        labels = engine.images.get(stack.tag).labels
+        assert labels["ai.dockerlaunch.stack"] == "cpu" and labels["ai.dockerlaunch.pin.torch"] == stack.torch
+        freeze = engine.containers.run(stack.tag, ["cat", "/opt/dockerlaunch/pip-freeze.txt"], remove=True).decode()
+        assert f"ms-swift=={stack.ms_swift}" in freeze
+
+        # verify as its own command, on the built image
+        v = dl("verify", stack.tag)
+        assert v.returncode == 0 and v.stdout.strip().endswith("verify: PASS"), v.stdout + v.stderr
+
+        # Only the ms-swift pin changes: every layer below ms-swift must come from the cache.
+        env = {"DOCKERLAUNCH_DOCKERFILES": str(bumped_dockerfiles)}
+        f = dl("fetch", "--stack", "cpu", "-o", str(wheelhouse), env=env)
+        assert f.returncode == 0, f.stderr[-2000:]
+        r2 = dl("build", "--stack", "cpu", "--wheelhouse", str(wheelhouse), "--offline", "--base-image", base_image,
+                env=env)
+        log2 = r2.stdout + r2.stderr
+        assert r2.returncode == 0, log2[-4000:]
+        cached, ran = cached_steps(log2)
+        assert len(ran) == 1 and "ms-swift" in log2.split(ran[0].split(" RUN")[0] + "]")[1][:2000], ran
+        assert len(cached) >= 8, cached  # system, pip env, torch, build tools, TE, apex, flash-attn, megatron
+        assert f"PASS  ms_swift version: pinned {OTHER_SWIFT}, installed {OTHER_SWIFT}" in log2
+    finally:
+        for tag in (stack.tag, bumped_tag):
+            try:
+                engine.images.remove(tag, force=True)
+            except Exception:
+                pass
+
+
+def test_offline_build_without_wheelhouse_is_refused():
+    r = dl("build", "--stack", "cpu", "--offline")
+    assert r.returncode == 2 and "--offline needs --wheelhouse" in r.stderr

