@@ -12,7 +12,6 @@ from dockerlaunch.build import (
     cached_steps,
     components,
     parse_verify,
-    render_build,
     te_extras,
     version_matches,
 )
@@ -213,3 +212,11 @@ def test_verify_report_flags_abi_drift_and_version_drift():
     assert "FAIL  megatron-core pip vs clone: pip 0.13, clone package_info 0.14" in text
     assert version_matches("2.13.0+cpu", "2.13.0+cpu") and version_matches("2.7.1", "2.7.1+cu126")
     assert not version_matches("2.7.1", "2.7.10") and not version_matches("1.0", None)
+
+
+def test_stacks_doc_names_every_stack_and_rule(matrix):
+    doc = (ROOT / "docs" / "STACKS.md").read_text()
+    for name, s in matrix.stacks.items():
+        assert f"`{name}`" in doc and s.tag.split(":")[1] in doc and s.ms_swift in doc
+    for rule in RULES:
+        assert f"| `{rule.id}` |" in doc
