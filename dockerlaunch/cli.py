@@ -170,11 +170,15 @@ def exec_cmd(rank: int, command: tuple[str, ...], **kw) -> None:
 
 
 def format_argv(argv: list[str], n_command: int) -> str:
-    """docker run argv as a copy-pasteable multi-line shell command: one flag per line."""
-    tail = len(argv) - n_command - 1  # index of the image
+    """`docker run|build` argv as a copy-pasteable shell command, one flag (and its value) per line.
+
+    The last `n_command + 1` tokens (image and command, or the build context) share the final line.
+    """
+    tail = len(argv) - n_command - 1
     lines: list[list[str]] = [argv[:2]]
     for tok in argv[2:tail]:
-        if len(lines) > 1 and len(lines[-1]) == 1 and lines[-1][0].startswith("-") and not tok.startswith("-"):
+        if len(lines) > 1 and len(lines[-1]) == 1 and lines[-1][0].startswith("-") and not tok.startswith("-") \
+                and "=" not in lines[-1][0]:
             lines[-1].append(tok)  # the flag's value
         else:
             lines.append([tok])
@@ -273,25 +277,10 @@ def build(stack_name: str, dry_run: bool, **kw) -> None:
     stack = load_matrix().get(stack_name)
     opts = _build_options(kw)
     if dry_run:
-        click.echo(format_build_argv(buildlib.render_build(stack, opts)))
+        click.echo(format_argv(buildlib.render_build(stack, opts), 0))
         return
     code, _ = buildlib.build(stack, opts)
     sys.exit(code)
-
-
-def format_build_argv(argv: list[str]) -> str:
-    """`docker build` argv, one flag (with its value) per line, every token shell-quoted."""
-    valueless = {"--no-cache", "--load"}
-    lines, i = [argv[:2]], 2
-    while i < len(argv):
-        tok = argv[i]
-        if tok.startswith("-") and "=" not in tok and tok not in valueless and i + 1 < len(argv) - 1:
-            lines.append(argv[i:i + 2])
-            i += 2
-        else:
-            lines.append([tok])
-            i += 1
-    return " \\\n    ".join(shlex.join(parts) for parts in lines)
 
 
 @cli.command()
