@@ -310,6 +310,112 @@ def verify(image: str, gpus: bool) -> None:
     sys.exit(0 if report.ok else 1)
 
 
+# ---------------------------------------------------------------- image distribution
+
+
+def _connect_each(cfg):
+    """(plan, remotes): remotes[i] is a Remote or the error that kept it from connecting."""
+    from dockerlaunch.ssh import Remote, map_hosts
+
+    plan = make_plan(cfg.model_copy(update={"image": cfg.image or "unused"}),
+                     ssh_config=load_ssh_config(cfg.ssh.config_file))
+    return plan, map_hosts(lambda hp: Remote(hp.ssh), plan.hosts)
+
+
+def _summary(results) -> int:
+    from rich.table import Table
+
+    from dockerlaunch.launch import _console
+
+    table = Table("host", "result", "sent", "time", "detail", box=None)
+    for r in results:
+        style = {"failed": "bold red", "skipped": "dim"}.get(r.status, "green")
+        table.add_row(r.host, f"[{style}]{r.status}[/]", f"{r.bytes_sent / 1e6:.0f} MB" if r.bytes_sent else "",
+                      f"{r.seconds:.1f}s" if r.seconds else "", r.detail)
+    _console().print(table)
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
+@cli.command()
+@click.argument("ref", metavar="IMAGE")
+@config_options
+@click.option("--compress", type=click.Choice(["auto", "zstd", "none"]), default="auto", show_default=True,
+              help="auto: zstd where the host has it.")
+def push(ref: str, compress: str, **kw) -> None:
+    """Copy a local image to every host over SSH (no registry); skips hosts that already have it."""
+    from dockerlaunch import distribute
+    from dockerlaunch.distribute import HostResult
+    from dockerlaunch.sim import engine
+
+    kw["image"] = ref
+    cfg = _load(kw)
+    client = engine()
+    distribute.local_image(client, ref)  # a clear error before any connection
+    plan, remotes = _connect_each(cfg)
+    live = [r for r in remotes if not isinstance(r, BaseException)]
+    results = [HostResult(hp.address, "failed", str(r)) for hp, r in zip(plan.hosts, remotes)
+               if isinstance(r, BaseException)]
+    try:
+        results += distribute.push(client, live, ref, compress)
+    finally:
+        for r in live:
+            r.close()
+    sys.exit(_summary(results))
+
+
+@cli.command()
+@click.argument("images", nargs=-1, required=True)
+@click.option("-o", "--output", "out", required=True, metavar="FILE", help="Bundle file (zstd tar).")
+def save(images: tuple[str, ...], out: str) -> None:
+    """Write local images to one bundle file (zstd tar + manifest with Image IDs and sha256)."""
+    from pathlib import Path
+
+    from dockerlaunch import distribute
+    from dockerlaunch.sim import engine
+
+    bundle = distribute.save_bundle(engine(), list(images), Path(out))
+    for e in bundle.images:
+        click.echo(f"{e.ref}  {e.id[7:19]}  {e.bytes / 1e6:.0f} MB  sha256 {e.sha256[:12]}")
+    click.echo(f"wrote {out} ({Path(out).stat().st_size / 1e6:.0f} MB)")
+
+
+@cli.command()
+@click.argument("bundle")
+@click.option("--config", "config_path", metavar="PATH", help="Cluster config, for --hosts' SSH settings.")
+@click.option("--hosts", callback=_split_hosts, metavar="H1,H2", help="Load onto these hosts (default: locally).")
+def load(bundle: str, config_path: str | None, hosts: list[str] | None) -> None:
+    """Load a bundle locally or onto hosts, checking sha256 and Image IDs before tagging."""
+    from pathlib import Path
+
+    from dockerlaunch import distribute
+    from dockerlaunch.config import Overrides, load_config
+    from dockerlaunch.distribute import HostResult
+
+    path = Path(bundle)
+    if not path.is_file():
+        raise DockerlaunchError(f"bundle {bundle} does not exist")
+    if not hosts and not config_path:
+        for e in distribute.load_bundle(path, distribute.local_loader(), distribute.local_runner):
+            click.echo(f"loaded {e.ref} ({e.id[7:19]})")
+        return
+    cfg = load_config(config_path, Overrides(hosts=hosts))
+    plan, remotes = _connect_each(cfg)
+    results = []
+    for hp, r in zip(plan.hosts, remotes):
+        if isinstance(r, BaseException):
+            results.append(HostResult(hp.address, "failed", str(r)))
+            continue
+        try:
+            entries = distribute.load_bundle(path, distribute.remote_loader(r), distribute.remote_runner(r),
+                                             where=f"host {hp.address}")
+            results.append(HostResult(hp.address, "loaded", ", ".join(e.ref for e in entries)))
+        except DockerlaunchError as e:
+            results.append(HostResult(hp.address, "failed", str(e)))
+        finally:
+            r.close()
+    sys.exit(_summary(results))
+
+
 # ---------------------------------------------------------------- simulated cluster
 
 

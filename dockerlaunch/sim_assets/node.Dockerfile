@@ -5,7 +5,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      openssh-server docker.io iproute2 netcat-openbsd ca-certificates procps \
+      openssh-server docker.io iproute2 netcat-openbsd ca-certificates procps zstd \
  && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_* \
  && mkdir -p /run/sshd /root/.ssh \
  && chmod 700 /root/.ssh
