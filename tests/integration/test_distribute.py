@@ -1,0 +1,149 @@
+"""push / save / load on a real 2-node sim cluster, with images made here (unique IDs)."""
+
+import io
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def dl(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def fresh_image(engine, tools_image):
+    """A local image no node has: the tools image plus a layer of random bytes."""
+    made = []
+
+    def make(mb: int = 8) -> str:
+        tag = f"dlt-dist/{secrets.token_hex(4)}:1"
+        dockerfile = (f"FROM {tools_image}\n"
+                      f"RUN head -c {mb}M /dev/urandom > /blob && echo {secrets.token_hex(8)} > /token\n")
+        engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="host", rm=True)
+        made.append(tag)
+        return tag
+
+    yield make
+    for tag in made:
+        try:
+            engine.images.remove(tag, force=True)
+        except Exception:
+            pass
+
+
+def ids_on_nodes(remotes, ref):
+    out = []
+    for r in remotes:
+        res = r.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
+        out.append(res.stdout.strip() if res.ok else None)
+    return out
+
+
+def test_push_to_two_nodes_then_skip(sim_cluster, engine, remotes, fresh_image):
+    ref = fresh_image()
+    local_id = engine.images.get(ref).id
+    try:
+        r = dl("push", ref, "--config", str(sim_cluster[1]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.count("pushed") >= 2 and "zstd" in r.stdout  # sim nodes have zstd
+        assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+        again = dl("push", ref, "--config", str(sim_cluster[1]))
+        assert again.returncode == 0 and again.stdout.count("skipped") >= 2 and "already has" in again.stdout
+        # present on a host under another name only: a tag, no transfer
+        remotes[1].check(["docker", "tag", ref, "dlt-dist/keep:1"], "second tag")
+        remotes[1].check(["docker", "rmi", ref], "untag")
+        third = dl("push", ref, "--config", str(sim_cluster[1]), "--compress", "none")
+        assert third.returncode == 0 and "tagged" in third.stdout and "had " in third.stdout
+        assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", ref, "dlt-dist/keep:1", local_id])
+
+
+def test_push_killed_mid_stream_leaves_tag_absent_or_unchanged(sim_cluster, engine, remotes, fresh_image,
+                                                               tools_image):
+    ref = fresh_image(mb=400)
+    local_id = engine.images.get(ref).id
+    old_id = engine.images.get(tools_image).id
+    remotes[0].check(["docker", "tag", tools_image, ref], "pre-tag")  # node1's tag points at another image
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "push", ref, "--config", str(sim_cluster[1]),
+                              "--compress", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until both nodes are receiving
+            loading = [rm.run(["sh", "-c", "pgrep -f 'docker load' >/dev/null"]).ok for rm in remotes]
+            if all(loading):
+                break
+            time.sleep(0.1)
+        assert all(loading), "the push never started streaming"
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        time.sleep(2)
+        assert ids_on_nodes(remotes, ref) == [old_id, None]  # unchanged on node1, absent on node2
+
+        r = dl("push", ref, "--config", str(sim_cluster[1]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", ref, local_id])
+
+
+def test_push_of_missing_image_is_a_clear_error(sim_cluster):
+    r = dl("push", "no/such:image", "--config", str(sim_cluster[1]))
+    assert r.returncode == 1 and "no/such:image is not in the local Docker engine" in r.stderr
+
+
+def test_bundle_round_trip_locally_and_onto_hosts(sim_cluster, engine, remotes, fresh_image, tmp_path):
+    a, b = fresh_image(), fresh_image()
+    ids = {ref: engine.images.get(ref).id for ref in (a, b)}
+    bundle = tmp_path / "images.dlb"
+    r = dl("save", a, b, "-o", str(bundle))
+    assert r.returncode == 0, r.stderr
+    for ref in (a, b):
+        engine.images.remove(ref, force=True)
+    r = dl("load", str(bundle))
+    assert r.returncode == 0, r.stderr
+    assert {ref: engine.images.get(ref).id for ref in (a, b)} == ids
+    try:
+        r = dl("load", str(bundle), "--config", str(sim_cluster[1]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        for ref in (a, b):
+            assert ids_on_nodes(remotes, ref) == [ids[ref], ids[ref]]
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", a, b, *ids.values()])
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupted_bundle_is_a_clear_error_and_tags_nothing(engine, fresh_image, tmp_path, damage):
+    ref = fresh_image()
+    image_id = engine.images.get(ref).id
+    bundle = tmp_path / "one.dlb"
+    assert dl("save", ref, "-o", str(bundle)).returncode == 0
+    data = bytearray(bundle.read_bytes())
+    if damage == "flip":
+        mid = len(data) // 2
+        data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    else:
+        data = data[: len(data) * 2 // 3]
+    bundle.write_bytes(bytes(data))
+    engine.images.remove(ref, force=True)
+    r = dl("load", str(bundle))
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert ("corrupted" in r.stderr or "truncated" in r.stderr or "checksum" in r.stderr), r.stderr
+    tags = [t for img in engine.images.list() for t in img.tags]
+    assert ref not in tags  # no half-loaded image under the real tag
+    try:
+        engine.images.remove(image_id, force=True)
+    except Exception:
+        pass
