@@ -341,7 +341,9 @@ def _summary(results) -> int:
 @config_options
 @click.option("--compress", type=click.Choice(["auto", "zstd", "none"]), default="auto", show_default=True,
               help="auto: zstd where the host has it.")
-def push(ref: str, compress: str, **kw) -> None:
+@click.option("--thin/--full", default=True, show_default=True,
+              help="Send only the layers a host lacks (docker load skips layers it has).")
+def push(ref: str, compress: str, thin: bool, **kw) -> None:
     """Copy a local image to every host over SSH (no registry); skips hosts that already have it."""
     from dockerlaunch import distribute
     from dockerlaunch.distribute import HostResult
@@ -356,7 +358,7 @@ def push(ref: str, compress: str, **kw) -> None:
     results = [HostResult(hp.address, "failed", str(r)) for hp, r in zip(plan.hosts, remotes)
                if isinstance(r, BaseException)]
     try:
-        results += distribute.push(client, live, ref, compress)
+        results += distribute.push(client, live, ref, compress, thin=thin)
     finally:
         for r in live:
             r.close()

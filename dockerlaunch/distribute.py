@@ -35,6 +35,7 @@ class LocalImage:
     ref: str
     id: str
     size: int
+    diff_ids: tuple[str, ...] = ()
 
 
 def local_image(client, ref: str) -> LocalImage:
@@ -44,7 +45,8 @@ def local_image(client, ref: str) -> LocalImage:
         img = client.images.get(ref)
     except docker.errors.ImageNotFound:
         raise DistributeError(f"image {ref} is not in the local Docker engine (docker images)") from None
-    return LocalImage(ref=ref, id=img.id, size=int(img.attrs.get("Size", 0)))
+    return LocalImage(ref=ref, id=img.id, size=int(img.attrs.get("Size", 0)),
+                      diff_ids=tuple(img.attrs.get("RootFS", {}).get("Layers", [])))
 
 
 # ---------------------------------------------------------------- streams
@@ -94,6 +96,109 @@ def zstd_chunks(chunks: Iterator[bytes], level: int = 3) -> Iterator[bytes]:
     yield comp.flush()
 
 
+# ---------------------------------------------------------------- thin transfers
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """OCI chain IDs of every prefix: chain(L1)=L1, chain(L1..Ln)=sha256(chain(L1..Ln-1) + " " + Ln)."""
+    out: list[str] = []
+    for d in diff_ids:
+        if not out:
+            out.append(d)
+        else:
+            out.append("sha256:" + hashlib.sha256(f"{out[-1]} {d}".encode()).hexdigest())
+    return out
+
+
+def layer_files(client, image: LocalImage) -> list[str]:
+    """Path of each layer's tar inside `docker save <id>`, in RootFS order (manifest.json's Layers).
+
+    The manifest comes at the end of the stream, so this reads the save once (discarding data) and caches
+    the answer per Image ID.
+    """
+    from dockerlaunch.sim import cache_root
+
+    cache = cache_root().parent / "layers" / f"{image.id[7:]}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    manifest = None
+    with tarfile.open(fileobj=CountingReader(save_stream(client, image.id)), mode="r|") as tar:
+        for member in tar:
+            if member.name == "manifest.json":
+                f = tar.extractfile(member)
+                manifest = json.loads(f.read()) if f else None
+    if not manifest:
+        raise DistributeError(f"docker save of {image.ref} has no manifest.json")
+    files = list(manifest[0]["Layers"])
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(files))
+    return files
+
+
+def remote_chain_ids(remote: Remote) -> set[str]:
+    """Every chain ID the host's engine has (from each image's RootFS layers)."""
+    script = 'ids=$(docker image ls -aq) && if [ -n "$ids" ]; then docker image inspect --format "{{json .RootFS.Layers}}" $ids; fi'
+    r = remote.check(["sh", "-c", script], "listing layers", timeout=120)
+    have: set[str] = set()
+    for line in r.stdout.splitlines():
+        if line.strip().startswith("["):
+            have.update(chain_ids(json.loads(line)))
+    return have
+
+
+def thin_chunks(chunks: Iterator[bytes], skip: set[str]) -> Iterator[bytes]:
+    """Re-stream a `docker save` tar without the layer files in `skip` (the target already has them)."""
+    pipe = _Pipe()
+
+    def produce():
+        try:
+            with tarfile.open(fileobj=CountingReader(chunks), mode="r|") as tin, \
+                    tarfile.open(fileobj=pipe, mode="w|", format=tarfile.GNU_FORMAT) as tout:
+                for member in tin:
+                    if member.name in skip:
+                        continue
+                    tout.addfile(member, tin.extractfile(member) if member.isfile() else None)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            pipe.fail(e)
+        finally:
+            pipe.close()
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    yield from pipe.chunks()
+    t.join()
+
+
+class _Pipe:
+    """A bounded in-memory pipe: a tarfile writer on one thread, a chunk iterator on the other."""
+
+    def __init__(self, depth: int = 16):
+        import queue
+
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+
+    def write(self, data: bytes) -> int:
+        if data:
+            self.q.put(bytes(data))
+        return len(data)
+
+    def fail(self, e: BaseException) -> None:
+        self.error = e
+
+    def close(self) -> None:
+        self.q.put(None)
+
+    def chunks(self) -> Iterator[bytes]:
+        while True:
+            item = self.q.get()
+            if item is None:
+                if self.error:
+                    raise DistributeError(f"re-streaming the image failed: {self.error}")
+                return
+            yield item
+
+
 # ---------------------------------------------------------------- remote side
 
 
@@ -138,7 +243,7 @@ def has_zstd(remote: Remote) -> bool:
 
 def push_to_host(
     client, remote: Remote, image: LocalImage, compress: str = "auto",
-    on_bytes: Callable[[int], None] | None = None, stop: threading.Event | None = None,
+    on_bytes: Callable[[int], None] | None = None, stop: threading.Event | None = None, thin: bool = True,
 ) -> HostResult:
     t0 = time.monotonic()
     state = remote_state(remote, image)
@@ -153,6 +258,14 @@ def push_to_host(
     elif mode == "zstd" and not has_zstd(remote):
         raise DistributeError(f"host {remote.name}: --compress zstd but zstd is not installed there")
     chunks = save_stream(client, image.id)
+    skipped = ""
+    if thin:
+        files = layer_files(client, image)
+        have = remote_chain_ids(remote)
+        skip = {f for f, c in zip(files, chain_ids(image.diff_ids)) if c in have}
+        if skip:
+            chunks = thin_chunks(chunks, skip)
+            skipped = f", thin: {len(skip)} of {len(files)} layers already there"
     if mode == "zstd":
         chunks = zstd_chunks(chunks)
     reader = CountingReader(chunks, on_bytes)
@@ -162,11 +275,13 @@ def push_to_host(
     if status != 0:
         reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
         return HostResult(remote.name, "failed", reason[0][:300], reader.count, time.monotonic() - t0)
-    return HostResult(remote.name, "pushed", f"{mode}, Image ID {image.id[7:19]} verified",
+    return HostResult(remote.name, "pushed",
+                      f"{mode}{skipped}, image {image.size / 1e6:.0f} MB, Image ID {image.id[7:19]} verified",
                       reader.count, time.monotonic() - t0)
 
 
-def push(client, remotes: list[Remote], ref: str, compress: str = "auto", console=None) -> list[HostResult]:
+def push(client, remotes: list[Remote], ref: str, compress: str = "auto", console=None,
+         thin: bool = True) -> list[HostResult]:
     """Star: the launcher streams to every host concurrently; a rich progress bar per host."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
@@ -180,7 +295,7 @@ def push(client, remotes: list[Remote], ref: str, compress: str = "auto", consol
             task = tasks[remote.name]
             try:
                 res = push_to_host(client, remote, image, compress,
-                                   on_bytes=lambda n: progress.advance(task, n))
+                                   on_bytes=lambda n: progress.advance(task, n), thin=thin)
             except DockerlaunchError as e:
                 res = HostResult(remote.name, "failed", str(e))
             progress.update(task, completed=image.size or 0, description=f"{remote.name:<18} {res.status}")

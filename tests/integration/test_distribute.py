@@ -147,3 +147,28 @@ def test_corrupted_bundle_is_a_clear_error_and_tags_nothing(engine, fresh_image,
         engine.images.remove(image_id, force=True)
     except Exception:
         pass
+
+
+def test_thin_repush_sends_only_the_changed_layer(sim_cluster, engine, remotes, fresh_image):
+    base = fresh_image(mb=16)
+    top = f"dlt-dist/top-{secrets.token_hex(3)}:1"
+    changed = 8 * 1024 * 1024
+    engine.images.build(fileobj=io.BytesIO(f"FROM {base}\nRUN head -c 8M /dev/urandom > /top\n".encode()),
+                        tag=top, network_mode="host", rm=True)
+    top_id = engine.images.get(top).id
+    try:
+        assert dl("push", base, "--config", str(sim_cluster[1]), "--compress", "none").returncode == 0
+        from dockerlaunch import distribute
+
+        image = distribute.local_image(engine, top)
+        results = [distribute.push_to_host(engine, rm, image, "none") for rm in remotes]
+        for res in results:
+            assert res.status == "pushed" and "thin: 3 of 4 layers already there" in res.detail, res
+            # the 8 MiB layer plus tar headers, the layer's json, config and manifest
+            assert changed <= res.bytes_sent <= 1.1 * changed, res.bytes_sent
+        assert ids_on_nodes(remotes, top) == [top_id, top_id]
+        assert distribute.chain_ids(list(engine.images.get(top).attrs["RootFS"]["Layers"]))
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", top, base])
+        engine.images.remove(top, force=True)
