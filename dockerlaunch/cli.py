@@ -343,7 +343,10 @@ def _summary(results) -> int:
               help="auto: zstd where the host has it.")
 @click.option("--thin/--full", default=True, show_default=True,
               help="Send only the layers a host lacks (docker load skips layers it has).")
-def push(ref: str, compress: str, thin: bool, **kw) -> None:
+@click.option("--strategy", type=click.Choice(["auto", "star", "chain"]), default="auto", show_default=True,
+              help="star: the launcher streams to each host; chain: each host relays to the next over TCP "
+                   "(every link carries one copy); auto: chain for 3+ hosts.")
+def push(ref: str, compress: str, thin: bool, strategy: str, **kw) -> None:
     """Copy a local image to every host over SSH (no registry); skips hosts that already have it."""
     from dockerlaunch import distribute
     from dockerlaunch.distribute import HostResult
@@ -358,7 +361,7 @@ def push(ref: str, compress: str, thin: bool, **kw) -> None:
     results = [HostResult(hp.address, "failed", str(r)) for hp, r in zip(plan.hosts, remotes)
                if isinstance(r, BaseException)]
     try:
-        results += distribute.push(client, live, ref, compress, thin=thin)
+        results += distribute.push(client, live, ref, compress, thin=thin, strategy=strategy)
     finally:
         for r in live:
             r.close()

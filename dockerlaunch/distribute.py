@@ -281,29 +281,180 @@ def push_to_host(
 
 
 def push(client, remotes: list[Remote], ref: str, compress: str = "auto", console=None,
-         thin: bool = True) -> list[HostResult]:
-    """Star: the launcher streams to every host concurrently; a rich progress bar per host."""
+         thin: bool = True, strategy: str = "star", addresses: list[str] | None = None) -> list[HostResult]:
+    """star: the launcher streams to every host concurrently. chain: one copy leaves the launcher and each
+    host relays it to the next (`auto`: chain for 3+ hosts that need the image). A progress bar per stream."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     image = local_image(client, ref)
+    addresses = addresses or [r.target.hostname for r in remotes]
+    # hosts that already have it are settled first, whatever the strategy
+    settled: dict[str, HostResult] = {}
+    need: list[int] = []
+    for i, (r, state) in enumerate(zip(remotes, map_hosts(lambda r: remote_state(r, image), remotes))):
+        if isinstance(state, BaseException):
+            settled[r.name] = HostResult(r.name, "failed", str(state))
+        elif state == "same":
+            settled[r.name] = HostResult(r.name, "skipped", f"already has {image.id[7:19]}")
+        elif state == "untagged":
+            r.check(["docker", "tag", image.id, image.ref], "tagging")
+            settled[r.name] = HostResult(r.name, "tagged", f"had {image.id[7:19]} untagged; tagged {image.ref}")
+        else:
+            need.append(i)
+    if strategy == "auto":
+        strategy = "chain" if len(need) >= 3 and all(can_relay(remotes[i]) for i in need) else "star"
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                         TimeRemainingColumn(), console=console, transient=False)
     with progress:
-        tasks = {r.name: progress.add_task(f"{r.name:<18}", total=image.size or None) for r in remotes}
-
-        def one(remote: Remote) -> HostResult:
-            task = tasks[remote.name]
+        if strategy == "chain" and need:
+            task = progress.add_task(f"chain of {len(need):<9}", total=image.size or None)
             try:
-                res = push_to_host(client, remote, image, compress,
-                                   on_bytes=lambda n: progress.advance(task, n), thin=thin)
+                done = push_chain(client, [remotes[i] for i in need], [addresses[i] for i in need], image,
+                                  compress, thin, on_bytes=lambda n: progress.advance(task, n))
             except DockerlaunchError as e:
-                res = HostResult(remote.name, "failed", str(e))
-            progress.update(task, completed=image.size or 0, description=f"{remote.name:<18} {res.status}")
-            return res
+                done = [HostResult(remotes[i].name, "failed", str(e)) for i in need]
+            progress.update(task, completed=image.size or 0)
+        else:
+            tasks = {i: progress.add_task(f"{remotes[i].name:<18}", total=image.size or None) for i in need}
 
-        results = map_hosts(one, remotes)
-    return [r if isinstance(r, HostResult) else HostResult(remotes[i].name, "failed", str(r))
-            for i, r in enumerate(results)]
+            def one(i: int) -> HostResult:
+                try:
+                    res = push_to_host(client, remotes[i], image, compress,
+                                       on_bytes=lambda n: progress.advance(tasks[i], n), thin=thin)
+                except DockerlaunchError as e:
+                    res = HostResult(remotes[i].name, "failed", str(e))
+                progress.update(tasks[i], completed=image.size or 0,
+                                description=f"{remotes[i].name:<18} {res.status}")
+                return res
+
+            done = [r if isinstance(r, HostResult) else HostResult(remotes[i].name, "failed", str(r))
+                    for i, r in zip(need, map_hosts(one, need))]
+    by_name = {**settled, **{r.host: r for r in done}}
+    return [by_name[r.name] for r in remotes]
+
+
+# ---------------------------------------------------------------- chain
+
+
+# One host of a chain: its input (SSH stdin for the first host, a TCP listener for the others) goes through
+# tee into its own docker load and, unless it is the last, on to the next host over TCP. The tag is set only
+# after the Image ID checks out, as in a star push.
+RELAY_SCRIPT = r"""
+set -u
+image_id=$1 ref=$2 compress=$3 listen=$4 port=$5 next=$6
+dir=$(mktemp -d) || exit 6
+trap 'rm -rf "$dir"' EXIT
+mkfifo "$dir/fifo" || exit 6
+( if [ "$compress" = zstd ]; then zstd -dc < "$dir/fifo" | docker load; else docker load < "$dir/fifo"; fi \
+    > "$dir/log" 2>&1; echo $? > "$dir/rc" ) &
+loader=$!
+recv() { if [ "$listen" = - ]; then cat; else nc -l "$listen" "$port"; fi; }
+if [ "$next" = - ]; then recv > "$dir/fifo"; else recv | tee "$dir/fifo" | nc -N "$next" "$port"; fi
+wait $loader
+if [ "$(cat "$dir/rc")" != 0 ]; then echo "load failed: $(tail -n 3 "$dir/log")" >&2; exit 3; fi
+got=$(docker image inspect --format '{{.Id}}' "$image_id" 2>/dev/null) || { echo "after load, $image_id is missing" >&2; exit 4; }
+[ "$got" = "$image_id" ] || { echo "loaded $got, expected $image_id" >&2; exit 4; }
+docker tag "$image_id" "$ref" || exit 5
+echo "ok $got"
+"""
+
+
+def can_relay(remote: Remote) -> bool:
+    """OpenBSD netcat (it has -N: close the connection at end of input) and mkfifo."""
+    probe = "command -v mkfifo >/dev/null && nc -h 2>&1 | grep -qE '^[[:space:]]*-N[[:space:]]'"
+    return remote.run(["sh", "-c", probe], timeout=30).ok
+
+
+def _wait_listening(remote: Remote, port: int, timeout: float = 15.0) -> bool:
+    from dockerlaunch.doctor import listening_ports
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = remote.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"], timeout=30)
+        if port in listening_ports(r.stdout):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def push_chain(
+    client, remotes: list[Remote], addresses: list[str], image: LocalImage, compress: str = "auto",
+    thin: bool = True, on_bytes: Callable[[int], None] | None = None, port: int | None = None,
+) -> list[HostResult]:
+    """The launcher streams one copy to the first host; each host loads it and relays it to the next.
+
+    `addresses[i]` is where host i listens (the address the previous host reaches it at).
+    """
+    import secrets
+
+    t0 = time.monotonic()
+    if not remotes:
+        return []
+    missing = [r.name for r in remotes if not can_relay(r)]
+    if missing:
+        raise DistributeError(f"chain push needs OpenBSD netcat (nc -N) and mkfifo on every host; missing on "
+                              f"{', '.join(missing)} (apt-get install netcat-openbsd) -- or use --strategy star")
+    mode = compress
+    zstd_everywhere = all(has_zstd(r) for r in remotes)
+    if mode == "auto":
+        mode = "zstd" if zstd_everywhere else "none"
+    elif mode == "zstd" and not zstd_everywhere:
+        raise DistributeError("--compress zstd: zstd is missing on a host of the chain")
+    chunks = save_stream(client, image.id)
+    skipped = ""
+    if thin:  # a layer may be left out only if every host of the chain has it
+        files = layer_files(client, image)
+        haves = map_hosts(remote_chain_ids, remotes)
+        common = set.intersection(*haves) if all(isinstance(h, set) for h in haves) else set()
+        skip = {f for f, c in zip(files, chain_ids(image.diff_ids)) if c in common}
+        if skip:
+            chunks = thin_chunks(chunks, skip)
+            skipped = f", thin: {len(skip)} of {len(files)} layers already there"
+    if mode == "zstd":
+        chunks = zstd_chunks(chunks)
+    port = port or 40000 + secrets.randbelow(20000)
+    n = len(remotes)
+    results: list[HostResult | None] = [None] * n
+    threads: list[threading.Thread] = []
+    stop = threading.Event()
+    reader = CountingReader(chunks, on_bytes)
+
+    def run_host(i: int) -> None:
+        listen = "-" if i == 0 else addresses[i]
+        nxt = addresses[i + 1] if i + 1 < n else "-"
+        out, err = bytearray(), bytearray()
+        try:
+            status = remotes[i].stream(
+                ["sh", "-c", RELAY_SCRIPT, "sh", image.id, image.ref, mode, listen, str(port), nxt],
+                out.extend, err.extend, stdin=reader if i == 0 else None, stop=stop)
+        except DockerlaunchError as e:
+            results[i] = HostResult(remotes[i].name, "failed", str(e))
+            return
+        if status != 0:
+            reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
+            results[i] = HostResult(remotes[i].name, "failed", reason[0][:300])
+        else:
+            role = "head of chain" if i == 0 else f"relayed from {remotes[i - 1].name}"
+            results[i] = HostResult(remotes[i].name, "pushed", f"chain ({role}), {mode}{skipped}, "
+                                    f"Image ID {image.id[7:19]} verified", reader.count if i == 0 else 0,
+                                    time.monotonic() - t0)
+
+    # listeners first, from the tail, each one listening before its sender starts
+    for i in reversed(range(1, n)):
+        t = threading.Thread(target=run_host, args=(i,), daemon=True)
+        t.start()
+        threads.append(t)
+        if not _wait_listening(remotes[i], port):
+            stop.set()
+            for t in threads:
+                t.join(timeout=10)
+            return [HostResult(r.name, "failed", f"no listener on port {port} of {remotes[i].name}") for r in remotes]
+    head = threading.Thread(target=run_host, args=(0,), daemon=True)
+    head.start()
+    threads.append(head)
+    for t in threads:
+        t.join()
+    return [r or HostResult(remotes[i].name, "failed", "no result") for i, r in enumerate(results)]
 
 
 # ---------------------------------------------------------------- bundles

@@ -172,3 +172,16 @@ def test_thin_repush_sends_only_the_changed_layer(sim_cluster, engine, remotes, 
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", top, base])
         engine.images.remove(top, force=True)
+
+
+def test_chain_push_relays_host_to_host(sim_cluster, engine, remotes, fresh_image):
+    ref = fresh_image(mb=16)
+    local_id = engine.images.get(ref).id
+    try:
+        r = dl("push", ref, "--config", str(sim_cluster[1]), "--strategy", "chain")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "chain (head of chain)" in r.stdout and f"relayed from {sim_cluster[2][0].ip}" in r.stdout
+        assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", ref, local_id])
