@@ -297,8 +297,9 @@ def push(client, remotes: list[Remote], ref: str, compress: str = "auto", consol
         elif state == "same":
             settled[r.name] = HostResult(r.name, "skipped", f"already has {image.id[7:19]}")
         elif state == "untagged":
-            r.check(["docker", "tag", image.id, image.ref], "tagging")
-            settled[r.name] = HostResult(r.name, "tagged", f"had {image.id[7:19]} untagged; tagged {image.ref}")
+            tagged = r.run(["docker", "tag", image.id, image.ref], timeout=60)
+            settled[r.name] = (HostResult(r.name, "tagged", f"had {image.id[7:19]} untagged; tagged {image.ref}")
+                               if tagged.ok else HostResult(r.name, "failed", f"tagging: {tagged.last_line()}"))
         else:
             need.append(i)
     if strategy == "auto":
