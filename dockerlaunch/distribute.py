@@ -199,6 +199,22 @@ class _Pipe:
             yield item
 
 
+def outgoing(client, image: LocalImage, have: set[str] | None, mode: str) -> tuple[Iterator[bytes], str]:
+    """What goes on the wire: `docker save <id>`, minus the layers the receivers have (`have`: their chain
+    IDs; None = send all), zstd-compressed if `mode` says so. Returns the chunks and a note for the summary."""
+    chunks = save_stream(client, image.id)
+    note = ""
+    if have is not None:
+        files = layer_files(client, image)
+        skip = {f for f, c in zip(files, chain_ids(image.diff_ids)) if c in have}
+        if skip:
+            chunks = thin_chunks(chunks, skip)
+            note = f", thin: {len(skip)} of {len(files)} layers already there"
+    if mode == "zstd":
+        chunks = zstd_chunks(chunks)
+    return chunks, note
+
+
 # ---------------------------------------------------------------- remote side
 
 
@@ -257,17 +273,7 @@ def push_to_host(
         mode = "zstd" if has_zstd(remote) else "none"
     elif mode == "zstd" and not has_zstd(remote):
         raise DistributeError(f"host {remote.name}: --compress zstd but zstd is not installed there")
-    chunks = save_stream(client, image.id)
-    skipped = ""
-    if thin:
-        files = layer_files(client, image)
-        have = remote_chain_ids(remote)
-        skip = {f for f, c in zip(files, chain_ids(image.diff_ids)) if c in have}
-        if skip:
-            chunks = thin_chunks(chunks, skip)
-            skipped = f", thin: {len(skip)} of {len(files)} layers already there"
-    if mode == "zstd":
-        chunks = zstd_chunks(chunks)
+    chunks, skipped = outgoing(client, image, remote_chain_ids(remote) if thin else None, mode)
     reader = CountingReader(chunks, on_bytes)
     out, err = bytearray(), bytearray()
     status = remote.stream(["sh", "-c", LOAD_SCRIPT, "sh", image.id, image.ref, mode], out.extend, err.extend,
@@ -401,18 +407,11 @@ def push_chain(
         mode = "zstd" if zstd_everywhere else "none"
     elif mode == "zstd" and not zstd_everywhere:
         raise DistributeError("--compress zstd: zstd is missing on a host of the chain")
-    chunks = save_stream(client, image.id)
-    skipped = ""
+    common = None
     if thin:  # a layer may be left out only if every host of the chain has it
-        files = layer_files(client, image)
         haves = map_hosts(remote_chain_ids, remotes)
         common = set.intersection(*haves) if all(isinstance(h, set) for h in haves) else set()
-        skip = {f for f, c in zip(files, chain_ids(image.diff_ids)) if c in common}
-        if skip:
-            chunks = thin_chunks(chunks, skip)
-            skipped = f", thin: {len(skip)} of {len(files)} layers already there"
-    if mode == "zstd":
-        chunks = zstd_chunks(chunks)
+    chunks, skipped = outgoing(client, image, common, mode)
     port = port or 40000 + secrets.randbelow(20000)
     n = len(remotes)
     results: list[HostResult | None] = [None] * n
