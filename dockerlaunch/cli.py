@@ -314,12 +314,12 @@ def verify(image: str, gpus: bool) -> None:
 
 
 def _connect_each(cfg):
-    """(plan, remotes): remotes[i] is a Remote or the error that kept it from connecting."""
-    from dockerlaunch.ssh import Remote, map_hosts
+    """(addresses, remotes): remotes[i] is host i's Remote or the error that kept it from connecting."""
+    from dockerlaunch.ssh import connect_each, resolve_target
 
-    plan = make_plan(cfg.model_copy(update={"image": cfg.image or "unused"}),
-                     ssh_config=load_ssh_config(cfg.ssh.config_file))
-    return plan, map_hosts(lambda hp: Remote(hp.ssh), plan.hosts)
+    ssh_config = load_ssh_config(cfg.ssh.config_file)
+    targets = [resolve_target(h, cfg.ssh, ssh_config) for h in cfg.hosts]
+    return [h.address for h in cfg.hosts], connect_each(targets)
 
 
 def _summary(results) -> int:
@@ -356,9 +356,9 @@ def push(ref: str, compress: str, thin: bool, strategy: str, **kw) -> None:
     cfg = _load(kw)
     client = engine()
     distribute.local_image(client, ref)  # a clear error before any connection
-    plan, remotes = _connect_each(cfg)
+    addresses, remotes = _connect_each(cfg)
     live = [r for r in remotes if not isinstance(r, BaseException)]
-    results = [HostResult(hp.address, "failed", str(r)) for hp, r in zip(plan.hosts, remotes)
+    results = [HostResult(address, "failed", str(r)) for address, r in zip(addresses, remotes)
                if isinstance(r, BaseException)]
     try:
         results += distribute.push(client, live, ref, compress, thin=thin, strategy=strategy)
@@ -404,18 +404,18 @@ def load(bundle: str, config_path: str | None, hosts: list[str] | None) -> None:
             click.echo(f"loaded {e.ref} ({e.id[7:19]})")
         return
     cfg = load_config(config_path, Overrides(hosts=hosts))
-    plan, remotes = _connect_each(cfg)
+    addresses, remotes = _connect_each(cfg)
     results = []
-    for hp, r in zip(plan.hosts, remotes):
+    for address, r in zip(addresses, remotes):
         if isinstance(r, BaseException):
-            results.append(HostResult(hp.address, "failed", str(r)))
+            results.append(HostResult(address, "failed", str(r)))
             continue
         try:
             entries = distribute.load_bundle(path, distribute.remote_loader(r), distribute.remote_runner(r),
-                                             where=f"host {hp.address}")
-            results.append(HostResult(hp.address, "loaded", ", ".join(e.ref for e in entries)))
+                                             where=f"host {address}")
+            results.append(HostResult(address, "loaded", ", ".join(e.ref for e in entries)))
         except DockerlaunchError as e:
-            results.append(HostResult(hp.address, "failed", str(e)))
+            results.append(HostResult(address, "failed", str(e)))
         finally:
             r.close()
     sys.exit(_summary(results))

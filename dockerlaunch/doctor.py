@@ -15,7 +15,7 @@ from dockerlaunch.config import ClusterConfig
 from dockerlaunch.dockerhost import DockerHost
 from dockerlaunch.plan import ClusterPlan, HostPlan, make_plan
 from dockerlaunch.spec import ContainerSpec, Deferred
-from dockerlaunch.ssh import Remote, load_ssh_config, map_hosts
+from dockerlaunch.ssh import Remote, connect_each, load_ssh_config, map_hosts
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 STYLE = {PASS: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
@@ -331,8 +331,7 @@ def check(config: ClusterConfig, remotes: list[Remote | BaseException], plan: Cl
     hosts = {i: h for i, h in hosts.items() if docker_ok.get(i) is True}
     master = plan.master_addr
     if isinstance(master, Deferred) and 0 in live:
-        transport = live[0].client.get_transport()
-        master = transport.getpeername()[0] if transport else master
+        master = live[0].peer_ip or master
 
     have_image = _check_image(report, plan, hosts) if hosts else {}
     probes = dict(zip(live, map_hosts(lambda i: factslib.probe(live[i], master), list(live))))
@@ -373,7 +372,7 @@ def run_checks(session) -> Report:
 
 def doctor(config: ClusterConfig) -> Report:
     plan = make_plan(config, ssh_config=load_ssh_config(config.ssh.config_file))
-    remotes = map_hosts(lambda hp: Remote(hp.ssh), plan.hosts)
+    remotes = connect_each([hp.ssh for hp in plan.hosts])
     try:
         return check(config, remotes, plan)
     finally:

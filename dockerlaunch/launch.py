@@ -50,18 +50,10 @@ def open_session(config: ClusterConfig) -> Session:
     return Session(config, plan, remotes, [DockerHost(r) for r in remotes])
 
 
-def _peer_ip(remote: Remote) -> str | None:
-    transport = remote.client.get_transport()
-    try:
-        return transport.getpeername()[0] if transport else None
-    except OSError:
-        return None
-
-
 def master_addr_of(session: Session) -> str:
     addr = session.plan.master_addr
     if isinstance(addr, Deferred):
-        peer = _peer_ip(session.remotes[0])
+        peer = session.remotes[0].peer_ip
         if not peer:
             raise DockerlaunchError(f"host {session.plan.hosts[0].address}: cannot tell its IP; set hosts[0].advertise_addr")
         return peer

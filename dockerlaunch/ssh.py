@@ -250,6 +250,15 @@ class Remote:
     def name(self) -> str:
         return self.target.alias
 
+    @property
+    def peer_ip(self) -> str | None:
+        """The IP this connection reached (the host's address on our route), or None."""
+        transport = self.client.get_transport()
+        try:
+            return transport.getpeername()[0] if transport else None
+        except OSError:
+            return None
+
     def close(self) -> None:
         self.client.close()
         for jump in getattr(self.client, "_dockerlaunch_jumps", []):
@@ -355,9 +364,14 @@ def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseExce
         errors.append(e)
 
 
+def connect_each(targets: Sequence[SSHTarget], max_workers: int = 32) -> list[Remote | BaseException]:
+    """Connect to every host concurrently; slot i holds host i's Remote or why it could not be made."""
+    return map_hosts(lambda t: Remote(t), targets, max_workers=max_workers)
+
+
 def open_all(targets: Sequence[SSHTarget], max_workers: int = 32) -> list[Remote]:
     """Connect to every host concurrently; on any failure close the others and raise one error per host."""
-    results = map_hosts(lambda t: Remote(t), targets, max_workers=max_workers)
+    results = connect_each(targets, max_workers=max_workers)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:
         for r in results:
