@@ -115,13 +115,17 @@ def _write_private(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int, mtime: int = 0) -> None:
+    info = tarfile.TarInfo(name.lstrip("/"))
+    info.size, info.mode, info.mtime = len(data), mode, mtime
+    tar.addfile(info, io.BytesIO(data))
+
+
 def _tar_of(files: dict[str, tuple[bytes, int]]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, (data, mode) in files.items():
-            info = tarfile.TarInfo(name.lstrip("/"))
-            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
+            _add_bytes(tar, name, data, mode, int(time.time()))
     return buf.getvalue()
 
 
@@ -238,9 +242,7 @@ def _build(
     with tempfile.TemporaryFile() as context:
         with tarfile.open(fileobj=context, mode="w") as tar:
             for name, data in files.items():
-                info = tarfile.TarInfo(name)
-                info.size, info.mode, info.mtime = len(data), 0o755 if name.endswith(".sh") else 0o644, 0
-                tar.addfile(info, io.BytesIO(data))
+                _add_bytes(tar, name, data, 0o755 if name.endswith(".sh") else 0o644)
             for name, path in disk.items():
                 tar.add(str(path), arcname=name)
         context.seek(0)
