@@ -204,9 +204,10 @@ def outgoing(client, image: LocalImage, have: set[str] | None, mode: str) -> tup
     IDs; None = send all), zstd-compressed if `mode` says so. Returns the chunks and a note for the summary."""
     chunks = save_stream(client, image.id)
     note = ""
-    if have is not None:
+    chains = chain_ids(list(image.diff_ids))
+    if have is not None and any(c in have for c in chains):  # layer_files reads the whole save once: only if needed
         files = layer_files(client, image)
-        skip = {f for f, c in zip(files, chain_ids(image.diff_ids)) if c in have}
+        skip = {f for f, c in zip(files, chains) if c in have}
         if skip:
             chunks = thin_chunks(chunks, skip)
             note = f", thin: {len(skip)} of {len(files)} layers already there"
@@ -356,6 +357,14 @@ mkfifo "$dir/fifo" || exit 6
     > "$dir/log" 2>&1; echo $? > "$dir/rc" ) &
 loader=$!
 recv() { if [ "$listen" = - ]; then cat; else nc -l "$listen" "$port"; fi; }
+if [ "$listen" != - ]; then  # tell the launcher as soon as our listener is up, so the sender can start
+  ( hex=$(printf '%04X' "$port"); i=0
+    while [ $i -lt 300 ]; do
+      if awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p {f = 1} END {exit !f}' \
+          /proc/net/tcp /proc/net/tcp6 2>/dev/null; then echo listening; exit 0; fi
+      sleep 0.05; i=$((i + 1))
+    done ) &
+fi
 if [ "$next" = - ]; then recv > "$dir/fifo"; else recv | tee "$dir/fifo" | nc -N "$next" "$port"; fi
 wait $loader
 if [ "$(cat "$dir/rc")" != 0 ]; then echo "load failed: $(tail -n 3 "$dir/log")" >&2; exit 3; fi
@@ -372,18 +381,6 @@ def can_relay(remote: Remote) -> bool:
     return remote.run(["sh", "-c", probe], timeout=30).ok
 
 
-def _wait_listening(remote: Remote, port: int, timeout: float = 15.0) -> bool:
-    from dockerlaunch.doctor import listening_ports
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = remote.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"], timeout=30)
-        if port in listening_ports(r.stdout):
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def push_chain(
     client, remotes: list[Remote], addresses: list[str], image: LocalImage, compress: str = "auto",
     thin: bool = True, on_bytes: Callable[[int], None] | None = None, port: int | None = None,
@@ -397,12 +394,12 @@ def push_chain(
     t0 = time.monotonic()
     if not remotes:
         return []
-    missing = [r.name for r in remotes if not can_relay(r)]
+    missing = [r.name for r, ok in zip(remotes, map_hosts(can_relay, remotes)) if ok is not True]
     if missing:
         raise DistributeError(f"chain push needs OpenBSD netcat (nc -N) and mkfifo on every host; missing on "
                               f"{', '.join(missing)} (apt-get install netcat-openbsd) -- or use --strategy star")
     mode = compress
-    zstd_everywhere = all(has_zstd(r) for r in remotes)
+    zstd_everywhere = mode != "none" and all(ok is True for ok in map_hosts(has_zstd, remotes))
     if mode == "auto":
         mode = "zstd" if zstd_everywhere else "none"
     elif mode == "zstd" and not zstd_everywhere:
@@ -418,15 +415,22 @@ def push_chain(
     threads: list[threading.Thread] = []
     stop = threading.Event()
     reader = CountingReader(chunks, on_bytes)
+    listening = [threading.Event() for _ in remotes]
 
     def run_host(i: int) -> None:
         listen = "-" if i == 0 else addresses[i]
         nxt = addresses[i + 1] if i + 1 < n else "-"
         out, err = bytearray(), bytearray()
+
+        def on_out(data: bytes) -> None:
+            out.extend(data)
+            if b"listening\n" in out:
+                listening[i].set()
+
         try:
             status = remotes[i].stream(
                 ["sh", "-c", RELAY_SCRIPT, "sh", image.id, image.ref, mode, listen, str(port), nxt],
-                out.extend, err.extend, stdin=reader if i == 0 else None, stop=stop)
+                on_out, err.extend, stdin=reader if i == 0 else None, stop=stop)
         except DockerlaunchError as e:
             results[i] = HostResult(remotes[i].name, "failed", str(e))
             return
@@ -444,11 +448,16 @@ def push_chain(
         t = threading.Thread(target=run_host, args=(i,), daemon=True)
         t.start()
         threads.append(t)
-        if not _wait_listening(remotes[i], port):
+        deadline = time.monotonic() + 15
+        while not listening[i].wait(0.05) and t.is_alive() and time.monotonic() < deadline:
+            pass
+        if not listening[i].is_set():
             stop.set()
             for t in threads:
                 t.join(timeout=10)
-            return [HostResult(r.name, "failed", f"no listener on port {port} of {remotes[i].name}") for r in remotes]
+            why = results[i].detail if results[i] else f"no listener on port {port} after 15 s"
+            return [HostResult(r.name, "failed", f"chain could not start at {remotes[i].name}: {why}")
+                    for r in remotes]
     head = threading.Thread(target=run_host, args=(0,), daemon=True)
     head.start()
     threads.append(head)
