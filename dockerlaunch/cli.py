@@ -322,6 +322,13 @@ def _connect_each(cfg):
     return [h.address for h in cfg.hosts], connect_each(targets)
 
 
+def _took(seconds: float, stream_seconds: float) -> str:
+    """Total time, and how much of it the stream took (the rest is docker load applying layers)."""
+    if not seconds:
+        return ""
+    return f"{seconds:.1f}s (stream {stream_seconds:.1f}s)" if stream_seconds else f"{seconds:.1f}s"
+
+
 def _summary(results) -> int:
     from rich.table import Table
 
@@ -331,7 +338,7 @@ def _summary(results) -> int:
     for r in results:
         style = {"failed": "bold red", "skipped": "dim"}.get(r.status, "green")
         table.add_row(r.host, f"[{style}]{r.status}[/]", f"{r.bytes_sent / 1e6:.0f} MB" if r.bytes_sent else "",
-                      f"{r.seconds:.1f}s" if r.seconds else "", r.detail)
+                      _took(r.seconds, r.stream_seconds), r.detail)
     _console().print(table)
     return 1 if any(r.status == "failed" for r in results) else 0
 

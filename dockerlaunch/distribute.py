@@ -60,6 +60,7 @@ class CountingReader(io.RawIOBase):
         self._buf = b""
         self.count = 0
         self._on_bytes = on_bytes
+        self.finished: float | None = None  # monotonic time the last chunk was taken
 
     def readable(self) -> bool:
         return True
@@ -69,6 +70,8 @@ class CountingReader(io.RawIOBase):
             try:
                 self._buf = next(self._chunks)
             except StopIteration:
+                if self.finished is None:
+                    self.finished = time.monotonic()
                 return b""
         if n < 0 or n >= len(self._buf):
             out, self._buf = self._buf, b""
@@ -239,6 +242,11 @@ class HostResult:
     detail: str = ""
     bytes_sent: int = 0
     seconds: float = 0.0
+    stream_seconds: float = 0.0  # until the last byte left the launcher; the rest is the host's docker load
+
+
+def _stream_seconds(reader: CountingReader, t0: float) -> float:
+    return reader.finished - t0 if reader.finished else 0.0
 
 
 def remote_state(remote: Remote, image: LocalImage) -> str:
@@ -281,10 +289,11 @@ def push_to_host(
                            stdin=reader, stop=stop)
     if status != 0:
         reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
-        return HostResult(remote.name, "failed", reason[0][:300], reader.count, time.monotonic() - t0)
+        return HostResult(remote.name, "failed", reason[0][:300], reader.count, time.monotonic() - t0,
+                          _stream_seconds(reader, t0))
     return HostResult(remote.name, "pushed",
                       f"{mode}{skipped}, image {image.size / 1e6:.0f} MB, Image ID {image.id[7:19]} verified",
-                      reader.count, time.monotonic() - t0)
+                      reader.count, time.monotonic() - t0, _stream_seconds(reader, t0))
 
 
 def push(client, remotes: list[Remote], ref: str, compress: str = "auto", console=None,
@@ -441,7 +450,7 @@ def push_chain(
             role = "head of chain" if i == 0 else f"relayed from {remotes[i - 1].name}"
             results[i] = HostResult(remotes[i].name, "pushed", f"chain ({role}), {mode}{skipped}, "
                                     f"Image ID {image.id[7:19]} verified", reader.count if i == 0 else 0,
-                                    time.monotonic() - t0)
+                                    time.monotonic() - t0, _stream_seconds(reader, t0) if i == 0 else 0.0)
 
     # listeners first, from the tail, each one listening before its sender starts
     for i in reversed(range(1, n)):

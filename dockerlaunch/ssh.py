@@ -354,11 +354,12 @@ class Remote:
 
 def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseException]) -> None:
     try:
+        # memoryview: sendall slices what is left after each packet, and slicing bytes copies it
         if isinstance(stdin, (bytes, bytearray)):
-            chan.sendall(stdin)
+            chan.sendall(memoryview(stdin))
         else:
             while chunk := stdin.read(1 << 20):
-                chan.sendall(chunk)
+                chan.sendall(memoryview(chunk))
         chan.shutdown_write()
     except BaseException as e:  # noqa: BLE001 - reported by the reader
         errors.append(e)
