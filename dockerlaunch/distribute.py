@@ -390,6 +390,10 @@ def can_relay(remote: Remote) -> bool:
     return remote.run(["sh", "-c", probe], timeout=30).ok
 
 
+def _kill_listener(remote: Remote, port: int) -> None:
+    remote.run(["sh", "-c", r'pkill -f "^nc -l [^ ]+ $1\$" || true', "sh", str(port)], timeout=30)
+
+
 def push_chain(
     client, remotes: list[Remote], addresses: list[str], image: LocalImage, compress: str = "auto",
     thin: bool = True, on_bytes: Callable[[int], None] | None = None, port: int | None = None,
@@ -462,6 +466,7 @@ def push_chain(
             pass
         if not listening[i].is_set():
             stop.set()
+            map_hosts(lambda r: _kill_listener(r, port), remotes[i:])  # a closed channel does not end `nc -l`
             for t in threads:
                 t.join(timeout=10)
             why = results[i].detail if results[i] else f"no listener on port {port} after 15 s"

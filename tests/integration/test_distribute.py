@@ -185,3 +185,28 @@ def test_chain_push_relays_host_to_host(sim_cluster, engine, remotes, fresh_imag
     finally:
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", ref, local_id])
+
+
+def test_a_failed_chain_start_kills_its_listeners(sim_cluster, remotes):
+    """A closed SSH channel does not end `nc -l`; when a chain cannot start, its listeners are killed."""
+    from dockerlaunch import distribute
+    from dockerlaunch.doctor import listening_ports
+
+    node, ip = remotes[1], sim_cluster[2][1].ip
+    port = 40000 + secrets.randbelow(20000)
+    node.check(["sh", "-c", f"nohup nc -l {ip} {port} >/dev/null 2>&1 & nohup nc -l {ip} {port + 1} >/dev/null 2>&1 &"],
+               "starting listeners")
+
+    def ports():
+        return listening_ports(node.check(["cat", "/proc/net/tcp"], "reading /proc/net/tcp").stdout)
+
+    deadline = time.monotonic() + 10
+    while not {port, port + 1} <= ports() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert {port, port + 1} <= ports()
+    distribute._kill_listener(node, port)
+    deadline = time.monotonic() + 10
+    while port in ports() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert port not in ports() and port + 1 in ports()  # only the chain's own port
+    distribute._kill_listener(node, port + 1)
