@@ -37,9 +37,6 @@ from dockerlaunch import distribute, sim  # noqa: E402
 from dockerlaunch.config import load_config  # noqa: E402
 from dockerlaunch.ssh import Remote, map_hosts, open_all, resolve_target  # noqa: E402
 
-TBF = ["burst", "256kb", "latency", "50ms"]
-
-
 def rate_bytes_per_s(rate: str) -> float:
     """tc rate string (as sim.parse_rate normalises it) -> bytes/s."""
     r = sim.parse_rate(rate).lower()
@@ -81,11 +78,12 @@ def layer_tar_bytes(client, image: distribute.LocalImage, index: int) -> int:
     raise SystemExit(f"layer {want} not in docker save of {image.ref}")
 
 
-def tc(dev: str, rate: str | None, runner=subprocess.run) -> None:
+def tc(dev: str, rate: str | None) -> None:
+    """Shape (or, with rate None, unshape) a device of this machine, as sim.shape does a node's eth0."""
     if rate:
-        runner(["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", sim.parse_rate(rate), *TBF], check=True)
+        subprocess.run(sim.tbf_argv(dev, rate), check=True)
     else:
-        runner(["tc", "qdisc", "del", "dev", dev, "root"], check=False, capture_output=True)
+        subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], check=False, capture_output=True)
 
 
 def each(fn, remotes: list[Remote]) -> list:

@@ -492,6 +492,12 @@ def parse_rate(rate: str) -> str:
     return rate
 
 
+def tbf_argv(dev: str, rate: str) -> list[str]:
+    """tc command limiting a device's egress to `rate` with a token bucket (netem is not available here)."""
+    return ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", parse_rate(rate),
+            "burst", "256kb", "latency", "50ms"]
+
+
 def shape(cluster: str = DEFAULT_NAME, rate: str | None = None, nodes: list[int] | None = None) -> None:
     """Shape (or, with rate None, unshape) each node's egress on eth0 with a token bucket."""
     client = engine()
@@ -503,8 +509,7 @@ def shape(cluster: str = DEFAULT_NAME, rate: str | None = None, nodes: list[int]
         if nodes and idx not in nodes:
             continue
         if rate:
-            cmd = ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", parse_rate(rate),
-                   "burst", "256kb", "latency", "50ms"]
+            cmd = tbf_argv("eth0", rate)
         else:
             cmd = ["sh", "-c", "tc qdisc del dev eth0 root 2>/dev/null || true"]
         code, out = c.exec_run(cmd)
