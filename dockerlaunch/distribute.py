@@ -299,7 +299,8 @@ def push_to_host(
 def push(client, remotes: list[Remote], ref: str, compress: str = "auto", console=None,
          thin: bool = True, strategy: str = "star", addresses: list[str] | None = None) -> list[HostResult]:
     """star: the launcher streams to every host concurrently. chain: one copy leaves the launcher and each
-    host relays it to the next (`auto`: chain for 3+ hosts that need the image). A progress bar per stream."""
+    host relays it to the next (`auto`: chain for 3+ hosts that need the image); hosts the chain did not
+    reach get a star push. A progress bar per stream."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     image = local_image(client, ref)
@@ -319,33 +320,41 @@ def push(client, remotes: list[Remote], ref: str, compress: str = "auto", consol
         else:
             need.append(i)
     if strategy == "auto":
-        strategy = "chain" if len(need) >= 3 and all(can_relay(remotes[i]) for i in need) else "star"
+        strategy = "chain" if len(need) >= 3 and all(ok is True for ok in
+                                                     map_hosts(can_relay, [remotes[i] for i in need])) else "star"
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                         TimeRemainingColumn(), console=console, transient=False)
     with progress:
+        done: list[HostResult] = []
+        star_hosts = need
+        chain_failed: dict[int, str] = {}
         if strategy == "chain" and need:
             task = progress.add_task(f"chain of {len(need):<9}", total=image.size or None)
             try:
-                done = push_chain(client, [remotes[i] for i in need], [addresses[i] for i in need], image,
-                                  compress, thin, on_bytes=lambda n: progress.advance(task, n))
+                chained = push_chain(client, [remotes[i] for i in need], [addresses[i] for i in need], image,
+                                     compress, thin, on_bytes=lambda n: progress.advance(task, n))
             except DockerlaunchError as e:
-                done = [HostResult(remotes[i].name, "failed", str(e)) for i in need]
+                chained = [HostResult(remotes[i].name, "failed", str(e)) for i in need]
             progress.update(task, completed=image.size or 0)
-        else:
-            tasks = {i: progress.add_task(f"{remotes[i].name:<18}", total=image.size or None) for i in need}
+            # a broken link must not leave the hosts behind it without the image: star to those
+            chain_failed = {i: r.detail for i, r in zip(need, chained) if r.status == "failed"}
+            done = [r for r in chained if r.status != "failed"]
+            star_hosts = list(chain_failed)
+        tasks = {i: progress.add_task(f"{remotes[i].name:<18}", total=image.size or None) for i in star_hosts}
 
-            def one(i: int) -> HostResult:
-                try:
-                    res = push_to_host(client, remotes[i], image, compress,
-                                       on_bytes=lambda n: progress.advance(tasks[i], n), thin=thin)
-                except DockerlaunchError as e:
-                    res = HostResult(remotes[i].name, "failed", str(e))
-                progress.update(tasks[i], completed=image.size or 0,
-                                description=f"{remotes[i].name:<18} {res.status}")
-                return res
+        def one(i: int) -> HostResult:
+            try:
+                res = push_to_host(client, remotes[i], image, compress,
+                                   on_bytes=lambda n: progress.advance(tasks[i], n), thin=thin)
+            except DockerlaunchError as e:
+                res = HostResult(remotes[i].name, "failed", str(e))
+            progress.update(tasks[i], completed=image.size or 0, description=f"{remotes[i].name:<18} {res.status}")
+            if i in chain_failed:
+                res.detail = f"star after the chain failed ({chain_failed[i][:160]}); {res.detail}"
+            return res
 
-            done = [r if isinstance(r, HostResult) else HostResult(remotes[i].name, "failed", str(r))
-                    for i, r in zip(need, map_hosts(one, need))]
+        done += [r if isinstance(r, HostResult) else HostResult(remotes[i].name, "failed", str(r))
+                 for i, r in zip(star_hosts, map_hosts(one, star_hosts))]
     by_name = {**settled, **{r.host: r for r in done}}
     return [by_name[r.name] for r in remotes]
 

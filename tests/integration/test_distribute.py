@@ -210,3 +210,22 @@ def test_a_failed_chain_start_kills_its_listeners(sim_cluster, remotes):
         time.sleep(0.1)
     assert port not in ports() and port + 1 in ports()  # only the chain's own port
     distribute._kill_listener(node, port + 1)
+
+
+def test_hosts_a_broken_chain_did_not_reach_get_a_star_push(sim_cluster, engine, remotes, fresh_image):
+    from dockerlaunch import distribute
+
+    ref = fresh_image(mb=8)
+    local_id = engine.images.get(ref).id
+    ip1, ip2 = (n.ip for n in sim_cluster[2])
+    nowhere = ip1.rsplit(".", 1)[0] + ".200"  # node2 cannot listen there: the chain cannot start
+    try:
+        results = distribute.push(engine, remotes, ref, compress="none", strategy="chain", addresses=[ip1, nowhere])
+        for res in results:
+            assert res.status == "pushed", res
+            assert res.detail.startswith("star after the chain failed (chain could not start at "), res.detail
+        assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+        assert not any(remotes[1].run(["pgrep", "-f", "^nc -l"]).stdout.split())  # no listener left behind
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", ref, local_id])
