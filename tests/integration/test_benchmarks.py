@@ -1,0 +1,21 @@
+"""The benchmarks still run: a tiny distribution benchmark on its own 2-node sim cluster (figures not checked)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_distribution_benchmark_runs_and_prints_its_table(engine):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "distribute.py"), "--nodes", "2",
+                        "--size-mb", "8", "--top-mb", "2", "--subnet", "172.30.251.0/24"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("| ")}
+    assert {"star", "chain", "thin re-push"} <= set(rows), r.stdout
+    assert "x S/B" in rows["chain"] and "x layer" in rows["thin re-push"]
+    assert not [c.name for c in engine.containers.list(all=True) if c.name.startswith("dlbench")]  # torn down
