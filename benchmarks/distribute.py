@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -37,13 +38,13 @@ from dockerlaunch import distribute, sim  # noqa: E402
 from dockerlaunch.config import load_config  # noqa: E402
 from dockerlaunch.ssh import Remote, map_hosts, open_all, resolve_target  # noqa: E402
 
+
 def rate_bytes_per_s(rate: str) -> float:
-    """tc rate string (as sim.parse_rate normalises it) -> bytes/s."""
-    r = sim.parse_rate(rate).lower()
-    for suffix, mult in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
-        if r.endswith(suffix):
-            return float(r[: -len(suffix)]) * mult / 8
-    raise SystemExit(f"--rate {rate}: expected e.g. 200mbit")
+    """tc rate in bits (200mbit, 1gbit) -> bytes/s."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(gbit|mbit|kbit|bit)", rate.lower())
+    if not m:
+        raise SystemExit(f"--rate {rate}: expected a rate in bits, e.g. 200mbit or 1gbit")
+    return float(m[1]) * {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}[m[2]] / 8
 
 
 def random_image(client, tag: str, mb: int, base: str | None = None) -> str:
