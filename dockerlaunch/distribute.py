@@ -320,8 +320,7 @@ def push(client, remotes: list[Remote], ref: str, compress: str = "auto", consol
         else:
             need.append(i)
     if strategy == "auto":
-        strategy = "chain" if len(need) >= 3 and all(ok is True for ok in
-                                                     map_hosts(can_relay, [remotes[i] for i in need])) else "star"
+        strategy = "chain" if len(need) >= 3 and not cannot_relay([remotes[i] for i in need]) else "star"
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                         TimeRemainingColumn(), console=console, transient=False)
     with progress:
@@ -399,6 +398,11 @@ def can_relay(remote: Remote) -> bool:
     return remote.run(["sh", "-c", probe], timeout=30).ok
 
 
+def cannot_relay(remotes: list[Remote]) -> list[str]:
+    """Names of the hosts that cannot be a link of a chain (probed concurrently)."""
+    return [r.name for r, ok in zip(remotes, map_hosts(can_relay, remotes)) if ok is not True]
+
+
 def _kill_listener(remote: Remote, port: int) -> None:
     remote.run(["sh", "-c", r'pkill -f "^nc -l [^ ]+ $1\$" || true', "sh", str(port)], timeout=30)
 
@@ -416,7 +420,7 @@ def push_chain(
     t0 = time.monotonic()
     if not remotes:
         return []
-    missing = [r.name for r, ok in zip(remotes, map_hosts(can_relay, remotes)) if ok is not True]
+    missing = cannot_relay(remotes)
     if missing:
         raise DistributeError(f"chain push needs OpenBSD netcat (nc -N) and mkfifo on every host; missing on "
                               f"{', '.join(missing)} (apt-get install netcat-openbsd) -- or use --strategy star")

@@ -200,16 +200,19 @@ def test_a_failed_chain_start_kills_its_listeners(sim_cluster, remotes):
     def ports():
         return listening_ports(node.check(["cat", "/proc/net/tcp"], "reading /proc/net/tcp").stdout)
 
-    deadline = time.monotonic() + 10
-    while not {port, port + 1} <= ports() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert {port, port + 1} <= ports()
-    distribute._kill_listener(node, port)
-    deadline = time.monotonic() + 10
-    while port in ports() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert port not in ports() and port + 1 in ports()  # only the chain's own port
-    distribute._kill_listener(node, port + 1)
+    try:
+        deadline = time.monotonic() + 10
+        while not {port, port + 1} <= ports() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert {port, port + 1} <= ports()
+        distribute._kill_listener(node, port)
+        deadline = time.monotonic() + 10
+        while port in ports() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert port not in ports() and port + 1 in ports()  # only the chain's own port
+    finally:
+        distribute._kill_listener(node, port)
+        distribute._kill_listener(node, port + 1)
 
 
 def test_hosts_a_broken_chain_did_not_reach_get_a_star_push(sim_cluster, engine, remotes, fresh_image):
@@ -217,7 +220,7 @@ def test_hosts_a_broken_chain_did_not_reach_get_a_star_push(sim_cluster, engine,
 
     ref = fresh_image(mb=8)
     local_id = engine.images.get(ref).id
-    ip1, ip2 = (n.ip for n in sim_cluster[2])
+    ip1 = sim_cluster[2][0].ip
     nowhere = ip1.rsplit(".", 1)[0] + ".200"  # node2 cannot listen there: the chain cannot start
     try:
         results = distribute.push(engine, remotes, ref, compress="none", strategy="chain", addresses=[ip1, nowhere])
