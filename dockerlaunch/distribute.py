@@ -91,7 +91,7 @@ def save_stream(client, image_id: str) -> Iterator[bytes]:
 def zstd_chunks(chunks: Iterator[bytes], level: int = 3) -> Iterator[bytes]:
     import zstandard
 
-    comp = zstandard.ZstdCompressor(level=level, threads=-1).compressobj()
+    comp = zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True).compressobj()
     for chunk in chunks:
         out = comp.compress(chunk)
         if out:
@@ -519,7 +519,7 @@ def save_bundle(client, refs: list[str], path: Path, level: int = 3) -> Bundle:
     bundle = Bundle()
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as raw:
-        with zstandard.ZstdCompressor(level=level, threads=-1).stream_writer(raw) as zout:
+        with zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True).stream_writer(raw) as zout:
             with tarfile.open(fileobj=zout, mode="w|") as tar:
                 for img in images:
                     entry = BundleEntry(ref=img.ref, id=img.id, size=img.size, file=f"images/{img.id[7:]}.tar")
@@ -607,6 +607,7 @@ def load_bundle(path: Path, load: Loader, run: Callable[[list[str]], tuple[int, 
 
     loaded: list[tuple[BundleEntry, str]] = []
     seen: dict[str, tuple[str, int]] = {}
+    failed: dict[str, str] = {}
     manifest = None
     try:
         with open(path, "rb") as raw:
@@ -621,8 +622,8 @@ def load_bundle(path: Path, load: Loader, run: Callable[[list[str]], tuple[int, 
                             status, out = load(reader)
                             while reader.read(CHUNK):  # drain what docker load did not read
                                 pass
-                            if status != 0:
-                                raise DistributeError(f"{where}: docker load of {member.name} failed: {out.strip()[-200:]}")
+                            if status != 0:  # judged after the checksums: corruption is the likelier cause
+                                failed.setdefault(member.name, out.strip()[-200:])
                             seen[member.name] = (reader.h.hexdigest(), reader.n)
     except (zstandard.ZstdError, tarfile.TarError, EOFError, OSError, json.JSONDecodeError) as e:
         raise DistributeError(f"bundle {path} is corrupted or truncated ({type(e).__name__}: {e}); "
@@ -637,6 +638,8 @@ def load_bundle(path: Path, load: Loader, run: Callable[[list[str]], tuple[int, 
         if got[0] != e.sha256 or got[1] != e.bytes:
             raise DistributeError(f"bundle {path}: checksum mismatch for {e.ref} ({e.file}); the file is corrupted; "
                                   "nothing was tagged")
+        if e.file in failed:
+            raise DistributeError(f"{where}: docker load of {e.ref} ({e.file}) failed: {failed[e.file]}")
         loaded.append((e, e.id))
     for e, image_id in loaded:
         status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", image_id])

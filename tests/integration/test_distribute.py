@@ -123,16 +123,25 @@ def test_bundle_round_trip_locally_and_onto_hosts(sim_cluster, engine, remotes, 
             rm.run(["docker", "rmi", "-f", a, b, *ids.values()])
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
+# flips at several places: where they land (tar header, layer bytes, zstd frame) decides whether docker load,
+# the tar reader or the checksum notices first; every one must read as a corrupted bundle
+@pytest.mark.parametrize("damage", ["flip@0.2", "flip@0.5", "flip@0.8", "truncate", "inner-header"])
 def test_corrupted_bundle_is_a_clear_error_and_tags_nothing(engine, fresh_image, tmp_path, damage):
     ref = fresh_image()
     image_id = engine.images.get(ref).id
     bundle = tmp_path / "one.dlb"
     assert dl("save", ref, "-o", str(bundle)).returncode == 0
     data = bytearray(bundle.read_bytes())
-    if damage == "flip":
-        mid = len(data) // 2
+    if damage.startswith("flip@"):
+        mid = int(len(data) * float(damage[5:]))
         data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    elif damage == "inner-header":
+        # valid zstd and outer tar; the first header of the image's own tar is broken, so docker load fails first
+        import zstandard
+
+        plain = bytearray(zstandard.ZstdDecompressor().stream_reader(io.BytesIO(bytes(data))).read())
+        plain[512 + 148:512 + 156] = b"99999999"  # header checksum field of the inner tar's first member
+        data = zstandard.ZstdCompressor(write_checksum=True).compress(bytes(plain))
     else:
         data = data[: len(data) * 2 // 3]
     bundle.write_bytes(bytes(data))
