@@ -382,7 +382,8 @@ if [ "$listen" != - ]; then  # tell the launcher as soon as our listener is up, 
       sleep 0.05; i=$((i + 1))
     done ) &
 fi
-if [ "$next" = - ]; then recv > "$dir/fifo"; else recv | tee "$dir/fifo" | nc -N "$next" "$port"; fi
+# if the next link breaks, drain its share so that tee (and our own load) goes on; that host reports its failure
+if [ "$next" = - ]; then recv > "$dir/fifo"; else recv | tee "$dir/fifo" | { nc -N "$next" "$port"; cat > /dev/null; }; fi
 wait $loader
 if [ "$(cat "$dir/rc")" != 0 ]; then echo "load failed: $(tail -n 3 "$dir/log")" >&2; exit 3; fi
 got=$(docker image inspect --format '{{.Id}}' "$image_id" 2>/dev/null) || { echo "after load, $image_id is missing" >&2; exit 4; }

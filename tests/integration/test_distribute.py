@@ -241,3 +241,43 @@ def test_hosts_a_broken_chain_did_not_reach_get_a_star_push(sim_cluster, engine,
     finally:
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", ref, local_id])
+
+
+def test_a_relay_dying_mid_stream_falls_back_to_star(sim_cluster, engine, remotes, fresh_image):
+    """Node2's listener is killed while the chain streams: node1 still loads its copy, node2 gets a star push."""
+    import threading
+
+    from dockerlaunch import distribute
+
+    ref = fresh_image(mb=400)
+    local_id = engine.images.get(ref).id
+    ips = [n.ip for n in sim_cluster[2]]
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(distribute.push(engine, remotes, ref, compress="none",
+                                                                   strategy="chain", addresses=ips)), daemon=True)
+
+    def chain_connected() -> bool:  # node2 (the tail) has an established connection on a chain port
+        tcp = remotes[1].check(["cat", "/proc/net/tcp", "/proc/net/tcp6"], "reading /proc/net/tcp").stdout
+        rows = [line.split() for line in tcp.splitlines() if "local_address" not in line]
+        return any(len(row) > 3 and row[3] == "01" and 40000 <= int(row[1].rsplit(":", 1)[1], 16) < 60000
+                   for row in rows)
+
+    try:
+        t.start()
+        deadline = time.monotonic() + 120
+        while not chain_connected() and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert chain_connected(), "the chain never connected to node2"
+        remotes[1].check(["sh", "-c", "pkill -f '^nc -l'"], "killing node2's relay listener")
+        t.join(timeout=600)
+        assert not t.is_alive(), "push hung after a relay died"
+        results = out[0]
+        assert all(r.status == "pushed" for r in results), results
+        assert results[0].detail.startswith("chain (head of chain)"), results[0].detail  # its own load went on
+        assert results[1].detail.startswith("star after the chain failed ("), results[1].detail
+        assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+        assert not any(rm.run(["pgrep", "-f", "^nc -l"]).stdout.split() for rm in remotes)
+    finally:
+        for rm in remotes:
+            rm.run(["sh", "-c", "pkill -f '^nc -l' || true"])
+            rm.run(["docker", "rmi", "-f", ref, local_id])
