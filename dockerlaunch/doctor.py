@@ -49,14 +49,18 @@ class Report:
 # ---------------------------------------------------------------- pure parsing
 
 
-def listening_ports(proc_net_tcp: str) -> set[int]:
-    """Ports in LISTEN state (0A) from /proc/net/tcp and tcp6 text."""
+def local_ports(proc_net_tcp: str, state: str) -> set[int]:
+    """Local ports of the sockets in `state` (0A listen, 01 established) from /proc/net/tcp and tcp6 text."""
     ports = set()
     for line in proc_net_tcp.splitlines():
         parts = line.split()
-        if len(parts) > 3 and parts[3] == "0A" and ":" in parts[1]:
+        if len(parts) > 3 and parts[3] == state and ":" in parts[1]:
             ports.add(int(parts[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def listening_ports(proc_net_tcp: str) -> set[int]:
+    return local_ports(proc_net_tcp, "0A")
 
 
 def parse_df_kb(text: str) -> tuple[int, int] | None:

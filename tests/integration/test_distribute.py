@@ -248,6 +248,7 @@ def test_a_relay_dying_mid_stream_falls_back_to_star(sim_cluster, engine, remote
     import threading
 
     from dockerlaunch import distribute
+    from dockerlaunch.doctor import local_ports
 
     ref = fresh_image(mb=400)
     local_id = engine.images.get(ref).id
@@ -258,9 +259,7 @@ def test_a_relay_dying_mid_stream_falls_back_to_star(sim_cluster, engine, remote
 
     def chain_connected() -> bool:  # node2 (the tail) has an established connection on a chain port
         tcp = remotes[1].check(["cat", "/proc/net/tcp", "/proc/net/tcp6"], "reading /proc/net/tcp").stdout
-        rows = [line.split() for line in tcp.splitlines() if "local_address" not in line]
-        return any(len(row) > 3 and row[3] == "01" and 40000 <= int(row[1].rsplit(":", 1)[1], 16) < 60000
-                   for row in rows)
+        return any(40000 <= port < 60000 for port in local_ports(tcp, "01"))
 
     try:
         t.start()

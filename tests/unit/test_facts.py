@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dockerlaunch.doctor import count_gpus, listening_ports, parse_df_kb
+from dockerlaunch.doctor import count_gpus, listening_ports, local_ports, parse_df_kb
 from dockerlaunch.dockerhost import parse_inspect
 from dockerlaunch.facts import nic_problem, parse_addr_owner, parse_ib_ports, parse_probe, parse_route_get
 
@@ -88,6 +88,7 @@ def test_listening_ports():
    0: 00000000000000000000000000000000:0016 00000000000000000000000000000000:0000 0A 00000000:00000000 0 0 4 1
 """
     assert listening_ports(text) == {0x7531, 0x35, 22}  # 0x9C40 is an ESTABLISHED connection
+    assert local_ports(text, "01") == {0x9C40}
 
 
 def test_df_and_gpus():
