@@ -34,9 +34,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dockerlaunch import distribute, sim  # noqa: E402
-from dockerlaunch.config import load_config  # noqa: E402
-from dockerlaunch.ssh import Remote, map_hosts, open_all, resolve_target  # noqa: E402
+from dockerlaunch.cluster import session  # noqa: E402
+from dockerlaunch.cluster.config import load_config  # noqa: E402
+from dockerlaunch.cluster.ssh import Remote  # noqa: E402
+from dockerlaunch.engine import engine  # noqa: E402
+from dockerlaunch.sim import cluster as sim  # noqa: E402
+from dockerlaunch.transfer import push as distribute  # noqa: E402
+from dockerlaunch.transfer import streams  # noqa: E402
 
 
 def rate_bytes_per_s(rate: str) -> float:
@@ -66,13 +70,13 @@ def random_image(client, tag: str, mb: int, base: str | None = None) -> str:
 
 
 def save_bytes(client, image_id: str) -> int:
-    return sum(len(c) for c in distribute.save_stream(client, image_id))
+    return sum(len(c) for c in streams.save_stream(client, image_id))
 
 
-def layer_tar_bytes(client, image: distribute.LocalImage, index: int) -> int:
+def layer_tar_bytes(client, image: streams.LocalImage, index: int) -> int:
     """Bytes of one layer's tar inside `docker save` (what a thin push must send for it)."""
-    want = distribute.layer_files(client, image)[index]
-    with tarfile.open(fileobj=distribute.CountingReader(distribute.save_stream(client, image.id)), mode="r|") as tar:
+    want = streams.layer_files(client, image)[index]
+    with tarfile.open(fileobj=streams.CountingReader(streams.save_stream(client, image.id)), mode="r|") as tar:
         for m in tar:
             if m.name == want:
                 return m.size
@@ -89,10 +93,9 @@ def tc(dev: str, rate: str | None) -> None:
 
 def each(fn, remotes: list[Remote]) -> list:
     """fn on every host at once; the first failure stops the benchmark."""
-    out = map_hosts(fn, remotes)
-    for r in out:
-        if isinstance(r, BaseException):
-            raise SystemExit(f"benchmark step failed: {r}")
+    out = session.each(fn, remotes)
+    for o in out.failed:
+        raise SystemExit(f"benchmark step failed: {o.error}")
     return out
 
 
@@ -112,7 +115,7 @@ def main() -> int:
     ap.add_argument("--subnet", default="172.30.250.0/24")
     args = ap.parse_args()
 
-    client = sim.engine()
+    client = engine()
     bps = rate_bytes_per_s(args.rate)
     tag = secrets.token_hex(4)
     img_ref, top_ref = f"dlbench/s{args.size_mb}-{tag}:1", f"dlbench/s{args.size_mb}-top-{tag}:1"
@@ -122,18 +125,19 @@ def main() -> int:
     try:
         print(f"# building a {args.size_mb} MiB image of random bytes ...", file=sys.stderr)
         random_image(client, img_ref, args.size_mb)
-        image = distribute.local_image(client, img_ref)
+        image = streams.local_image(client, img_ref)
         s_bytes = save_bytes(client, image.id)
         floor = s_bytes / bps
 
         cfg_path = sim.up(nodes=args.nodes, cluster=args.cluster, subnet=args.subnet)
         cfg = load_config(cfg_path)
-        remotes = open_all([resolve_target(h, cfg.ssh) for h in cfg.hosts])
+        cluster = session.Cluster.connect(cfg)
+        remotes = [h.remote for h in cluster.hosts]
         addresses = [h.address for h in cfg.hosts]
 
         # reference, links not shaped yet: docker load of the image from a local file on every node at once --
         # the work each host still does after the last byte arrives (docker load applies layers after EOF)
-        tar_bytes = b"".join(distribute.save_stream(client, image.id))
+        tar_bytes = b"".join(streams.save_stream(client, image.id))
         each(lambda r: r.check(["sh", "-c", "cat > /tmp/dlbench.tar"], "copy", stdin=tar_bytes), remotes)
         t0 = time.monotonic()
         each(lambda r: r.check(["docker", "load", "-i", "/tmp/dlbench.tar"], "load", timeout=600), remotes)
@@ -150,7 +154,7 @@ def main() -> int:
 
         t0 = time.monotonic()
         remotes[0].check(["sh", "-c", "cat > /dev/null"], "raw copy",
-                         stdin=distribute.CountingReader(iter([b"\0" * (1 << 20)] * (s_bytes >> 20))))
+                         stdin=streams.CountingReader(iter([b"\0" * (1 << 20)] * (s_bytes >> 20))))
         raw = time.monotonic() - t0
         rows.append(("raw copy over SSH, 1 host (reference)", f"{raw:.1f} s", "", f"{raw / floor:.2f} x S/B"))
 
@@ -158,7 +162,7 @@ def main() -> int:
             drop_image(remotes, [img_ref, image.id])
             t0 = time.monotonic()
             results = distribute.push(client, remotes, img_ref, compress="none", thin=False, strategy=strategy,
-                                      addresses=addresses, console=_quiet_console())
+                                      addresses=addresses)
             took = time.monotonic() - t0
             bad = [r for r in results if r.status != "pushed"]
             if bad:
@@ -169,11 +173,11 @@ def main() -> int:
 
         # thin: every node has img_ref (from the chain push); top_ref adds one layer
         random_image(client, top_ref, args.top_mb, base=img_ref)
-        top = distribute.local_image(client, top_ref)
+        top = streams.local_image(client, top_ref)
         changed = layer_tar_bytes(client, top, -1)
         t0 = time.monotonic()
         results = distribute.push(client, remotes, top_ref, compress="none", thin=True, strategy="star",
-                                  addresses=addresses, console=_quiet_console())
+                                  addresses=addresses)
         took = time.monotonic() - t0
         bad = [r for r in results if r.status != "pushed" or "thin: 1 of 2" not in r.detail]
         if bad:
@@ -201,12 +205,6 @@ def main() -> int:
     for name, took, streamed, ratio in rows:
         print(f"| {name} | {took} | {streamed} | {ratio} |")
     return 0
-
-
-def _quiet_console():
-    from rich.console import Console
-
-    return Console(file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,3 +17,10 @@ def cli():
         )
 
     return run
+
+
+def venv_tool(name: str) -> str | None:
+    """A tool installed by the test extras: beside this Python (the venv's bin, found with nothing activated),
+    else on PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.is_file() else shutil.which(name)

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from dockerlaunch import sim
-from dockerlaunch.config import load_config
+from dockerlaunch.sim import cluster as sim
+from dockerlaunch.cluster.config import load_config
 
 
 def _leftovers(client, cluster: str) -> list[str]:
@@ -58,7 +58,8 @@ def demo_image(sim_cluster):
 
 @pytest.fixture(scope="session")
 def remotes(cluster_config):
-    from dockerlaunch.ssh import Remote, resolve_target
+    from dockerlaunch.cluster.ssh import Remote
+    from dockerlaunch.cluster.targets import resolve_target
 
     out = [Remote(resolve_target(h, cluster_config.ssh)) for h in cluster_config.hosts]
     yield out
@@ -69,7 +70,7 @@ def remotes(cluster_config):
 @pytest.fixture
 def job_containers(remotes):
     """Job containers left on any host, by job name (asked over SSH, as a user would)."""
-    from dockerlaunch.dockerhost import DockerHost
+    from dockerlaunch.cluster.dockerhost import DockerHost
 
     def find(job: str) -> list[str]:
         return [f"{r.name}:{s.name}:{s.status}" for r in remotes for s in DockerHost(r).job_containers(job)]

@@ -199,7 +199,7 @@ def test_chain_push_relays_host_to_host(sim_cluster, engine, remotes, fresh_imag
 def test_a_failed_chain_start_kills_its_listeners(sim_cluster, remotes):
     """A closed SSH channel does not end `nc -l`; when a chain cannot start, its listeners are killed."""
     from dockerlaunch import distribute
-    from dockerlaunch.doctor import listening_ports
+    from dockerlaunch.cluster.doctor import listening_ports
 
     node, ip = remotes[1], sim_cluster[2][1].ip
     port = 40000 + secrets.randbelow(20000)
@@ -248,7 +248,7 @@ def test_a_relay_dying_mid_stream_falls_back_to_star(sim_cluster, engine, remote
     import threading
 
     from dockerlaunch import distribute
-    from dockerlaunch.doctor import local_ports
+    from dockerlaunch.cluster.doctor import local_ports
 
     ref = fresh_image(mb=400)
     local_id = engine.images.get(ref).id

@@ -9,11 +9,13 @@ import time
 
 import pytest
 
-from dockerlaunch import sim
-from dockerlaunch.config import load_config
-from dockerlaunch.plan import make_plan
-from dockerlaunch.spec import ContainerSpec
-from dockerlaunch.ssh import Remote, SSHError, connect, resolve_target
+from dockerlaunch.sim import cluster as sim
+from dockerlaunch.cluster.config import load_config
+from dockerlaunch.cluster.plan import make_plan
+from dockerlaunch.cluster.spec import ContainerSpec
+from dockerlaunch.cluster.ssh import Remote, connect
+from dockerlaunch.cluster.targets import resolve_target
+from dockerlaunch.errors import SSHError
 
 from .conftest import _leftovers
 
@@ -150,7 +152,7 @@ def test_proxy_jump_through_node1_to_node2(cluster_config, sim_cluster, tmp_path
     """~/.ssh/config ProxyJump, resolved by paramiko's SSHConfig and tunnelled through node1."""
     import paramiko
 
-    from dockerlaunch.config import HostConfig
+    from dockerlaunch.cluster.config import HostConfig
 
     _, _, layout = sim_cluster
     ssh_config = paramiko.SSHConfig.from_text(

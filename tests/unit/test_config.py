@@ -3,7 +3,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from dockerlaunch.config import (
+from dockerlaunch.cluster.config import (
     ClusterConfig,
     Overrides,
     apply_overrides,
@@ -198,7 +198,7 @@ def test_documented_example_config_is_valid():
     """docs/dockerlaunch.example.yaml must stay true."""
     from pathlib import Path
 
-    from dockerlaunch.plan import make_plan
+    from dockerlaunch.cluster.plan import make_plan
 
     path = Path(__file__).resolve().parents[2] / "docs" / "dockerlaunch.example.yaml"
     cfg = load_config(str(path))

@@ -2,7 +2,7 @@ import hashlib
 import io
 import tarfile
 
-from dockerlaunch.distribute import CountingReader, chain_ids, thin_chunks
+from dockerlaunch.transfer.streams import CountingReader, chain_ids, thin_chunks
 
 
 def test_chain_ids_follow_the_oci_definition():

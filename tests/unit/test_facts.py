@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from dockerlaunch.doctor import count_gpus, listening_ports, local_ports, parse_df_kb
-from dockerlaunch.dockerhost import parse_inspect
-from dockerlaunch.facts import nic_problem, parse_addr_owner, parse_ib_ports, parse_probe, parse_route_get
+from dockerlaunch.cluster.doctor import count_gpus, listening_ports, local_ports, parse_df_kb
+from dockerlaunch.cluster.dockerhost import parse_inspect
+from dockerlaunch.cluster.facts import nic_problem, parse_addr_owner, parse_ib_ports, parse_probe, parse_route_get
 
 
 def test_route_via_gateway():

@@ -2,14 +2,18 @@ import io
 
 from rich.console import Console
 
-from dockerlaunch.launch import LogSink
+from dockerlaunch.cli.console import RichReporter
+from dockerlaunch.cluster.launch import LogSink
+
+
+def _sink(buf, rank, host, path):
+    return LogSink(RichReporter(Console(file=buf, width=200, color_system=None)), rank, host, path)
 
 
 def test_lines_are_prefixed_split_across_chunks_and_saved_raw(tmp_path):
     buf = io.StringIO()
-    console = Console(file=buf, width=200, color_system=None)
     path = tmp_path / "rank1.log"
-    sink = LogSink(console, 1, "gpu2", path)
+    sink = _sink(buf, 1, "gpu2", path)
     sink(b"hello wo")
     sink(b"rld\nsecond line\r\npartial")
     assert buf.getvalue() == "[1 gpu2] hello world\n[1 gpu2] second line\n"
@@ -20,6 +24,6 @@ def test_lines_are_prefixed_split_across_chunks_and_saved_raw(tmp_path):
 
 def test_markup_in_log_lines_is_printed_as_is():
     buf = io.StringIO()
-    sink = LogSink(Console(file=buf, width=200, color_system=None), 0, "h", None)
+    sink = _sink(buf, 0, "h", None)
     sink(b"[bold]not markup[/bold] \xff\n")
     assert buf.getvalue() == "[0 h] [bold]not markup[/bold] \ufffd\n"

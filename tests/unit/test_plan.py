@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from dockerlaunch.config import ClusterConfig
+from dockerlaunch.cluster.config import ClusterConfig
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.plan import HostFacts, make_plan
-from dockerlaunch.spec import Deferred, UnresolvedError
+from dockerlaunch.cluster.plan import HostFacts, make_plan
+from dockerlaunch.cluster.spec import Deferred, UnresolvedError
 
 
 def cfg(**kw) -> ClusterConfig:

@@ -6,7 +6,7 @@ import subprocess
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dockerlaunch.spec import ContainerSpec
+from dockerlaunch.cluster.spec import ContainerSpec
 
 NASTY = list("ab '\"$;\\\n\t`|&*?!#~{}()<>=-") + ["$(id)", "${HOME}", "'\"'", "\\n", "--rm", "-e"]
 text = st.lists(st.sampled_from(NASTY) | st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),

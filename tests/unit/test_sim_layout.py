@@ -3,9 +3,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dockerlaunch.config import ClusterConfig
-from dockerlaunch.plan import make_plan
-from dockerlaunch.sim import SimError, node_layout, parse_rate, render_cluster_config
+from dockerlaunch.cluster.config import ClusterConfig
+from dockerlaunch.cluster.plan import make_plan
+from dockerlaunch.sim.cluster import SimError, node_layout, parse_rate, render_cluster_config
 
 
 def test_layout_fixed_ips_and_names():

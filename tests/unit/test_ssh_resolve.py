@@ -2,8 +2,9 @@ import os
 import paramiko
 import pytest
 
-from dockerlaunch.config import HostConfig, SSHSettings
-from dockerlaunch.ssh import SSHError, resolve_target
+from dockerlaunch.cluster.config import HostConfig, SSHSettings
+from dockerlaunch.cluster.targets import resolve_target
+from dockerlaunch.errors import SSHError
 
 SSH_CONFIG = """
 Host gpu*

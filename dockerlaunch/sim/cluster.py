@@ -28,6 +28,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from dockerlaunch.engine import cache_root as engine_cache_root
+from dockerlaunch.engine import engine
 from dockerlaunch.errors import DockerlaunchError
 
 SIM_LABEL = "dockerlaunch.sim"
@@ -62,7 +64,8 @@ def state_root() -> Path:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("DOCKERLAUNCH_CACHE_DIR", "~/.cache/dockerlaunch")).expanduser() / "sim"
+    """The simulator's own cache (seed tars, the demo wheelhouse)."""
+    return engine_cache_root() / "sim"
 
 
 @dataclass(frozen=True)
@@ -129,28 +132,8 @@ def _tar_of(files: dict[str, tuple[bytes, int]]) -> bytes:
     return buf.getvalue()
 
 
-# ---------------------------------------------------------------- engine
-
-
-def engine():
-    """The local Docker engine, or a one-line error that says how to get one."""
-    import docker  # local import: the plan/config path must not need the docker SDK
-
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-    except Exception as e:  # docker raises DockerException / requests errors / FileNotFoundError
-        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-        reason = str(e).splitlines()[0][:160]
-        raise SimError(
-            f"no usable Docker engine at {host} ({reason}); on Debian run `sudo scripts/install-docker` "
-            "(installs docker.io and starts dockerd)"
-        ) from None
-    return client
-
-
 def _asset(name: str) -> bytes:
-    return resources.files("dockerlaunch.sim_assets").joinpath(name).read_bytes()
+    return resources.files("dockerlaunch.sim.assets").joinpath(name).read_bytes()
 
 
 def _image_exists(client, ref: str) -> bool:

@@ -17,15 +17,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from dockerlaunch import facts as factslib
-from dockerlaunch.config import ClusterConfig
-from dockerlaunch.dockerhost import ContainerState, DockerHost
+from dockerlaunch.cluster import facts as factslib
+from dockerlaunch.cluster.config import ClusterConfig
+from dockerlaunch.cluster.dockerhost import ContainerState
+from dockerlaunch.cluster.plan import ClusterPlan, HostFacts, make_plan
+from dockerlaunch.cluster.session import Cluster, each
+from dockerlaunch.cluster.spec import Deferred
 from dockerlaunch.errors import ConfigError, DockerlaunchError
-from dockerlaunch.plan import ClusterPlan, HostFacts, make_plan
-from dockerlaunch.spec import Deferred
-from dockerlaunch.ssh import Remote, load_ssh_config, map_hosts, open_all
-
-COLORS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
+from dockerlaunch.reporting import Reporter
 
 
 class Terminated(BaseException):
@@ -34,26 +33,32 @@ class Terminated(BaseException):
 
 @dataclass
 class Session:
-    config: ClusterConfig
-    plan: ClusterPlan  # dry plan (targets, names); the real one comes from `resolve`
-    remotes: list[Remote]
-    hosts: list[DockerHost]
+    """A connected cluster and its dry plan (targets, names); the real plan comes from `gather_facts`."""
+
+    cluster: Cluster
+    plan: ClusterPlan
+
+    @property
+    def config(self) -> ClusterConfig:
+        return self.cluster.config
 
     def close(self) -> None:
-        for r in self.remotes:
-            r.close()
+        self.cluster.close()
 
 
 def open_session(config: ClusterConfig) -> Session:
-    plan = make_plan(config, ssh_config=load_ssh_config(config.ssh.config_file))
-    remotes = open_all([h.ssh for h in plan.hosts])
-    return Session(config, plan, remotes, [DockerHost(r) for r in remotes])
+    cluster = Cluster.connect(config)
+    try:
+        return Session(cluster, make_plan(config, targets=cluster.targets))
+    except BaseException:
+        cluster.close()
+        raise
 
 
 def master_addr_of(session: Session) -> str:
     addr = session.plan.master_addr
     if isinstance(addr, Deferred):
-        peer = session.remotes[0].peer_ip
+        peer = session.cluster.peer_ip(0)
         if not peer:
             raise DockerlaunchError(f"host {session.plan.hosts[0].address}: cannot tell its IP; set hosts[0].advertise_addr")
         return peer
@@ -63,14 +68,15 @@ def master_addr_of(session: Session) -> str:
 def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None = None) -> dict[int, HostFacts]:
     """Probe every host concurrently and turn the answers into HostFacts (or one clear error)."""
     master = master_addr_of(session)
-    probes = map_hosts(lambda r: factslib.probe(r, master), session.remotes)
+    probes = session.cluster.each(lambda h: factslib.probe(h.remote, master))
     user_env = session.config.container.env
     out: dict[int, HostFacts] = {}
     errors = []
-    for hp, p in zip(session.plan.hosts, probes):
-        if isinstance(p, BaseException):
-            errors.append(str(p))
+    for hp, o in zip(session.plan.hosts, probes):
+        if not o.ok:
+            errors.append(str(o.error))
             continue
+        p = o.value
         if p.problem and "NCCL_SOCKET_IFNAME" not in user_env:
             errors.append(
                 f"host {hp.address}: NIC toward MASTER_ADDR {master}: {p.problem}; fix the route or set "
@@ -97,13 +103,8 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
 
 
 def existing_job_containers(session: Session, job: str) -> list[tuple[str, ContainerState]]:
-    found = map_hosts(lambda h: h.job_containers(job), session.hosts)
-    out = []
-    for h, states in zip(session.hosts, found):
-        if isinstance(states, BaseException):
-            raise states
-        out += [(h.name, s) for s in states]
-    return out
+    found = session.cluster.each(lambda h: h.docker.job_containers(job)).raise_first()
+    return [(h.name, s) for h, states in zip(session.cluster.hosts, found) for s in states]
 
 
 # ---------------------------------------------------------------- secrets
@@ -126,38 +127,35 @@ def upload_env_files(session: Session, job: str, content: bytes) -> dict[int, tu
     token = secrets.token_hex(6)
     paths = {hp.rank: f"/tmp/dockerlaunch-{job}-{hp.rank}-{token}.env" for hp in session.plan.hosts}
 
-    def put(i: int):
-        path = paths[i]
-        session.remotes[i].check(["sh", "-c", 'umask 077 && cat > "$1"', "sh", path], f"writing {path}", stdin=content)
+    def put(h):
+        path = paths[h.rank]
+        h.remote.check(["sh", "-c", 'umask 077 && cat > "$1"', "sh", path], f"writing {path}", stdin=content)
         return path
 
-    results = map_hosts(put, list(range(len(session.remotes))))
-    failed = [r for r in results if isinstance(r, BaseException)]
-    if failed:
-        remove_env_files(session, paths)
-        raise failed[0]
+    results = session.cluster.each(put)
+    if results.failed:
+        remove_env_files(session, {i: (p,) for i, p in paths.items()})
+        results.raise_first()
     return {i: (paths[i],) for i in paths}
 
 
-def remove_env_files(session: Session, paths: dict[int, tuple[str, ...]] | dict[int, str]) -> None:
-    def rm(i: int):
-        p = paths.get(i)
-        if p:
-            session.remotes[i].run(["rm", "-f", *([p] if isinstance(p, str) else p)], timeout=30)
+def remove_env_files(session: Session, paths: dict[int, tuple[str, ...]]) -> None:
+    def rm(h):
+        if paths.get(h.rank):
+            h.remote.run(["rm", "-f", *paths[h.rank]], timeout=30)
 
-    map_hosts(rm, list(range(len(session.remotes))))
+    session.cluster.each(rm)
 
 
 # ---------------------------------------------------------------- log streaming
 
 
 class LogSink:
-    """Prefixes each line with a coloured `[rank host]` and appends the raw bytes to a per-host file."""
+    """Splits a rank's output into lines for the reporter (`[rank host] line`) and appends the raw bytes
+    to a per-host file."""
 
-    def __init__(self, console, rank: int, host: str, path: Path | None):
-        self.console, self.rank, self.host = console, rank, host
-        self.prefix = f"[{rank} {host}] "
-        self.style = COLORS[rank % len(COLORS)]
+    def __init__(self, reporter: Reporter, rank: int, host: str, path: Path | None):
+        self.reporter, self.rank, self.host = reporter, rank, host
         self.buf = b""
         self.file = open(path, "ab") if path else None
 
@@ -171,11 +169,7 @@ class LogSink:
             self._emit(line)
 
     def _emit(self, line: bytes) -> None:
-        from rich.text import Text
-
-        text = Text(self.prefix, style=self.style)
-        text.append(line.decode(errors="replace").rstrip("\r"))
-        self.console.print(text, soft_wrap=True, highlight=False, markup=False)
+        self.reporter.line(self.rank, self.host, line.decode(errors="replace").rstrip("\r"))
 
     def close(self) -> None:
         if self.buf:
@@ -183,17 +177,6 @@ class LogSink:
             self.buf = b""
         if self.file:
             self.file.close()
-
-
-def _console():
-    from rich.console import Console
-
-    # no terminal (CI, a pipe): wide lines rather than tables wrapped at 80 columns
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-
-
-def _say(console, msg: str, style: str = "bold") -> None:
-    console.print(f"[dockerlaunch] {msg}", style=style, markup=False, highlight=False)
 
 
 # ---------------------------------------------------------------- up
@@ -206,10 +189,10 @@ def up(
     keep: bool = False,
     preflight: bool = True,
     log_dir: str | None = "dockerlaunch-logs",
-    console=None,
+    reporter: Reporter | None = None,
 ) -> int:
     """Start the job; return the exit code `dockerlaunch up` exits with."""
-    console = console or _console()
+    reporter = reporter or Reporter()
     job = config.job.name
     session = open_session(config)
     try:
@@ -218,23 +201,23 @@ def up(
             what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in existing)
             raise DockerlaunchError(f"job {job} already has containers ({what}); remove them: dockerlaunch down --name {job}")
         if preflight:
-            from dockerlaunch import doctor
+            from dockerlaunch.cluster import doctor
 
-            report = doctor.run_checks(session)
-            doctor.print_report(report, console)
+            report = doctor.check(session.cluster, session.plan)
+            reporter.checks(report)
             if report.failed:
-                _say(console, f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
-                     "Fix the above or use --skip-preflight.", "bold red")
+                reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
+                             "Fix the above or use --skip-preflight.", "bold red")
                 return 1
         env_paths: dict[int, tuple[str, ...]] = {}
         secrets_blob = read_env_files(config) if config.container.env_files else b""
         if secrets_blob:
             env_paths = upload_env_files(session, job, secrets_blob)
         try:
-            plan = make_plan(config, facts=gather_facts(session, env_paths), ssh_config=load_ssh_config(config.ssh.config_file))
+            plan = make_plan(config, facts=gather_facts(session, env_paths), targets=session.cluster.targets)
             if plan.unresolved():
                 raise DockerlaunchError("internal: plan still has unresolved values: " + "; ".join(plan.unresolved()))
-            return _start_and_watch(session, plan, console, detach=detach, keep=keep, log_dir=log_dir)
+            return _start_and_watch(session, plan, reporter, detach=detach, keep=keep, log_dir=log_dir)
         finally:
             if env_paths:
                 remove_env_files(session, env_paths)
@@ -242,13 +225,16 @@ def up(
         session.close()
 
 
-def _teardown(session: Session, plan: ClusterPlan, console, why: str) -> None:
-    _say(console, f"{why}: stopping and removing job containers on {plan.nnodes} host(s)", "bold yellow")
+def _remove_everywhere(session: Session, plan: ClusterPlan, grace: int = 3):
     names = {hp.rank: hp.container.name for hp in plan.hosts}
-    results = map_hosts(lambda i: session.hosts[i].remove([names[i]]), list(range(len(session.hosts))))
-    for hp, r in zip(plan.hosts, results):
-        if isinstance(r, BaseException):
-            _say(console, f"host {hp.address}: could not remove {names[hp.rank]}: {r}", "bold red")
+    return session.cluster.each(lambda h: h.docker.remove([names[h.rank]], grace=grace))
+
+
+def _teardown(session: Session, plan: ClusterPlan, reporter: Reporter, why: str) -> None:
+    reporter.say(f"{why}: stopping and removing job containers on {plan.nnodes} host(s)", "bold yellow")
+    for o in _remove_everywhere(session, plan).failed:
+        reporter.say(f"host {o.item.address}: could not remove {plan.hosts[o.item.rank].container.name}: {o.error}",
+                     "bold red")
 
 
 def _install_sigterm() -> Callable[[], None]:
@@ -262,52 +248,53 @@ def _install_sigterm() -> Callable[[], None]:
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
-def _start_and_watch(session: Session, plan: ClusterPlan, console, *, detach: bool, keep: bool, log_dir: str | None) -> int:
+def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *, detach: bool, keep: bool,
+                     log_dir: str | None) -> int:
     restore = _install_sigterm()
     started = False
     stop = threading.Event()
     sinks: list[LogSink] = []
+    hosts = session.cluster.hosts
     try:
-        _say(console, f"starting {plan.job}: {plan.nnodes} host(s), image {plan.image}, MASTER_ADDR={plan.master_addr}:{plan.master_port}")
+        reporter.say(f"starting {plan.job}: {plan.nnodes} host(s), image {plan.image}, "
+                     f"MASTER_ADDR={plan.master_addr}:{plan.master_port}")
         started = True  # from here on, any exit path tears down (a partial start too)
-        results = map_hosts(lambda i: session.hosts[i].run_container(plan.hosts[i].container), list(range(len(plan.hosts))))
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            for f in failed:
-                _say(console, str(f), "bold red")
-            _teardown(session, plan, console, "start failed")
+        results = session.cluster.each(lambda h: h.docker.run_container(plan.hosts[h.rank].container))
+        if results.failed:
+            for o in results.failed:
+                reporter.say(str(o.error), "bold red")
+            _teardown(session, plan, reporter, "start failed")
             started = False
             return 1
         if detach:
             started = False
-            _say(console, f"started {plan.nnodes} container(s); follow with: dockerlaunch logs --follow --name {plan.job}")
+            reporter.say(f"started {plan.nnodes} container(s); follow with: dockerlaunch logs --follow --name {plan.job}")
             return 0
 
         run_dir = None
         if log_dir:
             run_dir = Path(log_dir) / f"{plan.job}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
             run_dir.mkdir(parents=True, exist_ok=True)
-        exits: queue.Queue[tuple[int, int | BaseException]] = queue.Queue()
+        exits: queue.Queue[tuple[int, int | Exception]] = queue.Queue()
 
         def watch(i: int) -> None:
             hp = plan.hosts[i]
-            sink = sinks[i]
             try:
-                session.hosts[i].follow_logs(hp.container.name, sink, stop=stop)
+                hosts[i].docker.follow_logs(hp.container.name, sinks[i], stop=stop)
                 if stop.is_set():
                     return
-                exits.put((i, session.hosts[i].wait(hp.container.name, timeout=120)))
-            except BaseException as e:  # noqa: BLE001 - reported to the main thread
+                exits.put((i, hosts[i].docker.wait(hp.container.name, timeout=120)))
+            except Exception as e:  # noqa: BLE001 - reported to the main thread
                 exits.put((i, e))
 
         for hp in plan.hosts:
             path = run_dir / f"rank{hp.rank}-{hp.address.replace('/', '_').replace(':', '_')}.log" if run_dir else None
-            sinks.append(LogSink(console, hp.rank, hp.address, path))
+            sinks.append(LogSink(reporter, hp.rank, hp.address, path))
         threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(len(plan.hosts))]
         for t in threads:
             t.start()
         if run_dir:
-            _say(console, f"logs: {run_dir}/")
+            reporter.say(f"logs: {run_dir}/")
 
         done: dict[int, int] = {}
         code = 0
@@ -317,35 +304,35 @@ def _start_and_watch(session: Session, plan: ClusterPlan, console, *, detach: bo
             except queue.Empty:
                 continue
             hp = plan.hosts[i]
-            if isinstance(result, BaseException):
-                _say(console, f"rank {hp.rank} ({hp.address}): lost track of the container: {result}", "bold red")
+            if isinstance(result, Exception):
+                reporter.say(f"rank {hp.rank} ({hp.address}): lost track of the container: {result}", "bold red")
                 code = 1
                 break
             done[i] = result
             if result != 0:
-                _say(console, f"rank {hp.rank} ({hp.address}) exited with {result}", "bold red")
+                reporter.say(f"rank {hp.rank} ({hp.address}) exited with {result}", "bold red")
                 code = result
                 break
-            _say(console, f"rank {hp.rank} ({hp.address}) finished")
+            reporter.say(f"rank {hp.rank} ({hp.address}) finished")
         stop.set()
         if code != 0:
-            _teardown(session, plan, console, f"rank failed (exit {code})")
+            _teardown(session, plan, reporter, f"rank failed (exit {code})")
         elif not keep:
-            map_hosts(lambda i: session.hosts[i].remove([plan.hosts[i].container.name], grace=1), list(range(len(plan.hosts))))
-            _say(console, f"job {plan.job} succeeded on all {plan.nnodes} host(s)", "bold green")
+            _remove_everywhere(session, plan, grace=1)
+            reporter.say(f"job {plan.job} succeeded on all {plan.nnodes} host(s)", "bold green")
         started = False
         return code
     except (KeyboardInterrupt, Terminated) as e:
         stop.set()
         interrupted = isinstance(e, KeyboardInterrupt)
         if started:
-            _teardown(session, plan, console, "interrupted" if interrupted else "terminated")
+            _teardown(session, plan, reporter, "interrupted" if interrupted else "terminated")
             started = False
         return 130 if interrupted else 143
     finally:
         stop.set()
         if started:  # an unexpected error: never leave containers behind
-            _teardown(session, plan, console, "error")
+            _teardown(session, plan, reporter, "error")
         for s in sinks:
             s.close()
         restore()
@@ -354,75 +341,64 @@ def _start_and_watch(session: Session, plan: ClusterPlan, console, *, detach: bo
 # ---------------------------------------------------------------- down / status / logs / exec
 
 
-def down(config: ClusterConfig, console=None) -> int:
-    console = console or _console()
+def down(config: ClusterConfig, reporter: Reporter | None = None) -> int:
+    reporter = reporter or Reporter()
     session = open_session(config)
     try:
         found = existing_job_containers(session, config.job.name)
         by_host: dict[str, list[str]] = {}
         for host, s in found:
             by_host.setdefault(host, []).append(s.name)
-        results = map_hosts(lambda h: h.remove(by_host.get(h.name, [])), session.hosts)
-        for h, r in zip(session.hosts, results):
-            if isinstance(r, BaseException):
-                raise DockerlaunchError(f"host {h.name}: removing containers failed: {r}")
-        _say(console, f"removed {len(found)} container(s) of job {config.job.name}")
+        for o in session.cluster.each(lambda h: h.docker.remove(by_host.get(h.name, []))).failed:
+            raise DockerlaunchError(f"host {o.item.name}: removing containers failed: {o.error}")
+        reporter.say(f"removed {len(found)} container(s) of job {config.job.name}")
         return 0
     finally:
         session.close()
 
 
-def status(config: ClusterConfig, console=None) -> int:
-    from rich.table import Table
-
-    console = console or _console()
+def status(config: ClusterConfig) -> list[tuple[str, ContainerState]]:
+    """(host, container state) of every container of the job, rank order."""
     session = open_session(config)
     try:
-        found = existing_job_containers(session, config.job.name)
+        return existing_job_containers(session, config.job.name)
     finally:
         session.close()
-    if not found:
-        _say(console, f"job {config.job.name}: no containers on {len(config.hosts)} host(s)")
-        return 0
-    table = Table("rank", "host", "container", "state", "exit code", "up since / finished", box=None)
-    for host, s in found:
-        when = s.started_at if s.status == "running" else s.finished_at
-        table.add_row(str(s.rank), host, s.name, s.status, "" if s.status == "running" else str(s.exit_code),
-                      when[:19].replace("T", " "))
-    console.print(table)
-    return 0
 
 
 def _rank_hosts(session: Session, rank: int | None) -> list[int]:
+    n = len(session.cluster.hosts)
     if rank is None:
-        return list(range(len(session.hosts)))
-    if not 0 <= rank < len(session.hosts):
-        raise ConfigError(f"--rank {rank}: the job has ranks 0..{len(session.hosts) - 1}")
+        return list(range(n))
+    if not 0 <= rank < n:
+        raise ConfigError(f"--rank {rank}: the job has ranks 0..{n - 1}")
     return [rank]
 
 
-def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, tail: str = "all", console=None) -> int:
-    console = console or _console()
+def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, tail: str = "all",
+         reporter: Reporter | None = None) -> int:
+    reporter = reporter or Reporter()
     session = open_session(config)
     sinks = []
+    stop = threading.Event()
     try:
         ranks = _rank_hosts(session, rank)
-        stop = threading.Event()
 
         def show(i: int) -> int:
             hp = session.plan.hosts[i]
-            sink = LogSink(console, hp.rank, hp.address, None)
+            sink = LogSink(reporter, hp.rank, hp.address, None)
             sinks.append(sink)
-            return session.hosts[i].follow_logs(hp.container.name, sink, follow=follow, stop=stop, tail=tail)
+            return session.cluster.hosts[i].docker.follow_logs(hp.container.name, sink, follow=follow, stop=stop,
+                                                               tail=tail)
 
         try:
-            results = map_hosts(show, ranks)
+            results = each(show, ranks)
         except KeyboardInterrupt:
             stop.set()
             return 130
-        codes = [r for r in results if not isinstance(r, int) or r != 0]
-        return 1 if codes else 0
+        return 1 if any(not o.ok or o.value != 0 for o in results) else 0
     finally:
+        stop.set()
         for s in sinks:
             s.close()
         session.close()
@@ -444,6 +420,6 @@ def exec_in(config: ClusterConfig, rank: int, command: list[str]) -> int:
                 stream.flush()
             return write
 
-        return session.remotes[i].stream(["docker", "exec", name, *command], w(out), w(err))
+        return session.cluster.hosts[i].remote.stream(["docker", "exec", name, *command], w(out), w(err))
     finally:
         session.close()

@@ -12,9 +12,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dockerlaunch.plan import LABEL_JOB, LABEL_RANK
-from dockerlaunch.spec import ContainerSpec
-from dockerlaunch.ssh import Remote, Result, SSHError
+from dockerlaunch.cluster.plan import LABEL_JOB, LABEL_RANK
+from dockerlaunch.cluster.spec import ContainerSpec
+from dockerlaunch.cluster.ssh import Remote, Result
+from dockerlaunch.errors import DockerError
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class ContainerState:
     exit_code: int
     started_at: str
     finished_at: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
 
 
 def parse_inspect(text: str) -> list[ContainerState]:
@@ -70,13 +74,13 @@ class DockerHost:
         script = f"ids=$(docker ps -aq --filter label={label}) && if [ -n \"$ids\" ]; then docker inspect $ids; fi"
         r = self.remote.run(script, timeout=60)
         if not r.ok:
-            raise SSHError(f"host {self.name}: listing containers of job {job} failed: {r.last_line()}")
+            raise DockerError(self.name, r.last_line(), step=f"listing containers of job {job}", exit_status=r.exit_status)
         return parse_inspect(r.stdout)
 
     def run_container(self, spec: ContainerSpec) -> str:
         r = self.remote.run(spec.run_argv(), timeout=300)
         if not r.ok:
-            raise SSHError(f"host {self.name}: starting container {spec.name} failed: {r.last_line()}")
+            raise DockerError(self.name, r.last_line(), step=f"starting container {spec.name}", exit_status=r.exit_status)
         return r.stdout.strip()
 
     def remove(self, names: list[str], grace: int = 3) -> None:
@@ -92,7 +96,7 @@ class DockerHost:
     def wait(self, name: str, timeout: float | None = None) -> int:
         r = self.docker("wait", name, timeout=timeout)
         if not r.ok:
-            raise SSHError(f"host {self.name}: waiting for {name} failed: {r.last_line()}")
+            raise DockerError(self.name, r.last_line(), step=f"waiting for {name}", exit_status=r.exit_status)
         return int(r.stdout.strip().splitlines()[-1])
 
     def follow_logs(

@@ -6,10 +6,10 @@ One probe script per host (one SSH round trip); parsing is pure and tested on fi
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 
-from dockerlaunch.ssh import Remote
+from dockerlaunch.cluster import script
+from dockerlaunch.cluster.ssh import Remote
 
 BAD_IFACE = re.compile(r"^(lo|docker\d*|virbr\d*|br-[0-9a-f]+|veth.*)$")
 
@@ -66,20 +66,6 @@ def parse_ib_ports(lines: list[str]) -> tuple[list[str], list[str]]:
     return active, seen
 
 
-def probe_script(master_addr: str) -> str:
-    m = shlex.quote(master_addr)
-    return f"""
-echo "route=$(ip -o route get {m} 2>&1 | head -n1)"
-echo "owner=$(ip -o addr show to {m} 2>/dev/null | head -n1)"
-if [ -e /dev/infiniband ]; then echo ib_dev=1; else echo ib_dev=0; fi
-for p in /sys/class/infiniband/*/ports/*; do
-  [ -r "$p/state" ] && echo "ib_port=$p $(cat "$p/state") $(cat "$p/link_layer" 2>/dev/null)"
-done
-if command -v nvidia-smi >/dev/null 2>&1; then echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')"; else echo gpus=none; fi
-echo "has_ip=$(command -v ip >/dev/null 2>&1 && echo 1 || echo 0)"
-"""
-
-
 @dataclass(frozen=True)
 class Probe:
     interface: str | None
@@ -123,5 +109,5 @@ def parse_probe(text: str) -> Probe:
 
 
 def probe(remote: Remote, master_addr: str) -> Probe:
-    r = remote.check(["sh", "-c", probe_script(master_addr)], "probing the host", timeout=60)
+    r = remote.check(["sh", "-c", script("probe.sh"), "sh", master_addr], "probing the host", timeout=60)
     return parse_probe(r.stdout)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import paramiko
 
 from dockerlaunch import __version__
-from dockerlaunch.config import ClusterConfig, HostConfig, is_ip, is_loopback
+from dockerlaunch.cluster.config import ClusterConfig, HostConfig, is_ip, is_loopback
+from dockerlaunch.cluster.spec import ContainerSpec, Deferred
+from dockerlaunch.cluster.targets import SSHTarget, resolve_target
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.spec import ContainerSpec, Deferred
-from dockerlaunch.ssh import SSHTarget, resolve_target
 
 RANK_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
 LABEL_JOB = "dockerlaunch.job"
@@ -154,8 +154,10 @@ def make_plan(
     facts: dict[int, HostFacts] | None = None,
     ssh_config: paramiko.SSHConfig | None = None,
     local_user: str | None = None,
+    targets: list[SSHTarget] | None = None,
 ) -> ClusterPlan:
-    """Per-host plan; `facts` is keyed by rank."""
+    """Per-host plan; `facts` is keyed by rank. `targets` (already resolved, e.g. by a `Cluster`) spare
+    resolving them again from `ssh_config`."""
     facts = facts or {}
     if not config.image:
         raise ConfigError("no image: pass --image IMAGE or set image: in the config")
@@ -165,7 +167,8 @@ def make_plan(
             f"container.env.{reserved[0]} is set per rank by dockerlaunch; remove it "
             "(use --master-port, --nproc-per-node or the host list instead)"
         )
-    targets = [resolve_target(h, config.ssh, ssh_config, local_user) for h in config.hosts]
+    if targets is None:
+        targets = [resolve_target(h, config.ssh, ssh_config, local_user) for h in config.hosts]
     master_addr = _master_addr(config, targets[0], facts.get(0))
     c = config.container
     nnodes = len(config.hosts)

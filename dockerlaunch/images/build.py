@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dockerlaunch import __version__
-from dockerlaunch.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
+from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
 from dockerlaunch.errors import ConfigError, DockerlaunchError
-from dockerlaunch.stacks import Stack, default_dockerfiles_dir
+from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
 
 LAYERS = ["1-torch", "2-build", "3-te", "4-apex", "5-flash", "6-megatron", "7-top"]
 BUILD_TOOLS = ["pybind11==3.0.1", "ninja==1.13.0", "packaging==25.0", "setuptools==80.9.0", "wheel==0.45.1",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from dockerlaunch.stacks import Stack
+from dockerlaunch.images.stacks import Stack
 
 
 def V(s: str) -> Version:

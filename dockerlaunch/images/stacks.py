@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -22,10 +23,15 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9_,-]+\])?==(.+)$")
 
 
 def default_dockerfiles_dir() -> Path:
+    """DOCKERLAUNCH_DOCKERFILES, else the Dockerfiles/ shipped in the package (the checkout's own folder in
+    an editable install, a copy inside site-packages otherwise)."""
     env = os.environ.get("DOCKERLAUNCH_DOCKERFILES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "Dockerfiles"
+    checkout = Path(__file__).resolve().parents[2] / "Dockerfiles"
+    if (checkout / "stacks.yaml").is_file():
+        return checkout
+    return Path(str(resources.files("dockerlaunch.images.dockerfiles")))
 
 
 class _Model(BaseModel):

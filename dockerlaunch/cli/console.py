@@ -1,0 +1,127 @@
+"""Everything that prints: the rich reporter for the apply layers, tables, and the plan as text.
+
+The only module family allowed to import rich (an import rule checked by tests/unit/test_imports.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import sys
+from collections.abc import Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+from rich.text import Text
+
+from dockerlaunch.cluster.doctor import Report, Verdict
+from dockerlaunch.cluster.plan import ClusterPlan
+from dockerlaunch.reporting import Reporter, Task, Tasks
+
+COLORS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
+VERDICT_STYLE = {Verdict.PASS: "green", Verdict.WARN: "yellow", Verdict.FAIL: "bold red", Verdict.SKIP: "dim"}
+
+
+def console(stderr: bool = False) -> Console:
+    # no terminal (CI, a pipe): wide lines rather than tables wrapped at 80 columns
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(highlight=False, width=None if stream.isatty() else 160, stderr=stderr)
+
+
+class _Bar(Task):
+    def __init__(self, progress: Progress, label: str, total: int | None):
+        self.progress, self.label = progress, label
+        self.id = progress.add_task(label, total=total)
+
+    def advance(self, n: int) -> None:
+        self.progress.advance(self.id, n)
+
+    def done(self, status: str = "") -> None:
+        total = self.progress.tasks[self.id].total
+        self.progress.update(self.id, completed=total or 0,
+                             description=f"{self.label} {status}" if status else self.label)
+
+
+class _Bars(Tasks):
+    def __init__(self, progress: Progress):
+        self.p = progress
+
+    def add(self, label: str, total: int | None) -> Task:
+        return _Bar(self.p, label, total)
+
+
+class RichReporter(Reporter):
+    def __init__(self, out: Console | None = None, quiet_progress: bool = False):
+        self.out = out or console()
+        self.quiet_progress = quiet_progress
+
+    def say(self, msg: str, style: str = "bold") -> None:
+        self.out.print(f"[dockerlaunch] {msg}", style=style, markup=False, highlight=False)
+
+    def line(self, rank: int, host: str, text: str) -> None:
+        t = Text(f"[{rank} {host}] ", style=COLORS[rank % len(COLORS)])
+        t.append(text)
+        self.out.print(t, soft_wrap=True, highlight=False, markup=False)
+
+    def checks(self, report: Report) -> None:
+        print_report(report, self.out)
+
+    @contextlib.contextmanager
+    def progress(self) -> Iterator[Tasks]:
+        if self.quiet_progress:
+            yield Tasks()
+            return
+        p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                     TimeRemainingColumn(), console=self.out, transient=False)
+        with p:
+            yield _Bars(p)
+
+
+def print_report(report: Report, out: Console) -> None:
+    table = Table("host", "check", "verdict", "reason", box=None, pad_edge=False)
+    for c in report.checks:
+        table.add_row(c.host, c.name, Text(str(c.status), style=VERDICT_STYLE[c.status]), Text(c.reason))
+    out.print(table)
+    out.print(report.summary(), highlight=False)
+
+
+def print_table(columns: list[str], rows: list[list[str]], out: Console | None = None) -> None:
+    table = Table(*columns, box=None)
+    for row in rows:
+        table.add_row(*row)
+    (out or console()).print(table)
+
+
+def format_argv(argv: list[str], n_command: int) -> str:
+    """`docker run|build` argv as a copy-pasteable shell command, one flag (and its value) per line.
+
+    The last `n_command + 1` tokens (image and command, or the build context) share the final line.
+    """
+    tail = len(argv) - n_command - 1
+    lines: list[list[str]] = [argv[:2]]
+    for tok in argv[2:tail]:
+        if len(lines) > 1 and len(lines[-1]) == 1 and lines[-1][0].startswith("-") and not tok.startswith("-") \
+                and "=" not in lines[-1][0]:
+            lines[-1].append(tok)  # the flag's value
+        else:
+            lines.append([tok])
+    lines.append(argv[tail:])
+    return " \\\n    ".join(shlex.join(parts) for parts in lines)
+
+
+def render_plan(plan: ClusterPlan) -> str:
+    out = [
+        f"Plan for job {plan.job!r}: {plan.nnodes} host(s), image {plan.image}, "
+        f"MASTER_ADDR={plan.master_addr} MASTER_PORT={plan.master_port}",
+    ]
+    for h in plan.hosts:
+        out.append("")
+        out.append(f"# rank {h.rank}: {h.address}  (ssh {h.ssh.describe()}; {h.nproc_per_node} process(es))")
+        out.append(format_argv(h.container.argv(), len(h.container.command)))
+    pending = plan.unresolved()
+    out.append("")
+    if pending:
+        out.append(f"{len(pending)} value(s) are resolved on the hosts at launch (shown as <resolved at launch: ...>).")
+    out.append("Dry run: no host was contacted.")
+    return "\n".join(out)

@@ -1,0 +1,115 @@
+"""Commands about images: the stack matrix, build, fetch, verify."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import yaml
+
+from dockerlaunch.cli.console import format_argv
+from dockerlaunch.cli.main import CONTEXT, cli
+
+
+@cli.group(context_settings=CONTEXT)
+def stacks() -> None:
+    """The pinned stack matrix (Dockerfiles/stacks.yaml)."""
+
+
+@stacks.command("list")
+def stacks_list() -> None:
+    """One line per stack: name, image tag, key pins."""
+    from dockerlaunch.images.stacks import load_matrix
+
+    for s in load_matrix().stacks.values():
+        te = f" te {s.transformer_engine}" if s.transformer_engine else ""
+        click.echo(f"{s.name:<26} torch {s.torch}{te} mcore {s.megatron_core} swift {s.ms_swift}  {s.tag}")
+
+
+@stacks.command("show")
+@click.argument("name")
+def stacks_show(name: str) -> None:
+    """Every pin of one stack, and its image tag."""
+    from dockerlaunch.images.stacks import load_matrix
+
+    s = load_matrix().get(name)
+    click.echo(yaml.safe_dump({"name": s.name, "tag": s.tag, **s.model_dump(mode="json", exclude_none=True,
+                                                                          exclude={"name"})}, sort_keys=False).rstrip())
+
+
+@stacks.command("check")
+def stacks_check() -> None:
+    """Evaluate every compatibility rule on every stack; exit 1 on any error-level violation."""
+    from dockerlaunch.images.constraints import RULES, check_stack
+    from dockerlaunch.images.stacks import load_matrix
+
+    matrix = load_matrix()
+    errors = 0
+    for s in matrix.stacks.values():
+        for v in check_stack(s):
+            errors += v.rule.severity == "error"
+            click.echo(f"{v.rule.severity.upper():5} {v.line()}")
+    click.echo(f"stacks check: {len(matrix.stacks)} stacks x {len(RULES)} rules, {errors} error(s)")
+    sys.exit(1 if errors else 0)
+
+
+def _build_options(kw: dict):
+    from dockerlaunch.images.build import BuildOptions
+
+    return BuildOptions(tag=kw["tag"], base_image=kw["base_image"], ca_cert=kw["ca_cert"],
+                        pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"], offline=kw["offline"],
+                        no_cache=kw["no_cache"], max_jobs=kw["max_jobs"], force=kw["force"])
+
+
+@cli.command()
+@click.option("--stack", "stack_name", required=True, help="A stack from `dockerlaunch stacks list`.")
+@click.option("--tag", help="Image tag (default: one that encodes the stack).")
+@click.option("--base-image", metavar="REF", help="Override the stack's base image (e.g. a local mirror).")
+@click.option("--ca-cert", metavar="PATH", help="CA bundle for pip behind an intercepting proxy (a build secret).")
+@click.option("--pip-index-url", metavar="URL", help="Package index (a build secret: may hold credentials).")
+@click.option("--wheelhouse", metavar="DIR", help="Wheels from `dockerlaunch fetch`.")
+@click.option("--offline", is_flag=True, help="No network for Python packages: install from --wheelhouse only.")
+@click.option("--no-cache", is_flag=True)
+@click.option("--max-jobs", type=click.IntRange(1, 256), default=4, show_default=True,
+              help="Parallel compile jobs (flash-attn needs ~9 GB RAM each).")
+@click.option("--force", is_flag=True, help="Build even if the stack violates a compatibility rule.")
+@click.option("--dry-run", is_flag=True, help="Print the docker build command; build nothing.")
+def build(stack_name: str, dry_run: bool, **kw) -> None:
+    """Build a stack's image, then verify it (imports, versions vs pins)."""
+    from dockerlaunch.images import build as buildlib
+    from dockerlaunch.images.stacks import load_matrix
+
+    stack = load_matrix().get(stack_name)
+    opts = _build_options(kw)
+    if dry_run:
+        click.echo(format_argv(buildlib.render_build(stack, opts), 0))
+        return
+    code, _ = buildlib.build(stack, opts)
+    sys.exit(code)
+
+
+@cli.command()
+@click.option("--stack", "stack_name", required=True)
+@click.option("-o", "--output", "out_dir", required=True, metavar="DIR", help="Wheelhouse folder (one subfolder per layer).")
+def fetch(stack_name: str, out_dir: str) -> None:
+    """Download every wheel and source archive a stack needs, for `build --wheelhouse DIR --offline`."""
+    from pathlib import Path
+
+    from dockerlaunch.images import build as buildlib
+    from dockerlaunch.images.stacks import load_matrix
+
+    counts = buildlib.fetch(load_matrix().get(stack_name), Path(out_dir))
+    for layer, n in counts.items():
+        click.echo(f"{layer:<12} {n} file(s)")
+
+
+@cli.command()
+@click.argument("image")
+@click.option("--gpus", is_flag=True, help="Run the checks with --gpus all (CUDA images on a GPU host).")
+def verify(image: str, gpus: bool) -> None:
+    """Import every component the image's stack declares and compare versions with its pinned labels."""
+    from dockerlaunch.images import build as buildlib
+
+    report = buildlib.verify(image, gpus=gpus)
+    click.echo(report.render())
+    sys.exit(0 if report.ok else 1)

@@ -1,0 +1,139 @@
+"""Commands about jobs on hosts: config, up, doctor, down, status, logs, exec."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+import yaml
+
+from dockerlaunch.cli.console import RichReporter, console, print_report, print_table, render_plan
+from dockerlaunch.cli.main import CONTEXT, cli, config_options, load, output_option
+from dockerlaunch.cluster.config import config_schema
+from dockerlaunch.cluster.plan import make_plan
+from dockerlaunch.cluster.targets import resolve_all
+from dockerlaunch.errors import DockerlaunchError
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of the cluster config."""
+    click.echo(json.dumps(config_schema(), indent=2))
+
+
+@cli.group("config", context_settings=CONTEXT)
+def config_group() -> None:
+    """Inspect the cluster config."""
+
+
+@config_group.command("show")
+@config_options
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+def config_show(fmt: str, **kw) -> None:
+    """Print the config after merging the file and the flags."""
+    cfg = load(kw)
+    data = cfg.model_dump(mode="json")
+    click.echo(json.dumps(data, indent=2) if fmt == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+@cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@config_options
+@click.option("--dry-run", is_flag=True, help="Print the per-host plan; contact no host.")
+@output_option("For --dry-run.")
+@click.option("--detach", is_flag=True, help="Return once every container has started.")
+@click.option("--skip-preflight", is_flag=True, help="Do not run the doctor checks first.")
+@click.option("--keep", is_flag=True, help="Keep the containers after the job ends (inspect, then `down`).")
+@click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
+              help="Per-host log files go to DIR/<job>-<time>/.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: bool, log_dir: str,
+       command: tuple[str, ...], **kw) -> None:
+    """Start the job: one container per host. Put the training command after `--`.
+
+    Checks every host first (see `doctor`), then starts the containers concurrently, streams their
+    logs, and stops every container on every host as soon as one rank fails or on Ctrl-C.
+    """
+    from dockerlaunch.cluster import launch
+
+    cfg = load(kw, command)
+    plan = make_plan(cfg, targets=resolve_all(cfg))
+    if dry_run:
+        click.echo(json.dumps(plan.to_dict(), indent=2) if output == "json" else render_plan(plan))
+        return
+    sys.exit(launch.up(cfg, detach=detach, keep=keep, preflight=not skip_preflight, log_dir=log_dir or None,
+                       reporter=RichReporter()))
+
+
+@cli.command()
+@config_options
+@output_option()
+def doctor(output: str, **kw) -> None:
+    """Pre-flight checks on every host; exits 1 if any check FAILs."""
+    from dockerlaunch.cluster import doctor as doctorlib
+
+    cfg = load(kw)
+    if not cfg.image:
+        raise DockerlaunchError("doctor needs the job image: pass --image IMAGE or set image:")
+    report = doctorlib.doctor(cfg)
+    if output == "json":
+        click.echo(report.to_json())
+    else:
+        print_report(report, console())
+    sys.exit(1 if report.failed else 0)
+
+
+@cli.command()
+@config_options
+def down(**kw) -> None:
+    """Stop and remove the job's containers on every host."""
+    from dockerlaunch.cluster import launch
+
+    sys.exit(launch.down(load(kw), RichReporter()))
+
+
+@cli.command()
+@config_options
+@output_option()
+def status(output: str, **kw) -> None:
+    """The job's containers per host: state, exit code, since when."""
+    from dockerlaunch.cluster import launch
+
+    cfg = load(kw)
+    found = launch.status(cfg)
+    if output == "json":
+        click.echo(json.dumps({"job": cfg.job.name, "containers": [{"host": host, **s.to_dict()} for host, s in found]},
+                              indent=2))
+        return
+    if not found:
+        RichReporter().say(f"job {cfg.job.name}: no containers on {len(cfg.hosts)} host(s)")
+        return
+    rows = []
+    for host, s in found:
+        when = s.started_at if s.status == "running" else s.finished_at
+        rows.append([str(s.rank), host, s.name, s.status, "" if s.status == "running" else str(s.exit_code),
+                     when[:19].replace("T", " ")])
+    print_table(["rank", "host", "container", "state", "exit code", "up since / finished"], rows)
+
+
+@cli.command()
+@config_options
+@click.option("--follow", "-f", is_flag=True, help="Keep streaming until the containers exit.")
+@click.option("--rank", type=int, help="Only this rank.")
+@click.option("--tail", default="all", show_default=True, help="Lines from the end of each log.")
+def logs(follow: bool, rank: int | None, tail: str, **kw) -> None:
+    """Show the job's logs, prefixed by rank and host."""
+    from dockerlaunch.cluster import launch
+
+    sys.exit(launch.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=RichReporter()))
+
+
+@cli.command("exec", context_settings={**CONTEXT, "allow_interspersed_args": False})
+@config_options
+@click.option("--rank", type=int, required=True, help="Which rank's container.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def exec_cmd(rank: int, command: tuple[str, ...], **kw) -> None:
+    """Run a command in one rank's container, e.g. `exec --rank 1 -- py-spy dump --pid 1`."""
+    from dockerlaunch.cluster import launch
+
+    sys.exit(launch.exec_in(load(kw), rank, list(command)))

@@ -1,0 +1,81 @@
+"""The `dockerlaunch` command: the click group, shared options, and the one place errors become exit codes."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from dockerlaunch import __version__
+from dockerlaunch.cluster.config import Overrides, load_config
+from dockerlaunch.errors import DockerlaunchError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="dockerlaunch")
+def cli() -> None:
+    """Build pinned LLM-training images and launch them across GPU hosts over SSH."""
+
+
+def split_hosts(ctx, param, value):
+    if value is None:
+        return None
+    hosts = [h.strip() for h in value.split(",") if h.strip()]
+    if not hosts:
+        raise click.BadParameter("give at least one host, e.g. --hosts h1,h2")
+    return hosts
+
+
+def config_options(f):
+    """Flags that override the config file; shared by every command that reads it."""
+    opts = [
+        click.option("--config", "config_path", metavar="PATH", help="Cluster config (default ./dockerlaunch.yaml)."),
+        click.option("--hosts", callback=split_hosts, metavar="H1,H2", help="Hosts, rank 0 first: [user@]host[:port]."),
+        click.option("--image", metavar="IMAGE", help="Job image."),
+        click.option("--nproc-per-node", type=click.IntRange(1, 1024), help="Processes per host."),
+        click.option("--master-port", type=click.IntRange(1, 65535), help="Rendezvous port on host 0."),
+        click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:ro]", help="Extra mount (repeatable)."),
+        click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra env (repeatable; no secrets)."),
+        click.option("--name", metavar="NAME", help="Job name (containers are NAME-RANK)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def output_option(help_text: str = "text for people, json for scripts"):
+    return click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+                        help=help_text)
+
+
+def load(kw: dict, command: tuple[str, ...] = ()):
+    ov = Overrides(
+        hosts=kw.pop("hosts"), image=kw.pop("image"), nproc_per_node=kw.pop("nproc_per_node"),
+        master_port=kw.pop("master_port"), mounts=list(kw.pop("mounts")), env=list(kw.pop("env")),
+        name=kw.pop("name"), command=list(command) or None,
+    )
+    return load_config(kw.pop("config_path"), ov)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from dockerlaunch.cli import images, jobs, sim, transfer  # noqa: F401 - registers the commands
+
+    try:
+        cli.main(args=argv, prog_name="dockerlaunch", standalone_mode=False)
+    except DockerlaunchError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(0)

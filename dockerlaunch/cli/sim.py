@@ -1,0 +1,81 @@
+"""`dockerlaunch sim`: a simulated cluster on this machine, to rehearse launches for real."""
+
+from __future__ import annotations
+
+import click
+
+from dockerlaunch.cli.console import print_table
+from dockerlaunch.cli.main import CONTEXT, cli
+
+
+@cli.group(context_settings=CONTEXT)
+def sim() -> None:
+    """A simulated cluster on this machine: containers with sshd + dockerd, to rehearse launches."""
+
+
+@sim.command("up")
+@click.option("--nodes", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--name", "cluster", default="dlsim", show_default=True, help="Cluster name (prefix of every object).")
+@click.option("--subnet", default="172.30.0.0/24", show_default=True, help="Private bridge subnet; node1 is .11.")
+@click.option("--config-out", metavar="FILE", help="Write the cluster config here (default: in the state dir).")
+@click.option("--base-image", metavar="REF", help="Debian bookworm image to build nodes from.")
+@click.option("--egress-rate", metavar="RATE", help="Shape each node's egress, tc units (e.g. 200mbit).")
+@click.option("--seed-image", "seed_images", multiple=True, metavar="IMAGE", help="Preload a local image into every node.")
+def sim_up(**kw) -> None:
+    """Start N nodes; write a cluster config that `--config FILE` uses directly."""
+    from dockerlaunch.sim import cluster as simlib
+
+    path = simlib.up(
+        nodes=kw["nodes"], cluster=kw["cluster"], subnet=kw["subnet"], config_out=kw["config_out"],
+        base_image=kw["base_image"], egress_rate=kw["egress_rate"], seed_images=kw["seed_images"],
+    )
+    click.echo(str(path))
+
+
+@sim.command("demo-image")
+@click.option("--base-image", metavar="REF", help="Debian bookworm image to build from.")
+@click.option("--wheelhouse", metavar="DIR", help="Use these wheels instead of downloading torch and its deps.")
+def sim_demo_image(base_image: str | None, wheelhouse: str | None) -> None:
+    """Build the demo job image (torch CPU + a gloo all_reduce) offline from a wheelhouse; print its tag."""
+    from pathlib import Path
+
+    from dockerlaunch.sim import cluster as simlib
+
+    click.echo(simlib.build_demo_image(base_image, Path(wheelhouse) if wheelhouse else None))
+
+
+@sim.command("down")
+@click.option("--name", "cluster", default="dlsim", show_default=True)
+def sim_down(cluster: str) -> None:
+    """Remove the nodes, their network and volumes."""
+    from dockerlaunch.sim import cluster as simlib
+
+    simlib.down(cluster)
+
+
+@sim.command("status")
+@click.option("--name", "cluster", default=None, help="Only this cluster (default: all).")
+def sim_status(cluster: str | None) -> None:
+    """List sim nodes."""
+    from dockerlaunch.sim import cluster as simlib
+
+    rows = simlib.status(cluster)
+    if not rows:
+        click.echo("no sim nodes")
+        return
+    print_table(["cluster", "node", "ip", "state", "image"],
+                [[r["cluster"], r["node"], r["ip"], r["state"], r["image"]] for r in rows])
+
+
+@sim.command("shape")
+@click.option("--name", "cluster", default="dlsim", show_default=True)
+@click.option("--rate", metavar="RATE", help="Egress rate in tc units (e.g. 200mbit).")
+@click.option("--off", is_flag=True, help="Remove shaping.")
+@click.option("--node", "nodes", multiple=True, type=int, help="Only these node numbers (1-based).")
+def sim_shape(cluster: str, rate: str | None, off: bool, nodes: tuple[int, ...]) -> None:
+    """Shape each node's egress bandwidth (token bucket on eth0), for benchmarks."""
+    from dockerlaunch.sim import cluster as simlib
+
+    if bool(rate) == off:
+        raise click.UsageError("give exactly one of --rate RATE or --off")
+    simlib.shape(cluster, None if off else rate, list(nodes) or None)

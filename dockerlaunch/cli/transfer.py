@@ -1,0 +1,154 @@
+"""Commands that move images without a registry: push (plan or apply), save, load."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from dockerlaunch.cli.console import RichReporter, print_table
+from dockerlaunch.cli.main import cli, config_options, load, output_option, split_hosts
+from dockerlaunch.errors import DockerlaunchError
+
+
+def _took(seconds: float, stream_seconds: float) -> str:
+    """Total time, and how much of it the stream took (the rest is docker load applying layers)."""
+    if not seconds:
+        return ""
+    return f"{seconds:.1f}s (stream {stream_seconds:.1f}s)" if stream_seconds else f"{seconds:.1f}s"
+
+
+def _summary(results, output: str = "text") -> int:
+    from dockerlaunch.transfer.plan import PushState
+
+    failed = any(r.status == PushState.FAILED for r in results)
+    if output == "json":
+        click.echo(json.dumps({"ok": not failed, "hosts": [r.to_dict() for r in results]}, indent=2))
+        return 1 if failed else 0
+    rows = []
+    for r in results:
+        style = {PushState.FAILED: "bold red", PushState.SKIPPED: "dim"}.get(r.status, "green")
+        rows.append([r.host, f"[{style}]{r.status}[/]", f"{r.bytes_sent / 1e6:.0f} MB" if r.bytes_sent else "",
+                     _took(r.seconds, r.stream_seconds), r.detail])
+    print_table(["host", "result", "sent", "time", "detail"], rows)
+    return 1 if failed else 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.0f} MB"
+
+
+def _print_push_plan(plan, output: str) -> None:
+    if output == "json":
+        click.echo(plan.to_json())
+        return
+    from dockerlaunch.transfer.plan import Action
+
+    image = plan.image
+    click.echo(f"Push plan for {image.ref} ({image.id[7:19]}, {_mb(image.size)}): strategy {plan.strategy}")
+    rows = []
+    for t in plan.hosts:
+        send = t.action == Action.SEND
+        layers = f"{t.layers - t.layers_skipped} of {t.layers}" if send else ""
+        src = ("launcher" if t.strategy is not None and (str(t.strategy) == "star" or t.link == 0)
+               else "previous host") if send else ""
+        rows.append([t.host, str(t.action), str(t.strategy or ""), t.compression or "", layers,
+                     _mb(t.bytes_to_send) if send else "", src, t.reason])
+    print_table(["host", "action", "strategy", "compress", "layers", "to send", "from", "why"], rows)
+    click.echo(f"The launcher sends about {_mb(plan.launcher_bytes)} (before compression). "
+               "Dry run: hosts were inspected; nothing was sent or tagged.")
+
+
+@cli.command()
+@click.argument("ref", metavar="IMAGE")
+@config_options
+@click.option("--compress", type=click.Choice(["auto", "zstd", "none"]), default="auto", show_default=True,
+              help="auto: zstd where the host has it.")
+@click.option("--thin/--full", default=True, show_default=True,
+              help="Send only the layers a host lacks (docker load skips layers it has).")
+@click.option("--strategy", type=click.Choice(["auto", "star", "chain"]), default="auto", show_default=True,
+              help="star: the launcher streams to each host; chain: each host relays to the next over TCP "
+                   "(every link carries one copy); auto: chain for 3+ hosts.")
+@click.option("--dry-run", is_flag=True, help="Inspect the hosts and print the per-host plan; send and tag nothing.")
+@output_option()
+def push(ref: str, compress: str, thin: bool, strategy: str, dry_run: bool, output: str, **kw) -> None:
+    """Copy a local image to every host over SSH (no registry); skips hosts that already have it."""
+    from dockerlaunch.cluster.session import Cluster
+    from dockerlaunch.engine import engine
+    from dockerlaunch.transfer import push as pushlib
+    from dockerlaunch.transfer.plan import HostResult, PushState
+    from dockerlaunch.transfer.streams import local_image
+
+    kw["image"] = ref
+    cfg = load(kw)
+    client = engine()
+    image = local_image(client, ref)  # a clear error before any connection
+    with Cluster.connect(cfg, require_all=False) as cluster:
+        live = cluster.live
+        remotes = [h.remote for h in live]
+        addresses = [h.target.hostname for h in live]
+        plan, views, layers = pushlib.make_plan(client, remotes, image, addresses=addresses, strategy=strategy,
+                                                compress=compress, thin=thin)
+        if dry_run:
+            from dockerlaunch.transfer.plan import Action, HostTransfer
+
+            plan.hosts = [HostTransfer(h.address, Action.FAIL, reason=str(h.error)) for h in cluster.hosts
+                          if not h.connected] + plan.hosts
+            _print_push_plan(plan, output)
+            sys.exit(1 if any(t.action == Action.FAIL for t in plan.hosts) else 0)
+        results = pushlib.apply(client, remotes, plan, views, layers, compress, thin,
+                                RichReporter(quiet_progress=output == "json"))
+        results = [HostResult(h.address, PushState.FAILED, str(h.error)) for h in cluster.hosts
+                   if not h.connected] + results
+    sys.exit(_summary(results, output))
+
+
+@cli.command()
+@click.argument("images", nargs=-1, required=True)
+@click.option("-o", "--output", "out", required=True, metavar="FILE", help="Bundle file (zstd tar).")
+def save(images: tuple[str, ...], out: str) -> None:
+    """Write local images to one bundle file (zstd tar + manifest with Image IDs and sha256)."""
+    from dockerlaunch.engine import engine
+    from dockerlaunch.transfer import bundle as bundlelib
+
+    bundle = bundlelib.save_bundle(engine(), list(images), Path(out))
+    for e in bundle.images:
+        click.echo(f"{e.ref}  {e.id[7:19]}  {e.bytes / 1e6:.0f} MB  sha256 {e.sha256[:12]}")
+    click.echo(f"wrote {out} ({Path(out).stat().st_size / 1e6:.0f} MB)")
+
+
+@cli.command("load")
+@click.argument("bundle")
+@click.option("--config", "config_path", metavar="PATH", help="Cluster config, for --hosts' SSH settings.")
+@click.option("--hosts", callback=split_hosts, metavar="H1,H2", help="Load onto these hosts (default: locally).")
+def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> None:
+    """Load a bundle locally or onto hosts, checking sha256 and Image IDs before tagging."""
+    from dockerlaunch.cluster.config import Overrides, load_config
+    from dockerlaunch.cluster.session import Cluster
+    from dockerlaunch.transfer import bundle as bundlelib
+    from dockerlaunch.transfer.plan import HostResult, PushState
+
+    path = Path(bundle)
+    if not path.is_file():
+        raise DockerlaunchError(f"bundle {bundle} does not exist")
+    if not hosts and not config_path:
+        for e in bundlelib.load_bundle(path, bundlelib.local_loader(), bundlelib.local_runner):
+            click.echo(f"loaded {e.ref} ({e.id[7:19]})")
+        return
+    cfg = load_config(config_path, Overrides(hosts=hosts))
+    results = []
+    with Cluster.connect(cfg, require_all=False) as cluster:
+        for h in cluster.hosts:  # one at a time: each reads the whole bundle from local disk
+            if not h.connected:
+                results.append(HostResult(h.address, PushState.FAILED, str(h.error)))
+                continue
+            try:
+                entries = bundlelib.load_bundle(path, bundlelib.remote_loader(h.remote),
+                                                bundlelib.remote_runner(h.remote), where=f"host {h.address}")
+                results.append(HostResult(h.address, PushState.LOADED, ", ".join(e.ref for e in entries)))
+            except DockerlaunchError as e:
+                results.append(HostResult(h.address, PushState.FAILED, str(e)))
+    sys.exit(_summary(results))
+

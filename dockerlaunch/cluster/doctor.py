@@ -1,0 +1,545 @@
+"""Pre-flight checks: every failure users lose days to, caught before a container starts.
+
+Observe, then judge. `observe` gathers each host's raw facts (one round trip per host for what the
+host itself can say, then the few steps that need a container or two hosts: shm/memlock and GPUs in
+a container with the job's flags, shared storage, reachability); `judge` is pure and turns those facts
+into PASS/WARN/FAIL/SKIP rows, so every verdict is unit-tested on recorded facts. A step that raises
+or times out is recorded as such, and judged FAIL: doctor never passes what it could not check.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from dockerlaunch.cluster import facts as factslib
+from dockerlaunch.cluster import script
+from dockerlaunch.cluster.config import ClusterConfig
+from dockerlaunch.cluster.plan import ClusterPlan, HostPlan, make_plan
+from dockerlaunch.cluster.session import Cluster, Host
+from dockerlaunch.cluster.spec import ContainerSpec, Deferred
+from dockerlaunch.errors import HostError
+
+
+class Verdict(str, Enum):
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PASS, WARN, FAIL, SKIP = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP
+SHM_DEFAULT_KB = 65536
+MIN_FREE_GB = 20
+SKEW_WARN_S, SKEW_FAIL_S = 1.0, 10.0
+CHECK_ORDER = ["ssh", "docker", "image", "route", "master port", "reachability", "shm", "memlock", "gpus",
+               "infiniband", "mounts", "shared", "disk", "clock"]
+
+
+@dataclass
+class Check:
+    host: str
+    name: str
+    status: Verdict
+    reason: str
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    def add(self, host: str, name: str, status: Verdict, reason: str) -> None:
+        self.checks.append(Check(host, name, status, reason))
+
+    def get(self, host: str, name: str) -> Check | None:
+        return next((c for c in self.checks if c.host == host and c.name == name), None)
+
+    def counts(self) -> dict[Verdict, int]:
+        return {v: sum(1 for c in self.checks if c.status == v) for v in Verdict}
+
+    def summary(self) -> str:
+        n = self.counts()
+        return f"doctor: {n[PASS]} PASS, {n[FAIL]} FAIL, {n[WARN]} WARN, {n[SKIP]} SKIP"
+
+    def to_dict(self) -> dict:
+        return {"ok": not self.failed, "counts": {str(k): v for k, v in self.counts().items()},
+                "checks": [{"host": c.host, "check": c.name, "verdict": str(c.status), "reason": c.reason}
+                           for c in self.checks]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+# ---------------------------------------------------------------- pure parsing
+
+
+def local_ports(proc_net_tcp: str, state: str) -> set[int]:
+    """Local ports of the sockets in `state` (0A listen, 01 established) from /proc/net/tcp and tcp6 text."""
+    ports = set()
+    for line in proc_net_tcp.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[3] == state and ":" in parts[1]:
+            try:
+                ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+            except ValueError:
+                continue
+    return ports
+
+
+def listening_ports(proc_net_tcp: str) -> set[int]:
+    return local_ports(proc_net_tcp, "0A")
+
+
+def parse_df_kb(text: str) -> tuple[int, int] | None:
+    """`df -Pk PATH` -> (size KiB, available KiB)."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if len(lines) < 2:
+        return None
+    parts = lines[-1].split()
+    try:
+        return int(parts[1]), int(parts[3])
+    except (IndexError, ValueError):
+        return None
+
+
+def count_gpus(nvidia_smi_l: str) -> int:
+    return sum(1 for line in nvidia_smi_l.splitlines() if line.startswith("GPU "))
+
+
+# ---------------------------------------------------------------- facts
+
+
+@dataclass
+class ContainerFacts:
+    """What a short-lived container with the job's flags saw (or why it did not run)."""
+
+    error: str | None = None
+    shm_kb: int | None = None  # /dev/shm size; None: unreadable
+    memlock: str | None = None  # `ulimit -l`
+    gpus: int | None = None  # GPUs nvidia-smi -L listed
+
+
+@dataclass
+class HostObservation:
+    """Raw facts about one host. `None` means not observed (a step before it failed or did not apply);
+    `*_error` fields say why a step failed."""
+
+    rank: int
+    address: str
+    ssh: str = ""  # user@host:port, when connected
+    ssh_error: str | None = None
+    error: str | None = None  # the observation round trip itself failed
+    docker: str | None = None  # engine version
+    docker_error: str | None = None
+    image_id: str | None = None  # "" when the image is missing
+    probe: factslib.Probe | None = None
+    disk: tuple[int, int] | None = None  # (size, available) KiB under the docker root
+    mounts_missing: list[str] | None = None
+    listening: set[int] | None = None
+    clock_offset: float | None = None  # host clock minus ours, seconds
+    shm: ContainerFacts | None = None
+    gpus: ContainerFacts | None = None
+    shared: dict[str, bool | str] = field(default_factory=dict)  # mount source -> same storage as host 0 / error
+    reach: list[str] | str | None = None  # unreachable listeners on host 0, or why it was not tried
+
+    @property
+    def usable(self) -> bool:
+        """Connected, observed, and docker works: the checks that need docker can run."""
+        return not self.ssh_error and not self.error and self.docker is not None
+
+
+@dataclass
+class Observations:
+    master: str
+    hosts: list[HostObservation]
+    reach_ports: tuple[int, int] | None = None  # (master port, a random high port) when tried
+    reach_error: str | None = None  # the listener on host 0 did not start
+
+
+def parse_observation(obs: HostObservation, text: str) -> HostObservation:
+    """observe.sh + probe.sh output -> the fields of `obs` (pure; tested on recorded output)."""
+    kv: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep:
+            kv.setdefault(k, []).append(v)
+    one = lambda k: (kv.get(k) or [None])[0]  # noqa: E731
+    obs.docker, obs.docker_error = one("docker"), one("docker_error")
+    if obs.docker is not None:
+        obs.image_id = one("image") or ""
+        obs.disk = parse_df_kb("\n".join(kv.get("disk", [])))
+    obs.mounts_missing = kv.get("mount_missing", [])
+    obs.listening = listening_ports("\n".join(kv.get("tcp", [])))
+    obs.probe = factslib.parse_probe(text)
+    return obs
+
+
+# ---------------------------------------------------------------- observe (I/O)
+
+
+def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpus: bool = False,
+                ib: bool = False) -> ContainerSpec:
+    """A short-lived container with the job's runtime flags that matter for the check."""
+    c = hp.container
+    return ContainerSpec(
+        name=name, image=image, command=command, network="host", ipc=c.ipc, shm_size=c.shm_size,
+        gpus=c.gpus if gpus else None,
+        devices=[d for d in c.devices if gpus and d.startswith("nvidia.com/") or ib and d == "/dev/infiniband"],
+        ulimits={k: v for k, v in c.ulimits.items() if ib or k != "memlock"},
+        cap_add=[x for x in c.cap_add if ib or x != "IPC_LOCK"],
+        detach=False, remove=True, init=False, labels={"dockerlaunch.probe": "1"},
+    )
+
+
+def wants_gpus(hp: HostPlan) -> bool:
+    return hp.container.gpus is not None or any(d.startswith("nvidia.com/") for d in hp.container.devices)
+
+
+def uses_ib(mode: str, probe: factslib.Probe | None) -> bool:
+    return mode == "on" or (mode == "auto" and probe is not None and probe.ib_device)
+
+
+def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> HostObservation:
+    obs = HostObservation(h.rank, h.address, ssh=hp.ssh.describe())
+    first: list[float] = []
+    out = bytearray()
+
+    def on_out(data: bytes) -> None:
+        if not first:
+            first.append(time.time())
+        out.extend(data)
+
+    t0 = time.time()
+    argv = ["sh", "-c", script("observe.sh") + script("probe.sh"), "sh", master, config.image or "",
+            *[m.source for m in config.container.mounts]]
+    err = bytearray()
+    status = h.remote.stream(argv, on_out, err.extend, timeout=120)
+    text = out.decode(errors="replace")
+    if status != 0 and "clock=" not in text:
+        obs.error = (err.decode(errors="replace").strip().splitlines() or [f"exit status {status}"])[-1][:300]
+        return obs
+    parse_observation(obs, text)
+    clock = next((line[6:] for line in text.splitlines() if line.startswith("clock=")), "")
+    try:
+        obs.clock_offset = float(clock) - (t0 + (first[0] if first else time.time())) / 2
+    except ValueError:
+        obs.clock_offset = None
+    return obs
+
+
+def _in_container(h: Host, spec: ContainerSpec) -> tuple[bool, str]:
+    r = h.remote.run(spec.run_argv(), timeout=120)
+    return r.ok, r.stdout if r.ok else r.last_line()
+
+
+def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str) -> None:
+    ib = uses_ib(config.container.infiniband, obs.probe)
+    spec = _probe_spec(hp, image, ["sh", "-c", "df -Pk /dev/shm; echo memlock=$(ulimit -l)"],
+                       f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib)
+    ok, out = _in_container(h, spec)
+    if not ok:
+        obs.shm = ContainerFacts(error=out)
+    else:
+        df = parse_df_kb(out.split("memlock=")[0])
+        obs.shm = ContainerFacts(shm_kb=df[0] if df else None, memlock=out.split("memlock=")[-1].strip())
+    if wants_gpus(hp):
+        spec = _probe_spec(hp, image, ["nvidia-smi", "-L"], f"dlprobe-gpu-{secrets.token_hex(3)}", gpus=True)
+        ok, out = _in_container(h, spec)
+        obs.gpus = ContainerFacts(error=out) if not ok else ContainerFacts(gpus=count_gpus(out))
+
+
+def _observe_shared(cluster: Cluster, config: ClusterConfig, obs: list[HostObservation]) -> None:
+    """A token written under each `shared: true` mount on host 0 must be readable on every other host."""
+    h0 = cluster.hosts[0]
+    if not h0.connected:
+        return
+    readers = [h for h in cluster.live if h.rank != 0]
+    for m in (m for m in config.container.mounts if m.shared):
+        token = secrets.token_hex(8)
+        path = f"{m.source.rstrip('/')}/.dockerlaunch-shared-{token}"
+        w = h0.remote.run(["sh", "-c", 'printf %s "$1" > "$2"', "sh", token, path], timeout=30)
+        if not w.ok:
+            obs[0].shared[m.source] = f"cannot write to {m.source}: {w.last_line()}"
+            continue
+        try:
+            for o in cluster.each(lambda h, path=path: h.remote.run(["cat", path], timeout=30), readers):
+                obs[o.item.rank].shared[m.source] = (o.ok and o.value.ok and o.value.stdout == token) if o.ok \
+                    else str(o.error)
+        finally:
+            h0.remote.run(["rm", "-f", path], timeout=30)
+
+
+def _observe_reach(cluster: Cluster, plan: ClusterPlan, observations: Observations) -> None:
+    """Listeners in a --network host container on host 0 (master port + a random high port); nc from the others."""
+    obs = observations.hosts
+    others = [h for h in cluster.live if h.rank != 0 and obs[h.rank].usable]
+    if not others or not obs[0].usable or not obs[0].image_id:
+        return
+    if obs[0].listening is not None and plan.master_port in obs[0].listening:
+        return  # the master port check fails; a listener there would not start
+    high = 40000 + secrets.randbelow(20000)
+    ports = (plan.master_port, high)
+    observations.reach_ports = ports
+    name = f"dlprobe-listen-{secrets.token_hex(4)}"
+    listen = " & ".join(f"nc -lk {p} >/dev/null" for p in ports) + " & wait"
+    listener = ContainerSpec(name=name, image=plan.image, command=["sh", "-c", listen], network="host",
+                             init=True, remove=True, labels={"dockerlaunch.probe": "1"})
+    h0 = cluster.hosts[0]
+    started = h0.remote.run(listener.run_argv(), timeout=60)
+    if not started.ok:
+        observations.reach_error = started.last_line()
+        return
+    master = observations.master
+    deadline = time.monotonic() + 15  # poll until both listeners are bound, instead of guessing a sleep
+    while time.monotonic() < deadline:
+        tcp = h0.remote.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"], timeout=30).stdout
+        if set(ports) <= listening_ports(tcp):
+            break
+        time.sleep(0.1)
+
+    def probe(h: Host) -> list[str]:
+        if not obs[h.rank].image_id:
+            return "image missing here"  # type: ignore[return-value]
+        bad = []
+        for p in ports:
+            spec = ContainerSpec(name=f"dlprobe-nc-{secrets.token_hex(4)}", image=plan.image, network="host",
+                                 command=["nc", "-vz", "-w3", master, str(p)], detach=False, remove=True,
+                                 init=False, labels={"dockerlaunch.probe": "1"})
+            r = None
+            for _ in range(2):
+                r = h.remote.run(spec.run_argv(), timeout=60)
+                if r.ok:
+                    break
+                time.sleep(0.5)
+            if not r.ok:
+                bad.append(f"{master}:{p} {r.last_line()}")
+        return bad
+
+    try:
+        for o in cluster.each(probe, others):
+            obs[o.item.rank].reach = o.value if o.ok else f"could not check: {o.error}"
+    finally:
+        h0.remote.run(["docker", "rm", "-f", name], timeout=60)
+
+
+def observe(cluster: Cluster, plan: ClusterPlan) -> Observations:
+    config = cluster.config
+    master = plan.master_addr
+    if isinstance(master, Deferred):
+        master = cluster.peer_ip(0) or master
+    obs = [HostObservation(h.rank, h.address, ssh=plan.hosts[h.rank].ssh.describe(),
+                           ssh_error=h.error.reason if h.error else None) for h in cluster.hosts]
+    for o in cluster.each(lambda h: _observe_host(h, plan.hosts[h.rank], config, master)):
+        if o.ok:
+            obs[o.item.rank] = o.value
+        else:
+            obs[o.item.rank].error = o.error.reason if isinstance(o.error, HostError) else str(o.error)
+
+    def containers(h: Host) -> None:
+        ob = obs[h.rank]
+        if ob.usable and ob.image_id:
+            _observe_containers(h, plan.hosts[h.rank], ob, config, plan.image)
+
+    for o in cluster.each(containers, [h for h in cluster.live]):
+        if not o.ok:
+            ob = obs[o.item.rank]
+            why = o.error.reason if isinstance(o.error, HostError) else str(o.error)
+            ob.shm = ob.shm or ContainerFacts(error=why)
+            if wants_gpus(plan.hosts[o.item.rank]):
+                ob.gpus = ob.gpus or ContainerFacts(error=why)
+    observations = Observations(str(master), obs)
+    try:
+        _observe_shared(cluster, config, obs)
+    except HostError as e:
+        obs[0].shared = {m.source: f"could not check: {e.reason}" for m in config.container.mounts if m.shared}
+    try:
+        _observe_reach(cluster, plan, observations)
+    except HostError as e:
+        observations.reach_error = e.reason
+    return observations
+
+
+# ---------------------------------------------------------------- judge (pure)
+
+
+def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, o: HostObservation, master: str) -> None:
+    a = hp.address
+    if o.ssh_error:
+        report.add(a, "ssh", FAIL, o.ssh_error)
+        return
+    report.add(a, "ssh", PASS, o.ssh)
+    if o.error:
+        report.add(a, "docker", FAIL, f"could not check the host: {o.error}")
+        return
+    if o.docker is None:
+        why = o.docker_error or "no answer"
+        hint = " (add the user to the docker group)" if "permission denied" in why.lower() else ""
+        report.add(a, "docker", FAIL, f"docker not usable by {hp.ssh.user}: {why}{hint}")
+    else:
+        report.add(a, "docker", PASS, f"engine {o.docker}")
+    p = o.probe
+    if p is not None:
+        if p.problem:
+            if "NCCL_SOCKET_IFNAME" in config.container.env:
+                report.add(a, "route", WARN, f"toward {master}: {p.problem}; using your NCCL_SOCKET_IFNAME")
+            else:
+                report.add(a, "route", FAIL, f"toward {master}: {p.problem}")
+        else:
+            report.add(a, "route", PASS, f"{master} via {p.interface} (NCCL/GLOO_SOCKET_IFNAME)")
+        _judge_ib(report, a, p, config.container.infiniband)
+    if o.docker is None:
+        return
+    if o.disk is None:
+        report.add(a, "disk", WARN, "could not read free space under the docker root")
+    else:
+        free_gb = o.disk[1] / 1024 / 1024
+        report.add(a, "disk", PASS if free_gb >= MIN_FREE_GB else WARN, f"{free_gb:.0f} GB free under the docker root")
+    if config.container.mounts and o.mounts_missing is not None:
+        if o.mounts_missing:
+            report.add(a, "mounts", FAIL, f"missing on the host: {', '.join(o.mounts_missing)}")
+        else:
+            report.add(a, "mounts", PASS, f"{len(config.container.mounts)} host path(s) exist")
+    if not o.image_id:
+        return
+    _judge_shm(report, a, o.shm, uses_ib(config.container.infiniband, p))
+    if not wants_gpus(hp):
+        report.add(a, "gpus", SKIP, "the job asks for no GPUs")
+    elif o.gpus is not None:
+        if o.gpus.error is not None:
+            report.add(a, "gpus", FAIL, f"GPU container failed: {o.gpus.error} (nvidia-container-toolkit / CDI?)")
+        elif isinstance(hp.nproc_per_node, int) and (o.gpus.gpus or 0) < hp.nproc_per_node:
+            report.add(a, "gpus", FAIL, f"{o.gpus.gpus} GPU(s) visible in the container, "
+                       f"nproc_per_node is {hp.nproc_per_node}")
+        else:
+            report.add(a, "gpus", PASS, f"{o.gpus.gpus} GPU(s) visible in the container")
+
+
+def _judge_ib(report: Report, a: str, p: factslib.Probe, mode: str) -> None:
+    if not p.ib_device:
+        if mode == "on":
+            report.add(a, "infiniband", FAIL, "infiniband: on but the host has no /dev/infiniband")
+        else:
+            report.add(a, "infiniband", SKIP, "no /dev/infiniband on the host")
+    elif mode == "off":
+        report.add(a, "infiniband", WARN, "the host has InfiniBand but infiniband: off: NCCL will use TCP")
+    elif not p.ib_active:
+        report.add(a, "infiniband", FAIL, f"no ACTIVE IB port ({', '.join(p.ib_seen) or 'none listed'})")
+    else:
+        report.add(a, "infiniband", PASS, f"NCCL_IB_HCA={','.join(p.ib_active)}")
+
+
+def _judge_shm(report: Report, a: str, shm: ContainerFacts | None, ib: bool) -> None:
+    if shm is None:
+        report.add(a, "shm", FAIL, "could not check: no container was run")
+        return
+    if shm.error is not None:
+        report.add(a, "shm", FAIL, f"a container with the job's flags did not start: {shm.error}")
+        return
+    if shm.shm_kb is None:
+        report.add(a, "shm", WARN, "could not read /dev/shm size")
+    elif shm.shm_kb <= SHM_DEFAULT_KB:
+        report.add(a, "shm", FAIL, f"/dev/shm is {shm.shm_kb // 1024} MB in the container: use ipc: host or shm_size")
+    else:
+        report.add(a, "shm", PASS, f"/dev/shm {shm.shm_kb // 1024 // 1024} GB")
+    if ib:
+        report.add(a, "memlock", PASS if shm.memlock == "unlimited" else FAIL, f"ulimit -l in the container: {shm.memlock}")
+
+
+def _judge_image(report: Report, plan: ClusterPlan, obs: list[HostObservation]) -> None:
+    checked = [o for o in obs if o.usable and o.image_id is not None]
+    reference = next((o.image_id for o in checked if o.image_id), None)
+    all_hosts = ",".join(h.address for h in plan.hosts)
+    for o in checked:
+        if not o.image_id:
+            report.add(o.address, "image", FAIL,
+                       f"{plan.image} is missing; copy it: dockerlaunch push {plan.image} --hosts {all_hosts}")
+        elif o.image_id != reference:
+            report.add(o.address, "image", FAIL, f"{plan.image} is {o.image_id[7:19]} here but {reference[7:19]} on "
+                       f"another host; dockerlaunch push {plan.image} --hosts {all_hosts}")
+        else:
+            report.add(o.address, "image", PASS, o.image_id[7:19])
+
+
+def _judge_cluster(report: Report, config: ClusterConfig, plan: ClusterPlan, ob: Observations) -> None:
+    obs = ob.hosts
+    h0 = obs[0]
+    for o in obs:
+        for source, same in o.shared.items():
+            if isinstance(same, str):
+                report.add(o.address, "shared", FAIL, same)
+            else:
+                report.add(o.address, "shared", PASS if same else FAIL, f"{source} is shared with host 0" if same
+                           else f"{source} is not the same storage as on host 0 (marked shared: true)")
+    port_free = None
+    if h0.usable and h0.listening is not None:
+        port_free = plan.master_port not in h0.listening
+        if port_free:
+            report.add(h0.address, "master port", PASS, f"{plan.master_port} is free")
+        else:
+            report.add(h0.address, "master port", FAIL,
+                       f"port {plan.master_port} is already in use on host 0: pick another with --master-port")
+    others = [o for o in obs[1:] if o.usable]
+    if port_free:
+        for o in others:
+            if not h0.image_id:
+                report.add(o.address, "reachability", SKIP, "host 0 is not usable")
+            elif ob.reach_error is not None:
+                report.add(o.address, "reachability", FAIL, f"cannot start a listener on host 0: {ob.reach_error}")
+            elif o.reach == "image missing here" or not o.image_id:
+                report.add(o.address, "reachability", SKIP, "image missing here")
+            elif isinstance(o.reach, str):
+                report.add(o.address, "reachability", FAIL, o.reach)
+            elif o.reach is None:
+                report.add(o.address, "reachability", FAIL, "could not check: no probe ran")
+            elif o.reach:
+                report.add(o.address, "reachability", FAIL, "cannot reach " + "; ".join(o.reach) + " (firewall?)")
+            else:
+                p0, p1 = ob.reach_ports or (plan.master_port, 0)
+                report.add(o.address, "reachability", PASS, f"reaches {ob.master}:{p0} and :{p1}")
+    elif not h0.usable:
+        for o in others:
+            report.add(o.address, "reachability", SKIP, "host 0 is not usable")
+    timed = [o for o in obs if o.clock_offset is not None]
+    if len(timed) >= 2:
+        ref = next((o.clock_offset for o in timed if o.rank == 0), timed[0].clock_offset)
+        for o in timed:
+            skew = abs(o.clock_offset - ref)
+            report.add(o.address, "clock", PASS if skew < SKEW_WARN_S else WARN if skew < SKEW_FAIL_S else FAIL,
+                       f"{skew:.2f}s from host 0")
+
+
+def judge(config: ClusterConfig, plan: ClusterPlan, ob: Observations) -> Report:
+    """Facts -> verdicts (pure), sorted by host rank and CHECK_ORDER."""
+    report = Report()
+    for hp, o in zip(plan.hosts, ob.hosts):
+        _judge_host(report, config, hp, o, ob.master)
+    _judge_image(report, plan, ob.hosts)
+    _judge_cluster(report, config, plan, ob)
+    order = {hp.address: hp.rank for hp in plan.hosts}
+    report.checks.sort(key=lambda c: (order.get(c.host, 99), CHECK_ORDER.index(c.name)))
+    return report
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def check(cluster: Cluster, plan: ClusterPlan | None = None) -> Report:
+    """Observe and judge a connected (maybe partly connected) cluster."""
+    plan = plan or make_plan(cluster.config, targets=cluster.targets)
+    return judge(cluster.config, plan, observe(cluster, plan))
+
+
+def doctor(config: ClusterConfig) -> Report:
+    with Cluster.connect(config, require_all=False) as cluster:
+        return check(cluster)
+

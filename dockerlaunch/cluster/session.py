@@ -1,0 +1,170 @@
+"""One cluster session: resolve every host once, connect concurrently, run per-host steps, close.
+
+`with Cluster.connect(config) as c:` owns the SSH config, the targets and the connections; `c.each(fn)`
+runs `fn(host)` on every host at once and returns an `Outcomes` (per host: a value or the error).
+Only `Exception`s become outcomes: KeyboardInterrupt and SystemExit always reach the caller, so a
+Ctrl-C during any concurrent step stops the command instead of becoming one host's "result".
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from dockerlaunch.cluster.config import ClusterConfig
+from dockerlaunch.cluster.dockerhost import DockerHost
+from dockerlaunch.cluster.ssh import Remote
+from dockerlaunch.cluster.targets import SSHTarget, resolve_all
+from dockerlaunch.errors import DockerlaunchError, SSHError
+
+T = TypeVar("T")
+MAX_WORKERS = 32
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """What one step did on one item (a host, usually): `value`, or the `error` it raised."""
+
+    item: Any
+    value: T | None = None
+    error: Exception | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class Outcomes(Generic[T]):
+    """Per-item outcomes, in the order of the items."""
+
+    all: list[Outcome[T]] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Outcome[T]]:
+        return iter(self.all)
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def __getitem__(self, i: int) -> Outcome[T]:
+        return self.all[i]
+
+    @property
+    def ok(self) -> list[Outcome[T]]:
+        return [o for o in self.all if o.ok]
+
+    @property
+    def failed(self) -> list[Outcome[T]]:
+        return [o for o in self.all if not o.ok]
+
+    def raise_first(self) -> list[T]:
+        """Every value, in order; or the first error (all of them in one line when several failed)."""
+        failed = self.failed
+        if len(failed) == 1:
+            raise failed[0].error  # type: ignore[misc]
+        if failed:
+            raise DockerlaunchError("; ".join(str(o.error) for o in failed))
+        return [o.value for o in self.all]  # type: ignore[misc]
+
+
+def each(fn: Callable[[Any], T], items: Sequence[Any], max_workers: int = MAX_WORKERS) -> Outcomes[T]:
+    """`fn` over `items` concurrently; an Exception lands in its item's outcome, anything else is raised."""
+    if not items:
+        return Outcomes()
+    pool = cf.ThreadPoolExecutor(max_workers=min(max_workers, len(items)), thread_name_prefix="dl-host")
+    try:
+        futures = [pool.submit(fn, item) for item in items]
+        out: Outcomes[T] = Outcomes()
+        for item, f in zip(items, futures):
+            try:
+                out.all.append(Outcome(item, value=f.result()))
+            except Exception as e:  # noqa: BLE001 - a per-item outcome; BaseException propagates
+                out.all.append(Outcome(item, error=e))
+        pool.shutdown(wait=True)
+        return out
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # a Ctrl-C must not wait for every host's step
+        raise
+
+
+@dataclass
+class Host:
+    """One host of a session: its rank, what the user called it, where we connect, and the connection."""
+
+    rank: int
+    address: str
+    target: SSHTarget
+    remote: Remote | None = None
+    error: SSHError | None = None  # why it could not be connected
+
+    @property
+    def connected(self) -> bool:
+        return self.remote is not None
+
+    @property
+    def docker(self) -> DockerHost:
+        if self.remote is None:
+            raise self.error or SSHError(self.address, "not connected")
+        return DockerHost(self.remote)
+
+    @property
+    def name(self) -> str:
+        return self.address
+
+
+class Cluster:
+    """The hosts of one config, connected; close with `close()` or a `with` block."""
+
+    def __init__(self, config: ClusterConfig, hosts: list[Host]):
+        self.config = config
+        self.hosts = hosts
+
+    @classmethod
+    def connect(cls, config: ClusterConfig, *, require_all: bool = True) -> Cluster:
+        """Connect to every host concurrently. With `require_all`, one failure closes the rest and raises
+        (naming every host that failed); without, failed hosts keep their error (`host.error`) for a report."""
+        targets = resolve_all(config)
+        hosts = [Host(i, h.address, t) for i, (h, t) in enumerate(zip(config.hosts, targets))]
+        results = each(lambda h: Remote(h.target), hosts)
+        for h, o in zip(hosts, results):
+            if o.ok:
+                h.remote = o.value
+            else:
+                h.error = o.error if isinstance(o.error, SSHError) else SSHError(h.address, str(o.error))
+        cluster = cls(config, hosts)
+        if require_all and any(not h.connected for h in hosts):
+            cluster.close()
+            failed = [h.error for h in hosts if h.error]
+            if len(failed) == 1:
+                raise failed[0]
+            raise DockerlaunchError("; ".join(str(e) for e in failed))
+        return cluster
+
+    @property
+    def targets(self) -> list[SSHTarget]:
+        return [h.target for h in self.hosts]
+
+    @property
+    def live(self) -> list[Host]:
+        return [h for h in self.hosts if h.connected]
+
+    def each(self, fn: Callable[[Host], T], hosts: Sequence[Host] | None = None) -> Outcomes[T]:
+        """`fn(host)` on every connected host (or on `hosts`) concurrently."""
+        return each(fn, self.live if hosts is None else list(hosts))
+
+    def peer_ip(self, rank: int = 0) -> str | None:
+        h = self.hosts[rank]
+        return h.remote.peer_ip if h.remote else None
+
+    def close(self) -> None:
+        for h in self.hosts:
+            if h.remote is not None:
+                h.remote.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

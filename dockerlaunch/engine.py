@@ -1,0 +1,34 @@
+"""The local Docker engine (the launcher's own) and dockerlaunch's cache folder.
+
+Used by push/save/load (the images leave from here), builds and the simulator; kept apart from all
+of them so that product code never imports the simulator.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dockerlaunch.errors import EngineError
+
+
+def cache_root() -> Path:
+    """Where dockerlaunch caches things it can rebuild (wheelhouses, save tars, layer maps)."""
+    return Path(os.environ.get("DOCKERLAUNCH_CACHE_DIR", "~/.cache/dockerlaunch")).expanduser()
+
+
+def engine():
+    """The local Docker engine, or a one-line error that says how to get one."""
+    import docker  # local import: the plan/config path must not need the docker SDK
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except Exception as e:  # docker raises DockerException / requests errors / FileNotFoundError
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        reason = str(e).splitlines()[0][:160]
+        raise EngineError(
+            f"no usable Docker engine at {host} ({reason}); on Debian run `sudo scripts/install-docker` "
+            "(installs docker.io and starts dockerd)"
+        ) from None
+    return client

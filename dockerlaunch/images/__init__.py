@@ -1,0 +1,1 @@
+"""Pinned training images: the stack matrix, compatibility rules, build, fetch and verify."""

@@ -1,0 +1,186 @@
+"""`push`: images to hosts over SSH without a registry -- observe each host, plan, then apply the plan.
+
+Safety rule: an image travels by ID (a `docker save <id>` tar carries no tag), the target loads it,
+its Image ID is checked, and only then is the tag set. A broken stream therefore leaves the tag
+absent or pointing where it pointed before -- never at a partial or different image.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+from dockerlaunch.cluster.session import each
+from dockerlaunch.cluster.ssh import Remote
+from dockerlaunch.errors import DockerlaunchError, HostError
+from dockerlaunch.reporting import Reporter
+from dockerlaunch.transfer import script
+from dockerlaunch.transfer.chain import push_chain
+from dockerlaunch.transfer.plan import (
+    Action,
+    HostResult,
+    HostTransfer,
+    HostView,
+    PushPlan,
+    PushState,
+    Strategy,
+    needs_layer_map,
+    plan_push,
+    star_fallback,
+)
+from dockerlaunch.transfer.streams import (
+    CountingReader,
+    LocalImage,
+    chain_ids,
+    layer_map,
+    local_image,
+    outgoing,
+    stream_seconds,
+)
+
+
+# ---------------------------------------------------------------- observe
+
+
+def parse_host_view(host: str, address: str, text: str) -> HostView:
+    """inspect.sh's output -> HostView (pure)."""
+    kv: dict[str, str] = {}
+    have: set[str] | None = None
+    for line in text.splitlines():
+        k, _, v = line.partition("=")
+        if k == "layers":
+            have = have or set()
+            have.update(chain_ids(json.loads(v)))
+        elif k:
+            kv[k] = v.strip()
+    return HostView(host=host, address=address, tag_id=kv.get("tag", ""), has_id=kv.get("has", "") != "",
+                    zstd=kv.get("zstd") == "1", relay=kv.get("relay") == "1",
+                    chain_ids=frozenset(have) if have is not None else None)
+
+
+def observe(remote: Remote, image: LocalImage, address: str, thin: bool = True) -> HostView:
+    """One round trip: where the host's tag points, whether it has the ID, zstd, relay tools, its layers."""
+    try:
+        r = remote.check(["sh", "-c", script("inspect.sh"), "sh", image.ref, image.id, "1" if thin else "0"],
+                         "inspecting images", timeout=120)
+    except HostError as e:
+        return HostView(remote.name, address, error=e.reason)
+    view = parse_host_view(remote.name, address, r.stdout)
+    if thin and view.chain_ids is None:
+        view = HostView(**{**view.__dict__, "chain_ids": frozenset()})
+    return view
+
+
+def make_plan(client, remotes: list[Remote], image: LocalImage, *, addresses: list[str] | None = None,
+              strategy: str = "auto", compress: str = "auto", thin: bool = True
+              ) -> tuple[PushPlan, list[HostView], list[tuple[str, int]] | None]:
+    """Observe every host concurrently and plan. Sends nothing, tags nothing (`push --dry-run`)."""
+    addresses = addresses or [r.target.hostname for r in remotes]
+    outcomes = each(lambda i: observe(remotes[i], image, addresses[i], thin), list(range(len(remotes))))
+    views = [o.value if o.ok else HostView(remotes[o.item].name, addresses[o.item], error=str(o.error))
+             for o in outcomes]
+    layers = layer_map(client, image) if thin and needs_layer_map(image, views) else None
+    return plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers), views, layers
+
+
+# ---------------------------------------------------------------- apply
+
+
+def _tag(remote: Remote, image: LocalImage) -> tuple[PushState, str]:
+    r = remote.run(["docker", "tag", image.id, image.ref], timeout=60)
+    if not r.ok:
+        return PushState.FAILED, f"tagging: {r.last_line()}"
+    return PushState.TAGGED, f"had {image.id[7:19]} untagged; tagged {image.ref}"
+
+
+def _thin_note(t: HostTransfer) -> str:
+    return f", thin: {t.layers_skipped} of {t.layers} layers already there" if t.layers_skipped else ""
+
+
+def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
+              on_bytes: Callable[[int], None] | None = None, stop: threading.Event | None = None) -> HostResult:
+    """One star stream: save (thinned, compressed) -> SSH stdin -> load.sh (load, verify ID, tag)."""
+    t0 = time.monotonic()
+    reader = CountingReader(outgoing(client, image, set(t.skip_files), t.compression or "none"), on_bytes)
+    out, err = bytearray(), bytearray()
+    status = remote.stream(["sh", "-c", script("load.sh"), "sh", image.id, image.ref, t.compression or "none"],
+                           out.extend, err.extend, stdin=reader, stop=stop)
+    took, streamed = time.monotonic() - t0, stream_seconds(reader, t0)
+    if status != 0:
+        reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
+        return HostResult(remote.name, PushState.FAILED, reason[0][:300], reader.count, took, streamed)
+    return HostResult(remote.name, PushState.PUSHED,
+                      f"{t.compression}{_thin_note(t)}, image {image.size / 1e6:.0f} MB, Image ID {image.id[7:19]} verified",
+                      reader.count, took, streamed)
+
+
+def push_to_host(client, remote: Remote, image: LocalImage, compress: str = "auto", thin: bool = True,
+                 on_bytes: Callable[[int], None] | None = None) -> HostResult:
+    """Observe, plan and push one host (star)."""
+    plan, _, _ = make_plan(client, [remote], image, strategy="star", compress=compress, thin=thin)
+    return apply(client, [remote], plan, [], None, compress, thin)[0]
+
+
+def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
+          layers: list[tuple[str, int]] | None, compress: str, thin: bool,
+          reporter: Reporter | None = None) -> list[HostResult]:
+    """Carry out a plan: tags, the chain (hosts it does not reach get a star push), star streams."""
+    reporter = reporter or Reporter()
+    image = plan.image
+    by_name = {r.name: r for r in remotes}
+    results: dict[str, HostResult] = {}
+    for t in plan.hosts:
+        if t.action == Action.SKIP:
+            results[t.host] = HostResult(t.host, PushState.SKIPPED, t.reason)
+        elif t.action == Action.FAIL:
+            results[t.host] = HostResult(t.host, PushState.FAILED, t.reason)
+    tags = [t for t in plan.hosts if t.action == Action.TAG]
+    for t, o in zip(tags, each(lambda t: _tag(by_name[t.host], image), tags)):
+        state, detail = o.value if o.ok else (PushState.FAILED, str(o.error))
+        results[t.host] = HostResult(t.host, state, detail)
+
+    with reporter.progress() as bars:
+        star = plan.sending(Strategy.STAR)
+        chain_failed: dict[str, str] = {}
+        links = plan.sending(Strategy.CHAIN)
+        if links:
+            bar = bars.add(f"chain of {len(links):<9}", image.size or None)
+            try:
+                chained = push_chain(client, [by_name[t.host] for t in links], image, links, on_bytes=bar.advance)
+            except DockerlaunchError as e:
+                chained = [HostResult(t.host, PushState.FAILED, str(e)) for t in links]
+            bar.done()
+            for r in chained:
+                if r.status == PushState.FAILED:
+                    chain_failed[r.host] = r.detail
+                else:
+                    results[r.host] = r
+            if chain_failed:  # a broken link must not leave the hosts behind it without the image
+                star = star_fallback(plan, views, list(chain_failed), compress, thin, layers).sending()
+
+        def one(t: HostTransfer) -> HostResult:
+            bar = bars.add(f"{t.host:<18}", t.bytes_to_send or None)
+            try:
+                res = send_star(client, by_name[t.host], image, t, on_bytes=bar.advance)
+            except DockerlaunchError as e:
+                res = HostResult(t.host, PushState.FAILED, str(e))
+            bar.done(str(res.status))
+            if t.host in chain_failed:
+                res.detail = f"star after the chain failed ({chain_failed[t.host][:160]}); {res.detail}"
+            return res
+
+        for t, o in zip(star, each(one, star)):
+            results[t.host] = o.value if o.ok else HostResult(t.host, PushState.FAILED, str(o.error))
+    return [results[t.host] for t in plan.hosts]
+
+
+def push(client, remotes: list[Remote], ref: str, compress: str = "auto", reporter: Reporter | None = None,
+         thin: bool = True, strategy: str = "auto", addresses: list[str] | None = None) -> list[HostResult]:
+    """Observe, plan and apply: star (the launcher streams to every host) or chain (one copy leaves the
+    launcher, each host relays it to the next); hosts a broken chain did not reach get a star push."""
+    image = local_image(client, ref)
+    plan, views, layers = make_plan(client, remotes, image, addresses=addresses, strategy=strategy,
+                                    compress=compress, thin=thin)
+    return apply(client, remotes, plan, views, layers, compress, thin, reporter)
