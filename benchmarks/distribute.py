@@ -101,7 +101,8 @@ def each(fn, remotes: list[Remote]) -> list:
 
 def drop_image(remotes: list[Remote], refs: list[str]) -> None:
     """Remove refs (tags or IDs) from every node, so the next push has to send the image."""
-    script = 'docker rmi -f "$@" >/dev/null 2>&1; for ref; do ! docker image inspect "$ref" >/dev/null 2>&1 || exit 1; done'
+    script = ('docker rmi -f "$@" >/dev/null 2>&1; '
+              'for ref; do ! docker image inspect "$ref" >/dev/null 2>&1 || exit 1; done')
     each(lambda r: r.check(["sh", "-c", script, "sh", *refs], "removing the image", timeout=120), remotes)
 
 

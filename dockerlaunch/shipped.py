@@ -3,11 +3,11 @@ an editable install or a wheel."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 
 
-@lru_cache(maxsize=None)
+@cache
 def script(package: str, name: str) -> str:
     """`<package>/scripts/<name>`: a shell program kept as a file so shellcheck sees it."""
     return resources.files(package).joinpath("scripts", name).read_text()

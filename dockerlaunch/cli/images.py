@@ -90,7 +90,8 @@ def build(stack_name: str, dry_run: bool, **kw) -> None:
 
 @cli.command()
 @click.option("--stack", "stack_name", required=True)
-@click.option("-o", "--output", "out_dir", required=True, metavar="DIR", help="Wheelhouse folder (one subfolder per layer).")
+@click.option("-o", "--output", "out_dir", required=True, metavar="DIR",
+              help="Wheelhouse folder (one subfolder per layer).")
 def fetch(stack_name: str, out_dir: str) -> None:
     """Download every wheel and source archive a stack needs, for `build --wheelhouse DIR --offline`."""
     from pathlib import Path

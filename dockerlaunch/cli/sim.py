@@ -20,7 +20,8 @@ def sim() -> None:
 @click.option("--config-out", metavar="FILE", help="Write the cluster config here (default: in the state dir).")
 @click.option("--base-image", metavar="REF", help="Debian bookworm image to build nodes from.")
 @click.option("--egress-rate", metavar="RATE", help="Shape each node's egress, tc units (e.g. 200mbit).")
-@click.option("--seed-image", "seed_images", multiple=True, metavar="IMAGE", help="Preload a local image into every node.")
+@click.option("--seed-image", "seed_images", multiple=True, metavar="IMAGE",
+              help="Preload a local image into every node.")
 def sim_up(**kw) -> None:
     """Start N nodes; write a cluster config that `--config FILE` uses directly."""
     from dockerlaunch.sim import cluster as simlib

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -106,7 +106,7 @@ class HostConfig(_Model):
 
 
 # `all` | `none` | a count | a list of device indexes or UUIDs
-GpuRequest = Union[Literal["all", "none"], Annotated[int, Field(ge=1, le=1024)], list[str]]
+GpuRequest = Literal["all", "none"] | Annotated[int, Field(ge=1, le=1024)] | list[str]
 HostConfig.model_rebuild()
 
 
@@ -163,14 +163,17 @@ class ContainerSettings(_Model):
     mounts: list[Mount] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="Plain variables. Put secrets in env_files.")
     env_files: list[str] = Field(
-        default_factory=list, description="Local files of KEY=VALUE lines (secrets): never shown or put on a command line."
+        default_factory=list,
+        description="Local files of KEY=VALUE lines (secrets): never shown or put on a command line.",
     )
     ipc: Literal["host", "private", "shareable"] | None = Field(
         None, description="Default host; private when shm_size is set."
     )
     shm_size: str | None = Field(None, description="e.g. 64g; needs ipc other than host.")
     gpus: GpuRequest = "all"
-    gpu_mode: Literal["gpus", "cdi"] = Field("gpus", description="gpus: docker --gpus; cdi: --device nvidia.com/gpu=...")
+    gpu_mode: Literal["gpus", "cdi"] = Field(
+        "gpus", description="gpus: docker --gpus; cdi: --device nvidia.com/gpu=..."
+    )
     infiniband: Literal["auto", "on", "off"] = Field(
         "auto", description="on: /dev/infiniband, IPC_LOCK, memlock unlimited; auto: the same where the host has IB."
     )
@@ -194,7 +197,10 @@ class ContainerSettings(_Model):
     @classmethod
     def _env_values(cls, v: Any) -> Any:
         if isinstance(v, dict):
-            return {k: ("" if val is None else str(val) if not isinstance(val, bool) else str(val).lower()) for k, val in v.items()}
+            return {
+                k: ("" if val is None else str(val) if not isinstance(val, bool) else str(val).lower())
+                for k, val in v.items()
+            }
         return v
 
     @field_validator("shm_size")

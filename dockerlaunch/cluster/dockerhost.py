@@ -74,13 +74,15 @@ class DockerHost:
         script = f"ids=$(docker ps -aq --filter label={label}) && if [ -n \"$ids\" ]; then docker inspect $ids; fi"
         r = self.remote.run(script, timeout=60)
         if not r.ok:
-            raise DockerError(self.name, r.last_line(), step=f"listing containers of job {job}", exit_status=r.exit_status)
+            raise DockerError(self.name, r.last_line(), step=f"listing containers of job {job}",
+                              exit_status=r.exit_status)
         return parse_inspect(r.stdout)
 
     def run_container(self, spec: ContainerSpec) -> str:
         r = self.remote.run(spec.run_argv(), timeout=300)
         if not r.ok:
-            raise DockerError(self.name, r.last_line(), step=f"starting container {spec.name}", exit_status=r.exit_status)
+            raise DockerError(self.name, r.last_line(), step=f"starting container {spec.name}",
+                              exit_status=r.exit_status)
         return r.stdout.strip()
 
     def remove(self, names: list[str], grace: int = 3) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from dockerlaunch.cluster import facts as factslib
@@ -48,6 +48,7 @@ class Check:
     name: str
     status: Verdict
     reason: str
+    rank: int = -1  # which host (two hosts may share an address behind one gateway, by port)
 
 
 @dataclass
@@ -58,8 +59,8 @@ class Report:
     def failed(self) -> list[Check]:
         return [c for c in self.checks if c.status == FAIL]
 
-    def add(self, host: str, name: str, status: Verdict, reason: str) -> None:
-        self.checks.append(Check(host, name, status, reason))
+    def add(self, host: str, name: str, status: Verdict, reason: str, rank: int = -1) -> None:
+        self.checks.append(Check(host, name, status, reason, rank))
 
     def get(self, host: str, name: str) -> Check | None:
         return next((c for c in self.checks if c.host == host and c.name == name), None)
@@ -191,12 +192,16 @@ def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpus
                 ib: bool = False) -> ContainerSpec:
     """A short-lived container with the job's runtime flags that matter for the check."""
     c = hp.container
+    devices = [d for d in c.devices if gpus and d.startswith("nvidia.com/") or ib and d == "/dev/infiniband"]
+    ulimits = {k: v for k, v in c.ulimits.items() if ib or k != "memlock"}
+    caps = [x for x in c.cap_add if ib or x != "IPC_LOCK"]
+    if ib:  # what the job gets where IB is used, even when the dry plan left it to the host (infiniband: auto)
+        devices += [] if "/dev/infiniband" in devices else ["/dev/infiniband"]
+        ulimits = {"memlock": "-1:-1", **ulimits}  # the user's own memlock wins, as in the plan
+        caps += [] if "IPC_LOCK" in caps else ["IPC_LOCK"]
     return ContainerSpec(
         name=name, image=image, command=command, network="host", ipc=c.ipc, shm_size=c.shm_size,
-        gpus=c.gpus if gpus else None,
-        devices=[d for d in c.devices if gpus and d.startswith("nvidia.com/") or ib and d == "/dev/infiniband"],
-        ulimits={k: v for k, v in c.ulimits.items() if ib or k != "memlock"},
-        cap_add=[x for x in c.cap_add if ib or x != "IPC_LOCK"],
+        gpus=c.gpus if gpus else None, devices=devices, ulimits=ulimits, cap_add=caps,
         detach=False, remove=True, init=False, labels={"dockerlaunch.probe": "1"},
     )
 
@@ -373,7 +378,7 @@ def observe(cluster: Cluster, plan: ClusterPlan) -> Observations:
 
 
 def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, o: HostObservation, master: str) -> None:
-    a = hp.address
+    a = o.address
     if o.ssh_error:
         report.add(a, "ssh", FAIL, o.ssh_error)
         return
@@ -450,9 +455,11 @@ def _judge_shm(report: Report, a: str, shm: ContainerFacts | None, ib: bool) -> 
     elif shm.shm_kb <= SHM_DEFAULT_KB:
         report.add(a, "shm", FAIL, f"/dev/shm is {shm.shm_kb // 1024} MB in the container: use ipc: host or shm_size")
     else:
-        report.add(a, "shm", PASS, f"/dev/shm {shm.shm_kb // 1024 // 1024} GB")
+        mb = shm.shm_kb // 1024
+        report.add(a, "shm", PASS, f"/dev/shm {mb // 1024} GB" if mb >= 1024 else f"/dev/shm {mb} MB")
     if ib:
-        report.add(a, "memlock", PASS if shm.memlock == "unlimited" else FAIL, f"ulimit -l in the container: {shm.memlock}")
+        report.add(a, "memlock", PASS if shm.memlock == "unlimited" else FAIL,
+                   f"ulimit -l in the container: {shm.memlock}")
 
 
 def _judge_image(report: Report, plan: ClusterPlan, obs: list[HostObservation]) -> None:
@@ -492,7 +499,7 @@ def _judge_cluster(report: Report, config: ClusterConfig, plan: ClusterPlan, ob:
     if port_free:
         for o in others:
             if not h0.image_id:
-                report.add(o.address, "reachability", SKIP, "host 0 is not usable")
+                report.add(o.address, "reachability", SKIP, "the image is missing on host 0")
             elif ob.reach_error is not None:
                 report.add(o.address, "reachability", FAIL, f"cannot start a listener on host 0: {ob.reach_error}")
             elif o.reach == "image missing here" or not o.image_id:
@@ -511,23 +518,35 @@ def _judge_cluster(report: Report, config: ClusterConfig, plan: ClusterPlan, ob:
             report.add(o.address, "reachability", SKIP, "host 0 is not usable")
     timed = [o for o in obs if o.clock_offset is not None]
     if len(timed) >= 2:
-        ref = next((o.clock_offset for o in timed if o.rank == 0), timed[0].clock_offset)
+        ref = next((o for o in timed if o.rank == 0), timed[0])  # host 0, unless it could not be timed
+        name = "host 0" if ref.rank == 0 else ref.address
         for o in timed:
-            skew = abs(o.clock_offset - ref)
+            skew = abs(o.clock_offset - ref.clock_offset)
             report.add(o.address, "clock", PASS if skew < SKEW_WARN_S else WARN if skew < SKEW_FAIL_S else FAIL,
-                       f"{skew:.2f}s from host 0")
+                       f"{skew:.2f}s from {name}")
 
 
 def judge(config: ClusterConfig, plan: ClusterPlan, ob: Observations) -> Report:
     """Facts -> verdicts (pure), sorted by host rank and CHECK_ORDER."""
+    labels = host_labels(plan)
+    ob = replace(ob, hosts=[replace(o, address=labels[o.rank]) for o in ob.hosts])
     report = Report()
     for hp, o in zip(plan.hosts, ob.hosts):
         _judge_host(report, config, hp, o, ob.master)
     _judge_image(report, plan, ob.hosts)
     _judge_cluster(report, config, plan, ob)
-    order = {hp.address: hp.rank for hp in plan.hosts}
-    report.checks.sort(key=lambda c: (order.get(c.host, 99), CHECK_ORDER.index(c.name)))
+    rank_of = {label: i for i, label in enumerate(labels)}
+    for c in report.checks:
+        c.rank = rank_of[c.host]
+    report.checks.sort(key=lambda c: (c.rank, CHECK_ORDER.index(c.name)))
     return report
+
+
+def host_labels(plan: ClusterPlan) -> list[str]:
+    """How report rows name each host: its address, with the SSH port where two hosts share an address."""
+    addresses = [hp.address for hp in plan.hosts]
+    labels = [a if addresses.count(a) == 1 else f"{a}:{hp.ssh.port}" for a, hp in zip(addresses, plan.hosts)]
+    return [lb if labels.count(lb) == 1 else f"{lb}#{i}" for i, lb in enumerate(labels)]
 
 
 # ---------------------------------------------------------------- entry points

@@ -12,10 +12,10 @@ import secrets
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
 from dockerlaunch.cluster import facts as factslib
 from dockerlaunch.cluster.config import ClusterConfig
@@ -60,7 +60,9 @@ def master_addr_of(session: Session) -> str:
     if isinstance(addr, Deferred):
         peer = session.cluster.peer_ip(0)
         if not peer:
-            raise DockerlaunchError(f"host {session.plan.hosts[0].address}: cannot tell its IP; set hosts[0].advertise_addr")
+            raise DockerlaunchError(
+                f"host {session.plan.hosts[0].address}: cannot tell its IP; set hosts[0].advertise_addr"
+            )
         return peer
     return addr
 
@@ -199,7 +201,9 @@ def up(
         existing = existing_job_containers(session, job)
         if existing:
             what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in existing)
-            raise DockerlaunchError(f"job {job} already has containers ({what}); remove them: dockerlaunch down --name {job}")
+            raise DockerlaunchError(
+                f"job {job} already has containers ({what}); remove them: dockerlaunch down --name {job}"
+            )
         if preflight:
             from dockerlaunch.cluster import doctor
 
@@ -268,7 +272,9 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
             return 1
         if detach:
             started = False
-            reporter.say(f"started {plan.nnodes} container(s); follow with: dockerlaunch logs --follow --name {plan.job}")
+            reporter.say(
+                f"started {plan.nnodes} container(s); follow with: dockerlaunch logs --follow --name {plan.job}"
+            )
             return 0
 
         run_dir = None

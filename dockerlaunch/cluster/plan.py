@@ -75,7 +75,9 @@ class ClusterPlan:
                     "rank": h.rank,
                     "address": h.address,
                     "ssh": h.ssh.describe(),
-                    "nproc_per_node": str(h.nproc_per_node) if isinstance(h.nproc_per_node, Deferred) else h.nproc_per_node,
+                    "nproc_per_node": (
+                        str(h.nproc_per_node) if isinstance(h.nproc_per_node, Deferred) else h.nproc_per_node
+                    ),
                     "container": h.container.name,
                     "env": dict(h.container.env),
                     "argv": h.container.argv(),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ import paramiko
 
 from dockerlaunch.cluster.targets import SSHTarget
 from dockerlaunch.errors import HostError, SSHError
+
 
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
@@ -90,7 +90,8 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
         raise SSHError(
             target.alias,
             f"HOST KEY CHANGED ({e.key.get_name()} offered, known_hosts {known} has another). "
-            f"If the host was reinstalled, check the new key and run: ssh-keygen -R {_known_hosts_name(target)} -f {known}"
+            f"If the host was reinstalled, check the new key and run: "
+            f"ssh-keygen -R {_known_hosts_name(target)} -f {known}"
         ) from None
     except paramiko.SSHException as e:
         msg = str(e)
@@ -109,7 +110,7 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
                 "set ssh.identity_file or the host's user"
             ) from None
         raise SSHError(target.alias, f"SSH failed: {msg}") from None
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise SSHError(
             target.alias,
             f"no answer from {target.hostname}:{target.port} within {target.connect_timeout:g}s "

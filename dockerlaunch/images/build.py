@@ -18,16 +18,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dockerlaunch import __version__
-from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
+from dockerlaunch import __version__, shipped
 from dockerlaunch.errors import ConfigError, DockerlaunchError
+from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
 
 LAYERS = ["1-torch", "2-build", "3-te", "4-apex", "5-flash", "6-megatron", "7-top"]
 BUILD_TOOLS = ["pybind11==3.0.1", "ninja==1.13.0", "packaging==25.0", "setuptools==80.9.0", "wheel==0.45.1",
                "py-spy==0.4.1"]
 # sdists that must compile against the image's torch/CUDA: fetched as sources, built in the image
-BUILD_IN_IMAGE = {"transformer-engine-torch", "transformer_engine_torch", "flash-attn", "flash_attn", "deepspeed", "apex"}
+BUILD_IN_IMAGE = {"transformer-engine-torch", "transformer_engine_torch", "flash-attn", "flash_attn", "deepspeed",
+                  "apex"}
 LABEL_PREFIX = "ai.dockerlaunch"
 FREEZE_PATH = "/opt/dockerlaunch/pip-freeze.txt"
 DOCKERFILE = "train.Dockerfile"
@@ -205,10 +206,12 @@ def check_wheelhouse(stack: Stack, opts: BuildOptions) -> None:
     wh = Path(opts.wheelhouse)
     torch_files = list((wh / "1-torch").glob("torch-*")) if (wh / "1-torch").is_dir() else []
     if not torch_files:
-        raise ConfigError(f"--wheelhouse {wh}: no torch in {wh}/1-torch; run: dockerlaunch fetch --stack {stack.name} -o {wh}")
+        raise ConfigError(f"--wheelhouse {wh}: no torch in {wh}/1-torch; "
+                          f"run: dockerlaunch fetch --stack {stack.name} -o {wh}")
     swift = list((wh / "7-top").glob(f"ms_swift-{stack.ms_swift}-*")) if (wh / "7-top").is_dir() else []
     if not swift:
-        raise ConfigError(f"--wheelhouse {wh}: no ms-swift {stack.ms_swift}; run: dockerlaunch fetch --stack {stack.name} -o {wh}")
+        raise ConfigError(f"--wheelhouse {wh}: no ms-swift {stack.ms_swift}; "
+                          f"run: dockerlaunch fetch --stack {stack.name} -o {wh}")
 
 
 # ---------------------------------------------------------------- build
@@ -372,38 +375,6 @@ def _download(url: str, target: Path) -> None:
 
 # ---------------------------------------------------------------- verify
 
-VERIFY_SCRIPT = r'''
-import importlib, importlib.metadata as md, json, os, sys, re
-labels = json.loads(os.environ["DL_LABELS"])
-comps = [c for c in labels.get("ai.dockerlaunch.components", "").split(",") if c]
-res = {"imports": {}, "versions": {}, "checks": {}}
-for mod in comps:
-    try:
-        importlib.import_module(mod)
-        res["imports"][mod] = "ok"
-    except BaseException as e:
-        msg = f"{type(e).__name__}: {e}"
-        res["imports"][mod] = ("UNDEFINED SYMBOL (ABI drift: rebuild against this torch): " if "undefined symbol" in msg else "") + msg
-dists = {"torch": "torch", "transformer_engine": "transformer_engine", "flash_attn": "flash-attn",
-         "megatron_core": "megatron-core", "ms_swift": "ms-swift", "transformers": "transformers", "peft": "peft",
-         "trl": "trl", "deepspeed": "deepspeed", "numpy": "numpy"}
-for key, dist in dists.items():
-    want = labels.get("ai.dockerlaunch.pin." + key)
-    if want is None:
-        continue
-    try:
-        got = md.version(dist)
-    except md.PackageNotFoundError:
-        got = None
-    res["versions"][key] = [want, got]
-clone = os.environ.get("MEGATRON_LM_PATH")
-if labels.get("ai.dockerlaunch.pin.megatron_lm") and clone:
-    text = open(os.path.join(clone, "megatron/core/package_info.py")).read()
-    mm = tuple(int(re.search(p + r"\s*=\s*(\d+)", text).group(1)) for p in ("MAJOR", "MINOR"))
-    pip_mm = tuple(int(x) for x in md.version("megatron-core").split(".")[:2])
-    res["checks"]["mcore-clone"] = [list(pip_mm), list(mm)]
-print(json.dumps(res))
-'''
 
 
 @dataclass
@@ -452,12 +423,14 @@ def verify(image: str, gpus: bool = False, docker: str = "docker") -> VerifyRepo
     argv = [docker, "run", "--rm", "--network", "none", "-e", "DL_LABELS"]
     if gpus:
         argv += ["--gpus", "all"]
-    argv += ["--entrypoint", "python", image, "-c", VERIFY_SCRIPT]
+    argv += ["--entrypoint", "python", image, "-c", shipped.script("dockerlaunch.images", "verify_image.py")]
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "DL_LABELS": json.dumps(labels)},
                           timeout=900)
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     try:
         result = json.loads(last)
     except json.JSONDecodeError:
-        raise BuildError(f"verify could not run python in {image}: {(proc.stderr or proc.stdout).strip()[-300:]}") from None
+        raise BuildError(
+            f"verify could not run python in {image}: {(proc.stderr or proc.stdout).strip()[-300:]}"
+        ) from None
     return parse_verify(image, result)

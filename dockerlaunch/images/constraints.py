@@ -191,7 +191,8 @@ def _clone_branch(s: Stack) -> str | None:
                 f"bake it (megatron_lm: ref core_v{want[0]}.{want[1]}.x) so MEGATRON_LM_PATH works offline")
     got = ref_version(s.megatron_lm.ref)
     if got is not None and got != want:
-        return f"megatron_lm ref {s.megatron_lm.ref} is {got[0]}.{got[1]} but ms-swift {s.ms_swift} expects {want[0]}.{want[1]}"
+        return (f"megatron_lm ref {s.megatron_lm.ref} is {got[0]}.{got[1]} "
+                f"but ms-swift {s.ms_swift} expects {want[0]}.{want[1]}")
     return None
 
 
@@ -238,7 +239,8 @@ def _te_dev_pin(s: Stack) -> str | None:
         return None
     pin = te_dev_pin(s.megatron_core)
     if pin and not (V(pin[0]) <= V(s.transformer_engine) < V(pin[1])):
-        return f"megatron-core[dev] {s.megatron_core} pins TE [{pin[0]}, {pin[1]}), the stack has {s.transformer_engine}"
+        return (f"megatron-core[dev] {s.megatron_core} pins TE [{pin[0]}, {pin[1]}), "
+                f"the stack has {s.transformer_engine}")
     return None
 
 
@@ -275,16 +277,18 @@ def _bridge(s: Stack) -> str | None:
 
 
 RULES: list[Rule] = [
-    Rule("fa-te", "flash-attn within TE's supported range (floor 2.1.1; ceiling by TE minor)", 
+    Rule("fa-te", "flash-attn within TE's supported range (floor 2.1.1; ceiling by TE minor)",
          "NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py "
          "FlashAttentionUtils.max_version", _fa_te),
     Rule("te-torch", "TE 2.3-2.18 needs torch >= 2.1", "NVIDIA/TransformerEngine build_tools/pytorch.py", _te_torch),
     Rule("python", "python >= 3.10 for TE >= 2.9 and megatron-core >= 0.13; >= 3.12 for megatron-core >= 0.17",
          "TE build_tools/utils.py; NVIDIA/Megatron-LM pyproject.toml, README", _python),
-    Rule("mcore-torch", "megatron-core >= 0.15.3 needs torch >= 2.6.0", "NVIDIA/Megatron-LM pyproject.toml", _mcore_torch),
+    Rule("mcore-torch", "megatron-core >= 0.15.3 needs torch >= 2.6.0",
+         "NVIDIA/Megatron-LM pyproject.toml", _mcore_torch),
     Rule("numpy", "numpy < 2.0 with megatron-core <= 0.15.x and with ms-swift 3.x Megatron",
          "modelscope/ms-swift swift/megatron/argument/megatron_args.py require_version", _numpy),
-    Rule("swift-clone", "ms-swift 3.x clones a fixed Megatron-LM branch unless MEGATRON_LM_PATH points at a baked clone",
+    Rule("swift-clone",
+         "ms-swift 3.x clones a fixed Megatron-LM branch unless MEGATRON_LM_PATH points at a baked clone",
          "modelscope/ms-swift swift/megatron/init.py; ms-swift #4866, #6033", _clone_branch),
     Rule("swift-mcore", "megatron-core within the range that the ms-swift release documents",
          "modelscope/ms-swift docs Megatron-SWIFT Quick-start (v3.7.3 .. v4.5.2)", _mcore_range),
@@ -299,7 +303,8 @@ RULES: list[Rule] = [
          _pyarrow),
     Rule("te-cu13", "CUDA 13 images need TE >= 2.9, installed with the core_cu13 extra",
          "PyPI transformer-engine-cu13 (first release 2.9.0); TE 2.10+ METADATA extras", _te_cu13),
-    Rule("swift-bridge", "ms-swift >= 4.4 Megatron needs mcore-bridge (>= 1.4.0; 4.5.0-4.5.2 >= 1.6.2; >= 4.5.3 >= 1.6.3)",
+    Rule("swift-bridge",
+         "ms-swift >= 4.4 Megatron needs mcore-bridge (>= 1.4.0; 4.5.0-4.5.2 >= 1.6.2; >= 4.5.3 >= 1.6.3)",
          "modelscope/ms-swift wheel METADATA [megatron] extra", _bridge),
     Rule("te-mcore-dev", "megatron-core[dev]'s TE pin (advisory: ms-swift docs recommend other TE versions)",
          "NVIDIA/Megatron-LM pyproject.toml [dev] extra", _te_dev_pin, severity="warn"),

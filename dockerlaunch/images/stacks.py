@@ -202,7 +202,9 @@ def load_matrix(path: Path | None = None) -> StackMatrix:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
-        raise ConfigError(f"cannot read the stack matrix {path}: {e.strerror} (set DOCKERLAUNCH_DOCKERFILES?)") from None
+        raise ConfigError(
+            f"cannot read the stack matrix {path}: {e.strerror} (set DOCKERLAUNCH_DOCKERFILES?)"
+        ) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
     try:

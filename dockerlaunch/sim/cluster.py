@@ -336,7 +336,9 @@ def up(
     client = engine()
     existing = _cluster_containers(client, cluster)
     if existing:
-        raise SimError(f"sim cluster {cluster!r} already exists ({len(existing)} node(s)); run `dockerlaunch sim down` first")
+        raise SimError(
+            f"sim cluster {cluster!r} already exists ({len(existing)} node(s)); run `dockerlaunch sim down` first"
+        )
     if egress_rate:
         parse_rate(egress_rate)
     node_image, tools_image = ensure_images(client, base_image)
@@ -464,7 +466,9 @@ def _seed(client, node: SimNode, seeds: list[Path]) -> None:
     for path in seeds:
         code, out = container.exec_run(["docker", "load", "-q", "-i", f"{SEED_DIR_IN_NODE}/{path.name}"])
         if code != 0:
-            raise SimError(f"node {node.name}: loading {path.name} failed: {out.decode(errors='replace').strip()[:200]}")
+            raise SimError(
+                f"node {node.name}: loading {path.name} failed: {out.decode(errors='replace').strip()[:200]}"
+            )
 
 
 def parse_rate(rate: str) -> str:
@@ -523,7 +527,9 @@ def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
             pass
     shutil.rmtree(state_root() / cluster, ignore_errors=True)
     if not quiet:
-        _log(f"removed {removed['containers']} node(s), {removed['networks']} network(s), {removed['volumes']} volume(s)")
+        _log(
+            f"removed {removed['containers']} node(s), {removed['networks']} network(s), {removed['volumes']} volume(s)"
+        )
     return removed
 
 

@@ -125,7 +125,9 @@ def remote_loader(remote: Remote) -> Loader:
     return load
 
 
-def load_bundle(path: Path, load: Loader, run: Callable[[list[str]], tuple[int, str]], where: str = "local") -> list[BundleEntry]:
+def load_bundle(
+    path: Path, load: Loader, run: Callable[[list[str]], tuple[int, str]], where: str = "local"
+) -> list[BundleEntry]:
     """Load every image of a bundle, checking sha256 and Image ID before any tag is set.
 
     `run(argv)` runs a docker command where the images go (locally or on a host).

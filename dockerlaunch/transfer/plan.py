@@ -133,21 +133,26 @@ def _compression(choice: str, views: list[HostView]) -> str:
 
 def _thin(image: LocalImage, have: frozenset[str] | None, layers: list[tuple[str, int]] | None
           ) -> tuple[list[str], int]:
-    """(layer files to leave out, bytes to send) given the chain IDs the receivers all have."""
+    """(layer files to leave out, bytes to send) given the chain IDs the receivers all have.
+
+    Two layers with the same content share one file in the save tar: a file is left out only when no
+    layer that the receivers lack uses it, and it is counted once."""
     if not have or layers is None:
         return [], image.size
     chains = chain_ids(list(image.diff_ids))
-    skip = [f for (f, _), c in zip(layers, chains) if c in have]
+    needed = {f: n for (f, n), c in zip(layers, chains) if c not in have}
+    skip = sorted({f for (f, _), c in zip(layers, chains) if c in have and f not in needed})
     if not skip:
         return [], image.size
-    sent = sum(n for (f, n), c in zip(layers, chains) if c not in have)
-    return skip, sent
+    return skip, sum(needed.values())
 
 
 def needs_layer_map(image: LocalImage, views: list[HostView]) -> bool:
-    """Only a thin push that can skip a layer needs the save's layer map (one full local read, cached)."""
+    """Only a thin push that can skip a layer for a host that needs the image needs the save's layer map
+    (one full local read, cached per Image ID)."""
     chains = set(chain_ids(list(image.diff_ids)))
-    return any(v.chain_ids and chains & v.chain_ids for v in views)
+    receivers = [v for v in views if not v.error and v.tag_id != image.id and not v.has_id]
+    return any(v.chain_ids and chains & v.chain_ids for v in receivers)
 
 
 def choose_strategy(requested: str, senders: list[HostView]) -> tuple[Strategy, str]:

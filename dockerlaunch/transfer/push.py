@@ -40,7 +40,6 @@ from dockerlaunch.transfer.streams import (
     stream_seconds,
 )
 
-
 # ---------------------------------------------------------------- observe
 
 
@@ -52,7 +51,7 @@ def parse_host_view(host: str, address: str, text: str) -> HostView:
         k, _, v = line.partition("=")
         if k == "layers":
             have = have or set()
-            have.update(chain_ids(json.loads(v)))
+            have.update(chain_ids(json.loads(v) or []))  # null: an image with no layers
         elif k:
             kv[k] = v.strip()
     return HostView(host=host, address=address, tag_id=kv.get("tag", ""), has_id=kv.get("has", "") != "",
@@ -112,7 +111,8 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
         reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
         return HostResult(remote.name, PushState.FAILED, reason[0][:300], reader.count, took, streamed)
     return HostResult(remote.name, PushState.PUSHED,
-                      f"{t.compression}{_thin_note(t)}, image {image.size / 1e6:.0f} MB, Image ID {image.id[7:19]} verified",
+                      f"{t.compression}{_thin_note(t)}, image {image.size / 1e6:.0f} MB, "
+                      f"Image ID {image.id[7:19]} verified",
                       reader.count, took, streamed)
 
 

@@ -4,12 +4,12 @@ import os
 
 import pytest
 
-from dockerlaunch.sim import cluster as sim
 from dockerlaunch.cluster.config import load_config
+from dockerlaunch.sim import cluster as sim
 
 
-def _leftovers(client, cluster: str) -> list[str]:
-    label = {"label": f"{sim.SIM_LABEL}={cluster}"}
+def _leftovers(client, cluster: str | None) -> list[str]:
+    label = {"label": sim.SIM_LABEL if cluster is None else f"{sim.SIM_LABEL}={cluster}"}
     return (
         [f"container {c.name}" for c in client.containers.list(all=True, filters=label)]
         + [f"network {n.name}" for n in client.networks.list(filters=label)]
@@ -24,11 +24,23 @@ def engine():
     return sim.engine()  # fails (not skips) with the fix when no engine runs: CI must have one
 
 
+def _inside_nodes(client, cluster: str) -> list[str]:
+    """Containers left inside the nodes' own engines (job, probe or listener containers of any test)."""
+    out = []
+    for node in client.containers.list(filters={"label": f"{sim.SIM_LABEL}={cluster}"}):
+        code, text = node.exec_run(["docker", "ps", "-a", "--format", "{{.Names}}"])
+        assert code == 0, text
+        out += [f"{node.name}: {n}" for n in text.decode().split()]
+    return out
+
+
 @pytest.fixture(scope="session")
 def sim_cluster(engine, tmp_path_factory):
-    """Yields (cluster name, config path, layout). Removed at the end; asserts nothing is left."""
+    """Yields (cluster name, config path, layout). Removed at the end; asserts nothing is left, on this machine
+    or inside the nodes."""
     state = tmp_path_factory.mktemp("state")
-    os.environ["DOCKERLAUNCH_STATE_DIR"] = str(state)
+    previous = os.environ.get("DOCKERLAUNCH_STATE_DIR")
+    os.environ["DOCKERLAUNCH_STATE_DIR"] = str(state)  # subprocesses of the CLI find the cluster's state here
     name = f"dlt{os.getpid()}"
     subnet = f"172.30.{100 + os.getpid() % 100}.0/24"
     config_path = state / "cluster.yaml"
@@ -36,9 +48,16 @@ def sim_cluster(engine, tmp_path_factory):
     sim.up(nodes=2, cluster=name, subnet=subnet, config_out=str(config_path), seed_images=(demo,))
     try:
         yield name, config_path, sim.node_layout(name, 2, subnet)
+        assert _inside_nodes(engine, name) == []
     finally:
         sim.down(name)
+        if previous is None:
+            os.environ.pop("DOCKERLAUNCH_STATE_DIR", None)
+        else:
+            os.environ["DOCKERLAUNCH_STATE_DIR"] = previous
         assert _leftovers(engine, name) == []
+        # benchmark clusters and anything else the suite made under its own prefixes
+        assert [x for x in _leftovers(engine, None) if "dlbench" in x or name in x] == []
 
 
 @pytest.fixture(scope="session")

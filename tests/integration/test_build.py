@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from dockerlaunch.sim import cluster as sim
 from dockerlaunch.images.build import cached_steps
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
+from dockerlaunch.sim import cluster as sim
 
 pytestmark = pytest.mark.integration
 

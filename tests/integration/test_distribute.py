@@ -1,6 +1,7 @@
 """push / save / load on a real 2-node sim cluster, with images made here (unique IDs)."""
 
 import io
+import json
 import os
 import secrets
 import signal
@@ -9,6 +10,11 @@ import sys
 import time
 
 import pytest
+
+from dockerlaunch.cluster.doctor import listening_ports, local_ports
+from dockerlaunch.transfer import chain, push
+from dockerlaunch.transfer.push import push_to_host
+from dockerlaunch.transfer.streams import chain_ids, local_image
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +45,15 @@ def fresh_image(engine, tools_image):
             pass
 
 
+def load_bytes_read(remote) -> int:
+    """Bytes the host's `docker load` client processes have read so far (0: none runs)."""
+    script = ('for p in $(pgrep -x docker); do case "$(tr "\\0" " " < /proc/$p/cmdline)" in "docker load "*) '
+              'sed -n "s/^rchar: //p" /proc/$p/io;; esac; done')
+    r = remote.run(["sh", "-c", script])
+    assert r.ok, r.stderr
+    return sum(int(x) for x in r.stdout.split())
+
+
 def ids_on_nodes(remotes, ref):
     out = []
     for r in remotes:
@@ -51,17 +66,23 @@ def test_push_to_two_nodes_then_skip(sim_cluster, engine, remotes, fresh_image):
     ref = fresh_image()
     local_id = engine.images.get(ref).id
     try:
-        r = dl("push", ref, "--config", str(sim_cluster[1]))
+        r = dl("push", ref, "--config", str(sim_cluster[1]), "--output", "json")
         assert r.returncode == 0, r.stdout + r.stderr
-        assert r.stdout.count("pushed") >= 2 and "zstd" in r.stdout  # sim nodes have zstd
+        rows = json.loads(r.stdout)["hosts"]
+        assert [h["status"] for h in rows] == ["pushed", "pushed"], rows
+        assert all(h["detail"].startswith("zstd") for h in rows), rows  # sim nodes have zstd
         assert ids_on_nodes(remotes, ref) == [local_id, local_id]
-        again = dl("push", ref, "--config", str(sim_cluster[1]))
-        assert again.returncode == 0 and again.stdout.count("skipped") >= 2 and "already has" in again.stdout
+        again = dl("push", ref, "--config", str(sim_cluster[1]), "--output", "json")
+        rows = json.loads(again.stdout)["hosts"]
+        assert again.returncode == 0 and [h["status"] for h in rows] == ["skipped", "skipped"], again.stdout
+        assert all("already has" in h["detail"] and h["bytes_sent"] == 0 for h in rows), rows
         # present on a host under another name only: a tag, no transfer
         remotes[1].check(["docker", "tag", ref, "dlt-dist/keep:1"], "second tag")
         remotes[1].check(["docker", "rmi", ref], "untag")
-        third = dl("push", ref, "--config", str(sim_cluster[1]), "--compress", "none")
-        assert third.returncode == 0 and "tagged" in third.stdout and "had " in third.stdout
+        third = dl("push", ref, "--config", str(sim_cluster[1]), "--compress", "none", "--output", "json")
+        rows = json.loads(third.stdout)["hosts"]
+        assert third.returncode == 0 and [h["status"] for h in rows] == ["skipped", "tagged"], third.stdout
+        assert rows[1]["detail"].startswith("had ") and rows[1]["bytes_sent"] == 0
         assert ids_on_nodes(remotes, ref) == [local_id, local_id]
     finally:
         for rm in remotes:
@@ -77,21 +98,53 @@ def test_push_killed_mid_stream_leaves_tag_absent_or_unchanged(sim_cluster, engi
     try:
         p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "push", ref, "--config", str(sim_cluster[1]),
                               "--compress", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        size = engine.images.get(ref).attrs["Size"]
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # until both nodes are receiving
-            loading = [rm.run(["sh", "-c", "pgrep -f 'docker load' >/dev/null"]).ok for rm in remotes]
-            if all(loading):
+        read = [0, 0]
+        while time.monotonic() < deadline and p.poll() is None:  # until both loads have read some MB
+            read = [load_bytes_read(rm) for rm in remotes]
+            if all(n >= 20 << 20 for n in read):
                 break
             time.sleep(0.1)
-        assert all(loading), "the push never started streaming"
+        assert all(20 << 20 <= n < size for n in read), f"no load mid-stream on both nodes: read {read} of {size}"
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
-        time.sleep(2)
+        deadline = time.monotonic() + 60
+        while any(load_bytes_read(rm) for rm in remotes) and time.monotonic() < deadline:
+            time.sleep(0.2)  # each remote load ends once its SSH channel closes
+        assert not any(load_bytes_read(rm) for rm in remotes), "a docker load outlived the killed push"
         assert ids_on_nodes(remotes, ref) == [old_id, None]  # unchanged on node1, absent on node2
 
         r = dl("push", ref, "--config", str(sim_cluster[1]))
         assert r.returncode == 0, r.stdout + r.stderr
         assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", ref, local_id])
+
+
+def test_push_dry_run_inspects_and_plans_but_sends_and_tags_nothing(sim_cluster, engine, remotes, fresh_image):
+    ref = fresh_image(mb=8)
+    local_id = engine.images.get(ref).id
+    try:
+        r = dl("push", ref, "--config", str(sim_cluster[1]), "--dry-run", "--output", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        plan = json.loads(r.stdout)
+        assert plan["image_id"] == local_id and plan["strategy"] == "star"  # 2 hosts: star
+        hosts = plan["hosts"]
+        assert [h["action"] for h in hosts] == ["send", "send"], hosts
+        assert all(h["compression"] == "zstd" and h["strategy"] == "star" for h in hosts), hosts
+        # the tools image is on every node: only the new layer travels, and the plan says so in bytes
+        assert all(h["layers_skipped"] == h["layers"] - 1 for h in hosts), hosts
+        assert all(8 << 20 <= h["bytes_to_send"] < 9 << 20 for h in hosts), hosts
+        assert plan["launcher_bytes"] == sum(h["bytes_to_send"] for h in hosts)
+        assert ids_on_nodes(remotes, ref) == [None, None]  # nothing sent, nothing tagged
+        assert ids_on_nodes(remotes, local_id) == [None, None]
+
+        text = dl("push", ref, "--config", str(sim_cluster[1]), "--dry-run")
+        assert text.returncode == 0, text.stderr
+        assert "nothing was sent or tagged" in text.stdout and text.stdout.count(" send ") == 2, text.stdout
+        assert ids_on_nodes(remotes, ref) == [None, None]
     finally:
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", ref, local_id])
@@ -167,16 +220,16 @@ def test_thin_repush_sends_only_the_changed_layer(sim_cluster, engine, remotes, 
     top_id = engine.images.get(top).id
     try:
         assert dl("push", base, "--config", str(sim_cluster[1]), "--compress", "none").returncode == 0
-        from dockerlaunch import distribute
-
-        image = distribute.local_image(engine, top)
-        results = [distribute.push_to_host(engine, rm, image, "none") for rm in remotes]
+        image = local_image(engine, top)
+        results = [push_to_host(engine, rm, image, "none") for rm in remotes]
         for res in results:
             assert res.status == "pushed" and "thin: 3 of 4 layers already there" in res.detail, res
             # the 8 MiB layer plus tar headers, the layer's json, config and manifest
             assert changed <= res.bytes_sent <= 1.1 * changed, res.bytes_sent
         assert ids_on_nodes(remotes, top) == [top_id, top_id]
-        assert distribute.chain_ids(list(engine.images.get(top).attrs["RootFS"]["Layers"]))
+        top_chains = chain_ids(list(engine.images.get(top).attrs["RootFS"]["Layers"]))
+        base_chains = chain_ids(list(engine.images.get(base).attrs["RootFS"]["Layers"]))
+        assert top_chains[:3] == base_chains and len(top_chains) == 4  # exactly the top layer was new
     finally:
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", top, base])
@@ -196,48 +249,92 @@ def test_chain_push_relays_host_to_host(sim_cluster, engine, remotes, fresh_imag
             rm.run(["docker", "rmi", "-f", ref, local_id])
 
 
-def test_a_failed_chain_start_kills_its_listeners(sim_cluster, remotes):
-    """A closed SSH channel does not end `nc -l`; when a chain cannot start, its listeners are killed."""
-    from dockerlaunch import distribute
-    from dockerlaunch.cluster.doctor import listening_ports
+def nc_listeners(remote) -> list[str]:
+    """PIDs of `nc -l` on the host; pgrep's own failure (exit > 1) fails the test instead of reading as none."""
+    r = remote.run(["pgrep", "-f", "^nc -l"])
+    assert r.exit_status in (0, 1), f"pgrep failed on {remote.name}: {r.stderr}"
+    return r.stdout.split()
 
+
+def tcp_listening(remote) -> set[int]:
+    return listening_ports(remote.check(["cat", "/proc/net/tcp", "/proc/net/tcp6"], "reading /proc/net/tcp").stdout)
+
+
+def test_kill_listener_ends_only_the_chain_port(sim_cluster, remotes):
+    """A closed SSH channel does not end `nc -l`; the chain's cleanup kills its own port's listener only."""
     node, ip = remotes[1], sim_cluster[2][1].ip
     port = 40000 + secrets.randbelow(20000)
     node.check(["sh", "-c", f"nohup nc -l {ip} {port} >/dev/null 2>&1 & nohup nc -l {ip} {port + 1} >/dev/null 2>&1 &"],
                "starting listeners")
-
-    def ports():
-        return listening_ports(node.check(["cat", "/proc/net/tcp"], "reading /proc/net/tcp").stdout)
-
     try:
         deadline = time.monotonic() + 10
-        while not {port, port + 1} <= ports() and time.monotonic() < deadline:
+        while not {port, port + 1} <= tcp_listening(node) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert {port, port + 1} <= ports()
-        distribute._kill_listener(node, port)
+        assert {port, port + 1} <= tcp_listening(node)
+        chain.kill_listener(node, port)
         deadline = time.monotonic() + 10
-        while port in ports() and time.monotonic() < deadline:
+        while port in tcp_listening(node) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert port not in ports() and port + 1 in ports()  # only the chain's own port
+        assert port not in tcp_listening(node) and port + 1 in tcp_listening(node)
     finally:
-        distribute._kill_listener(node, port)
-        distribute._kill_listener(node, port + 1)
+        chain.kill_listener(node, port)
+        chain.kill_listener(node, port + 1)
+
+
+def test_a_chain_that_fails_after_a_listener_is_up_kills_it(sim_cluster, engine, remotes, fresh_image):
+    """Three links -- node1 (head), node2, node1 again (tail): the tail's listener comes up first, then node2
+    cannot listen; the live listener on node1 must be killed and its port closed."""
+    from dockerlaunch.transfer.plan import Action, HostTransfer, Strategy
+
+    ref = fresh_image(mb=8)
+    image = local_image(engine, ref)
+    ip1 = sim_cluster[2][0].ip
+    nowhere = ip1.rsplit(".", 1)[0] + ".200"  # node2 cannot listen there
+    port = 40000 + secrets.randbelow(20000)
+    links = [HostTransfer(rm.name, Action.SEND, address=addr, strategy=Strategy.CHAIN, compression="none", link=i)
+             for i, (rm, addr) in enumerate([(remotes[0], ip1), (remotes[1], nowhere), (remotes[0], ip1)])]
+    seen_listening = []
+
+    def watch():  # proves the tail's listener was really up before the cleanup
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not seen_listening:
+            if port in tcp_listening(remotes[0]):
+                seen_listening.append(True)
+            time.sleep(0.05)
+
+    import threading
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        results = chain.push_chain(engine, [remotes[0], remotes[1], remotes[0]], image, links, port=port)
+        watcher.join(timeout=30)
+        assert seen_listening, "the tail never listened: the cleanup branch was not exercised"
+        assert all(r.status == "failed" and "chain could not start at" in r.detail for r in results), results
+        deadline = time.monotonic() + 10
+        while (nc_listeners(remotes[0]) or port in tcp_listening(remotes[0])) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert nc_listeners(remotes[0]) == [] and port not in tcp_listening(remotes[0])
+        assert nc_listeners(remotes[1]) == []
+        assert ids_on_nodes(remotes, ref) == [None, None]  # nothing loaded, nothing tagged
+    finally:
+        for rm in remotes:
+            chain.kill_listener(rm, port)
+            rm.run(["docker", "rmi", "-f", ref, image.id])
 
 
 def test_hosts_a_broken_chain_did_not_reach_get_a_star_push(sim_cluster, engine, remotes, fresh_image):
-    from dockerlaunch import distribute
-
     ref = fresh_image(mb=8)
     local_id = engine.images.get(ref).id
     ip1 = sim_cluster[2][0].ip
     nowhere = ip1.rsplit(".", 1)[0] + ".200"  # node2 cannot listen there: the chain cannot start
     try:
-        results = distribute.push(engine, remotes, ref, compress="none", strategy="chain", addresses=[ip1, nowhere])
+        results = push.push(engine, remotes, ref, compress="none", strategy="chain", addresses=[ip1, nowhere])
         for res in results:
             assert res.status == "pushed", res
             assert res.detail.startswith("star after the chain failed (chain could not start at "), res.detail
         assert ids_on_nodes(remotes, ref) == [local_id, local_id]
-        assert not any(remotes[1].run(["pgrep", "-f", "^nc -l"]).stdout.split())  # no listener left behind
+        assert nc_listeners(remotes[1]) == [] and nc_listeners(remotes[0]) == []  # no listener left behind
     finally:
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", ref, local_id])
@@ -247,14 +344,11 @@ def test_a_relay_dying_mid_stream_falls_back_to_star(sim_cluster, engine, remote
     """Node2's listener is killed while the chain streams: node1 still loads its copy, node2 gets a star push."""
     import threading
 
-    from dockerlaunch import distribute
-    from dockerlaunch.cluster.doctor import local_ports
-
     ref = fresh_image(mb=400)
     local_id = engine.images.get(ref).id
     ips = [n.ip for n in sim_cluster[2]]
     out: list = []
-    t = threading.Thread(target=lambda: out.append(distribute.push(engine, remotes, ref, compress="none",
+    t = threading.Thread(target=lambda: out.append(push.push(engine, remotes, ref, compress="none",
                                                                    strategy="chain", addresses=ips)), daemon=True)
 
     def chain_connected() -> bool:  # node2 (the tail) has an established connection on a chain port
@@ -275,7 +369,7 @@ def test_a_relay_dying_mid_stream_falls_back_to_star(sim_cluster, engine, remote
         assert results[0].detail.startswith("chain (head of chain)"), results[0].detail  # its own load went on
         assert results[1].detail.startswith("star after the chain failed ("), results[1].detail
         assert ids_on_nodes(remotes, ref) == [local_id, local_id]
-        assert not any(rm.run(["pgrep", "-f", "^nc -l"]).stdout.split() for rm in remotes)
+        assert nc_listeners(remotes[0]) == [] and nc_listeners(remotes[1]) == []
     finally:
         for rm in remotes:
             rm.run(["sh", "-c", "pkill -f '^nc -l' || true"])

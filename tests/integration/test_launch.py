@@ -1,9 +1,12 @@
 """`dockerlaunch up` / doctor / down / status / logs / exec on a real 2-node sim cluster."""
 
+import json
+import queue
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -58,34 +61,60 @@ def test_failing_rank_stops_everything_and_sets_exit_code(sim_cluster, job_conta
     job = job_name()
     # rank 0 would run for 10 minutes: only the teardown lets `up` return inside the timeout
     r = dl("up", "--skip-preflight", "--config", str(sim_cluster[1]), "--name", job, "--",
-           "sh", "-c", 'if [ "$NODE_RANK" = 1 ]; then sleep 1; echo rank1-fails; exit 3; fi; echo rank0-waits; sleep 600',
+           "sh", "-c",
+           'if [ "$NODE_RANK" = 1 ]; then sleep 1; echo rank1-fails; exit 3; fi; echo rank0-waits; sleep 600',
            timeout=120)
     assert r.returncode == 3, r.stdout + r.stderr
     assert "rank 1 (" in r.stdout and "exited with 3" in r.stdout
     assert job_containers(job) == []
 
 
+def start_up(*args: str) -> tuple[subprocess.Popen, "queue.Queue[str]"]:
+    """`dockerlaunch up` in the background; its output lines arrive on a queue, so a silent `up` cannot block
+    the test past its deadline."""
+    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump():
+        for line in p.stdout:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return p, lines
+
+
+def wait_for_lines(lines: "queue.Queue[str]", want: set[str], timeout: float) -> set[str]:
+    """Read until every `ready R` in `want` was seen or the deadline passes; returns what was seen."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while seen != want and time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if "ready " in line:
+            seen.add(line.strip().split("ready ")[-1])
+    return seen
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_tears_down_every_host(sim_cluster, job_containers, sig, code):
     job = job_name()
-    p = subprocess.Popen(
-        [sys.executable, "-m", "dockerlaunch", "up", "--skip-preflight", "--config", str(sim_cluster[1]), "--name",
-         job, "--", "sh", "-c", 'echo "ready $NODE_RANK"; sleep 600'],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    seen = set()
-    deadline = time.monotonic() + 120
-    for line in p.stdout:
-        if "ready " in line:
-            seen.add(line.strip().split("ready ")[-1])
-        if seen == {"0", "1"} or time.monotonic() > deadline:
-            break
-    assert seen == {"0", "1"}
-    assert len(job_containers(job)) == 2
-    p.send_signal(sig)
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode == code, out
-    assert job_containers(job) == []
+    p, lines = start_up("--skip-preflight", "--config", str(sim_cluster[1]), "--name", job, "--",
+                        "sh", "-c", 'echo "ready $NODE_RANK"; sleep 600')
+    try:
+        assert wait_for_lines(lines, {"0", "1"}, 120) == {"0", "1"}
+        assert len(job_containers(job)) == 2
+        p.send_signal(sig)
+        p.wait(timeout=120)
+        assert p.returncode == code
+        assert job_containers(job) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+        dl("down", "--config", str(sim_cluster[1]), "--name", job)
 
 
 def test_detach_status_logs_exec_down(sim_cluster, job_containers):
@@ -97,12 +126,19 @@ def test_detach_status_logs_exec_down(sim_cluster, job_containers):
     try:
         assert sorted(c.split(":")[2] for c in job_containers(job)) == ["running", "running"]
         again = dl("up", "--skip-preflight", "--config", cfg, "--name", job, "--", "true")
-        assert again.returncode == 1 and "already has containers" in again.stderr and f"down --name {job}" in again.stderr
+        assert (again.returncode == 1 and "already has containers" in again.stderr
+                and f"down --name {job}" in again.stderr)
 
         st = dl("status", "--config", cfg, "--name", job)
         assert st.returncode == 0 and st.stdout.count("running") == 2 and f"{job}-1" in st.stdout
+        st = dl("status", "--config", cfg, "--name", job, "--output", "json")
+        assert st.returncode == 0, st.stderr
+        found = json.loads(st.stdout)
+        assert found["job"] == job and [(c["rank"], c["status"]) for c in found["containers"]] == [
+            (0, "running"), (1, "running")]
 
-        ex = dl("exec", "--config", cfg, "--name", job, "--rank", "1", "--", "sh", "-c", 'echo "rank=$NODE_RANK"; exit 4')
+        ex = dl("exec", "--config", cfg, "--name", job, "--rank", "1", "--",
+                "sh", "-c", 'echo "rank=$NODE_RANK"; exit 4')
         assert ex.returncode == 4 and ex.stdout.strip() == "rank=1"
 
         for _ in range(20):
@@ -173,6 +209,13 @@ def test_doctor_passes_on_a_good_cluster(sim_cluster, demo_image):
     assert "PASS" in rows(r.stdout, "reachability")[ip2]
     assert "PASS" in rows(r.stdout, "route")[ip1] and "eth0" in rows(r.stdout, "route")[ip1]
     assert "/dev/shm 2 GB" in rows(r.stdout, "shm")[ip2]
+    js = dl("doctor", "--config", str(sim_cluster[1]), "--image", demo_image, "--output", "json")
+    assert js.returncode == 0, js.stdout + js.stderr
+    report = json.loads(js.stdout)
+    assert report["ok"] is True and report["counts"]["FAIL"] == 0
+    verdicts = {(c["host"], c["check"]): c["verdict"] for c in report["checks"]}
+    assert verdicts[(ip2, "reachability")] == "PASS" and verdicts[(ip1, "master port")] == "PASS"
+    assert {h for h, _ in verdicts} == {ip1, ip2} and sum(report["counts"].values()) == len(report["checks"])
 
 
 def test_doctor_fails_when_image_missing_on_one_host(sim_cluster, remotes, demo_image):

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from dockerlaunch.sim import cluster as sim
 from dockerlaunch.cluster.config import load_config
 from dockerlaunch.cluster.plan import make_plan
 from dockerlaunch.cluster.spec import ContainerSpec
 from dockerlaunch.cluster.ssh import Remote, connect
 from dockerlaunch.cluster.targets import resolve_target
 from dockerlaunch.errors import SSHError
+from dockerlaunch.sim import cluster as sim
 
 from .conftest import _leftovers
 
@@ -44,7 +44,8 @@ def test_changed_host_key_is_refused(cluster_config, tmp_path):
     key2 = next(line for line in lines if line.startswith(ip2 + " ")).split(" ", 1)[1]
     swapped = tmp_path / "known_hosts"
     swapped.write_text(f"{ip1} {key2}\n")
-    target = resolve_target(cluster_config.hosts[0], cluster_config.ssh.model_copy(update={"known_hosts": str(swapped)}))
+    target = resolve_target(cluster_config.hosts[0],
+                            cluster_config.ssh.model_copy(update={"known_hosts": str(swapped)}))
     with pytest.raises(SSHError, match="HOST KEY CHANGED"):
         connect(target)
 

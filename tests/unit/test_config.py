@@ -47,7 +47,9 @@ def test_mount_string_forms():
 def test_full_config_round_trip():
     cfg = ClusterConfig.model_validate(
         {
-            "hosts": ["10.0.0.1", "ubuntu@gpu2:2222", {"address": "gpu3", "advertise_addr": "10.0.0.3", "gpus": [0, 1]}],
+            "hosts": [
+                "10.0.0.1", "ubuntu@gpu2:2222", {"address": "gpu3", "advertise_addr": "10.0.0.3", "gpus": [0, 1]}
+            ],
             "ssh": {"user": "root", "host_key_policy": "accept-new", "connect_timeout": 5},
             "image": "reg/img:tag",
             "container": {
@@ -189,9 +191,21 @@ def test_config_show_merges_flags(cli, tmp_path):
     assert data["container"]["env"] == {"K": "v"} and data["image"] == "a"
 
 
-def test_validation_error_is_flat():
-    with pytest.raises(ValidationError):
-        ClusterConfig.model_validate({"hosts": []})
+def test_validation_error_is_flat(tmp_path):
+    """Several problems at once read as one line, each naming its field."""
+    from dockerlaunch.errors import describe_validation_error
+
+    with pytest.raises(ValidationError) as info:
+        ClusterConfig.model_validate({"hosts": [], "job": {"master_port": 0}, "bogus": 1})
+    line = describe_validation_error(info.value)
+    assert "\n" not in line and line.count("; ") >= 2, line
+    assert "hosts:" in line and "job.master_port:" in line and "bogus: unknown field" in line, line
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("hosts: [h1]\njob:\n  master_port: 0\ncontainer:\n  shm_size: lots\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(cfg))
+    msg = str(err.value)
+    assert "\n" not in msg and "job.master_port" in msg and "container.shm_size" in msg, msg
 
 
 def test_documented_example_config_is_valid():

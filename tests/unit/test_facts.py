@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dockerlaunch.cluster.doctor import count_gpus, listening_ports, local_ports, parse_df_kb
 from dockerlaunch.cluster.dockerhost import parse_inspect
+from dockerlaunch.cluster.doctor import count_gpus, listening_ports, local_ports, parse_df_kb
 from dockerlaunch.cluster.facts import nic_problem, parse_addr_owner, parse_ib_ports, parse_probe, parse_route_get
 
 
@@ -20,7 +20,8 @@ def test_route_to_own_address_is_local():
 
 
 def test_addr_owner():
-    text = "6: eth0    inet 172.30.0.11/24 brd 172.30.0.255 scope global eth0\\       valid_lft forever preferred_lft forever"
+    text = ("6: eth0    inet 172.30.0.11/24 brd 172.30.0.255 scope global eth0\\"
+            "       valid_lft forever preferred_lft forever")
     assert parse_addr_owner(text) == "eth0"
     assert parse_addr_owner("7: bond0.100@bond0    inet 10.1.1.1/16 scope global bond0.100") == "bond0.100"
     assert parse_addr_owner("") is None
@@ -92,8 +93,8 @@ def test_listening_ports():
 
 
 def test_df_and_gpus():
-    assert parse_df_kb("Filesystem 1024-blocks Used Available Capacity Mounted on\nshm 2097152 0 2097152 0% /dev/shm\n") == (
-        2097152, 2097152)
+    assert parse_df_kb("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                       "shm 2097152 0 2097152 0% /dev/shm\n") == (2097152, 2097152)
     assert parse_df_kb("nonsense") is None
     assert count_gpus("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)\n") == 2
     assert count_gpus("") == 0

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.errors import ConfigError
 from dockerlaunch.cluster.plan import HostFacts, make_plan
 from dockerlaunch.cluster.spec import Deferred, UnresolvedError
+from dockerlaunch.errors import ConfigError
 
 
 def cfg(**kw) -> ClusterConfig:
@@ -73,7 +73,8 @@ def test_master_addr_rules():
     assert make_plan(cfg(hosts=["gpu1", "gpu2"]), facts=facts).master_addr == "10.1.2.3"
     # one host may use loopback; several may not, whatever the spelling
     assert make_plan(cfg(hosts=["127.0.0.1"])).master_addr == "127.0.0.1"
-    for bad in (["localhost", "10.0.0.2"], ["::1", "10.0.0.2"], [{"address": "gpu1", "advertise_addr": "127.0.0.2"}, "g2"]):
+    for bad in (["localhost", "10.0.0.2"], ["::1", "10.0.0.2"],
+                [{"address": "gpu1", "advertise_addr": "127.0.0.2"}, "g2"]):
         with pytest.raises(ConfigError, match="loopback"):
             make_plan(cfg(hosts=bad))
 
@@ -196,5 +197,6 @@ def test_env_files_are_never_inlined():
     c = plan.hosts[0].container
     assert any("secrets.env" in u for u in c.unresolved())
     facts = {r: HostFacts(interface="eth0", gpu_count=1, env_files=(f"/tmp/dl-{r}.env",)) for r in range(2)}
-    c = make_plan(cfg(container={"env_files": ["/home/me/secrets.env"], "infiniband": "off"}), facts=facts).hosts[1].container
+    c = make_plan(cfg(container={"env_files": ["/home/me/secrets.env"], "infiniband": "off"}),
+                  facts=facts).hosts[1].container
     assert flag_values(c.run_argv(), "--env-file") == ["/tmp/dl-1.env"]

@@ -19,7 +19,7 @@ def spec(env, command):
 
 
 @given(env=st.dictionaries(env_key, text, max_size=4), command=st.lists(text, max_size=5))
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 def test_shlex_round_trip(env, command):
     s = spec(env, command)
     line = s.shell_command()

@@ -1,4 +1,5 @@
 import os
+
 import paramiko
 import pytest
 
@@ -36,7 +37,8 @@ def resolve(address, settings=None, **host):
 
 def test_ssh_config_fills_gaps():
     t = resolve("gpu1")
-    assert (t.hostname, t.user, t.port, t.identity_files) == ("10.0.0.11", "ubuntu", 2200, (os.path.expanduser("~/.ssh/gpu_key"),))
+    assert (t.hostname, t.user, t.port, t.identity_files) == (
+        "10.0.0.11", "ubuntu", 2200, (os.path.expanduser("~/.ssh/gpu_key"),))
 
 
 def test_precedence_host_then_settings_then_ssh_config_then_defaults():

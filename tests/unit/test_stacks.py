@@ -16,7 +16,6 @@ from dockerlaunch.images.build import (
 )
 from dockerlaunch.images.constraints import RULES, check_stack, flash_attn_wheel, te_flash_attn_ceiling
 from dockerlaunch.images.stacks import GitPin, Stack, load_matrix
-
 from tests.conftest import venv_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +36,8 @@ def test_matrix_has_four_megatron_stacks_and_cpu(matrix):
     assert "cpu" in names
     gpu = [s for s in matrix.stacks.values() if s.is_cuda]
     assert len(gpu) >= 4
-    lines = {(s.ms_swift.split(".")[0] + "." + s.ms_swift.split(".")[1], s.megatron_core.rsplit(".", 1)[0]) for s in gpu}
+    lines = {(s.ms_swift.split(".")[0] + "." + s.ms_swift.split(".")[1], s.megatron_core.rsplit(".", 1)[0])
+             for s in gpu}
     assert ("3.7", "0.13") in lines and ("3.12", "0.15") in lines
     assert any(s.ms_swift.startswith("4.") for s in gpu)
     assert all(s.transformer_engine and s.apex and s.flash_attn for s in gpu)
@@ -93,7 +93,8 @@ def change(stack: Stack, **kw) -> Stack:
     ("swift3.7-mcore0.13", {"flash_attn": "2.8.3"}, "fa-te"),
     ("swift3.7-mcore0.13", {"flash_attn": "2.0.9"}, "fa-te"),
     ("swift4.5-mcore0.18-cu13", {"python": "3.11"}, "python"),
-    ("swift3.12-mcore0.15", {"torch": "2.5.1", "torch_index_url": "https://download.pytorch.org/whl/cu128"}, "mcore-torch"),
+    ("swift3.12-mcore0.15", {"torch": "2.5.1", "torch_index_url": "https://download.pytorch.org/whl/cu128"},
+     "mcore-torch"),
     ("swift3.12-mcore0.15", {"numpy": "2.1.0"}, "numpy"),
     ("swift3.12-mcore0.15", {"numpy": None}, "numpy"),
     ("swift3.12-mcore0.15", {"megatron_lm": None}, "swift-clone"),
@@ -107,6 +108,10 @@ def change(stack: Stack, **kw) -> Stack:
     ("swift4.5-mcore0.18-cu13", {"transformer_engine": "2.8.0", "flash_attn": "2.8.1"}, "te-cu13"),
     ("swift4.5-mcore0.18-cu13", {"extra": ["mcore-bridge==1.6.2"]}, "swift-bridge"),
     ("swift4.5-mcore0.18-cu13", {"extra": []}, "swift-bridge"),
+    ("swift3.12-mcore0.15", {"torch": "2.0.1", "torch_index_url": "https://download.pytorch.org/whl/cu118"},
+     "te-torch"),
+    ("swift3.12-mcore0.15", {"cuda": "12.0"}, "te-cuda"),
+    ("swift3.12-mcore0.15", {"cuda": "11.8"}, "te-cuda"),
 ])
 def test_each_rule_catches_its_violation(matrix, stack_name, changes, rule):
     bad = change(matrix.stacks[stack_name], **changes)
@@ -126,7 +131,8 @@ def test_te_flash_attn_ceiling_table():
 def test_flash_attn_prebuilt_wheel_only_where_one_exists(matrix):
     c = matrix.stacks["swift4.0-mcore0.15"]
     assert flash_attn_wheel(c) is None  # torch 2.10: source build
-    assert flash_attn_wheel(change(c, torch="2.8.0")) == "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"
+    assert flash_attn_wheel(change(c, torch="2.8.0")) == (
+        "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp311-cp311-linux_x86_64.whl")
     assert flash_attn_wheel(matrix.stacks["swift4.5-mcore0.18-cu13"]) is None  # CUDA 13
 
 

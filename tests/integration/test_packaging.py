@@ -1,0 +1,38 @@
+"""A plain (non-editable) `pip install .` into a new venv works outside the checkout: the stack matrix, the
+Dockerfile and the shell programs ship inside the wheel."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_wheel_install_lists_and_plans_stacks_from_any_directory(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          str(ROOT)], capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    dl = str(venv / "bin" / "dockerlaunch")
+
+    listed = subprocess.run([dl, "stacks", "list"], cwd=work, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert "cpu" in listed.stdout and "swift4.5-mcore0.18-cu13" in listed.stdout
+
+    planned = subprocess.run([dl, "build", "--stack", "cpu", "--dry-run"], cwd=work, capture_output=True, text=True,
+                             timeout=120)
+    assert planned.returncode == 0, planned.stderr
+    assert "docker build" in planned.stdout and "site-packages" in planned.stdout  # the shipped Dockerfile
+    assert str(ROOT) not in planned.stdout  # nothing read from the checkout
+
+    shipped = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "from dockerlaunch import cluster, transfer; from dockerlaunch.images.stacks import default_dockerfiles_dir;"
+         "print(len(transfer.script('relay.sh')), len(cluster.script('observe.sh')), default_dockerfiles_dir())"],
+        cwd=work, capture_output=True, text=True, timeout=120)
+    assert shipped.returncode == 0, shipped.stderr
+    relay, observe, where = shipped.stdout.split()
+    assert int(relay) > 500 and int(observe) > 300 and "site-packages" in where

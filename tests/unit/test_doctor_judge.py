@@ -1,0 +1,606 @@
+"""doctor.judge on hand-built facts (as observe would record them) and parse_observation on recorded output.
+
+judge is pure: every verdict branch is driven here by the facts alone, with no SSH, no docker and no mocks.
+"""
+
+import json
+
+import pytest
+
+from dockerlaunch.cluster.config import ClusterConfig
+from dockerlaunch.cluster.doctor import (
+    CHECK_ORDER,
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    Check,
+    ContainerFacts,
+    HostObservation,
+    Observations,
+    Report,
+    _probe_spec,
+    judge,
+    parse_observation,
+)
+from dockerlaunch.cluster.facts import Probe, nic_problem
+from dockerlaunch.cluster.plan import make_plan
+
+H0, H1 = "10.0.0.1", "10.0.0.2"
+MASTER = H0
+IMAGE = "img:tag"
+IMAGE_ID = "sha256:ab12cd34ef56" + "0" * 52
+OTHER_ID = "sha256:99ff88ee77dd" + "1" * 52
+GB = 1024 * 1024  # KiB
+HIGH_PORT = 45678
+
+
+# ---------------------------------------------------------------- builders
+
+
+def cfg(hosts=(H0, H1), job=None, **container) -> ClusterConfig:
+    """Two hosts, no GPUs, no InfiniBand unless a test says otherwise."""
+    data = {"hosts": list(hosts), "image": IMAGE, "ssh": {"config_file": None},
+            "container": {"gpus": "none", "infiniband": "off", **container}}
+    if job:
+        data["job"] = job
+    return ClusterConfig.model_validate(data)
+
+
+def probe(interface="eth0", source=None, problem=None, ib=False, active=(), seen=None, gpus=None) -> Probe:
+    return Probe(interface=interface, source=source, problem=problem, ib_device=ib, ib_active=list(active),
+                 ib_seen=list(seen if seen is not None else [f"{p} ACTIVE" for p in active]), gpu_count=gpus)
+
+
+def host(rank: int, **kw) -> HostObservation:
+    """A healthy host as observe records it; keyword arguments replace single facts."""
+    address = kw.pop("address", f"10.0.0.{rank + 1}")
+    facts = dict(
+        ssh=f"root@{address}:22", docker="24.0.7", image_id=IMAGE_ID,
+        probe=probe(source=address), disk=(200 * GB, 80 * GB), mounts_missing=[], listening={22},
+        clock_offset=0.0, shm=ContainerFacts(shm_kb=64 * GB, memlock="unlimited"),
+        reach=None if rank == 0 else [],
+    )
+    facts.update(kw)
+    return HostObservation(rank, address, **facts)
+
+
+def unreachable(rank: int, why="connection refused", address: str | None = None) -> HostObservation:
+    """A host SSH could not reach: observe fills nothing else."""
+    address = address or f"10.0.0.{rank + 1}"
+    return HostObservation(rank, address, ssh=f"root@{address}:22", ssh_error=why)
+
+
+def run(config: ClusterConfig, *hosts: HostObservation, reach_ports=(29500, HIGH_PORT), reach_error=None) -> Report:
+    plan = make_plan(config, local_user="root")
+    return judge(config, plan, Observations(MASTER, list(hosts), reach_ports=reach_ports, reach_error=reach_error))
+
+
+def row(report: Report, address: str, name: str, verdict, *words: str) -> Check:
+    """The one row for (address, check), with the expected verdict and key words in its reason."""
+    rows = [c for c in report.checks if c.host == address and c.name == name]
+    assert len(rows) == 1, f"{address} {name}: {rows} in {report.checks}"
+    c = rows[0]
+    assert c.status == verdict, c
+    for w in words:
+        assert w in c.reason, (w, c)
+    return c
+
+
+def names(report: Report, address: str) -> list[str]:
+    return [c.name for c in report.checks if c.host == address]
+
+
+# ---------------------------------------------------------------- ssh, docker
+
+
+def test_all_healthy_passes():
+    report = run(cfg(), host(0), host(1))
+    assert not report.failed
+    row(report, H0, "ssh", PASS, "root@10.0.0.1:22")
+    row(report, H0, "docker", PASS, "engine 24.0.7")
+    row(report, H0, "image", PASS, "ab12cd34ef56")
+    row(report, H0, "master port", PASS, "29500 is free")
+    row(report, H1, "reachability", PASS, f"reaches {MASTER}:29500 and :{HIGH_PORT}")
+
+
+def test_ssh_fail_judges_nothing_else_on_that_host():
+    report = run(cfg(), host(0), unreachable(1, "connect to 10.0.0.2:22: Connection refused"))
+    row(report, H1, "ssh", FAIL, "Connection refused")
+    assert names(report, H1) == ["ssh"]
+    assert names(report, H0) == ["ssh", "docker", "image", "route", "master port", "shm", "gpus", "infiniband",
+                                 "disk"]  # one timed host: no clock row
+
+
+def test_observation_round_trip_failed():
+    broken = HostObservation(1, H1, ssh="root@10.0.0.2:22", error="Timeout opening channel.")
+    report = run(cfg(), host(0), broken)
+    row(report, H1, "ssh", PASS, "root@10.0.0.2:22")
+    row(report, H1, "docker", FAIL, "could not check the host: Timeout opening channel.")
+    assert names(report, H1) == ["ssh", "docker"]
+    assert report.get(H0, "reachability") is None  # host 1 is not usable: no probe to judge
+
+
+def test_docker_permission_denied_hints_the_docker_group():
+    config = cfg(hosts=[H0, "alice@10.0.0.2"])
+    why = ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
+           'Get "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/version": dial unix /var/run/docker.sock: connect: '
+           "permission denied")
+    report = run(config, host(0), host(1, docker=None, docker_error=why, image_id=None, disk=None))
+    c = row(report, H1, "docker", FAIL, "docker not usable by alice", "permission denied")
+    assert c.reason.endswith("(add the user to the docker group)")
+    # the host itself still answers: route, InfiniBand and clock are judged, nothing that needs docker is
+    assert names(report, H1) == ["ssh", "docker", "route", "infiniband", "clock"]
+
+
+def test_docker_not_installed_has_no_group_hint():
+    report = run(cfg(), host(0), host(1, docker=None, docker_error="sh: 1: docker: not found", image_id=None))
+    c = row(report, H1, "docker", FAIL, "docker not usable by root: sh: 1: docker: not found")
+    assert "docker group" not in c.reason
+
+
+def test_docker_without_answer():
+    row(run(cfg(), host(0), host(1, docker=None, image_id=None)), H1, "docker", FAIL, "no answer")
+
+
+# ---------------------------------------------------------------- image
+
+
+def test_image_missing_fails_with_the_push_hint():
+    report = run(cfg(), host(0), host(1, image_id="", shm=None))
+    row(report, H1, "image", FAIL, "img:tag is missing", "dockerlaunch push img:tag --hosts 10.0.0.1,10.0.0.2")
+    row(report, H0, "image", PASS, "ab12cd34ef56")
+    # no container could run there: no shm/gpus rows, and reachability is skipped instead of failed
+    assert report.get(H1, "shm") is None and report.get(H1, "gpus") is None
+    row(report, H1, "reachability", SKIP, "image missing here")
+
+
+def test_image_missing_everywhere():
+    report = run(cfg(), host(0, image_id="", shm=None), host(1, image_id="", shm=None))
+    row(report, H0, "image", FAIL, "missing")
+    row(report, H1, "image", FAIL, "missing")
+
+
+def test_a_different_image_id_on_one_host_fails():
+    report = run(cfg(), host(0), host(1, image_id=OTHER_ID))
+    row(report, H0, "image", PASS, "ab12cd34ef56")
+    row(report, H1, "image", FAIL, "img:tag is 99ff88ee77dd here but ab12cd34ef56 on another host",
+        "dockerlaunch push img:tag --hosts 10.0.0.1,10.0.0.2")
+
+
+# ---------------------------------------------------------------- route, infiniband
+
+
+def test_route_pass_names_the_interface():
+    row(run(cfg(), host(0), host(1, probe=probe("ens5f0"))), H1, "route", PASS, f"{MASTER} via ens5f0")
+
+
+def test_route_through_docker_bridge_fails():
+    bad = probe("docker0", "172.17.0.1", problem=nic_problem("docker0", "172.17.0.1"))
+    row(run(cfg(), host(0), host(1, probe=bad)), H1, "route", FAIL, f"toward {MASTER}", "docker0")
+
+
+def test_no_route_fails():
+    bad = probe(None, problem="no route: RTNETLINK answers: Network is unreachable")
+    row(run(cfg(), host(0), host(1, probe=bad)), H1, "route", FAIL, "no route", "Network is unreachable")
+
+
+def test_route_problem_only_warns_when_the_user_set_nccl_socket_ifname():
+    bad = probe("docker0", "172.17.0.1", problem=nic_problem("docker0", "172.17.0.1"))
+    report = run(cfg(env={"NCCL_SOCKET_IFNAME": "ib0"}), host(0), host(1, probe=bad))
+    row(report, H1, "route", WARN, f"toward {MASTER}: route goes through docker0", "; using your NCCL_SOCKET_IFNAME")
+
+
+def test_no_probe_no_route_or_infiniband_rows():
+    report = run(cfg(), host(0), host(1, probe=None))
+    assert report.get(H1, "route") is None and report.get(H1, "infiniband") is None
+
+
+@pytest.mark.parametrize(
+    "mode,p,verdict,words",
+    [
+        ("on", probe(), FAIL, ["infiniband: on", "no /dev/infiniband"]),
+        ("auto", probe(), SKIP, ["no /dev/infiniband on the host"]),
+        ("off", probe(), SKIP, ["no /dev/infiniband on the host"]),
+        ("off", probe(ib=True, active=["mlx5_0:1"]), WARN,
+         ["the host has InfiniBand but infiniband: off: NCCL will use TCP"]),
+        ("on", probe(ib=True, seen=["mlx5_0:1 DOWN", "mlx5_1:1 INIT"]), FAIL,
+         ["no ACTIVE IB port (mlx5_0:1 DOWN, mlx5_1:1 INIT)"]),
+        ("auto", probe(ib=True), FAIL, ["no ACTIVE IB port (none listed)"]),
+        ("on", probe(ib=True, active=["mlx5_0:1", "mlx5_1:1"]), PASS, ["NCCL_IB_HCA=mlx5_0:1,mlx5_1:1"]),
+        ("auto", probe(ib=True, active=["mlx5_2:1"]), PASS, ["NCCL_IB_HCA=mlx5_2:1"]),
+    ],
+)
+def test_infiniband(mode, p, verdict, words):
+    c = row(run(cfg(infiniband=mode), host(0), host(1, probe=p)), H1, "infiniband", verdict, *words)
+    assert c.reason.startswith(words[0]), c
+
+
+# ---------------------------------------------------------------- shm, memlock
+
+
+@pytest.mark.parametrize(
+    "shm,verdict,words",
+    [
+        (ContainerFacts(shm_kb=65536, memlock="8192"), FAIL, ["/dev/shm is 64 MB in the container",
+                                                                "ipc: host or shm_size"]),
+        (ContainerFacts(shm_kb=32768, memlock="8192"), FAIL, ["/dev/shm is 32 MB"]),
+        (ContainerFacts(shm_kb=64 * GB, memlock="8192"), PASS, ["/dev/shm 64 GB"]),
+        (ContainerFacts(shm_kb=None, memlock="8192"), WARN, ["could not read /dev/shm size"]),
+        (ContainerFacts(error="docker: Error response from daemon: invalid shm size"), FAIL,
+         ["a container with the job's flags did not start", "invalid shm size"]),
+        (None, FAIL, ["could not check: no container was run"]),
+    ],
+)
+def test_shm(shm, verdict, words):
+    report = run(cfg(), host(0), host(1, shm=shm))
+    row(report, H1, "shm", verdict, *words)
+    assert report.get(H1, "memlock") is None  # infiniband: off
+
+
+def test_shm_pass_reason_shows_sizes_under_a_gigabyte():
+    # shm_size: 512m is above docker's 64 MB default, so PASS; the reason must not claim "0 GB"
+    c = row(run(cfg(), host(0), host(1, shm=ContainerFacts(shm_kb=512 * 1024, memlock="8192"))), H1, "shm", PASS)
+    assert "0 GB" not in c.reason, c.reason
+
+
+@pytest.mark.parametrize("memlock,verdict", [("unlimited", PASS), ("8192", FAIL), ("64", FAIL)])
+def test_memlock_when_infiniband_is_used(memlock, verdict):
+    ib = probe(ib=True, active=["mlx5_0:1"])
+    shm = ContainerFacts(shm_kb=64 * GB, memlock=memlock)
+    report = run(cfg(infiniband="on"), host(0, probe=ib), host(1, probe=ib, shm=shm))
+    row(report, H1, "memlock", verdict, f"ulimit -l in the container: {memlock}")
+
+
+def test_memlock_judged_in_auto_mode_only_where_the_host_has_infiniband():
+    ib = probe(ib=True, active=["mlx5_0:1"])
+    low = ContainerFacts(shm_kb=64 * GB, memlock="8192")
+    report = run(cfg(infiniband="auto"), host(0, shm=low), host(1, probe=ib, shm=low))
+    assert report.get(H0, "memlock") is None
+    row(report, H1, "memlock", FAIL, "8192")
+
+
+def test_no_memlock_row_when_the_probe_container_failed():
+    ib = probe(ib=True, active=["mlx5_0:1"])
+    report = run(cfg(infiniband="on"), host(0, probe=ib), host(1, probe=ib, shm=ContainerFacts(error="no such device")))
+    row(report, H1, "shm", FAIL, "no such device")
+    assert report.get(H1, "memlock") is None
+
+
+def test_probe_container_in_auto_mode_gets_the_memlock_it_will_run_with():
+    """On an IB host with infiniband: auto (the default), the job runs with --ulimit memlock=-1:-1 (make_plan with
+    facts turns auto into on); the shm/memlock probe container must get it too, or memlock FAILs falsely."""
+    plan = make_plan(cfg(infiniband="auto"), local_user="root")  # the plan doctor.check() judges: no facts
+    spec = _probe_spec(plan.hosts[0], IMAGE, ["sh", "-c", "ulimit -l"], "dlprobe-shm-x", ib=True)
+    argv = spec.run_argv()
+    assert "memlock=-1:-1" in argv, argv
+    assert "/dev/infiniband" in argv, argv
+
+
+# ---------------------------------------------------------------- gpus
+
+
+def test_gpus_skipped_when_the_job_asks_for_none():
+    row(run(cfg(), host(0), host(1)), H1, "gpus", SKIP, "the job asks for no GPUs")
+
+
+@pytest.mark.parametrize(
+    "container,gpus,verdict,words",
+    [
+        ({"gpus": "all"}, ContainerFacts(error='could not select device driver "" with capabilities: [[gpu]]'), FAIL,
+         ["GPU container failed", "could not select device driver", "nvidia-container-toolkit"]),
+        ({"gpus": 4}, ContainerFacts(gpus=2), FAIL, ["2 GPU(s) visible in the container, nproc_per_node is 4"]),
+        ({"gpus": 4}, ContainerFacts(gpus=4), PASS, ["4 GPU(s) visible in the container"]),
+        ({"gpus": ["0", "3"]}, ContainerFacts(gpus=2), PASS, ["2 GPU(s)"]),
+        ({"gpus": "all"}, ContainerFacts(gpus=8), PASS, ["8 GPU(s)"]),  # nproc resolved at launch: no count check
+        ({"gpus": "all", "gpu_mode": "cdi"}, ContainerFacts(gpus=8), PASS, ["8 GPU(s)"]),
+    ],
+)
+def test_gpus(container, gpus, verdict, words):
+    report = run(cfg(**container), host(0, gpus=ContainerFacts(gpus=8)), host(1, gpus=gpus))
+    row(report, H1, "gpus", verdict, *words)
+
+
+def test_gpus_fewer_than_job_nproc_per_node():
+    report = run(cfg(job={"nproc_per_node": 8}, gpus="all"), host(0, gpus=ContainerFacts(gpus=8)),
+                 host(1, gpus=ContainerFacts(gpus=7)))
+    row(report, H0, "gpus", PASS, "8 GPU(s)")
+    row(report, H1, "gpus", FAIL, "7 GPU(s) visible", "nproc_per_node is 8")
+
+
+# ---------------------------------------------------------------- mounts, shared
+
+
+def test_mounts():
+    config = cfg(mounts=["/data:/data", "/nope:/nope:ro"])
+    report = run(config, host(0), host(1, mounts_missing=["/nope"]))
+    row(report, H0, "mounts", PASS, "2 host path(s) exist")
+    row(report, H1, "mounts", FAIL, "missing on the host: /nope")
+
+
+def test_no_mounts_row_without_mounts():
+    assert "mounts" not in names(run(cfg(), host(0), host(1)), H1)
+
+
+def test_shared_storage():
+    config = cfg(mounts=[{"source": "/shared", "target": "/shared", "shared": True},
+                         {"source": "/scratch", "target": "/scratch", "shared": True}])
+    report = run(config, host(0), host(1, shared={"/shared": True, "/scratch": False}))
+    rows = [c for c in report.checks if c.name == "shared"]
+    assert [(c.status, c.reason) for c in rows] == [
+        (PASS, "/shared is shared with host 0"),
+        (FAIL, "/scratch is not the same storage as on host 0 (marked shared: true)"),
+    ]
+
+
+def test_shared_storage_error_is_a_fail():
+    config = cfg(mounts=[{"source": "/shared", "target": "/shared", "shared": True}])
+    report = run(config, host(0, shared={"/shared": "cannot write to /shared: Permission denied"}), host(1))
+    row(report, H0, "shared", FAIL, "cannot write to /shared: Permission denied")
+    assert report.get(H1, "shared") is None
+
+
+# ---------------------------------------------------------------- master port, reachability
+
+
+def test_master_port_in_use_fails_and_skips_reachability():
+    report = run(cfg(), host(0, listening={22, 29500}), host(1, reach=None), reach_ports=None)
+    row(report, H0, "master port", FAIL, "port 29500 is already in use on host 0", "--master-port")
+    assert report.get(H1, "reachability") is None
+
+
+def test_master_port_is_the_configured_one():
+    report = run(cfg(job={"master_port": 12345}), host(0, listening={22, 29500}), host(1),
+                 reach_ports=(12345, HIGH_PORT))
+    row(report, H0, "master port", PASS, "12345 is free")
+    row(report, H1, "reachability", PASS, f"reaches {MASTER}:12345 and :{HIGH_PORT}")
+
+
+@pytest.mark.parametrize(
+    "h0,h1,kw,verdict,words",
+    [
+        ({}, {"reach": []}, {}, PASS, [f"reaches {MASTER}:29500 and :{HIGH_PORT}"]),
+        ({}, {"reach": [f"{MASTER}:29500 nc: connect to {MASTER} port 29500 (tcp) timed out"]}, {}, FAIL,
+         [f"cannot reach {MASTER}:29500 nc: connect", "(firewall?)"]),
+        ({}, {"reach": [f"{MASTER}:29500 refused", f"{MASTER}:{HIGH_PORT} refused"]}, {}, FAIL,
+         [f"{MASTER}:29500 refused; {MASTER}:{HIGH_PORT} refused"]),
+        ({}, {"reach": "could not check: Timeout opening channel."}, {}, FAIL,
+         ["could not check: Timeout opening channel."]),
+        ({}, {"reach": None}, {}, FAIL, ["could not check: no probe ran"]),
+        ({}, {"reach": None}, {"reach_error": "docker: Error response from daemon: pull access denied"}, FAIL,
+         ["cannot start a listener on host 0", "pull access denied"]),
+        ({}, {"reach": "image missing here", "image_id": ""}, {}, SKIP, ["image missing here"]),
+        ({}, {"reach": None, "image_id": ""}, {}, SKIP, ["image missing here"]),
+        ({"image_id": "", "shm": None}, {"reach": None}, {"reach_ports": None}, SKIP, ["host 0"]),
+        ({"docker": None, "docker_error": "sh: 1: docker: not found", "image_id": None}, {"reach": None},
+         {"reach_ports": None}, SKIP, ["host 0 is not usable"]),
+    ],
+)
+def test_reachability(h0, h1, kw, verdict, words):
+    row(run(cfg(), host(0, **h0), host(1, **h1), **kw), H1, "reachability", verdict, *words)
+
+
+def test_reachability_skipped_when_host_0_is_unreachable():
+    report = run(cfg(), unreachable(0), host(1, reach=None), reach_ports=None)
+    row(report, H1, "reachability", SKIP, "host 0 is not usable")
+    assert report.get(H0, "master port") is None
+
+
+def test_passing_reach_without_recorded_ports_names_the_master_port():
+    row(run(cfg(), host(0), host(1), reach_ports=None), H1, "reachability", PASS, f"reaches {MASTER}:29500")
+
+
+# ---------------------------------------------------------------- disk, clock
+
+
+@pytest.mark.parametrize(
+    "disk,verdict,words",
+    [
+        ((200 * GB, 80 * GB), PASS, ["80 GB free under the docker root"]),
+        ((200 * GB, 20 * GB), PASS, ["20 GB free"]),
+        ((200 * GB, 19 * GB), WARN, ["19 GB free"]),
+        ((103081248, 2000000), WARN, ["2 GB free"]),
+        (None, WARN, ["could not read free space under the docker root"]),
+    ],
+)
+def test_disk(disk, verdict, words):
+    row(run(cfg(), host(0), host(1, disk=disk)), H1, "disk", verdict, *words)
+
+
+@pytest.mark.parametrize(
+    "h0,h1,verdict,words",
+    [
+        (0.25, 0.5, PASS, ["0.25s from host 0"]),
+        (0.0, -0.99, PASS, ["0.99s"]),
+        (0.0, 1.0, WARN, ["1.00s from host 0"]),
+        (0.0, 3.5, WARN, ["3.50s from host 0"]),
+        (0.0, -9.5, WARN, ["9.50s"]),
+        (0.0, 10.0, FAIL, ["10.00s from host 0"]),
+        (0.0, 12.0, FAIL, ["12.00s from host 0"]),
+        (100.0, 80.0, FAIL, ["20.00s"]),
+    ],
+)
+def test_clock(h0, h1, verdict, words):
+    report = run(cfg(), host(0, clock_offset=h0), host(1, clock_offset=h1))
+    row(report, H0, "clock", PASS, "0.00s from host 0")
+    row(report, H1, "clock", verdict, *words)
+
+
+def test_no_clock_rows_with_one_timed_host():
+    report = run(cfg(), host(0), host(1, clock_offset=None))
+    assert all(c.name != "clock" for c in report.checks)
+
+
+def test_clock_reference_is_named_when_host_0_is_not_timed():
+    hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    report = run(cfg(hosts=hosts), unreachable(0), host(1, clock_offset=0.0), host(2, clock_offset=0.2))
+    c = row(report, "10.0.0.3", "clock", PASS, "0.20s")
+    assert "host 0" not in c.reason, c.reason  # host 0 was never timed: the skew is measured from 10.0.0.2
+
+
+# ---------------------------------------------------------------- the report
+
+
+def test_report_is_sorted_by_host_rank_then_check_order():
+    config = cfg(mounts=[{"source": "/shared", "target": "/shared", "shared": True}], infiniband="auto")
+    report = run(config, host(0, clock_offset=0.1), host(1, shared={"/shared": True}, clock_offset=0.2))
+    keys = [(c.host, c.name) for c in report.checks]
+    assert keys == sorted(keys, key=lambda k: ((H0, H1).index(k[0]), CHECK_ORDER.index(k[1])))
+    # rows judged last (image, master port, reachability, shared, clock) are in place, not appended
+    assert names(report, H0) == ["ssh", "docker", "image", "route", "master port", "shm", "gpus", "infiniband",
+                                 "mounts", "disk", "clock"]
+    assert names(report, H1) == ["ssh", "docker", "image", "route", "reachability", "shm", "gpus", "infiniband",
+                                 "mounts", "shared", "disk", "clock"]
+    assert keys.index((H0, "clock")) < keys.index((H1, "ssh"))
+
+
+def test_report_rows_of_hosts_sharing_an_address_are_told_apart():
+    # two hosts behind one gateway, by port: the config accepts it (hosts are unique by address and port)
+    config = cfg(hosts=[{"address": "gw:2201", "advertise_addr": "10.0.0.1"}, "gw:2202"])
+    report = run(config, host(0, address="gw", ssh="root@gw:2201"), unreachable(1, address="gw"))
+    ssh_rows = [c for c in report.checks if c.name == "ssh"]
+    assert [c.status for c in ssh_rows] == [PASS, FAIL]  # sorted by rank: rank 0 first
+    assert len({c.host for c in ssh_rows}) == 2, ssh_rows  # a reader must tell which host failed
+
+
+def test_report_dict_json_and_summary():
+    report = run(cfg(), host(0, disk=(200 * GB, 5 * GB)), host(1, image_id=OTHER_ID))
+    d = report.to_dict()
+    assert d["ok"] is False
+    assert d["counts"] == {"PASS": 14, "WARN": 1, "FAIL": 1, "SKIP": 4}
+    assert sum(d["counts"].values()) == len(d["checks"]) == len(report.checks)
+    assert d["checks"][0] == {"host": H0, "check": "ssh", "verdict": "PASS", "reason": "root@10.0.0.1:22"}
+    failed = [c for c in d["checks"] if c["verdict"] == "FAIL"]
+    assert [(c["host"], c["check"]) for c in failed] == [(H1, "image")]
+    assert json.loads(report.to_json()) == d
+    assert report.summary() == "doctor: 14 PASS, 1 FAIL, 1 WARN, 4 SKIP"
+    assert [c.name for c in report.failed] == ["image"]
+
+
+def test_report_of_warnings_only_is_ok():
+    report = run(cfg(), host(0, disk=None), host(1))
+    assert report.to_dict()["ok"] is True and report.counts()[WARN] == 1
+    assert Report().summary() == "doctor: 0 PASS, 0 FAIL, 0 WARN, 0 SKIP"
+    assert Report().to_dict() == {"ok": True, "counts": {"PASS": 0, "WARN": 0, "FAIL": 0, "SKIP": 0}, "checks": []}
+
+
+# ---------------------------------------------------------------- parse_observation on recorded output
+
+TCP = """\
+tcp=  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+tcp=   0: 00000000:7531 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 21310 1 0 100 0 0 10 0
+tcp=   1: 0100007F:0035 00000000:0000 0A 00000000:00000000 00:00000000 00000000   101        0 18220 1 0 100 0 0 10 5
+tcp=   2: 0200000A:0016 0100000A:D6A2 01 00000000:00000000 02:0009A5D3 00000000     0        0 30125 2 0 20 4 30 10 -1
+tcp=  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when
+tcp=   0: 00000000000000000000000000000000:0016 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000
+"""
+
+# observe.sh + probe.sh on a Debian 12 worker (rank 1) with docker.io, no GPU, no InfiniBand
+DEBIAN_WORKER = f"""\
+clock=1763800000.123456789
+docker=20.10.24+dfsg1
+image={IMAGE_ID}
+disk=Filesystem 1024-blocks Used Available Capacity Mounted on
+disk=/dev/sda1 103081248 40000000 58000000 41% /
+mount_ok=/data
+mount_missing=/nope
+{TCP}route=10.0.0.1 dev eth0 src 10.0.0.2 uid 0 \\    cache
+owner=
+ib_dev=0
+gpus=none
+has_ip=1
+"""
+
+# the same scripts on host 0 itself: the route to its own address is local, the owning NIC is named
+DEBIAN_MASTER = f"""\
+clock=1763800000.200000000
+docker=20.10.24+dfsg1
+image={IMAGE_ID}
+disk=Filesystem 1024-blocks Used Available Capacity Mounted on
+disk=/dev/nvme0n1p2 490691512 450000000 15691512 97% /
+mount_ok=/data
+mount_ok=/nope
+{TCP}route=local 10.0.0.1 dev lo table local src 10.0.0.1 uid 0 \\    cache <local>
+owner=2: eth0    inet 10.0.0.1/24 brd 10.0.0.255 scope global eth0\\       valid_lft forever preferred_lft forever
+ib_dev=0
+gpus=none
+has_ip=1
+"""
+
+# a user outside the docker group: docker version fails, everything else is still printed
+NO_DOCKER = """\
+clock=1763800000.300000000
+docker_error=permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: \
+Get "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/version": dial unix /var/run/docker.sock: connect: permission denied
+mount_ok=/data
+mount_missing=/nope
+tcp=  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+tcp=   0: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+route=10.0.0.1 dev eth0 src 10.0.0.2 uid 0 \\    cache
+owner=
+ib_dev=0
+gpus=none
+has_ip=1
+"""
+
+
+def test_parse_observation_on_a_debian_host_with_docker():
+    o = parse_observation(HostObservation(1, H1, ssh="root@10.0.0.2:22"), DEBIAN_WORKER)
+    assert (o.docker, o.docker_error, o.image_id) == ("20.10.24+dfsg1", None, IMAGE_ID)
+    assert o.disk == (103081248, 58000000)
+    assert o.mounts_missing == ["/nope"]
+    assert o.listening == {0x7531, 0x35, 22}  # the ESTABLISHED ssh connection (st 01) is not listening
+    p = o.probe
+    assert (p.interface, p.source, p.problem, p.ib_device, p.ib_active, p.gpu_count) == (
+        "eth0", "10.0.0.2", None, False, [], None)
+    assert o.usable and o.ssh == "root@10.0.0.2:22" and o.clock_offset is None  # the clock is observe's job
+
+
+def test_parse_observation_on_the_master():
+    o = parse_observation(HostObservation(0, H0), DEBIAN_MASTER)
+    assert o.probe.interface == "eth0" and o.probe.problem is None
+    assert o.disk == (490691512, 15691512) and o.mounts_missing == []
+
+
+def test_parse_observation_when_docker_is_not_usable():
+    o = parse_observation(HostObservation(1, H1, ssh="root@10.0.0.2:22"), NO_DOCKER)
+    assert o.docker is None and not o.usable
+    assert o.docker_error.startswith("permission denied while trying to connect")
+    assert o.docker_error.endswith("connect: permission denied")
+    assert (o.image_id, o.disk) == (None, None)
+    assert o.mounts_missing == ["/nope"] and o.listening == {22}
+    assert o.probe.interface == "eth0" and o.probe.problem is None
+
+
+def test_parse_observation_of_a_missing_image():
+    text = DEBIAN_WORKER.replace(f"image={IMAGE_ID}", "image=")
+    assert parse_observation(HostObservation(1, H1), text).image_id == ""
+
+
+def test_judge_on_parsed_observations():
+    config = cfg(mounts=["/data:/data", "/nope:/nope"])
+    h0 = parse_observation(HostObservation(0, H0, ssh="root@10.0.0.1:22"), DEBIAN_MASTER)
+    h0.shm = ContainerFacts(shm_kb=16 * GB, memlock="8192")
+    h1 = parse_observation(HostObservation(1, H1, ssh="root@10.0.0.2:22"), DEBIAN_WORKER)
+    h1.shm, h1.reach = ContainerFacts(shm_kb=65536, memlock="8192"), []
+    report = run(config, h0, h1)
+    row(report, H0, "docker", PASS, "engine 20.10.24+dfsg1")
+    row(report, H0, "route", PASS, f"{MASTER} via eth0")
+    row(report, H0, "disk", WARN, "15 GB free")
+    row(report, H0, "mounts", PASS, "2 host path(s) exist")
+    row(report, H0, "master port", PASS, "29500 is free")
+    row(report, H1, "disk", PASS, "55 GB free")
+    row(report, H1, "mounts", FAIL, "/nope")
+    row(report, H1, "shm", FAIL, "64 MB")
+    row(report, H1, "infiniband", SKIP, "no /dev/infiniband")
+    row(report, H1, "reachability", PASS)
+    assert sorted((c.host, c.name) for c in report.failed) == [(H1, "mounts"), (H1, "shm")]
+
+    config2 = cfg()
+    busy = parse_observation(HostObservation(0, H0), DEBIAN_MASTER.replace(":7531 ", ":733C "))
+    row(run(config2, busy, h1), H0, "master port", FAIL, "29500")
+
+    nod = parse_observation(HostObservation(1, H1, ssh="root@10.0.0.2:22"), NO_DOCKER)
+    report = run(config, h0, nod)
+    row(report, H1, "docker", FAIL, "permission denied", "docker group")
+    assert names(report, H1) == ["ssh", "docker", "route", "infiniband"]

@@ -1,0 +1,47 @@
+"""The architecture as import rules (pyproject's [tool.importlinter]): kept by the tree, and each one really
+fails when an import breaks it."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import venv_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    tool = venv_tool("lint-imports")
+    assert tool, "import-linter is a test dependency (pip install -e .[test])"
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the copy's package wins over the installed one
+    return subprocess.run([tool, "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_tree_keeps_every_import_rule():
+    r = lint_imports(ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "4 kept, 0 broken" in r.stdout
+
+
+@pytest.mark.parametrize("module, line, contract", [
+    ("images/stacks.py", "from dockerlaunch.cluster import config", "never import each other"),
+    ("cluster/plan.py", "from dockerlaunch.images import stacks", "never import each other"),
+    ("transfer/push.py", "import rich", "Only the CLI prints with rich"),
+    ("cluster/doctor.py", "from dockerlaunch.sim import cluster", "Only the CLI imports the simulator"),
+    ("engine.py", "from dockerlaunch.cluster import session", "Layers"),
+])
+def test_a_broken_rule_fails(tmp_path, module, line, contract):
+    shutil.copytree(ROOT / "dockerlaunch", tmp_path / "dockerlaunch", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "dockerlaunch" / module
+    text = target.read_text()
+    # after the module docstring and `from __future__`, so the file stays valid Python
+    anchor = "from __future__ import annotations\n"
+    target.write_text(text.replace(anchor, anchor + line + "  # noqa\n", 1) if anchor in text else line + "\n" + text)
+    r = lint_imports(tmp_path)
+    assert r.returncode != 0, r.stdout
+    assert "0 broken" not in r.stdout, r.stdout
+    assert contract in r.stdout.split("Broken contracts", 1)[1], r.stdout

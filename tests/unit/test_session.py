@@ -1,0 +1,69 @@
+"""The concurrent host map: per-host outcomes, and interrupts that are never swallowed."""
+
+import threading
+import time
+
+import pytest
+
+from dockerlaunch.cluster.session import Outcomes, each
+from dockerlaunch.errors import DockerlaunchError, HostError, SSHError
+
+
+def test_outcomes_keep_order_values_and_errors():
+    def fn(i):
+        if i == 2:
+            raise HostError(f"h{i}", "boom", step="probing", exit_status=3)
+        time.sleep(0.01 * (5 - i))  # finish out of order
+        return i * 10
+
+    out = each(fn, [0, 1, 2, 3])
+    assert [o.item for o in out] == [0, 1, 2, 3]
+    assert [o.value for o in out.ok] == [0, 10, 30]
+    [bad] = out.failed
+    assert bad.item == 2 and isinstance(bad.error, HostError) and bad.error.exit_status == 3
+    assert str(bad.error) == "host h2: probing failed: boom" and bad.error.reason == "probing failed: boom"
+    with pytest.raises(HostError, match="host h2: probing failed: boom"):
+        out.raise_first()
+
+
+def test_raise_first_joins_several_failures_and_returns_values_when_all_ok():
+    assert each(lambda i: i + 1, [1, 2]).raise_first() == [2, 3]
+    out = each(lambda i: (_ for _ in ()).throw(SSHError(f"h{i}", "down")), [1, 2])
+    with pytest.raises(DockerlaunchError, match="host h1: down; host h2: down"):
+        out.raise_first()
+    assert len(Outcomes()) == 0 and each(lambda i: i, []).raise_first() == []
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_in_a_host_step_reaches_the_caller(exc):
+    """A Ctrl-C must stop the command, not become one host's result (the job would start anyway)."""
+    def fn(i):
+        if i == 1:
+            raise exc()
+        return i
+
+    with pytest.raises(exc):
+        each(fn, [0, 1, 2])
+
+
+def test_an_interrupt_does_not_wait_for_slow_hosts():
+    release = threading.Event()
+
+    def fn(i):
+        if i == 0:
+            raise KeyboardInterrupt()
+        release.wait(30)  # a host that hangs
+        return i
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        each(fn, [0, 1])
+    assert time.monotonic() - t0 < 5
+    release.set()
+
+
+def test_host_errors_survive_pickling_for_process_pools():
+    import pickle
+
+    e = pickle.loads(pickle.dumps(SSHError("h", "gone", step="connect", exit_status=255)))
+    assert isinstance(e, SSHError) and str(e) == "host h: connect failed: gone" and e.exit_status == 255
