@@ -6,9 +6,9 @@ a branch, so two builds of one stack are the same software.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
-from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -31,7 +31,11 @@ def default_dockerfiles_dir() -> Path:
     checkout = Path(__file__).resolve().parents[2] / "Dockerfiles"
     if (checkout / "stacks.yaml").is_file():
         return checkout
-    return Path(str(resources.files("dockerlaunch.images.dockerfiles")))
+    spec = importlib.util.find_spec("dockerlaunch.images.dockerfiles")  # a folder without __init__.py
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / "stacks.yaml").is_file():
+            return Path(location)
+    return checkout  # reported as missing by load_matrix, with the hint
 
 
 class _Model(BaseModel):
