@@ -57,6 +57,7 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     from dockerlaunch.cluster import launch
 
     cfg = load(kw, command)
+    launch.read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
     plan = make_plan(cfg, targets=resolve_all(cfg))
     if dry_run:
         click.echo(json.dumps(plan.to_dict(), indent=2) if output == "json" else render_plan(plan))

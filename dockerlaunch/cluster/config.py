@@ -24,6 +24,12 @@ _SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$")
 _ULIMIT_VALUE = re.compile(r"^-?[0-9]+(:-?[0-9]+)?$")
 _CAP = re.compile(r"^[A-Z_]+$")
 _GPU_DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)$")
+# what reaches ssh, known_hosts and remote shells: host names, IPv4/IPv6 literals, login names
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})$")
+_LOGIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_CONTAINER_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$")
+MAX_DEPTH = 20  # a config is a few levels deep; deeper is a mistake or an attack
+MAX_VALUES = 20_000  # after YAML aliases are expanded (a 500-byte alias bomb expands to billions)
 
 
 class _Model(BaseModel):
@@ -62,6 +68,11 @@ class SSHSettings(_Model):
     connect_timeout: float = Field(10.0, gt=0, le=600, description="Seconds to wait for a TCP connect + handshake.")
     config_file: str | None = Field("~/.ssh/config", description="OpenSSH client config to honour; null to ignore.")
 
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        return check_login(v)
+
 
 class HostConfig(_Model):
     address: str = Field(..., min_length=1, description="Host name, ~/.ssh/config alias or IP address.")
@@ -78,9 +89,14 @@ class HostConfig(_Model):
     @classmethod
     def _address(cls, v: str) -> str:
         v = v.strip()
-        if not v or any(c.isspace() for c in v) or v.startswith("-"):
-            raise ValueError(f"{v!r} is not a host name or IP address")
+        if not (is_ip(v) or _HOSTNAME.match(v)):
+            raise ValueError(f"{v!r} is not a host name or IP address (letters, digits, '.', '-', '_')")
         return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        return check_login(v)
 
     _gpus = field_validator("gpus", mode="before")(lambda cls, v: normalize_gpus(v))
 
@@ -129,6 +145,9 @@ def normalize_gpus(v: Any) -> Any:
         for d in devices:
             if not _GPU_DEVICE.match(d):
                 raise ValueError(f"{d!r} is not a GPU index or UUID (use all, none, a count, or e.g. [0, 1])")
+        repeated = sorted({d for d in devices if devices.count(d) > 1})
+        if repeated:
+            raise ValueError(f"GPU {repeated[0]} is listed twice; list each device once")
         return devices
     return v
 
@@ -197,10 +216,27 @@ class ContainerSettings(_Model):
     @classmethod
     def _env_values(cls, v: Any) -> Any:
         if isinstance(v, dict):
-            return {
-                k: ("" if val is None else str(val) if not isinstance(val, bool) else str(val).lower())
-                for k, val in v.items()
-            }
+            return {str(k): scalar(val, f"{k}") for k, val in v.items()}
+        return v
+
+    @field_validator("infiniband", mode="before")
+    @classmethod
+    def _ib_bool(cls, v: Any) -> Any:
+        # YAML 1.1 reads `on`/`off`/`yes`/`no` as booleans; users write exactly that
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+    @field_validator("user")
+    @classmethod
+    def _container_user(cls, v: str | None) -> str | None:
+        if v is not None and not _CONTAINER_USER.match(str(v)):
+            raise ValueError(f"{v!r} is not a user[:group] name or uid[:gid]")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} is not an absolute path")
         return v
 
     @field_validator("shm_size")
@@ -214,7 +250,7 @@ class ContainerSettings(_Model):
     @classmethod
     def _ulimits_str(cls, v: Any) -> Any:
         if isinstance(v, dict):
-            return {k: str(val) for k, val in v.items()}
+            return {str(k): scalar(val, str(k)) for k, val in v.items()}
         return v
 
     @field_validator("ulimits")
@@ -295,6 +331,43 @@ class ClusterConfig(_Model):
 
 
 # ---------------------------------------------------------------- parsing helpers (pure)
+
+
+def scalar(value: Any, name: str) -> str:
+    """A YAML scalar as the string a container sees; lists and maps are refused (never a Python repr)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    kind = "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else type(value).__name__
+    raise ValueError(f"{name} is {kind}, not a single value; quote it as one string")
+
+
+def check_login(v: str | None) -> str | None:
+    if v is not None and not _LOGIN.match(v):
+        raise ValueError(f"{v!r} is not a login name (letters, digits, '.', '-', '_')")
+    return v
+
+
+def check_shape(data: Any, where: str) -> None:
+    """Bound nesting depth and expanded size before validation looks at the data (iterative: no recursion)."""
+    stack = [(data, 1)]
+    count = 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ConfigError(f"{where}: more than {MAX_VALUES} values once YAML aliases are expanded; "
+                              "is an anchor (&) repeated inside itself?")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep; a config is a few levels deep")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+            stack.extend((k, depth + 1) for k in node if not isinstance(k, str))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def check_env_key(key: str) -> str:
@@ -384,6 +457,8 @@ def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
         return {}, None
     try:
         data = yaml.safe_load(p.read_text())
+    except RecursionError:
+        raise ConfigError(f"{p}: nested too deep to read; a config is a few levels deep") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -395,6 +470,7 @@ def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping (hosts:, image:, ...), not {type(data).__name__}")
+    check_shape(data, str(p))
     return data, str(p)
 
 
@@ -444,6 +520,7 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
 
 
 def validate_config(data: dict[str, Any], source: str | None = None) -> ClusterConfig:
+    check_shape(data, source or "config")
     if not data.get("hosts"):
         where = f" in {source}" if source else ""
         raise ConfigError(f"no hosts: pass --hosts h1,h2 or list hosts:{where}")

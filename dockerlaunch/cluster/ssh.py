@@ -35,6 +35,11 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
+def _keyscan(target: SSHTarget, known: Path) -> str:
+    """The fix users paste into a shell: every value quoted."""
+    return f"ssh-keyscan -p {target.port} {shlex.quote(target.hostname)} >> {shlex.quote(str(known))}"
+
+
 def _known_hosts_name(target: SSHTarget) -> str:
     return target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
 
@@ -64,7 +69,7 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
         raise SSHError(
             target.alias,
             f"known_hosts file {known} does not exist; add the host's key "
-            f"(ssh-keyscan -p {target.port} {target.hostname} >> {known}, after checking it) "
+            f"({_keyscan(target, known)}, after checking it) "
             "or set ssh.host_key_policy: accept-new"
         )
     if target.host_key_policy == "accept-new":
@@ -91,7 +96,7 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
             target.alias,
             f"HOST KEY CHANGED ({e.key.get_name()} offered, known_hosts {known} has another). "
             f"If the host was reinstalled, check the new key and run: "
-            f"ssh-keygen -R {_known_hosts_name(target)} -f {known}"
+            f"ssh-keygen -R {shlex.quote(_known_hosts_name(target))} -f {shlex.quote(str(known))}"
         ) from None
     except paramiko.SSHException as e:
         msg = str(e)
@@ -99,7 +104,7 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
             raise SSHError(
                 target.alias,
                 f"host key unknown ({_known_hosts_name(target)} is not in {known}); "
-                f"check and add it: ssh-keyscan -p {target.port} {target.hostname} >> {known}, "
+                f"check and add it: {_keyscan(target, known)}, "
                 "or set ssh.host_key_policy: accept-new"
             ) from None
         if isinstance(e, paramiko.AuthenticationException):

@@ -13,6 +13,7 @@ import hashlib
 import io
 import ipaddress
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -76,8 +77,20 @@ class SimNode:
     volume: str
 
 
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$")
+
+
+def check_name(cluster: str) -> str:
+    """A cluster name becomes container, network and volume names and a folder under the state dir."""
+    if not _NAME.match(cluster or "") or ".." in cluster:
+        raise SimError(f"--name {cluster!r}: use letters, digits, '_', '.', '-' (start with a letter or digit, "
+                       "at most 40)")
+    return cluster
+
+
 def node_layout(cluster: str, nodes: int, subnet: str) -> list[SimNode]:
     """Pure: names and fixed IPs of the nodes."""
+    check_name(cluster)
     net = ipaddress.ip_network(subnet)
     hosts = list(net.hosts())
     if nodes < 1:
@@ -487,6 +500,7 @@ def tbf_argv(dev: str, rate: str) -> list[str]:
 
 def shape(cluster: str = DEFAULT_NAME, rate: str | None = None, nodes: list[int] | None = None) -> None:
     """Shape (or, with rate None, unshape) each node's egress on eth0 with a token bucket."""
+    check_name(cluster)
     client = engine()
     containers = _cluster_containers(client, cluster)
     if not containers:
@@ -506,6 +520,7 @@ def shape(cluster: str = DEFAULT_NAME, rate: str | None = None, nodes: list[int]
 
 def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
     """Remove every container, network and volume of the cluster, and its state directory."""
+    check_name(cluster)
     import docker
 
     client = engine()
@@ -534,6 +549,8 @@ def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
 
 
 def status(cluster: str | None = None) -> list[dict[str, str]]:
+    if cluster is not None:
+        check_name(cluster)
     client = engine()
     rows = []
     for c in sorted(_cluster_containers(client, cluster), key=lambda c: c.name):

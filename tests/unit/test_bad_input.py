@@ -1,0 +1,85 @@
+"""Hostile or careless input: one line of error that names the field, exit code 2, never a traceback, and
+nothing contacted (every case here is a dry run or a config command)."""
+
+import pytest
+
+
+def one_line_error(r, *words):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("host, word", [
+    ("10.0.0.1;reboot", "not a host name"),
+    ("a@@10.0.0.1", "not a login name"),
+    ("$(id)", "not a host name"),
+    ("-oProxyCommand=x", "not a host name"),
+    ("h`x`", "not a host name"),
+])
+def test_hosts_that_would_reach_a_shell_are_refused(cli, host, word):
+    one_line_error(cli("up", "--dry-run", "--hosts", host, "--image", "img:1", "--", "true"), word)
+
+
+@pytest.mark.parametrize("yaml_text, words", [
+    ("hosts: ['10.0.0.1;reboot']\nimage: i:1\n", ["hosts[0]", "not a host name"]),
+    ("hosts: [h1]\nimage: i:1\ncontainer:\n  env:\n    A: [1, 2]\n", ["container.env", "A is a list"]),
+    ("hosts: [h1]\nimage: i:1\ncontainer:\n  env:\n    A: {b: 1}\n", ["container.env", "A is a mapping"]),
+    ("hosts: [h1]\nimage: i:1\ncontainer:\n  gpus: [0, 0]\n", ["container.gpus", "listed twice"]),
+    ("hosts: [h1]\nimage: i:1\ncontainer:\n  user: --privileged\n", ["container.user", "not a user"]),
+    ("hosts: [h1]\nimage: i:1\ncontainer:\n  workdir: -w\n", ["container.workdir", "absolute"]),
+    ("hosts: [h1]\nimage: i:1\ncontainer:\n  ulimits:\n    nofile: [1, 2]\n", ["container.ulimits", "a list"]),
+    ("hosts: [{address: h1, user: 'a b'}]\nimage: i:1\n", ["hosts[0].user", "not a login name"]),
+    ("hosts: [h1]\nssh:\n  user: 'x;y'\nimage: i:1\n", ["ssh.user", "not a login name"]),
+])
+def test_bad_config_values_are_one_line_errors(cli, tmp_path, yaml_text, words):
+    one_line_error(cli("up", "--dry-run", "--config", write(tmp_path, yaml_text), "--", "true"), *words)
+
+
+@pytest.mark.parametrize("spelling, flags", [("on", "/dev/infiniband"), ("yes", "/dev/infiniband"), ("off", None)])
+def test_yaml_booleans_for_infiniband_mean_on_and_off(cli, tmp_path, spelling, flags):
+    r = cli("up", "--dry-run", "--config", write(tmp_path, f"hosts: [10.0.0.1]\nimage: i:1\ncontainer:\n"
+                                                          f"  gpus: none\n  infiniband: {spelling}\n"), "--", "true")
+    assert r.returncode == 0, r.stderr
+    if flags:
+        assert flags in r.stdout and "memlock=-1:-1" in r.stdout
+    else:
+        assert "/dev/infiniband" not in r.stdout and "NCCL_IB_HCA" not in r.stdout
+
+
+def test_a_missing_env_file_fails_the_dry_run(cli, tmp_path):
+    cfg = write(tmp_path, f"hosts: [10.0.0.1]\nimage: i:1\ncontainer:\n  env_files: [{tmp_path}/nope.env]\n")
+    one_line_error(cli("up", "--dry-run", "--config", cfg, "--", "true"), "container.env_files", "nope.env")
+
+
+def test_deeply_nested_yaml_is_one_line(cli, tmp_path):
+    cfg = write(tmp_path, "hosts: [h1]\nimage: i:1\nx: " + "[" * 5000 + "]" * 5000 + "\n")
+    one_line_error(cli("up", "--dry-run", "--config", cfg, "--", "true"), "nested")
+
+
+def test_an_alias_bomb_is_refused_before_it_expands(cli, tmp_path):
+    lines = ["hosts: [h1]", "image: i:1", "a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        prev = f"*a{i - 1}"
+        lines.append(f"a{i}: &a{i} [{', '.join([prev] * 10)}]")
+    lines.append("container:\n  env:\n    BOMB: *a8")
+    text = "\n".join(lines) + "\n"
+    assert len(text) < 1000
+    one_line_error(cli("up", "--dry-run", "--config", write(tmp_path, text), "--", "true"), "aliases")
+
+
+@pytest.mark.parametrize("name", ["/", "..", "../x", "a/b", "-x", ""])
+def test_sim_names_are_checked_before_anything_is_touched(cli, name):
+    for command in (["sim", "down", "--name", name], ["sim", "up", "--name", name], ["sim", "status", "--name", name]):
+        r = cli(*command)
+        assert r.returncode == 1 and "--name" in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
