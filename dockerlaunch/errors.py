@@ -10,6 +10,15 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised in the main thread like KeyboardInterrupt (the CLI installs the handlers)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 class DockerlaunchError(Exception):
     """A problem the user can act on. The CLI prints it as one line and exits with `exit_code`."""
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
 
 from dockerlaunch import __version__
 from dockerlaunch.cluster.config import Overrides, load_config
-from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.errors import DockerlaunchError, Terminated
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
@@ -59,9 +60,17 @@ def load(kw: dict, command: tuple[str, ...] = ()):
     return load_config(kw.pop("config_path"), ov)
 
 
+def _terminate(signum, frame) -> None:
+    raise Terminated(signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     from dockerlaunch.cli import images, jobs, sim, transfer  # noqa: F401 - registers the commands
 
+    # SIGTERM and SIGHUP (a closed terminal or SSH session) stop a command the way Ctrl-C does: in the main
+    # thread, at once, with every cleanup of the phase it is in
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
     try:
         cli.main(args=argv, prog_name="dockerlaunch", standalone_mode=False)
     except DockerlaunchError as e:
@@ -78,4 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except Terminated as e:
+        click.echo(f"terminated ({signal.Signals(e.signum).name})", err=True)
+        sys.exit(e.exit_code)
     sys.exit(0)

@@ -296,6 +296,15 @@ class JobSettings(_Model):
     command: list[str] | str | None = Field(
         None, description="A list runs as is; a string runs under /bin/sh -c (so $NODE_RANK expands in the container)."
     )
+    host_timeout: float = Field(
+        30.0, ge=5, le=3600,
+        description="Seconds without a heartbeat answer before `up` declares a host lost and tears the job down.",
+    )
+    orphan_grace: float = Field(
+        60.0, ge=1, le=86400,
+        description="When the launcher's session to a host drops (launcher killed, its machine gone, network cut), "
+        "the host removes the job's containers after this many seconds (not for --detach).",
+    )
 
     @field_validator("name")
     @classmethod

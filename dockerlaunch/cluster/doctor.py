@@ -300,37 +300,37 @@ def _observe_reach(cluster: Cluster, plan: ClusterPlan, observations: Observatio
     listener = ContainerSpec(name=name, image=plan.image, command=["sh", "-c", listen], network="host",
                              init=True, remove=True, labels={"dockerlaunch.probe": "1"})
     h0 = cluster.hosts[0]
-    started = h0.remote.run(listener.run_argv(), timeout=60)
-    if not started.ok:
-        observations.reach_error = started.last_line()
-        return
-    master = observations.master
-    deadline = time.monotonic() + 15  # poll until both listeners are bound, instead of guessing a sleep
-    while time.monotonic() < deadline:
-        tcp = h0.remote.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"], timeout=30).stdout
-        if set(ports) <= listening_ports(tcp):
-            break
-        time.sleep(0.1)
+    try:  # from before the start: an interrupt between start and cleanup must not leave the listener
+        started = h0.remote.run(listener.run_argv(), timeout=60)
+        if not started.ok:
+            observations.reach_error = started.last_line()
+            return
+        master = observations.master
+        deadline = time.monotonic() + 15  # poll until both listeners are bound, instead of guessing a sleep
+        while time.monotonic() < deadline:
+            tcp = h0.remote.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"], timeout=30).stdout
+            if set(ports) <= listening_ports(tcp):
+                break
+            time.sleep(0.1)
 
-    def probe(h: Host) -> list[str]:
-        if not obs[h.rank].image_id:
-            return "image missing here"  # type: ignore[return-value]
-        bad = []
-        for p in ports:
-            spec = ContainerSpec(name=f"dlprobe-nc-{secrets.token_hex(4)}", image=plan.image, network="host",
-                                 command=["nc", "-vz", "-w3", master, str(p)], detach=False, remove=True,
-                                 init=False, labels={"dockerlaunch.probe": "1"})
-            r = None
-            for _ in range(2):
-                r = h.remote.run(spec.run_argv(), timeout=60)
-                if r.ok:
-                    break
-                time.sleep(0.5)
-            if not r.ok:
-                bad.append(f"{master}:{p} {r.last_line()}")
-        return bad
+        def probe(h: Host) -> list[str]:
+            if not obs[h.rank].image_id:
+                return "image missing here"  # type: ignore[return-value]
+            bad = []
+            for p in ports:
+                spec = ContainerSpec(name=f"dlprobe-nc-{secrets.token_hex(4)}", image=plan.image, network="host",
+                                     command=["nc", "-vz", "-w3", master, str(p)], detach=False, remove=True,
+                                     init=False, labels={"dockerlaunch.probe": "1"})
+                r = None
+                for _ in range(2):
+                    r = h.remote.run(spec.run_argv(), timeout=60)
+                    if r.ok:
+                        break
+                    time.sleep(0.5)
+                if not r.ok:
+                    bad.append(f"{master}:{p} {r.last_line()}")
+            return bad
 
-    try:
         for o in cluster.each(probe, others):
             obs[o.item.rank].reach = o.value if o.ok else f"could not check: {o.error}"
     finally:

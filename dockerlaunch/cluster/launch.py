@@ -2,17 +2,18 @@
 
 Invariants: nothing starts until every host is connected, checked and planned without
 placeholders; once anything has started, every exit path (a failed start, a failed rank, Ctrl-C,
-SIGTERM, a lost connection) removes every job container on every host, unless --detach/--keep.
+SIGTERM, SIGHUP, a lost host) removes every job container on every reachable host, unless
+--detach/--keep; a host's own watchdog removes them when the launcher is gone (see watchdog.py).
+Secret env files live on a host only from upload until its `docker run` returns.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import secrets
-import signal
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,12 +24,12 @@ from dockerlaunch.cluster.dockerhost import ContainerState
 from dockerlaunch.cluster.plan import ClusterPlan, HostFacts, make_plan
 from dockerlaunch.cluster.session import Cluster, each
 from dockerlaunch.cluster.spec import Deferred
-from dockerlaunch.errors import ConfigError, DockerlaunchError
+from dockerlaunch.cluster.watchdog import Watchdogs
+from dockerlaunch.errors import ConfigError, DockerlaunchError, Terminated
 from dockerlaunch.reporting import Reporter
 
-
-class Terminated(BaseException):
-    """SIGTERM, delivered to the main thread like KeyboardInterrupt."""
+EXIT_HOST_LOST = 75  # `up`'s exit code when a host stopped answering (EX_TEMPFAIL: try again later)
+START_SETTLE = 30.0  # on Ctrl-C during the start, wait this long for `docker run`s under way, then remove
 
 
 @dataclass
@@ -124,6 +125,15 @@ def read_env_files(config: ClusterConfig) -> bytes:
     return data
 
 
+def env_file_glob(job: str) -> str:
+    return f"/tmp/dockerlaunch-{job}-*.env"  # job names are [A-Za-z0-9_.-]: no shell metacharacters
+
+
+def remove_stale_env_files(session: Session, job: str) -> None:
+    """Secret files an earlier run left behind (its launcher was killed before it could remove them)."""
+    session.cluster.each(lambda h: h.remote.run(["sh", "-c", f"rm -f {env_file_glob(job)}"], timeout=30))
+
+
 def upload_env_files(session: Session, job: str, content: bytes) -> dict[int, tuple[str, ...]]:
     """One 0600 file per host with every secret line; the path goes to `--env-file`, never the values."""
     token = secrets.token_hex(6)
@@ -156,10 +166,13 @@ class LogSink:
     """Splits a rank's output into lines for the reporter (`[rank host] line`) and appends the raw bytes
     to a per-host file."""
 
-    def __init__(self, reporter: Reporter, rank: int, host: str, path: Path | None):
+    def __init__(self, reporter: Reporter, rank: int, host: str, path: Path | None, private: bool = False):
         self.reporter, self.rank, self.host = reporter, rank, host
         self.buf = b""
-        self.file = open(path, "ab") if path else None
+        self.file = None
+        if path:  # 0600 when the job has secrets: a rank may print its environment
+            self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600 if private else 0o644),
+                                  "ab")
 
     def __call__(self, data: bytes) -> None:
         if self.file:
@@ -196,14 +209,10 @@ def up(
     """Start the job; return the exit code `dockerlaunch up` exits with."""
     reporter = reporter or Reporter()
     job = config.job.name
+    secrets_blob = read_env_files(config) if config.container.env_files else b""
     session = open_session(config)
     try:
-        existing = existing_job_containers(session, job)
-        if existing:
-            what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in existing)
-            raise DockerlaunchError(
-                f"job {job} already has containers ({what}); remove them: dockerlaunch down --name {job}"
-            )
+        clear_leftovers(session, job, reporter)
         if preflight:
             from dockerlaunch.cluster import doctor
 
@@ -214,56 +223,78 @@ def up(
                              "Fix the above or use --skip-preflight.", "bold red")
                 return 1
         env_paths: dict[int, tuple[str, ...]] = {}
-        secrets_blob = read_env_files(config) if config.container.env_files else b""
-        if secrets_blob:
-            env_paths = upload_env_files(session, job, secrets_blob)
         try:
-            plan = make_plan(config, facts=gather_facts(session, env_paths), targets=session.cluster.targets)
+            if secrets_blob:
+                env_paths = upload_env_files(session, job, secrets_blob)
+            run_id = secrets.token_hex(6)
+            plan = make_plan(config, facts=gather_facts(session, env_paths), targets=session.cluster.targets,
+                             run_id=run_id)
             if plan.unresolved():
                 raise DockerlaunchError("internal: plan still has unresolved values: " + "; ".join(plan.unresolved()))
-            return _start_and_watch(session, plan, reporter, detach=detach, keep=keep, log_dir=log_dir)
+            return _start_and_watch(session, plan, reporter, detach=detach, keep=keep, log_dir=log_dir,
+                                    env_paths=env_paths, run_id=run_id)
         finally:
-            if env_paths:
+            if env_paths:  # normally gone already (removed as each `docker run` returned): the safety net
                 remove_env_files(session, env_paths)
     finally:
         session.close()
 
 
-def _remove_everywhere(session: Session, plan: ClusterPlan, grace: int = 3):
+def clear_leftovers(session: Session, job: str, reporter: Reporter) -> None:
+    """Containers of an earlier run that are not running are removed; running ones make `up` refuse."""
+    existing = existing_job_containers(session, job)
+    running = [(host, s) for host, s in existing if s.status in ("running", "restarting", "paused")]
+    if running:
+        what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in running)
+        raise DockerlaunchError(f"job {job} already has containers ({what}); "
+                                f"remove them: dockerlaunch down --name {job}")
+    if existing:
+        by_host: dict[str, list[str]] = {}
+        for host, s in existing:
+            by_host.setdefault(host, []).append(s.name)
+        session.cluster.each(lambda h: h.docker.remove(by_host.get(h.name, []), grace=0)).raise_first()
+        reporter.say(f"removed {len(existing)} leftover container(s) of an earlier run of {job}")
+    remove_stale_env_files(session, job)
+
+
+def _remove_everywhere(session: Session, plan: ClusterPlan, grace: int = 3, skip: tuple[int, ...] = ()):
     names = {hp.rank: hp.container.name for hp in plan.hosts}
-    return session.cluster.each(lambda h: h.docker.remove([names[h.rank]], grace=grace))
+    hosts = [h for h in session.cluster.hosts if h.rank not in skip]
+    return session.cluster.each(lambda h: h.docker.remove([names[h.rank]], grace=grace), hosts)
 
 
-def _teardown(session: Session, plan: ClusterPlan, reporter: Reporter, why: str) -> None:
-    reporter.say(f"{why}: stopping and removing job containers on {plan.nnodes} host(s)", "bold yellow")
-    for o in _remove_everywhere(session, plan).failed:
+def _teardown(session: Session, plan: ClusterPlan, reporter: Reporter, why: str, skip: tuple[int, ...] = ()) -> None:
+    n = plan.nnodes - len(skip)
+    reporter.say(f"{why}: stopping and removing job containers on {n} host(s)", "bold yellow")
+    for o in _remove_everywhere(session, plan, skip=skip).failed:
         reporter.say(f"host {o.item.address}: could not remove {plan.hosts[o.item.rank].container.name}: {o.error}",
                      "bold red")
 
 
-def _install_sigterm() -> Callable[[], None]:
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
-
-
 def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *, detach: bool, keep: bool,
-                     log_dir: str | None) -> int:
-    restore = _install_sigterm()
+                     log_dir: str | None, env_paths: dict[int, tuple[str, ...]], run_id: str) -> int:
+    config = session.config
     started = False
     stop = threading.Event()
     sinks: list[LogSink] = []
     hosts = session.cluster.hosts
+    lost: tuple[int, ...] = ()
+    watchdogs = None if detach else Watchdogs(hosts, run_id, config.job.orphan_grace)
     try:
+        if watchdogs is not None:
+            watchdogs.start()  # before any container: a launcher that dies mid-start leaves nothing running
         reporter.say(f"starting {plan.job}: {plan.nnodes} host(s), image {plan.image}, "
                      f"MASTER_ADDR={plan.master_addr}:{plan.master_port}")
         started = True  # from here on, any exit path tears down (a partial start too)
-        results = session.cluster.each(lambda h: h.docker.run_container(plan.hosts[h.rank].container))
+
+        def start(h) -> str:
+            try:
+                return h.docker.run_container(plan.hosts[h.rank].container)
+            finally:
+                if env_paths.get(h.rank):  # `docker run` has read the secrets: they leave the host now
+                    h.remote.run(["rm", "-f", *env_paths.pop(h.rank)], timeout=30)
+
+        results = session.cluster.each(start, settle=START_SETTLE)
         if results.failed:
             for o in results.failed:
                 reporter.say(str(o.error), "bold red")
@@ -272,9 +303,8 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
             return 1
         if detach:
             started = False
-            reporter.say(
-                f"started {plan.nnodes} container(s); follow with: dockerlaunch logs --follow --name {plan.job}"
-            )
+            reporter.say(f"started {plan.nnodes} container(s); "
+                         f"follow with: dockerlaunch logs --follow --name {plan.job}")
             return 0
 
         run_dir = None
@@ -293,9 +323,10 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
             except Exception as e:  # noqa: BLE001 - reported to the main thread
                 exits.put((i, e))
 
+        private = bool(config.container.env_files)
         for hp in plan.hosts:
             path = run_dir / f"rank{hp.rank}-{hp.address.replace('/', '_').replace(':', '_')}.log" if run_dir else None
-            sinks.append(LogSink(reporter, hp.rank, hp.address, path))
+            sinks.append(LogSink(reporter, hp.rank, hp.address, path, private=private))
         threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(len(plan.hosts))]
         for t in threads:
             t.start()
@@ -305,6 +336,14 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
         done: dict[int, int] = {}
         code = 0
         while len(done) < len(plan.hosts):
+            gone = watchdogs.lost(config.job.host_timeout) if watchdogs else []
+            if gone:
+                lost = tuple(h.rank for h in gone)
+                names = ", ".join(f"rank {h.rank} ({h.address})" for h in gone)
+                reporter.say(f"{names} stopped answering for {config.job.host_timeout:g}s: host lost "
+                             f"(its own watchdog removes its container when it comes back)", "bold red")
+                code = EXIT_HOST_LOST
+                break
             try:
                 i, result = exits.get(timeout=0.2)
             except queue.Empty:
@@ -322,7 +361,10 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
             reporter.say(f"rank {hp.rank} ({hp.address}) finished")
         stop.set()
         if code != 0:
-            _teardown(session, plan, reporter, f"rank failed (exit {code})")
+            for r in lost:
+                if watchdogs:
+                    watchdogs.abandon(hosts[r])
+            _teardown(session, plan, reporter, "host lost" if lost else f"rank failed (exit {code})", skip=lost)
         elif not keep:
             _remove_everywhere(session, plan, grace=1)
             reporter.say(f"job {plan.job} succeeded on all {plan.nnodes} host(s)", "bold green")
@@ -330,18 +372,19 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
         return code
     except (KeyboardInterrupt, Terminated) as e:
         stop.set()
-        interrupted = isinstance(e, KeyboardInterrupt)
         if started:
-            _teardown(session, plan, reporter, "interrupted" if interrupted else "terminated")
+            _teardown(session, plan, reporter, "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated",
+                      skip=lost)
             started = False
-        return 130 if interrupted else 143
+        return 130 if isinstance(e, KeyboardInterrupt) else e.exit_code
     finally:
         stop.set()
         if started:  # an unexpected error: never leave containers behind
-            _teardown(session, plan, reporter, "error")
+            _teardown(session, plan, reporter, "error", skip=lost)
+        if watchdogs is not None:
+            watchdogs.stand_down()  # the launcher removed the containers (or keeps them: --keep)
         for s in sinks:
             s.close()
-        restore()
 
 
 # ---------------------------------------------------------------- down / status / logs / exec
@@ -357,6 +400,7 @@ def down(config: ClusterConfig, reporter: Reporter | None = None) -> int:
             by_host.setdefault(host, []).append(s.name)
         for o in session.cluster.each(lambda h: h.docker.remove(by_host.get(h.name, []))).failed:
             raise DockerlaunchError(f"host {o.item.name}: removing containers failed: {o.error}")
+        remove_stale_env_files(session, config.job.name)
         reporter.say(f"removed {len(found)} container(s) of job {config.job.name}")
         return 0
     finally:

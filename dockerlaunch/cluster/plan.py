@@ -22,6 +22,7 @@ LABEL_JOB = "dockerlaunch.job"
 LABEL_RANK = "dockerlaunch.rank"
 LABEL_NNODES = "dockerlaunch.nnodes"
 LABEL_VERSION = "dockerlaunch.version"
+LABEL_RUN = "dockerlaunch.run"  # one launch of the job: what a host's watchdog removes
 IB_FLAGS = ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 
@@ -157,6 +158,7 @@ def make_plan(
     ssh_config: paramiko.SSHConfig | None = None,
     local_user: str | None = None,
     targets: list[SSHTarget] | None = None,
+    run_id: str | None = None,
 ) -> ClusterPlan:
     """Per-host plan; `facts` is keyed by rank. `targets` (already resolved, e.g. by a `Cluster`) spare
     resolving them again from `ssh_config`."""
@@ -238,6 +240,7 @@ def make_plan(
                 LABEL_RANK: str(rank),
                 LABEL_NNODES: str(nnodes),
                 LABEL_VERSION: __version__,
+                LABEL_RUN: run_id or Deferred("a random id of this launch"),
             },
             mounts=[m.render() for m in c.mounts],
             network="host",

@@ -8,7 +8,7 @@ Ctrl-C during any concurrent step stops the command instead of becoming one host
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -69,24 +69,60 @@ class Outcomes(Generic[T]):
         return [o.value for o in self.all]  # type: ignore[misc]
 
 
-def each(fn: Callable[[Any], T], items: Sequence[Any], max_workers: int = MAX_WORKERS) -> Outcomes[T]:
-    """`fn` over `items` concurrently; an Exception lands in its item's outcome, anything else is raised."""
+def each(fn: Callable[[Any], T], items: Sequence[Any], max_workers: int = MAX_WORKERS,
+         settle: float = 0.0) -> Outcomes[T]:
+    """`fn` over `items` concurrently; an Exception lands in its item's outcome, anything else is raised.
+
+    Workers are daemon threads: a Ctrl-C or SIGTERM reaches the caller at once (the main thread only waits
+    in short slices), no item starts after it, and a hung host cannot keep the process from exiting.
+    `settle`: on an interrupt, wait up to this long for steps already under way (e.g. a `docker run`)
+    so that what they did is visible to the cleanup that follows.
+    """
+    items = list(items)
     if not items:
         return Outcomes()
-    pool = cf.ThreadPoolExecutor(max_workers=min(max_workers, len(items)), thread_name_prefix="dl-host")
-    try:
-        futures = [pool.submit(fn, item) for item in items]
-        out: Outcomes[T] = Outcomes()
-        for item, f in zip(items, futures):
+    slots: list[Outcome[T] | None] = [None] * len(items)
+    raised: list[BaseException] = []
+    lock = threading.Lock()
+    cursor = [0]
+    stop = threading.Event()
+    finished = threading.Event()
+    running = [0]
+
+    def work() -> None:
+        while not stop.is_set():
+            with lock:
+                if cursor[0] >= len(items):
+                    break
+                i = cursor[0]
+                cursor[0] += 1
             try:
-                out.all.append(Outcome(item, value=f.result()))
-            except Exception as e:  # noqa: BLE001 - a per-item outcome; BaseException propagates
-                out.all.append(Outcome(item, error=e))
-        pool.shutdown(wait=True)
-        return out
+                slots[i] = Outcome(items[i], value=fn(items[i]))
+            except Exception as e:  # noqa: BLE001 - a per-item outcome
+                slots[i] = Outcome(items[i], error=e)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                raised.append(e)
+                stop.set()
+        with lock:
+            running[0] -= 1
+            if running[0] == 0:
+                finished.set()
+
+    n = min(max_workers, len(items))
+    running[0] = n
+    for _ in range(n):
+        threading.Thread(target=work, daemon=True, name="dl-host").start()
+    try:
+        while not finished.wait(0.1):
+            pass
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)  # a Ctrl-C must not wait for every host's step
+        stop.set()
+        if settle > 0:
+            finished.wait(settle)
         raise
+    if raised:
+        raise raised[0]
+    return Outcomes([o for o in slots if o is not None])
 
 
 @dataclass

@@ -102,15 +102,19 @@ class ContainerSpec:
         """What still needs the host, by name."""
         out = [f"env {k}: {v.what}" for k, v in self.env.items() if isinstance(v, Deferred)]
         out += [f"env file: {f.what}" for f in self.env_files if isinstance(f, Deferred)]
+        out += [f"label {k}: {v.what}" for k, v in self.labels.items() if isinstance(v, Deferred)]
         out += [f"flags: {d.what}" for d in self.deferred_flags]
         return out
 
     def run_argv(self) -> list[str]:
         """argv for execution: refuses placeholders, so a half-resolved plan can never start a container."""
         missing = self.unresolved()
+        argv = self.argv()
+        # belt and braces: a placeholder that lost its type on the way (formatted into a string) still shows
+        missing += [f"argv {a!r}" for a in argv if "<resolved at launch:" in a and not missing]
         if missing:
             raise UnresolvedError(f"container {self.name}: unresolved values: {'; '.join(missing)}")
-        return self.argv()
+        return argv
 
     def shell_command(self) -> str:
         """The argv as one POSIX shell line, every value quoted (what reaches a remote shell)."""

@@ -21,6 +21,8 @@ import paramiko
 from dockerlaunch.cluster.targets import SSHTarget
 from dockerlaunch.errors import HostError, SSHError
 
+WRITE_FAILURE_GRACE = 5.0  # seconds a command may take to exit after its input failed
+
 
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
@@ -196,6 +198,10 @@ class Remote:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def open_channel(self, command: str | Sequence[str]) -> paramiko.Channel:
+        """A started command whose stdin/stdout the caller drives (a long-lived conversation, e.g. heartbeats)."""
+        return self._channel(_quote(command))
+
     def _channel(self, command: str) -> paramiko.Channel:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
@@ -231,6 +237,7 @@ class Remote:
             writer = threading.Thread(target=_feed, args=(chan, stdin, write_error), daemon=True)
             writer.start()
         deadline = None if timeout is None else time.monotonic() + timeout
+        failed_at: float | None = None
         try:
             while True:
                 busy = False
@@ -246,18 +253,24 @@ class Remote:
                         on_stderr(data)
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
+                if write_error and not busy:
+                    # the input failed (or the far end stopped reading): give the command a moment to report
+                    # its own status, then give up -- the channel is closed, so it cannot wait for more input
+                    failed_at = failed_at or time.monotonic()
+                    if time.monotonic() - failed_at > WRITE_FAILURE_GRACE:
+                        break
                 if stop is not None and stop.is_set():
                     return -1
                 if deadline is not None and time.monotonic() > deadline:
                     raise HostError(self.name, f"command timed out after {timeout:g}s: {cmd[:120]}")
                 if not busy:
                     time.sleep(0.01)
-            status = chan.recv_exit_status()
+            status = chan.recv_exit_status() if chan.exit_status_ready() else -1
         finally:
             chan.close()
             if writer is not None:
                 writer.join(timeout=5)
-        if write_error and status == 0:
+        if write_error and status in (0, -1):
             raise SSHError(self.name, f"sending input failed: {write_error[0]}")
         return status
 
@@ -279,13 +292,28 @@ class Remote:
 
 
 def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseException]) -> None:
+    source_failed = False
     try:
         # memoryview: sendall slices what is left after each packet, and slicing bytes copies it
         if isinstance(stdin, (bytes, bytearray)):
             chan.sendall(memoryview(stdin))
         else:
-            while chunk := stdin.read(1 << 20):
+            while True:
+                try:
+                    chunk = stdin.read(1 << 20)
+                except BaseException:
+                    source_failed = True
+                    raise
+                if not chunk:
+                    break
                 chan.sendall(memoryview(chunk))
         chan.shutdown_write()
     except BaseException as e:  # noqa: BLE001 - reported by the reader
         errors.append(e)
+        if source_failed:
+            # never leave the far end waiting for input that will not come: close the channel, so the remote
+            # command sees its input end (a `docker load` fails on the truncated tar and nothing is tagged)
+            try:
+                chan.close()
+            except Exception:  # noqa: BLE001 - already closed
+                pass

@@ -6,19 +6,23 @@ tar's sha256 and size, so `load` reads to the end and checks every image before 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
+import re
 import subprocess
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockerlaunch.cluster.ssh import Remote
-from dockerlaunch.errors import TransferError
-from dockerlaunch.transfer.streams import CHUNK, local_image, save_stream
+from dockerlaunch.errors import TransferError, describe_validation_error
+from dockerlaunch.transfer.streams import CHUNK, CountingReader, local_image, save_stream, untagged_chunks
 
 BUNDLE_FORMAT = "dockerlaunch-bundle/1"
 
@@ -125,56 +129,135 @@ def remote_loader(remote: Remote) -> Loader:
     return load
 
 
-def load_bundle(
-    path: Path, load: Loader, run: Callable[[list[str]], tuple[int, str]], where: str = "local"
-) -> list[BundleEntry]:
-    """Load every image of a bundle, checking sha256 and Image ID before any tag is set.
+_MEMBER = re.compile(r"^images/[0-9a-f]{64}\.tar$")
+MAX_MANIFEST = 1 << 20
 
-    `run(argv)` runs a docker command where the images go (locally or on a host).
-    """
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ref: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9][^\s]*$")
+    id: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    file: str = Field(pattern=_MEMBER.pattern)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(ge=0)
+
+
+class _Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: str
+    images: list[_Entry] = Field(max_length=1000)
+
+
+def _members(path: Path) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
+    """The bundle's tar members, in order, from the zstd stream (never the whole file in memory)."""
     import zstandard
 
-    loaded: list[tuple[BundleEntry, str]] = []
-    seen: dict[str, tuple[str, int]] = {}
-    failed: dict[str, str] = {}
-    manifest = None
     try:
-        with open(path, "rb") as raw:
-            with zstandard.ZstdDecompressor().stream_reader(raw) as zin:
-                with tarfile.open(fileobj=zin, mode="r|") as tar:
-                    for member in tar:
-                        f = tar.extractfile(member)
-                        if member.name == "manifest.json" and f is not None:
-                            manifest = json.loads(f.read())
-                        elif member.name.startswith("images/") and f is not None:
-                            reader = _HashingReader(f)
-                            status, out = load(reader)
-                            while reader.read(CHUNK):  # drain what docker load did not read
-                                pass
-                            if status != 0:  # judged after the checksums: corruption is the likelier cause
-                                failed.setdefault(member.name, out.strip()[-200:])
-                            seen[member.name] = (reader.h.hexdigest(), reader.n)
-    except (zstandard.ZstdError, tarfile.TarError, EOFError, OSError, json.JSONDecodeError) as e:
+        with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zin, \
+                tarfile.open(fileobj=zin, mode="r|") as tar:
+            for member in tar:
+                yield member, tar.extractfile(member) if member.isfile() else None
+    except (zstandard.ZstdError, tarfile.TarError, EOFError, OSError) as e:
         raise TransferError(f"bundle {path} is corrupted or truncated ({type(e).__name__}: {e}); "
-                              "nothing was tagged; copy it again") from None
-    if manifest is None or manifest.get("format") != BUNDLE_FORMAT:
+                            "nothing was loaded or tagged; copy it again") from None
+
+
+def _parse_manifest(path: Path, raw: bytes) -> list[BundleEntry]:
+    try:
+        m = _Manifest.model_validate(json.loads(raw))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TransferError(f"bundle {path}: manifest.json is not JSON ({e}); nothing was loaded") from None
+    except ValidationError as e:
+        raise TransferError(f"bundle {path}: bad manifest.json: {describe_validation_error(e)}; "
+                            "nothing was loaded") from None
+    if m.format != BUNDLE_FORMAT:
+        raise TransferError(f"bundle {path}: format {m.format!r}, expected {BUNDLE_FORMAT}; nothing was loaded")
+    entries = [BundleEntry(**e.model_dump()) for e in m.images]
+    for e in entries:
+        if e.file != f"images/{e.id[7:]}.tar":
+            raise TransferError(f"bundle {path}: {e.ref} is stored as {e.file}, not under its Image ID; "
+                                "nothing was loaded")
+    return entries
+
+
+def verify_bundle(path: Path) -> list[BundleEntry]:
+    """Read the whole bundle once and check it before anything is loaded: only a manifest and image tars,
+    no member twice, every image listed and every listed image present with its size and sha256."""
+    seen: dict[str, tuple[str, int]] = {}
+    entries: list[BundleEntry] | None = None
+    for member, f in _members(path):
+        if member.name == "manifest.json":
+            if entries is not None:
+                raise TransferError(f"bundle {path}: two manifests; nothing was loaded")
+            if f is None or member.size > MAX_MANIFEST:
+                raise TransferError(f"bundle {path}: manifest.json is not a file of at most {MAX_MANIFEST} bytes; "
+                                    "nothing was loaded")
+            entries = _parse_manifest(path, f.read())
+        elif _MEMBER.match(member.name) and f is not None:
+            if member.name in seen:
+                raise TransferError(f"bundle {path}: {member.name} appears twice; nothing was loaded")
+            reader = _HashingReader(f)
+            while reader.read(CHUNK):
+                pass
+            seen[member.name] = (reader.h.hexdigest(), reader.n)
+        else:
+            raise TransferError(f"bundle {path}: unexpected member {member.name[:120]!r} (a bundle holds "
+                                "manifest.json and images/<id>.tar only); nothing was loaded")
+    if entries is None:
         raise TransferError(f"bundle {path} has no {BUNDLE_FORMAT} manifest: not a dockerlaunch bundle, or truncated")
-    entries = [BundleEntry(**e) for e in manifest["images"]]
+    listed = {e.file for e in entries}
+    if len(listed) != len(entries):
+        raise TransferError(f"bundle {path}: the manifest lists an image twice; nothing was loaded")
+    unlisted = sorted(set(seen) - listed)
+    if unlisted:
+        raise TransferError(f"bundle {path}: {unlisted[0]} is not in the manifest; nothing was loaded")
     for e in entries:
         got = seen.get(e.file)
         if got is None:
-            raise TransferError(f"bundle {path}: {e.file} ({e.ref}) is listed but missing; nothing was tagged")
-        if got[0] != e.sha256 or got[1] != e.bytes:
+            raise TransferError(f"bundle {path}: {e.file} ({e.ref}) is listed but missing; nothing was loaded")
+        if got != (e.sha256, e.bytes):
             raise TransferError(f"bundle {path}: checksum mismatch for {e.ref} ({e.file}); the file is corrupted; "
-                                  "nothing was tagged")
-        if e.file in failed:
-            raise TransferError(f"{where}: docker load of {e.ref} ({e.file}) failed: {failed[e.file]}")
-        loaded.append((e, e.id))
-    for e, image_id in loaded:
-        status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", image_id])
-        if status != 0 or out.strip() != image_id:
-            raise TransferError(f"{where}: after loading {e.ref}, Image ID {image_id[7:19]} is missing")
-        status, out = run(["docker", "tag", image_id, e.ref])
+                                "nothing was loaded or tagged")
+    return entries
+
+
+def load_bundle(
+    path: Path, load: Loader, run: Callable[[list[str]], tuple[int, str]], where: str = "local"
+) -> list[BundleEntry]:
+    """Verify the whole bundle, then load each image with its tags stripped (a tar's own RepoTags never
+    apply), check each Image ID, and only then set the tags the manifest names.
+
+    `run(argv)` runs a docker command where the images go (locally or on a host).
+    """
+    entries = verify_bundle(path)
+    by_file = {e.file: e for e in entries}
+    for member, f in _members(path):
+        e = by_file.get(member.name)
+        if e is None or f is None:
+            continue
+        reader = _HashingReader(f)
+        stream = CountingReader(untagged_chunks(iter(functools.partial(reader.read, CHUNK), b"")))
+        status, out = load(stream)
+        try:
+            while stream.read(CHUNK):  # what docker load did not read: the rewriter runs to its end first
+                pass
+        except TransferError:
+            pass  # an image tar that is not a tar: docker load failed on it too (the sha256 matched the manifest)
+        while reader.read(CHUNK):  # then the member's own trailing bytes, for the checksum
+            pass
+        if (reader.h.hexdigest(), reader.n) != (e.sha256, e.bytes):
+            raise TransferError(f"bundle {path}: {e.file} changed while it was being loaded; nothing was tagged")
+        if status != 0:
+            raise TransferError(f"{where}: docker load of {e.ref} ({e.file}) failed: {out.strip()[-200:]}")
+    for e in entries:
+        status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", e.id])
+        if status != 0 or out.strip() != e.id:
+            raise TransferError(f"{where}: after loading {e.ref}, Image ID {e.id[7:19]} is missing")
+    for e in entries:
+        status, out = run(["docker", "tag", e.id, e.ref])
         if status != 0:
             raise TransferError(f"{where}: tagging {e.ref} failed: {out.strip()[-200:]}")
     return entries

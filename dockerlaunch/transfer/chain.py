@@ -1,13 +1,17 @@
 """Chain push: one copy leaves the launcher; each host loads it and relays it to the next over TCP.
 
 Relays start from the tail: OpenBSD `nc` connects as soon as its pipeline starts, so host i+1 must
-listen before host i sends. Each relay (scripts/relay.sh) reports its own listener on stdout, so the
-launcher starts the next sender without polling over SSH. A closed SSH channel does not end `nc -l`:
-when the chain cannot start, the listeners already up are killed here.
+listen before host i sends. Each relay (scripts/relay.sh) reports its listener, and the first bytes it
+accepts, on stdout, so the launcher follows the chain without polling over SSH. Every connection must
+start with the push's random token (sent to each relay over SSH stdin): a stranger who connects to a
+chain port feeds nothing into `docker load`. A link that never receives data within RECEIVE_TIMEOUT
+of its upstream finishing is given up (its host and those behind it get a star push), and a closed SSH
+channel does not end `nc -l`, so every listener is killed when the chain ends, whatever happened.
 """
 
 from __future__ import annotations
 
+import io
 import secrets
 import threading
 import time
@@ -20,7 +24,25 @@ from dockerlaunch.transfer import script
 from dockerlaunch.transfer.plan import HostResult, HostTransfer, PushState
 from dockerlaunch.transfer.streams import CountingReader, LocalImage, outgoing, stream_seconds
 
-LISTEN_TIMEOUT = 15.0
+LISTEN_TIMEOUT = 15.0  # for a relay's listener to come up
+RECEIVE_TIMEOUT = 30.0  # for a relay to be sent data once the host before it has finished
+LINK_GRACE = 600.0  # for a relay that is receiving to finish once the host before it has finished
+
+
+class _Prefixed(io.RawIOBase):
+    """`prefix`, then everything `reader` gives (the token line before the image stream)."""
+
+    def __init__(self, prefix: bytes, reader):
+        self.prefix, self.reader = prefix, reader
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self.prefix:
+            out, self.prefix = self.prefix, b""
+            return out
+        return self.reader.read(n)
 
 
 def kill_listener(remote: Remote, port: int) -> None:
@@ -45,11 +67,12 @@ def push_chain(
     port = port or 40000 + secrets.randbelow(20000)
     n = len(remotes)
     results: list[HostResult | None] = [None] * n
-    threads: list[threading.Thread] = []
     stop = threading.Event()
     reader = CountingReader(chunks, on_bytes)
     listening = [threading.Event() for _ in remotes]
+    receiving = [threading.Event() for _ in remotes]
     relay = script("relay.sh")
+    token = secrets.token_hex(16).encode() + b"\n"  # never on a command line: SSH stdin only
 
     def run_host(i: int) -> None:
         listen = "-" if i == 0 else links[i].address
@@ -60,11 +83,13 @@ def push_chain(
             out.extend(data)
             if b"listening\n" in out:
                 listening[i].set()
+            if b"receiving\n" in out:
+                receiving[i].set()
 
         try:
             status = remotes[i].stream(
                 ["sh", "-c", relay, "sh", image.id, image.ref, mode, listen, str(port), nxt],
-                on_out, err.extend, stdin=reader if i == 0 else None, stop=stop)
+                on_out, err.extend, stdin=_Prefixed(token, reader) if i == 0 else token, stop=stop)
         except DockerlaunchError as e:
             results[i] = HostResult(remotes[i].name, PushState.FAILED, str(e))
             return
@@ -78,24 +103,51 @@ def push_chain(
                                     time.monotonic() - t0, stream_seconds(reader, t0) if i == 0 else 0.0)
 
     # listeners first, from the tail, each one listening before its sender starts
-    for i in reversed(range(1, n)):
-        t = threading.Thread(target=run_host, args=(i,), daemon=True)
-        t.start()
-        threads.append(t)
-        deadline = time.monotonic() + LISTEN_TIMEOUT
-        while not listening[i].wait(0.05) and t.is_alive() and time.monotonic() < deadline:
-            pass
-        if not listening[i].is_set():
-            stop.set()
-            each(lambda r: kill_listener(r, port), remotes[i:])  # a closed channel does not end `nc -l`
-            for t in threads:
-                t.join(timeout=10)
-            why = results[i].detail if results[i] else f"no listener on port {port} after {LISTEN_TIMEOUT:g} s"
-            return [HostResult(r.name, PushState.FAILED, f"chain could not start at {remotes[i].name}: {why}")
-                    for r in remotes]
-    first = threading.Thread(target=run_host, args=(0,), daemon=True)
-    first.start()
-    threads.append(first)
-    for t in threads:
-        t.join()
+    by_rank: dict[int, threading.Thread] = {}
+    try:
+        for i in reversed(range(1, n)):
+            t = threading.Thread(target=run_host, args=(i,), daemon=True)
+            t.start()
+            by_rank[i] = t
+            deadline = time.monotonic() + LISTEN_TIMEOUT
+            while not listening[i].wait(0.05) and t.is_alive() and time.monotonic() < deadline:
+                pass
+            if not listening[i].is_set():
+                stop.set()
+                _kill_listeners(remotes[i:], port)
+                for t in by_rank.values():
+                    t.join(timeout=10)
+                why = results[i].detail if results[i] else f"no listener on port {port} after {LISTEN_TIMEOUT:g} s"
+                return [HostResult(r.name, PushState.FAILED, f"chain could not start at {remotes[i].name}: {why}")
+                        for r in remotes]
+        first = threading.Thread(target=run_host, args=(0,), daemon=True)
+        first.start()
+        first.join()
+        upstream_done = time.monotonic()
+        for i in range(1, n):
+            t = by_rank[i]
+            while t.is_alive():
+                waited = time.monotonic() - upstream_done
+                if waited > LINK_GRACE or (not receiving[i].is_set() and waited > RECEIVE_TIMEOUT):
+                    break
+                t.join(0.2)
+            if t.is_alive():  # the link is dead: give it (and those behind it) up, so they get a star push
+                stop.set()
+                _kill_listeners(remotes[i:], port)
+                why = (f"no data from {remotes[i - 1].name} within {RECEIVE_TIMEOUT:g}s after it finished "
+                       "(can it reach this host?)" if not receiving[i].is_set()
+                       else f"not finished {LINK_GRACE:g}s after {remotes[i - 1].name}")
+                for j in range(i, n):
+                    by_rank[j].join(timeout=10)
+                    results[j] = results[j] if results[j] and results[j].status == PushState.PUSHED else \
+                        HostResult(remotes[j].name, PushState.FAILED, why)
+                break
+            upstream_done = time.monotonic()
+    finally:
+        stop.set()
+        _kill_listeners(remotes[1:], port)  # a closed SSH channel does not end `nc -l`
     return [r or HostResult(remotes[i].name, PushState.FAILED, "no result") for i, r in enumerate(results)]
+
+
+def _kill_listeners(remotes: list[Remote], port: int) -> None:
+    each(lambda r: kill_listener(r, port), remotes)

@@ -155,8 +155,10 @@ def needs_layer_map(image: LocalImage, views: list[HostView]) -> bool:
     return any(v.chain_ids and chains & v.chain_ids for v in receivers)
 
 
-def choose_strategy(requested: str, senders: list[HostView]) -> tuple[Strategy, str]:
-    """auto: chain for 3+ hosts that need the image, when every one of them can relay."""
+def choose_strategy(requested: str, senders: list[HostView], broken_links: list[str] | None = None
+                    ) -> tuple[Strategy, str]:
+    """auto: chain for 3+ hosts that need the image, when every one of them can relay and (once probed,
+    `broken_links`) each reaches the next over TCP."""
     if requested == "star":
         return Strategy.STAR, "asked for"
     if requested == "chain":
@@ -166,12 +168,14 @@ def choose_strategy(requested: str, senders: list[HostView]) -> tuple[Strategy, 
     cannot = [v.host for v in senders if not v.relay]
     if cannot:
         return Strategy.STAR, f"{', '.join(cannot)} cannot relay (needs OpenBSD nc -N and mkfifo)"
+    if broken_links:
+        return Strategy.STAR, f"{'; '.join(broken_links)} over TCP (a chain needs each host to reach the next)"
     return Strategy.CHAIN, f"{len(senders)} hosts need the image"
 
 
 def plan_push(
     image: LocalImage, views: list[HostView], *, strategy: str = "auto", compress: str = "auto",
-    thin: bool = True, layers: list[tuple[str, int]] | None = None,
+    thin: bool = True, layers: list[tuple[str, int]] | None = None, broken_links: list[str] | None = None,
 ) -> PushPlan:
     """Per host: skip / tag / star / chain link, compression and the layers left out.
 
@@ -191,7 +195,7 @@ def plan_push(
         else:
             senders.append(v)
             out.append(HostTransfer(v.host, Action.SEND))
-    chosen, why = choose_strategy(strategy, senders)
+    chosen, why = choose_strategy(strategy, senders, broken_links)
     by_host = {h.host: h for h in out}
     if chosen == Strategy.CHAIN and senders:
         mode = _compression(compress, senders)

@@ -81,7 +81,38 @@ def make_plan(client, remotes: list[Remote], image: LocalImage, *, addresses: li
     views = [o.value if o.ok else HostView(remotes[o.item].name, addresses[o.item], error=str(o.error))
              for o in outcomes]
     layers = layer_map(client, image) if thin and needs_layer_map(image, views) else None
-    return plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers), views, layers
+    plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers)
+    if strategy == "auto" and plan.strategy == Strategy.CHAIN:
+        by_name = {r.name: r for r in remotes}
+        broken = probe_links([(by_name[t.host], t.address) for t in plan.sending(Strategy.CHAIN)])
+        if broken:
+            plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers,
+                             broken_links=broken)
+    return plan, views, layers
+
+
+def probe_links(chain: list[tuple[Remote, str]], timeout: float = 10.0) -> list[str]:
+    """`A cannot reach B:port` for every link of a would-be chain whose TCP connection fails (a firewall,
+    a route) -- all links at once, each with a short-lived listener on a port of its own."""
+    import secrets
+
+    base = 40000 + secrets.randbelow(19000)
+    links = list(zip(chain, chain[1:]))
+
+    def probe(k: int) -> str | None:
+        (src, _), (dst, addr) = links[k]
+        port = str(base + k)
+        listener = threading.Thread(target=dst.run, daemon=True, args=(
+            ["sh", "-c", 'timeout "$1" nc -l "$2" "$3" >/dev/null 2>&1; true', "sh", f"{timeout:g}", addr, port],),
+            kwargs={"timeout": timeout + 30})
+        listener.start()
+        r = src.run(["sh", "-c", 'i=0; while [ "$i" -lt 8 ]; do nc -z -w 1 "$1" "$2" && exit 0; i=$((i + 1)); '
+                     'sleep 0.25; done; exit 1', "sh", addr, port], timeout=timeout + 30)
+        listener.join(timeout + 30)
+        return None if r.ok else f"{src.name} cannot reach {dst.name} ({addr}:{port})"
+
+    return [o.value if o.ok else f"{links[o.item][0][0].name}: {o.error}"
+            for o in each(probe, list(range(len(links)))) if not o.ok or o.value]
 
 
 # ---------------------------------------------------------------- apply

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import IO
 
 from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import TransferError
@@ -135,8 +136,11 @@ def layer_map(client, image: LocalImage) -> list[tuple[str, int]]:
     return layers
 
 
-def thin_chunks(chunks: Iterator[bytes], skip: set[str]) -> Iterator[bytes]:
-    """Re-stream a `docker save` tar without the layer files in `skip` (the target already has them)."""
+def rewrite_tar(chunks: Iterator[bytes], edit: Callable[[tarfile.TarInfo, IO[bytes] | None],
+                                                     tuple[tarfile.TarInfo, IO[bytes] | None] | None]
+                ) -> Iterator[bytes]:
+    """Re-stream a tar member by member; `edit(member, file)` returns what to write instead, or None to drop
+    the member. Streams in bounded memory (a thread and a small pipe)."""
     pipe = _Pipe()
 
     def produce():
@@ -144,9 +148,9 @@ def thin_chunks(chunks: Iterator[bytes], skip: set[str]) -> Iterator[bytes]:
             with tarfile.open(fileobj=CountingReader(chunks), mode="r|") as tin, \
                     tarfile.open(fileobj=pipe, mode="w|", format=tarfile.GNU_FORMAT) as tout:
                 for member in tin:
-                    if member.name in skip:
-                        continue
-                    tout.addfile(member, tin.extractfile(member) if member.isfile() else None)
+                    out = edit(member, tin.extractfile(member) if member.isfile() else None)
+                    if out is not None:
+                        tout.addfile(*out)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
             pipe.fail(e)
         finally:
@@ -156,6 +160,44 @@ def thin_chunks(chunks: Iterator[bytes], skip: set[str]) -> Iterator[bytes]:
     t.start()
     yield from pipe.chunks()
     t.join()
+
+
+def thin_chunks(chunks: Iterator[bytes], skip: set[str]) -> Iterator[bytes]:
+    """Re-stream a `docker save` tar without the layer files in `skip` (the target already has them)."""
+    return rewrite_tar(chunks, lambda m, f: None if m.name in skip else (m, f))
+
+
+MAX_METADATA = 4 << 20  # a save's manifest.json / index.json: a few KB; more is not a docker save
+
+
+def untagged_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Re-stream a `docker save` tar so that `docker load` sets no tag: RepoTags cleared in manifest.json,
+    the legacy `repositories` file dropped, image-name annotations removed from an OCI index.json."""
+
+    def edit(member: tarfile.TarInfo, f: IO[bytes] | None):
+        if member.name == "repositories":
+            return None
+        if member.name in ("manifest.json", "index.json") and f is not None:
+            if member.size > MAX_METADATA:
+                raise TransferError(f"{member.name} in an image tar is {member.size} bytes: not a docker save")
+            data = json.loads(f.read())
+            if member.name == "manifest.json":
+                for entry in data if isinstance(data, list) else []:
+                    if isinstance(entry, dict):
+                        entry["RepoTags"] = None
+            else:
+                for m in data.get("manifests", []) if isinstance(data, dict) else []:
+                    notes = m.get("annotations") if isinstance(m, dict) else None
+                    if isinstance(notes, dict):
+                        for k in [k for k in notes if k.endswith(("image.name", "ref.name"))]:
+                            del notes[k]
+            body = json.dumps(data).encode()
+            info = tarfile.TarInfo(member.name)
+            info.size, info.mode, info.mtime = len(body), member.mode, member.mtime
+            return info, io.BytesIO(body)
+        return member, f
+
+    return rewrite_tar(chunks, edit)
 
 
 class _Pipe:

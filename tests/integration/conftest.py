@@ -1,6 +1,8 @@
 """A real 2-node simulated cluster for the whole session (real dockerd, sshd, paramiko)."""
 
+import io
 import os
+import secrets
 
 import pytest
 
@@ -95,3 +97,24 @@ def job_containers(remotes):
         return [f"{r.name}:{s.name}:{s.status}" for r in remotes for s in DockerHost(r).job_containers(job)]
 
     return find
+
+
+@pytest.fixture
+def fresh_image(engine, tools_image):
+    """A local image no node has: the tools image plus a layer of random bytes."""
+    made = []
+
+    def make(mb: int = 8) -> str:
+        tag = f"dlt-dist/{secrets.token_hex(4)}:1"
+        dockerfile = (f"FROM {tools_image}\n"
+                      f"RUN head -c {mb}M /dev/urandom > /blob && echo {secrets.token_hex(8)} > /token\n")
+        engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="host", rm=True)
+        made.append(tag)
+        return tag
+
+    yield make
+    for tag in made:
+        try:
+            engine.images.remove(tag, force=True)
+        except Exception:
+            pass

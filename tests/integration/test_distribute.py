@@ -24,27 +24,6 @@ def dl(*args, timeout=900):
                           timeout=timeout)
 
 
-@pytest.fixture
-def fresh_image(engine, tools_image):
-    """A local image no node has: the tools image plus a layer of random bytes."""
-    made = []
-
-    def make(mb: int = 8) -> str:
-        tag = f"dlt-dist/{secrets.token_hex(4)}:1"
-        dockerfile = (f"FROM {tools_image}\n"
-                      f"RUN head -c {mb}M /dev/urandom > /blob && echo {secrets.token_hex(8)} > /token\n")
-        engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="host", rm=True)
-        made.append(tag)
-        return tag
-
-    yield make
-    for tag in made:
-        try:
-            engine.images.remove(tag, force=True)
-        except Exception:
-            pass
-
-
 def load_bytes_read(remote) -> int:
     """Bytes the host's `docker load` client processes have read so far (0: none runs)."""
     script = ('for p in $(pgrep -x docker); do case "$(tr "\\0" " " < /proc/$p/cmdline)" in "docker load "*) '
@@ -374,3 +353,44 @@ def test_a_relay_dying_mid_stream_falls_back_to_star(sim_cluster, engine, remote
         for rm in remotes:
             rm.run(["sh", "-c", "pkill -f '^nc -l' || true"])
             rm.run(["docker", "rmi", "-f", ref, local_id])
+
+
+def test_a_bundle_image_cannot_retag_anything(engine, fresh_image, tmp_path):
+    """An image tar inside a bundle whose own manifest says `RepoTags: [victim]`: loading the bundle sets only
+    the manifest's tag; the victim tag keeps pointing where it pointed."""
+    import hashlib
+    import tarfile
+
+    import zstandard
+
+    from dockerlaunch.transfer.bundle import BUNDLE_FORMAT
+
+    ref, victim = fresh_image(mb=1), fresh_image(mb=1)
+    image_id, victim_id = engine.images.get(ref).id, engine.images.get(victim).id
+    inner = b"".join(engine.api.get_image(ref))  # named save: RepoTags [ref]
+    assert len(victim) == len(ref)  # same-length names: the tar's member sizes stay right
+    inner = inner.replace(ref.encode(), victim.encode())
+    assert victim.encode() in inner and ref.encode() not in inner, "the crafted tar must carry the victim tag"
+    good = f"dlt-dist/good-{secrets.token_hex(3)}:1"
+    manifest = json.dumps({"format": BUNDLE_FORMAT, "images": [{
+        "ref": good, "id": image_id, "size": 1, "file": f"images/{image_id[7:]}.tar",
+        "sha256": hashlib.sha256(inner).hexdigest(), "bytes": len(inner)}]}).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in [(f"images/{image_id[7:]}.tar", inner), ("manifest.json", manifest)]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    path = tmp_path / "crafted.dlb"
+    path.write_bytes(zstandard.ZstdCompressor().compress(buf.getvalue()))
+    engine.images.remove(ref, force=True)
+    try:
+        r = dl("load", str(path))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert engine.images.get(good).id == image_id
+        assert engine.images.get(victim).id == victim_id  # not moved by the tar's own RepoTags
+    finally:
+        try:
+            engine.images.remove(good, force=True)
+        except Exception:
+            pass

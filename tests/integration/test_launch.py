@@ -1,43 +1,19 @@
 """`dockerlaunch up` / doctor / down / status / logs / exec on a real 2-node sim cluster."""
 
 import json
-import queue
 import secrets
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
 import yaml
 
+from tests.integration.helpers import dl, job_name, start_up, stop_up, variant, wait_for_ready
+
 pytestmark = pytest.mark.integration
 
 TORCHRUN = ('torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC_PER_NODE" '
             '--master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" /opt/dockerlaunch-demo/allreduce.py')
-
-
-def dl(*args, timeout=300, cwd=None):
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
-
-
-def job_name():
-    return f"t{secrets.token_hex(3)}"
-
-
-def variant(sim_cluster, tmp_path, **changes) -> str:
-    """A copy of the sim cluster config with some top-level sections changed."""
-    data = yaml.safe_load(open(sim_cluster[1]))
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    path = tmp_path / f"cfg-{secrets.token_hex(3)}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
 
 
 def test_two_node_torchrun_job(sim_cluster, demo_image, job_containers, tmp_path):
@@ -69,51 +45,24 @@ def test_failing_rank_stops_everything_and_sets_exit_code(sim_cluster, job_conta
     assert job_containers(job) == []
 
 
-def start_up(*args: str) -> tuple[subprocess.Popen, "queue.Queue[str]"]:
-    """`dockerlaunch up` in the background; its output lines arrive on a queue, so a silent `up` cannot block
-    the test past its deadline."""
-    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-
-    def pump():
-        for line in p.stdout:
-            lines.put(line)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return p, lines
-
-
-def wait_for_lines(lines: "queue.Queue[str]", want: set[str], timeout: float) -> set[str]:
-    """Read until every `ready R` in `want` was seen or the deadline passes; returns what was seen."""
-    seen: set[str] = set()
-    deadline = time.monotonic() + timeout
-    while seen != want and time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if "ready " in line:
-            seen.add(line.strip().split("ready ")[-1])
-    return seen
-
-
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signal_tears_down_every_host(sim_cluster, job_containers, sig, code):
     job = job_name()
-    p, lines = start_up("--skip-preflight", "--config", str(sim_cluster[1]), "--name", job, "--",
-                        "sh", "-c", 'echo "ready $NODE_RANK"; sleep 600')
+    p, lines, _ = start_up("--skip-preflight", "--config", str(sim_cluster[1]), "--name", job, "--",
+                           "sh", "-c", 'echo "ready $NODE_RANK"; sleep 600')
     try:
-        assert wait_for_lines(lines, {"0", "1"}, 120) == {"0", "1"}
+        assert wait_for_ready(lines, {"0", "1"}, 120) == {"0", "1"}
         assert len(job_containers(job)) == 2
+        t0 = time.monotonic()
         p.send_signal(sig)
-        p.wait(timeout=120)
+        p.wait(timeout=60)
+        took = time.monotonic() - t0
         assert p.returncode == code
         assert job_containers(job) == []
+        assert took < 15, f"teardown after {sig!r} took {took:.1f}s"
+        print(f"\n[fault] {signal.Signals(sig).name} while running: torn down in {took:.1f}s")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=30)
+        stop_up(p)
         dl("down", "--config", str(sim_cluster[1]), "--name", job)
 
 

@@ -184,8 +184,14 @@ def test_resolved_plan_has_no_placeholders_and_unresolved_is_refused():
     with pytest.raises(UnresolvedError):
         dry.hosts[0].container.run_argv()
     facts = {r: HostFacts(interface="eth0", gpu_count=8, infiniband=False) for r in range(2)}
-    full = make_plan(cfg(), facts=facts)
+    no_run = make_plan(cfg(), facts=facts)
+    assert [u.split(":")[0] for u in no_run.unresolved()] == ["rank 0 (10.0.0.1) label dockerlaunch.run",
+                                                              "rank 1 (10.0.0.2) label dockerlaunch.run"]
+    with pytest.raises(UnresolvedError, match="dockerlaunch.run"):
+        no_run.hosts[0].container.run_argv()
+    full = make_plan(cfg(), facts=facts, run_id="r1")
     assert full.unresolved() == []
+    assert all(h.container.labels["dockerlaunch.run"] == "r1" for h in full.hosts)
     for h in full.hosts:
         argv = h.container.run_argv()
         assert not any(isinstance(a, Deferred) or "<resolved at launch" in a for a in argv)
@@ -198,5 +204,5 @@ def test_env_files_are_never_inlined():
     assert any("secrets.env" in u for u in c.unresolved())
     facts = {r: HostFacts(interface="eth0", gpu_count=1, env_files=(f"/tmp/dl-{r}.env",)) for r in range(2)}
     c = make_plan(cfg(container={"env_files": ["/home/me/secrets.env"], "infiniband": "off"}),
-                  facts=facts).hosts[1].container
+                  facts=facts, run_id="r1").hosts[1].container
     assert flag_values(c.run_argv(), "--env-file") == ["/tmp/dl-1.env"]

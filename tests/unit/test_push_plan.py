@@ -502,3 +502,14 @@ def test_parse_host_view_of_an_image_without_layers():
     text = f"tag=\nhas=\nzstd=1\nrelay=1\nlayers=null\n{layers_line(DIFFS[:2])}\n"
     v = parse_host_view("node-6", "10.0.0.6", text)
     assert v.chain_ids == frozenset(CHAINS[:2])
+
+
+def test_auto_is_star_when_a_probed_link_is_broken():
+    views = [view(f"h{i}") for i in range(1, 4)]
+    assert plan_push(IMAGE, views).strategy == Strategy.CHAIN
+    broken = ["h2 cannot reach h3 (10.0.0.3:41000)"]
+    plan = plan_push(IMAGE, views, broken_links=broken)
+    assert plan.strategy == Strategy.STAR
+    assert all(t.strategy == Strategy.STAR and "h2 cannot reach h3" in t.reason for t in plan.hosts)
+    # an explicit chain is not second-guessed here: a dead link falls back to star while it runs
+    assert plan_push(IMAGE, views, strategy="chain", broken_links=broken).strategy == Strategy.CHAIN

@@ -1,0 +1,83 @@
+"""What the launch and fault tests share: run the CLI, variants of the sim config, `up` in the background."""
+
+import queue
+import secrets
+import subprocess
+import sys
+import threading
+
+import yaml
+
+
+def dl(*args, timeout=300, cwd=None):
+    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+def job_name():
+    return f"t{secrets.token_hex(3)}"
+
+
+def variant(sim_cluster, tmp_path, **changes) -> str:
+    """A copy of the sim cluster config with some top-level sections changed."""
+    data = yaml.safe_load(open(sim_cluster[1]))
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    path = tmp_path / f"cfg-{secrets.token_hex(3)}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def start_up(*args: str) -> tuple[subprocess.Popen, "queue.Queue[str]", list[str]]:
+    """`dockerlaunch up` in the background; its output lines arrive on a queue (and in a list, for messages),
+    so a silent `up` cannot block a test past its deadline."""
+    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+
+    def pump():
+        for line in p.stdout:
+            seen.append(line)
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return p, lines, seen
+
+
+def wait_for_ready(lines: "queue.Queue[str]", want: set[str], timeout: float) -> set[str]:
+    """Read until every `ready R` in `want` was seen or the deadline passes; returns what was seen."""
+    import time
+
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while seen != want and time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if "ready " in line:
+            seen.add(line.strip().split("ready ")[-1])
+    return seen
+
+
+def stop_up(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.kill()
+        p.wait(timeout=30)
+
+
+def env_files_on(remote) -> list[str]:
+    """dockerlaunch's secret files in the host's /tmp (ls' own failure fails the test)."""
+    r = remote.run(["sh", "-c", "ls -a /tmp"])
+    assert r.ok, r.stderr
+    return [f for f in r.stdout.split() if f.startswith("dockerlaunch-") and f.endswith(".env")]
+
+
+def probe_containers_on(remote) -> list[str]:
+    r = remote.run(["docker", "ps", "-a", "--filter", "label=dockerlaunch.probe=1", "--format", "{{.Names}}"])
+    assert r.ok, r.stderr
+    return r.stdout.split()

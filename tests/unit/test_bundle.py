@@ -1,0 +1,118 @@
+"""Bundles are checked whole before anything is loaded; image tars lose their own tags on the way in."""
+
+import hashlib
+import io
+import json
+import tarfile
+
+import pytest
+import zstandard
+
+from dockerlaunch.errors import TransferError
+from dockerlaunch.transfer.bundle import BUNDLE_FORMAT, load_bundle, verify_bundle
+from dockerlaunch.transfer.streams import untagged_chunks
+
+ID = "sha256:" + "ab" * 32
+OTHER = "sha256:" + "cd" * 32
+
+
+def image_tar(tags=("evil/retag:latest",)) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in [("layer/layer.tar", b"x" * 3000),
+                           ("manifest.json", json.dumps([{"Config": "c.json", "RepoTags": list(tags),
+                                                          "Layers": ["layer/layer.tar"]}]).encode()),
+                           ("repositories", b'{"evil/retag": {"latest": "abc"}}')]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def bundle(tmp_path, members, manifest=None, name="b.dlb"):
+    """members: (name, bytes); manifest: the dict to store (default: one entry per image member)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for n, data in members:
+            info = tarfile.TarInfo(n)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+        if manifest is not False:
+            if manifest is None:
+                manifest = {"format": BUNDLE_FORMAT, "images": [
+                    {"ref": "app:1", "id": "sha256:" + n[7:-4], "size": 1, "file": n,
+                     "sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)}
+                    for n, d in members if n.startswith("images/")]}
+            raw = json.dumps(manifest).encode()
+            info = tarfile.TarInfo("manifest.json")
+            info.size = len(raw)
+            t.addfile(info, io.BytesIO(raw))
+    path = tmp_path / name
+    path.write_bytes(zstandard.ZstdCompressor().compress(buf.getvalue()))
+    return path
+
+
+GOOD = (f"images/{ID[7:]}.tar", image_tar())
+
+
+def test_a_good_bundle_verifies(tmp_path):
+    [e] = verify_bundle(bundle(tmp_path, [GOOD]))
+    assert e.ref == "app:1" and e.id == ID
+
+
+@pytest.mark.parametrize("members, manifest, words", [
+    ([GOOD, (f"images/{OTHER[7:]}.tar", b"junk")], "listed-first", "is not in the manifest"),
+    ([GOOD, GOOD], None, "appears twice"),
+    ([GOOD, ("../../etc/cron.d/x", b"* * * * * root id")], None, "unexpected member"),
+    ([GOOD, ("images/notanid.tar", b"x")], None, "unexpected member"),
+    ([GOOD], False, "no dockerlaunch-bundle/1 manifest"),
+    ([GOOD], {"format": BUNDLE_FORMAT, "images": [], "extra": 1}, "extra"),
+    ([GOOD], {"format": "other/9", "images": []}, "format 'other/9'"),
+    ([GOOD], {"format": BUNDLE_FORMAT, "images": [{"ref": "-x", "id": ID, "size": 1, "file": GOOD[0],
+                                                   "sha256": "0" * 64, "bytes": 1}]}, "images[0].ref"),
+    ([GOOD], {"format": BUNDLE_FORMAT, "images": [{"ref": "a:1", "id": OTHER, "size": 1, "file": GOOD[0],
+                                                   "sha256": hashlib.sha256(GOOD[1]).hexdigest(),
+                                                   "bytes": len(GOOD[1])}]}, "not under its Image ID"),
+    ([GOOD], {"format": BUNDLE_FORMAT, "images": [{"ref": "a:1", "id": ID, "size": 1, "file": GOOD[0],
+                                                   "sha256": "0" * 64, "bytes": len(GOOD[1])}]}, "checksum mismatch"),
+    ([], {"format": BUNDLE_FORMAT, "images": [{"ref": "a:1", "id": ID, "size": 1, "file": GOOD[0],
+                                               "sha256": "0" * 64, "bytes": 1}]}, "listed but missing"),
+])
+def test_malformed_bundles_are_one_line_errors_and_nothing_is_loaded(tmp_path, members, manifest, words):
+    if manifest == "listed-first":
+        manifest = None
+        path = bundle(tmp_path, members[:1])  # a valid manifest for the first image only ...
+        raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(path.read_bytes())).read()
+        tin = tarfile.open(fileobj=io.BytesIO(raw))
+        extra = members[1]
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as t:  # ... and an image it does not list
+            for m in tin.getmembers():
+                t.addfile(m, tin.extractfile(m))
+            info = tarfile.TarInfo(extra[0])
+            info.size = len(extra[1])
+            t.addfile(info, io.BytesIO(extra[1]))
+        path.write_bytes(zstandard.ZstdCompressor().compress(out.getvalue()))
+    else:
+        path = bundle(tmp_path, members, manifest)
+    loads = []
+    with pytest.raises(TransferError) as err:
+        load_bundle(path, lambda stream: loads.append(stream) or (0, ""), lambda argv: (0, ""))
+    assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert loads == []  # docker load never ran
+
+
+def test_an_oversized_manifest_is_refused_without_reading_it(tmp_path):
+    path = bundle(tmp_path, [GOOD], manifest={"format": BUNDLE_FORMAT, "images": [], "pad": "x" * (2 << 20)})
+    with pytest.raises(TransferError, match="at most"):
+        verify_bundle(path)
+
+
+def test_image_tars_lose_their_own_tags_before_docker_load():
+    out = b"".join(untagged_chunks(iter([image_tar()[i:i + 1000] for i in range(0, len(image_tar()), 1000)])))
+    with tarfile.open(fileobj=io.BytesIO(out)) as t:
+        names = t.getnames()
+        manifest = json.loads(t.extractfile("manifest.json").read())
+        layer = t.extractfile("layer/layer.tar").read()
+    assert "repositories" not in names and manifest[0]["RepoTags"] is None
+    assert manifest[0]["Layers"] == ["layer/layer.tar"] and layer == b"x" * 3000
