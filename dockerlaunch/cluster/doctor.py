@@ -13,7 +13,6 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from dockerlaunch.cluster import facts as factslib
 from dockerlaunch.cluster import script
@@ -21,17 +20,15 @@ from dockerlaunch.cluster.config import ClusterConfig
 from dockerlaunch.cluster.plan import ClusterPlan, HostPlan, make_plan
 from dockerlaunch.cluster.session import Cluster, Host
 from dockerlaunch.cluster.spec import ContainerSpec, Deferred
+from dockerlaunch.enums import StrEnum
 from dockerlaunch.errors import HostError
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     PASS = "PASS"
     WARN = "WARN"
     FAIL = "FAIL"
     SKIP = "SKIP"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 PASS, WARN, FAIL, SKIP = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP

@@ -134,21 +134,21 @@ def remove_stale_env_files(session: Session, job: str) -> None:
     session.cluster.each(lambda h: h.remote.run(["sh", "-c", f"rm -f {env_file_glob(job)}"], timeout=30))
 
 
-def upload_env_files(session: Session, job: str, content: bytes) -> dict[int, tuple[str, ...]]:
-    """One 0600 file per host with every secret line; the path goes to `--env-file`, never the values."""
+def env_file_paths(session: Session, job: str) -> dict[int, tuple[str, ...]]:
+    """Where each host's secret file goes; known before the upload, so an interrupted upload is cleaned up."""
     token = secrets.token_hex(6)
-    paths = {hp.rank: f"/tmp/dockerlaunch-{job}-{hp.rank}-{token}.env" for hp in session.plan.hosts}
+    return {hp.rank: (f"/tmp/dockerlaunch-{job}-{hp.rank}-{token}.env",) for hp in session.plan.hosts}
+
+
+def upload_env_files(session: Session, paths: dict[int, tuple[str, ...]], content: bytes) -> None:
+    """One 0600 file per host with every secret line; the path goes to `--env-file`, never the values.
+    On failure the caller removes `paths` (some hosts may have theirs)."""
 
     def put(h):
-        path = paths[h.rank]
+        [path] = paths[h.rank]
         h.remote.check(["sh", "-c", 'umask 077 && cat > "$1"', "sh", path], f"writing {path}", stdin=content)
-        return path
 
-    results = session.cluster.each(put)
-    if results.failed:
-        remove_env_files(session, {i: (p,) for i, p in paths.items()})
-        results.raise_first()
-    return {i: (paths[i],) for i in paths}
+    session.cluster.each(put).raise_first()
 
 
 def remove_env_files(session: Session, paths: dict[int, tuple[str, ...]]) -> None:
@@ -222,10 +222,10 @@ def up(
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
                              "Fix the above or use --skip-preflight.", "bold red")
                 return 1
-        env_paths: dict[int, tuple[str, ...]] = {}
+        env_paths = env_file_paths(session, job) if secrets_blob else {}
         try:
             if secrets_blob:
-                env_paths = upload_env_files(session, job, secrets_blob)
+                upload_env_files(session, env_paths, secrets_blob)
             run_id = secrets.token_hex(6)
             plan = make_plan(config, facts=gather_facts(session, env_paths), targets=session.cluster.targets,
                              run_id=run_id)

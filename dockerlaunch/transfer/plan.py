@@ -11,30 +11,25 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from dockerlaunch.enums import StrEnum
 from dockerlaunch.transfer.streams import LocalImage, chain_ids
 
 CHAIN_MIN_HOSTS = 3  # below this a chain saves nothing over star: the launcher's uplink carries <= 2 copies
 
 
-class Action(str, Enum):
+class Action(StrEnum):
     SKIP = "skip"  # the tag already points at this Image ID
     TAG = "tag"  # the Image ID is there under another name: tag only
     SEND = "send"  # stream the image
     FAIL = "fail"  # cannot be done (the reason says why)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Strategy(str, Enum):
+class Strategy(StrEnum):
     STAR = "star"  # the launcher streams to each host
     CHAIN = "chain"  # one stream to the first host; each host relays to the next
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class PushState(str, Enum):
+class PushState(StrEnum):
     """How a host ended (push and load)."""
 
     PUSHED = "pushed"
@@ -42,9 +37,6 @@ class PushState(str, Enum):
     SKIPPED = "skipped"
     TAGGED = "tagged"
     FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass

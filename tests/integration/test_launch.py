@@ -106,25 +106,35 @@ def test_detach_status_logs_exec_down(sim_cluster, job_containers):
     assert job_containers(job) == []
 
 
-def test_secret_env_file_reaches_the_container_but_no_command_line_or_log(sim_cluster, tmp_path, remotes,
-                                                                          job_containers):
+def test_secret_env_file_reaches_the_container_but_no_command_line_log_or_file(sim_cluster, tmp_path, remotes,
+                                                                              job_containers):
     secret = f"hunter2-{secrets.token_hex(6)}"
     env_file = tmp_path / "secrets.env"
     env_file.write_text(f"API_TOKEN={secret}\n")
     cfg = variant(sim_cluster, tmp_path, container={"env_files": [str(env_file)]})
     job = job_name()
-    check = 'test "$API_TOKEN" = "$(cat /proc/1/environ | tr "\\0" "\\n" | sed -n "s/^API_TOKEN=//p")" && ' \
-            'test -n "$API_TOKEN" && echo secret-ok; ps -eo args'
-    r = dl("up", "--skip-preflight", "--config", cfg, "--name", job, "--log-dir", str(tmp_path / "logs"), "--",
-           "sh", "-c", check)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "secret-ok" in r.stdout
-    assert secret not in r.stdout and secret not in r.stderr
-    for p in (tmp_path / "logs").rglob("*.log"):
-        assert secret not in p.read_text()
-    for remote in remotes:  # the 0600 file was removed after the start
-        left = remote.run(["sh", "-c", f"ls /tmp | grep dockerlaunch-{job} || true"])
-        assert left.stdout.strip() == ""
+    check = ('test "$API_TOKEN" = "$(cat /proc/1/environ | tr "\\0" "\\n" | sed -n "s/^API_TOKEN=//p")" && '
+             'test -n "$API_TOKEN" && echo secret-ok; ps -eo args; echo "ready $NODE_RANK"; sleep 4')
+    p, lines, out = start_up("--skip-preflight", "--config", cfg, "--name", job, "--log-dir", str(tmp_path / "logs"),
+                             "--", "sh", "-c", check)
+    try:
+        assert wait_for_ready(lines, {"0", "1"}, 120) == {"0", "1"}, "".join(out)
+        for remote in remotes:  # while the job runs: no argv on the host, no file left with the value
+            ps = remote.check(["ps", "-eo", "args"], "ps")
+            assert secret not in ps.stdout
+            grep = remote.run(["sh", "-c", 'grep -rlsF -- "$1" /tmp /var/tmp /root /etc; true', "sh", secret])
+            assert grep.ok and grep.stdout.strip() == "", grep.stdout
+        p.wait(timeout=120)
+        assert p.returncode == 0, "".join(out)
+    finally:
+        stop_up(p)
+    text = "".join(out)
+    assert "secret-ok" in text and secret not in text
+    logs = list((tmp_path / "logs").rglob("*.log"))
+    assert len(logs) == 2
+    for log in logs:
+        assert secret not in log.read_text()
+        assert log.stat().st_mode & 0o777 == 0o600  # a rank may print its environment
     assert job_containers(job) == []
 
 
