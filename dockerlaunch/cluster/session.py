@@ -186,9 +186,10 @@ class Cluster:
     def live(self) -> list[Host]:
         return [h for h in self.hosts if h.connected]
 
-    def each(self, fn: Callable[[Host], T], hosts: Sequence[Host] | None = None) -> Outcomes[T]:
-        """`fn(host)` on every connected host (or on `hosts`) concurrently."""
-        return each(fn, self.live if hosts is None else list(hosts))
+    def each(self, fn: Callable[[Host], T], hosts: Sequence[Host] | None = None, settle: float = 0.0
+             ) -> Outcomes[T]:
+        """`fn(host)` on every connected host (or on `hosts`) concurrently; see `each` for `settle`."""
+        return each(fn, self.live if hosts is None else list(hosts), settle=settle)
 
     def peer_ip(self, rank: int = 0) -> str | None:
         h = self.hosts[rank]

@@ -6,6 +6,7 @@ tar's sha256 and size, so `load` reads to the end and checks every image before 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -152,14 +153,22 @@ class _Manifest(BaseModel):
 
 
 def _members(path: Path) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
-    """The bundle's tar members, in order, from the zstd stream (never the whole file in memory)."""
+    """The bundle's tar members, in order, from the zstd stream (never the whole file in memory). Reading a
+    member reads the stream too: use inside `_damaged_is_one_line`."""
+    import zstandard
+
+    with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zin, \
+            tarfile.open(fileobj=zin, mode="r|") as tar:
+        for member in tar:
+            yield member, tar.extractfile(member) if member.isfile() else None
+
+
+@contextlib.contextmanager
+def _damaged_is_one_line(path: Path) -> Iterator[None]:
     import zstandard
 
     try:
-        with open(path, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zin, \
-                tarfile.open(fileobj=zin, mode="r|") as tar:
-            for member in tar:
-                yield member, tar.extractfile(member) if member.isfile() else None
+        yield
     except (zstandard.ZstdError, tarfile.TarError, EOFError, OSError) as e:
         raise TransferError(f"bundle {path} is corrupted or truncated ({type(e).__name__}: {e}); "
                             "nothing was loaded or tagged; copy it again") from None
@@ -186,6 +195,11 @@ def _parse_manifest(path: Path, raw: bytes) -> list[BundleEntry]:
 def verify_bundle(path: Path) -> list[BundleEntry]:
     """Read the whole bundle once and check it before anything is loaded: only a manifest and image tars,
     no member twice, every image listed and every listed image present with its size and sha256."""
+    with _damaged_is_one_line(path):
+        return _verify(path)
+
+
+def _verify(path: Path) -> list[BundleEntry]:
     seen: dict[str, tuple[str, int]] = {}
     entries: list[BundleEntry] | None = None
     for member, f in _members(path):
@@ -233,6 +247,20 @@ def load_bundle(
     `run(argv)` runs a docker command where the images go (locally or on a host).
     """
     entries = verify_bundle(path)
+    with _damaged_is_one_line(path):
+        _load_verified(path, entries, load, where)
+    for e in entries:
+        status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", e.id])
+        if status != 0 or out.strip() != e.id:
+            raise TransferError(f"{where}: after loading {e.ref}, Image ID {e.id[7:19]} is missing")
+    for e in entries:
+        status, out = run(["docker", "tag", e.id, e.ref])
+        if status != 0:
+            raise TransferError(f"{where}: tagging {e.ref} failed: {out.strip()[-200:]}")
+    return entries
+
+
+def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: str) -> None:
     by_file = {e.file: e for e in entries}
     for member, f in _members(path):
         e = by_file.get(member.name)
@@ -252,15 +280,6 @@ def load_bundle(
             raise TransferError(f"bundle {path}: {e.file} changed while it was being loaded; nothing was tagged")
         if status != 0:
             raise TransferError(f"{where}: docker load of {e.ref} ({e.file}) failed: {out.strip()[-200:]}")
-    for e in entries:
-        status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", e.id])
-        if status != 0 or out.strip() != e.id:
-            raise TransferError(f"{where}: after loading {e.ref}, Image ID {e.id[7:19]} is missing")
-    for e in entries:
-        status, out = run(["docker", "tag", e.id, e.ref])
-        if status != 0:
-            raise TransferError(f"{where}: tagging {e.ref} failed: {out.strip()[-200:]}")
-    return entries
 
 
 def local_runner(argv: list[str]) -> tuple[int, str]:

@@ -122,7 +122,10 @@ def test_push_dry_run_inspects_and_plans_but_sends_and_tags_nothing(sim_cluster,
 
         text = dl("push", ref, "--config", str(sim_cluster[1]), "--dry-run")
         assert text.returncode == 0, text.stderr
-        assert "nothing was sent or tagged" in text.stdout and text.stdout.count(" send ") == 2, text.stdout
+        ips = {n.ip for n in sim_cluster[2]}
+        rows = [line.split() for line in text.stdout.splitlines() if line.split()[:1] and line.split()[0] in ips]
+        assert [r[1:3] for r in rows] == [["send", "star"]] * 2, text.stdout
+        assert "nothing was sent or tagged" in text.stdout
         assert ids_on_nodes(remotes, ref) == [None, None]
     finally:
         for rm in remotes:

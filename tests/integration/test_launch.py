@@ -218,7 +218,7 @@ def test_doctor_fails_when_a_host_is_unreachable(sim_cluster, tmp_path):
     assert "PASS" in rows(r.stdout, "ssh")[layout[1].ip]  # the others are still checked
 
 
-def test_doctor_fails_on_host_key_mismatch(sim_cluster, tmp_path):
+def test_doctor_fails_on_host_key_mismatch(sim_cluster, tmp_path, job_containers):
     layout = sim_cluster[2]
     data = yaml.safe_load(open(sim_cluster[1]))
     lines = open(data["ssh"]["known_hosts"]).read().splitlines()
@@ -232,8 +232,10 @@ def test_doctor_fails_on_host_key_mismatch(sim_cluster, tmp_path):
     assert "FAIL" in row and "HOST KEY CHANGED" in row
     assert "PASS" in rows(r.stdout, "ssh")[layout[1].ip]
 
-    up = dl("up", "--config", cfg, "--", "true")  # up refuses before starting anything
+    job = job_name()
+    up = dl("up", "--config", cfg, "--name", job, "--", "sleep", "600")  # up refuses before starting anything
     assert up.returncode == 1 and "HOST KEY CHANGED" in (up.stdout + up.stderr)
+    assert job_containers(job) == []
 
 
 def test_doctor_checks_mounts_and_shared_storage(sim_cluster, tmp_path, remotes):

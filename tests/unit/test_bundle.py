@@ -116,3 +116,21 @@ def test_image_tars_lose_their_own_tags_before_docker_load():
         layer = t.extractfile("layer/layer.tar").read()
     assert "repositories" not in names and manifest[0]["RepoTags"] is None
     assert manifest[0]["Layers"] == ["layer/layer.tar"] and layer == b"x" * 3000
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_stream_is_a_one_line_error_before_any_load(tmp_path, damage):
+    big = (f"images/{ID[7:]}.tar", image_tar() + bytes(range(256)) * 4000)
+    path = bundle(tmp_path, [big])
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        mid = len(data) // 2
+        data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    path.write_bytes(bytes(data))
+    loads = []
+    with pytest.raises(TransferError) as err:
+        load_bundle(path, lambda stream: loads.append(stream) or (0, ""), lambda argv: (0, ""))
+    assert "corrupted" in str(err.value) or "checksum" in str(err.value), str(err.value)
+    assert loads == []
