@@ -1,6 +1,7 @@
 """What the launch and fault tests share: run the CLI, variants of the sim config, `up` in the background."""
 
 import queue
+import re
 import secrets
 import subprocess
 import sys
@@ -59,8 +60,9 @@ def wait_for_ready(lines: "queue.Queue[str]", want: set[str], timeout: float) ->
             line = lines.get(timeout=0.5)
         except queue.Empty:
             continue
-        if "ready " in line:
-            seen.add(line.strip().split("ready ")[-1])
+        m = re.search(r"\bready (\d+)$", line.strip())
+        if m:
+            seen.add(m.group(1))
     return seen
 
 
