@@ -1,0 +1,201 @@
+"""Claims the README and ARCHITECTURE make that no other test checked, each on the real sim cluster."""
+
+import json
+import secrets
+import time
+
+import pytest
+import yaml
+
+from dockerlaunch.cluster.dockerhost import DockerHost
+from tests.integration.helpers import (
+    dl,
+    env_files_on,
+    job_name,
+    probe_containers_on,
+    start_up,
+    stop_up,
+    variant,
+    wait_for_ready,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def containers_on(remote, job: str) -> list[str]:
+    return [s.name for s in DockerHost(remote).job_containers(job)]
+
+
+@pytest.fixture
+def only_on_node1(remotes, demo_image):
+    """A tag that exists on node1 only (node2 cannot pull it: no registry)."""
+    tag = f"dlt-only-node1:{secrets.token_hex(3)}"
+    remotes[0].check(["docker", "tag", demo_image, tag], "tag")
+    yield tag
+    remotes[0].run(["docker", "rmi", tag])
+
+
+def test_a_failed_start_on_one_host_tears_down_the_others(sim_cluster, tmp_path, remotes, only_on_node1):
+    env_file = tmp_path / "s.env"
+    env_file.write_text("TOKEN=x\n")
+    cfg = variant(sim_cluster, tmp_path, container={"env_files": [str(env_file)]})
+    job = job_name()
+    r = dl("up", "--skip-preflight", "--config", cfg, "--image", only_on_node1, "--name", job, "--", "sleep", "600")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"host {sim_cluster[2][1].ip}: starting container {job}-1 failed" in r.stdout, r.stdout
+    assert "start failed: stopping and removing" in r.stdout
+    assert [containers_on(rm, job) for rm in remotes] == [[], []]
+    assert [env_files_on(rm) for rm in remotes] == [[], []]  # removed on the failure path too
+
+
+def test_a_failing_preflight_starts_nothing(sim_cluster, remotes, only_on_node1):
+    job = job_name()
+    r = dl("up", "--config", str(sim_cluster[1]), "--image", only_on_node1, "--name", job, "--", "sleep", "600")
+    assert r.returncode == 1 and "preflight FAILED" in r.stdout and "nothing was started" in r.stdout, r.stdout
+    assert [containers_on(rm, job) for rm in remotes] == [[], []]
+    assert [probe_containers_on(rm) for rm in remotes] == [[], []]  # doctor's probes are gone afterwards
+
+
+def test_a_container_removed_mid_job_tears_down_the_rest(sim_cluster, remotes):
+    job = job_name()
+    p, lines, out = start_up("--skip-preflight", "--config", str(sim_cluster[1]), "--name", job, "--",
+                             "sh", "-c", 'echo "ready $NODE_RANK"; sleep 600')
+    try:
+        assert wait_for_ready(lines, {"0", "1"}, 120) == {"0", "1"}, "".join(out)
+        remotes[1].check(["docker", "rm", "-f", f"{job}-1"], "removing rank 1's container behind up's back")
+        p.wait(timeout=60)
+        assert p.returncode != 0, "".join(out)
+        assert [containers_on(rm, job) for rm in remotes] == [[], []]
+    finally:
+        stop_up(p)
+        dl("down", "--config", str(sim_cluster[1]), "--name", job)
+
+
+def test_logs_follow_streams_until_the_containers_exit(sim_cluster):
+    cfg = str(sim_cluster[1])
+    job = job_name()
+    r = dl("up", "--skip-preflight", "--detach", "--config", cfg, "--name", job, "--", "sh", "-c",
+           'for i in 1 2 3; do echo "tick $i from $NODE_RANK"; sleep 1; done')
+    assert r.returncode == 0, r.stderr
+    try:
+        t0 = time.monotonic()
+        lg = dl("logs", "--follow", "--config", cfg, "--name", job, timeout=60)
+        assert lg.returncode == 0, lg.stderr
+        for rank in ("0", "1"):
+            assert [f"tick {i} from {rank}" in lg.stdout for i in (1, 2, 3)] == [True] * 3, lg.stdout
+        assert time.monotonic() - t0 >= 1.5  # it followed, it did not just print what was there
+        st = dl("status", "--config", cfg, "--name", job, "--output", "json")
+        assert [(c["status"], c["exit_code"]) for c in json.loads(st.stdout)["containers"]] == [("exited", 0)] * 2
+    finally:
+        dl("down", "--config", cfg, "--name", job)
+
+
+def test_secret_files_are_0600_on_the_host(cluster_config, tmp_path):
+    from dockerlaunch.cluster import launch
+
+    session = launch.open_session(cluster_config)
+    paths = launch.env_file_paths(session, "dlt-perm")
+    try:
+        launch.upload_env_files(session, paths, b"TOKEN=x\n")
+        for h in session.cluster.hosts:
+            mode = h.remote.check(["stat", "-c", "%a %U", *paths[h.rank]], "stat").stdout.split()
+            assert mode == ["600", "root"], mode
+    finally:
+        launch.remove_env_files(session, paths)
+        for h in session.cluster.hosts:
+            assert not h.remote.run(["test", "-e", *paths[h.rank]]).ok
+        session.close()
+
+
+def test_doctor_fails_on_a_different_image_id_and_a_64mb_shm(sim_cluster, remotes, demo_image, tools_image, tmp_path):
+    from tests.integration.test_launch import rows
+
+    tag = f"dlt-differs:{secrets.token_hex(3)}"
+    remotes[0].check(["docker", "tag", demo_image, tag], "tag")
+    remotes[1].check(["docker", "tag", tools_image, tag], "tag")
+    try:
+        cfg = variant(sim_cluster, tmp_path, container={"ipc": "private"})  # private IPC, no shm_size: 64 MB
+        r = dl("doctor", "--config", cfg, "--image", tag)
+        assert r.returncode == 1, r.stdout
+        ip1, ip2 = (n.ip for n in sim_cluster[2])
+        assert "FAIL" in rows(r.stdout, "image")[ip2] and "on another host" in rows(r.stdout, "image")[ip2]
+        assert "FAIL" in rows(r.stdout, "shm")[ip1] and "64 MB" in rows(r.stdout, "shm")[ip1]
+        assert [probe_containers_on(rm) for rm in remotes] == [[], []]
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", tag])
+
+
+def test_accept_new_records_an_unknown_key_and_still_refuses_a_changed_one(sim_cluster, tmp_path):
+    data = yaml.safe_load(open(sim_cluster[1]))
+    known = tmp_path / "known_hosts"
+    cfg = variant(sim_cluster, tmp_path, ssh={"known_hosts": str(known), "host_key_policy": "accept-new"})
+    first = dl("doctor", "--config", cfg, "--image", data["image"])
+    assert "HOST KEY" not in first.stdout and known.exists(), first.stdout
+    recorded = known.read_text()
+    ip1, ip2 = (n.ip for n in sim_cluster[2])
+    assert recorded.count(ip1) == 1 and recorded.count(ip2) == 1
+    key1 = next(line for line in recorded.splitlines() if line.startswith(ip1 + " ")).split(" ", 1)[1]
+    swapped = "\n".join(f"{ip2} {key1}" if line.startswith(ip2 + " ") else line for line in recorded.splitlines())
+    known.write_text(swapped + "\n")
+    second = dl("doctor", "--config", cfg, "--image", data["image"])
+    assert second.returncode == 1 and "HOST KEY CHANGED" in second.stdout, second.stdout
+
+
+def test_master_addr_is_resolved_at_launch_for_an_ssh_config_alias(sim_cluster, tmp_path):
+    """Host 0 is an alias whose HostName is not an IP literal (here node1's address as one decimal number, which
+    the resolver understands): the plan shows a placeholder, and `up` uses the address it actually reached."""
+    import ipaddress
+
+    data = yaml.safe_load(open(sim_cluster[1]))
+    ip1 = sim_cluster[2][0].ip
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(f"Host gpu-a\n  HostName {int(ipaddress.IPv4Address(ip1))}\n  User root\n")
+    known = tmp_path / "known_hosts"
+    known.write_text(open(data["ssh"]["known_hosts"]).read())
+    cfg = variant(sim_cluster, tmp_path, hosts=["gpu-a", data["hosts"][1]],
+                  ssh={"config_file": str(ssh_config), "known_hosts": str(known), "host_key_policy": "accept-new"})
+    dry = dl("up", "--dry-run", "--output", "json", "--config", cfg, "--", "true")
+    assert dry.returncode == 0, dry.stderr
+    assert "<resolved at launch" in json.loads(dry.stdout)["master_addr"]
+    job = job_name()
+    r = dl("up", "--skip-preflight", "--config", cfg, "--name", job, "--", "sh", "-c", 'echo "master=$MASTER_ADDR"')
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(f"master={ip1}") == 2, r.stdout
+
+
+def test_push_full_sends_every_layer_and_an_unreachable_host_fails_alone(sim_cluster, engine, remotes, fresh_image,
+                                                                         tmp_path):
+    ref = fresh_image(mb=4)
+    image = engine.images.get(ref)
+    data = yaml.safe_load(open(sim_cluster[1]))
+    dead = sim_cluster[2][0].ip.rsplit(".", 1)[0] + ".99"
+    cfg = variant(sim_cluster, tmp_path, hosts=data["hosts"] + [{"address": dead}], ssh={"connect_timeout": 3})
+    try:
+        r = dl("push", ref, "--config", cfg, "--full", "--compress", "none", "--output", "json")
+        assert r.returncode == 1, r.stdout + r.stderr
+        rows = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+        assert rows[dead]["status"] == "failed" and "no answer" in rows[dead]["detail"]
+        for n in sim_cluster[2]:
+            assert rows[n.ip]["status"] == "pushed" and "thin" not in rows[n.ip]["detail"], rows[n.ip]
+            assert rows[n.ip]["bytes_sent"] >= image.attrs["Size"] * 0.9  # every layer, not just the new one
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", ref, image.id])
+
+
+def test_loading_a_corrupted_bundle_onto_hosts_tags_nothing(sim_cluster, engine, remotes, fresh_image, tmp_path):
+    ref = fresh_image(mb=2)
+    image_id = engine.images.get(ref).id
+    bundle = tmp_path / "b.dlb"
+    assert dl("save", ref, "-o", str(bundle)).returncode == 0
+    data = bytearray(bundle.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    bundle.write_bytes(bytes(data))
+    r = dl("load", str(bundle), "--config", str(sim_cluster[1]))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.count("failed") >= 2 and ("corrupted" in r.stdout or "checksum" in r.stdout), r.stdout
+    for rm in remotes:
+        assert not rm.run(["docker", "image", "inspect", ref]).ok
+        assert not rm.run(["docker", "image", "inspect", image_id]).ok  # nothing loaded either
