@@ -345,7 +345,9 @@ def _wheelify(dest: Path) -> None:
         name = re.split(r"-\d", sdist.name, maxsplit=1)[0].lower().replace("_", "-")
         if name in {n.replace("_", "-") for n in BUILD_IN_IMAGE}:
             continue
-        _pip(["wheel", "--no-deps", "--wheel-dir", str(dest), str(sdist)])
+        # --use-pep517: an isolated build env with setuptools and wheel, whatever this venv has (a plain
+        # Debian venv has no `wheel`, and old pips then fail with "invalid command 'bdist_wheel'")
+        _pip(["wheel", "--no-deps", "--use-pep517", "--wheel-dir", str(dest), str(sdist)])
         sdist.unlink()
 
 
