@@ -56,7 +56,7 @@ def _print_push_plan(plan, output: str) -> None:
                else "previous host") if send else ""
         rows.append([t.host, str(t.action), str(t.strategy or ""), t.compression or "", layers,
                      _mb(t.bytes_to_send) if send else "", src, t.reason])
-    print_table(["host", "action", "strategy", "compress", "layers", "to send", "from", "why"], rows)
+    print_table(["host", "action", "strategy", "compress", "layers sent", "bytes", "from", "why"], rows)
     click.echo(f"The launcher sends about {_mb(plan.launcher_bytes)} (before compression). "
                "Dry run: hosts were inspected; nothing was sent or tagged.")
 
