@@ -83,3 +83,17 @@ def probe_containers_on(remote) -> list[str]:
     r = remote.run(["docker", "ps", "-a", "--filter", "label=dockerlaunch.probe=1", "--format", "{{.Names}}"])
     assert r.ok, r.stderr
     return r.stdout.split()
+
+
+def containers_on(remote, job: str) -> list[str]:
+    """The job's containers on one host (asked over SSH, as a user would)."""
+    from dockerlaunch.cluster.dockerhost import DockerHost
+
+    return [st.name for st in DockerHost(remote).job_containers(job)]
+
+
+def nc_listeners(remote) -> list[str]:
+    """PIDs of `nc -l` on the host; pgrep's own failure (exit > 1) fails the test instead of reading as none."""
+    r = remote.run(["pgrep", "-f", "^nc -l"])
+    assert r.exit_status in (0, 1), f"pgrep failed on {remote.name}: {r.stderr}"
+    return r.stdout.split()

@@ -7,8 +7,8 @@ import time
 import pytest
 import yaml
 
-from dockerlaunch.cluster.dockerhost import DockerHost
 from tests.integration.helpers import (
+    containers_on,
     dl,
     env_files_on,
     job_name,
@@ -21,9 +21,6 @@ from tests.integration.helpers import (
 
 pytestmark = pytest.mark.integration
 
-
-def containers_on(remote, job: str) -> list[str]:
-    return [s.name for s in DockerHost(remote).job_containers(job)]
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from dockerlaunch.cluster.doctor import listening_ports, local_ports
 from dockerlaunch.transfer import chain, push
 from dockerlaunch.transfer.push import push_to_host
 from dockerlaunch.transfer.streams import chain_ids, local_image
+from tests.integration.helpers import nc_listeners
 
 pytestmark = pytest.mark.integration
 
@@ -230,12 +231,6 @@ def test_chain_push_relays_host_to_host(sim_cluster, engine, remotes, fresh_imag
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", ref, local_id])
 
-
-def nc_listeners(remote) -> list[str]:
-    """PIDs of `nc -l` on the host; pgrep's own failure (exit > 1) fails the test instead of reading as none."""
-    r = remote.run(["pgrep", "-f", "^nc -l"])
-    assert r.exit_status in (0, 1), f"pgrep failed on {remote.name}: {r.stderr}"
-    return r.stdout.split()
 
 
 def tcp_listening(remote) -> set[int]:

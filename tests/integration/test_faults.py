@@ -8,11 +8,12 @@ import time
 
 import pytest
 
-from dockerlaunch.cluster.dockerhost import DockerHost
 from tests.integration.helpers import (
+    containers_on,
     dl,
     env_files_on,
     job_name,
+    nc_listeners,
     probe_containers_on,
     start_up,
     stop_up,
@@ -33,9 +34,6 @@ def until(predicate, timeout: float, step: float = 0.2) -> float | None:
         time.sleep(step)
     return None
 
-
-def containers_on(remote, job: str) -> list[str]:
-    return [s.name for s in DockerHost(remote).job_containers(job)]
 
 
 def secret_config(sim_cluster, tmp_path, **changes):
@@ -187,11 +185,6 @@ def test_a_failing_input_stream_ends_the_remote_load(sim_cluster, engine, remote
     assert gone is not None, "a docker load outlived its broken input"
     print(f"\n[fault] image stream broken after 8 MiB: the remote load ended, {took:.1f}s, nothing tagged")
 
-
-def nc_listeners(remote) -> list[str]:
-    r = remote.run(["pgrep", "-f", "^nc -l"])
-    assert r.exit_status in (0, 1), f"pgrep failed on {remote.name}: {r.stderr}"
-    return r.stdout.split()
 
 
 def test_a_stranger_on_a_chain_port_feeds_nothing_into_docker_load(sim_cluster, engine, remotes, fresh_image):
