@@ -196,3 +196,52 @@ def test_loading_a_corrupted_bundle_onto_hosts_tags_nothing(sim_cluster, engine,
     for rm in remotes:
         assert not rm.run(["docker", "image", "inspect", ref]).ok
         assert not rm.run(["docker", "image", "inspect", image_id]).ok  # nothing loaded either
+
+
+def test_doctor_fails_when_docker_is_not_usable_by_the_ssh_user(sim_cluster, remotes, demo_image):
+    """A `docker` that refuses the user (as without the docker group) on node2: FAIL with the group hint."""
+    shim = "/usr/local/bin/docker"
+    remotes[1].check(["sh", "-c", f'printf "%s\\n" "#!/bin/sh" "echo \\"permission denied while trying to connect '
+                                  f'to the Docker daemon socket\\" >&2" "exit 1" > {shim} && chmod 755 {shim}'],
+                     "installing a docker that refuses")
+    try:
+        r = dl("doctor", "--config", str(sim_cluster[1]), "--image", demo_image, "--output", "json")
+    finally:
+        remotes[1].check(["rm", "-f", shim], "removing the shim")
+    assert r.returncode == 1, r.stdout
+    docker = {c["host"]: c for c in json.loads(r.stdout)["checks"] if c["check"] == "docker"}
+    row = docker[sim_cluster[2][1].ip]
+    assert row["verdict"] == "FAIL" and "permission denied" in row["reason"] and "docker group" in row["reason"], row
+    assert docker[sim_cluster[2][0].ip]["verdict"] == "PASS"
+
+
+@pytest.mark.parametrize("user_ifname", [False, True])
+def test_doctor_route_and_reachability_when_master_addr_is_on_a_bridge(sim_cluster, remotes, demo_image, tmp_path,
+                                                                       user_ifname):
+    """MASTER_ADDR lives on a bridge-like interface of host 0 (what NCCL would pick up by mistake): route FAIL
+    (WARN when the user set NCCL_SOCKET_IFNAME), and host 1 cannot reach it: reachability FAIL."""
+    from tests.integration.test_launch import rows
+
+    addr = "10.99.0.1"
+    data = yaml.safe_load(open(sim_cluster[1]))
+    hosts = data["hosts"]
+    first = hosts[0] if isinstance(hosts[0], dict) else {"address": hosts[0]}
+    env = {"NCCL_SOCKET_IFNAME": "eth0"} if user_ifname else {}
+    cfg = variant(sim_cluster, tmp_path, hosts=[{**first, "advertise_addr": addr}, *hosts[1:]],
+                  container={"env": env})
+    remotes[0].check(["sh", "-c", f"ip link add br-0badbeef type bridge && ip addr add {addr}/32 dev br-0badbeef "
+                                  "&& ip link set br-0badbeef up"], "adding a bridge-like interface")
+    try:
+        r = dl("doctor", "--config", cfg, "--image", demo_image)
+    finally:
+        remotes[0].check(["ip", "link", "del", "br-0badbeef"], "removing it")
+    assert r.returncode == 1, r.stdout
+    ip1, ip2 = (n.ip for n in sim_cluster[2])
+    route = rows(r.stdout, "route")[ip1]
+    if user_ifname:
+        assert "WARN" in route and "br-0badbeef" in route and "using your NCCL_SOCKET_IFNAME" in route, route
+    else:
+        assert "FAIL" in route and "br-0badbeef" in route, route
+    reach = rows(r.stdout, "reachability")[ip2]
+    assert "FAIL" in reach and f"cannot reach {addr}:" in reach, reach
+    assert [probe_containers_on(rm) for rm in remotes] == [[], []]

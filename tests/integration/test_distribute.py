@@ -260,9 +260,8 @@ def test_kill_listener_ends_only_the_chain_port(sim_cluster, remotes):
 
 def test_a_chain_that_fails_after_a_listener_is_up_kills_it(sim_cluster, engine, remotes, fresh_image):
     """Three links -- node1 (head), node2, node1 again (tail): the tail's listener comes up first (the test sees
-    it), then node2 cannot listen. Nothing may be left listening on node1 and nothing loaded or tagged. (Here
-    node2's relay also ends the tail by sending it an empty stream; the kill branch against a listener that
-    nobody ends is exercised by test_faults.py::test_a_relay_that_cannot_reach_the_next_host_falls_back_to_star.)"""
+    it), then node2 cannot listen and passes nothing on; the live listener on node1 must be killed and its port
+    closed, and nothing loaded or tagged."""
     from dockerlaunch.transfer.plan import Action, HostTransfer, Strategy
 
     ref = fresh_image(mb=8)

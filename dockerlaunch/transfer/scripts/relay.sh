@@ -18,13 +18,25 @@ mkfifo "$dir/fifo" || exit 6
     > "$dir/log" 2>&1; echo $? > "$dir/rc" ) &
 loader=$!
 auth() {  # pass the stream on only if it starts with the token
-  IFS= read -r got || got=
+  if ! IFS= read -r got; then  # the input ended before a whole first line
+    if [ -n "$got" ]; then : > "$dir/refused"; else : > "$dir/nothing"; fi
+    return 0
+  fi
   if [ "$got" != "$token" ]; then : > "$dir/refused"; return 0; fi
+  : > "$dir/receiving"
   echo receiving >&3
   cat
 }
-recv() { if [ "$listen" = - ]; then cat; else nc -l "$listen" "$port" | auth; fi; }
-send() { { printf '%s\n' "$token"; cat; } | nc -N -w 120 "$next" "$port"; }
+recv() {
+  if [ "$listen" = - ]; then : > "$dir/receiving"; cat; else nc -l "$listen" "$port" | auth; fi
+}
+send() {  # connect onward only once this host receives: a relay that got nothing passes nothing on
+  until [ -e "$dir/receiving" ]; do
+    if [ -e "$dir/nothing" ] || [ -e "$dir/refused" ]; then cat > /dev/null; return 0; fi
+    sleep 0.05
+  done
+  { printf '%s\n' "$token"; cat; } | nc -N -w 120 "$next" "$port"
+}
 if [ "$listen" != - ]; then  # tell the launcher as soon as our listener is up, so the sender can start
   ( hex=$(printf '%04X' "$port"); i=0
     while [ $i -lt 300 ]; do
