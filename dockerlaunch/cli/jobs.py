@@ -9,7 +9,7 @@ import click
 import yaml
 
 from dockerlaunch.cli.console import RichReporter, console, print_report, print_table, render_plan
-from dockerlaunch.cli.main import CONTEXT, cli, config_options, load, output_option
+from dockerlaunch.cli.main import CONTEXT, cli, config_options, diagnostics_option, load, output_option
 from dockerlaunch.cluster.config import config_schema
 from dockerlaunch.cluster.plan import make_plan
 from dockerlaunch.cluster.targets import resolve_all
@@ -46,15 +46,18 @@ def config_show(fmt: str, **kw) -> None:
 @click.option("--keep", is_flag=True, help="Keep the containers after the job ends (inspect, then `down`).")
 @click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
               help="Per-host log files go to DIR/<job>-<time>/.")
+@diagnostics_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: bool, log_dir: str,
        command: tuple[str, ...], **kw) -> None:
     """Start the job: one container per host. Put the training command after `--`.
 
     Checks every host first (see `doctor`), then starts the containers concurrently, streams their
-    logs, and stops every container on every host as soon as one rank fails or on Ctrl-C.
+    logs, and stops every container on every host as soon as one rank fails or on Ctrl-C. Within a
+    minute it prints NCCL's transport per host (see `transport`).
     """
     from dockerlaunch.cluster import launch
+    from dockerlaunch.diagnostics.collect import watch_transport
 
     cfg = load(kw, command)
     launch.read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
@@ -63,7 +66,7 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
         click.echo(json.dumps(plan.to_dict(), indent=2) if output == "json" else render_plan(plan))
         return
     sys.exit(launch.up(cfg, detach=detach, keep=keep, preflight=not skip_preflight, log_dir=log_dir or None,
-                       reporter=RichReporter()))
+                       reporter=RichReporter(), monitors=[watch_transport]))
 
 
 @cli.command()

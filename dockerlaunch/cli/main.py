@@ -51,11 +51,17 @@ def output_option(help_text: str = "text for people, json for scripts"):
                         help=help_text)
 
 
+def diagnostics_option(f):
+    return click.option("--no-diagnostics", "no_diagnostics", is_flag=True,
+                        help="No SYS_PTRACE, flight recorder or NCCL log files (see `diagnostics:` in the config).")(f)
+
+
 def load(kw: dict, command: tuple[str, ...] = ()):
     ov = Overrides(
         hosts=kw.pop("hosts"), image=kw.pop("image"), nproc_per_node=kw.pop("nproc_per_node"),
         master_port=kw.pop("master_port"), mounts=list(kw.pop("mounts")), env=list(kw.pop("env")),
         name=kw.pop("name"), command=list(command) or None,
+        diagnostics=False if kw.pop("no_diagnostics", False) else None,
     )
     return load_config(kw.pop("config_path"), ov)
 
@@ -65,7 +71,7 @@ def _terminate(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dockerlaunch.cli import images, jobs, sim, transfer  # noqa: F401 - registers the commands
+    from dockerlaunch.cli import diagnose, images, jobs, sim, transfer  # noqa: F401 - registers the commands
 
     # SIGTERM and SIGHUP (a closed terminal or SSH session) stop a command the way Ctrl-C does: in the main
     # thread, at once, with every cleanup of the phase it is in

@@ -314,12 +314,41 @@ class JobSettings(_Model):
         return v
 
 
+class DiagnosticsSettings(_Model):
+    """What must be in place before a job hangs for `dump` and `transport` to see inside it afterwards."""
+
+    ptrace: bool = Field(True, description="cap SYS_PTRACE on job containers: py-spy in the image can dump stacks.")
+    flight_recorder: bool = Field(
+        True, description="PyTorch's NCCL flight recorder: dumped on a collective timeout and by `dockerlaunch dump`."
+    )
+    nccl_log: bool = Field(
+        True, description="NCCL_DEBUG=INFO (INIT,NET) to files, not the console: `transport` reads NCCL's choices."
+    )
+    dir: str = Field(
+        "/var/tmp/dockerlaunch",
+        description="On each host, DIR/<job>/ holds the NCCL logs and flight-recorder files; mounted at the same path.",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, v: str) -> str:
+        if not v.startswith("/") or v.rstrip("/") == "" or "," in v or ":" in v or any(c.isspace() for c in v):
+            raise ValueError(f"{v!r} is not an absolute folder path (no ',', ':' or spaces), "
+                             "e.g. /var/tmp/dockerlaunch")
+        return v.rstrip("/")
+
+    @property
+    def enabled(self) -> bool:
+        return self.ptrace or self.flight_recorder or self.nccl_log
+
+
 class ClusterConfig(_Model):
     hosts: list[HostConfig] = Field(..., min_length=1, description="Rank 0 is the first host.")
     ssh: SSHSettings = Field(default_factory=SSHSettings)
     image: str | None = Field(None, description="The job image, e.g. registry/name:tag or an image ID.")
     container: ContainerSettings = Field(default_factory=ContainerSettings)
     job: JobSettings = Field(default_factory=JobSettings)
+    diagnostics: DiagnosticsSettings = Field(default_factory=DiagnosticsSettings)
 
     @field_validator("image")
     @classmethod
@@ -454,6 +483,7 @@ class Overrides(_Model):
     env: list[str] = Field(default_factory=list)
     name: str | None = None
     command: list[str] | None = None
+    diagnostics: bool | None = None  # --no-diagnostics: all of `diagnostics:` off
 
 
 def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
@@ -514,6 +544,10 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
         job["command"] = list(ov.command)
     if job:
         data["job"] = job
+    if ov.diagnostics is False:
+        diag = dict(data.get("diagnostics") or {}) if isinstance(data.get("diagnostics"), dict) else {}
+        diag.update(ptrace=False, flight_recorder=False, nccl_log=False)
+        data["diagnostics"] = diag
     if ov.mounts or ov.env:
         container = dict(data.get("container") or {})
         if ov.mounts:

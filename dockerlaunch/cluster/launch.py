@@ -14,20 +14,23 @@ import queue
 import secrets
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from dockerlaunch.cluster import facts as factslib
+from dockerlaunch.cluster import script
 from dockerlaunch.cluster.config import ClusterConfig
 from dockerlaunch.cluster.dockerhost import ContainerState
-from dockerlaunch.cluster.plan import ClusterPlan, HostFacts, make_plan
+from dockerlaunch.cluster.plan import DIAG_SUBDIRS, ClusterPlan, HostFacts, make_plan
 from dockerlaunch.cluster.session import Cluster, each
 from dockerlaunch.cluster.spec import Deferred
 from dockerlaunch.cluster.watchdog import Watchdogs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, Terminated
 from dockerlaunch.reporting import Reporter
 
+MONITOR_JOIN = 15.0  # after the job ends, monitors get this long to say their last word
 EXIT_HOST_LOST = 75  # `up`'s exit code when a host stopped answering (EX_TEMPFAIL: try again later)
 START_SETTLE = 30.0  # on Ctrl-C during the start, wait this long for `docker run`s under way, then remove
 
@@ -45,6 +48,9 @@ class Session:
 
     def close(self) -> None:
         self.cluster.close()
+
+
+Monitor = Callable[[Session, ClusterPlan, Reporter, threading.Event], None]
 
 
 def open_session(config: ClusterConfig) -> Session:
@@ -205,8 +211,12 @@ def up(
     preflight: bool = True,
     log_dir: str | None = "dockerlaunch-logs",
     reporter: Reporter | None = None,
+    monitors: Sequence[Monitor] = (),
 ) -> int:
-    """Start the job; return the exit code `dockerlaunch up` exits with."""
+    """Start the job; return the exit code `dockerlaunch up` exits with.
+
+    `monitors` run in threads beside a started job (not --detach), until `stop` is set (e.g. the transport
+    watcher of `diagnostics`, which lives above this layer)."""
     reporter = reporter or Reporter()
     job = config.job.name
     secrets_blob = read_env_files(config) if config.container.env_files else b""
@@ -222,6 +232,7 @@ def up(
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
                              "Fix the above or use --skip-preflight.", "bold red")
                 return 1
+        prepare_diag_dirs(session)
         env_paths = env_file_paths(session, job) if secrets_blob else {}
         try:
             if secrets_blob:
@@ -232,7 +243,7 @@ def up(
             if plan.unresolved():
                 raise DockerlaunchError("internal: plan still has unresolved values: " + "; ".join(plan.unresolved()))
             return _start_and_watch(session, plan, reporter, detach=detach, keep=keep, log_dir=log_dir,
-                                    env_paths=env_paths, run_id=run_id)
+                                    env_paths=env_paths, run_id=run_id, monitors=monitors)
         finally:
             if env_paths:  # normally gone already (removed as each `docker run` returned): the safety net
                 remove_env_files(session, env_paths)
@@ -257,6 +268,22 @@ def clear_leftovers(session: Session, job: str, reporter: Reporter) -> None:
     remove_stale_env_files(session, job)
 
 
+def prepare_diag_dirs(session: Session) -> None:
+    """Each host's diagnostics folder for the job, emptied (old logs would mislead `transport` and `dump`)."""
+    config = session.config
+    if session.plan.diag_dir is None:
+        return
+    # a container user other than root may not own the folder it writes into
+    mode = "0777" if config.container.user else "0755"
+    argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, config.job.name, mode, *DIAG_SUBDIRS]
+    failed = session.cluster.each(lambda h: h.remote.check(argv, "preparing the diagnostics folder", timeout=60)).failed
+    if failed:
+        raise DockerlaunchError(
+            f"{failed[0].error} ({session.plan.diag_dir}); make it writable for the SSH user, set "
+            "diagnostics.dir, or start with --no-diagnostics"
+        )
+
+
 def _remove_everywhere(session: Session, plan: ClusterPlan, grace: int = 3, skip: tuple[int, ...] = ()):
     names = {hp.rank: hp.container.name for hp in plan.hosts}
     hosts = [h for h in session.cluster.hosts if h.rank not in skip]
@@ -272,7 +299,8 @@ def _teardown(session: Session, plan: ClusterPlan, reporter: Reporter, why: str,
 
 
 def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *, detach: bool, keep: bool,
-                     log_dir: str | None, env_paths: dict[int, tuple[str, ...]], run_id: str) -> int:
+                     log_dir: str | None, env_paths: dict[int, tuple[str, ...]], run_id: str,
+                     monitors: Sequence[Monitor] = ()) -> int:
     config = session.config
     started = False
     stop = threading.Event()
@@ -330,6 +358,9 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
         threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(len(plan.hosts))]
         for t in threads:
             t.start()
+        watchers = [threading.Thread(target=m, args=(session, plan, reporter, stop), daemon=True) for m in monitors]
+        for t in watchers:
+            t.start()
         if run_dir:
             reporter.say(f"logs: {run_dir}/")
 
@@ -360,6 +391,9 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
                 break
             reporter.say(f"rank {hp.rank} ({hp.address}) finished")
         stop.set()
+        if code == 0:
+            for t in watchers:
+                t.join(MONITOR_JOIN)
         if code != 0:
             for r in lost:
                 if watchdogs:

@@ -25,6 +25,9 @@ LABEL_VERSION = "dockerlaunch.version"
 LABEL_RUN = "dockerlaunch.run"  # one launch of the job: what a host's watchdog removes
 IB_FLAGS = ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
+FR_ENTRIES = "2000"  # flight-recorder ring size: collectives remembered per rank
+# the per-job diagnostics folder (same path on the host and in the container); `up` empties them before a start
+DIAG_SUBDIRS = ("nccl", "fr", "fr-pipe")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class ClusterPlan:
     master_addr: str
     master_port: int
     hosts: list[HostPlan] = field(default_factory=list)
+    diag_dir: str | None = None  # DIR/<job> on every host, when any diagnostics are on
 
     def unresolved(self) -> list[str]:
         return [f"rank {h.rank} ({h.address}) {u}" for h in self.hosts for u in h.container.unresolved()]
@@ -71,6 +75,7 @@ class ClusterPlan:
             "nnodes": self.nnodes,
             "master_addr": self.master_addr,
             "master_port": self.master_port,
+            "diag_dir": self.diag_dir,
             "hosts": [
                 {
                     "rank": h.rank,
@@ -143,6 +148,26 @@ def _nproc(config: ClusterConfig, host: HostConfig, gpus, facts: HostFacts | Non
     return Deferred("GPU count of the host")
 
 
+def diag_dir(config: ClusterConfig) -> str:
+    return f"{config.diagnostics.dir}/{config.job.name}"
+
+
+def diagnostics_env(config: ClusterConfig) -> dict[str, str]:
+    """Flight recorder and NCCL logging into the job's diagnostics folder (the user's own values win)."""
+    d, where = config.diagnostics, diag_dir(config)
+    env: dict[str, str] = {}
+    if d.nccl_log:
+        env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=f"{where}/nccl/nccl.%h.%p.log")
+    if d.flight_recorder:
+        # both names: torch >= 2.7 reads TORCH_FR_*, older ones TORCH_NCCL_*; files are <stem><rank>
+        env.update(
+            TORCH_NCCL_TRACE_BUFFER_SIZE=FR_ENTRIES, TORCH_FR_BUFFER_SIZE=FR_ENTRIES, TORCH_NCCL_DUMP_ON_TIMEOUT="1",
+            TORCH_NCCL_DEBUG_INFO_TEMP_FILE=f"{where}/fr/rank_", TORCH_FR_DUMP_TEMP_FILE=f"{where}/fr/rank_",
+            TORCH_NCCL_DEBUG_INFO_PIPE_FILE=f"{where}/fr-pipe/rank_",
+        )
+    return env
+
+
 def _command(config: ClusterConfig) -> list[str]:
     cmd = config.job.command
     if cmd is None:
@@ -179,6 +204,7 @@ def make_plan(
     plan = ClusterPlan(
         job=config.job.name, image=config.image, nnodes=nnodes, master_addr=master_addr,
         master_port=config.job.master_port,
+        diag_dir=diag_dir(config) if config.diagnostics.enabled else None,
     )
     for rank, (host, target) in enumerate(zip(config.hosts, targets)):
         f = facts.get(rank)
@@ -218,7 +244,10 @@ def make_plan(
             deferred_flags.append(Deferred("if the host has /dev/infiniband: " + " ".join(IB_FLAGS)))
             env["NCCL_IB_HCA"] = Deferred("ACTIVE InfiniBand ports of the host, if any")
         ulimits.update(c.ulimits)  # the user's values win
+        if config.diagnostics.ptrace and "SYS_PTRACE" not in caps:
+            caps.append("SYS_PTRACE")  # py-spy; cannot be added once the container runs
         env.update(DEFAULT_ENV)
+        env.update(diagnostics_env(config))
         env.update(c.env)  # the user's values win over the launcher's NCCL/GLOO guesses
 
         if c.env_files:
@@ -242,7 +271,7 @@ def make_plan(
                 LABEL_VERSION: __version__,
                 LABEL_RUN: run_id or Deferred("a random id of this launch"),
             },
-            mounts=[m.render() for m in c.mounts],
+            mounts=[m.render() for m in c.mounts] + ([f"{plan.diag_dir}:{plan.diag_dir}"] if plan.diag_dir else []),
             network="host",
             ipc=c.effective_ipc,
             shm_size=c.shm_size,

@@ -172,7 +172,8 @@ def test_mounts_and_extras():
                                  "extra_args": ["--pids-limit", "-1"], "cap_add": ["SYS_PTRACE"],
                                  "infiniband": "off"})).hosts[0].container
     argv = c.argv()
-    assert flag_values(argv, "--volume") == ["/data:/data:ro", "/ckpt:/ckpt"]
+    diag = "/var/tmp/dockerlaunch/dockerlaunch"
+    assert flag_values(argv, "--volume") == ["/data:/data:ro", "/ckpt:/ckpt", f"{diag}:{diag}"]
     assert flag_values(argv, "--workdir") == ["/w"] and flag_values(argv, "--user") == ["1000:1000"]
     assert flag_values(argv, "--cap-add") == ["SYS_PTRACE"]
     assert argv[argv.index("--pids-limit") + 1] == "-1" and argv.index("--pids-limit") < argv.index("img:tag")
@@ -206,3 +207,49 @@ def test_env_files_are_never_inlined():
     c = make_plan(cfg(container={"env_files": ["/home/me/secrets.env"], "infiniband": "off"}),
                   facts=facts, run_id="r1").hosts[1].container
     assert flag_values(c.run_argv(), "--env-file") == ["/tmp/dl-1.env"]
+
+
+# ---------------------------------------------------------------- diagnostics
+
+
+def test_diagnostics_are_on_by_default_and_write_into_the_job_folder():
+    plan = make_plan(cfg(job={"name": "qwen"}, diagnostics={"dir": "/scratch/dl/"}))
+    c = plan.hosts[1].container
+    assert plan.diag_dir == "/scratch/dl/qwen"
+    assert "/scratch/dl/qwen:/scratch/dl/qwen" in flag_values(c.argv(), "--volume")
+    assert "SYS_PTRACE" in c.cap_add
+    assert c.env["NCCL_DEBUG"] == "INFO" and c.env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert c.env["NCCL_DEBUG_FILE"] == "/scratch/dl/qwen/nccl/nccl.%h.%p.log"
+    assert c.env["TORCH_FR_BUFFER_SIZE"] == c.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert c.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert c.env["TORCH_FR_DUMP_TEMP_FILE"] == c.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/dl/qwen/fr/rank_"
+    assert c.env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/scratch/dl/qwen/fr-pipe/rank_"
+
+
+def test_user_values_win_over_diagnostics_and_each_part_turns_off():
+    c = make_plan(cfg(container={"env": {"NCCL_DEBUG": "WARN", "TORCH_FR_BUFFER_SIZE": "0"}})).hosts[0].container
+    assert c.env["NCCL_DEBUG"] == "WARN" and c.env["TORCH_FR_BUFFER_SIZE"] == "0"
+    assert "NCCL_DEBUG_FILE" in c.env  # the rest stays
+    off = make_plan(cfg(diagnostics={"ptrace": False, "nccl_log": False})).hosts[0].container
+    assert "SYS_PTRACE" not in off.cap_add and "NCCL_DEBUG" not in off.env and "TORCH_FR_BUFFER_SIZE" in off.env
+    cap = make_plan(cfg(container={"cap_add": ["SYS_PTRACE"]})).hosts[0].container
+    assert cap.cap_add.count("SYS_PTRACE") == 1
+
+
+def test_no_diagnostics_flag_turns_everything_off():
+    from dockerlaunch.cluster.config import Overrides, apply_overrides, validate_config
+
+    data = apply_overrides({"hosts": ["10.0.0.1"], "image": "i", "diagnostics": {"dir": "/d"}},
+                           Overrides(diagnostics=False))
+    plan = make_plan(validate_config(data))
+    c = plan.hosts[0].container
+    assert plan.diag_dir is None and not any(v.startswith("/d") for v in flag_values(c.argv(), "--volume"))
+    assert "SYS_PTRACE" not in c.cap_add and not any(k.startswith(("NCCL_DEBUG", "TORCH_")) for k in c.env)
+
+
+@pytest.mark.parametrize("bad", ["relative/dir", "/", "/a:b", "/a b", "/a,b"])
+def test_diagnostics_dir_must_be_an_absolute_plain_path(bad):
+    from dockerlaunch.cluster.config import validate_config
+
+    with pytest.raises(ConfigError, match="diagnostics.dir"):
+        validate_config({"hosts": ["10.0.0.1"], "diagnostics": {"dir": bad}})

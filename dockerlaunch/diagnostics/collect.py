@@ -1,0 +1,135 @@
+"""Reading a job's NCCL logs off its hosts: the transport table of `transport`, and the watcher `up` runs.
+
+The logs sit in each host's diagnostics folder (plan.diag_dir, mounted into the job's containers), so they
+outlive the containers: `transport` works for a finished job until the next `up` of that job empties them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from dockerlaunch.cluster.config import ClusterConfig
+from dockerlaunch.cluster.launch import Session, open_session
+from dockerlaunch.cluster.plan import ClusterPlan, diag_dir
+from dockerlaunch.cluster.session import Host, each
+from dockerlaunch.cluster.spec import Deferred
+from dockerlaunch.diagnostics import script
+from dockerlaunch.diagnostics.transport import Finding, HostTransport, describe, judge, parse_hosts
+from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.reporting import Reporter
+
+WATCH_WINDOW = 60.0  # `up` prints the transport table within this long of the start
+WATCH_EVERY = 5.0
+
+
+def split_files(text: str) -> list[str]:
+    """nccl_logs.sh output -> one text per log file."""
+    files: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("==> "):
+            files.append([])
+        elif files:
+            files[-1].append(line)
+    return ["\n".join(f) for f in files]
+
+
+def read_host(h: Host, where: str) -> list[str]:
+    r = h.remote.check(["sh", "-c", script("nccl_logs.sh"), "sh", where], "reading NCCL logs", timeout=60)
+    return split_files(r.stdout)
+
+
+@dataclass
+class TransportReport:
+    hosts: list[tuple[int, str, HostTransport | None, str | None]]  # rank, address, transport, error
+    findings: list[Finding]
+
+    def to_dict(self) -> dict:
+        return {
+            "hosts": [{"rank": r, "host": a, "summary": describe(t) if t else None, "error": e,
+                       **({"transport": t.to_dict()} if t else {})} for r, a, t, e in self.hosts],
+            "findings": [f.__dict__ for f in self.findings],
+        }
+
+
+def ib_ports(plan: ClusterPlan, rank: int) -> list[str] | None:
+    """The ACTIVE InfiniBand ports the launcher saw on a host (NCCL_IB_HCA it set), None when not known."""
+    value = plan.hosts[rank].container.env.get("NCCL_IB_HCA")
+    if value is None or isinstance(value, Deferred):
+        return None
+    return [p for p in value.split(",") if p]
+
+
+def read_transport(cluster_hosts: list[Host], plan: ClusterPlan, where: str, ipc: str | None,
+                   ib_active: dict[int, list[str] | None] | None = None) -> TransportReport:
+    results = each(lambda h: read_host(h, where), cluster_hosts)
+    texts: dict[str, list[str]] = {}
+    errors: dict[str, str] = {}
+    for h, o in zip(cluster_hosts, results):
+        key = f"{h.rank}"
+        texts[key] = o.value if o.ok else []
+        if not o.ok:
+            errors[key] = str(o.error)
+    parsed = parse_hosts(texts)
+    rows, findings = [], []
+    for h, t in zip(cluster_hosts, parsed):
+        address = plan.hosts[h.rank].address
+        t.host = address
+        ports = (ib_active or {}).get(h.rank) if ib_active is not None else ib_ports(plan, h.rank)
+        rows.append((h.rank, address, t, errors.get(f"{h.rank}")))
+        findings += judge(t, ports, multi_host=plan.nnodes > 1, ipc=ipc)
+    return TransportReport(rows, findings)
+
+
+def transport(config: ClusterConfig) -> TransportReport:
+    """`dockerlaunch transport`: the table for a running or finished job."""
+    from dockerlaunch.cluster import facts as factslib
+    from dockerlaunch.cluster.launch import master_addr_of
+
+    session = open_session(config)
+    try:
+        master = master_addr_of(session)
+        probes = session.cluster.each(lambda h: factslib.probe(h.remote, master))
+        ib = {h.rank: (o.value.ib_active if o.ok else None) for h, o in zip(session.cluster.hosts, probes)}
+        report = read_transport(session.cluster.hosts, session.plan, diag_dir(config), config.container.effective_ipc,
+                                ib)
+        if not any(t and t.seen for _, _, t, _ in report.hosts) and not config.diagnostics.nccl_log:
+            raise DockerlaunchError("diagnostics.nccl_log is off in this config, and no NCCL logs were found; "
+                                    "turn it on (the default) and start the job again")
+        return report
+    finally:
+        session.close()
+
+
+def report_to(reporter: Reporter, report: TransportReport, prefix: str = "transport") -> None:
+    for rank, address, t, err in report.hosts:
+        if err:
+            reporter.say(f"{prefix} rank {rank} ({address}): could not read NCCL logs: {err}", "bold yellow")
+        elif t is not None:
+            reporter.say(f"{prefix} rank {rank} ({address}): {describe(t)}")
+    for f in report.findings:
+        reporter.say(f"{f.level}: {f.host}: {f.message}", "bold red" if f.level == "FAIL" else "bold yellow")
+
+
+def watch_transport(session: Session, plan: ClusterPlan, reporter: Reporter, stop: threading.Event,
+                    window: float = WATCH_WINDOW, every: float = WATCH_EVERY) -> None:
+    """Run by `up` beside the job: one transport line per host as soon as every host's NCCL has connected
+    (or at `window`), warnings with them. Silent for jobs without NCCL (gloo, CPU)."""
+    if plan.diag_dir is None or not session.config.diagnostics.nccl_log:
+        return
+    deadline = time.monotonic() + window
+    ipc = session.config.container.effective_ipc
+    while True:
+        last = stop.wait(every) or time.monotonic() >= deadline
+        try:
+            report = read_transport(session.cluster.hosts, plan, plan.diag_dir, ipc)
+        except Exception:  # noqa: BLE001 - a watcher must never disturb the job
+            return
+        seen = [t for _, _, t, _ in report.hosts if t is not None and t.seen]
+        connected = all(t is not None and (t.intra or t.inter) for _, _, t, _ in report.hosts)
+        if seen and (connected or last):
+            report_to(reporter, report)
+            return
+        if last:
+            return

@@ -1,0 +1,328 @@
+"""`dockerlaunch dump`: every rank's Python stack (py-spy), the flight recorder's record, nvidia-smi, and the
+NCCL logs of a running job, from every host into one local folder, with a summary that names the odd rank.
+
+py-spy runs from the image when it has one (needs SYS_PTRACE, on by default); otherwise dockerlaunch's own
+py-spy (a static binary) is copied to the host once and run in a throwaway container of the job's image that
+joins the rank's PID namespace (`--pid container:NAME`, SYS_PTRACE on that container only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from dockerlaunch.cluster.config import ClusterConfig
+from dockerlaunch.cluster.launch import Session, open_session
+from dockerlaunch.cluster.plan import diag_dir
+from dockerlaunch.cluster.session import Host
+from dockerlaunch.diagnostics import script
+from dockerlaunch.diagnostics.stacks import Stack, parse_pyspy, summary
+from dockerlaunch.errors import DockerlaunchError, HostError
+from dockerlaunch.reporting import Reporter
+
+PYSPY_TIMEOUT = 90.0
+SIDECAR_PYSPY = "/usr/local/bin/dockerlaunch-py-spy"
+FR_WAIT = 20.0  # seconds for the flight recorder to write its dumps once asked
+_PROC = re.compile(r"^proc (\d+) (\d+) (\d+) (\S+) ?(.*)$")
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    pid: int
+    ppid: int
+    rank: int
+    local_rank: str
+    command: str
+
+
+def parse_ranks(text: str) -> list[RankProcess]:
+    """ranks.sh output -> one process per RANK: the topmost holder (DataLoader workers inherit RANK too)."""
+    procs = []
+    for line in text.splitlines():
+        m = _PROC.match(line.strip())
+        if m:
+            procs.append(RankProcess(int(m[1]), int(m[2]), int(m[3]), m[4], m[5]))
+    by_pid = {p.pid: p for p in procs}
+    tops = [p for p in procs if not (p.ppid in by_pid and by_pid[p.ppid].rank == p.rank)]
+    best: dict[int, RankProcess] = {}
+    for p in sorted(tops, key=lambda p: p.pid):
+        best.setdefault(p.rank, p)
+    return [best[r] for r in sorted(best)]
+
+
+def split_marked(text: str, marker: str = "==> pid ") -> dict[int, str]:
+    out: dict[int, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith(marker) and line[len(marker):].strip().isdigit():
+            current = int(line[len(marker):].strip())
+            out[current] = []
+        elif current is not None:
+            out[current].append(line)
+    return {k: "\n".join(v) + "\n" for k, v in out.items()}
+
+
+def local_pyspy() -> Path | None:
+    """The py-spy installed with dockerlaunch (its wheel is a dependency), else one on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("py-spy")
+    return Path(found) if found else None
+
+
+def safe_extract(data: bytes, dest: Path) -> list[str]:
+    """A tar from a host, into dest: regular files and folders only, no path leaving dest."""
+    names = []
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
+                continue
+            target = dest.joinpath(*parts)
+            if m.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(m)
+            if src is not None:
+                target.write_bytes(src.read())
+                names.append(m.name)
+    return names
+
+
+@dataclass
+class HostDump:
+    rank: int
+    address: str
+    folder: Path
+    stacks: list[Stack] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    fr_files: int = 0
+
+
+def _label(rank: int, address: str) -> str:
+    return f"host{rank}-" + re.sub(r"[^A-Za-z0-9_.-]", "_", address)
+
+
+class _HostDumper:
+    def __init__(self, session: Session, h: Host, out: Path, native: bool, pyspy: Path | None):
+        self.h, self.session, self.native, self.pyspy = h, session, native, pyspy
+        self.hp = session.plan.hosts[h.rank]
+        self.name = self.hp.container.name
+        self.where = diag_dir(session.config)
+        self.result = HostDump(h.rank, self.hp.address, out / _label(h.rank, self.hp.address))
+
+    def run(self) -> HostDump:
+        r = self.result
+        r.folder.mkdir(parents=True, exist_ok=True)
+        docker = self.h.docker
+        state = docker.docker("inspect", "--format", "{{.State.Status}} {{.Image}}", self.name, timeout=30)
+        if not state.ok:
+            r.notes.append(f"no container {self.name} on this host")
+            return r
+        status, image = (state.stdout.split() + ["", ""])[:2]
+        if status != "running":
+            r.notes.append(f"container {self.name} is {status}: no process to dump")
+        else:
+            procs = self._ranks()
+            if not procs:
+                r.notes.append(f"no process with RANK in its environment in {self.name} (not started yet?)")
+            else:
+                self._stacks(procs, image)
+                self._trigger_flight_recorder()
+        self._nvidia_smi()
+        self._fetch_files()
+        return r
+
+    def _ranks(self) -> list[RankProcess]:
+        res = self.h.docker.docker("exec", self.name, "sh", "-c", script("ranks.sh"), timeout=60)
+        (self.result.folder / "processes.txt").write_text(res.stdout + res.stderr)
+        return parse_ranks(res.stdout)
+
+    def _stacks(self, procs: list[RankProcess], image: str) -> None:
+        flags = "--native " if self.native else ""
+        loop = f'for p in "$@"; do echo "==> pid $p"; "$SPY" dump {flags}--pid "$p" 2>&1; done'
+        pids = [str(p.pid) for p in procs]
+        has = self.h.docker.docker("exec", self.name, "sh", "-c", "command -v py-spy", timeout=30)
+        text = None
+        if has.ok and has.stdout.strip():
+            res = self.h.docker.docker("exec", "-e", "SPY=py-spy", self.name, "sh", "-c", loop, "sh", *pids,
+                                       timeout=PYSPY_TIMEOUT)
+            text = res.stdout
+            if "Permission denied" in text or "Operation not permitted" in text:
+                self.result.notes.append("py-spy in the image was refused (no SYS_PTRACE?): used a sidecar")
+                text = None
+            else:
+                self.result.notes.append("py-spy: the image's own")
+        if text is None:
+            text = self._sidecar(loop, pids, image)
+            if text:
+                self.result.notes.append("py-spy: dockerlaunch's own, in a sidecar container (the image has none)")
+        by_pid = split_marked(text or "")
+        for p in procs:
+            out = by_pid.get(p.pid, "")
+            (self.result.folder / f"rank{p.rank}.pyspy.txt").write_text(out)
+            threads = parse_pyspy(out)
+            err = None if threads else (out.strip().splitlines() or ["py-spy printed nothing"])[-1][:300]
+            self.result.stacks.append(Stack(p.rank, self.hp.address, threads, err))
+
+    def _sidecar(self, loop: str, pids: list[str], image: str) -> str:
+        if self.pyspy is None:
+            self.result.notes.append("the image has no py-spy and none is installed here: pip install py-spy")
+            return ""
+        binary = self._upload_pyspy()
+        res = self.h.docker.docker(
+            "run", "--rm", "--pid", f"container:{self.name}", "--cap-add", "SYS_PTRACE", "--network", "none",
+            "--label", f"dockerlaunch.dump={self.session.config.job.name}",
+            "--volume", f"{binary}:{SIDECAR_PYSPY}:ro", "--env", f"SPY={SIDECAR_PYSPY}",
+            "--entrypoint", "sh", image, "-c", loop, "sh", *pids, timeout=PYSPY_TIMEOUT)
+        if not res.ok and not res.stdout:
+            self.result.notes.append(f"py-spy sidecar failed: {res.last_line()}")
+        return res.stdout
+
+    def _upload_pyspy(self) -> str:
+        """Copied once per host and version (the name holds its hash); a half-copied file never has that name."""
+        data = self.pyspy.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()[:12]
+        path = f"{self.session.config.diagnostics.dir}/bin/py-spy-{digest}"
+        if self.h.remote.run(["test", "-x", path], timeout=30).ok:
+            return path
+        self.h.remote.check(
+            ["sh", "-c", 'mkdir -p "${1%/*}" && cat > "$1.$$" && chmod 755 "$1.$$" && mv -f "$1.$$" "$1"', "sh", path],
+            "copying py-spy to the host", timeout=300, stdin=data)
+        return path
+
+    def _trigger_flight_recorder(self) -> None:
+        # the pipes belong to the container's user: write them from inside
+        res = self.h.docker.docker(
+            "exec", self.name, "sh", "-c",
+            'n=0; for p in "$1"/fr-pipe/*.pipe; do [ -p "$p" ] || continue; '
+            'timeout 5 sh -c \'echo 1 > "$1"\' sh "$p" && n=$((n+1)); done; echo "triggered=$n"',
+            "sh", self.where, timeout=60)
+        m = re.search(r"triggered=(\d+)", res.stdout)
+        n = int(m[1]) if m else 0
+        if n == 0:
+            self.result.notes.append("no flight-recorder pipe (not an NCCL job, torch too old, or flight recorder off)")
+            return
+        deadline = time.monotonic() + FR_WAIT
+        while time.monotonic() < deadline:
+            ls = self.h.remote.run(["sh", "-c", 'ls "$1"/fr 2>/dev/null | wc -l', "sh", self.where], timeout=30)
+            if ls.ok and ls.stdout.strip().isdigit() and int(ls.stdout.strip()) >= n:
+                time.sleep(1)  # the last file may still be being written
+                return
+            time.sleep(1)
+        self.result.notes.append(f"flight recorder: asked {n} rank(s), not every dump appeared in {FR_WAIT:g}s")
+
+    def _nvidia_smi(self) -> None:
+        res = self.h.remote.run(["sh", "-c", "command -v nvidia-smi >/dev/null && nvidia-smi"], timeout=60)
+        if res.ok:
+            (self.result.folder / "nvidia-smi.txt").write_text(res.stdout)
+
+    def _fetch_files(self) -> None:
+        data = bytearray()
+        status = self.h.remote.stream(["sh", "-c", 'cd "$1" 2>/dev/null && tar -cf - fr nccl 2>/dev/null; exit 0',
+                                       "sh", self.where], data.extend, timeout=300)
+        if status != 0 or not data:
+            return
+        try:
+            names = safe_extract(bytes(data), self.result.folder)
+        except tarfile.TarError as e:
+            self.result.notes.append(f"could not read the diagnostics folder's files: {e}")
+            return
+        self.result.fr_files = sum(1 for n in names if n.startswith("fr/"))
+
+
+@dataclass
+class DumpResult:
+    folder: Path
+    hosts: list[HostDump]
+    summary: list[str]
+    fr_analysis: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump]) -> str | None:
+    """Every host's dumps side by side, read by PyTorch's own analyzer in rank 0's container."""
+    files = [(p.name, p.read_bytes()) for hd in hosts for p in sorted((hd.folder / "fr").glob("rank_*"))]
+    if not files:
+        return None
+    merged = out / "fr"
+    merged.mkdir(exist_ok=True)
+    for name, data in files:
+        (merged / name).write_bytes(data)
+    h0 = session.cluster.hosts[0]
+    where = diag_dir(session.config)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files:
+            info = tarfile.TarInfo(f"fr-all/{name}")
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    h0.remote.check(["sh", "-c", 'cd "$1" && rm -rf fr-all && tar -xf -', "sh", where], "copying flight-recorder dumps",
+                    timeout=300, stdin=buf.getvalue())
+    res = h0.docker.docker(
+        "exec", session.plan.hosts[0].container.name, "sh", "-c",
+        'for py in python3 python; do command -v "$py" >/dev/null && exec "$py" -m '
+        'torch.distributed.flight_recorder.fr_trace "$1/fr-all" -p rank_; done; echo "no python in the image"',
+        "sh", where, timeout=300)
+    text = res.stdout + (res.stderr if not res.ok else "")
+    (out / "fr_trace.txt").write_text(text)
+    return text
+
+
+def dump(config: ClusterConfig, out_dir: str | None = None, native: bool = False,
+         reporter: Reporter | None = None) -> DumpResult:
+    reporter = reporter or Reporter()
+    base = Path(out_dir) if out_dir else Path("dockerlaunch-dumps") / (
+        f"{config.job.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DockerlaunchError(f"--out {base}: cannot create the folder: {e.strerror}") from None
+    pyspy = local_pyspy()
+    session = open_session(config)
+    try:
+        reporter.say(f"dumping job {config.job.name} on {len(session.cluster.hosts)} host(s) into {base}/")
+        results = session.cluster.each(lambda h: _HostDumper(session, h, base, native, pyspy).run())
+        hosts, errors = [], []
+        for h, o in zip(session.cluster.hosts, results):
+            if o.ok:
+                hosts.append(o.value)
+            else:
+                errors.append(str(o.error) if isinstance(o.error, HostError) else f"host {h.name}: {o.error}")
+        stacks = [s for hd in hosts for s in hd.stacks]
+        lines = summary(stacks) if stacks else ["no rank stacks were taken (see the notes)"]
+        fr = None
+        try:
+            fr = _analyze_flight_recorder(session, base, hosts)
+        except HostError as e:
+            errors.append(f"flight-recorder analysis: {e}")
+        result = DumpResult(base, hosts, lines, fr, errors)
+        _write_summary(result)
+        return result
+    finally:
+        session.close()
+
+
+def _write_summary(r: DumpResult) -> None:
+    out = ["# dockerlaunch dump", *r.summary, ""]
+    for hd in r.hosts:
+        out.append(f"## host {hd.rank} ({hd.address}): {len(hd.stacks)} rank process(es), "
+                   f"{hd.fr_files} flight-recorder file(s)")
+        out += [f"- rank {s.rank}: {s.describe()}" for s in sorted(hd.stacks, key=lambda s: s.rank)]
+        out += [f"- note: {n}" for n in hd.notes]
+    out += [f"error: {e}" for e in r.errors]
+    if r.fr_analysis:
+        out += ["", "## flight recorder (torch.distributed.flight_recorder.fr_trace)", r.fr_analysis]
+    (r.folder / "summary.txt").write_text("\n".join(out) + "\n")
