@@ -75,3 +75,75 @@ def dump(native: bool, out_dir: str | None, **kw) -> None:
         reporter.say("flight recorder: " + (result.fr_analysis.strip().splitlines() or [""])[0])
     reporter.say(f"files: {result.folder}/ (summary.txt first)")
     sys.exit(0 if any(hd.stacks for hd in result.hosts) and not result.errors else 1)
+
+
+def _print_result(r, reporter) -> None:
+    from dockerlaunch.diagnostics.commtest import human
+    from dockerlaunch.diagnostics.transport import describe
+
+    h = r.header
+    if h:
+        nccl = f", NCCL {h['nccl']}" if h.get("nccl") else ""
+        reporter.say(f"commtest: {h.get('backend')} all_reduce (float32, sum), {len(r.hosts)} host(s), "
+                     f"{h.get('world')} rank(s), torch {h.get('torch')}{nccl}")
+    rows = [[human(x["bytes"]), str(x["count"]), x["type"], f"{x['time_us']:.1f}", f"{x['algbw']:.3f}",
+             f"{x['busbw']:.3f}", str(x["wrong"])] for x in r.rows]
+    if rows:
+        print_table(["size", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"], rows)
+    elif r.output_tail:
+        reporter.say("the test job's last lines:", "bold red")
+        for line in r.output_tail:
+            click.echo(line)
+    if r.transport:
+        for rank, address, t, _ in r.transport.hosts:
+            if t is not None and t.seen:
+                reporter.say(f"transport host {rank} ({address}): {describe(t)}")
+        for f in r.transport.findings:
+            reporter.say(f"{f.level}: {f.host}: {f.message}", "bold red" if f.level == "FAIL" else "bold yellow")
+    style = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}.get(r.verdict.status, "bold")
+    reporter.say(f"{r.verdict.status}: {r.verdict.reason}", style)
+
+
+@cli.command()
+@config_options
+@click.option("--sizes", metavar="MIN:MAX", help="Message sizes, doubling from MIN to MAX "
+              "(default 1M:1G with GPUs, 1M:64M for gpus: none).")
+@click.option("--iters", type=click.IntRange(0, 10000), default=0, show_default=True,
+              help="Timed iterations per size (0: 20 with GPUs, fewer for large sizes on CPU).")
+@click.option("--pairwise", is_flag=True, help="Every pair of hosts alone, at the largest size: finds a slow host.")
+@output_option()
+def commtest(sizes: str | None, iters: int, pairwise: bool, output: str, **kw) -> None:
+    """all_reduce bandwidth across the hosts, in the job's image (NCCL on GPUs, gloo on CPU), like nccl-tests.
+
+    busbw = algbw x 2(n-1)/n, judged against the InfiniBand port rates or NIC speed of the hosts: PASS at
+    60% or more, WARN from 25%, FAIL below (or on wrong results, or NCCL on sockets beside ACTIVE IB ports).
+    """
+    from dockerlaunch.diagnostics import commtest as ct
+
+    cfg = load(kw)
+    lo, hi = ct.parse_sizes(sizes or ("1M:64M" if cfg.container.gpus == "none" else "1M:1G"))
+    reporter = RichReporter()
+    if pairwise:
+        pairs = ct.pairwise(cfg, hi, iters, reporter=reporter)
+        bad = ct.suspects(pairs, len(cfg.hosts))
+        if output == "json":
+            click.echo(json.dumps({"size": hi, "pairs": [{"pair": list(p.pair), **p.result.to_dict()} for p in pairs],
+                                   "suspects": [cfg.hosts[i].address for i in bad]}, indent=2))
+        else:
+            rows = [[f"{p.pair[0]}-{p.pair[1]}", " + ".join(p.result.hosts),
+                     f"{p.busbw:.3f}" if p.busbw is not None else "-", p.result.verdict.status,
+                     p.result.verdict.reason] for p in pairs]
+            print_table(["pair", "hosts", f"busbw(GB/s) at {ct.human(hi)}", "verdict", "why"], rows)
+            if bad:
+                reporter.say("slow: " + ", ".join(f"host {i} ({cfg.hosts[i].address})" for i in bad)
+                             + " is in every slow pair: check its NIC/HCA, cable and switch port", "bold red")
+            else:
+                reporter.say("no single host is in every slow pair" if any(
+                    p.result.verdict.status != "PASS" for p in pairs) else "every pair is alike")
+        sys.exit(1 if bad or any(p.result.verdict.status == "FAIL" for p in pairs) else 0)
+    r = ct.run(cfg, lo, hi, iters, reporter=reporter)
+    if output == "json":
+        click.echo(json.dumps(r.to_dict(), indent=2))
+    else:
+        _print_result(r, reporter)
+    sys.exit(1 if r.verdict.status == "FAIL" else 0)
