@@ -36,7 +36,10 @@ SHM_DEFAULT_KB = 65536
 MIN_FREE_GB = 20
 SKEW_WARN_S, SKEW_FAIL_S = 1.0, 10.0
 CHECK_ORDER = ["ssh", "docker", "image", "route", "master port", "reachability", "shm", "memlock", "gpus",
-               "infiniband", "mounts", "shared", "disk", "clock"]
+               "infiniband", "ib in container", "image ibverbs", "mounts", "shared", "model cache", "disk", "clock"]
+# where ms-swift / transformers / torch keep downloads: on a multi-host job each belongs on shared storage
+CACHE_ENV = ("MODELSCOPE_CACHE", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
+             "HF_DATASETS_CACHE", "TORCH_HOME")
 
 
 @dataclass
@@ -125,6 +128,9 @@ class ContainerFacts:
     shm_kb: int | None = None  # /dev/shm size; None: unreadable
     memlock: str | None = None  # `ulimit -l`
     gpus: int | None = None  # GPUs nvidia-smi -L listed
+    ib_devices: list[str] | None = None  # /dev/infiniband in the container (probed where IB is used)
+    ibverbs: bool | None = None  # the image has libibverbs
+    ib_provider: bool | None = None  # ... and a verbs provider (libmlx5 & co.)
 
 
 @dataclass
@@ -246,18 +252,38 @@ def _in_container(h: Host, spec: ContainerSpec) -> tuple[bool, str]:
 
 def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str) -> None:
     ib = uses_ib(config.container.infiniband, obs.probe)
-    spec = _probe_spec(hp, image, ["sh", "-c", "df -Pk /dev/shm; echo memlock=$(ulimit -l)"],
+    spec = _probe_spec(hp, image, ["sh", "-c", IN_CONTAINER_IB + SHM_AND_MEMLOCK if ib else SHM_AND_MEMLOCK],
                        f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib)
     ok, out = _in_container(h, spec)
-    if not ok:
-        obs.shm = ContainerFacts(error=out)
-    else:
-        df = parse_df_kb(out.split("memlock=")[0])
-        obs.shm = ContainerFacts(shm_kb=df[0] if df else None, memlock=out.split("memlock=")[-1].strip())
+    obs.shm = parse_container_facts(out) if ok else ContainerFacts(error=out)
     if wants_gpus(hp):
         spec = _probe_spec(hp, image, ["nvidia-smi", "-L"], f"dlprobe-gpu-{secrets.token_hex(3)}", gpus=True)
         ok, out = _in_container(h, spec)
         obs.gpus = ContainerFacts(error=out) if not ok else ContainerFacts(gpus=count_gpus(out))
+
+
+# memlock last: its value runs to the end of the output
+SHM_AND_MEMLOCK = "df -Pk /dev/shm; echo memlock=$(ulimit -l)"
+IN_CONTAINER_IB = (
+    'echo "ibdev=$(ls /dev/infiniband 2>/dev/null | tr "\\n" " ")"; '
+    'libs=$( { ldconfig -p 2>/dev/null; ls /usr/lib*/libibverbs* /usr/lib*/*/libibverbs* /usr/lib*/*/libibverbs/* '
+    "2>/dev/null; } ); "
+    'echo "ibverbs=$(printf "%s\\n" "$libs" | grep -c "libibverbs\\.so")"; '
+    'echo "ibprovider=$(printf "%s\\n" "$libs" | grep -c -E "lib(mlx[45]|efa|bnxt_re|irdma|hns|qedr)[-.]")"; '
+)
+
+
+def parse_container_facts(out: str) -> ContainerFacts:
+    """The probe container's output (SHM_AND_MEMLOCK, after IN_CONTAINER_IB where IB is used)."""
+    head, _, memlock = out.rpartition("memlock=")
+    kv = dict(line.split("=", 1) for line in head.splitlines() if "=" in line and not line.startswith("/"))
+    df = parse_df_kb("\n".join(line for line in head.splitlines() if "=" not in line))
+    facts = ContainerFacts(shm_kb=df[0] if df else None, memlock=memlock.strip() or None)
+    if "ibdev" in kv:
+        facts.ib_devices = kv["ibdev"].split()
+        facts.ibverbs = kv.get("ibverbs", "0").strip() not in ("", "0")
+        facts.ib_provider = kv.get("ibprovider", "0").strip() not in ("", "0")
+    return facts
 
 
 def _observe_shared(cluster: Cluster, config: ClusterConfig, obs: list[HostObservation]) -> None:
@@ -457,6 +483,26 @@ def _judge_shm(report: Report, a: str, shm: ContainerFacts | None, ib: bool) -> 
     if ib:
         report.add(a, "memlock", PASS if shm.memlock == "unlimited" else FAIL,
                    f"ulimit -l in the container: {shm.memlock}")
+        _judge_ib_container(report, a, shm)
+
+
+def _judge_ib_container(report: Report, a: str, c: ContainerFacts) -> None:
+    """Without both, NCCL says `NET/IB : No device found.` and quietly runs over TCP sockets."""
+    if c.ib_devices is None:
+        return
+    if c.ib_devices:
+        report.add(a, "ib in container", PASS, "/dev/infiniband: " + " ".join(c.ib_devices))
+    else:
+        report.add(a, "ib in container", FAIL, "the job's container sees no /dev/infiniband devices: NCCL would "
+                   "fall back to TCP sockets; check container.infiniband and the host's /dev/infiniband")
+    if not c.ibverbs:
+        report.add(a, "image ibverbs", FAIL, "the image has no libibverbs: NCCL would fall back to TCP sockets "
+                   "(10-100x slower); install rdma-core (libibverbs1, ibverbs-providers) in the image")
+    elif not c.ib_provider:
+        report.add(a, "image ibverbs", WARN, "libibverbs but no verbs provider (libmlx5...) in the image: "
+                   "install ibverbs-providers")
+    else:
+        report.add(a, "image ibverbs", PASS, "libibverbs and a verbs provider")
 
 
 def _judge_image(report: Report, plan: ClusterPlan, obs: list[HostObservation]) -> None:
@@ -484,6 +530,7 @@ def _judge_cluster(report: Report, config: ClusterConfig, plan: ClusterPlan, ob:
             else:
                 report.add(o.address, "shared", PASS if same else FAIL, f"{source} is shared with host 0" if same
                            else f"{source} is not the same storage as on host 0 (marked shared: true)")
+    _judge_caches(report, config, h0.address)
     port_free = None
     if h0.usable and h0.listening is not None:
         port_free = plan.master_port not in h0.listening
@@ -521,6 +568,28 @@ def _judge_cluster(report: Report, config: ClusterConfig, plan: ClusterPlan, ob:
             skew = abs(o.clock_offset - ref.clock_offset)
             report.add(o.address, "clock", PASS if skew < SKEW_WARN_S else WARN if skew < SKEW_FAIL_S else FAIL,
                        f"{skew:.2f}s from {name}")
+
+
+def _judge_caches(report: Report, config: ClusterConfig, where: str) -> None:
+    """On a multi-host job a download cache off shared storage means each host downloads its own copy (and one
+    inside the container is lost with it): the ms-swift docs' advice for multi-node training."""
+    if len(config.hosts) < 2:
+        return
+    for key in CACHE_ENV:
+        path = config.container.env.get(key)
+        if not path:
+            continue
+        mount = max((m for m in config.container.mounts
+                     if path == m.target or path.startswith(m.target.rstrip("/") + "/")),
+                    key=lambda m: len(m.target), default=None)
+        if mount is None:
+            report.add(where, "model cache", WARN, f"{key}={path} is inside the container: every host downloads its "
+                       "own copy, lost with the container; put it on a mount marked shared: true")
+        elif not mount.shared:
+            report.add(where, "model cache", WARN, f"{key}={path} is on {mount.source}, not marked shared: true: "
+                       "every host downloads its own copy unless that is shared storage (then mark it shared)")
+        else:
+            report.add(where, "model cache", PASS, f"{key}={path} is on shared storage ({mount.source})")
 
 
 def judge(config: ClusterConfig, plan: ClusterPlan, ob: Observations) -> Report:

@@ -604,3 +604,88 @@ def test_judge_on_parsed_observations():
     report = run(config, h0, nod)
     row(report, H1, "docker", FAIL, "permission denied", "docker group")
     assert names(report, H1) == ["ssh", "docker", "route", "infiniband"]
+
+
+# ---------------------------------------------------------------- InfiniBand inside the container, model caches
+
+# what the probe container printed on a host with IB (IN_CONTAINER_IB + SHM_AND_MEMLOCK), and on one whose image
+# lacks rdma-core; the `ldconfig -p` lines are Ubuntu's
+IB_OK = """ibdev=rdma_cm uverbs0 uverbs1
+ibverbs=2
+ibprovider=1
+Filesystem     1024-blocks  Used Available Capacity Mounted on
+tmpfs             67108864     0  67108864       0% /dev/shm
+memlock=unlimited
+"""
+IB_NO_VERBS = IB_OK.replace("ibverbs=2", "ibverbs=0").replace("ibprovider=1", "ibprovider=0")
+
+
+def test_parse_container_facts_reads_ib_shm_and_memlock():
+    from dockerlaunch.cluster.doctor import parse_container_facts
+
+    f = parse_container_facts(IB_OK)
+    assert f.ib_devices == ["rdma_cm", "uverbs0", "uverbs1"] and f.ibverbs and f.ib_provider
+    assert f.shm_kb == 67108864 and f.memlock == "unlimited"
+    plain = parse_container_facts("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                                  "tmpfs 65536 0 65536 0% /dev/shm\nmemlock=8192\n")
+    assert plain.ib_devices is None and plain.shm_kb == 65536 and plain.memlock == "8192"
+
+
+def test_in_container_probe_finds_libibverbs_in_ldconfig_output():
+    import subprocess
+
+    from dockerlaunch.cluster.doctor import IN_CONTAINER_IB, parse_container_facts
+
+    # the probe's own shell, with `ldconfig -p` answering as on an image with rdma-core
+    fake = ("ls() { :; }; ldconfig() { printf '"
+            "\\tlibibverbs.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libibverbs.so.1\\n"
+            "\\tlibmlx5.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libmlx5.so.1\\n'; }; ")
+    out = subprocess.run(["sh", "-c", fake + IN_CONTAINER_IB + "echo memlock=unlimited"], capture_output=True,
+                         text=True, check=True).stdout
+    f = parse_container_facts(out)
+    assert f.ibverbs and f.ib_provider, out
+    bare = subprocess.run(["sh", "-c", "ls() { :; }; ldconfig() { :; }; " + IN_CONTAINER_IB + "echo memlock=1"],
+                          capture_output=True, text=True, check=True).stdout
+    assert parse_container_facts(bare).ibverbs is False, bare
+
+
+@pytest.mark.parametrize("out,dev,verbs", [
+    (IB_OK, (PASS, "uverbs0"), (PASS, "libibverbs and a verbs provider")),
+    (IB_NO_VERBS, (PASS, "uverbs0"), (FAIL, "no libibverbs", "rdma-core")),
+    (IB_OK.replace("ibprovider=1", "ibprovider=0"), (PASS, "uverbs0"), (WARN, "no verbs provider")),
+    (IB_OK.replace("ibdev=rdma_cm uverbs0 uverbs1", "ibdev="), (FAIL, "sees no /dev/infiniband"),
+     (PASS, "libibverbs")),
+])
+def test_infiniband_inside_the_job_container(out, dev, verbs):
+    from dockerlaunch.cluster.doctor import parse_container_facts
+
+    ib = probe(ib=True, active=["mlx5_0:1"])
+    report = run(cfg(infiniband="on"), host(0, probe=ib), host(1, probe=ib, shm=parse_container_facts(out)))
+    row(report, H1, "ib in container", dev[0], *dev[1:])
+    row(report, H1, "image ibverbs", verbs[0], *verbs[1:])
+
+
+def test_no_ib_rows_where_infiniband_is_not_used():
+    report = run(cfg(), host(0), host(1))
+    assert report.get(H1, "ib in container") is None and report.get(H1, "image ibverbs") is None
+
+
+@pytest.mark.parametrize("env,mounts,verdict,words", [
+    ({"MODELSCOPE_CACHE": "/root/.cache/modelscope"}, [], WARN, ["inside the container", "shared: true"]),
+    ({"HF_HOME": "/ckpt/hf"}, ["/nfs/ckpt:/ckpt"], WARN, ["on /nfs/ckpt, not marked shared"]),
+    ({"HF_HOME": "/ckpt/hf"}, [{"source": "/nfs/ckpt", "target": "/ckpt", "shared": True}], PASS,
+     ["on shared storage (/nfs/ckpt)"]),
+    ({"MODELSCOPE_CACHE": "/ckpt"}, [{"source": "/nfs/ckpt", "target": "/ckpt", "shared": True}], PASS, ["/nfs/ckpt"]),
+    # /ckpt2 is not under the /ckpt mount
+    ({"HF_HOME": "/ckpt2/hf"}, [{"source": "/nfs/ckpt", "target": "/ckpt", "shared": True}], WARN,
+     ["inside the container"]),
+])
+def test_model_cache_on_a_multi_host_job_belongs_on_shared_storage(env, mounts, verdict, words):
+    report = run(cfg(env=env, mounts=mounts), host(0), host(1))
+    row(report, H0, "model cache", verdict, *words)
+
+
+def test_model_cache_is_not_judged_on_one_host_or_when_unset():
+    one = run(cfg(hosts=(H0,), env={"MODELSCOPE_CACHE": "/root/.cache"}), host(0))
+    assert one.get(H0, "model cache") is None
+    assert run(cfg(), host(0), host(1)).get(H0, "model cache") is None
