@@ -153,7 +153,9 @@ class Result:
         return self.exit_status == 0
 
     def last_line(self) -> str:
-        lines = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        """The line that says what went wrong: the last one, except the docker CLI's trailing usage hint."""
+        lines = [x for x in (self.stderr.strip() or self.stdout.strip()).splitlines()
+                 if x.strip() and not x.startswith("See 'docker")]
         return lines[-1][:300] if lines else f"exit status {self.exit_status}"
 
 

@@ -82,6 +82,20 @@ def read_transport(cluster_hosts: list[Host], plan: ClusterPlan, where: str, ipc
     return TransportReport(rows, findings)
 
 
+def unreadable(config: ClusterConfig) -> str | None:
+    """Why NCCL's transport lines cannot be in the job's folder, from the config alone."""
+    env = config.container.env
+    if not config.diagnostics.nccl_log:
+        return "diagnostics.nccl_log is off"
+    level = env.get("NCCL_DEBUG")
+    if level is not None and level.upper() not in ("INFO", "TRACE"):
+        return f"container.env NCCL_DEBUG={level} hides NCCL's transport lines (remove it: INFO goes to files)"
+    where = env.get("NCCL_DEBUG_FILE")
+    if where is not None and not where.startswith(diag_dir(config) + "/nccl/"):
+        return f"container.env NCCL_DEBUG_FILE={where} is not in the job's diagnostics folder (remove it)"
+    return None
+
+
 def transport(config: ClusterConfig) -> TransportReport:
     """`dockerlaunch transport`: the table for a running or finished job."""
     from dockerlaunch.cluster import facts as factslib
@@ -94,9 +108,9 @@ def transport(config: ClusterConfig) -> TransportReport:
         ib = {h.rank: (o.value.ib_active if o.ok else None) for h, o in zip(session.cluster.hosts, probes)}
         report = read_transport(session.cluster.hosts, session.plan, diag_dir(config), config.container.effective_ipc,
                                 ib)
-        if not any(t and t.seen for _, _, t, _ in report.hosts) and not config.diagnostics.nccl_log:
-            raise DockerlaunchError("diagnostics.nccl_log is off in this config, and no NCCL logs were found; "
-                                    "turn it on (the default) and start the job again")
+        why = unreadable(config)
+        if why and not any(t and t.seen for _, _, t, _ in report.hosts):
+            raise DockerlaunchError(f"no NCCL transport lines: {why}; then start the job again")
         return report
     finally:
         session.close()
@@ -116,7 +130,11 @@ def watch_transport(session: Session, plan: ClusterPlan, reporter: Reporter, sto
                     window: float = WATCH_WINDOW, every: float = WATCH_EVERY) -> None:
     """Run by `up` beside the job: one transport line per host as soon as every host's NCCL has connected
     (or at `window`), warnings with them. Silent for jobs without NCCL (gloo, CPU)."""
-    if plan.diag_dir is None or not session.config.diagnostics.nccl_log:
+    if plan.diag_dir is None:
+        return
+    why = unreadable(session.config)
+    if why:
+        reporter.say(f"transport: not watched: {why}", "dim")
         return
     deadline = time.monotonic() + window
     ipc = session.config.container.effective_ipc

@@ -208,9 +208,20 @@ def summarize(host: str, logs: list[ProcessLog]) -> HostTransport:
     return t
 
 
+def by_process(text: str) -> list[str]:
+    """One text per `host:pid` prefix: a log shared by several processes (NCCL_DEBUG_FILE without %p, or the
+    console) is split so that each process's comms and channels stay together."""
+    groups: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line.strip())
+        if m:
+            groups.setdefault(f"{m['host']}:{m['pid']}", []).append(line)
+    return ["\n".join(lines) for lines in groups.values()]
+
+
 def parse_hosts(texts: dict[str, list[str]]) -> list[HostTransport]:
     """host -> its log files' texts; hosts keep their order."""
-    parsed = {host: [parse_log(x) for x in files] for host, files in texts.items()}
+    parsed = {host: [parse_log(x) for text in files for x in by_process(text)] for host, files in texts.items()}
     place_channels([log for logs in parsed.values() for log in logs])
     return [summarize(host, [log for log in logs if log.lines]) for host, logs in parsed.items()]
 

@@ -272,6 +272,7 @@ def _file_sha256(path: Path) -> str:
 DEMO_TORCH = "2.13.0"
 DEMO_PYTHON = "3.11"  # Debian bookworm's python3
 DEMO_NUMPY = "numpy>=1.26,<3"  # torch warns at import without it
+DEMO_PYSPY = "py-spy>=0.4,<0.5"  # `dockerlaunch dump` uses the image's own where there is one
 
 
 def fetch_demo_wheels(dest: Path | None = None) -> Path:
@@ -281,8 +282,8 @@ def fetch_demo_wheels(dest: Path | None = None) -> Path:
     cmd = [
         sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
         "--python-version", DEMO_PYTHON, "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "--platform", "any",
-        "-d", str(dest), f"torch=={DEMO_TORCH}", DEMO_NUMPY,
+        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "--platform", "manylinux1_x86_64",
+        "--platform", "any", "-d", str(dest), f"torch=={DEMO_TORCH}", DEMO_NUMPY, DEMO_PYSPY,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -292,7 +293,7 @@ def fetch_demo_wheels(dest: Path | None = None) -> Path:
 
 
 def build_demo_image(base: str | None = None, wheelhouse: Path | None = None) -> str:
-    """The demo job image (torch CPU + all_reduce script), built with no network for pip."""
+    """The demo job image (torch CPU, py-spy + all_reduce script), built with no network for pip."""
     client = engine()
     base_ref = ensure_base_image(client, base)
     wheels = wheelhouse or fetch_demo_wheels()
@@ -300,7 +301,7 @@ def build_demo_image(base: str | None = None, wheelhouse: Path | None = None) ->
     if not any(name.startswith("wheels/torch-") for name in disk):
         raise SimError(f"no torch wheel in {wheels}")
     return _build(client, "demo.Dockerfile", base_ref, "dockerlaunch/demo-torch", ("allreduce.py",), disk,
-                  {"TORCH_VERSION": DEMO_TORCH, "NUMPY": DEMO_NUMPY})
+                  {"TORCH_VERSION": DEMO_TORCH, "NUMPY": DEMO_NUMPY, "PYSPY": DEMO_PYSPY})
 
 
 def ensure_images(client, base: str | None = None) -> tuple[str, str]:
@@ -318,7 +319,9 @@ def _seed_tarball(client, image: str) -> Path:
     if not path.exists():
         tmp = path.with_suffix(".part")
         with open(tmp, "wb") as f:
-            for chunk in client.images.get(image).save(named=True):
+            # named=image: the tag asked for (named=True would take the image's first tag, another one where
+            # two tags share an image ID, and the node would lack this one)
+            for chunk in client.images.get(image).save(named=image):
                 f.write(chunk)
         tmp.rename(path)
     return path

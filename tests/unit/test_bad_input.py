@@ -83,3 +83,13 @@ def test_sim_names_are_checked_before_anything_is_touched(cli, name):
         r = cli(*command)
         assert r.returncode == 1 and "--name" in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_failed_docker_command_is_reported_by_its_error_line_not_the_usage_hint():
+    from dockerlaunch.cluster.ssh import Result
+
+    stderr = ("Unable to find image 'x:1' locally\n"
+              "docker: Error response from daemon: pull access denied for x, repository does not exist.\n"
+              "See 'docker run --help'.\n")
+    assert Result(125, "", stderr).last_line().startswith("docker: Error response from daemon: pull access denied")
+    assert Result(1, "", "").last_line() == "exit status 1"

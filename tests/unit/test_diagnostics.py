@@ -326,3 +326,24 @@ def test_commtest_command_runs_the_shipped_script_under_torchrun():
     argv = ct.command(1 << 20, 1 << 30, 5)
     assert argv[:2] == ["sh", "-c"] and "--no_python python3 -c \"$0\" \"$@\"" in argv[2]
     assert "DLCOMMTEST" in argv[3] and argv[4:] == [str(1 << 20), str(1 << 30), "5"]
+
+
+def test_one_file_of_several_processes_is_split_by_pid():
+    both = "".join(recorded("socket"))
+    [t] = parse_hosts({"gpu-a": [both]})
+    assert t.processes == 2 and t.same_host_net and t.intra == ["NET/Socket"]
+
+
+@pytest.mark.parametrize("section,key,value,words", [
+    ("diagnostics", "nccl_log", False, "diagnostics.nccl_log is off"),
+    ("container", "env", {"NCCL_DEBUG": "WARN"}, "NCCL_DEBUG=WARN hides"),
+    ("container", "env", {"NCCL_DEBUG_FILE": "/tmp/nccl.log"}, "not in the job's diagnostics folder"),
+])
+def test_configs_that_hide_the_transport_say_why(section, key, value, words):
+    from dockerlaunch.cluster.config import validate_config
+    from dockerlaunch.diagnostics.collect import unreadable
+
+    ok = validate_config({"hosts": ["h1"], "container": {"env": {"NCCL_DEBUG": "info"}}})
+    assert unreadable(ok) is None
+    bad = validate_config({"hosts": ["h1"], section: {key: value}})
+    assert words in unreadable(bad)

@@ -1,4 +1,4 @@
-# The demo job image: torch (CPU) and a gloo all_reduce script. pip never touches the network:
+# The demo job image: torch (CPU), py-spy and a gloo all_reduce script. pip never touches the network:
 # every wheel comes from the wheelhouse in the build context (wheels/), downloaded on the host first.
 ARG BASE=debian:bookworm-20251229-slim
 FROM ${BASE} AS build
@@ -10,8 +10,10 @@ RUN apt-get update \
 COPY wheels/ /tmp/wheels/
 ARG TORCH_VERSION=2.13.0
 ARG NUMPY=numpy
+ARG PYSPY=py-spy
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels "torch==${TORCH_VERSION}" "${NUMPY}"
+ && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels "torch==${TORCH_VERSION}" "${NUMPY}" \
+      "${PYSPY}"
 
 FROM ${BASE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

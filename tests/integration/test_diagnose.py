@@ -1,0 +1,196 @@
+"""Diagnostics on a real 3-node sim cluster: `dump` of a hung gloo job, `transport` and `up`'s transport lines
+from real NCCL log lines (recorded on H200s: the CPU nodes cannot make them), `commtest` and `--pairwise`."""
+
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from dockerlaunch.cluster.config import load_config
+from dockerlaunch.sim import cluster as sim
+
+from .conftest import _inside_nodes, _leftovers
+from .helpers import containers_on, dl, job_name, start_up, stop_up, wait_for_ready
+
+DATA = Path(__file__).parent.parent / "unit" / "data"
+
+HANG = """\
+import os, time
+import torch
+import torch.distributed as dist
+
+
+def wait_for_peers(x):
+    dist.all_reduce(x)
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    x = torch.ones(4)
+    wait_for_peers(x)
+    os.write(1, f"ready {rank}\\n".encode())
+    if rank == int(os.environ["ODD_RANK"]):
+        time.sleep(3600)
+    wait_for_peers(x)
+
+
+main()
+"""
+HANG_LINE = next(i + 1 for i, line in enumerate(HANG.splitlines()) if "time.sleep" in line)
+TORCHRUN = ('torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC_PER_NODE" '
+            '--master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" /tmp/hang.py')
+
+
+def with_file(path: str, text: str, then: str) -> str:
+    """A shell command that writes `text` to `path` in the container, then runs `then`."""
+    return f"printf %s {shlex.quote(text)} > {path} && {then}"
+
+
+@pytest.fixture(scope="module")
+def trio(sim_cluster, engine, demo_image, tmp_path_factory):
+    """A 3-node cluster of its own (the session's has 2): yields (name, config path, layout, remotes)."""
+    from dockerlaunch.cluster.ssh import Remote
+    from dockerlaunch.cluster.targets import resolve_target
+
+    name = f"dld{os.getpid()}"
+    subnet = f"172.31.{100 + os.getpid() % 100}.0/24"
+    config_path = tmp_path_factory.mktemp("trio") / "cluster.yaml"
+    sim.up(nodes=3, cluster=name, subnet=subnet, config_out=str(config_path), seed_images=(demo_image,))
+    cfg = load_config(str(config_path))
+    remotes = [Remote(resolve_target(h, cfg.ssh)) for h in cfg.hosts]
+    try:
+        yield name, str(config_path), sim.node_layout(name, 3, subnet), remotes
+        assert _inside_nodes(engine, name) == []
+    finally:
+        for r in remotes:
+            r.close()
+        sim.down(name)
+        assert _leftovers(engine, name) == []
+
+
+@pytest.mark.parametrize("diagnostics", [True, False], ids=["py-spy-in-image", "sidecar"])
+def test_dump_names_the_rank_that_is_elsewhere(trio, demo_image, tmp_path, diagnostics):
+    """With py-spy in the image, dump uses it; without (the job deletes it from its own container, and runs
+    without SYS_PTRACE), dockerlaunch's own py-spy runs in a sidecar that joins the rank's PID namespace."""
+    _, config, layout, remotes = trio
+    job = job_name()
+    odd = 3  # the second process on host 1
+    run = with_file("/tmp/hang.py", HANG, TORCHRUN)
+    p, lines, seen = start_up("--config", config, "--image", demo_image, "--name", job, "--nproc-per-node", "2",
+                              "--skip-preflight", "--env", f"ODD_RANK={odd}",
+                              *([] if diagnostics else ["--no-diagnostics"]),
+                              "--", "sh", "-c", run if diagnostics else f"rm /opt/venv/bin/py-spy && {run}")
+    try:
+        ready = wait_for_ready(lines, {str(r) for r in range(6)}, timeout=240)
+        assert ready == {str(r) for r in range(6)}, "".join(seen)[-3000:]
+        out = tmp_path / "dump"
+        r = dl("dump", "--config", config, "--name", job, "--out", str(out), timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        said = r.stdout.replace("\n", " ")
+        assert re.search(r"5 ranks \(0-2,4-5\) in all_reduce at hang\.py:\d+ \(in wait_for_peers\)", said), said
+        assert f"odd one out: rank {odd} ({layout[1].ip}) in main at hang.py:{HANG_LINE}" in said, said
+        if diagnostics:
+            assert "py-spy: the image's own" in said, said
+        else:
+            assert "py-spy: dockerlaunch's own, in a sidecar container" in said, said
+        summary = (out / "summary.txt").read_text()
+        assert f"odd one out: rank {odd}" in summary
+        dumped = out / f"host1-{layout[1].ip}" / f"rank{odd}.pyspy.txt"
+        assert "time.sleep" not in dumped.read_text() and f"main (hang.py:{HANG_LINE})" in dumped.read_text()
+        assert sorted(x.name for x in out.glob("host*/rank*.pyspy.txt")) == [f"rank{i}.pyspy.txt" for i in range(6)]
+        # the sidecar is gone; the job's containers are all still there (dump changes nothing)
+        for remote in remotes:
+            ps = remote.run(["docker", "ps", "-a", "--filter", "label=dockerlaunch.dump", "--format", "{{.Names}}"])
+            assert ps.ok and ps.stdout.strip() == "", ps.stdout
+        assert all(containers_on(remote, job) for remote in remotes)
+    finally:
+        stop_up(p)
+        dl("down", "--config", config, "--name", job)
+    assert not any(containers_on(remote, job) for remote in remotes)
+
+
+def test_dump_of_a_job_that_is_not_running_says_so(trio, tmp_path):
+    _, config, _, _ = trio
+    r = dl("dump", "--config", config, "--name", job_name(), "--out", str(tmp_path / "d"))
+    assert r.returncode == 1 and "no container" in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
+
+
+def recorded_socket_log() -> str:
+    """NCCL's own lines from the 2 x H200 recording where same-host ranks talk through NET/Socket (both processes
+    in one file: the parser splits them by their `host:pid` prefix)."""
+    return "".join(p.read_text() for p in sorted((DATA / "nccl" / "socket").glob("*.log")))
+
+
+def test_up_prints_the_transport_and_warns_and_transport_reads_it_after(trio, demo_image):
+    """The job writes recorded NCCL lines where NCCL_DEBUG_FILE points, as NCCL would; `up`'s watcher must find
+    them within its window and say what they mean, and `transport` must read them once the job is gone."""
+    _, config, layout, remotes = trio
+    job = job_name()
+    write = ('d=$(dirname "$NCCL_DEBUG_FILE") && cat /tmp/nccl.log > "$d/nccl.$(hostname).1.log" && sleep 12')
+    r = dl("up", "--config", config, "--image", demo_image, "--name", job, "--skip-preflight", "--hosts",
+           layout[0].ip, "--", "sh", "-c", with_file("/tmp/nccl.log", recorded_socket_log(), write), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (f"transport rank 0 ({layout[0].ip}): network Socket (eth0); GDRDMA no; intra-host NET/Socket"
+            in r.stdout), r.stdout
+    assert "WARN" in r.stdout and "ranks on this host talk through the network" in r.stdout, r.stdout
+
+    t = dl("transport", "--config", config, "--name", job, "--hosts", layout[0].ip, "--output", "json")
+    assert t.returncode == 0, t.stdout + t.stderr
+    data = json.loads(t.stdout)
+    assert data["hosts"][0]["transport"]["intra"] == ["NET/Socket"], data
+    assert "talk through the network" in data["findings"][0]["message"], data
+
+    # the next `up` of the job starts from an empty folder: old lines would mislead
+    r = dl("up", "--config", config, "--image", demo_image, "--name", job, "--skip-preflight", "--hosts",
+           layout[0].ip, "--", "true", timeout=300)
+    assert r.returncode == 0 and "transport rank" not in r.stdout, r.stdout
+    ls = remotes[0].run(["sh", "-c", f"ls /var/tmp/dockerlaunch/{job}/nccl | wc -l"])
+    assert ls.ok and ls.stdout.strip() == "0", ls.stdout
+    dirs = remotes[0].run(["ls", f"/var/tmp/dockerlaunch/{job}"])
+    assert dirs.stdout.split() == ["fr", "fr-pipe", "nccl"], dirs.stdout
+
+
+def test_transport_of_a_gloo_job_says_there_is_nothing(trio):
+    _, config, _, _ = trio
+    r = dl("transport", "--config", config, "--name", job_name())
+    assert r.returncode == 0 and "no NCCL transport lines" in r.stdout, r.stdout + r.stderr
+
+
+def test_commtest_on_two_hosts_prints_the_table_and_a_verdict(trio, demo_image):
+    _, config, layout, remotes = trio
+    hosts = f"{layout[0].ip},{layout[1].ip}"
+    r = dl("commtest", "--config", config, "--hosts", hosts, "--image", demo_image, "--sizes", "1M:4M",
+           timeout=300)
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    assert "commtest: gloo all_reduce (float32, sum), 2 host(s), 2 rank(s)" in r.stdout, r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if re.match(r"^\s*[124]M\s+\d+\s+float\s", line)]
+    assert [row[0] for row in rows] == ["1M", "2M", "4M"], r.stdout
+    assert all(row[-1] == "0" and float(row[-2]) > 0 for row in rows)  # no wrong results, a bandwidth
+    verdict = re.search(r"\] (PASS|WARN|FAIL): busbw [\d.]+ GB/s at 4M is \d+% of the 1\.25 GB/s that 10 Gb/s eth0",
+                        r.stdout)
+    assert verdict, r.stdout
+    assert r.returncode == (1 if verdict[1] == "FAIL" else 0)
+    job = load_config(config).job.name + "-commtest"
+    assert not any(containers_on(remote, job) for remote in remotes)
+
+
+def test_pairwise_names_the_host_in_every_slow_pair(trio, demo_image):
+    name, config, layout, _ = trio
+    sim.shape(name, "100mbit", nodes=[3])
+    try:
+        r = dl("commtest", "--config", config, "--image", demo_image, "--sizes", "4M", "--pairwise", timeout=600)
+    finally:
+        sim.shape(name, None)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"slow: host 2 ({layout[2].ip}) is in every slow pair" in r.stdout, r.stdout
+    assert len(re.findall(r"^\s*\d-\d\s", r.stdout, re.M)) == 3, r.stdout
+
+
+def test_bad_sizes_are_refused_before_any_host_is_touched(trio):
+    _, config, _, _ = trio
+    r = dl("commtest", "--config", config, "--sizes", "1G:1M")
+    assert r.returncode == 2 and "--sizes 1G:1M" in r.stderr and "Traceback" not in r.stderr, r.stderr
