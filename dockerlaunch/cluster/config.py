@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dockerlaunch.errors import ConfigError, describe_validation_error
 
 DEFAULT_CONFIG_FILE = "dockerlaunch.yaml"
+LOCAL = "local"  # a host address: this machine, through its own Docker engine, without SSH
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
@@ -99,6 +100,16 @@ class HostConfig(_Model):
         return check_login(v)
 
     _gpus = field_validator("gpus", mode="before")(lambda cls, v: normalize_gpus(v))
+
+    @property
+    def local(self) -> bool:
+        return self.address == LOCAL
+
+    @model_validator(mode="after")
+    def _local_has_no_ssh(self) -> HostConfig:
+        if self.local and (self.user or self.port or self.identity_file):
+            raise ValueError("local runs on this machine without SSH: drop user, port and identity_file")
+        return self
 
     @field_validator("advertise_addr")
     @classmethod
@@ -190,8 +201,10 @@ class ContainerSettings(_Model):
     )
     shm_size: str | None = Field(None, description="e.g. 64g; needs ipc other than host.")
     gpus: GpuRequest = "all"
-    gpu_mode: Literal["gpus", "cdi"] = Field(
-        "gpus", description="gpus: docker --gpus; cdi: --device nvidia.com/gpu=..."
+    gpu_mode: Literal["auto", "gpus", "cdi", "devices"] = Field(
+        "auto", description="gpus: docker --gpus (nvidia-container-toolkit); cdi: --device nvidia.com/gpu=... "
+        "(Docker >= 25 with CDI specs); devices: /dev/nvidia* + the host's driver libraries, no toolkit; "
+        "auto: per host, in that order of preference, from what the host has.",
     )
     infiniband: Literal["auto", "on", "off"] = Field(
         "auto", description="on: /dev/infiniband, IPC_LOCK, memlock unlimited; auto: the same where the host has IB."
@@ -280,6 +293,8 @@ class ContainerSettings(_Model):
             raise ValueError("shm_size has no effect with ipc: host; drop one of them")
         if self.gpu_mode == "cdi" and isinstance(self.gpus, int):
             raise ValueError("gpu_mode cdi takes gpus: all, none or a device list, not a count")
+        if self.gpu_mode == "devices" and isinstance(self.gpus, list) and not all(g.isdigit() for g in self.gpus):
+            raise ValueError("gpu_mode devices takes GPU indices (e.g. [0, 1]), not UUIDs: it passes /dev/nvidiaN")
         return self
 
     @property
@@ -357,10 +372,20 @@ class ClusterConfig(_Model):
             raise ValueError(f"{v!r} is not an image reference")
         return v
 
+    @property
+    def one_machine(self) -> bool:
+        """Every rank on this one machine (one host, or only `local` entries): loopback is a fine MASTER_ADDR."""
+        return len(self.hosts) == 1 or all(h.local for h in self.hosts)
+
     @model_validator(mode="after")
     def _unique_hosts(self) -> ClusterConfig:
         seen: dict[tuple[str, int | None], int] = {}
         for i, h in enumerate(self.hosts):
+            if h.local and not self.one_machine and not h.advertise_addr:
+                raise ValueError(f"hosts[{i}] local: in a job with SSH hosts, give its advertise_addr (the IP of "
+                                 "this machine that the other hosts reach)")
+            if h.local:
+                continue  # several `local` "hosts" (e.g. one GPU each) share this machine
             key = (h.address, h.port)
             if key in seen:
                 raise ValueError(f"host {h.address!r} is listed twice (hosts[{seen[key]}] and hosts[{i}])")

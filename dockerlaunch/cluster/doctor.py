@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from dockerlaunch.cluster import facts as factslib
 from dockerlaunch.cluster import script
 from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.plan import ClusterPlan, HostPlan, make_plan
+from dockerlaunch.cluster.plan import NVIDIA_DIR, ClusterPlan, GpuAccess, HostPlan, gpu_access, make_plan
 from dockerlaunch.cluster.session import Cluster, Host
 from dockerlaunch.cluster.spec import ContainerSpec, Deferred
 from dockerlaunch.enums import StrEnum
-from dockerlaunch.errors import HostError
+from dockerlaunch.errors import ConfigError, HostError
 
 
 class Verdict(StrEnum):
@@ -131,6 +131,8 @@ class ContainerFacts:
     ib_devices: list[str] | None = None  # /dev/infiniband in the container (probed where IB is used)
     ibverbs: bool | None = None  # the image has libibverbs
     ib_provider: bool | None = None  # ... and a verbs provider (libmlx5 & co.)
+    gpu_mode: str | None = None  # how the GPU probe reached the GPUs (gpus / cdi / devices), and why
+    gpu_why: str | None = None
 
 
 @dataclass
@@ -191,11 +193,11 @@ def parse_observation(obs: HostObservation, text: str) -> HostObservation:
 # ---------------------------------------------------------------- observe (I/O)
 
 
-def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpus: bool = False,
+def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,
                 ib: bool = False) -> ContainerSpec:
     """A short-lived container with the job's runtime flags that matter for the check."""
     c = hp.container
-    devices = [d for d in c.devices if gpus and d.startswith("nvidia.com/") or ib and d == "/dev/infiniband"]
+    devices = [d for d in c.devices if ib and d == "/dev/infiniband"] + list(gpu.devices if gpu else ())
     ulimits = {k: v for k, v in c.ulimits.items() if ib or k != "memlock"}
     caps = [x for x in c.cap_add if ib or x != "IPC_LOCK"]
     if ib:  # what the job gets where IB is used, even when the dry plan left it to the host (infiniband: auto)
@@ -204,13 +206,24 @@ def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpus
         caps += [] if "IPC_LOCK" in caps else ["IPC_LOCK"]
     return ContainerSpec(
         name=name, image=image, command=command, network="host", ipc=c.ipc, shm_size=c.shm_size,
-        gpus=c.gpus if gpus else None, devices=devices, ulimits=ulimits, cap_add=caps,
+        gpus=gpu.gpus if gpu else None, devices=devices, ulimits=ulimits, cap_add=caps,
+        mounts=list(gpu.mounts) if gpu else [], env=dict(gpu.env) if gpu else {},
         detach=False, remove=True, init=False, labels={"dockerlaunch.probe": "1"},
     )
 
 
 def wants_gpus(hp: HostPlan) -> bool:
-    return hp.container.gpus is not None or any(d.startswith("nvidia.com/") for d in hp.container.devices)
+    return hp.gpu_mode != "none"
+
+
+def host_gpu_access(config: ClusterConfig, hp: HostPlan, probe: factslib.Probe | None) -> GpuAccess:
+    """The job's GPU flags on this host, from what doctor observed there (raises ConfigError when impossible)."""
+    gpus = hp.host.gpus if hp.host.gpus is not None else config.container.gpus
+    access = gpu_access(gpus, config.container.gpu_mode, probe.gpu if probe else None, config.container.env,
+                        hp.address)
+    if not isinstance(access, GpuAccess):
+        raise ConfigError("could not check: the host's GPU facts were not gathered")
+    return access
 
 
 def uses_ib(mode: str, probe: factslib.Probe | None) -> bool:
@@ -257,9 +270,17 @@ def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: Clu
     ok, out = _in_container(h, spec)
     obs.shm = parse_container_facts(out) if ok else ContainerFacts(error=out)
     if wants_gpus(hp):
-        spec = _probe_spec(hp, image, ["nvidia-smi", "-L"], f"dlprobe-gpu-{secrets.token_hex(3)}", gpus=True)
+        try:
+            access = host_gpu_access(config, hp, obs.probe)
+        except ConfigError as e:
+            obs.gpus = ContainerFacts(error=str(e))
+            return
+        smi = f"nvidia-smi -L 2>/dev/null || {NVIDIA_DIR}/bin/nvidia-smi -L"
+        spec = _probe_spec(hp, image, ["sh", "-c", smi], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access)
         ok, out = _in_container(h, spec)
-        obs.gpus = ContainerFacts(error=out) if not ok else ContainerFacts(gpus=count_gpus(out))
+        facts = ContainerFacts(error=out) if not ok else ContainerFacts(gpus=count_gpus(out))
+        facts.gpu_mode, facts.gpu_why = access.mode, access.why
+        obs.gpus = facts
 
 
 # memlock last: its value runs to the end of the output
@@ -417,7 +438,9 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, o: HostObse
         report.add(a, "docker", PASS, f"engine {o.docker}")
     p = o.probe
     if p is not None:
-        if p.problem:
+        if p.problem and config.one_machine and p.interface:
+            report.add(a, "route", PASS, f"{master} via {p.interface}: every rank is on this machine")
+        elif p.problem:
             if "NCCL_SOCKET_IFNAME" in config.container.env:
                 report.add(a, "route", WARN, f"toward {master}: {p.problem}; using your NCCL_SOCKET_IFNAME")
             else:
@@ -443,13 +466,18 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, o: HostObse
     if not wants_gpus(hp):
         report.add(a, "gpus", SKIP, "the job asks for no GPUs")
     elif o.gpus is not None:
-        if o.gpus.error is not None:
-            report.add(a, "gpus", FAIL, f"GPU container failed: {o.gpus.error} (nvidia-container-toolkit / CDI?)")
-        elif isinstance(hp.nproc_per_node, int) and (o.gpus.gpus or 0) < hp.nproc_per_node:
-            report.add(a, "gpus", FAIL, f"{o.gpus.gpus} GPU(s) visible in the container, "
-                       f"nproc_per_node is {hp.nproc_per_node}")
+        g = o.gpus
+        mode = f"mode {g.gpu_mode}: {g.gpu_why}" if g.gpu_mode else ""
+        if g.error is not None:
+            hint = {"gpus": "nvidia-container-toolkit", "cdi": "the CDI spec (nvidia-ctk cdi generate)",
+                    "devices": "device nodes and driver libraries"}.get(g.gpu_mode or "", "")
+            report.add(a, "gpus", FAIL, f"GPU container failed: {g.error}" + (f" ({mode}; check {hint})" if mode
+                                                                                  else ""))
+        elif isinstance(hp.nproc_per_node, int) and (g.gpus or 0) < hp.nproc_per_node:
+            report.add(a, "gpus", FAIL, f"{g.gpus} GPU(s) visible in the container, "
+                       f"nproc_per_node is {hp.nproc_per_node}" + (f" ({mode})" if mode else ""))
         else:
-            report.add(a, "gpus", PASS, f"{o.gpus.gpus} GPU(s) visible in the container")
+            report.add(a, "gpus", PASS, f"{g.gpus} GPU(s) visible in the container" + (f" ({mode})" if mode else ""))
 
 
 def _judge_ib(report: Report, a: str, p: factslib.Probe, mode: str) -> None:

@@ -5,8 +5,9 @@ One probe script per host (one SSH round trip); parsing is pure and tested on fi
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dockerlaunch.cluster import script
 from dockerlaunch.cluster.ssh import Remote
@@ -75,6 +76,52 @@ class Probe:
     ib_active: list[str]
     ib_seen: list[str]
     gpu_count: int | None  # None: no nvidia-smi on the host
+    gpu: GpuHost = field(default_factory=lambda: GpuHost())
+    image_labels: dict[str, str] | None = None  # the job image's labels there (None: not asked or no image)
+
+
+@dataclass(frozen=True)
+class GpuHost:
+    """How containers on a host can reach its GPUs (probe.sh; only where /dev/nvidiactl exists)."""
+
+    device_nodes: tuple[str, ...] = ()  # /dev/nvidia*
+    nvidia_runtime: bool = False  # nvidia-container-toolkit registered with dockerd (--gpus works)
+    cdi_specs: tuple[str, ...] = ()  # CDI spec files naming nvidia.com/gpu
+    engine: str | None = None  # dockerd version (CDI needs >= 25)
+    libs: tuple[tuple[str, str], ...] = ()  # (soname, host path) of the driver's libraries, x86-64
+    nvidia_smi: str | None = None
+    image_env: tuple[str, ...] | None = None  # the job image's Config.Env, when asked
+
+
+def parse_ldconfig(lines: list[str]) -> tuple[tuple[str, str], ...]:
+    """`ldconfig -p` lines -> (soname, path) for 64-bit x86 entries, first path per soname."""
+    out: dict[str, str] = {}
+    for line in lines:
+        m = re.match(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$", line)
+        if m and "x86-64" in m[2] and m[1] not in out:
+            out[m[1]] = m[3]
+    return tuple(out.items())
+
+
+def _gpu_host(kv: dict[str, list[str]]) -> GpuHost:
+    one = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
+    try:
+        runtimes = json.loads(one("runtimes") or "{}")
+    except ValueError:
+        runtimes = {}
+    try:
+        env = json.loads(one("image_env")) if one("image_env") else None
+    except ValueError:
+        env = None
+    return GpuHost(
+        device_nodes=tuple(kv.get("gpu_dev", [])),
+        nvidia_runtime=isinstance(runtimes, dict) and "nvidia" in runtimes,
+        cdi_specs=tuple(kv.get("cdi", [])),
+        engine=one("engine") or None,
+        libs=parse_ldconfig(kv.get("lib", [])),
+        nvidia_smi=one("nvidia_smi") or None,
+        image_env=tuple(env) if isinstance(env, list) else None,
+    )
 
 
 def parse_probe(text: str) -> Probe:
@@ -105,9 +152,20 @@ def parse_probe(text: str) -> Probe:
         ib_active=active,
         ib_seen=seen,
         gpu_count=int(gpus) if gpus.isdigit() else None,
+        gpu=_gpu_host(kv),
+        image_labels=_labels(get("image_labels")),
     )
 
 
-def probe(remote: Remote, master_addr: str) -> Probe:
-    r = remote.check(["sh", "-c", script("probe.sh"), "sh", master_addr], "probing the host", timeout=60)
+def _labels(text: str) -> dict[str, str] | None:
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else None
+
+
+def probe(remote: Remote, master_addr: str, image: str | None = None) -> Probe:
+    r = remote.check(["sh", "-c", script("probe.sh"), "sh", master_addr, *([image] if image else [])],
+                     "probing the host", timeout=60)
     return parse_probe(r.stdout)

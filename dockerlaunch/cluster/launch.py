@@ -23,7 +23,7 @@ from dockerlaunch.cluster import facts as factslib
 from dockerlaunch.cluster import script
 from dockerlaunch.cluster.config import ClusterConfig
 from dockerlaunch.cluster.dockerhost import ContainerState
-from dockerlaunch.cluster.plan import DIAG_SUBDIRS, ClusterPlan, HostFacts, make_plan
+from dockerlaunch.cluster.plan import DIAG_SUBDIRS, TORCH_LABEL, ClusterPlan, HostFacts, make_plan
 from dockerlaunch.cluster.session import Cluster, each
 from dockerlaunch.cluster.spec import Deferred
 from dockerlaunch.cluster.watchdog import Watchdogs
@@ -77,8 +77,10 @@ def master_addr_of(session: Session) -> str:
 def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None = None) -> dict[int, HostFacts]:
     """Probe every host concurrently and turn the answers into HostFacts (or one clear error)."""
     master = master_addr_of(session)
-    probes = session.cluster.each(lambda h: factslib.probe(h.remote, master))
+    image = session.config.image
+    probes = session.cluster.each(lambda h: factslib.probe(h.remote, master, image))
     user_env = session.config.container.env
+    one_machine = session.config.one_machine
     out: dict[int, HostFacts] = {}
     errors = []
     for hp, o in zip(session.plan.hosts, probes):
@@ -86,7 +88,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             errors.append(str(o.error))
             continue
         p = o.value
-        if p.problem and "NCCL_SOCKET_IFNAME" not in user_env:
+        if p.problem and "NCCL_SOCKET_IFNAME" not in user_env and not (one_machine and p.interface):
             errors.append(
                 f"host {hp.address}: NIC toward MASTER_ADDR {master}: {p.problem}; fix the route or set "
                 "container.env NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME"
@@ -105,6 +107,8 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             ib_hca=",".join(p.ib_active),
             master_addr=master if hp.rank == 0 else None,
             env_files=(env_files or {}).get(hp.rank),
+            gpu=p.gpu,
+            torch=(p.image_labels or {}).get(TORCH_LABEL),
         )
     if errors:
         raise DockerlaunchError("; ".join(errors))

@@ -7,12 +7,14 @@ only a plan without placeholders can start containers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import paramiko
 
 from dockerlaunch import __version__
 from dockerlaunch.cluster.config import ClusterConfig, HostConfig, is_ip, is_loopback
+from dockerlaunch.cluster.facts import GpuHost
 from dockerlaunch.cluster.spec import ContainerSpec, Deferred
 from dockerlaunch.cluster.targets import SSHTarget, resolve_target
 from dockerlaunch.errors import ConfigError
@@ -26,6 +28,8 @@ LABEL_RUN = "dockerlaunch.run"  # one launch of the job: what a host's watchdog 
 IB_FLAGS = ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 FR_ENTRIES = "2000"  # flight-recorder ring size: collectives remembered per rank
+NVIDIA_DIR = "/usr/local/nvidia"  # where nvidia/cuda images look for the driver (their PATH and LD_LIBRARY_PATH)
+GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 # the per-job diagnostics folder (same path on the host and in the container); `up` empties them before a start
 DIAG_SUBDIRS = ("nccl", "fr", "fr-pipe")
 
@@ -40,6 +44,8 @@ class HostFacts:
     ib_hca: str | None = None  # ACTIVE ports, NCCL_IB_HCA syntax
     master_addr: str | None = None  # host 0 only: the address the others reach
     env_files: tuple[str, ...] | None = None  # remote paths of the uploaded secret env files
+    gpu: GpuHost | None = None  # how containers there reach the GPUs
+    torch: str | None = None  # the image's torch, where its labels say (dockerlaunch-built images do)
 
 
 @dataclass
@@ -49,6 +55,8 @@ class HostPlan:
     ssh: SSHTarget
     nproc_per_node: int | Deferred
     container: ContainerSpec
+    gpu_mode: str | Deferred = "none"  # gpus / cdi / devices, as resolved for this host
+    gpu_why: str = ""
 
     @property
     def address(self) -> str:
@@ -85,6 +93,7 @@ class ClusterPlan:
                         str(h.nproc_per_node) if isinstance(h.nproc_per_node, Deferred) else h.nproc_per_node
                     ),
                     "container": h.container.name,
+                    "gpu_mode": str(h.gpu_mode),
                     "env": dict(h.container.env),
                     "argv": h.container.argv(),
                     "unresolved": h.container.unresolved(),
@@ -100,8 +109,10 @@ def container_name(job: str, rank: int) -> str:
 
 def _master_addr(config: ClusterConfig, target0: SSHTarget, facts0: HostFacts | None) -> str:
     host0 = config.hosts[0]
-    many = len(config.hosts) > 1
-    candidates = [host0.advertise_addr, facts0.master_addr if facts0 else None, target0.hostname, host0.address]
+    many = not config.one_machine
+    # a `local` host's own name says nothing: with SSH hosts beside it, its advertise_addr is required
+    names = [] if target0.local and many else [target0.hostname, host0.address]
+    candidates = [host0.advertise_addr, facts0.master_addr if facts0 else None, *names]
     for c in candidates:
         if c and many and is_loopback(c):
             raise ConfigError(
@@ -132,6 +143,89 @@ def _gpu_flags(gpus, mode: str) -> tuple[str | None, list[str]]:
     return '"device=' + ",".join(gpus) + '"', []
 
 
+def resolve_gpu_mode(requested: str, gpu: GpuHost) -> tuple[str, str]:
+    """`auto` -> what the host offers, best first: the toolkit's runtime, CDI specs, else device nodes."""
+    if requested != "auto":
+        return requested, "set in the config"
+    if gpu.nvidia_runtime:
+        return "gpus", "nvidia-container-toolkit runtime registered with dockerd"
+    major = int(gpu.engine.split(".")[0]) if gpu.engine and gpu.engine.split(".")[0].isdigit() else 0
+    if gpu.cdi_specs and major >= 25:
+        return "cdi", f"CDI spec {gpu.cdi_specs[0]}, Docker {gpu.engine}"
+    return "devices", "no toolkit runtime or CDI spec: device nodes and the driver's libraries"
+
+
+@dataclass(frozen=True)
+class GpuAccess:
+    """What a container needs to reach its GPUs in one mode."""
+
+    mode: str
+    why: str
+    gpus: str | None = None  # docker --gpus value
+    devices: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _numbered(node: str) -> int | None:
+    tail = node.removeprefix("/dev/nvidia")
+    return int(tail) if tail.isdigit() else None
+
+
+def device_access(gpus, gpu: GpuHost, user_env: dict[str, str], where: str, why: str) -> GpuAccess:
+    """No toolkit: the control nodes, the chosen /dev/nvidiaN, and the host's driver libraries read-only under
+    /usr/local/nvidia (where CUDA images look), on the loader's path."""
+    numbered = sorted((n for n in gpu.device_nodes if _numbered(n) is not None), key=_numbered)
+    if gpus == "all":
+        chosen = numbered
+    elif isinstance(gpus, int):
+        chosen = numbered[:gpus]
+    else:
+        bad = [g for g in gpus if not g.isdigit()]
+        if bad:
+            raise ConfigError(f"{where}: gpus {bad[0]!r}: device-node access (no nvidia-container-toolkit here) "
+                              "takes GPU indices; use indices or install the toolkit")
+        chosen = [f"/dev/nvidia{g}" for g in gpus]
+    missing = [n for n in chosen if n not in gpu.device_nodes]
+    wanted = gpus if isinstance(gpus, int) else len(chosen)
+    if missing or not chosen or len(chosen) < wanted:
+        have = ", ".join(numbered) or "none"
+        raise ConfigError(f"{where}: asks for GPUs {gpus} but the host has GPU device nodes: {have}")
+    if not gpu.libs:
+        raise ConfigError(f"{where}: no NVIDIA driver libraries found with `ldconfig -p` (libcuda, libnvidia-ml); "
+                          "is the driver installed?")
+    devices = [n for n in GPU_CONTROL_NODES if n in gpu.device_nodes] + chosen
+    mounts = [f"{path}:{NVIDIA_DIR}/lib64/{soname}:ro" for soname, path in gpu.libs]
+    if gpu.nvidia_smi:
+        mounts.append(f"{gpu.nvidia_smi}:{NVIDIA_DIR}/bin/nvidia-smi:ro")
+    env: list[tuple[str, str]] = []
+    if "LD_LIBRARY_PATH" not in user_env:
+        image = dict(e.split("=", 1) for e in (gpu.image_env or ()) if "=" in e).get("LD_LIBRARY_PATH", "")
+        if f"{NVIDIA_DIR}/lib64" not in image.split(":"):
+            env.append(("LD_LIBRARY_PATH", ":".join(p for p in (f"{NVIDIA_DIR}/lib64", image) if p)))
+    return GpuAccess("devices", why, devices=tuple(devices), mounts=tuple(mounts), env=tuple(env))
+
+
+def gpu_access(gpus, requested: str, gpu: GpuHost | None, user_env: dict[str, str], where: str
+               ) -> GpuAccess | Deferred | None:
+    """The GPU flags for one host; Deferred when they depend on facts not gathered yet (a dry run)."""
+    if gpus == "none":
+        return None
+    if requested in ("gpus", "cdi"):
+        mode, why = requested, "set in the config"
+    elif gpu is None:
+        return Deferred("GPU access of the host: --gpus (toolkit), CDI, or /dev/nvidia* + driver libraries"
+                        if requested == "auto" else "/dev/nvidia* device nodes and driver libraries of the host")
+    else:
+        mode, why = resolve_gpu_mode(requested, gpu)
+    if mode == "devices":
+        return device_access(gpus, gpu, user_env, where, why)
+    if mode == "cdi" and isinstance(gpus, int):
+        raise ConfigError(f"{where}: CDI (chosen for this host) takes gpus: all or a device list, not a count")
+    value, cdi = _gpu_flags(gpus, mode)
+    return GpuAccess(mode, why, gpus=value, devices=tuple(cdi))
+
+
 def _nproc(config: ClusterConfig, host: HostConfig, gpus, facts: HostFacts | None) -> int | Deferred:
     if host.nproc_per_node:
         return host.nproc_per_node
@@ -152,19 +246,31 @@ def diag_dir(config: ClusterConfig) -> str:
     return f"{config.diagnostics.dir}/{config.job.name}"
 
 
-def diagnostics_env(config: ClusterConfig) -> dict[str, str]:
-    """Flight recorder and NCCL logging into the job's diagnostics folder (the user's own values win)."""
+TORCH_LABEL = "ai.dockerlaunch.pin.torch"  # set by `dockerlaunch build`
+FR_NEW_NAMES_ONLY = (2, 11)  # torch 2.11 (seen) reads TORCH_FR_* and warns at every rank about the old names
+
+
+def torch_version(text: str | None) -> tuple[int, int] | None:
+    m = re.match(r"^(\d+)\.(\d+)", text or "")
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def diagnostics_env(config: ClusterConfig, torch: str | None = None) -> dict[str, str]:
+    """Flight recorder and NCCL logging into the job's diagnostics folder (the user's own values win).
+
+    The flight recorder's variables were renamed (TORCH_NCCL_TRACE_BUFFER_SIZE -> TORCH_FR_BUFFER_SIZE, ...);
+    both are set unless the image's labels say its torch reads the new names, where the old ones only warn."""
     d, where = config.diagnostics, diag_dir(config)
     env: dict[str, str] = {}
     if d.nccl_log:
         env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=f"{where}/nccl/nccl.%h.%p.log")
     if d.flight_recorder:
-        # both names: torch >= 2.7 reads TORCH_FR_*, older ones TORCH_NCCL_*; files are <stem><rank>
-        env.update(
-            TORCH_NCCL_TRACE_BUFFER_SIZE=FR_ENTRIES, TORCH_FR_BUFFER_SIZE=FR_ENTRIES, TORCH_NCCL_DUMP_ON_TIMEOUT="1",
-            TORCH_NCCL_DEBUG_INFO_TEMP_FILE=f"{where}/fr/rank_", TORCH_FR_DUMP_TEMP_FILE=f"{where}/fr/rank_",
-            TORCH_NCCL_DEBUG_INFO_PIPE_FILE=f"{where}/fr-pipe/rank_",
-        )
+        version = torch_version(torch)
+        if version is None or version < FR_NEW_NAMES_ONLY:
+            env.update(TORCH_NCCL_TRACE_BUFFER_SIZE=FR_ENTRIES, TORCH_NCCL_DEBUG_INFO_TEMP_FILE=f"{where}/fr/rank_")
+        # files are <stem><rank>; the pipe kept its name
+        env.update(TORCH_FR_BUFFER_SIZE=FR_ENTRIES, TORCH_FR_DUMP_TEMP_FILE=f"{where}/fr/rank_",
+                   TORCH_NCCL_DUMP_ON_TIMEOUT="1", TORCH_NCCL_DEBUG_INFO_PIPE_FILE=f"{where}/fr-pipe/rank_")
     return env
 
 
@@ -209,7 +315,7 @@ def make_plan(
     for rank, (host, target) in enumerate(zip(config.hosts, targets)):
         f = facts.get(rank)
         gpus = host.gpus if host.gpus is not None else c.gpus
-        gpu_value, gpu_devices = _gpu_flags(gpus, c.gpu_mode)
+        access = gpu_access(gpus, c.gpu_mode, f.gpu if f else None, c.env, f"hosts[{rank}] {host.address}")
         nproc = _nproc(config, host, gpus, f)
 
         env: dict[str, str] = {
@@ -223,10 +329,17 @@ def make_plan(
         env["NCCL_SOCKET_IFNAME"] = iface
         env["GLOO_SOCKET_IFNAME"] = iface
 
-        devices = list(gpu_devices)
         caps = list(c.cap_add)
         ulimits: dict[str, str] = {}
         deferred_flags: list[Deferred] = []
+        devices: list[str] = []
+        gpu_mounts: list[str] = []
+        if isinstance(access, GpuAccess):
+            devices += access.devices
+            gpu_mounts += access.mounts
+            env.update(dict(access.env))
+        elif isinstance(access, Deferred):
+            deferred_flags.append(access)
         ib = c.infiniband
         if ib == "auto" and f is not None and f.infiniband is not None:
             ib = "on" if f.infiniband else "off"
@@ -247,7 +360,7 @@ def make_plan(
         if config.diagnostics.ptrace and "SYS_PTRACE" not in caps:
             caps.append("SYS_PTRACE")  # py-spy; cannot be added once the container runs
         env.update(DEFAULT_ENV)
-        env.update(diagnostics_env(config))
+        env.update(diagnostics_env(config, f.torch if f else None))
         env.update(c.env)  # the user's values win over the launcher's NCCL/GLOO guesses
 
         if c.env_files:
@@ -271,11 +384,12 @@ def make_plan(
                 LABEL_VERSION: __version__,
                 LABEL_RUN: run_id or Deferred("a random id of this launch"),
             },
-            mounts=[m.render() for m in c.mounts] + ([f"{plan.diag_dir}:{plan.diag_dir}"] if plan.diag_dir else []),
+            mounts=[m.render() for m in c.mounts] + gpu_mounts
+            + ([f"{plan.diag_dir}:{plan.diag_dir}"] if plan.diag_dir else []),
             network="host",
             ipc=c.effective_ipc,
             shm_size=c.shm_size,
-            gpus=gpu_value,
+            gpus=access.gpus if isinstance(access, GpuAccess) else None,
             devices=devices,
             cap_add=caps,
             ulimits=ulimits,
@@ -285,5 +399,9 @@ def make_plan(
             extra_args=list(c.extra_args),
             deferred_flags=deferred_flags,
         )
-        plan.hosts.append(HostPlan(rank=rank, host=host, ssh=target, nproc_per_node=nproc, container=spec))
+        plan.hosts.append(HostPlan(
+            rank=rank, host=host, ssh=target, nproc_per_node=nproc, container=spec,
+            gpu_mode=access.mode if isinstance(access, GpuAccess) else access if access is not None else "none",
+            gpu_why=access.why if isinstance(access, GpuAccess) else "",
+        ))
     return plan

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from dockerlaunch.cluster.config import ClusterConfig
 from dockerlaunch.cluster.dockerhost import DockerHost
+from dockerlaunch.cluster.local import open_remote
 from dockerlaunch.cluster.ssh import Remote
 from dockerlaunch.cluster.targets import SSHTarget, resolve_all
 from dockerlaunch.errors import DockerlaunchError, SSHError
@@ -163,7 +164,7 @@ class Cluster:
         (naming every host that failed); without, failed hosts keep their error (`host.error`) for a report."""
         targets = resolve_all(config)
         hosts = [Host(i, h.address, t) for i, (h, t) in enumerate(zip(config.hosts, targets))]
-        results = each(lambda h: Remote(h.target), hosts)
+        results = each(lambda h: open_remote(h.target), hosts)
         for h, o in zip(hosts, results):
             if o.ok:
                 h.remote = o.value

@@ -31,8 +31,11 @@ class SSHTarget:
     host_key_policy: str = "strict"
     connect_timeout: float = 10.0
     jumps: tuple[SSHTarget, ...] = field(default=())
+    local: bool = False  # this machine, no SSH (`local` in the host list)
 
     def describe(self) -> str:
+        if self.local:
+            return "local (no SSH)"
         s = f"{self.user}@{self.hostname}:{self.port}"
         if self.jumps:
             s += " via " + " -> ".join(f"{j.user}@{j.hostname}:{j.port}" for j in self.jumps)
@@ -58,8 +61,10 @@ def resolve_target(
     local_user: str | None = None,
     _depth: int = 0,
 ) -> SSHTarget:
-    looked = ssh_config.lookup(host.address) if ssh_config else {}
     local_user = local_user or getpass.getuser()
+    if host.local:
+        return SSHTarget(alias=host.address, hostname="127.0.0.1", user=local_user, port=0, local=True)
+    looked = ssh_config.lookup(host.address) if ssh_config else {}
     identity = host.identity_file or settings.identity_file
     identities = (identity,) if identity else tuple(looked.get("identityfile", ()))
     known = settings.known_hosts or looked.get("userknownhostsfile", "").split(" ")[0] or DEFAULT_KNOWN_HOSTS

@@ -287,8 +287,14 @@ def test_gpus_skipped_when_the_job_asks_for_none():
 @pytest.mark.parametrize(
     "container,gpus,verdict,words",
     [
-        ({"gpus": "all"}, ContainerFacts(error='could not select device driver "" with capabilities: [[gpu]]'), FAIL,
-         ["GPU container failed", "could not select device driver", "nvidia-container-toolkit"]),
+        ({"gpus": "all"}, ContainerFacts(error='could not select device driver "" with capabilities: [[gpu]]',
+                                         gpu_mode="gpus", gpu_why="set in the config"), FAIL,
+         ["GPU container failed", "could not select device driver", "mode gpus", "check nvidia-container-toolkit"]),
+        ({"gpus": "all"}, ContainerFacts(error="libnvidia-ml.so.1: cannot open shared object file", gpu_mode="devices",
+                                         gpu_why="no toolkit runtime or CDI spec"), FAIL,
+         ["GPU container failed", "mode devices: no toolkit runtime", "check device nodes and driver libraries"]),
+        ({"gpus": "all"}, ContainerFacts(gpus=2, gpu_mode="devices", gpu_why="no toolkit runtime or CDI spec"), PASS,
+         ["2 GPU(s) visible in the container (mode devices: no toolkit runtime or CDI spec)"]),
         ({"gpus": 4}, ContainerFacts(gpus=2), FAIL, ["2 GPU(s) visible in the container, nproc_per_node is 4"]),
         ({"gpus": 4}, ContainerFacts(gpus=4), PASS, ["4 GPU(s) visible in the container"]),
         ({"gpus": ["0", "3"]}, ContainerFacts(gpus=2), PASS, ["2 GPU(s)"]),

@@ -9,8 +9,10 @@ from dockerlaunch.errors import ConfigError
 
 
 def cfg(**kw) -> ClusterConfig:
+    """Two hosts; GPUs through `--gpus` (the toolkit) unless a test picks another gpu_mode."""
     data = {"hosts": ["10.0.0.1", "10.0.0.2"], "image": "img:tag", "ssh": {"config_file": None}}
     data.update(kw)
+    data["container"] = {"gpu_mode": "gpus", **data.get("container", {})}
     return ClusterConfig.model_validate(data)
 
 
@@ -253,3 +255,130 @@ def test_diagnostics_dir_must_be_an_absolute_plain_path(bad):
 
     with pytest.raises(ConfigError, match="diagnostics.dir"):
         validate_config({"hosts": ["10.0.0.1"], "diagnostics": {"dir": bad}})
+
+
+# ---------------------------------------------------------------- GPU access modes (facts as probe.sh reports them)
+
+LIBS = (("libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1"),
+        ("libnvidia-ml.so.1", "/usr/local/nvidia/lib64/libnvidia-ml.so.1"),
+        ("libnvidia-ptxjitcompiler.so.1", "/usr/local/nvidia/lib64/libnvidia-ptxjitcompiler.so.1"))
+NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl")
+
+
+def gpu_host(**kw):
+    from dockerlaunch.cluster.facts import GpuHost
+
+    base = dict(device_nodes=NODES, libs=LIBS, nvidia_smi="/usr/bin/nvidia-smi", engine="20.10.24",
+                image_env=("PATH=/usr/bin", "LD_LIBRARY_PATH=/opt/lib"))
+    return GpuHost(**{**base, **kw})
+
+
+def planned(container=None, gpu=None, hosts=("10.0.0.1",)):
+    config = cfg(hosts=list(hosts), container={"gpu_mode": "auto", **(container or {})})
+    return make_plan(config, facts={0: HostFacts(gpu_count=2, gpu=gpu or gpu_host())}).hosts[0]
+
+
+def test_auto_prefers_the_toolkit_then_cdi_then_device_nodes():
+    toolkit = planned(gpu=gpu_host(nvidia_runtime=True, cdi_specs=("/etc/cdi/nvidia.yaml",), engine="27.3.1"))
+    assert toolkit.gpu_mode == "gpus" and flag_values(toolkit.container.argv(), "--gpus") == ["all"]
+    cdi = planned(gpu=gpu_host(cdi_specs=("/etc/cdi/nvidia.yaml",), engine="27.3.1"))
+    assert cdi.gpu_mode == "cdi" and flag_values(cdi.container.argv(), "--device") == ["nvidia.com/gpu=all"]
+    old_engine = planned(gpu=gpu_host(cdi_specs=("/etc/cdi/nvidia.yaml",), engine="24.0.7"))
+    assert old_engine.gpu_mode == "devices"  # CDI needs Docker >= 25
+    bare = planned()
+    assert bare.gpu_mode == "devices" and "no toolkit runtime or CDI spec" in bare.gpu_why
+
+
+def test_device_mode_passes_nodes_driver_libraries_and_the_loader_path():
+    hp = planned()
+    argv = hp.container.argv()
+    assert flag_values(argv, "--device") == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                                             "/dev/nvidia0", "/dev/nvidia1"]
+    vols = flag_values(argv, "--volume")
+    assert "/usr/local/nvidia/lib64/libcuda.so.1:/usr/local/nvidia/lib64/libcuda.so.1:ro" in vols
+    assert "/usr/bin/nvidia-smi:/usr/local/nvidia/bin/nvidia-smi:ro" in vols
+    assert hp.container.env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64:/opt/lib"  # the image's path kept
+    assert "--gpus" not in argv and "--privileged" not in argv
+
+
+def test_device_mode_chooses_the_listed_gpus_or_the_first_n():
+    one = planned(container={"gpus": ["1"]}).container.argv()
+    assert [d for d in flag_values(one, "--device") if d[-1].isdigit()] == ["/dev/nvidia1"]
+    first = planned(container={"gpus": 1}).container.argv()
+    assert [d for d in flag_values(first, "--device") if d[-1].isdigit()] == ["/dev/nvidia0"]
+
+
+def test_device_mode_keeps_the_users_loader_path_and_an_image_that_already_looks_there():
+    mine = planned(container={"env": {"LD_LIBRARY_PATH": "/mine"}}).container.env
+    assert mine["LD_LIBRARY_PATH"] == "/mine"
+    cuda_image = planned(gpu=gpu_host(image_env=("LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",)))
+    assert "LD_LIBRARY_PATH" not in cuda_image.container.env
+
+
+@pytest.mark.parametrize("container,gpu,words", [
+    ({"gpus": ["2"]}, None, "asks for GPUs ['2'] but the host has GPU device nodes: /dev/nvidia0, /dev/nvidia1"),
+    ({"gpus": 3}, None, "asks for GPUs 3"),
+    ({"gpus": ["GPU-1234abcd"]}, None, "takes GPU indices"),
+    ({}, {"libs": ()}, "no NVIDIA driver libraries found"),
+    ({"gpus": 2}, {"cdi_specs": ("/etc/cdi/nvidia.yaml",), "engine": "26.1.0"}, "CDI (chosen for this host) takes"),
+])
+def test_impossible_gpu_requests_name_the_host_and_the_fix(container, gpu, words):
+    with pytest.raises(ConfigError, match=r"hosts\[0\] 10.0.0.1") as e:
+        planned(container=container, gpu=gpu_host(**(gpu or {})))
+    assert words in str(e.value)
+
+
+def test_dry_run_defers_gpu_access_and_fixed_modes_do_not():
+    auto = make_plan(cfg(container={"gpu_mode": "auto"})).hosts[0]
+    assert isinstance(auto.gpu_mode, Deferred) and "GPU access of the host" in str(auto.container.deferred_flags[0])
+    fixed = make_plan(cfg(container={"gpu_mode": "gpus"})).hosts[0]
+    assert fixed.gpu_mode == "gpus" and flag_values(fixed.container.argv(), "--gpus") == ["all"]
+    devices = make_plan(cfg(container={"gpu_mode": "devices"})).hosts[0]
+    assert "device nodes and driver libraries" in str(devices.container.deferred_flags[0])
+    none = make_plan(cfg(container={"gpus": "none", "gpu_mode": "auto"})).hosts[0]
+    assert none.gpu_mode == "none" and not any("GPU" in d for d in none.container.deferred_flags)
+
+
+# ---------------------------------------------------------------- the local host
+
+
+def test_local_host_runs_without_ssh_on_loopback():
+    plan = make_plan(cfg(hosts=["local"], container={"gpus": "none"}))
+    assert plan.master_addr == "127.0.0.1" and plan.hosts[0].ssh.local
+    assert plan.hosts[0].ssh.describe() == "local (no SSH)"
+    two = make_plan(cfg(hosts=[{"address": "local", "gpus": ["0"]}, {"address": "local", "gpus": ["1"]}]))
+    assert two.master_addr == "127.0.0.1" and [h.container.name for h in two.hosts] == ["dockerlaunch-0",
+                                                                                          "dockerlaunch-1"]
+
+
+def test_local_beside_ssh_hosts_needs_its_advertise_addr():
+    from dockerlaunch.cluster.config import validate_config
+
+    with pytest.raises(ConfigError, match=r"hosts\[0\] local: in a job with SSH hosts, give its advertise_addr"):
+        validate_config({"hosts": ["local", "10.0.0.2"]})
+    plan = make_plan(cfg(hosts=[{"address": "local", "advertise_addr": "10.0.0.1"}, "10.0.0.2"]))
+    assert plan.master_addr == "10.0.0.1"
+
+
+@pytest.mark.parametrize("torch,old", [(None, True), ("2.7.1", True), ("2.10.0", True), ("2.11.0+cu130", False),
+                                       ("2.13.0+cpu", False), ("garbage", True)])
+def test_flight_recorder_names_follow_the_images_torch(torch, old):
+    facts = {0: HostFacts(interface="eth0", gpu_count=1, infiniband=False, torch=torch)}
+    env = make_plan(cfg(), facts=facts).hosts[0].container.env
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert ("TORCH_NCCL_TRACE_BUFFER_SIZE" in env) is old and ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE" in env) is old
+
+
+def test_probe_reads_the_images_labels_and_gpu_facts():
+    from dockerlaunch.cluster.facts import parse_probe
+
+    p = parse_probe('route=10.0.0.1 dev eth0 src 10.0.0.2 uid 0\nhas_ip=1\ngpus=2\n'
+                    'image_labels={"ai.dockerlaunch.pin.torch":"2.11.0"}\n'
+                    'gpu_dev=/dev/nvidia0\ngpu_dev=/dev/nvidiactl\nruntimes={"io.containerd.runc.v2":{},"runc":{}}\n'
+                    'engine=20.10.24\nlib=\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/libcuda.so.1\n'
+                    'image_env=["PATH=/usr/bin"]\nnvidia_smi=/usr/bin/nvidia-smi\n')
+    assert p.image_labels == {"ai.dockerlaunch.pin.torch": "2.11.0"} and p.gpu_count == 2
+    assert p.gpu.device_nodes == ("/dev/nvidia0", "/dev/nvidiactl") and not p.gpu.nvidia_runtime
+    assert p.gpu.libs == (("libcuda.so.1", "/usr/lib/libcuda.so.1"),) and p.gpu.image_env == ("PATH=/usr/bin",)
+    with_toolkit = parse_probe('runtimes={"nvidia":{"path":"nvidia-container-runtime"},"runc":{}}\n')
+    assert with_toolkit.gpu.nvidia_runtime and with_toolkit.image_labels is None
