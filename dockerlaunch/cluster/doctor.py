@@ -438,8 +438,8 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, o: HostObse
         report.add(a, "docker", PASS, f"engine {o.docker}")
     p = o.probe
     if p is not None:
-        if p.problem and config.one_machine and p.interface:
-            report.add(a, "route", PASS, f"{master} via {p.interface}: every rank is on this machine")
+        if p.problem and config.one_machine:
+            report.add(a, "route", PASS, f"{master} via {p.interface or 'lo'}: every rank is on this machine")
         elif p.problem:
             if "NCCL_SOCKET_IFNAME" in config.container.env:
                 report.add(a, "route", WARN, f"toward {master}: {p.problem}; using your NCCL_SOCKET_IFNAME")

@@ -88,7 +88,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             errors.append(str(o.error))
             continue
         p = o.value
-        if p.problem and "NCCL_SOCKET_IFNAME" not in user_env and not (one_machine and p.interface):
+        if p.problem and "NCCL_SOCKET_IFNAME" not in user_env and not one_machine:
             errors.append(
                 f"host {hp.address}: NIC toward MASTER_ADDR {master}: {p.problem}; fix the route or set "
                 "container.env NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME"
@@ -101,7 +101,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             )
             continue
         out[hp.rank] = HostFacts(
-            interface=p.interface,
+            interface=p.interface or ("lo" if one_machine else None),  # one machine: loopback carries it all
             gpu_count=p.gpu_count,
             infiniband=p.ib_device,
             ib_hca=",".join(p.ib_active),
@@ -280,7 +280,10 @@ def prepare_diag_dirs(session: Session) -> None:
     # a container user other than root may not own the folder it writes into
     mode = "0777" if config.container.user else "0755"
     argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, config.job.name, mode, *DIAG_SUBDIRS]
-    failed = session.cluster.each(lambda h: h.remote.check(argv, "preparing the diagnostics folder", timeout=60)).failed
+    machines = [h for h in session.cluster.hosts if not h.target.local]
+    machines += [h for h in session.cluster.hosts if h.target.local][:1]  # `local` "hosts" share one folder
+    failed = session.cluster.each(lambda h: h.remote.check(argv, "preparing the diagnostics folder", timeout=60),
+                                  machines).failed
     if failed:
         raise DockerlaunchError(
             f"{failed[0].error} ({session.plan.diag_dir}); make it writable for the SSH user, set "

@@ -10,5 +10,5 @@ fi
 mkdir -p "$root/$job" || exit 1
 for s in "$@"; do
   rm -rf "${root:?}/$job/$s" || exit 1
-  mkdir -m "$mode" "$root/$job/$s" || exit 1
+  mkdir -p -m "$mode" "$root/$job/$s" || exit 1
 done

@@ -1,0 +1,91 @@
+"""The `local` host: this machine's own Docker engine, no SSH, with the same launcher, watchdog and doctor."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import yaml
+
+from .helpers import dl, job_name, start_up, stop_up, wait_for_ready
+
+TORCHRUN = ('torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$NPROC_PER_NODE" '
+            '--master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" /opt/dockerlaunch-demo/allreduce.py')
+
+
+def config(tmp_path, image: str, hosts=("local",), **job) -> str:
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump({"hosts": list(hosts), "image": image,
+                                    "container": {"gpus": "none", "infiniband": "off"}, "job": job}))
+    return str(path)
+
+
+def local_containers(job: str) -> list[str]:
+    r = subprocess.run(["docker", "ps", "-a", "--filter", f"label=dockerlaunch.job={job}", "--format", "{{.Names}}"],
+                       capture_output=True, text=True, check=True)
+    return r.stdout.split()
+
+
+def test_a_job_on_the_local_host_runs_without_ssh(demo_image, tmp_path):
+    job = job_name()
+    r = dl("up", "--config", config(tmp_path, demo_image, name=job), "--nproc-per-node", "2", "--log-dir",
+           str(tmp_path / "logs"), "--", "sh", "-c", TORCHRUN, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "local (no SSH)" in r.stdout and "every rank is on this machine" in r.stdout, r.stdout
+    assert r.stdout.count("all_reduce sum=3 expected=3 OK") == 2, r.stdout
+    assert "MASTER_ADDR=127.0.0.1" in r.stdout
+    assert local_containers(job) == []
+
+
+def test_two_local_hosts_form_one_world(demo_image, tmp_path):
+    """Two "hosts" on one machine (e.g. one GPU each): NNODES=2 through loopback."""
+    job = job_name()
+    r = dl("up", "--config", config(tmp_path, demo_image, hosts=("local", "local"), name=job), "--skip-preflight",
+           "--", "sh", "-c", TORCHRUN, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.stdout.count("all_reduce sum=3 expected=3 OK") == 2, r.stdout
+    assert "(NODE_RANK=1, local rank 0)" in r.stdout
+    assert local_containers(job) == []
+
+
+def test_local_beside_ssh_hosts_without_advertise_addr_is_refused(tmp_path):
+    r = dl("up", "--hosts", "local,10.0.0.2", "--image", "x", "--dry-run", "--", "true")
+    assert r.returncode == 2 and "hosts[0] local: in a job with SSH hosts, give its advertise_addr" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_killed_launcher_leaves_no_local_container(demo_image, tmp_path):
+    """The local watchdog is a child of the launcher's own; SIGKILL closes its input, as a dropped SSH session
+    would, and it removes the run's container after job.orphan_grace."""
+    job = job_name()
+    p, lines, seen = start_up("--config", config(tmp_path, demo_image, name=job, orphan_grace=3), "--skip-preflight",
+                              "--", "sh", "-c", "echo ready 0; sleep 600")
+    try:
+        assert wait_for_ready(lines, {"0"}, timeout=120) == {"0"}, "".join(seen)
+        assert local_containers(job)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while local_containers(job) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert local_containers(job) == []
+    finally:
+        stop_up(p)
+        subprocess.run([sys.executable, "-m", "dockerlaunch", "down", "--config",
+                        config(tmp_path, demo_image, name=job)], capture_output=True)
+
+
+def test_ctrl_c_on_the_local_host_tears_down(demo_image, tmp_path):
+    """The launcher's children run in sessions of their own, as over SSH: SIGINT reaches only the launcher,
+    which removes the container."""
+    job = job_name()
+    p, lines, seen = start_up("--config", config(tmp_path, demo_image, name=job), "--skip-preflight",
+                              "--", "sh", "-c", "echo ready 0; sleep 600")
+    try:
+        assert wait_for_ready(lines, {"0"}, timeout=120) == {"0"}, "".join(seen)
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 130
+        assert local_containers(job) == [], "".join(seen)
+        assert "interrupted: stopping and removing job containers" in "".join(seen)
+    finally:
+        stop_up(p)
