@@ -48,7 +48,7 @@ cfg() {  # NAME HOSTS_YAML [CONTAINER_YAML]
 }
 one=$(cfg e2e-one '[local]')
 two=$(cfg e2e-two '[{address: local, gpus: ["0"]}, {address: local, gpus: ["1"]}]')
-private=$(cfg e2e-private '[{address: local, gpus: ["0"]}, {address: local, gpus: ["1"]}]' 'shm_size: 1g')
+cfg e2e-private '[{address: local, gpus: ["0"]}, {address: local, gpus: ["1"]}]' 'shm_size: 1g' >/dev/null
 
 echo "== doctor (gpu_mode auto)"
 dl doctor --config "$one" "${extra[@]}" 2>&1 | tee "$out/doctor.txt" | grep -E "gpus|route|doctor:"
@@ -62,6 +62,7 @@ for name in one two private; do
 done
 
 echo "== megatron-core tiny GPT, tensor parallel 2 over two \"hosts\" x 1 GPU"
+# shellcheck disable=SC2016 # expanded by the container's shell
 dl up --config "$two" "${extra[@]}" --mount "$here/benchmarks:/e2e:ro" --skip-preflight --log-dir "$out/logs" -- \
   sh -c 'torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node 1 --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" /e2e/megatron_tiny_gpt.py' \
   > "$out/megatron.txt" 2>&1
@@ -88,6 +89,7 @@ if dist.get_rank() == 1:
     time.sleep(600)
 step(x)
 PY
+# shellcheck disable=SC2016 # expanded by the container's shell
 dl up --config "$one" "${extra[@]}" --mount "$out:/hang:ro" --skip-preflight --detach -- \
   sh -c 'torchrun --nnodes 1 --nproc_per_node "$NPROC_PER_NODE" /hang/hang.py' > "$out/hang-up.txt" 2>&1
 for _ in $(seq 60); do dl logs --config "$one" 2>/dev/null | grep -q "ready 0" && break; sleep 2; done
@@ -98,4 +100,4 @@ cat "$out/dump.txt"
 head -20 "$out/dump/fr_trace.txt" 2>/dev/null
 dl transport --config "$one" 2>&1 | tee "$out/transport-hang.txt"
 dl down --config "$one" >/dev/null 2>&1
-echo done
+echo "all done"

@@ -10,5 +10,6 @@ fi
 mkdir -p "$root/$job" || exit 1
 for s in "$@"; do
   rm -rf "${root:?}/$job/$s" || exit 1
-  mkdir -p -m "$mode" "$root/$job/$s" || exit 1
+  # -p: `local` hosts of one job share this folder; chmod: the mode applies to an existing folder too
+  mkdir -p "$root/$job/$s" && chmod "$mode" "$root/$job/$s" || exit 1
 done
