@@ -194,8 +194,9 @@ def parse_observation(obs: HostObservation, text: str) -> HostObservation:
 
 
 def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,
-                ib: bool = False) -> ContainerSpec:
-    """A short-lived container with the job's runtime flags that matter for the check."""
+                ib: bool = False, mounts: list[str] | None = None) -> ContainerSpec:
+    """A short-lived container with the job's runtime flags that matter for the check, and the job's own mounts
+    (an image may take its tools from them)."""
     c = hp.container
     devices = [d for d in c.devices if ib and d == "/dev/infiniband"] + list(gpu.devices if gpu else ())
     ulimits = {k: v for k, v in c.ulimits.items() if ib or k != "memlock"}
@@ -207,7 +208,7 @@ def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu:
     return ContainerSpec(
         name=name, image=image, command=command, network="host", ipc=c.ipc, shm_size=c.shm_size,
         gpus=gpu.gpus if gpu else None, devices=devices, ulimits=ulimits, cap_add=caps,
-        mounts=list(gpu.mounts) if gpu else [], env=dict(gpu.env) if gpu else {},
+        mounts=list(mounts or []) + (list(gpu.mounts) if gpu else []), env=dict(gpu.env) if gpu else {},
         detach=False, remove=True, init=False, labels={"dockerlaunch.probe": "1"},
     )
 
@@ -265,8 +266,9 @@ def _in_container(h: Host, spec: ContainerSpec) -> tuple[bool, str]:
 
 def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str) -> None:
     ib = uses_ib(config.container.infiniband, obs.probe)
+    mounts = [m.render() for m in config.container.mounts]
     spec = _probe_spec(hp, image, ["sh", "-c", IN_CONTAINER_IB + SHM_AND_MEMLOCK if ib else SHM_AND_MEMLOCK],
-                       f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib)
+                       f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib, mounts=mounts)
     ok, out = _in_container(h, spec)
     obs.shm = parse_container_facts(out) if ok else ContainerFacts(error=out)
     if wants_gpus(hp):
@@ -276,7 +278,8 @@ def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: Clu
             obs.gpus = ContainerFacts(error=str(e))
             return
         smi = f"nvidia-smi -L 2>/dev/null || {NVIDIA_DIR}/bin/nvidia-smi -L"
-        spec = _probe_spec(hp, image, ["sh", "-c", smi], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access)
+        spec = _probe_spec(hp, image, ["sh", "-c", smi], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access,
+                           mounts=mounts)
         ok, out = _in_container(h, spec)
         facts = ContainerFacts(error=out) if not ok else ContainerFacts(gpus=count_gpus(out))
         facts.gpu_mode, facts.gpu_why = access.mode, access.why

@@ -173,8 +173,12 @@ def _numbered(node: str) -> int | None:
 
 
 def device_access(gpus, gpu: GpuHost, user_env: dict[str, str], where: str, why: str) -> GpuAccess:
-    """No toolkit: the control nodes, the chosen /dev/nvidiaN, and the host's driver libraries read-only under
-    /usr/local/nvidia (where CUDA images look), on the loader's path."""
+    """No toolkit: the control nodes, every /dev/nvidiaN, CUDA_VISIBLE_DEVICES for the chosen ones, and the host's
+    driver libraries read-only under /usr/local/nvidia (where CUDA images look), on the loader's path.
+
+    Every GPU node, not only the chosen ones: NCCL between two containers of one machine (one GPU each, --ipc
+    host) picks P2P/CUMEM and then fails with `Cuda failure 101 'invalid device ordinal'` when the peer's node is
+    missing (seen on 2 x H200); with all nodes it runs at bare-metal speed."""
     numbered = sorted((n for n in gpu.device_nodes if _numbered(n) is not None), key=_numbered)
     if gpus == "all":
         chosen = numbered
@@ -194,11 +198,13 @@ def device_access(gpus, gpu: GpuHost, user_env: dict[str, str], where: str, why:
     if not gpu.libs:
         raise ConfigError(f"{where}: no NVIDIA driver libraries found with `ldconfig -p` (libcuda, libnvidia-ml); "
                           "is the driver installed?")
-    devices = [n for n in GPU_CONTROL_NODES if n in gpu.device_nodes] + chosen
+    devices = [n for n in GPU_CONTROL_NODES if n in gpu.device_nodes] + numbered
     mounts = [f"{path}:{NVIDIA_DIR}/lib64/{soname}:ro" for soname, path in gpu.libs]
     if gpu.nvidia_smi:
         mounts.append(f"{gpu.nvidia_smi}:{NVIDIA_DIR}/bin/nvidia-smi:ro")
     env: list[tuple[str, str]] = []
+    if chosen != numbered and "CUDA_VISIBLE_DEVICES" not in user_env:
+        env.append(("CUDA_VISIBLE_DEVICES", ",".join(str(_numbered(n)) for n in chosen)))
     if "LD_LIBRARY_PATH" not in user_env:
         image = dict(e.split("=", 1) for e in (gpu.image_env or ()) if "=" in e).get("LD_LIBRARY_PATH", "")
         if f"{NVIDIA_DIR}/lib64" not in image.split(":"):

@@ -73,12 +73,13 @@ def read_transport(cluster_hosts: list[Host], plan: ClusterPlan, where: str, ipc
             errors[key] = str(o.error)
     parsed = parse_hosts(texts)
     rows, findings = [], []
+    multi = plan.nnodes > 1 and not all(hp.ssh.local for hp in plan.hosts)  # `local` "hosts" share one machine
     for h, t in zip(cluster_hosts, parsed):
         address = plan.hosts[h.rank].address
         t.host = address
         ports = (ib_active or {}).get(h.rank) if ib_active is not None else ib_ports(plan, h.rank)
         rows.append((h.rank, address, t, errors.get(f"{h.rank}")))
-        findings += judge(t, ports, multi_host=plan.nnodes > 1, ipc=ipc)
+        findings += [f for f in judge(t, ports, multi_host=multi, ipc=ipc) if f not in findings]
     return TransportReport(rows, findings)
 
 

@@ -30,7 +30,7 @@ from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.reporting import Reporter
 
 PYSPY_TIMEOUT = 90.0
-SIDECAR_PYSPY = "/usr/local/bin/dockerlaunch-py-spy"
+SIDECAR_PYSPY = "/dockerlaunch-py-spy"  # not under /usr: the job may mount that read-only
 FR_WAIT = 20.0  # seconds for the flight recorder to write its dumps once asked
 _PROC = re.compile(r"^proc (\d+) (\d+) (\d+) (\S+) ?(.*)$")
 
@@ -182,7 +182,9 @@ class _HostDumper:
             return ""
         binary = self._upload_pyspy()
         res = self.h.docker.docker(
-            "run", "--rm", "--pid", f"container:{self.name}", "--cap-add", "SYS_PTRACE", "--network", "none",
+            # --volumes-from: the rank's own mounts (its code, and the tools of an image that takes them from there)
+            "run", "--rm", "--pid", f"container:{self.name}", "--volumes-from", self.name, "--cap-add", "SYS_PTRACE",
+            "--network", "none",
             "--label", f"dockerlaunch.dump={self.session.config.job.name}",
             "--volume", f"{binary}:{SIDECAR_PYSPY}:ro", "--env", f"SPY={SIDECAR_PYSPY}",
             "--entrypoint", "sh", image, "-c", loop, "sh", *pids, timeout=PYSPY_TIMEOUT)

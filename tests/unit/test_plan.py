@@ -301,11 +301,15 @@ def test_device_mode_passes_nodes_driver_libraries_and_the_loader_path():
     assert "--gpus" not in argv and "--privileged" not in argv
 
 
-def test_device_mode_chooses_the_listed_gpus_or_the_first_n():
-    one = planned(container={"gpus": ["1"]}).container.argv()
-    assert [d for d in flag_values(one, "--device") if d[-1].isdigit()] == ["/dev/nvidia1"]
-    first = planned(container={"gpus": 1}).container.argv()
-    assert [d for d in flag_values(first, "--device") if d[-1].isdigit()] == ["/dev/nvidia0"]
+def test_device_mode_passes_every_gpu_node_and_chooses_with_cuda_visible_devices():
+    """NCCL P2P between two containers of one machine needs the peer's node (recorded: 'invalid device ordinal')."""
+    one = planned(container={"gpus": ["1"]}).container
+    assert [d for d in flag_values(one.argv(), "--device") if d[-1].isdigit()] == ["/dev/nvidia0", "/dev/nvidia1"]
+    assert one.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert planned(container={"gpus": 1}).container.env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "CUDA_VISIBLE_DEVICES" not in planned().container.env  # all of them
+    mine = planned(container={"gpus": ["1"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}).container.env
+    assert mine["CUDA_VISIBLE_DEVICES"] == "0"
 
 
 def test_device_mode_keeps_the_users_loader_path_and_an_image_that_already_looks_there():
