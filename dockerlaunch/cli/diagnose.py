@@ -71,8 +71,10 @@ def dump(native: bool, out_dir: str | None, **kw) -> None:
         reporter.say(f"{who}: {note}", "dim")
     for e in result.errors:
         reporter.say(e, "bold red")
-    if result.fr_analysis:
-        reporter.say("flight recorder: " + (result.fr_analysis.strip().splitlines() or [""])[0])
+    if result.fr_analysis:  # fr_trace's verdict and whom the collective waits for
+        lines = result.fr_analysis.strip().splitlines()
+        for line in lines[:1] + [x for x in lines[1:] if x.startswith(("missing ranks", "collective:"))][:2]:
+            reporter.say(f"flight recorder: {line}", "bold yellow")
     reporter.say(f"files: {result.folder}/ (summary.txt first)")
     sys.exit(0 if any(hd.stacks for hd in result.hosts) and not result.errors else 1)
 

@@ -278,7 +278,11 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
         'for py in python3 python; do command -v "$py" >/dev/null && exec "$py" -m '
         'torch.distributed.flight_recorder.fr_trace "$1/fr-all" -p rank_; done; echo "no python in the image"',
         "sh", where, timeout=300)
-    text = res.stdout + (res.stderr if not res.ok else "")
+    # fr_trace reports through logging, on stderr
+    text = "\n".join(line for line in (res.stdout + res.stderr).splitlines()
+                     if "tabulate is not installed" not in line)
+    if not res.ok:
+        text += f"\n(fr_trace exited with {res.exit_status})"
     (out / "fr_trace.txt").write_text(text)
     return text
 

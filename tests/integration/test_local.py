@@ -89,3 +89,32 @@ def test_ctrl_c_on_the_local_host_tears_down(demo_image, tmp_path):
         assert "interrupted: stopping and removing job containers" in "".join(seen)
     finally:
         stop_up(p)
+
+
+def test_flight_recorder_dumps_are_read_by_pytorchs_analyzer_in_the_ranks_container(demo_image, tmp_path):
+    """Real dumps (2 x H200, rank 1 asleep), analyzed where torch is: in rank 0's container (torch 2.13 CPU)."""
+    import shutil
+    from pathlib import Path
+
+    from dockerlaunch.cluster.config import load_config
+    from dockerlaunch.cluster.launch import open_session
+    from dockerlaunch.diagnostics.dump import HostDump, _analyze_flight_recorder
+
+    job = job_name()
+    path = config(tmp_path, demo_image, name=job)
+    r = dl("up", "--config", path, "--skip-preflight", "--detach", "--", "sleep", "300")
+    assert r.returncode == 0, r.stdout + r.stderr
+    session = open_session(load_config(path))
+    try:
+        hd = HostDump(0, "local", tmp_path / "out" / "host0")
+        (hd.folder / "fr").mkdir(parents=True)
+        for f in (Path(__file__).parent.parent / "unit" / "data" / "hang" / "fr").iterdir():
+            shutil.copy(f, hd.folder / "fr" / f.name)
+        text = _analyze_flight_recorder(session, tmp_path / "out", [hd])
+    finally:
+        session.close()
+        dl("down", "--config", path)
+    assert "Not all ranks joining collective" in text and "missing ranks: {1}" in text, text
+    assert (tmp_path / "out" / "fr_trace.txt").read_text() == text
+    assert sorted(p.name for p in (tmp_path / "out" / "fr").iterdir()) == ["rank_0", "rank_1"]
+    assert local_containers(job) == []
