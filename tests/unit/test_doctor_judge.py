@@ -695,3 +695,21 @@ def test_model_cache_is_not_judged_on_one_host_or_when_unset():
     one = run(cfg(hosts=(H0,), env={"MODELSCOPE_CACHE": "/root/.cache"}), host(0))
     assert one.get(H0, "model cache") is None
     assert run(cfg(), host(0), host(1)).get(H0, "model cache") is None
+
+
+def test_gpu_access_the_host_cannot_give_is_a_fail_with_the_reason():
+    """The GPU probe is planned from what the host reported; an impossible request never reaches docker."""
+    from dockerlaunch.cluster.doctor import host_gpu_access
+    from dockerlaunch.cluster.facts import GpuHost
+    from dockerlaunch.errors import ConfigError
+
+    config = cfg(gpus=["3"], gpu_mode="auto")
+    plan = make_plan(config, local_user="root")
+    bare = GpuHost(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"), libs=(("libcuda.so.1", "/lib/libcuda.so.1"),))
+    with pytest.raises(ConfigError, match=r"asks for GPUs \['3'\] but the host has GPU device nodes: /dev/nvidia0"):
+        host_gpu_access(config, plan.hosts[1], Probe("eth0", None, None, False, [], [], 1, gpu=bare))
+    with pytest.raises(ConfigError, match="could not check: the host's GPU facts were not gathered"):
+        host_gpu_access(config, plan.hosts[1], None)
+    ok = host_gpu_access(cfg(gpus=["0"], gpu_mode="auto"), plan.hosts[1],
+                         Probe("eth0", None, None, False, [], [], 1, gpu=bare))
+    assert ok.mode == "devices" and "/dev/nvidia0" in ok.devices
