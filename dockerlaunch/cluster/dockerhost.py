@@ -73,7 +73,11 @@ class DockerHost:
         label = shlex.quote(f"{LABEL_JOB}={job}")
         script = f"ids=$(docker ps -aq --filter label={label}) && if [ -n \"$ids\" ]; then docker inspect $ids; fi"
         r = self.remote.run(script, timeout=60)
-        if not r.ok:
+        # a container removed between `ps` and `inspect` (a watchdog, `--rm`) is simply gone: inspect still
+        # prints the others and exits 1
+        vanished = not r.ok and r.stderr.strip() and all(
+            "No such object" in line or "No such container" in line for line in r.stderr.strip().splitlines())
+        if not r.ok and not vanished:
             raise DockerError(self.name, r.last_line(), step=f"listing containers of job {job}",
                               exit_status=r.exit_status)
         return parse_inspect(r.stdout)
