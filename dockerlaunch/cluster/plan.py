@@ -261,7 +261,13 @@ def torch_version(text: str | None) -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
-def diagnostics_env(config: ClusterConfig, torch: str | None = None) -> dict[str, str]:
+def nccl_log_name(rank: int) -> str:
+    """Per container: containers of one machine each have a PID namespace of their own, so the same pid in two of
+    them would share (and truncate) one `nccl.%h.%p.log` -- seen with two `local` hosts on a GPU machine."""
+    return f"nccl.{rank}.%h.%p.log"
+
+
+def diagnostics_env(config: ClusterConfig, torch: str | None = None, rank: int = 0) -> dict[str, str]:
     """Flight recorder and NCCL logging into the job's diagnostics folder (the user's own values win).
 
     The flight recorder's variables were renamed (TORCH_NCCL_TRACE_BUFFER_SIZE -> TORCH_FR_BUFFER_SIZE, ...);
@@ -269,7 +275,8 @@ def diagnostics_env(config: ClusterConfig, torch: str | None = None) -> dict[str
     d, where = config.diagnostics, diag_dir(config)
     env: dict[str, str] = {}
     if d.nccl_log:
-        env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=f"{where}/nccl/nccl.%h.%p.log")
+        env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET",
+                   NCCL_DEBUG_FILE=f"{where}/nccl/{nccl_log_name(rank)}")
     if d.flight_recorder:
         version = torch_version(torch)
         if version is None or version < FR_NEW_NAMES_ONLY:
@@ -366,7 +373,7 @@ def make_plan(
         if config.diagnostics.ptrace and "SYS_PTRACE" not in caps:
             caps.append("SYS_PTRACE")  # py-spy; cannot be added once the container runs
         env.update(DEFAULT_ENV)
-        env.update(diagnostics_env(config, f.torch if f else None))
+        env.update(diagnostics_env(config, f.torch if f else None, rank))
         env.update(c.env)  # the user's values win over the launcher's NCCL/GLOO guesses
 
         if c.env_files:

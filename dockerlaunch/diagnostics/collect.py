@@ -36,7 +36,8 @@ def split_files(text: str) -> list[str]:
 
 
 def read_host(h: Host, where: str) -> list[str]:
-    r = h.remote.check(["sh", "-c", script("nccl_logs.sh"), "sh", where], "reading NCCL logs", timeout=60)
+    r = h.remote.check(["sh", "-c", script("nccl_logs.sh"), "sh", where, str(h.rank)], "reading NCCL logs",
+                       timeout=60)
     return split_files(r.stdout)
 
 

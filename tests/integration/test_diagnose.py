@@ -130,7 +130,9 @@ def test_up_prints_the_transport_and_warns_and_transport_reads_it_after(trio, de
     them within its window and say what they mean, and `transport` must read them once the job is gone."""
     _, config, layout, remotes = trio
     job = job_name()
-    write = ('d=$(dirname "$NCCL_DEBUG_FILE") && cat /tmp/nccl.log > "$d/nccl.$(hostname).1.log" && sleep 12')
+    # where NCCL would write: NCCL_DEBUG_FILE with its %h and %p filled in
+    write = ('f=$(printf %s "$NCCL_DEBUG_FILE" | sed "s/%h/$(hostname)/; s/%p/1/") && cat /tmp/nccl.log > "$f" '
+             '&& sleep 12')
     r = dl("up", "--config", config, "--image", demo_image, "--name", job, "--skip-preflight", "--hosts",
            layout[0].ip, "--", "sh", "-c", with_file("/tmp/nccl.log", recorded_socket_log(), write), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -154,9 +154,13 @@ def test_the_log_filter_keeps_every_line_the_parser_reads():
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "nccl").mkdir()
         for p in (DATA / "nccl" / "socket").glob("*.log"):
-            shutil.copy(p, Path(d) / "nccl" / f"nccl.vm.{p.stem}.log")
-        out = subprocess.run(["sh", "-c", script("nccl_logs.sh"), "sh", d], capture_output=True, text=True,
+            shutil.copy(p, Path(d) / "nccl" / f"nccl.0.vm.{p.stem}.log")  # as host 0's container names them
+        (Path(d) / "nccl" / "nccl.1.vm.7.log").write_text("vm:7:7 [0] NCCL INFO Using network IB\n")  # host 1's
+        out = subprocess.run(["sh", "-c", script("nccl_logs.sh"), "sh", d, "0"], capture_output=True, text=True,
                              check=True).stdout
+        every = subprocess.run(["sh", "-c", script("nccl_logs.sh"), "sh", d], capture_output=True, text=True,
+                               check=True).stdout
+    assert "Using network IB" not in out and "Using network IB" in every  # only the asked host's files
     assert len(out) < sum(len(x) for x in recorded("socket"))  # it does filter
     filtered = parse_hosts({"h": split_files(out)})[0]
     full = parse_hosts({"h": recorded("socket")})[0]

@@ -221,7 +221,7 @@ def test_diagnostics_are_on_by_default_and_write_into_the_job_folder():
     assert "/scratch/dl/qwen:/scratch/dl/qwen" in flag_values(c.argv(), "--volume")
     assert "SYS_PTRACE" in c.cap_add
     assert c.env["NCCL_DEBUG"] == "INFO" and c.env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
-    assert c.env["NCCL_DEBUG_FILE"] == "/scratch/dl/qwen/nccl/nccl.%h.%p.log"
+    assert c.env["NCCL_DEBUG_FILE"] == "/scratch/dl/qwen/nccl/nccl.1.%h.%p.log"  # host 1's container
     assert c.env["TORCH_FR_BUFFER_SIZE"] == c.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
     assert c.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert c.env["TORCH_FR_DUMP_TEMP_FILE"] == c.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/dl/qwen/fr/rank_"
