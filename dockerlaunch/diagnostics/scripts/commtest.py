@@ -6,6 +6,7 @@ usage: commtest.py MIN_BYTES MAX_BYTES [ITERS]   (ITERS 0: chosen by size and ba
 import json
 import os
 import socket
+import statistics
 import sys
 import time
 
@@ -46,14 +47,17 @@ def main() -> None:
         iters = iters_arg or (20 if cuda else max(2, min(20, (64 << 20) // max(size, 1))))
         for _ in range(2):  # warm-up: connections, algorithm choice
             dist.all_reduce(buf)
-        buf.fill_(1.0)
-        dist.barrier()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(buf)  # values grow (inf at worst, same speed): correctness is checked below
-        sync()
-        took = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+        # GPUs: the median of 5 timed batches, so one stall of the machine does not decide the figure
+        batches = []
+        for _ in range(5 if cuda else 1):
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(buf)  # values grow (inf at worst, same speed): correctness is checked below
+            sync()
+            batches.append((time.perf_counter() - t0) / iters)
+        took = torch.tensor([statistics.median(batches)], dtype=torch.float64, device=device)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank is the collective's time
         check = torch.ones(count, dtype=torch.float32, device=device)
         dist.all_reduce(check)
