@@ -32,6 +32,8 @@ from dockerlaunch.reporting import Reporter
 PYSPY_TIMEOUT = 90.0
 SIDECAR_PYSPY = "/dockerlaunch-py-spy"  # not under /usr: the job may mount that read-only
 FR_WAIT = 20.0  # seconds for the flight recorder to write its dumps once asked
+# POSIX sh has no `test -O`
+OWNED = """owned() { [ "$(ls -ldn "$1" 2>/dev/null | awk '{print $3}')" = "$(id -u)" ]; }; """
 _PROC = re.compile(r"^proc (\d+) (\d+) (\d+) (\S+) ?(.*)$")
 
 
@@ -193,14 +195,20 @@ class _HostDumper:
         return res.stdout
 
     def _upload_pyspy(self) -> str:
-        """Copied once per host and version (the name holds its hash); a half-copied file never has that name."""
+        """Copied once per host and version (the name holds its hash; a half-copied file never has that name),
+        into the job's own folder: the shared parent is world-writable, and a binary planted there would run
+        with SYS_PTRACE beside the ranks."""
         data = self.pyspy.read_bytes()
         digest = hashlib.sha256(data).hexdigest()[:12]
-        path = f"{self.session.config.diagnostics.dir}/bin/py-spy-{digest}"
-        if self.h.remote.run(["test", "-x", path], timeout=30).ok:
+        path = f"{self.where}/bin/py-spy-{digest}"
+        if self.h.remote.run(["sh", "-c", OWNED + 'test -x "$1" && owned "$1" && owned "${1%/*}"', "sh", path],
+                             timeout=30).ok:
             return path
         self.h.remote.check(
-            ["sh", "-c", 'mkdir -p "${1%/*}" && cat > "$1.$$" && chmod 755 "$1.$$" && mv -f "$1.$$" "$1"', "sh", path],
+            # the shared parent, where this makes it, is sticky and world-writable as diagdir.sh makes it
+            ["sh", "-c", OWNED + '{ [ -d "$2" ] || { mkdir -p "$2" && chmod 1777 "$2"; }; } && mkdir -p "${1%/*}" '
+             '&& owned "${1%/*}" && cat > "$1.$$" && chmod 755 "$1.$$" && mv -f "$1.$$" "$1"', "sh", path,
+             self.session.config.diagnostics.dir],
             "copying py-spy to the host", timeout=300, stdin=data)
         return path
 
