@@ -22,6 +22,7 @@ from dockerlaunch.reporting import Reporter
 
 WATCH_WINDOW = 60.0  # `up` prints the transport table within this long of the start
 WATCH_EVERY = 5.0
+MAX_NCCL_WARNINGS = 3  # per host
 
 
 def split_files(text: str) -> list[str]:
@@ -126,6 +127,9 @@ def report_to(reporter: Reporter, report: TransportReport, prefix: str = "transp
             reporter.say(f"{prefix} rank {rank} ({address}): could not read NCCL logs: {err}", "bold yellow")
         elif t is not None:
             reporter.say(f"{prefix} rank {rank} ({address}): {describe(t)}")
+            # NCCL's own warnings now go to the log files, not the console: the first few are said here
+            for w in t.nccl_warnings[:MAX_NCCL_WARNINGS]:
+                reporter.say(f"{prefix} rank {rank} ({address}): NCCL WARN {w}", "bold yellow")
     for f in report.findings:
         reporter.say(f"{f.level}: {f.host}: {f.message}", "bold red" if f.level == "FAIL" else "bold yellow")
 

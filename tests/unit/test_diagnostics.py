@@ -351,3 +351,22 @@ def test_configs_that_hide_the_transport_say_why(section, key, value, words):
     assert unreadable(ok) is None
     bad = validate_config({"hosts": ["h1"], section: {key: value}})
     assert words in unreadable(bad)
+
+
+def test_nccls_own_warnings_are_said_with_the_transport_line():
+    """NCCL_DEBUG_FILE takes NCCL's WARN lines off the console: the transport report says the first few."""
+    from dockerlaunch.diagnostics.collect import TransportReport, report_to
+    from dockerlaunch.reporting import Reporter
+
+    said = []
+
+    class Capture(Reporter):
+        def say(self, msg, style="bold"):
+            said.append(msg)
+
+    warn = "".join(f"h:1:1 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2 with error {i}\n" for i in range(5))
+    [t] = parse_hosts({"a": [recorded("p2p")[0] + warn]})
+    report_to(Capture(), TransportReport([(0, "10.0.0.1", t, None)], []))
+    assert said[0].startswith("transport rank 0 (10.0.0.1): network Socket")
+    assert said[1:] == [f"transport rank 0 (10.0.0.1): NCCL WARN NET/IB : Got completion from peer 10.0.0.2 with "
+                        f"error {i}" for i in range(3)]
