@@ -14,9 +14,11 @@ TORCHRUN = ('torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_no
 
 
 def config(tmp_path, image: str, hosts=("local",), **job) -> str:
+    """This machine's own folders stay clean: diagnostics and logs go under the test's tmp_path."""
     path = tmp_path / "local.yaml"
     path.write_text(yaml.safe_dump({"hosts": list(hosts), "image": image,
-                                    "container": {"gpus": "none", "infiniband": "off"}, "job": job}))
+                                    "container": {"gpus": "none", "infiniband": "off"}, "job": job,
+                                    "diagnostics": {"dir": str(tmp_path / "diag")}}))
     return str(path)
 
 
@@ -35,13 +37,14 @@ def test_a_job_on_the_local_host_runs_without_ssh(demo_image, tmp_path):
     assert r.stdout.count("all_reduce sum=3 expected=3 OK") == 2, r.stdout
     assert "MASTER_ADDR=127.0.0.1" in r.stdout
     assert local_containers(job) == []
+    assert sorted(p.name for p in (tmp_path / "diag" / job).iterdir()) == ["fr", "fr-pipe", "nccl"]
 
 
 def test_two_local_hosts_form_one_world(demo_image, tmp_path):
     """Two "hosts" on one machine (e.g. one GPU each): NNODES=2 through loopback."""
     job = job_name()
     r = dl("up", "--config", config(tmp_path, demo_image, hosts=("local", "local"), name=job), "--skip-preflight",
-           "--", "sh", "-c", TORCHRUN, timeout=300)
+           "--log-dir", str(tmp_path / "logs"), "--", "sh", "-c", TORCHRUN, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert r.stdout.count("all_reduce sum=3 expected=3 OK") == 2, r.stdout
     assert "(NODE_RANK=1, local rank 0)" in r.stdout
@@ -59,7 +62,7 @@ def test_a_killed_launcher_leaves_no_local_container(demo_image, tmp_path):
     would, and it removes the run's container after job.orphan_grace."""
     job = job_name()
     p, lines, seen = start_up("--config", config(tmp_path, demo_image, name=job, orphan_grace=3), "--skip-preflight",
-                              "--", "sh", "-c", "echo ready 0; sleep 600")
+                              "--log-dir", str(tmp_path / "logs"), "--", "sh", "-c", "echo ready 0; sleep 600")
     try:
         assert wait_for_ready(lines, {"0"}, timeout=120) == {"0"}, "".join(seen)
         assert local_containers(job)
@@ -80,7 +83,7 @@ def test_ctrl_c_on_the_local_host_tears_down(demo_image, tmp_path):
     which removes the container."""
     job = job_name()
     p, lines, seen = start_up("--config", config(tmp_path, demo_image, name=job), "--skip-preflight",
-                              "--", "sh", "-c", "echo ready 0; sleep 600")
+                              "--log-dir", str(tmp_path / "logs"), "--", "sh", "-c", "echo ready 0; sleep 600")
     try:
         assert wait_for_ready(lines, {"0"}, timeout=120) == {"0"}, "".join(seen)
         p.send_signal(signal.SIGINT)
