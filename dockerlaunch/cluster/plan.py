@@ -194,7 +194,8 @@ def device_access(gpus, gpu: GpuHost, user_env: dict[str, str], where: str, why:
     wanted = gpus if isinstance(gpus, int) else len(chosen)
     if missing or not chosen or len(chosen) < wanted:
         have = ", ".join(numbered) or "none"
-        raise ConfigError(f"{where}: asks for GPUs {gpus} but the host has GPU device nodes: {have}")
+        raise ConfigError(f"{where}: asks for GPUs {gpus} but the host has GPU device nodes: {have}; "
+                          "set container.gpus (gpus: none for a CPU job)")
     if not gpu.libs:
         raise ConfigError(f"{where}: no NVIDIA driver libraries found with `ldconfig -p` (libcuda, libnvidia-ml); "
                           "is the driver installed?")

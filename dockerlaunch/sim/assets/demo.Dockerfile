@@ -23,4 +23,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1
+# as `dockerlaunch build` labels its images: the launcher sets only the flight-recorder names this torch reads
+ARG TORCH_VERSION=2.13.0
+LABEL ai.dockerlaunch.pin.torch=${TORCH_VERSION}
 COPY allreduce.py /opt/dockerlaunch-demo/allreduce.py
