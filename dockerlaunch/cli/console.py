@@ -121,6 +121,7 @@ def render_plan(plan: ClusterPlan) -> str:
         out.append(format_argv(h.container.argv(), len(h.container.command)))
     pending = plan.unresolved()
     out.append("")
+    out += [f"note: {a}" for a in plan.advice]
     if pending:
         out.append(f"{len(pending)} value(s) are resolved on the hosts at launch (shown as <resolved at launch: ...>).")
     out.append("Dry run: no host was contacted.")

@@ -9,7 +9,7 @@ import click
 import yaml
 
 from dockerlaunch.cli.console import RichReporter, console, print_report, print_table, render_plan
-from dockerlaunch.cli.main import CONTEXT, cli, config_options, diagnostics_option, load, output_option
+from dockerlaunch.cli.main import CONTEXT, cli, config_options, diagnostics_option, load, offline_option, output_option
 from dockerlaunch.cluster.config import config_schema
 from dockerlaunch.cluster.plan import make_plan
 from dockerlaunch.cluster.targets import resolve_all
@@ -47,6 +47,7 @@ def config_show(fmt: str, **kw) -> None:
 @click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
               help="Per-host log files go to DIR/<job>-<time>/.")
 @diagnostics_option
+@offline_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: bool, log_dir: str,
        command: tuple[str, ...], **kw) -> None:
@@ -71,6 +72,7 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
 
 @cli.command()
 @config_options
+@offline_option
 @output_option()
 def doctor(output: str, **kw) -> None:
     """Pre-flight checks on every host; exits 1 if any check FAILs."""

@@ -56,12 +56,18 @@ def diagnostics_option(f):
                         help="No SYS_PTRACE, flight recorder or NCCL log files (see `diagnostics:` in the config).")(f)
 
 
+def offline_option(f):
+    return click.option("--offline", is_flag=True,
+                        help="No model hub on the hosts: set the hubs' offline switches in the job (job.offline).")(f)
+
+
 def load(kw: dict, command: tuple[str, ...] = ()):
     ov = Overrides(
         hosts=kw.pop("hosts"), image=kw.pop("image"), nproc_per_node=kw.pop("nproc_per_node"),
         master_port=kw.pop("master_port"), mounts=list(kw.pop("mounts")), env=list(kw.pop("env")),
         name=kw.pop("name"), command=list(command) or None,
         diagnostics=False if kw.pop("no_diagnostics", False) else None,
+        offline=True if kw.pop("offline", False) else None,
     )
     return load_config(kw.pop("config_path"), ov)
 

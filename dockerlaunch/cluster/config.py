@@ -320,6 +320,12 @@ class JobSettings(_Model):
         description="When the launcher's session to a host drops (launcher killed, its machine gone, network cut), "
         "the host removes the job's containers after this many seconds (not for --detach).",
     )
+    offline: bool = Field(
+        False,
+        description="The hosts have no model hub (air-gapped): set the hubs' offline switches (HF_HUB_OFFLINE, "
+        "TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE) so each rank fails at once instead of retrying; models and "
+        "datasets come from local paths.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -509,6 +515,7 @@ class Overrides(_Model):
     name: str | None = None
     command: list[str] | None = None
     diagnostics: bool | None = None  # --no-diagnostics: all of `diagnostics:` off
+    offline: bool | None = None  # --offline: job.offline
 
 
 def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
@@ -567,6 +574,8 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
         job["name"] = ov.name
     if ov.command:
         job["command"] = list(ov.command)
+    if ov.offline:
+        job["offline"] = True
     if job:
         data["job"] = job
     if ov.diagnostics is False:

@@ -36,7 +36,8 @@ SHM_DEFAULT_KB = 65536
 MIN_FREE_GB = 20
 SKEW_WARN_S, SKEW_FAIL_S = 1.0, 10.0
 CHECK_ORDER = ["ssh", "docker", "image", "route", "master port", "reachability", "shm", "memlock", "gpus",
-               "infiniband", "ib in container", "image ibverbs", "mounts", "shared", "model cache", "disk", "clock"]
+               "infiniband", "ib in container", "image ibverbs", "mounts", "shared", "model cache", "hubs", "disk",
+               "clock"]
 # where ms-swift / transformers / torch keep downloads: on a multi-host job each belongs on shared storage
 CACHE_ENV = ("MODELSCOPE_CACHE", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
              "HF_DATASETS_CACHE", "TORCH_HOME")
@@ -133,6 +134,7 @@ class ContainerFacts:
     ib_provider: bool | None = None  # ... and a verbs provider (libmlx5 & co.)
     gpu_mode: str | None = None  # how the GPU probe reached the GPUs (gpus / cdi / devices), and why
     gpu_why: str | None = None
+    hubs: dict[str, str] | None = None  # hub -> "ok" or why the job's container could not reach it; {} no python3
 
 
 @dataclass
@@ -194,7 +196,7 @@ def parse_observation(obs: HostObservation, text: str) -> HostObservation:
 
 
 def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,
-                ib: bool = False, mounts: list[str] | None = None) -> ContainerSpec:
+                ib: bool = False, mounts: list[str] | None = None, env: dict[str, str] | None = None) -> ContainerSpec:
     """A short-lived container with the job's runtime flags that matter for the check, and the job's own mounts
     (an image may take its tools from them)."""
     c = hp.container
@@ -208,7 +210,8 @@ def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu:
     return ContainerSpec(
         name=name, image=image, command=command, network="host", ipc=c.ipc, shm_size=c.shm_size,
         gpus=gpu.gpus if gpu else None, devices=devices, ulimits=ulimits, cap_add=caps,
-        mounts=list(mounts or []) + (list(gpu.mounts) if gpu else []), env=dict(gpu.env) if gpu else {},
+        mounts=list(mounts or []) + (list(gpu.mounts) if gpu else []),
+        env={**(env or {}), **(dict(gpu.env) if gpu else {})},
         detach=False, remove=True, init=False, labels={"dockerlaunch.probe": "1"},
     )
 
@@ -267,8 +270,11 @@ def _in_container(h: Host, spec: ContainerSpec) -> tuple[bool, str]:
 def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str) -> None:
     ib = uses_ib(config.container.infiniband, obs.probe)
     mounts = [m.render() for m in config.container.mounts]
-    spec = _probe_spec(hp, image, ["sh", "-c", IN_CONTAINER_IB + SHM_AND_MEMLOCK if ib else SHM_AND_MEMLOCK],
-                       f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib, mounts=mounts)
+    hubs = not config.job.offline
+    script_ = (HUBS if hubs else "") + (IN_CONTAINER_IB if ib else "") + SHM_AND_MEMLOCK
+    spec = _probe_spec(hp, image, ["sh", "-c", script_] + (["sh", HUB_CHECK] if hubs else []),
+                       f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib, mounts=mounts,
+                       env={k: v for k, v in config.container.env.items() if k.upper() in HUB_ENV} if hubs else None)
     ok, out = _in_container(h, spec)
     obs.shm = parse_container_facts(out) if ok else ContainerFacts(error=out)
     if wants_gpus(hp):
@@ -297,6 +303,44 @@ IN_CONTAINER_IB = (
 )
 
 
+# Can the job's container reach the model hubs? Asked as the libraries ask (requests, its CA bundle, the proxy and
+# endpoint variables of container.env); any HTTP answer counts. DNS is outside requests' timeout: threads, joined.
+HUB_ENV = {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "HF_ENDPOINT", "MODELSCOPE_ENDPOINT",
+           "MODELSCOPE_DOMAIN", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUNDLE"}
+HUB_WAIT_S = 8
+HUB_CHECK = r"""
+import os, re, threading
+E = os.environ.get
+hubs = {"huggingface.co": E("HF_ENDPOINT") or "https://huggingface.co",
+        "modelscope.cn": E("MODELSCOPE_ENDPOINT") or "https://" + (E("MODELSCOPE_DOMAIN") or "www.modelscope.cn")}
+got = {}
+def ask(name, url):
+    try:
+        try:
+            import requests
+        except ImportError:
+            import urllib.error, urllib.request
+            try:
+                urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=5)
+            except urllib.error.HTTPError:
+                pass
+        else:
+            requests.head(url, timeout=5, allow_redirects=False)
+        got[name] = "ok"
+    except Exception as e:
+        text = " ".join(str(e).split()).split("Caused by ", 1)[-1]
+        got[name] = type(e).__name__ + ": " + re.sub(r"^\w+\(\"?\w+\(.*?\): |[\"']\)+$", "", text)[:300]
+threads = [threading.Thread(target=ask, args=kv, daemon=True) for kv in hubs.items()]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(WAIT)
+for name in hubs:
+    print("hub." + name + "=" + got.get(name, "no answer in WAIT s"), flush=True)
+""".replace("WAIT", str(HUB_WAIT_S))
+HUBS = 'if command -v python3 >/dev/null 2>&1; then python3 -c "$1" 2>/dev/null; else echo hub=nopython; fi; '
+
+
 def parse_container_facts(out: str) -> ContainerFacts:
     """The probe container's output (SHM_AND_MEMLOCK, after IN_CONTAINER_IB where IB is used)."""
     head, _, memlock = out.rpartition("memlock=")
@@ -307,6 +351,9 @@ def parse_container_facts(out: str) -> ContainerFacts:
         facts.ib_devices = kv["ibdev"].split()
         facts.ibverbs = kv.get("ibverbs", "0").strip() not in ("", "0")
         facts.ib_provider = kv.get("ibprovider", "0").strip() not in ("", "0")
+    hubs = {k[4:]: v.strip() for k, v in kv.items() if k.startswith("hub.")}
+    if hubs or "hub" in kv:
+        facts.hubs = hubs
     return facts
 
 
@@ -466,6 +513,7 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, o: HostObse
     if not o.image_id:
         return
     _judge_shm(report, a, o.shm, uses_ib(config.container.infiniband, p))
+    _judge_hubs(report, config, a, o.shm)
     if not wants_gpus(hp):
         report.add(a, "gpus", SKIP, "the job asks for no GPUs")
     elif o.gpus is not None:
@@ -515,6 +563,27 @@ def _judge_shm(report: Report, a: str, shm: ContainerFacts | None, ib: bool) -> 
         report.add(a, "memlock", PASS if shm.memlock == "unlimited" else FAIL,
                    f"ulimit -l in the container: {shm.memlock}")
         _judge_ib_container(report, a, shm)
+
+
+def _judge_hubs(report: Report, config: ClusterConfig, a: str, c: ContainerFacts | None) -> None:
+    """Without a hub, every rank of an online job waits on the hubs' retries (ms-swift's ModelScope check: ~25 s
+    per rank, measured in benchmarks/RESULTS.md) before failing or going on from local files."""
+    if config.job.offline:
+        report.add(a, "hubs", PASS, "job.offline: the job does not ask the hubs (HF_HUB_OFFLINE=1 ...)")
+        return
+    if c is None or c.error is not None or c.hubs is None:
+        return  # the shm row says why no container ran
+    if not c.hubs:
+        report.add(a, "hubs", SKIP, "no python3 in the image: hub access not checked")
+        return
+    down = {name: why for name, why in c.hubs.items() if why != "ok"}
+    if not down:
+        report.add(a, "hubs", PASS, f"{' and '.join(c.hubs)} answer from a job container")
+        return
+    first = next(iter(down.values()))
+    report.add(a, "hubs", WARN, f"{', '.join(down)} unreachable from a job container ({first[:120]}): every rank "
+               "would wait on hub retries; if the hosts are air-gapped, set job.offline: true (up --offline) and "
+               "give local model and dataset paths")
 
 
 def _judge_ib_container(report: Report, a: str, c: ContainerFacts) -> None:

@@ -227,6 +227,8 @@ def up(
     session = open_session(config)
     try:
         clear_leftovers(session, job, reporter)
+        for note in session.plan.advice:
+            reporter.say(f"note: {note}", "yellow")
         if preflight:
             from dockerlaunch.cluster import doctor
 

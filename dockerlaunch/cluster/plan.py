@@ -8,6 +8,7 @@ only a plan without placeholders can start containers.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 
 import paramiko
@@ -30,6 +31,11 @@ DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 FR_ENTRIES = "2000"  # flight-recorder ring size: collectives remembered per rank
 NVIDIA_DIR = "/usr/local/nvidia"  # where nvidia/cuda images look for the driver (their PATH and LD_LIBRARY_PATH)
 GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+# job.offline: the hubs' own offline switches (huggingface_hub, transformers, datasets). ModelScope has none
+# (modelscope 1.40.2 / modelscope-hub 0.5.1, the cpu stack's): in an ms-swift job its one hub call with local paths
+# is the trainer's `check_model`, an ms-swift argument (see offline_advice).
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+SWIFT_TRAINERS = {"sft", "pt", "rlhf"}  # `swift X` / `megatron X` that build a trainer, which asks ModelScope
 # the per-job diagnostics folder (same path on the host and in the container); `up` empties them before a start
 DIAG_SUBDIRS = ("nccl", "fr", "fr-pipe")
 
@@ -72,6 +78,7 @@ class ClusterPlan:
     master_port: int
     hosts: list[HostPlan] = field(default_factory=list)
     diag_dir: str | None = None  # DIR/<job> on every host, when any diagnostics are on
+    advice: list[str] = field(default_factory=list)  # what the user should change; printed by --dry-run and `up`
 
     def unresolved(self) -> list[str]:
         return [f"rank {h.rank} ({h.address}) {u}" for h in self.hosts for u in h.container.unresolved()]
@@ -84,6 +91,7 @@ class ClusterPlan:
             "master_addr": self.master_addr,
             "master_port": self.master_port,
             "diag_dir": self.diag_dir,
+            "advice": list(self.advice),
             "hosts": [
                 {
                     "rank": h.rank,
@@ -288,6 +296,27 @@ def diagnostics_env(config: ClusterConfig, torch: str | None = None, rank: int =
     return env
 
 
+def offline_advice(command: list[str] | str | None) -> str | None:
+    """ms-swift's trainers ask ModelScope whether a local model is the latest (its `check_model`, on by default):
+    on an air-gapped host that is ~25 s of retries on every rank, and no environment variable turns it off."""
+    if command is None:
+        return None
+    if isinstance(command, str):
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            words = command.split()
+    else:
+        words = list(command)
+    runs_trainer = any(w.rsplit("/", 1)[-1] in ("swift", "megatron") and nxt in SWIFT_TRAINERS
+                       for w, nxt in zip(words, words[1:]))
+    if not runs_trainer or any(w.startswith("--check_model") for w in words):
+        return None
+    return ("job.offline: ms-swift still asks ModelScope whether the model is the latest (about 25 s of retries "
+            "on every rank without a hub): add --check_model false to the swift/megatron command "
+            "(megatron: ms-swift >= 3.12)")
+
+
 def _command(config: ClusterConfig) -> list[str]:
     cmd = config.job.command
     if cmd is None:
@@ -326,6 +355,9 @@ def make_plan(
         master_port=config.job.master_port,
         diag_dir=diag_dir(config) if config.diagnostics.enabled else None,
     )
+    note = offline_advice(config.job.command) if config.job.offline else None
+    if note:
+        plan.advice.append(note)
     for rank, (host, target) in enumerate(zip(config.hosts, targets)):
         f = facts.get(rank)
         gpus = host.gpus if host.gpus is not None else c.gpus
@@ -375,6 +407,8 @@ def make_plan(
             caps.append("SYS_PTRACE")  # py-spy; cannot be added once the container runs
         env.update(DEFAULT_ENV)
         env.update(diagnostics_env(config, f.torch if f else None, rank))
+        if config.job.offline:
+            env.update(OFFLINE_ENV)
         env.update(c.env)  # the user's values win over the launcher's NCCL/GLOO guesses
 
         if c.env_files:

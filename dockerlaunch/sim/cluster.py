@@ -50,6 +50,9 @@ NODE_CAPS = (
 ).split()
 SEED_DIR_IN_NODE = "/var/cache/dockerlaunch-seed"
 NODE_SHM = "2g"
+# One volume mounted into every node: the cluster's shared storage (what NFS or Lustre is on real hosts), for
+# models, datasets and checkpoints that every rank must see.
+SHARED_DIR = "/shared"
 
 
 class SimError(DockerlaunchError):
@@ -378,6 +381,7 @@ def up(
 
     known_hosts: list[str] = []
     try:
+        shared = client.volumes.create(f"{cluster}-shared", labels=labels)
         for n in layout:
             host_private, host_public = _new_ed25519()
             known_hosts.append(f"{n.ip} {host_public}")
@@ -394,6 +398,7 @@ def up(
                 volumes={
                     "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
                     n.volume: {"bind": "/var/lib/docker", "mode": "rw"},
+                    shared.name: {"bind": SHARED_DIR, "mode": "rw"},
                     str(cache_root()): {"bind": SEED_DIR_IN_NODE, "mode": "ro"},
                 },
                 init=True,
@@ -441,9 +446,11 @@ def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, imag
             "config_file": None,
         },
         "image": image,
-        # Sim nodes have no GPUs or InfiniBand, and these VMs refuse memlock=-1 (testbed.md).
-        "container": {"gpus": "none", "infiniband": "off"},
-        "job": {"name": f"{cluster}-job"},
+        # Sim nodes have no GPUs or InfiniBand, and these VMs refuse memlock=-1 (testbed.md); /shared is one
+        # volume in every node; no model hub answers from the nodes.
+        "container": {"gpus": "none", "infiniband": "off",
+                      "mounts": [{"source": SHARED_DIR, "target": SHARED_DIR, "shared": True}]},
+        "job": {"name": f"{cluster}-job", "offline": True},
     }
     header = f"# Written by `dockerlaunch sim up` for sim cluster {cluster!r}; host keys pinned at creation.\n"
     return header + yaml.safe_dump(data, sort_keys=False)

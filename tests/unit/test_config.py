@@ -127,6 +127,13 @@ def test_overrides_replace_and_extend():
     assert data["image"] == "old"  # the input mapping is not changed
 
 
+def test_offline_flag_sets_job_offline_and_its_absence_keeps_the_file():
+    assert ClusterConfig.model_validate(apply_overrides({"hosts": ["h"]}, Overrides(offline=True))).job.offline
+    kept = apply_overrides({"hosts": ["h"], "job": {"offline": True}}, Overrides())
+    assert ClusterConfig.model_validate(kept).job.offline
+    assert not ClusterConfig.model_validate({"hosts": ["h"]}).job.offline
+
+
 def test_override_errors_name_the_flag():
     with pytest.raises(ConfigError, match="--env"):
         apply_overrides({}, Overrides(env=["NOEQUALS"]))

@@ -713,3 +713,65 @@ def test_gpu_access_the_host_cannot_give_is_a_fail_with_the_reason():
     ok = host_gpu_access(cfg(gpus=["0"], gpu_mode="auto"), plan.hosts[1],
                          Probe("eth0", None, None, False, [], [], 1, gpu=bare))
     assert ok.mode == "devices" and "/dev/nvidia0" in ok.devices
+
+
+# ---------------------------------------------------------------- hubs (job.offline)
+
+HUBS_DOWN = ("hub.huggingface.co=ConnectionError: Failed to resolve 'huggingface.co' ([Errno -2] Name or service "
+             "not known)\nhub.modelscope.cn=no answer in 8 s\n"
+             "Filesystem 1024-blocks Used Available Capacity Mounted on\ntmpfs 67108864 0 67108864 0% /dev/shm\n"
+             "memlock=unlimited\n")
+
+
+def test_parse_container_facts_reads_the_hub_lines():
+    from dockerlaunch.cluster.doctor import parse_container_facts
+
+    f = parse_container_facts(HUBS_DOWN)
+    assert f.hubs == {"huggingface.co": "ConnectionError: Failed to resolve 'huggingface.co' ([Errno -2] Name or "
+                                        "service not known)", "modelscope.cn": "no answer in 8 s"}
+    assert f.shm_kb == 67108864 and f.memlock == "unlimited"
+    assert parse_container_facts("hub=nopython\n" + HUBS_DOWN.split("\n", 2)[2]).hubs == {}
+    assert parse_container_facts(HUBS_DOWN.split("\n", 2)[2]).hubs is None  # not asked (offline)
+
+
+@pytest.mark.parametrize("hubs,offline,verdict,words", [
+    ({"huggingface.co": "ok", "modelscope.cn": "ok"}, False, PASS, ["huggingface.co and modelscope.cn answer"]),
+    ({"huggingface.co": "ok", "modelscope.cn": "no answer in 8 s"}, False, WARN,
+     ["modelscope.cn unreachable", "(no answer in 8 s)", "job.offline: true (up --offline)"]),
+    ({}, False, SKIP, ["no python3 in the image"]),
+    (None, True, PASS, ["job.offline", "HF_HUB_OFFLINE=1"]),
+])
+def test_hubs_verdict(hubs, offline, verdict, words):
+    shm = ContainerFacts(shm_kb=64 * GB, memlock="unlimited", hubs=hubs)
+    report = run(cfg(job={"offline": offline}), host(0, shm=shm), host(1, shm=shm))
+    row(report, H1, "hubs", verdict, *words)
+
+
+def test_no_hubs_row_when_the_probe_container_failed_or_hubs_were_not_asked():
+    failed = ContainerFacts(error="no such image")
+    report = run(cfg(), host(0), host(1, shm=failed))
+    assert report.get(H1, "hubs") is None and report.get(H0, "hubs") is None  # host(0): hubs None
+
+
+def test_hub_probe_asks_for_real_and_names_the_failure(tmp_path):
+    """The probe's own Python against a port where nothing listens (urllib path: no requests here) and against
+    a local HTTP server answering 404 (any answer counts)."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    from dockerlaunch.cluster.doctor import HUB_CHECK, parse_container_facts
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {"PATH": "/usr/bin:/bin", "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
+               "MODELSCOPE_ENDPOINT": "http://127.0.0.1:9"}
+        out = subprocess.run([sys.executable, "-S", "-c", HUB_CHECK], capture_output=True, text=True, env=env,
+                             timeout=30).stdout
+    finally:
+        server.shutdown()
+    hubs = parse_container_facts(out + "memlock=1\n").hubs
+    assert hubs["huggingface.co"] == "ok", out
+    assert "refused" in hubs["modelscope.cn"].lower(), out

@@ -386,3 +386,52 @@ def test_probe_reads_the_images_labels_and_gpu_facts():
     assert p.gpu.libs == (("libcuda.so.1", "/usr/lib/libcuda.so.1"),) and p.gpu.image_env == ("PATH=/usr/bin",)
     with_toolkit = parse_probe('runtimes={"nvidia":{"path":"nvidia-container-runtime"},"runc":{}}\n')
     assert with_toolkit.gpu.nvidia_runtime and with_toolkit.image_labels is None
+
+
+# ---------------------------------------------------------------- job.offline
+
+
+def test_offline_sets_the_hubs_switches_and_the_user_wins():
+    from dockerlaunch.cluster.plan import OFFLINE_ENV
+
+    plan = make_plan(ClusterConfig.model_validate({
+        "hosts": ["h1", "h2"], "image": "img", "ssh": {"config_file": None}, "job": {"offline": True},
+        "container": {"env": {"HF_DATASETS_OFFLINE": "0"}}}), local_user="root")
+    for hp in plan.hosts:
+        env = hp.container.env
+        assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1" and env["HF_DATASETS_OFFLINE"] == "0"
+    online = make_plan(ClusterConfig.model_validate({"hosts": ["h1"], "image": "img", "ssh": {"config_file": None}}),
+                       local_user="root")
+    assert not set(OFFLINE_ENV) & set(online.hosts[0].container.env) and online.advice == []
+
+
+@pytest.mark.parametrize("command,advised", [
+    (["swift", "sft", "--model", "/m"], True),
+    ("megatron rlhf --rlhf_type dpo --model /m", True),
+    ("cd /w && /opt/venv/bin/swift pt --model /m 2>&1 | tee log", True),
+    (["swift", "sft", "--model", "/m", "--check_model", "false"], False),
+    ("swift sft --check_model=false", False),
+    (["swift", "infer", "--model", "/m"], False),  # no trainer: no ModelScope check
+    (["torchrun", "pretrain_gpt.py"], False),
+    ("swift sft 'unbalanced", True),  # not shell-parsable: read word by word
+    (None, False),
+])
+def test_offline_advice_names_check_model_for_ms_swift_trainers(command, advised):
+    from dockerlaunch.cluster.plan import offline_advice
+
+    note = offline_advice(command)
+    assert (note is not None) == advised, note
+    if advised:
+        assert "--check_model false" in note
+
+
+def test_offline_advice_reaches_the_plan_and_the_dry_run():
+    from dockerlaunch.cli.console import render_plan
+
+    data = {"hosts": ["h1"], "image": "img", "ssh": {"config_file": None},
+            "job": {"offline": True, "command": ["swift", "sft", "--model", "/m"]}}
+    plan = make_plan(ClusterConfig.model_validate(data), local_user="root")
+    assert len(plan.advice) == 1 and "note: job.offline: ms-swift" in render_plan(plan)
+    assert plan.to_dict()["advice"] == plan.advice
+    data["job"]["offline"] = False
+    assert make_plan(ClusterConfig.model_validate(data), local_user="root").advice == []
