@@ -3,6 +3,10 @@
 import io
 import os
 import secrets
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +122,36 @@ def fresh_image(engine, tools_image):
             engine.images.remove(tag, force=True)
         except Exception:
             pass
+
+
+@dataclass
+class CpuStack:
+    tag: str
+    log: str  # the build's output
+    wheelhouse: Path
+    base_image: str
+
+
+@pytest.fixture(scope="session")
+def cpu_stack(engine, tmp_path_factory):
+    """The pinned `cpu` stack as a new user builds it: `fetch` a wheelhouse, then `build --offline` from it
+    (once per session; the build and the ms-swift tests share it). Removed at the end."""
+    from dockerlaunch.images.stacks import load_matrix
+
+    def dl(*args):
+        return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
+                              timeout=1800)
+
+    base = sim.ensure_base_image(engine)  # no registry here: the local Debian image (debootstrap if needed)
+    wheelhouse = tmp_path_factory.mktemp("wheelhouse")
+    f = dl("fetch", "--stack", "cpu", "-o", str(wheelhouse))
+    assert f.returncode == 0, f.stderr[-2000:]
+    r = dl("build", "--stack", "cpu", "--wheelhouse", str(wheelhouse), "--offline", "--base-image", base)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    tag = load_matrix().get("cpu").tag
+    yield CpuStack(tag, log, wheelhouse, base)
+    try:
+        engine.images.remove(tag, force=True)
+    except Exception:
+        pass

@@ -1,18 +1,25 @@
 """What the launch and fault tests share: run the CLI, variants of the sim config, `up` in the background."""
 
+import atexit
 import queue
 import re
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 
 import yaml
 
+# The CLI runs in a scratch folder, so what it writes by default (`up`'s dockerlaunch-logs/) stays out of the checkout.
+SCRATCH = tempfile.mkdtemp(prefix="dlt-cwd-")
+atexit.register(shutil.rmtree, SCRATCH, True)
+
 
 def dl(*args, timeout=300, cwd=None):
     return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+                          timeout=timeout, cwd=cwd or SCRATCH)
 
 
 def job_name():
@@ -36,7 +43,7 @@ def start_up(*args: str) -> tuple[subprocess.Popen, "queue.Queue[str]", list[str
     """`dockerlaunch up` in the background; its output lines arrive on a queue (and in a list, for messages),
     so a silent `up` cannot block a test past its deadline."""
     p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+                         stderr=subprocess.STDOUT, text=True, cwd=SCRATCH)
     lines: queue.Queue[str] = queue.Queue()
     seen: list[str] = []
 

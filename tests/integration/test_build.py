@@ -1,4 +1,5 @@
-"""The cpu stack, built for real: fetched wheelhouse, offline build, verify, layer reuse on an ms-swift bump."""
+"""The cpu stack, built for real (the `cpu_stack` fixture: fetched wheelhouse, offline build), verify, layer reuse
+on an ms-swift bump."""
 
 import re
 import shutil
@@ -10,7 +11,6 @@ import yaml
 
 from dockerlaunch.images.build import cached_steps
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
-from dockerlaunch.sim import cluster as sim
 
 pytestmark = pytest.mark.integration
 
@@ -25,19 +25,6 @@ def dl(*args, env=None, timeout=1800):
 
 
 @pytest.fixture(scope="module")
-def base_image(engine):
-    return sim.ensure_base_image(engine)  # no registry here: the local Debian image (debootstrap if needed)
-
-
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory):
-    wh = tmp_path_factory.mktemp("wheelhouse")
-    r = dl("fetch", "--stack", "cpu", "-o", str(wh))
-    assert r.returncode == 0, r.stderr[-2000:]
-    return wh
-
-
-@pytest.fixture(scope="module")
 def bumped_dockerfiles(tmp_path_factory):
     """A copy of Dockerfiles/ whose cpu stack differs only in its ms-swift pin."""
     d = tmp_path_factory.mktemp("dockerfiles")
@@ -49,13 +36,11 @@ def bumped_dockerfiles(tmp_path_factory):
     return d
 
 
-def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, base_image, wheelhouse, bumped_dockerfiles):
+def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, cpu_stack, bumped_dockerfiles):
     stack = load_matrix().get("cpu")
     bumped_tag = stack.tag.replace(f"swift{stack.ms_swift}", f"swift{OTHER_SWIFT}")
+    wheelhouse, base_image, log = cpu_stack.wheelhouse, cpu_stack.base_image, cpu_stack.log
     try:
-        r = dl("build", "--stack", "cpu", "--wheelhouse", str(wheelhouse), "--offline", "--base-image", base_image)
-        log = r.stdout + r.stderr
-        assert r.returncode == 0, log[-4000:]
         assert "verify: PASS" in log
         for line in ("PASS  import torch", "PASS  import megatron.core", "PASS  import swift",
                      f"PASS  ms_swift version: pinned {stack.ms_swift}"):
@@ -84,11 +69,10 @@ def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, base_image, whee
         assert len(cached) >= 8, cached  # system, pip env, torch, build tools, TE, apex, flash-attn, megatron
         assert f"PASS  ms_swift version: pinned {OTHER_SWIFT}, installed {OTHER_SWIFT}" in log2
     finally:
-        for tag in (stack.tag, bumped_tag):
-            try:
-                engine.images.remove(tag, force=True)
-            except Exception:
-                pass
+        try:
+            engine.images.remove(bumped_tag, force=True)  # the cpu stack itself stays for the ms-swift tests
+        except Exception:
+            pass
 
 
 def test_offline_build_without_wheelhouse_is_refused():

@@ -8,6 +8,7 @@ import time
 import pytest
 import yaml
 
+from dockerlaunch.cluster.doctor import listening_ports
 from tests.integration.helpers import dl, job_name, start_up, stop_up, variant, wait_for_ready
 
 pytestmark = pytest.mark.integration
@@ -197,7 +198,14 @@ def test_doctor_fails_when_master_port_is_taken(sim_cluster, remotes, cluster_co
     remotes[0].check(["docker", "run", "-d", "--rm", "--network", "host", "--name", name, cluster_config.image,
                       "nc", "-lk", str(port)], "listener")
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while True:  # the listener is up once the host's own socket table shows it (poll, do not guess)
+            tcp = remotes[0].run(["cat", "/proc/net/tcp", "/proc/net/tcp6"])
+            assert tcp.ok, tcp.stderr
+            if port in listening_ports(tcp.stdout) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert port in listening_ports(tcp.stdout), f"nc -lk {port} never listened"
         r = dl("doctor", "--config", str(sim_cluster[1]), "--master-port", str(port))
     finally:
         remotes[0].run(["docker", "rm", "-f", name])

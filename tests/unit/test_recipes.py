@@ -11,7 +11,7 @@ import yaml
 from dockerlaunch.cluster.config import validate_config
 from dockerlaunch.cluster.doctor import CACHE_ENV, PASS, Report, _judge_caches
 from dockerlaunch.cluster.facts import GpuHost
-from dockerlaunch.cluster.plan import HostFacts, make_plan
+from dockerlaunch.cluster.plan import OFFLINE_ENV, HostFacts, make_plan
 from dockerlaunch.images.stacks import load_matrix
 
 RECIPES = Path(__file__).resolve().parents[2] / "docs" / "RECIPES.md"
@@ -30,7 +30,8 @@ def recipes() -> list[tuple[str, str]]:
 
 def test_the_recipes_are_there():
     names = [n for n, _ in recipes()]
-    assert len(names) >= 4, names
+    assert len(names) >= 5, names
+    assert any(yaml.safe_load(body)["job"].get("offline") for _, body in recipes())
     for wanted in ("megatron sft", "megatron rlhf", "swift sft", "pretrain_gpt.py"):
         assert any(wanted in body for _, body in recipes()), wanted
 
@@ -64,6 +65,12 @@ def test_recipe_plans_the_flags_multi_node_training_needs(name, body):
     if "torchrun" in command:
         for var in ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT"):
             assert f"${var}" in command, (name, var)
+    if config.job.offline:  # air-gapped: the hubs' switches in every container, and no advice left to follow
+        for hp in plan.hosts:
+            env = dict(e.split("=", 1) for e in flags(hp.container.run_argv(), "--env"))
+            assert all(env[k] == "1" for k in OFFLINE_ENV), name
+        assert plan.advice == [], plan.advice
+        assert not re.search(r"--(model|dataset) [A-Za-z]", command), "air-gapped: local paths, not hub ids"
     # a download cache off shared storage would be fetched by every host
     report = Report()
     _judge_caches(report, config, "h0")
