@@ -245,3 +245,69 @@ def test_doctor_route_and_reachability_when_master_addr_is_on_a_bridge(sim_clust
     reach = rows(r.stdout, "reachability")[ip2]
     assert "FAIL" in reach and f"cannot reach {addr}:" in reach, reach
     assert [probe_containers_on(rm) for rm in remotes] == [[], []]
+
+
+def doctor_json(*args: str) -> tuple[int, dict[tuple[str, str], dict]]:
+    """doctor --output json -> (exit code, {(host, check): row})."""
+    r = dl("doctor", *args, "--output", "json")
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    return r.returncode, {(c["host"], c["check"]): c for c in json.loads(r.stdout)["checks"]}
+
+
+def test_doctor_hubs_asks_from_a_job_container_with_the_jobs_endpoints(sim_cluster, remotes, demo_image, tmp_path):
+    """A web server on node1 stands in for huggingface.co (HF_ENDPOINT), nothing listens where MODELSCOPE_ENDPOINT
+    points: with job.offline off the row WARNs about ModelScope only; with it on, the hubs are not asked."""
+    port = 30000 + secrets.randbelow(5000)
+    ip1 = sim_cluster[2][0].ip
+    server = f"dlt-hub-{secrets.token_hex(3)}"
+    remotes[0].check(["docker", "run", "-d", "--rm", "--network", "host", "--name", server, demo_image,
+                      "python3", "-m", "http.server", "--bind", ip1, str(port)], "a stand-in hub")
+    try:
+        deadline = time.monotonic() + 30
+        while remotes[1].run(["nc", "-z", "-w", "2", ip1, str(port)]).exit_status != 0:
+            assert time.monotonic() < deadline, "the stand-in hub never listened"
+            time.sleep(0.2)
+        env = {"HF_ENDPOINT": f"http://{ip1}:{port}", "MODELSCOPE_ENDPOINT": "http://127.0.0.1:9"}
+        online = variant(sim_cluster, tmp_path, container={"env": env}, job={"offline": False})
+        _, checks = doctor_json("--config", online, "--image", demo_image)
+        for n in sim_cluster[2]:
+            hubs = checks[(n.ip, "hubs")]
+            assert hubs["verdict"] == "WARN", hubs
+            assert "modelscope.cn unreachable" in hubs["reason"] and "refused" in hubs["reason"], hubs
+            assert "huggingface.co" not in hubs["reason"], hubs  # it answered
+            assert "job.offline: true (up --offline)" in hubs["reason"]
+        _, checks = doctor_json("--config", online, "--offline", "--image", demo_image)
+        assert all(checks[(n.ip, "hubs")]["verdict"] == "PASS" for n in sim_cluster[2]), checks
+        assert "job.offline" in checks[(ip1, "hubs")]["reason"]
+        assert [probe_containers_on(rm) for rm in remotes] == [[], []]
+    finally:
+        remotes[0].run(["docker", "rm", "-f", server])
+
+
+def test_doctor_memlock_fails_where_infiniband_is_used(sim_cluster, engine, remotes, demo_image, tmp_path):
+    """The memlock verdict needs a job that uses InfiniBand: each node gets the device node the uverbs driver would
+    create (/dev/infiniband/uverbs0, char 231:192), so `--device /dev/infiniband` works; these VMs cannot raise
+    memlock (hard limit 8 MB, testbed.md), so the user's own 8 MB memlock (which wins over the IB profile's -1)
+    is what the container gets, and doctor must FAIL it. With the profile's -1 the container cannot start at all."""
+    nodes = [engine.containers.get(n.name) for n in sim_cluster[2]]
+    for node in nodes:
+        code, out = node.exec_run(["sh", "-c", "mkdir -p /dev/infiniband && mknod /dev/infiniband/uverbs0 c 231 192"])
+        assert code == 0, out
+    try:
+        low = variant(sim_cluster, tmp_path, container={"infiniband": "on", "ulimits": {"memlock": "8192:8192"}})
+        code, checks = doctor_json("--config", low, "--image", demo_image)
+        assert code == 1
+        for n in sim_cluster[2]:
+            memlock = checks[(n.ip, "memlock")]
+            assert memlock["verdict"] == "FAIL" and memlock["reason"] == "ulimit -l in the container: 8192", memlock
+            assert checks[(n.ip, "ib in container")]["verdict"] == "PASS"  # the device reached the container
+            assert "uverbs0" in checks[(n.ip, "ib in container")]["reason"]
+            assert checks[(n.ip, "infiniband")]["verdict"] == "FAIL"  # no ACTIVE port behind the node: said so
+        profile = variant(sim_cluster, tmp_path, container={"infiniband": "on"})
+        code, checks = doctor_json("--config", profile, "--image", demo_image)
+        shm = checks[(sim_cluster[2][1].ip, "shm")]
+        assert code == 1 and shm["verdict"] == "FAIL" and "did not start" in shm["reason"], shm
+        assert [probe_containers_on(rm) for rm in remotes] == [[], []]
+    finally:
+        for node in nodes:
+            node.exec_run(["rm", "-rf", "/dev/infiniband"])
