@@ -560,8 +560,11 @@ def _judge_shm(report: Report, a: str, shm: ContainerFacts | None, ib: bool) -> 
         mb = shm.shm_kb // 1024
         report.add(a, "shm", PASS, f"/dev/shm {mb // 1024} GB" if mb >= 1024 else f"/dev/shm {mb} MB")
     if ib:
-        report.add(a, "memlock", PASS if shm.memlock == "unlimited" else FAIL,
-                   f"ulimit -l in the container: {shm.memlock}")
+        if shm.memlock == "unlimited":
+            report.add(a, "memlock", PASS, "ulimit -l in the container: unlimited")
+        else:  # RDMA pins its buffers: NCCL's IB transport fails to register memory under a low limit
+            report.add(a, "memlock", FAIL, f"ulimit -l in the container: {shm.memlock} (KB): InfiniBand needs "
+                       "unlimited; drop container.ulimits.memlock (docker counts it in bytes) or use '-1'")
         _judge_ib_container(report, a, shm)
 
 
