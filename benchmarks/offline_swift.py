@@ -73,7 +73,7 @@ def main() -> None:
                 if r.returncode:
                     raise SystemExit(f"{label}: up exited {r.returncode}: {r.stdout[-3000:]}")
                 rank0 = next(logs.rglob("rank0-*.log")).read_text(errors="replace")
-                rows.append((label, took, len(RETRY.findall(rank0))))
+                rows.append((label, took, sum(1 for line in rank0.splitlines() if RETRY.search(line))))
         finally:
             sim.down(NAME, quiet=True)
     print(f"2-host swift sft (LoRA, 4 steps, tiny Qwen2) on the sim, image {a.image}\n")

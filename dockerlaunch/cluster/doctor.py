@@ -569,8 +569,8 @@ def _judge_shm(report: Report, a: str, shm: ContainerFacts | None, ib: bool) -> 
 
 
 def _judge_hubs(report: Report, config: ClusterConfig, a: str, c: ContainerFacts | None) -> None:
-    """Without a hub, every rank of an online job waits on the hubs' retries (ms-swift's ModelScope check: ~25 s
-    per rank, measured in benchmarks/RESULTS.md) before failing or going on from local files."""
+    """Without a hub, every rank of an online job waits on the hubs' retries (ms-swift's ModelScope check: 25 s
+    to 2 minutes per rank, benchmarks/RESULTS.md) before failing or going on from local files."""
     if config.job.offline:
         report.add(a, "hubs", PASS, "job.offline: the job does not ask the hubs (HF_HUB_OFFLINE=1 ...)")
         return

@@ -298,7 +298,8 @@ def diagnostics_env(config: ClusterConfig, torch: str | None = None, rank: int =
 
 def offline_advice(command: list[str] | str | None) -> str | None:
     """ms-swift's trainers ask ModelScope whether a local model is the latest (its `check_model`, on by default):
-    on an air-gapped host that is ~25 s of retries on every rank, and no environment variable turns it off."""
+    on an air-gapped host that is 25 s to 2 minutes of retries on every rank (benchmarks/RESULTS.md), and no
+    environment variable turns it off."""
     if command is None:
         return None
     if isinstance(command, str):
@@ -312,8 +313,8 @@ def offline_advice(command: list[str] | str | None) -> str | None:
                        for w, nxt in zip(words, words[1:]))
     if not runs_trainer or any(w.startswith("--check_model") for w in words):
         return None
-    return ("job.offline: ms-swift still asks ModelScope whether the model is the latest (about 25 s of retries "
-            "on every rank without a hub): add --check_model false to the swift/megatron command "
+    return ("job.offline: ms-swift still asks ModelScope whether the model is the latest (25 s to 2 minutes of "
+            "retries on every rank without a hub): add --check_model false to the swift/megatron command "
             "(megatron: ms-swift >= 3.12)")
 
 
