@@ -545,6 +545,15 @@ def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
     return data, str(p)
 
 
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    """A section a flag merges into: a copy of it, or {} when absent; anything else is the user's error."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a mapping of settings, not {type(value).__name__} ({value!r:.40})")
+    return dict(value)
+
+
 def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
     """Merge flags into the raw mapping before validation, so errors name the same fields either way."""
     data = dict(data)
@@ -565,7 +574,8 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
         data["hosts"] = new_hosts
     if ov.image is not None:
         data["image"] = ov.image
-    job = dict(data.get("job") or {})
+    touches_job = (ov.nproc_per_node, ov.master_port, ov.name, ov.command or None, ov.offline or None)
+    job = _mapping(data.get("job"), "job") if any(x is not None for x in touches_job) else {}
     if ov.nproc_per_node is not None:
         job["nproc_per_node"] = ov.nproc_per_node
     if ov.master_port is not None:
@@ -583,11 +593,11 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
         diag.update(ptrace=False, flight_recorder=False, nccl_log=False)
         data["diagnostics"] = diag
     if ov.mounts or ov.env:
-        container = dict(data.get("container") or {})
+        container = _mapping(data.get("container"), "container")
         if ov.mounts:
             container["mounts"] = list(container.get("mounts") or []) + list(ov.mounts)
         if ov.env:
-            env = dict(container.get("env") or {})
+            env = _mapping(container.get("env"), "container.env")
             for text in ov.env:
                 key, value = parse_env_assignment(text)
                 env[key] = value
