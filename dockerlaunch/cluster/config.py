@@ -589,7 +589,7 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
     if job:
         data["job"] = job
     if ov.diagnostics is False:
-        diag = dict(data.get("diagnostics") or {}) if isinstance(data.get("diagnostics"), dict) else {}
+        diag = _mapping(data.get("diagnostics"), "diagnostics")
         diag.update(ptrace=False, flight_recorder=False, nccl_log=False)
         data["diagnostics"] = diag
     if ov.mounts or ov.env:

@@ -100,6 +100,7 @@ def test_a_failed_docker_command_is_reported_by_its_error_line_not_the_usage_hin
     ("hosts: [h1]\nimage: i:1\njob: [a]\n", ["--name", "j"], ["job: must be a mapping", "list"]),
     ("hosts: [h1]\nimage: i:1\ncontainer: 7\n", ["--env", "A=1"], ["container: must be a mapping"]),
     ("hosts: [h1]\nimage: i:1\ncontainer: {env: [A=1]}\n", ["--env", "B=2"], ["container.env: must be a mapping"]),
+    ("hosts: [h1]\nimage: i:1\ndiagnostics: off\n", ["--no-diagnostics"], ["diagnostics: must be a mapping"]),
 ])
 def test_a_flag_merged_into_a_section_that_is_not_a_mapping(cli, tmp_path, yaml_text, flags, words):
     one_line_error(cli("up", "--dry-run", "--config", write(tmp_path, yaml_text), *flags, "--", "true"), *words)
