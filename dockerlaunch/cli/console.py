@@ -15,8 +15,10 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 from rich.text import Text
 
-from dockerlaunch.cluster.doctor import Report, Verdict
-from dockerlaunch.cluster.plan import ClusterPlan
+from dockerlaunch.backends.docker.docker import argv as docker_argv
+from dockerlaunch.backends.docker.doctor import Report, Verdict
+from dockerlaunch.hosts.targets import SSHTarget
+from dockerlaunch.job.plan import JobPlan
 from dockerlaunch.reporting import Reporter, Task, Tasks
 
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
@@ -110,15 +112,24 @@ def format_argv(argv: list[str], n_command: int) -> str:
     return " \\\n    ".join(shlex.join(parts) for parts in lines)
 
 
-def render_plan(plan: ClusterPlan) -> str:
+def dry_run_view(plan: JobPlan, targets: list[SSHTarget]) -> dict:
+    """`up --dry-run --output json`: the neutral plan plus, per host, where it is reached and its docker argv."""
+    view = plan.to_dict()
+    for h, t, hp in zip(view["hosts"], targets, plan.hosts):
+        h["ssh"] = t.describe()
+        h["argv"] = docker_argv(hp.container)
+    return view
+
+
+def render_plan(plan: JobPlan, targets: list[SSHTarget]) -> str:
     out = [
         f"Plan for job {plan.job!r}: {plan.nnodes} host(s), image {plan.image}, "
         f"MASTER_ADDR={plan.master_addr} MASTER_PORT={plan.master_port}",
     ]
-    for h in plan.hosts:
+    for h, t in zip(plan.hosts, targets):
         out.append("")
-        out.append(f"# rank {h.rank}: {h.address}  (ssh {h.ssh.describe()}; {h.nproc_per_node} process(es))")
-        out.append(format_argv(h.container.argv(), len(h.container.command)))
+        out.append(f"# rank {h.rank}: {h.address}  (ssh {t.describe()}; {h.nproc_per_node} process(es))")
+        out.append(format_argv(docker_argv(h.container), len(h.container.command)))
     pending = plan.unresolved()
     out.append("")
     out += [f"note: {a}" for a in plan.advice]

@@ -8,12 +8,11 @@ import sys
 import click
 import yaml
 
-from dockerlaunch.cli.console import RichReporter, console, print_report, print_table, render_plan
+from dockerlaunch.cli.console import RichReporter, console, dry_run_view, print_report, print_table, render_plan
 from dockerlaunch.cli.main import CONTEXT, cli, config_options, diagnostics_option, load, offline_option, output_option
-from dockerlaunch.cluster.config import config_schema
-from dockerlaunch.cluster.plan import make_plan
-from dockerlaunch.cluster.targets import resolve_all
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.hosts.targets import resolve_all
+from dockerlaunch.job.config import config_schema
 
 
 @cli.command()
@@ -57,17 +56,19 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     logs, and stops every container on every host as soon as one rank fails or on Ctrl-C. Within a
     minute it prints NCCL's transport per host (see `transport`).
     """
-    from dockerlaunch.cluster import launch
+    from dockerlaunch.backends.docker import launch
     from dockerlaunch.diagnostics.collect import watch_transport
 
     cfg = load(kw, command)
     launch.read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
-    plan = make_plan(cfg, targets=resolve_all(cfg))
+    targets = resolve_all(cfg)
+    plan = launch.plan_job(cfg, targets)  # the one plan: printed here, applied (placeholders filled) by up
     if dry_run:
-        click.echo(json.dumps(plan.to_dict(), indent=2) if output == "json" else render_plan(plan))
+        view = dry_run_view(plan, targets)
+        click.echo(json.dumps(view, indent=2) if output == "json" else render_plan(plan, targets))
         return
     sys.exit(launch.up(cfg, detach=detach, keep=keep, preflight=not skip_preflight, log_dir=log_dir or None,
-                       reporter=RichReporter(), monitors=[watch_transport]))
+                       reporter=RichReporter(), monitors=[watch_transport], plan=plan))
 
 
 @cli.command()
@@ -76,12 +77,13 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
 @output_option()
 def doctor(output: str, **kw) -> None:
     """Pre-flight checks on every host; exits 1 if any check FAILs."""
-    from dockerlaunch.cluster import doctor as doctorlib
+    from dockerlaunch.backends.docker import doctor as doctorlib
+    from dockerlaunch.backends.docker.launch import plan_job
 
     cfg = load(kw)
     if not cfg.image:
         raise DockerlaunchError("doctor needs the job image: pass --image IMAGE or set image:")
-    report = doctorlib.doctor(cfg)
+    report = doctorlib.doctor(cfg, plan_job(cfg))
     if output == "json":
         click.echo(report.to_json())
     else:
@@ -93,7 +95,7 @@ def doctor(output: str, **kw) -> None:
 @config_options
 def down(**kw) -> None:
     """Stop and remove the job's containers on every host."""
-    from dockerlaunch.cluster import launch
+    from dockerlaunch.backends.docker import launch
 
     sys.exit(launch.down(load(kw), RichReporter()))
 
@@ -103,7 +105,7 @@ def down(**kw) -> None:
 @output_option()
 def status(output: str, **kw) -> None:
     """The job's containers per host: state, exit code, since when."""
-    from dockerlaunch.cluster import launch
+    from dockerlaunch.backends.docker import launch
 
     cfg = load(kw)
     found = launch.status(cfg)
@@ -129,7 +131,7 @@ def status(output: str, **kw) -> None:
 @click.option("--tail", default="all", show_default=True, help="Lines from the end of each log.")
 def logs(follow: bool, rank: int | None, tail: str, **kw) -> None:
     """Show the job's logs, prefixed by rank and host."""
-    from dockerlaunch.cluster import launch
+    from dockerlaunch.backends.docker import launch
 
     sys.exit(launch.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=RichReporter()))
 
@@ -140,6 +142,6 @@ def logs(follow: bool, rank: int | None, tail: str, **kw) -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def exec_cmd(rank: int, command: tuple[str, ...], **kw) -> None:
     """Run a command in one rank's container, e.g. `exec --rank 1 -- py-spy dump --pid 1`."""
-    from dockerlaunch.cluster import launch
+    from dockerlaunch.backends.docker import launch
 
     sys.exit(launch.exec_in(load(kw), rank, list(command)))

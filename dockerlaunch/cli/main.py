@@ -8,8 +8,8 @@ import sys
 import click
 
 from dockerlaunch import __version__
-from dockerlaunch.cluster.config import Overrides, load_config
 from dockerlaunch.errors import DockerlaunchError, Terminated
+from dockerlaunch.job.config import Overrides, load_config
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 

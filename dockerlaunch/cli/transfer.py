@@ -75,8 +75,8 @@ def _print_push_plan(plan, output: str) -> None:
 @output_option()
 def push(ref: str, compress: str, thin: bool, strategy: str, dry_run: bool, output: str, **kw) -> None:
     """Copy a local image to every host over SSH (no registry); skips hosts that already have it."""
-    from dockerlaunch.cluster.session import Cluster
     from dockerlaunch.engine import engine
+    from dockerlaunch.hosts.session import Cluster
     from dockerlaunch.transfer import push as pushlib
     from dockerlaunch.transfer.plan import HostResult, PushState
     from dockerlaunch.transfer.streams import local_image
@@ -125,8 +125,8 @@ def save(images: tuple[str, ...], out: str) -> None:
 @click.option("--hosts", callback=split_hosts, metavar="H1,H2", help="Load onto these hosts (default: locally).")
 def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> None:
     """Load a bundle locally or onto hosts, checking sha256 and Image IDs before tagging."""
-    from dockerlaunch.cluster.config import Overrides, load_config
-    from dockerlaunch.cluster.session import Cluster
+    from dockerlaunch.hosts.session import Cluster
+    from dockerlaunch.job.config import Overrides, load_config
     from dockerlaunch.transfer import bundle as bundlelib
     from dockerlaunch.transfer.plan import HostResult, PushState
 

@@ -10,14 +10,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.launch import Session, open_session
-from dockerlaunch.cluster.plan import ClusterPlan, diag_dir
-from dockerlaunch.cluster.session import Host, each
-from dockerlaunch.cluster.spec import Deferred
+from dockerlaunch.backends.docker.launch import Session, open_session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.transport import Finding, HostTransport, describe, judge, parse_hosts
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.hosts.session import Host, each
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.plan import JobPlan, diag_dir
+from dockerlaunch.job.spec import Deferred
 from dockerlaunch.reporting import Reporter
 
 WATCH_WINDOW = 60.0  # `up` prints the transport table within this long of the start
@@ -55,7 +55,7 @@ class TransportReport:
         }
 
 
-def ib_ports(plan: ClusterPlan, rank: int) -> list[str] | None:
+def ib_ports(plan: JobPlan, rank: int) -> list[str] | None:
     """The ACTIVE InfiniBand ports the launcher saw on a host (NCCL_IB_HCA it set), None when not known."""
     value = plan.hosts[rank].container.env.get("NCCL_IB_HCA")
     if value is None or isinstance(value, Deferred):
@@ -63,8 +63,9 @@ def ib_ports(plan: ClusterPlan, rank: int) -> list[str] | None:
     return [p for p in value.split(",") if p]
 
 
-def read_transport(cluster_hosts: list[Host], plan: ClusterPlan, where: str, ipc: str | None,
+def read_transport(cluster_hosts: list[Host], plan: JobPlan, where: str,
                    ib_active: dict[int, list[str] | None] | None = None) -> TransportReport:
+    ipc = plan.hosts[0].container.ipc
     results = each(lambda h: read_host(h, where), cluster_hosts)
     texts: dict[str, list[str]] = {}
     errors: dict[str, str] = {}
@@ -75,7 +76,7 @@ def read_transport(cluster_hosts: list[Host], plan: ClusterPlan, where: str, ipc
             errors[key] = str(o.error)
     parsed = parse_hosts(texts)
     rows, findings = [], []
-    multi = plan.nnodes > 1 and not all(hp.ssh.local for hp in plan.hosts)  # `local` "hosts" share one machine
+    multi = plan.nnodes > 1 and not all(hp.host.local for hp in plan.hosts)  # `local` "hosts" share one machine
     for h, t in zip(cluster_hosts, parsed):
         address = plan.hosts[h.rank].address
         t.host = address
@@ -103,16 +104,15 @@ def unreadable(config: ClusterConfig) -> str | None:
 
 def transport(config: ClusterConfig) -> TransportReport:
     """`dockerlaunch transport`: the table for a running or finished job."""
-    from dockerlaunch.cluster import facts as factslib
-    from dockerlaunch.cluster.launch import master_addr_of
+    from dockerlaunch.backends.docker import facts as factslib
+    from dockerlaunch.backends.docker.launch import master_addr_of
 
     session = open_session(config)
     try:
         master = master_addr_of(session)
         probes = session.cluster.each(lambda h: factslib.probe(h.remote, master))
         ib = {h.rank: (o.value.ib_active if o.ok else None) for h, o in zip(session.cluster.hosts, probes)}
-        report = read_transport(session.cluster.hosts, session.plan, diag_dir(config), config.container.effective_ipc,
-                                ib)
+        report = read_transport(session.cluster.hosts, session.plan, diag_dir(config), ib)
         why = unreadable(config)
         if why and not any(t and t.seen for _, _, t, _ in report.hosts):
             raise DockerlaunchError(f"no NCCL transport lines: {why}; then start the job again")
@@ -134,7 +134,7 @@ def report_to(reporter: Reporter, report: TransportReport, prefix: str = "transp
         reporter.say(f"{f.level}: {f.host}: {f.message}", "bold red" if f.level == "FAIL" else "bold yellow")
 
 
-def watch_transport(session: Session, plan: ClusterPlan, reporter: Reporter, stop: threading.Event,
+def watch_transport(session: Session, plan: JobPlan, reporter: Reporter, stop: threading.Event,
                     window: float = WATCH_WINDOW, every: float = WATCH_EVERY) -> None:
     """Run by `up` beside the job: one transport line per host as soon as every host's NCCL has connected
     (or at `window`), warnings with them. Silent for jobs without NCCL (gloo, CPU)."""
@@ -145,11 +145,10 @@ def watch_transport(session: Session, plan: ClusterPlan, reporter: Reporter, sto
         reporter.say(f"transport: not watched: {why}", "dim")
         return
     deadline = time.monotonic() + window
-    ipc = session.config.container.effective_ipc
     while True:
         last = stop.wait(every) or time.monotonic() >= deadline
         try:
-            report = read_transport(session.cluster.hosts, plan, plan.diag_dir, ipc)
+            report = read_transport(session.cluster.hosts, plan, plan.diag_dir)
         except Exception:  # noqa: BLE001 - a watcher must never disturb the job
             return
         seen = [t for _, _, t, _ in report.hosts if t is not None and t.seen]

@@ -14,13 +14,13 @@ import threading
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from dockerlaunch.cluster import launch
-from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.plan import ClusterPlan
-from dockerlaunch.cluster.spec import Deferred
+from dockerlaunch.backends.docker import launch
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.collect import TransportReport, read_transport
 from dockerlaunch.errors import ConfigError, DockerlaunchError
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.plan import JobPlan
+from dockerlaunch.job.spec import Deferred
 from dockerlaunch.reporting import Reporter
 
 MARK = "DLCOMMTEST "
@@ -180,12 +180,11 @@ class _Capture(Reporter):
 def _links_and_transport(holder: dict):
     """A monitor for `up`: once the run ends, NCCL's transport and each host's link speeds."""
 
-    def monitor(session: launch.Session, plan: ClusterPlan, reporter: Reporter, stop: threading.Event) -> None:
+    def monitor(session: launch.Session, plan: JobPlan, reporter: Reporter, stop: threading.Event) -> None:
         stop.wait()
         try:
             if plan.diag_dir and session.config.diagnostics.nccl_log:
-                holder["transport"] = read_transport(session.cluster.hosts, plan, plan.diag_dir,
-                                                     session.config.container.effective_ipc)
+                holder["transport"] = read_transport(session.cluster.hosts, plan, plan.diag_dir)
             links = []
             for h, hp in zip(session.cluster.hosts, plan.hosts):
                 nic = hp.container.env.get("NCCL_SOCKET_IFNAME")

@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.launch import Session, open_session
-from dockerlaunch.cluster.plan import diag_dir
-from dockerlaunch.cluster.session import Host
+from dockerlaunch.backends.docker.docker import sidecar_argv
+from dockerlaunch.backends.docker.dockerhost import DockerHost
+from dockerlaunch.backends.docker.launch import Session, open_session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.stacks import Stack, parse_pyspy, summary
 from dockerlaunch.errors import DockerlaunchError, HostError
+from dockerlaunch.hosts.session import Host
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.plan import diag_dir
 from dockerlaunch.reporting import Reporter
 
 PYSPY_TIMEOUT = 90.0
@@ -147,7 +149,7 @@ class _HostDumper:
         return r
 
     def _ranks(self) -> list[RankProcess]:
-        res = self.h.docker.docker("exec", self.name, "sh", "-c", script("ranks.sh"), timeout=60)
+        res = DockerHost.on(self.h).docker("exec", self.name, "sh", "-c", script("ranks.sh"), timeout=60)
         (self.result.folder / "processes.txt").write_text(res.stdout + res.stderr)
         return parse_ranks(res.stdout)
 
@@ -155,10 +157,10 @@ class _HostDumper:
         flags = "--native " if self.native else ""
         loop = f'for p in "$@"; do echo "==> pid $p"; "$SPY" dump {flags}--pid "$p" 2>&1; done'
         pids = [str(p.pid) for p in procs]
-        has = self.h.docker.docker("exec", self.name, "sh", "-c", "command -v py-spy", timeout=30)
+        has = DockerHost.on(self.h).docker("exec", self.name, "sh", "-c", "command -v py-spy", timeout=30)
         text = None
         if has.ok and has.stdout.strip():
-            res = self.h.docker.docker("exec", "-e", "SPY=py-spy", self.name, "sh", "-c", loop, "sh", *pids,
+            res = DockerHost.on(self.h).docker("exec", "-e", "SPY=py-spy", self.name, "sh", "-c", loop, "sh", *pids,
                                        timeout=PYSPY_TIMEOUT)
             text = res.stdout
             if "Permission denied" in text or "Operation not permitted" in text:
@@ -183,13 +185,11 @@ class _HostDumper:
             self.result.notes.append("the image has no py-spy and none is installed here: pip install py-spy")
             return ""
         binary = self._upload_pyspy()
-        res = self.h.docker.docker(
-            # --volumes-from: the rank's own mounts (its code, and the tools of an image that takes them from there)
-            "run", "--rm", "--pid", f"container:{self.name}", "--volumes-from", self.name, "--cap-add", "SYS_PTRACE",
-            "--network", "none",
-            "--label", f"dockerlaunch.dump={self.session.config.job.name}",
-            "--volume", f"{binary}:{SIDECAR_PYSPY}:ro", "--env", f"SPY={SIDECAR_PYSPY}",
-            "--entrypoint", "sh", image, "-c", loop, "sh", *pids, timeout=PYSPY_TIMEOUT)
+        # the rank's PID namespace and its own mounts (its code, and the tools of an image that takes them there)
+        argv = sidecar_argv(self.name, image, ["-c", loop, "sh", *pids], caps=["SYS_PTRACE"],
+                            volumes=[f"{binary}:{SIDECAR_PYSPY}:ro"], env={"SPY": SIDECAR_PYSPY},
+                            labels={"dockerlaunch.dump": self.session.config.job.name}, entrypoint="sh")
+        res = self.h.connection().run(argv, timeout=PYSPY_TIMEOUT)
         if not res.ok and not res.stdout:
             self.result.notes.append(f"py-spy sidecar failed: {res.last_line()}")
         return res.stdout
@@ -214,7 +214,7 @@ class _HostDumper:
 
     def _trigger_flight_recorder(self) -> None:
         # the pipes belong to the container's user: write them from inside
-        res = self.h.docker.docker(
+        res = DockerHost.on(self.h).docker(
             "exec", self.name, "sh", "-c",
             'n=0; for p in "$1"/fr-pipe/*.pipe; do [ -p "$p" ] || continue; '
             'timeout 5 sh -c \'echo 1 > "$1"\' sh "$p" && n=$((n+1)); done; echo "triggered=$n"',
@@ -281,7 +281,7 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
             tar.addfile(info, io.BytesIO(data))
     h0.remote.check(["sh", "-c", 'cd "$1" && rm -rf fr-all && tar -xf -', "sh", where], "copying flight-recorder dumps",
                     timeout=300, stdin=buf.getvalue())
-    res = h0.docker.docker(
+    res = DockerHost.on(h0).docker(
         "exec", session.plan.hosts[0].container.name, "sh", "-c",
         'for py in python3 python; do command -v "$py" >/dev/null && exec "$py" -m '
         'torch.distributed.flight_recorder.fr_trace "$1/fr-all" -p rank_; done; echo "no python in the image"',

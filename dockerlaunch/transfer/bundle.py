@@ -21,8 +21,8 @@ from typing import IO, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dockerlaunch.cluster.ssh import Remote
 from dockerlaunch.errors import TransferError, describe_validation_error
+from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.transfer.streams import CHUNK, CountingReader, local_image, save_stream, untagged_chunks
 
 BUNDLE_FORMAT = "dockerlaunch-bundle/1"

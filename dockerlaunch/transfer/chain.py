@@ -17,9 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from dockerlaunch.cluster.session import each
-from dockerlaunch.cluster.ssh import Remote
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.hosts.session import each
+from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.transfer import script
 from dockerlaunch.transfer.plan import HostResult, HostTransfer, PushState
 from dockerlaunch.transfer.streams import CountingReader, LocalImage, outgoing, stream_seconds

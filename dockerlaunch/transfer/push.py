@@ -12,9 +12,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from dockerlaunch.cluster.session import each
-from dockerlaunch.cluster.ssh import Remote
 from dockerlaunch.errors import DockerlaunchError, HostError
+from dockerlaunch.hosts.session import each
+from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.reporting import Reporter
 from dockerlaunch.transfer import script
 from dockerlaunch.transfer.chain import push_chain

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dockerlaunch.cluster.config import load_config
+from dockerlaunch.job.config import load_config
 from dockerlaunch.sim import cluster as sim
 
 
@@ -83,8 +83,8 @@ def demo_image(sim_cluster):
 
 @pytest.fixture(scope="session")
 def remotes(cluster_config):
-    from dockerlaunch.cluster.ssh import Remote
-    from dockerlaunch.cluster.targets import resolve_target
+    from dockerlaunch.hosts.ssh import Remote
+    from dockerlaunch.hosts.targets import resolve_target
 
     out = [Remote(resolve_target(h, cluster_config.ssh)) for h in cluster_config.hosts]
     yield out
@@ -95,7 +95,7 @@ def remotes(cluster_config):
 @pytest.fixture
 def job_containers(remotes):
     """Job containers left on any host, by job name (asked over SSH, as a user would)."""
-    from dockerlaunch.cluster.dockerhost import DockerHost
+    from dockerlaunch.backends.docker.dockerhost import DockerHost
 
     def find(job: str) -> list[str]:
         return [f"{r.name}:{s.name}:{s.status}" for r in remotes for s in DockerHost(r).job_containers(job)]

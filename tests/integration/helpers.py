@@ -94,7 +94,7 @@ def probe_containers_on(remote) -> list[str]:
 
 def containers_on(remote, job: str) -> list[str]:
     """The job's containers on one host (asked over SSH, as a user would)."""
-    from dockerlaunch.cluster.dockerhost import DockerHost
+    from dockerlaunch.backends.docker.dockerhost import DockerHost
 
     return [st.name for st in DockerHost(remote).job_containers(job)]
 

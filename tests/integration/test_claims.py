@@ -88,7 +88,7 @@ def test_logs_follow_streams_until_the_containers_exit(sim_cluster):
 
 
 def test_secret_files_are_0600_on_the_host(cluster_config, tmp_path):
-    from dockerlaunch.cluster import launch
+    from dockerlaunch.backends.docker import launch
 
     session = launch.open_session(cluster_config)
     paths = launch.env_file_paths(session, "dlt-perm")

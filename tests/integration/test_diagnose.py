@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dockerlaunch.cluster.config import load_config
+from dockerlaunch.job.config import load_config
 from dockerlaunch.sim import cluster as sim
 
 from .conftest import _inside_nodes, _leftovers
@@ -53,8 +53,8 @@ def with_file(path: str, text: str, then: str) -> str:
 @pytest.fixture(scope="module")
 def trio(sim_cluster, engine, demo_image, tmp_path_factory):
     """A 3-node cluster of its own (the session's has 2): yields (name, config path, layout, remotes)."""
-    from dockerlaunch.cluster.ssh import Remote
-    from dockerlaunch.cluster.targets import resolve_target
+    from dockerlaunch.hosts.ssh import Remote
+    from dockerlaunch.hosts.targets import resolve_target
 
     name = f"dld{os.getpid()}"
     subnet = f"172.31.{100 + os.getpid() % 100}.0/24"

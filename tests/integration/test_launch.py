@@ -8,7 +8,7 @@ import time
 import pytest
 import yaml
 
-from dockerlaunch.cluster.doctor import listening_ports
+from dockerlaunch.backends.docker.doctor import listening_ports
 from tests.integration.helpers import dl, job_name, start_up, stop_up, variant, wait_for_ready
 
 pytestmark = pytest.mark.integration

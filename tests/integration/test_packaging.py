@@ -30,8 +30,9 @@ def test_a_wheel_install_lists_and_plans_stacks_from_any_directory(tmp_path):
 
     shipped = subprocess.run(
         [str(venv / "bin" / "python"), "-c",
-         "from dockerlaunch import cluster, transfer; from dockerlaunch.images.stacks import default_dockerfiles_dir;"
-         "print(len(transfer.script('relay.sh')), len(cluster.script('observe.sh')), default_dockerfiles_dir())"],
+         "from dockerlaunch import transfer; from dockerlaunch.backends import docker;"
+         "from dockerlaunch.images.stacks import default_dockerfiles_dir;"
+         "print(len(transfer.script('relay.sh')), len(docker.script('observe.sh')), default_dockerfiles_dir())"],
         cwd=work, capture_output=True, text=True, timeout=120)
     assert shipped.returncode == 0, shipped.stderr
     relay, observe, where = shipped.stdout.split()

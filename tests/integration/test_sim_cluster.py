@@ -9,12 +9,13 @@ import time
 
 import pytest
 
-from dockerlaunch.cluster.config import load_config
-from dockerlaunch.cluster.plan import make_plan
-from dockerlaunch.cluster.spec import ContainerSpec
-from dockerlaunch.cluster.ssh import Remote, connect
-from dockerlaunch.cluster.targets import resolve_target
+from dockerlaunch.backends.docker.docker import shell_command
 from dockerlaunch.errors import SSHError
+from dockerlaunch.hosts.ssh import Remote, connect
+from dockerlaunch.hosts.targets import resolve_target
+from dockerlaunch.job.config import load_config
+from dockerlaunch.job.plan import make_plan
+from dockerlaunch.job.spec import ContainerSpec
 from dockerlaunch.sim import cluster as sim
 
 from .conftest import _leftovers
@@ -66,7 +67,7 @@ def test_host_network_container_on_node2_reaches_listener_on_node1(sim_cluster, 
     port = 20000 + secrets.randbelow(20000)
     token = secrets.token_hex(8)
     listener = ContainerSpec(name=f"listen-{token}", image=tools_image, command=["nc", "-l", str(port)], init=False)
-    r = remotes[0].run(listener.shell_command())
+    r = remotes[0].run(shell_command(listener))
     assert r.exit_status == 0, r.stderr
     try:
         talker = ContainerSpec(
@@ -75,7 +76,7 @@ def test_host_network_container_on_node2_reaches_listener_on_node1(sim_cluster, 
                                  f"| nc -N -w 5 {layout[0].ip} {port}"],
         )
         for _ in range(20):  # until the listener is up
-            r = remotes[1].run(talker.shell_command())
+            r = remotes[1].run(shell_command(talker))
             if r.exit_status == 0:
                 break
             time.sleep(0.5)
@@ -95,7 +96,7 @@ def test_nasty_values_reach_the_container_byte_exact(remotes, tools_image):
         name=f"env-{secrets.token_hex(4)}", image=tools_image, detach=False, remove=True, init=False,
         env={"NASTY": NASTY}, command=["sh", "-c", 'printf %s "$NASTY"; printf "\\0"; printf %s "$1"', "sh", NASTY],
     )
-    r = remotes[1].run(spec.shell_command())
+    r = remotes[1].run(shell_command(spec))
     assert r.exit_status == 0, r.stderr
     assert r.stdout.split("\0") == [NASTY, NASTY]
 
@@ -153,7 +154,7 @@ def test_proxy_jump_through_node1_to_node2(cluster_config, sim_cluster, tmp_path
     """~/.ssh/config ProxyJump, resolved by paramiko's SSHConfig and tunnelled through node1."""
     import paramiko
 
-    from dockerlaunch.cluster.config import HostConfig
+    from dockerlaunch.job.config import HostConfig
 
     _, _, layout = sim_cluster
     ssh_config = paramiko.SSHConfig.from_text(

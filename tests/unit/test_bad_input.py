@@ -86,7 +86,7 @@ def test_sim_names_are_checked_before_anything_is_touched(cli, name):
 
 
 def test_a_failed_docker_command_is_reported_by_its_error_line_not_the_usage_hint():
-    from dockerlaunch.cluster.ssh import Result
+    from dockerlaunch.hosts.ssh import Result
 
     stderr = ("Unable to find image 'x:1' locally\n"
               "docker: Error response from daemon: pull access denied for x, repository does not exist.\n"

@@ -3,7 +3,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from dockerlaunch.cluster.config import (
+from dockerlaunch.errors import ConfigError
+from dockerlaunch.job.config import (
     ClusterConfig,
     Overrides,
     apply_overrides,
@@ -11,7 +12,7 @@ from dockerlaunch.cluster.config import (
     parse_host_string,
     parse_mount_string,
 )
-from dockerlaunch.errors import ConfigError
+from dockerlaunch.job.plan import make_plan
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,7 @@ def test_full_config_round_trip():
     assert cfg.container.ulimits == {"memlock": "-1", "nofile": "1048576:1048576"}
     assert cfg.container.cap_add == ["SYS_PTRACE", "IPC_LOCK"]
     assert cfg.container.mounts[0].read_only and cfg.container.mounts[1].shared
-    assert cfg.container.effective_ipc == "host"
+    assert cfg.container.ipc is None and make_plan(cfg).hosts[0].container.ipc == "host"  # host unless asked
     # what `config show` prints validates again to the same thing
     assert ClusterConfig.model_validate(cfg.model_dump(mode="json")) == cfg
 
@@ -219,7 +220,7 @@ def test_documented_example_config_is_valid():
     """docs/dockerlaunch.example.yaml must stay true."""
     from pathlib import Path
 
-    from dockerlaunch.cluster.plan import make_plan
+    from dockerlaunch.job.plan import make_plan
 
     path = Path(__file__).resolve().parents[2] / "docs" / "dockerlaunch.example.yaml"
     cfg = load_config(str(path))

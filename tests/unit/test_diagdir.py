@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from dockerlaunch.cluster import script
+from dockerlaunch.backends.docker import script
 from dockerlaunch.diagnostics.dump import OWNED
 
 NOBODY = 65534

@@ -344,8 +344,8 @@ def test_one_file_of_several_processes_is_split_by_pid():
     ("container", "env", {"NCCL_DEBUG_FILE": "/tmp/nccl.log"}, "not in the job's diagnostics folder"),
 ])
 def test_configs_that_hide_the_transport_say_why(section, key, value, words):
-    from dockerlaunch.cluster.config import validate_config
     from dockerlaunch.diagnostics.collect import unreadable
+    from dockerlaunch.job.config import validate_config
 
     ok = validate_config({"hosts": ["h1"], "container": {"env": {"NCCL_DEBUG": "info"}}})
     assert unreadable(ok) is None

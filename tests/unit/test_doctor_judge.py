@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.doctor import (
+from dockerlaunch.backends.docker.docker import run_argv
+from dockerlaunch.backends.docker.doctor import (
     CHECK_ORDER,
     FAIL,
     PASS,
@@ -23,8 +23,10 @@ from dockerlaunch.cluster.doctor import (
     judge,
     parse_observation,
 )
-from dockerlaunch.cluster.facts import Probe, nic_problem
-from dockerlaunch.cluster.plan import make_plan
+from dockerlaunch.backends.docker.facts import Probe, nic_problem
+from dockerlaunch.hosts.targets import resolve_target
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.plan import make_plan
 
 H0, H1 = "10.0.0.1", "10.0.0.2"
 MASTER = H0
@@ -72,8 +74,10 @@ def unreachable(rank: int, why="connection refused", address: str | None = None)
 
 
 def run(config: ClusterConfig, *hosts: HostObservation, reach_ports=(29500, HIGH_PORT), reach_error=None) -> Report:
-    plan = make_plan(config, local_user="root")
-    return judge(config, plan, Observations(MASTER, list(hosts), reach_ports=reach_ports, reach_error=reach_error))
+    plan = make_plan(config)
+    targets = [resolve_target(h, config.ssh, None, "root") for h in config.hosts]
+    return judge(config, plan, targets,
+                 Observations(MASTER, list(hosts), reach_ports=reach_ports, reach_error=reach_error))
 
 
 def row(report: Report, address: str, name: str, verdict, *words: str) -> Check:
@@ -270,9 +274,9 @@ def test_no_memlock_row_when_the_probe_container_failed():
 def test_probe_container_in_auto_mode_gets_the_memlock_it_will_run_with():
     """On an IB host with infiniband: auto (the default), the job runs with --ulimit memlock=-1:-1 (make_plan with
     facts turns auto into on); the shm/memlock probe container must get it too, or memlock FAILs falsely."""
-    plan = make_plan(cfg(infiniband="auto"), local_user="root")  # the plan doctor.check() judges: no facts
+    plan = make_plan(cfg(infiniband="auto"))  # the plan doctor.check() judges: no facts
     spec = _probe_spec(plan.hosts[0], IMAGE, ["sh", "-c", "ulimit -l"], "dlprobe-shm-x", ib=True)
-    argv = spec.run_argv()
+    argv = run_argv(spec)
     assert "memlock=-1:-1" in argv, argv
     assert "/dev/infiniband" in argv, argv
 
@@ -627,7 +631,7 @@ IB_NO_VERBS = IB_OK.replace("ibverbs=2", "ibverbs=0").replace("ibprovider=1", "i
 
 
 def test_parse_container_facts_reads_ib_shm_and_memlock():
-    from dockerlaunch.cluster.doctor import parse_container_facts
+    from dockerlaunch.backends.docker.doctor import parse_container_facts
 
     f = parse_container_facts(IB_OK)
     assert f.ib_devices == ["rdma_cm", "uverbs0", "uverbs1"] and f.ibverbs and f.ib_provider
@@ -640,7 +644,7 @@ def test_parse_container_facts_reads_ib_shm_and_memlock():
 def test_in_container_probe_finds_libibverbs_in_ldconfig_output():
     import subprocess
 
-    from dockerlaunch.cluster.doctor import IN_CONTAINER_IB, parse_container_facts
+    from dockerlaunch.backends.docker.doctor import IN_CONTAINER_IB, parse_container_facts
 
     # the probe's own shell, with `ldconfig -p` answering as on an image with rdma-core
     fake = ("ls() { :; }; ldconfig() { printf '"
@@ -663,7 +667,7 @@ def test_in_container_probe_finds_libibverbs_in_ldconfig_output():
      (PASS, "libibverbs")),
 ])
 def test_infiniband_inside_the_job_container(out, dev, verbs):
-    from dockerlaunch.cluster.doctor import parse_container_facts
+    from dockerlaunch.backends.docker.doctor import parse_container_facts
 
     ib = probe(ib=True, active=["mlx5_0:1"])
     report = run(cfg(infiniband="on"), host(0, probe=ib), host(1, probe=ib, shm=parse_container_facts(out)))
@@ -699,12 +703,12 @@ def test_model_cache_is_not_judged_on_one_host_or_when_unset():
 
 def test_gpu_access_the_host_cannot_give_is_a_fail_with_the_reason():
     """The GPU probe is planned from what the host reported; an impossible request never reaches docker."""
-    from dockerlaunch.cluster.doctor import host_gpu_access
-    from dockerlaunch.cluster.facts import GpuHost
+    from dockerlaunch.backends.docker.doctor import host_gpu_access
     from dockerlaunch.errors import ConfigError
+    from dockerlaunch.job.facts import GpuHost
 
     config = cfg(gpus=["3"], gpu_mode="auto")
-    plan = make_plan(config, local_user="root")
+    plan = make_plan(config)
     bare = GpuHost(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"), libs=(("libcuda.so.1", "/lib/libcuda.so.1"),))
     with pytest.raises(ConfigError, match=r"asks for GPUs \['3'\] but the host has GPU device nodes: /dev/nvidia0"):
         host_gpu_access(config, plan.hosts[1], Probe("eth0", None, None, False, [], [], 1, gpu=bare))
@@ -724,7 +728,7 @@ HUBS_DOWN = ("hub.huggingface.co=ConnectionError: Failed to resolve 'huggingface
 
 
 def test_parse_container_facts_reads_the_hub_lines():
-    from dockerlaunch.cluster.doctor import parse_container_facts
+    from dockerlaunch.backends.docker.doctor import parse_container_facts
 
     f = parse_container_facts(HUBS_DOWN)
     assert f.hubs == {"huggingface.co": "ConnectionError: Failed to resolve 'huggingface.co' ([Errno -2] Name or "
@@ -761,7 +765,7 @@ def test_hub_probe_asks_for_real_and_names_the_failure(tmp_path):
     import sys
     import threading
 
-    from dockerlaunch.cluster.doctor import HUB_CHECK, parse_container_facts
+    from dockerlaunch.backends.docker.doctor import HUB_CHECK, parse_container_facts
 
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501
     threading.Thread(target=server.serve_forever, daemon=True).start()

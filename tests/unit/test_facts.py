@@ -4,9 +4,15 @@ import json
 
 import pytest
 
-from dockerlaunch.cluster.dockerhost import parse_inspect
-from dockerlaunch.cluster.doctor import count_gpus, listening_ports, local_ports, parse_df_kb
-from dockerlaunch.cluster.facts import nic_problem, parse_addr_owner, parse_ib_ports, parse_probe, parse_route_get
+from dockerlaunch.backends.docker.dockerhost import parse_inspect
+from dockerlaunch.backends.docker.doctor import count_gpus, listening_ports, local_ports, parse_df_kb
+from dockerlaunch.backends.docker.facts import (
+    nic_problem,
+    parse_addr_owner,
+    parse_ib_ports,
+    parse_probe,
+    parse_route_get,
+)
 
 
 def test_route_via_gateway():

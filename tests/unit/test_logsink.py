@@ -2,8 +2,8 @@ import io
 
 from rich.console import Console
 
+from dockerlaunch.backends.docker.launch import LogSink
 from dockerlaunch.cli.console import RichReporter
-from dockerlaunch.cluster.launch import LogSink
 
 
 def _sink(buf, rank, host, path):

@@ -2,10 +2,14 @@ import json
 
 import pytest
 
-from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.plan import HostFacts, make_plan
-from dockerlaunch.cluster.spec import Deferred, UnresolvedError
+from dockerlaunch.backends.docker.docker import argv as docker_argv
+from dockerlaunch.backends.docker.docker import run_argv
 from dockerlaunch.errors import ConfigError
+from dockerlaunch.hosts.targets import resolve_all, resolve_target
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.facts import HostFacts
+from dockerlaunch.job.plan import make_plan
+from dockerlaunch.job.spec import Deferred, UnresolvedError
 
 
 def cfg(**kw) -> ClusterConfig:
@@ -58,7 +62,7 @@ def test_rank_env_and_names():
         assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "12345"
         assert env["NPROC_PER_NODE"] == "8"
         assert h.container.name == f"sft-{rank}"
-        argv = h.container.argv()
+        argv = docker_argv(h.container)
         assert flag_values(argv, "--network") == ["host"]
         assert flag_values(argv, "--ipc") == ["host"]
         assert flag_values(argv, "--restart") == ["no"]
@@ -85,9 +89,11 @@ def test_ssh_config_hostname_gives_master_addr():
     import paramiko
 
     sc = paramiko.SSHConfig.from_text("Host gpu1\n  HostName 10.5.5.5\n  User ubuntu\n")
-    plan = make_plan(cfg(hosts=["gpu1", "gpu2"]), ssh_config=sc)
-    assert plan.master_addr == "10.5.5.5"
-    assert plan.hosts[0].ssh.user == "ubuntu" and plan.hosts[0].ssh.hostname == "10.5.5.5"
+    config = cfg(hosts=["gpu1", "gpu2"])
+    target = resolve_target(config.hosts[0], config.ssh, sc)
+    assert target.user == "ubuntu" and target.hostname == "10.5.5.5"
+    assert make_plan(config, master_hostname=target.hostname).master_addr == "10.5.5.5"
+    assert isinstance(make_plan(config).master_addr, Deferred)  # a name, not an address: resolved at launch
 
 
 @pytest.mark.parametrize(
@@ -103,7 +109,7 @@ def test_ssh_config_hostname_gives_master_addr():
 )
 def test_gpu_flags(gpus, mode, gpu_flag, devices, nproc):
     h = make_plan(cfg(container={"gpus": gpus, "gpu_mode": mode, "infiniband": "off"})).hosts[0]
-    argv = h.container.argv()
+    argv = docker_argv(h.container)
     assert flag_values(argv, "--gpus") == ([gpu_flag] if gpu_flag else [])
     assert flag_values(argv, "--device") == devices
     if nproc is None:
@@ -118,30 +124,30 @@ def test_per_host_overrides():
                          job={"nproc_per_node": 8}))
     assert plan.hosts[0].container.env["NPROC_PER_NODE"] == "8"
     assert plan.hosts[1].container.env["NPROC_PER_NODE"] == "3"
-    assert flag_values(plan.hosts[1].container.argv(), "--gpus") == ["2"]
+    assert flag_values(docker_argv(plan.hosts[1].container), "--gpus") == ["2"]
 
 
 def test_infiniband_modes():
     on = make_plan(cfg(container={"infiniband": "on"}), facts={0: HostFacts(ib_hca="mlx5_0:1,mlx5_1:1")}).hosts[0]
-    argv = on.container.argv()
+    argv = docker_argv(on.container)
     assert "/dev/infiniband" in flag_values(argv, "--device")
     assert "IPC_LOCK" in flag_values(argv, "--cap-add")
     assert "memlock=-1:-1" in flag_values(argv, "--ulimit")
     assert on.container.env["NCCL_IB_HCA"] == "mlx5_0:1,mlx5_1:1"
 
     off = make_plan(cfg(container={"infiniband": "off"})).hosts[0].container
-    assert "/dev/infiniband" not in off.argv() and "NCCL_IB_HCA" not in off.env and not off.deferred_flags
+    assert "/dev/infiniband" not in docker_argv(off) and "NCCL_IB_HCA" not in off.env and off.infiniband is False
 
     auto = make_plan(cfg()).hosts[0].container
-    assert auto.deferred_flags and isinstance(auto.env["NCCL_IB_HCA"], Deferred)
+    assert isinstance(auto.infiniband, Deferred) and isinstance(auto.env["NCCL_IB_HCA"], Deferred)
     auto_no_ib = make_plan(cfg(), facts={0: HostFacts(infiniband=False)}).hosts[0].container
-    assert not auto_no_ib.deferred_flags and "/dev/infiniband" not in auto_no_ib.argv()
+    assert auto_no_ib.infiniband is False and "/dev/infiniband" not in docker_argv(auto_no_ib)
     auto_ib = make_plan(cfg(), facts={0: HostFacts(infiniband=True, ib_hca="")}).hosts[0].container
-    assert "/dev/infiniband" in auto_ib.argv() and "NCCL_IB_HCA" not in auto_ib.env
+    assert "/dev/infiniband" in docker_argv(auto_ib) and "NCCL_IB_HCA" not in auto_ib.env
 
     # the user's memlock wins (the sim VMs refuse memlock=-1)
     mine = make_plan(cfg(container={"infiniband": "on", "ulimits": {"memlock": "8192"}})).hosts[0].container
-    assert flag_values(mine.argv(), "--ulimit") == ["memlock=8192"]
+    assert flag_values(docker_argv(mine), "--ulimit") == ["memlock=8192:8192"]
 
 
 def test_user_env_wins_but_rank_env_is_reserved():
@@ -154,7 +160,7 @@ def test_user_env_wins_but_rank_env_is_reserved():
 
 def test_ipc_and_shm():
     c = make_plan(cfg(container={"shm_size": "64g"})).hosts[0].container
-    assert flag_values(c.argv(), "--ipc") == ["private"] and flag_values(c.argv(), "--shm-size") == ["64g"]
+    assert flag_values(docker_argv(c), "--ipc") == ["private"] and flag_values(docker_argv(c), "--shm-size") == ["64g"]
 
 
 def test_command_forms():
@@ -173,7 +179,7 @@ def test_mounts_and_extras():
     c = make_plan(cfg(container={"mounts": ["/data:/data:ro", "/ckpt:/ckpt"], "workdir": "/w", "user": "1000:1000",
                                  "extra_args": ["--pids-limit", "-1"], "cap_add": ["SYS_PTRACE"],
                                  "infiniband": "off"})).hosts[0].container
-    argv = c.argv()
+    argv = docker_argv(c)
     diag = "/var/tmp/dockerlaunch/dockerlaunch"
     assert flag_values(argv, "--volume") == ["/data:/data:ro", "/ckpt:/ckpt", f"{diag}:{diag}"]
     assert flag_values(argv, "--workdir") == ["/w"] and flag_values(argv, "--user") == ["1000:1000"]
@@ -185,18 +191,18 @@ def test_resolved_plan_has_no_placeholders_and_unresolved_is_refused():
     dry = make_plan(cfg())
     assert dry.unresolved()
     with pytest.raises(UnresolvedError):
-        dry.hosts[0].container.run_argv()
+        run_argv(dry.hosts[0].container)
     facts = {r: HostFacts(interface="eth0", gpu_count=8, infiniband=False) for r in range(2)}
     no_run = make_plan(cfg(), facts=facts)
     assert [u.split(":")[0] for u in no_run.unresolved()] == ["rank 0 (10.0.0.1) label dockerlaunch.run",
                                                               "rank 1 (10.0.0.2) label dockerlaunch.run"]
     with pytest.raises(UnresolvedError, match="dockerlaunch.run"):
-        no_run.hosts[0].container.run_argv()
+        run_argv(no_run.hosts[0].container)
     full = make_plan(cfg(), facts=facts, run_id="r1")
     assert full.unresolved() == []
     assert all(h.container.labels["dockerlaunch.run"] == "r1" for h in full.hosts)
     for h in full.hosts:
-        argv = h.container.run_argv()
+        argv = run_argv(h.container)
         assert not any(isinstance(a, Deferred) or "<resolved at launch" in a for a in argv)
         assert h.container.env["NCCL_SOCKET_IFNAME"] == "eth0" == h.container.env["GLOO_SOCKET_IFNAME"]
 
@@ -208,7 +214,7 @@ def test_env_files_are_never_inlined():
     facts = {r: HostFacts(interface="eth0", gpu_count=1, env_files=(f"/tmp/dl-{r}.env",)) for r in range(2)}
     c = make_plan(cfg(container={"env_files": ["/home/me/secrets.env"], "infiniband": "off"}),
                   facts=facts, run_id="r1").hosts[1].container
-    assert flag_values(c.run_argv(), "--env-file") == ["/tmp/dl-1.env"]
+    assert flag_values(run_argv(c), "--env-file") == ["/tmp/dl-1.env"]
 
 
 # ---------------------------------------------------------------- diagnostics
@@ -218,7 +224,7 @@ def test_diagnostics_are_on_by_default_and_write_into_the_job_folder():
     plan = make_plan(cfg(job={"name": "qwen"}, diagnostics={"dir": "/scratch/dl/"}))
     c = plan.hosts[1].container
     assert plan.diag_dir == "/scratch/dl/qwen"
-    assert "/scratch/dl/qwen:/scratch/dl/qwen" in flag_values(c.argv(), "--volume")
+    assert "/scratch/dl/qwen:/scratch/dl/qwen" in flag_values(docker_argv(c), "--volume")
     assert "SYS_PTRACE" in c.cap_add
     assert c.env["NCCL_DEBUG"] == "INFO" and c.env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
     assert c.env["NCCL_DEBUG_FILE"] == "/scratch/dl/qwen/nccl/nccl.1.%h.%p.log"  # host 1's container
@@ -239,19 +245,19 @@ def test_user_values_win_over_diagnostics_and_each_part_turns_off():
 
 
 def test_no_diagnostics_flag_turns_everything_off():
-    from dockerlaunch.cluster.config import Overrides, apply_overrides, validate_config
+    from dockerlaunch.job.config import Overrides, apply_overrides, validate_config
 
     data = apply_overrides({"hosts": ["10.0.0.1"], "image": "i", "diagnostics": {"dir": "/d"}},
                            Overrides(diagnostics=False))
     plan = make_plan(validate_config(data))
     c = plan.hosts[0].container
-    assert plan.diag_dir is None and not any(v.startswith("/d") for v in flag_values(c.argv(), "--volume"))
+    assert plan.diag_dir is None and not any(v.startswith("/d") for v in flag_values(docker_argv(c), "--volume"))
     assert "SYS_PTRACE" not in c.cap_add and not any(k.startswith(("NCCL_DEBUG", "TORCH_")) for k in c.env)
 
 
 @pytest.mark.parametrize("bad", ["relative/dir", "/", "/a:b", "/a b", "/a,b"])
 def test_diagnostics_dir_must_be_an_absolute_plain_path(bad):
-    from dockerlaunch.cluster.config import validate_config
+    from dockerlaunch.job.config import validate_config
 
     with pytest.raises(ConfigError, match="diagnostics.dir"):
         validate_config({"hosts": ["10.0.0.1"], "diagnostics": {"dir": bad}})
@@ -266,7 +272,7 @@ NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidi
 
 
 def gpu_host(**kw):
-    from dockerlaunch.cluster.facts import GpuHost
+    from dockerlaunch.job.facts import GpuHost
 
     base = dict(device_nodes=NODES, libs=LIBS, nvidia_smi="/usr/bin/nvidia-smi", engine="20.10.24",
                 image_env=("PATH=/usr/bin", "LD_LIBRARY_PATH=/opt/lib"))
@@ -280,9 +286,9 @@ def planned(container=None, gpu=None, hosts=("10.0.0.1",)):
 
 def test_auto_prefers_the_toolkit_then_cdi_then_device_nodes():
     toolkit = planned(gpu=gpu_host(nvidia_runtime=True, cdi_specs=("/etc/cdi/nvidia.yaml",), engine="27.3.1"))
-    assert toolkit.gpu_mode == "gpus" and flag_values(toolkit.container.argv(), "--gpus") == ["all"]
+    assert toolkit.gpu_mode == "gpus" and flag_values(docker_argv(toolkit.container), "--gpus") == ["all"]
     cdi = planned(gpu=gpu_host(cdi_specs=("/etc/cdi/nvidia.yaml",), engine="27.3.1"))
-    assert cdi.gpu_mode == "cdi" and flag_values(cdi.container.argv(), "--device") == ["nvidia.com/gpu=all"]
+    assert cdi.gpu_mode == "cdi" and flag_values(docker_argv(cdi.container), "--device") == ["nvidia.com/gpu=all"]
     old_engine = planned(gpu=gpu_host(cdi_specs=("/etc/cdi/nvidia.yaml",), engine="24.0.7"))
     assert old_engine.gpu_mode == "devices"  # CDI needs Docker >= 25
     bare = planned()
@@ -291,7 +297,7 @@ def test_auto_prefers_the_toolkit_then_cdi_then_device_nodes():
 
 def test_device_mode_passes_nodes_driver_libraries_and_the_loader_path():
     hp = planned()
-    argv = hp.container.argv()
+    argv = docker_argv(hp.container)
     assert flag_values(argv, "--device") == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
                                              "/dev/nvidia0", "/dev/nvidia1"]
     vols = flag_values(argv, "--volume")
@@ -304,7 +310,7 @@ def test_device_mode_passes_nodes_driver_libraries_and_the_loader_path():
 def test_device_mode_passes_every_gpu_node_and_chooses_with_cuda_visible_devices():
     """NCCL P2P between two containers of one machine needs the peer's node (recorded: 'invalid device ordinal')."""
     one = planned(container={"gpus": ["1"]}).container
-    assert [d for d in flag_values(one.argv(), "--device") if d[-1].isdigit()] == ["/dev/nvidia0", "/dev/nvidia1"]
+    assert [d for d in flag_values(docker_argv(one), "--device") if d[-1].isdigit()] == ["/dev/nvidia0", "/dev/nvidia1"]
     assert one.env["CUDA_VISIBLE_DEVICES"] == "1"
     assert planned(container={"gpus": 1}).container.env["CUDA_VISIBLE_DEVICES"] == "0"
     assert "CUDA_VISIBLE_DEVICES" not in planned().container.env  # all of them
@@ -334,13 +340,14 @@ def test_impossible_gpu_requests_name_the_host_and_the_fix(container, gpu, words
 
 def test_dry_run_defers_gpu_access_and_fixed_modes_do_not():
     auto = make_plan(cfg(container={"gpu_mode": "auto"})).hosts[0]
-    assert isinstance(auto.gpu_mode, Deferred) and "GPU access of the host" in str(auto.container.deferred_flags[0])
+    assert isinstance(auto.gpu_mode, Deferred) and "GPU access of the host" in auto.container.gpu
     fixed = make_plan(cfg(container={"gpu_mode": "gpus"})).hosts[0]
-    assert fixed.gpu_mode == "gpus" and flag_values(fixed.container.argv(), "--gpus") == ["all"]
+    assert fixed.gpu_mode == "gpus" and flag_values(docker_argv(fixed.container), "--gpus") == ["all"]
     devices = make_plan(cfg(container={"gpu_mode": "devices"})).hosts[0]
-    assert "device nodes and driver libraries" in str(devices.container.deferred_flags[0])
+    assert "device nodes and driver libraries" in devices.container.gpu
     none = make_plan(cfg(container={"gpus": "none", "gpu_mode": "auto"})).hosts[0]
-    assert none.gpu_mode == "none" and not any("GPU" in d for d in none.container.deferred_flags)
+    assert none.gpu_mode == "none" and none.container.gpu is None
+    assert not any(u.startswith("gpus") for u in none.container.unresolved())
 
 
 # ---------------------------------------------------------------- the local host
@@ -348,15 +355,15 @@ def test_dry_run_defers_gpu_access_and_fixed_modes_do_not():
 
 def test_local_host_runs_without_ssh_on_loopback():
     plan = make_plan(cfg(hosts=["local"], container={"gpus": "none"}))
-    assert plan.master_addr == "127.0.0.1" and plan.hosts[0].ssh.local
-    assert plan.hosts[0].ssh.describe() == "local (no SSH)"
+    assert plan.master_addr == "127.0.0.1" and plan.hosts[0].host.local
+    assert resolve_all(plan.config)[0].describe() == "local (no SSH)"
     two = make_plan(cfg(hosts=[{"address": "local", "gpus": ["0"]}, {"address": "local", "gpus": ["1"]}]))
     assert two.master_addr == "127.0.0.1" and [h.container.name for h in two.hosts] == ["dockerlaunch-0",
                                                                                           "dockerlaunch-1"]
 
 
 def test_local_beside_ssh_hosts_needs_its_advertise_addr():
-    from dockerlaunch.cluster.config import validate_config
+    from dockerlaunch.job.config import validate_config
 
     with pytest.raises(ConfigError, match=r"hosts\[0\] local: in a job with SSH hosts, give its advertise_addr"):
         validate_config({"hosts": ["local", "10.0.0.2"]})
@@ -374,7 +381,7 @@ def test_flight_recorder_names_follow_the_images_torch(torch, old):
 
 
 def test_probe_reads_the_images_labels_and_gpu_facts():
-    from dockerlaunch.cluster.facts import parse_probe
+    from dockerlaunch.backends.docker.facts import parse_probe
 
     p = parse_probe('route=10.0.0.1 dev eth0 src 10.0.0.2 uid 0\nhas_ip=1\ngpus=2\n'
                     'image_labels={"ai.dockerlaunch.pin.torch":"2.11.0"}\n'
@@ -392,16 +399,15 @@ def test_probe_reads_the_images_labels_and_gpu_facts():
 
 
 def test_offline_sets_the_hubs_switches_and_the_user_wins():
-    from dockerlaunch.cluster.plan import OFFLINE_ENV
+    from dockerlaunch.job.plan import OFFLINE_ENV
 
     plan = make_plan(ClusterConfig.model_validate({
         "hosts": ["h1", "h2"], "image": "img", "ssh": {"config_file": None}, "job": {"offline": True},
-        "container": {"env": {"HF_DATASETS_OFFLINE": "0"}}}), local_user="root")
+        "container": {"env": {"HF_DATASETS_OFFLINE": "0"}}}))
     for hp in plan.hosts:
         env = hp.container.env
         assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1" and env["HF_DATASETS_OFFLINE"] == "0"
-    online = make_plan(ClusterConfig.model_validate({"hosts": ["h1"], "image": "img", "ssh": {"config_file": None}}),
-                       local_user="root")
+    online = make_plan(ClusterConfig.model_validate({"hosts": ["h1"], "image": "img", "ssh": {"config_file": None}}),)
     assert not set(OFFLINE_ENV) & set(online.hosts[0].container.env) and online.advice == []
 
 
@@ -417,7 +423,7 @@ def test_offline_sets_the_hubs_switches_and_the_user_wins():
     (None, False),
 ])
 def test_offline_advice_names_check_model_for_ms_swift_trainers(command, advised):
-    from dockerlaunch.cluster.plan import offline_advice
+    from dockerlaunch.job.plan import offline_advice
 
     note = offline_advice(command)
     assert (note is not None) == advised, note
@@ -430,8 +436,8 @@ def test_offline_advice_reaches_the_plan_and_the_dry_run():
 
     data = {"hosts": ["h1"], "image": "img", "ssh": {"config_file": None},
             "job": {"offline": True, "command": ["swift", "sft", "--model", "/m"]}}
-    plan = make_plan(ClusterConfig.model_validate(data), local_user="root")
-    assert len(plan.advice) == 1 and "note: job.offline: ms-swift" in render_plan(plan)
+    plan = make_plan(ClusterConfig.model_validate(data))
+    assert len(plan.advice) == 1 and "note: job.offline: ms-swift" in render_plan(plan, resolve_all(plan.config))
     assert plan.to_dict()["advice"] == plan.advice
     data["job"]["offline"] = False
-    assert make_plan(ClusterConfig.model_validate(data), local_user="root").advice == []
+    assert make_plan(ClusterConfig.model_validate(data)).advice == []

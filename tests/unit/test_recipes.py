@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dockerlaunch.cluster.config import validate_config
-from dockerlaunch.cluster.doctor import CACHE_ENV, PASS, Report, _judge_caches
-from dockerlaunch.cluster.facts import GpuHost
-from dockerlaunch.cluster.plan import OFFLINE_ENV, HostFacts, make_plan
+from dockerlaunch.backends.docker.docker import run_argv
+from dockerlaunch.backends.docker.doctor import CACHE_ENV, PASS, Report, _judge_caches
 from dockerlaunch.images.stacks import load_matrix
+from dockerlaunch.job.config import validate_config
+from dockerlaunch.job.facts import GpuHost
+from dockerlaunch.job.plan import OFFLINE_ENV, HostFacts, make_plan
 
 RECIPES = Path(__file__).resolve().parents[2] / "docs" / "RECIPES.md"
 
@@ -49,9 +50,9 @@ def test_recipe_plans_the_flags_multi_node_training_needs(name, body):
                           master_addr="10.0.0.1" if r == 0 else None,
                           gpu=GpuHost(nvidia_runtime=True, device_nodes=("/dev/nvidiactl",)))
              for r in range(n)}
-    plan = make_plan(config, facts=facts, local_user="ubuntu", run_id="abc123")
+    plan = make_plan(config, facts=facts, run_id="abc123")
     for hp in plan.hosts:
-        argv = hp.container.run_argv()  # no placeholder left: this is what `up` runs
+        argv = run_argv(hp.container)  # no placeholder left: this is what `up` runs
         assert flags(argv, "--network") == ["host"] and flags(argv, "--ipc") == ["host"], name
         assert "--publish" not in argv and "-p" not in argv, name
         assert "/dev/infiniband" in flags(argv, "--device") and "IPC_LOCK" in flags(argv, "--cap-add"), name
@@ -67,7 +68,7 @@ def test_recipe_plans_the_flags_multi_node_training_needs(name, body):
             assert f"${var}" in command, (name, var)
     if config.job.offline:  # air-gapped: the hubs' switches in every container, and no advice left to follow
         for hp in plan.hosts:
-            env = dict(e.split("=", 1) for e in flags(hp.container.run_argv(), "--env"))
+            env = dict(e.split("=", 1) for e in flags(run_argv(hp.container), "--env"))
             assert all(env[k] == "1" for k in OFFLINE_ENV), name
         assert plan.advice == [], plan.advice
         assert not re.search(r"--(model|dataset) [A-Za-z]", command), "air-gapped: local paths, not hub ids"

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from dockerlaunch.cluster.session import Outcomes, each
 from dockerlaunch.errors import DockerlaunchError, HostError, SSHError
+from dockerlaunch.hosts.session import Outcomes, each
 
 
 def test_outcomes_keep_order_values_and_errors():

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.plan import make_plan
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.plan import make_plan
 from dockerlaunch.sim.cluster import SimError, node_layout, parse_rate, render_cluster_config
 
 
@@ -29,7 +29,10 @@ def test_rendered_config_is_a_valid_cluster_config():
     assert cfg.ssh.host_key_policy == "strict" and cfg.ssh.known_hosts == "/state/c/known_hosts"
     plan = make_plan(cfg)
     assert plan.master_addr == "172.30.0.11"
-    assert not plan.hosts[0].container.deferred_flags  # IB off: nothing left to the host but the NIC
+    c = plan.hosts[0].container
+    assert c.infiniband is False and c.gpu is None  # IB and GPUs off: nothing left to the host but the NIC
+    assert [u.split(":")[0] for u in c.unresolved()] == ["env NCCL_SOCKET_IFNAME", "env GLOO_SOCKET_IFNAME",
+                                                        "label dockerlaunch.run"]
 
 
 @pytest.mark.parametrize("rate", ["200mbit", "1gbit", "1.5mbit"])

@@ -3,9 +3,9 @@ import os
 import paramiko
 import pytest
 
-from dockerlaunch.cluster.config import HostConfig, SSHSettings
-from dockerlaunch.cluster.targets import resolve_target
 from dockerlaunch.errors import SSHError
+from dockerlaunch.hosts.targets import resolve_target
+from dockerlaunch.job.config import HostConfig, SSHSettings
 
 SSH_CONFIG = """
 Host gpu*

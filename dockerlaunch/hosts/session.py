@@ -13,12 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.dockerhost import DockerHost
-from dockerlaunch.cluster.local import open_remote
-from dockerlaunch.cluster.ssh import Remote
-from dockerlaunch.cluster.targets import SSHTarget, resolve_all
 from dockerlaunch.errors import DockerlaunchError, SSHError
+from dockerlaunch.hosts.local import open_remote
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.hosts.targets import SSHTarget, resolve_all
+from dockerlaunch.job.config import ClusterConfig
 
 T = TypeVar("T")
 MAX_WORKERS = 32
@@ -140,11 +139,11 @@ class Host:
     def connected(self) -> bool:
         return self.remote is not None
 
-    @property
-    def docker(self) -> DockerHost:
+    def connection(self) -> Remote:
+        """The connection, or why there is none."""
         if self.remote is None:
             raise self.error or SSHError(self.address, "not connected")
-        return DockerHost(self.remote)
+        return self.remote
 
     @property
     def name(self) -> str:

@@ -1,8 +1,8 @@
-"""Plan: config (+ facts gathered from hosts, when there are any) -> one exact container per host.
+"""Plan: config -> one neutral container spec per node, made once; host facts then fill its placeholders.
 
-Pure: no SSH, no Docker, no clock. `--dry-run` prints the plan made without facts, where
-host-dependent values are `Deferred`; the apply layer gathers `HostFacts` and plans again, and
-only a plan without placeholders can start containers.
+Pure: no SSH, no Docker, no clock. `make_plan` is what `--dry-run` and `render` show, with host-dependent values
+as `Deferred`; the docker backend gathers `HostFacts` at launch and `resolve` fills exactly those values, so the
+plan `up` applies is the one the dry run printed. Every decision about what a job container needs is made here.
 """
 
 from __future__ import annotations
@@ -11,14 +11,21 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-import paramiko
-
 from dockerlaunch import __version__
-from dockerlaunch.cluster.config import ClusterConfig, HostConfig, is_ip, is_loopback
-from dockerlaunch.cluster.facts import GpuHost
-from dockerlaunch.cluster.spec import ContainerSpec, Deferred
-from dockerlaunch.cluster.targets import SSHTarget, resolve_target
 from dockerlaunch.errors import ConfigError
+from dockerlaunch.job.config import ClusterConfig, HostConfig, is_ip, is_loopback
+from dockerlaunch.job.facts import GpuHost, HostFacts
+from dockerlaunch.job.spec import (
+    IB_CAP,
+    IB_DEVICE,
+    IB_MEMLOCK,
+    BindMount,
+    ContainerSpec,
+    Deferred,
+    GpuAccess,
+    GpuRequest,
+    Ulimit,
+)
 
 RANK_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
 LABEL_JOB = "dockerlaunch.job"
@@ -26,7 +33,6 @@ LABEL_RANK = "dockerlaunch.rank"
 LABEL_NNODES = "dockerlaunch.nnodes"
 LABEL_VERSION = "dockerlaunch.version"
 LABEL_RUN = "dockerlaunch.run"  # one launch of the job: what a host's watchdog removes
-IB_FLAGS = ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1:-1"]
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 FR_ENTRIES = "2000"  # flight-recorder ring size: collectives remembered per rank
 NVIDIA_DIR = "/usr/local/nvidia"  # where nvidia/cuda images look for the driver (their PATH and LD_LIBRARY_PATH)
@@ -40,25 +46,10 @@ SWIFT_TRAINERS = {"sft", "pt", "rlhf"}  # `swift X` / `megatron X` that build a 
 DIAG_SUBDIRS = ("nccl", "fr", "fr-pipe")
 
 
-@dataclass(frozen=True)
-class HostFacts:
-    """What the apply layer learns on a host before planning for real (None = not known)."""
-
-    interface: str | None = None  # from `ip route get MASTER_ADDR`
-    gpu_count: int | None = None
-    infiniband: bool | None = None  # /dev/infiniband present
-    ib_hca: str | None = None  # ACTIVE ports, NCCL_IB_HCA syntax
-    master_addr: str | None = None  # host 0 only: the address the others reach
-    env_files: tuple[str, ...] | None = None  # remote paths of the uploaded secret env files
-    gpu: GpuHost | None = None  # how containers there reach the GPUs
-    torch: str | None = None  # the image's torch, where its labels say (dockerlaunch-built images do)
-
-
 @dataclass
 class HostPlan:
     rank: int
     host: HostConfig
-    ssh: SSHTarget
     nproc_per_node: int | Deferred
     container: ContainerSpec
     gpu_mode: str | Deferred = "none"  # gpus / cdi / devices, as resolved for this host
@@ -70,7 +61,10 @@ class HostPlan:
 
 
 @dataclass
-class ClusterPlan:
+class JobPlan:
+    """The whole job, backend-neutral: what `--dry-run` and `render` show and what `up` applies once resolved."""
+
+    config: ClusterConfig
     job: str
     image: str
     nnodes: int
@@ -79,6 +73,7 @@ class ClusterPlan:
     hosts: list[HostPlan] = field(default_factory=list)
     diag_dir: str | None = None  # DIR/<job> on every host, when any diagnostics are on
     advice: list[str] = field(default_factory=list)  # what the user should change; printed by --dry-run and `up`
+    master_hostname: str | None = None  # host 0's address as SSH resolves it (~/.ssh/config HostName)
 
     def unresolved(self) -> list[str]:
         return [f"rank {h.rank} ({h.address}) {u}" for h in self.hosts for u in h.container.unresolved()]
@@ -96,14 +91,12 @@ class ClusterPlan:
                 {
                     "rank": h.rank,
                     "address": h.address,
-                    "ssh": h.ssh.describe(),
                     "nproc_per_node": (
                         str(h.nproc_per_node) if isinstance(h.nproc_per_node, Deferred) else h.nproc_per_node
                     ),
                     "container": h.container.name,
                     "gpu_mode": str(h.gpu_mode),
                     "env": dict(h.container.env),
-                    "argv": h.container.argv(),
                     "unresolved": h.container.unresolved(),
                 }
                 for h in self.hosts
@@ -115,11 +108,12 @@ def container_name(job: str, rank: int) -> str:
     return f"{job}-{rank}"
 
 
-def _master_addr(config: ClusterConfig, target0: SSHTarget, facts0: HostFacts | None) -> str:
+def _master_addr(config: ClusterConfig, hostname0: str | None, facts0: HostFacts | None) -> str:
     host0 = config.hosts[0]
     many = not config.one_machine
+    hostname0 = "127.0.0.1" if host0.local else hostname0 or host0.address
     # a `local` host's own name says nothing: with SSH hosts beside it, its advertise_addr is required
-    names = [] if target0.local and many else [target0.hostname, host0.address]
+    names = [] if host0.local and many else [hostname0, host0.address]
     candidates = [host0.advertise_addr, facts0.master_addr if facts0 else None, *names]
     for c in candidates:
         if c and many and is_loopback(c):
@@ -132,23 +126,9 @@ def _master_addr(config: ClusterConfig, target0: SSHTarget, facts0: HostFacts | 
         return host0.advertise_addr
     if facts0 and facts0.master_addr:
         return facts0.master_addr
-    if is_ip(target0.hostname):
-        return target0.hostname
-    return Deferred(f"address of {host0.address} that the other hosts reach")
-
-
-def _gpu_flags(gpus, mode: str) -> tuple[str | None, list[str]]:
-    if gpus == "none":
-        return None, []
-    if mode == "cdi":
-        devs = ["all"] if gpus == "all" else list(gpus)
-        return None, [f"nvidia.com/gpu={d}" for d in devs]
-    if gpus == "all":
-        return "all", []
-    if isinstance(gpus, int):
-        return str(gpus), []
-    # docker parses --gpus as CSV: a device list must be quoted inside the value
-    return '"device=' + ",".join(gpus) + '"', []
+    if is_ip(hostname0) and not (host0.local and many):
+        return hostname0
+    return Deferred(f"address of {host0.address} that the other hosts reach", "master_addr")
 
 
 def resolve_gpu_mode(requested: str, gpu: GpuHost) -> tuple[str, str]:
@@ -161,18 +141,6 @@ def resolve_gpu_mode(requested: str, gpu: GpuHost) -> tuple[str, str]:
     if gpu.cdi_specs and major >= 25:
         return "cdi", f"CDI spec {gpu.cdi_specs[0]}, Docker {gpu.engine}"
     return "devices", "no toolkit runtime or CDI spec: device nodes and the driver's libraries"
-
-
-@dataclass(frozen=True)
-class GpuAccess:
-    """What a container needs to reach its GPUs in one mode."""
-
-    mode: str
-    why: str
-    gpus: str | None = None  # docker --gpus value
-    devices: tuple[str, ...] = ()
-    mounts: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
 
 
 def _numbered(node: str) -> int | None:
@@ -208,9 +176,9 @@ def device_access(gpus, gpu: GpuHost, user_env: dict[str, str], where: str, why:
         raise ConfigError(f"{where}: no NVIDIA driver libraries found with `ldconfig -p` (libcuda, libnvidia-ml); "
                           "is the driver installed?")
     devices = [n for n in GPU_CONTROL_NODES if n in gpu.device_nodes] + numbered
-    mounts = [f"{path}:{NVIDIA_DIR}/lib64/{soname}:ro" for soname, path in gpu.libs]
+    mounts = [BindMount(path, f"{NVIDIA_DIR}/lib64/{soname}", read_only=True) for soname, path in gpu.libs]
     if gpu.nvidia_smi:
-        mounts.append(f"{gpu.nvidia_smi}:{NVIDIA_DIR}/bin/nvidia-smi:ro")
+        mounts.append(BindMount(gpu.nvidia_smi, f"{NVIDIA_DIR}/bin/nvidia-smi", read_only=True))
     env: list[tuple[str, str]] = []
     if chosen != numbered and "CUDA_VISIBLE_DEVICES" not in user_env:
         env.append(("CUDA_VISIBLE_DEVICES", ",".join(str(_numbered(n)) for n in chosen)))
@@ -218,27 +186,35 @@ def device_access(gpus, gpu: GpuHost, user_env: dict[str, str], where: str, why:
         image = dict(e.split("=", 1) for e in (gpu.image_env or ()) if "=" in e).get("LD_LIBRARY_PATH", "")
         if f"{NVIDIA_DIR}/lib64" not in image.split(":"):
             env.append(("LD_LIBRARY_PATH", ":".join(p for p in (f"{NVIDIA_DIR}/lib64", image) if p)))
-    return GpuAccess("devices", why, devices=tuple(devices), mounts=tuple(mounts), env=tuple(env))
+    return GpuAccess("devices", why, gpu_request(gpus), devices=tuple(devices), mounts=tuple(mounts), env=tuple(env))
 
 
 def gpu_access(gpus, requested: str, gpu: GpuHost | None, user_env: dict[str, str], where: str
                ) -> GpuAccess | Deferred | None:
-    """The GPU flags for one host; Deferred when they depend on facts not gathered yet (a dry run)."""
+    """How a Docker engine on one host reaches the job's GPUs; Deferred when that depends on facts not gathered
+    yet (a dry run)."""
     if gpus == "none":
         return None
     if requested in ("gpus", "cdi"):
         mode, why = requested, "set in the config"
     elif gpu is None:
         return Deferred("GPU access of the host: --gpus (toolkit), CDI, or /dev/nvidia* + driver libraries"
-                        if requested == "auto" else "/dev/nvidia* device nodes and driver libraries of the host")
+                        if requested == "auto" else "/dev/nvidia* device nodes and driver libraries of the host",
+                        "gpu_access")
     else:
         mode, why = resolve_gpu_mode(requested, gpu)
     if mode == "devices":
         return device_access(gpus, gpu, user_env, where, why)
     if mode == "cdi" and isinstance(gpus, int):
         raise ConfigError(f"{where}: CDI (chosen for this host) takes gpus: all or a device list, not a count")
-    value, cdi = _gpu_flags(gpus, mode)
-    return GpuAccess(mode, why, gpus=value, devices=tuple(cdi))
+    return GpuAccess(mode, why, gpu_request(gpus))
+
+
+def gpu_request(gpus) -> GpuRequest | None:
+    """The config's request (`all`, `none`, a count, a device list) as the spec holds it."""
+    if gpus == "none":
+        return None
+    return tuple(gpus) if isinstance(gpus, list) else gpus
 
 
 def _nproc(config: ClusterConfig, host: HostConfig, gpus, facts: HostFacts | None) -> int | Deferred:
@@ -254,7 +230,7 @@ def _nproc(config: ClusterConfig, host: HostConfig, gpus, facts: HostFacts | Non
         return len(gpus)
     if facts and facts.gpu_count:
         return facts.gpu_count
-    return Deferred("GPU count of the host")
+    return Deferred("GPU count of the host", "gpu_count")
 
 
 def diag_dir(config: ClusterConfig) -> str:
@@ -330,13 +306,14 @@ def _command(config: ClusterConfig) -> list[str]:
 def make_plan(
     config: ClusterConfig,
     facts: dict[int, HostFacts] | None = None,
-    ssh_config: paramiko.SSHConfig | None = None,
-    local_user: str | None = None,
-    targets: list[SSHTarget] | None = None,
+    *,
+    master_hostname: str | None = None,
     run_id: str | None = None,
-) -> ClusterPlan:
-    """Per-host plan; `facts` is keyed by rank. `targets` (already resolved, e.g. by a `Cluster`) spare
-    resolving them again from `ssh_config`."""
+) -> JobPlan:
+    """The job's plan; `facts` (keyed by rank) fill host values, else they stay `Deferred` (dry run, render).
+
+    `master_hostname`: host 0's address as SSH resolves it (an ~/.ssh/config alias's HostName), a candidate
+    for MASTER_ADDR."""
     facts = facts or {}
     if not config.image:
         raise ConfigError("no image: pass --image IMAGE or set image: in the config")
@@ -346,111 +323,124 @@ def make_plan(
             f"container.env.{reserved[0]} is set per rank by dockerlaunch; remove it "
             "(use --master-port, --nproc-per-node or the host list instead)"
         )
-    if targets is None:
-        targets = [resolve_target(h, config.ssh, ssh_config, local_user) for h in config.hosts]
-    master_addr = _master_addr(config, targets[0], facts.get(0))
-    c = config.container
-    nnodes = len(config.hosts)
-    plan = ClusterPlan(
-        job=config.job.name, image=config.image, nnodes=nnodes, master_addr=master_addr,
-        master_port=config.job.master_port,
-        diag_dir=diag_dir(config) if config.diagnostics.enabled else None,
+    master_addr = _master_addr(config, master_hostname, facts.get(0))
+    plan = JobPlan(
+        config=config, job=config.job.name, image=config.image, nnodes=len(config.hosts), master_addr=master_addr,
+        master_port=config.job.master_port, diag_dir=diag_dir(config) if config.diagnostics.enabled else None,
+        master_hostname=master_hostname,
     )
     note = offline_advice(config.job.command) if config.job.offline else None
     if note:
         plan.advice.append(note)
-    for rank, (host, target) in enumerate(zip(config.hosts, targets)):
-        f = facts.get(rank)
-        gpus = host.gpus if host.gpus is not None else c.gpus
-        access = gpu_access(gpus, c.gpu_mode, f.gpu if f else None, c.env, f"hosts[{rank}] {host.address}")
-        nproc = _nproc(config, host, gpus, f)
-
-        env: dict[str, str] = {
-            "NNODES": str(nnodes),
-            "NODE_RANK": str(rank),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(config.job.master_port),
-            "NPROC_PER_NODE": nproc if isinstance(nproc, Deferred) else str(nproc),
-        }
-        iface = f.interface if f and f.interface else Deferred(f"NIC of the route to {master_addr}")
-        env["NCCL_SOCKET_IFNAME"] = iface
-        env["GLOO_SOCKET_IFNAME"] = iface
-
-        caps = list(c.cap_add)
-        ulimits: dict[str, str] = {}
-        deferred_flags: list[Deferred] = []
-        devices: list[str] = []
-        gpu_mounts: list[str] = []
-        if isinstance(access, GpuAccess):
-            devices += access.devices
-            gpu_mounts += access.mounts
-            env.update(dict(access.env))
-        elif isinstance(access, Deferred):
-            deferred_flags.append(access)
-        ib = c.infiniband
-        if ib == "auto" and f is not None and f.infiniband is not None:
-            ib = "on" if f.infiniband else "off"
-        if ib == "on":
-            devices.append("/dev/infiniband")
-            if "IPC_LOCK" not in caps:
-                caps.append("IPC_LOCK")
-            ulimits["memlock"] = "-1:-1"
-            if f is not None and f.ib_hca is not None:
-                if f.ib_hca:
-                    env["NCCL_IB_HCA"] = f.ib_hca
-            else:
-                env["NCCL_IB_HCA"] = Deferred("ACTIVE InfiniBand ports of the host")
-        elif ib == "auto":
-            deferred_flags.append(Deferred("if the host has /dev/infiniband: " + " ".join(IB_FLAGS)))
-            env["NCCL_IB_HCA"] = Deferred("ACTIVE InfiniBand ports of the host, if any")
-        ulimits.update(c.ulimits)  # the user's values win
-        if config.diagnostics.ptrace and "SYS_PTRACE" not in caps:
-            caps.append("SYS_PTRACE")  # py-spy; cannot be added once the container runs
-        env.update(DEFAULT_ENV)
-        env.update(diagnostics_env(config, f.torch if f else None, rank))
-        if config.job.offline:
-            env.update(OFFLINE_ENV)
-        env.update(c.env)  # the user's values win over the launcher's NCCL/GLOO guesses
-
-        if c.env_files:
-            if f is not None and f.env_files is not None:
-                env_files = list(f.env_files)
-            else:
-                env_files = [Deferred(f"0600 copy of {p} on the host, removed after start") for p in c.env_files]
-        else:
-            env_files = []
-
-        spec = ContainerSpec(
-            name=container_name(config.job.name, rank),
-            image=config.image,
-            command=_command(config),
-            env=env,
-            env_files=env_files,
-            labels={
-                LABEL_JOB: config.job.name,
-                LABEL_RANK: str(rank),
-                LABEL_NNODES: str(nnodes),
-                LABEL_VERSION: __version__,
-                LABEL_RUN: run_id or Deferred("a random id of this launch"),
-            },
-            mounts=[m.render() for m in c.mounts] + gpu_mounts
-            + ([f"{plan.diag_dir}:{plan.diag_dir}"] if plan.diag_dir else []),
-            network="host",
-            ipc=c.effective_ipc,
-            shm_size=c.shm_size,
-            gpus=access.gpus if isinstance(access, GpuAccess) else None,
-            devices=devices,
-            cap_add=caps,
-            ulimits=ulimits,
-            workdir=c.workdir,
-            user=c.user,
-            privileged=c.privileged,
-            extra_args=list(c.extra_args),
-            deferred_flags=deferred_flags,
-        )
-        plan.hosts.append(HostPlan(
-            rank=rank, host=host, ssh=target, nproc_per_node=nproc, container=spec,
-            gpu_mode=access.mode if isinstance(access, GpuAccess) else access if access is not None else "none",
-            gpu_why=access.why if isinstance(access, GpuAccess) else "",
-        ))
+    plan.hosts = [_host_plan(plan, rank, host, facts.get(rank), run_id) for rank, host in enumerate(config.hosts)]
     return plan
+
+
+def resolve(plan: JobPlan, facts: dict[int, HostFacts], run_id: str) -> JobPlan:
+    """The same plan with its placeholders filled from what the hosts said (the docker backend, at launch).
+
+    The planning rules are the ones that made the dry plan, so what `up --dry-run` printed is what runs, with
+    host facts where it showed `<resolved at launch: ...>` (tests/unit/test_plan.py keeps that true)."""
+    return make_plan(plan.config, facts, master_hostname=plan.master_hostname, run_id=run_id)
+
+
+def infiniband_needs(spec: ContainerSpec, user_ulimits: dict[str, Ulimit]) -> None:
+    """What InfiniBand needs in a container, added to the spec: the device folder, IPC_LOCK, unlimited memlock
+    (the user's own memlock wins)."""
+    if IB_DEVICE not in spec.devices:
+        spec.devices.append(IB_DEVICE)
+    if IB_CAP not in spec.cap_add:
+        spec.cap_add.append(IB_CAP)
+    if "memlock" not in user_ulimits:
+        spec.ulimits = {"memlock": IB_MEMLOCK, **spec.ulimits}
+    spec.infiniband = True
+
+
+def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, run_id: str | None) -> HostPlan:
+    config, c = plan.config, plan.config.container
+    master_addr = plan.master_addr
+    gpus = host.gpus if host.gpus is not None else c.gpus
+    access = gpu_access(gpus, c.gpu_mode, f.gpu if f else None, c.env, f"hosts[{rank}] {host.address}")
+    nproc = _nproc(config, host, gpus, f)
+
+    env: dict[str, str] = {
+        "NNODES": str(plan.nnodes),
+        "NODE_RANK": str(rank),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(config.job.master_port),
+        "NPROC_PER_NODE": nproc if isinstance(nproc, Deferred) else str(nproc),
+    }
+    iface = f.interface if f and f.interface else Deferred(f"NIC of the route to {master_addr}", "nic")
+    env["NCCL_SOCKET_IFNAME"] = iface
+    env["GLOO_SOCKET_IFNAME"] = iface
+
+    user_ulimits = {k: Ulimit.parse(v) for k, v in c.ulimits.items()}
+    spec = ContainerSpec(
+        name=container_name(config.job.name, rank),
+        image=config.image or "",
+        command=_command(config),
+        labels={
+            LABEL_JOB: config.job.name,
+            LABEL_RANK: str(rank),
+            LABEL_NNODES: str(plan.nnodes),
+            LABEL_VERSION: __version__,
+            LABEL_RUN: run_id or Deferred("a random id of this launch", "run_id"),
+        },
+        mounts=[BindMount(m.source, m.target, m.read_only) for m in c.mounts],
+        gpus=gpu_request(gpus),
+        gpu=access,
+        host_network=True,
+        ipc=effective_ipc(c.ipc, c.shm_size),
+        shm_size=c.shm_size,
+        cap_add=list(c.cap_add),
+        workdir=c.workdir,
+        user=c.user,
+        privileged=c.privileged,
+        docker_args=list(c.extra_args),
+    )
+    if isinstance(access, GpuAccess):
+        spec.devices += access.devices
+        spec.mounts += access.mounts
+        env.update(dict(access.env))
+    ib = c.infiniband
+    if ib == "auto" and f is not None and f.infiniband is not None:
+        ib = "on" if f.infiniband else "off"
+    if ib == "on":
+        infiniband_needs(spec, user_ulimits)
+        if f is not None and f.ib_hca is not None:
+            if f.ib_hca:
+                env["NCCL_IB_HCA"] = f.ib_hca
+        else:
+            env["NCCL_IB_HCA"] = Deferred("ACTIVE InfiniBand ports of the host", "ib_hca")
+    elif ib == "auto":
+        spec.infiniband = Deferred("if the host has /dev/infiniband: its device folder, IPC_LOCK, memlock unlimited",
+                                   "infiniband")
+        env["NCCL_IB_HCA"] = Deferred("ACTIVE InfiniBand ports of the host, if any", "ib_hca")
+    spec.ulimits.update(user_ulimits)  # the user's values win
+    if config.diagnostics.ptrace and "SYS_PTRACE" not in spec.cap_add:
+        spec.cap_add.append("SYS_PTRACE")  # py-spy; cannot be added once the container runs
+    env.update(DEFAULT_ENV)
+    env.update(diagnostics_env(config, f.torch if f else None, rank))
+    if config.job.offline:
+        env.update(OFFLINE_ENV)
+    env.update(c.env)  # the user's values win over the launcher's NCCL/GLOO guesses
+    spec.env = env
+    if c.env_files:
+        if f is not None and f.env_files is not None:
+            spec.env_files = list(f.env_files)
+        else:
+            spec.env_files = [Deferred(f"0600 copy of {p} on the host, removed after start", "env_file")
+                              for p in c.env_files]
+    if plan.diag_dir:
+        spec.mounts.append(BindMount(plan.diag_dir, plan.diag_dir))
+    return HostPlan(
+        rank=rank, host=host, nproc_per_node=nproc, container=spec,
+        gpu_mode=access.mode if isinstance(access, GpuAccess) else access if access is not None else "none",
+        gpu_why=access.why if isinstance(access, GpuAccess) else "",
+    )
+
+
+def effective_ipc(ipc: str | None, shm_size: str | None) -> str:
+    """Host IPC unless asked otherwise: 64 MB of /dev/shm breaks dataloaders, and NCCL between containers of one
+    machine needs the shared namespace (77x slower over sockets without it, benchmarks/RESULTS.md)."""
+    return ipc or ("private" if shm_size else "host")

@@ -13,9 +13,9 @@ import collections
 import subprocess
 import threading
 
-from dockerlaunch.cluster.ssh import Remote
-from dockerlaunch.cluster.targets import SSHTarget
 from dockerlaunch.errors import SSHError
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.hosts.targets import SSHTarget
 
 
 class LocalChannel:

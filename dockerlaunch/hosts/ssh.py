@@ -18,8 +18,8 @@ from typing import BinaryIO
 
 import paramiko
 
-from dockerlaunch.cluster.targets import SSHTarget
 from dockerlaunch.errors import HostError, SSHError
+from dockerlaunch.hosts.targets import SSHTarget
 
 WRITE_FAILURE_GRACE = 5.0  # seconds a command may take to exit after its input failed
 

@@ -19,15 +19,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from dockerlaunch.cluster import facts as factslib
-from dockerlaunch.cluster import script
-from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.dockerhost import ContainerState
-from dockerlaunch.cluster.plan import DIAG_SUBDIRS, TORCH_LABEL, ClusterPlan, HostFacts, make_plan
-from dockerlaunch.cluster.session import Cluster, each
-from dockerlaunch.cluster.spec import Deferred
-from dockerlaunch.cluster.watchdog import Watchdogs
+from dockerlaunch.backends.docker import facts as factslib
+from dockerlaunch.backends.docker import script
+from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost
+from dockerlaunch.backends.docker.watchdog import Watchdogs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, Terminated
+from dockerlaunch.hosts.session import Cluster, each
+from dockerlaunch.hosts.targets import SSHTarget, resolve_all
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.facts import HostFacts
+from dockerlaunch.job.plan import DIAG_SUBDIRS, TORCH_LABEL, JobPlan, make_plan, resolve
+from dockerlaunch.job.spec import Deferred
 from dockerlaunch.reporting import Reporter
 
 MONITOR_JOIN = 15.0  # after the job ends, monitors get this long to say their last word
@@ -37,10 +39,11 @@ START_SETTLE = 30.0  # on Ctrl-C during the start, wait this long for `docker ru
 
 @dataclass
 class Session:
-    """A connected cluster and its dry plan (targets, names); the real plan comes from `gather_facts`."""
+    """A connected cluster and the job's plan (made once, before any host was asked); `resolve` fills its
+    placeholders from `gather_facts`."""
 
     cluster: Cluster
-    plan: ClusterPlan
+    plan: JobPlan
 
     @property
     def config(self) -> ClusterConfig:
@@ -50,13 +53,19 @@ class Session:
         self.cluster.close()
 
 
-Monitor = Callable[[Session, ClusterPlan, Reporter, threading.Event], None]
+Monitor = Callable[[Session, JobPlan, Reporter, threading.Event], None]
 
 
-def open_session(config: ClusterConfig) -> Session:
+def plan_job(config: ClusterConfig, targets: list[SSHTarget] | None = None) -> JobPlan:
+    """The job's one plan, with host 0's address as SSH resolves it (a candidate for MASTER_ADDR)."""
+    targets = targets if targets is not None else resolve_all(config)
+    return make_plan(config, master_hostname=targets[0].hostname)
+
+
+def open_session(config: ClusterConfig, plan: JobPlan | None = None) -> Session:
     cluster = Cluster.connect(config)
     try:
-        return Session(cluster, make_plan(config, targets=cluster.targets))
+        return Session(cluster, plan or plan_job(config, cluster.targets))
     except BaseException:
         cluster.close()
         raise
@@ -116,7 +125,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
 
 
 def existing_job_containers(session: Session, job: str) -> list[tuple[str, ContainerState]]:
-    found = session.cluster.each(lambda h: h.docker.job_containers(job)).raise_first()
+    found = session.cluster.each(lambda h: DockerHost.on(h).job_containers(job)).raise_first()
     return [(h.name, s) for h, states in zip(session.cluster.hosts, found) for s in states]
 
 
@@ -216,21 +225,23 @@ def up(
     log_dir: str | None = "dockerlaunch-logs",
     reporter: Reporter | None = None,
     monitors: Sequence[Monitor] = (),
+    plan: JobPlan | None = None,
 ) -> int:
-    """Start the job; return the exit code `dockerlaunch up` exits with.
+    """Start the job; return the exit code `dockerlaunch up` exits with. `plan`: the one the caller showed or
+    checked (`plan_job(config)`), made here when not given.
 
     `monitors` run in threads beside a started job (not --detach), until `stop` is set (e.g. the transport
     watcher of `diagnostics`, which lives above this layer)."""
     reporter = reporter or Reporter()
     job = config.job.name
     secrets_blob = read_env_files(config) if config.container.env_files else b""
-    session = open_session(config)
+    session = open_session(config, plan)
     try:
         clear_leftovers(session, job, reporter)
         for note in session.plan.advice:
             reporter.say(f"note: {note}", "yellow")
         if preflight:
-            from dockerlaunch.cluster import doctor
+            from dockerlaunch.backends.docker import doctor
 
             report = doctor.check(session.cluster, session.plan)
             reporter.checks(report)
@@ -244,11 +255,11 @@ def up(
             if secrets_blob:
                 upload_env_files(session, env_paths, secrets_blob)
             run_id = secrets.token_hex(6)
-            plan = make_plan(config, facts=gather_facts(session, env_paths), targets=session.cluster.targets,
-                             run_id=run_id)
-            if plan.unresolved():
-                raise DockerlaunchError("internal: plan still has unresolved values: " + "; ".join(plan.unresolved()))
-            return _start_and_watch(session, plan, reporter, detach=detach, keep=keep, log_dir=log_dir,
+            applied = resolve(session.plan, gather_facts(session, env_paths), run_id)
+            if applied.unresolved():
+                raise DockerlaunchError("internal: plan still has unresolved values: "
+                                        + "; ".join(applied.unresolved()))
+            return _start_and_watch(session, applied, reporter, detach=detach, keep=keep, log_dir=log_dir,
                                     env_paths=env_paths, run_id=run_id, monitors=monitors)
         finally:
             if env_paths:  # normally gone already (removed as each `docker run` returned): the safety net
@@ -269,7 +280,7 @@ def clear_leftovers(session: Session, job: str, reporter: Reporter) -> None:
         by_host: dict[str, list[str]] = {}
         for host, s in existing:
             by_host.setdefault(host, []).append(s.name)
-        session.cluster.each(lambda h: h.docker.remove(by_host.get(h.name, []), grace=0)).raise_first()
+        session.cluster.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []), grace=0)).raise_first()
         reporter.say(f"removed {len(existing)} leftover container(s) of an earlier run of {job}")
     remove_stale_env_files(session, job)
 
@@ -293,13 +304,13 @@ def prepare_diag_dirs(session: Session) -> None:
         )
 
 
-def _remove_everywhere(session: Session, plan: ClusterPlan, grace: int = 3, skip: tuple[int, ...] = ()):
+def _remove_everywhere(session: Session, plan: JobPlan, grace: int = 3, skip: tuple[int, ...] = ()):
     names = {hp.rank: hp.container.name for hp in plan.hosts}
     hosts = [h for h in session.cluster.hosts if h.rank not in skip]
-    return session.cluster.each(lambda h: h.docker.remove([names[h.rank]], grace=grace), hosts)
+    return session.cluster.each(lambda h: DockerHost.on(h).remove([names[h.rank]], grace=grace), hosts)
 
 
-def _teardown(session: Session, plan: ClusterPlan, reporter: Reporter, why: str, skip: tuple[int, ...] = ()) -> None:
+def _teardown(session: Session, plan: JobPlan, reporter: Reporter, why: str, skip: tuple[int, ...] = ()) -> None:
     n = plan.nnodes - len(skip)
     reporter.say(f"{why}: stopping and removing job containers on {n} host(s)", "bold yellow")
     for o in _remove_everywhere(session, plan, skip=skip).failed:
@@ -307,7 +318,7 @@ def _teardown(session: Session, plan: ClusterPlan, reporter: Reporter, why: str,
                      "bold red")
 
 
-def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *, detach: bool, keep: bool,
+def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, detach: bool, keep: bool,
                      log_dir: str | None, env_paths: dict[int, tuple[str, ...]], run_id: str,
                      monitors: Sequence[Monitor] = ()) -> int:
     config = session.config
@@ -326,7 +337,7 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
 
         def start(h) -> str:
             try:
-                return h.docker.run_container(plan.hosts[h.rank].container)
+                return DockerHost.on(h).run_container(plan.hosts[h.rank].container)
             finally:
                 if env_paths.get(h.rank):  # `docker run` has read the secrets: they leave the host now
                     h.remote.run(["rm", "-f", *env_paths.pop(h.rank)], timeout=30)
@@ -353,10 +364,10 @@ def _start_and_watch(session: Session, plan: ClusterPlan, reporter: Reporter, *,
         def watch(i: int) -> None:
             hp = plan.hosts[i]
             try:
-                hosts[i].docker.follow_logs(hp.container.name, sinks[i], stop=stop)
+                DockerHost.on(hosts[i]).follow_logs(hp.container.name, sinks[i], stop=stop)
                 if stop.is_set():
                     return
-                exits.put((i, hosts[i].docker.wait(hp.container.name, timeout=120)))
+                exits.put((i, DockerHost.on(hosts[i]).wait(hp.container.name, timeout=120)))
             except Exception as e:  # noqa: BLE001 - reported to the main thread
                 exits.put((i, e))
 
@@ -441,7 +452,7 @@ def down(config: ClusterConfig, reporter: Reporter | None = None) -> int:
         by_host: dict[str, list[str]] = {}
         for host, s in found:
             by_host.setdefault(host, []).append(s.name)
-        for o in session.cluster.each(lambda h: h.docker.remove(by_host.get(h.name, []))).failed:
+        for o in session.cluster.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []))).failed:
             raise DockerlaunchError(f"host {o.item.name}: removing containers failed: {o.error}")
         remove_stale_env_files(session, config.job.name)
         reporter.say(f"removed {len(found)} container(s) of job {config.job.name}")
@@ -481,8 +492,8 @@ def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, t
             hp = session.plan.hosts[i]
             sink = LogSink(reporter, hp.rank, hp.address, None)
             sinks.append(sink)
-            return session.cluster.hosts[i].docker.follow_logs(hp.container.name, sink, follow=follow, stop=stop,
-                                                               tail=tail)
+            docker = DockerHost.on(session.cluster.hosts[i])
+            return docker.follow_logs(hp.container.name, sink, follow=follow, stop=stop, tail=tail)
 
         try:
             results = each(show, ranks)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import paramiko
 
-from dockerlaunch.cluster.config import ClusterConfig, HostConfig, SSHSettings, parse_host_string
 from dockerlaunch.errors import ConfigError, SSHError
+from dockerlaunch.job.config import ClusterConfig, HostConfig, SSHSettings, parse_host_string
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 MAX_JUMPS = 8

@@ -297,10 +297,6 @@ class ContainerSettings(_Model):
             raise ValueError("gpu_mode devices takes GPU indices (e.g. [0, 1]), not UUIDs: it passes /dev/nvidiaN")
         return self
 
-    @property
-    def effective_ipc(self) -> str:
-        return self.ipc or ("private" if self.shm_size else "host")
-
 
 class JobSettings(_Model):
     name: str = Field("dockerlaunch", description="Container names are <name>-<rank>.")

@@ -9,8 +9,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from dockerlaunch.cluster import script
-from dockerlaunch.cluster.ssh import Remote
+from dockerlaunch.backends.docker import script
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.job.facts import GpuHost
 
 BAD_IFACE = re.compile(r"^(lo|docker\d*|virbr\d*|br-[0-9a-f]+|veth.*)$")
 
@@ -78,19 +79,6 @@ class Probe:
     gpu_count: int | None  # None: no nvidia-smi on the host
     gpu: GpuHost = field(default_factory=lambda: GpuHost())
     image_labels: dict[str, str] | None = None  # the job image's labels there (None: not asked or no image)
-
-
-@dataclass(frozen=True)
-class GpuHost:
-    """How containers on a host can reach its GPUs (probe.sh; only where /dev/nvidiactl exists)."""
-
-    device_nodes: tuple[str, ...] = ()  # /dev/nvidia*
-    nvidia_runtime: bool = False  # nvidia-container-toolkit registered with dockerd (--gpus works)
-    cdi_specs: tuple[str, ...] = ()  # CDI spec files naming nvidia.com/gpu
-    engine: str | None = None  # dockerd version (CDI needs >= 25)
-    libs: tuple[tuple[str, str], ...] = ()  # (soname, host path) of the driver's libraries, x86-64
-    nvidia_smi: str | None = None
-    image_env: tuple[str, ...] | None = None  # the job image's Config.Env, when asked
 
 
 def parse_ldconfig(lines: list[str]) -> tuple[tuple[str, str], ...]:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import paramiko
 
-from dockerlaunch.cluster import script
-from dockerlaunch.cluster.session import Host
+from dockerlaunch.backends.docker import script
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.hosts.session import Host
 
 INTERVAL = 2.0  # seconds between heartbeats
 READY_TIMEOUT = 15.0  # for the first answer of every watchdog

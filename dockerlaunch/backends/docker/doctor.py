@@ -14,14 +14,16 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 
-from dockerlaunch.cluster import facts as factslib
-from dockerlaunch.cluster import script
-from dockerlaunch.cluster.config import ClusterConfig
-from dockerlaunch.cluster.plan import NVIDIA_DIR, ClusterPlan, GpuAccess, HostPlan, gpu_access, make_plan
-from dockerlaunch.cluster.session import Cluster, Host
-from dockerlaunch.cluster.spec import ContainerSpec, Deferred
+from dockerlaunch.backends.docker import facts as factslib
+from dockerlaunch.backends.docker import script
+from dockerlaunch.backends.docker.docker import run_argv
 from dockerlaunch.enums import StrEnum
 from dockerlaunch.errors import ConfigError, HostError
+from dockerlaunch.hosts.session import Cluster, Host
+from dockerlaunch.hosts.targets import SSHTarget
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, gpu_access, infiniband_needs
+from dockerlaunch.job.spec import IB_CAP, BindMount, ContainerSpec, Deferred, GpuAccess
 
 
 class Verdict(StrEnum):
@@ -196,24 +198,23 @@ def parse_observation(obs: HostObservation, text: str) -> HostObservation:
 
 
 def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,
-                ib: bool = False, mounts: list[str] | None = None, env: dict[str, str] | None = None) -> ContainerSpec:
+                ib: bool = False, mounts: list[BindMount] | None = None, env: dict[str, str] | None = None
+                ) -> ContainerSpec:
     """A short-lived container with the job's runtime flags that matter for the check, and the job's own mounts
     (an image may take its tools from them)."""
     c = hp.container
-    devices = [d for d in c.devices if ib and d == "/dev/infiniband"] + list(gpu.devices if gpu else ())
-    ulimits = {k: v for k, v in c.ulimits.items() if ib or k != "memlock"}
-    caps = [x for x in c.cap_add if ib or x != "IPC_LOCK"]
-    if ib:  # what the job gets where IB is used, even when the dry plan left it to the host (infiniband: auto)
-        devices += [] if "/dev/infiniband" in devices else ["/dev/infiniband"]
-        ulimits = {"memlock": "-1:-1", **ulimits}  # the user's own memlock wins, as in the plan
-        caps += [] if "IPC_LOCK" in caps else ["IPC_LOCK"]
-    return ContainerSpec(
-        name=name, image=image, command=command, network="host", ipc=c.ipc, shm_size=c.shm_size,
-        gpus=gpu.gpus if gpu else None, devices=devices, ulimits=ulimits, cap_add=caps,
+    spec = ContainerSpec(
+        name=name, image=image, command=command, ipc=c.ipc, shm_size=c.shm_size,
+        gpus=gpu.request if gpu else None, gpu=gpu, devices=list(gpu.devices if gpu else ()),
+        ulimits=dict(c.ulimits) if ib else {k: v for k, v in c.ulimits.items() if k != "memlock"},
+        cap_add=list(c.cap_add) if ib else [x for x in c.cap_add if x != IB_CAP],
         mounts=list(mounts or []) + (list(gpu.mounts) if gpu else []),
         env={**(env or {}), **(dict(gpu.env) if gpu else {})},
         detach=False, remove=True, init=False, labels={"dockerlaunch.probe": "1"},
     )
+    if ib:  # what the job gets where IB is used, even when the dry plan left it to the host (infiniband: auto)
+        infiniband_needs(spec, spec.ulimits)  # a memlock the job has (the user's own) wins, as in the plan
+    return spec
 
 
 def wants_gpus(hp: HostPlan) -> bool:
@@ -235,7 +236,7 @@ def uses_ib(mode: str, probe: factslib.Probe | None) -> bool:
 
 
 def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> HostObservation:
-    obs = HostObservation(h.rank, h.address, ssh=hp.ssh.describe())
+    obs = HostObservation(h.rank, h.address, ssh=h.target.describe())
     first: list[float] = []
     out = bytearray()
 
@@ -263,13 +264,13 @@ def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> 
 
 
 def _in_container(h: Host, spec: ContainerSpec) -> tuple[bool, str]:
-    r = h.remote.run(spec.run_argv(), timeout=120)
+    r = h.remote.run(run_argv(spec), timeout=120)
     return r.ok, r.stdout if r.ok else r.last_line()
 
 
 def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str) -> None:
     ib = uses_ib(config.container.infiniband, obs.probe)
-    mounts = [m.render() for m in config.container.mounts]
+    mounts = [BindMount(m.source, m.target, m.read_only) for m in config.container.mounts]
     hubs = not config.job.offline
     script_ = (HUBS if hubs else "") + (IN_CONTAINER_IB if ib else "") + SHM_AND_MEMLOCK
     spec = _probe_spec(hp, image, ["sh", "-c", script_] + (["sh", HUB_CHECK] if hubs else []),
@@ -378,7 +379,7 @@ def _observe_shared(cluster: Cluster, config: ClusterConfig, obs: list[HostObser
             h0.remote.run(["rm", "-f", path], timeout=30)
 
 
-def _observe_reach(cluster: Cluster, plan: ClusterPlan, observations: Observations) -> None:
+def _observe_reach(cluster: Cluster, plan: JobPlan, observations: Observations) -> None:
     """Listeners in a --network host container on host 0 (master port + a random high port); nc from the others."""
     obs = observations.hosts
     others = [h for h in cluster.live if h.rank != 0 and obs[h.rank].usable]
@@ -391,11 +392,11 @@ def _observe_reach(cluster: Cluster, plan: ClusterPlan, observations: Observatio
     observations.reach_ports = ports
     name = f"dlprobe-listen-{secrets.token_hex(4)}"
     listen = " & ".join(f"nc -lk {p} >/dev/null" for p in ports) + " & wait"
-    listener = ContainerSpec(name=name, image=plan.image, command=["sh", "-c", listen], network="host",
+    listener = ContainerSpec(name=name, image=plan.image, command=["sh", "-c", listen],
                              init=True, remove=True, labels={"dockerlaunch.probe": "1"})
     h0 = cluster.hosts[0]
     try:  # from before the start: an interrupt between start and cleanup must not leave the listener
-        started = h0.remote.run(listener.run_argv(), timeout=60)
+        started = h0.remote.run(run_argv(listener), timeout=60)
         if not started.ok:
             observations.reach_error = started.last_line()
             return
@@ -412,12 +413,12 @@ def _observe_reach(cluster: Cluster, plan: ClusterPlan, observations: Observatio
                 return "image missing here"  # type: ignore[return-value]
             bad = []
             for p in ports:
-                spec = ContainerSpec(name=f"dlprobe-nc-{secrets.token_hex(4)}", image=plan.image, network="host",
+                spec = ContainerSpec(name=f"dlprobe-nc-{secrets.token_hex(4)}", image=plan.image,
                                      command=["nc", "-vz", "-w3", master, str(p)], detach=False, remove=True,
                                      init=False, labels={"dockerlaunch.probe": "1"})
                 r = None
                 for _ in range(2):
-                    r = h.remote.run(spec.run_argv(), timeout=60)
+                    r = h.remote.run(run_argv(spec), timeout=60)
                     if r.ok:
                         break
                     time.sleep(0.5)
@@ -431,12 +432,12 @@ def _observe_reach(cluster: Cluster, plan: ClusterPlan, observations: Observatio
         h0.remote.run(["docker", "rm", "-f", name], timeout=60)
 
 
-def observe(cluster: Cluster, plan: ClusterPlan) -> Observations:
+def observe(cluster: Cluster, plan: JobPlan) -> Observations:
     config = cluster.config
     master = plan.master_addr
     if isinstance(master, Deferred):
         master = cluster.peer_ip(0) or master
-    obs = [HostObservation(h.rank, h.address, ssh=plan.hosts[h.rank].ssh.describe(),
+    obs = [HostObservation(h.rank, h.address, ssh=h.target.describe(),
                            ssh_error=h.error.reason if h.error else None) for h in cluster.hosts]
     for o in cluster.each(lambda h: _observe_host(h, plan.hosts[h.rank], config, master)):
         if o.ok:
@@ -471,7 +472,8 @@ def observe(cluster: Cluster, plan: ClusterPlan) -> Observations:
 # ---------------------------------------------------------------- judge (pure)
 
 
-def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, o: HostObservation, master: str) -> None:
+def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSHTarget, o: HostObservation,
+                master: str) -> None:
     a = o.address
     if o.ssh_error:
         report.add(a, "ssh", FAIL, o.ssh_error)
@@ -483,7 +485,7 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, o: HostObse
     if o.docker is None:
         why = o.docker_error or "no answer"
         hint = " (add the user to the docker group)" if "permission denied" in why.lower() else ""
-        report.add(a, "docker", FAIL, f"docker not usable by {hp.ssh.user}: {why}{hint}")
+        report.add(a, "docker", FAIL, f"docker not usable by {target.user}: {why}{hint}")
     else:
         report.add(a, "docker", PASS, f"engine {o.docker}")
     p = o.probe
@@ -608,7 +610,7 @@ def _judge_ib_container(report: Report, a: str, c: ContainerFacts) -> None:
         report.add(a, "image ibverbs", PASS, "libibverbs and a verbs provider")
 
 
-def _judge_image(report: Report, plan: ClusterPlan, obs: list[HostObservation]) -> None:
+def _judge_image(report: Report, plan: JobPlan, obs: list[HostObservation]) -> None:
     checked = [o for o in obs if o.usable and o.image_id is not None]
     reference = next((o.image_id for o in checked if o.image_id), None)
     all_hosts = ",".join(h.address for h in plan.hosts)
@@ -623,7 +625,7 @@ def _judge_image(report: Report, plan: ClusterPlan, obs: list[HostObservation]) 
             report.add(o.address, "image", PASS, o.image_id[7:19])
 
 
-def _judge_cluster(report: Report, config: ClusterConfig, plan: ClusterPlan, ob: Observations) -> None:
+def _judge_cluster(report: Report, config: ClusterConfig, plan: JobPlan, ob: Observations) -> None:
     obs = ob.hosts
     h0 = obs[0]
     for o in obs:
@@ -695,13 +697,13 @@ def _judge_caches(report: Report, config: ClusterConfig, where: str) -> None:
             report.add(where, "model cache", PASS, f"{key}={path} is on shared storage ({mount.source})")
 
 
-def judge(config: ClusterConfig, plan: ClusterPlan, ob: Observations) -> Report:
+def judge(config: ClusterConfig, plan: JobPlan, targets: list[SSHTarget], ob: Observations) -> Report:
     """Facts -> verdicts (pure), sorted by host rank and CHECK_ORDER."""
-    labels = host_labels(plan)
+    labels = host_labels(plan, targets)
     ob = replace(ob, hosts=[replace(o, address=labels[o.rank]) for o in ob.hosts])
     report = Report()
-    for hp, o in zip(plan.hosts, ob.hosts):
-        _judge_host(report, config, hp, o, ob.master)
+    for hp, target, o in zip(plan.hosts, targets, ob.hosts):
+        _judge_host(report, config, hp, target, o, ob.master)
     _judge_image(report, plan, ob.hosts)
     _judge_cluster(report, config, plan, ob)
     rank_of = {label: i for i, label in enumerate(labels)}
@@ -711,23 +713,22 @@ def judge(config: ClusterConfig, plan: ClusterPlan, ob: Observations) -> Report:
     return report
 
 
-def host_labels(plan: ClusterPlan) -> list[str]:
+def host_labels(plan: JobPlan, targets: list[SSHTarget]) -> list[str]:
     """How report rows name each host: its address, with the SSH port where two hosts share an address."""
     addresses = [hp.address for hp in plan.hosts]
-    labels = [a if addresses.count(a) == 1 else f"{a}:{hp.ssh.port}" for a, hp in zip(addresses, plan.hosts)]
+    labels = [a if addresses.count(a) == 1 else f"{a}:{t.port}" for a, t in zip(addresses, targets)]
     return [lb if labels.count(lb) == 1 else f"{lb}#{i}" for i, lb in enumerate(labels)]
 
 
 # ---------------------------------------------------------------- entry points
 
 
-def check(cluster: Cluster, plan: ClusterPlan | None = None) -> Report:
-    """Observe and judge a connected (maybe partly connected) cluster."""
-    plan = plan or make_plan(cluster.config, targets=cluster.targets)
-    return judge(cluster.config, plan, observe(cluster, plan))
+def check(cluster: Cluster, plan: JobPlan) -> Report:
+    """Observe and judge a connected (maybe partly connected) cluster, for the job's one plan."""
+    return judge(cluster.config, plan, cluster.targets, observe(cluster, plan))
 
 
-def doctor(config: ClusterConfig) -> Report:
+def doctor(config: ClusterConfig, plan: JobPlan) -> Report:
     with Cluster.connect(config, require_all=False) as cluster:
-        return check(cluster)
+        return check(cluster, plan)
 

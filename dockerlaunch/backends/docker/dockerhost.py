@@ -12,10 +12,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dockerlaunch.cluster.plan import LABEL_JOB, LABEL_RANK
-from dockerlaunch.cluster.spec import ContainerSpec
-from dockerlaunch.cluster.ssh import Remote, Result
+from dockerlaunch.backends.docker.docker import run_argv
 from dockerlaunch.errors import DockerError
+from dockerlaunch.hosts.session import Host
+from dockerlaunch.hosts.ssh import Remote, Result
+from dockerlaunch.job.plan import LABEL_JOB, LABEL_RANK
+from dockerlaunch.job.spec import ContainerSpec
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,14 @@ def parse_inspect(text: str) -> list[ContainerState]:
 
 
 class DockerHost:
+    """The docker CLI on one host (Ray's DockerCommandRunner over its SSH runner)."""
+
     def __init__(self, remote: Remote):
         self.remote = remote
+
+    @classmethod
+    def on(cls, host: Host) -> DockerHost:
+        return cls(host.connection())
 
     @property
     def name(self) -> str:
@@ -83,7 +91,7 @@ class DockerHost:
         return parse_inspect(r.stdout)
 
     def run_container(self, spec: ContainerSpec) -> str:
-        r = self.remote.run(spec.run_argv(), timeout=300)
+        r = self.remote.run(run_argv(spec), timeout=300)
         if not r.ok:
             raise DockerError(self.name, r.last_line(), step=f"starting container {spec.name}",
                               exit_status=r.exit_status)

@@ -1,0 +1,114 @@
+"""The one place that writes `docker run` for a container: the neutral spec (job/spec.py) as docker argv.
+
+Job containers, doctor's probes and dump's py-spy sidecar all come through here, so a docker flag of a job
+container has one home. `run_argv` refuses placeholders, so a half-resolved plan can never start a container;
+`argv` shows them (the dry run).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from dockerlaunch.job.spec import IB_CAP, IB_DEVICE, IB_MEMLOCK, ContainerSpec, Deferred, GpuAccess, UnresolvedError
+
+
+def ulimit_value(u) -> str:
+    return f"{u.soft}:{u.hard}"
+
+
+def gpu_flags(access: GpuAccess) -> list[str]:
+    """`--gpus` (toolkit; docker parses its value as CSV, so a device list is quoted inside it) or CDI devices."""
+    request = access.request
+    if access.mode == "cdi":
+        names = ["all"] if request == "all" else list(request)  # type: ignore[arg-type]
+        return [x for n in names for x in ("--device", f"nvidia.com/gpu={n}")]
+    if access.mode == "gpus":
+        if request == "all":
+            return ["--gpus", "all"]
+        if isinstance(request, int):
+            return ["--gpus", str(request)]
+        return ["--gpus", '"device=' + ",".join(request) + '"']
+    return []  # devices: the nodes are in spec.devices already
+
+
+def ib_flags() -> list[str]:
+    return ["--device", IB_DEVICE, "--cap-add", IB_CAP, "--ulimit", f"memlock={ulimit_value(IB_MEMLOCK)}"]
+
+
+def argv(spec: ContainerSpec) -> list[str]:
+    """The full `docker run` argv; may contain Deferred placeholders (for display)."""
+    a = ["docker", "run"]
+    if spec.detach:
+        a.append("--detach")
+    if spec.remove:
+        a.append("--rm")
+    a += ["--name", spec.name]
+    for k, v in spec.labels.items():
+        a += ["--label", f"{k}={v}"]
+    a += ["--network", "host" if spec.host_network else "none", "--ipc", spec.ipc]
+    if spec.shm_size:
+        a += ["--shm-size", spec.shm_size]
+    a += ["--restart", "no"]  # never a restart policy: it re-runs finished jobs
+    if spec.init:
+        a.append("--init")
+    if spec.privileged:
+        a.append("--privileged")
+    if isinstance(spec.gpu, GpuAccess):
+        a += gpu_flags(spec.gpu)
+    for d in spec.devices:
+        a += ["--device", d]
+    for c in spec.cap_add:
+        a += ["--cap-add", c]
+    for k, u in spec.ulimits.items():
+        a += ["--ulimit", f"{k}={ulimit_value(u)}"]
+    if isinstance(spec.gpu, Deferred):
+        a.append(spec.gpu)
+    if isinstance(spec.infiniband, Deferred):
+        a.append(Deferred("if the host has /dev/infiniband: " + " ".join(ib_flags()), "infiniband"))
+    for m in spec.mounts:
+        a += ["--volume", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
+    for k, v in spec.env.items():
+        a += ["--env", f"{k}={v}"]
+    for f in spec.env_files:
+        a += ["--env-file", f]
+    if spec.workdir:
+        a += ["--workdir", spec.workdir]
+    if spec.user:
+        a += ["--user", spec.user]
+    a += list(spec.docker_args)
+    a.append(spec.image)
+    a += list(spec.command)
+    return a
+
+
+def run_argv(spec: ContainerSpec) -> list[str]:
+    """argv for execution: refuses placeholders, so a half-resolved plan can never start a container."""
+    missing = spec.unresolved()
+    out = argv(spec)
+    # belt and braces: a placeholder that lost its type on the way (formatted into a string) still shows
+    missing += [f"argv {a!r}" for a in out if "<resolved at launch:" in a and not missing]
+    if missing:
+        raise UnresolvedError(f"container {spec.name}: unresolved values: {'; '.join(missing)}")
+    return out
+
+
+def shell_command(spec: ContainerSpec) -> str:
+    """The argv as one POSIX shell line, every value quoted (what reaches a remote shell)."""
+    return shlex.join(run_argv(spec))
+
+
+def sidecar_argv(target: str, image: str, command: list[str], *, caps: list[str], volumes: list[str],
+                 env: dict[str, str], labels: dict[str, str], entrypoint: str | None = None) -> list[str]:
+    """A throwaway container in `target`'s PID namespace with its mounts (dump's py-spy beside a rank)."""
+    a = ["docker", "run", "--rm", "--pid", f"container:{target}", "--volumes-from", target, "--network", "none"]
+    for c in caps:
+        a += ["--cap-add", c]
+    for k, v in labels.items():
+        a += ["--label", f"{k}={v}"]
+    for v in volumes:
+        a += ["--volume", v]
+    for k, v in env.items():
+        a += ["--env", f"{k}={v}"]
+    if entrypoint:
+        a += ["--entrypoint", entrypoint]
+    return a + [image, *command]

@@ -1,0 +1,32 @@
+"""What a host tells the plan at launch, typed; gathered by the docker backend (backends/docker/facts.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuHost:
+    """How containers on a host can reach its GPUs (probe.sh; only where /dev/nvidiactl exists)."""
+
+    device_nodes: tuple[str, ...] = ()  # /dev/nvidia*
+    nvidia_runtime: bool = False  # nvidia-container-toolkit registered with dockerd (--gpus works)
+    cdi_specs: tuple[str, ...] = ()  # CDI spec files naming nvidia.com/gpu
+    engine: str | None = None  # dockerd version (CDI needs >= 25)
+    libs: tuple[tuple[str, str], ...] = ()  # (soname, host path) of the driver's libraries, x86-64
+    nvidia_smi: str | None = None
+    image_env: tuple[str, ...] | None = None  # the job image's Config.Env, when asked
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the apply layer learns on a host before the plan's placeholders are filled (None = not known)."""
+
+    interface: str | None = None  # from `ip route get MASTER_ADDR`
+    gpu_count: int | None = None
+    infiniband: bool | None = None  # /dev/infiniband present
+    ib_hca: str | None = None  # ACTIVE ports, NCCL_IB_HCA syntax
+    master_addr: str | None = None  # host 0 only: the address the others reach
+    env_files: tuple[str, ...] | None = None  # remote paths of the uploaded secret env files
+    gpu: GpuHost | None = None  # how containers there reach the GPUs
+    torch: str | None = None  # the image's torch, where its labels say (dockerlaunch-built images do)

@@ -1,0 +1,127 @@
+"""The neutral job spec: what one node's container needs, typed, in no backend's syntax.
+
+Every decision about what a job container needs (host network, IPC and /dev/shm, GPUs, InfiniBand, capabilities,
+ulimits, mounts, rank env) is made once, by `job/plan.py`, into these types. Each backend (`backends/<target>/`)
+turns them into its own form -- `docker run` argv, a compose service, a pod, an sbatch script -- and refuses in one
+line what it cannot express. Values only a host can supply are `Deferred` placeholders: the docker backend fills
+them from host facts at launch, a renderer maps them to its target's own mechanism, and nothing can run one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class Deferred(str):
+    """A value resolved on the host at launch. Displays as `<resolved at launch: WHAT>`.
+
+    `key` says which host fact fills it (`nic`, `gpu_count`, `ib_hca`, `master_addr`, `run_id`, `env_file`,
+    `gpu_access`, `infiniband`), so a backend can map it to its own mechanism without parsing text."""
+
+    what: str
+    key: str
+
+    def __new__(cls, what: str, key: str = "") -> Deferred:
+        obj = super().__new__(cls, f"<resolved at launch: {what}>")
+        obj.what = what
+        obj.key = key
+        return obj
+
+    def __reduce__(self):  # keep the type through copy/pickle
+        return (Deferred, (self.what, self.key))
+
+
+class UnresolvedError(ValueError):
+    pass
+
+
+GpuRequest = Literal["all"] | int | tuple[str, ...]  # every GPU, a count, or device indices/UUIDs
+
+
+@dataclass(frozen=True)
+class BindMount:
+    """A host path in the container (torchx's BindMount)."""
+
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class Ulimit:
+    """soft and hard; -1 is unlimited."""
+
+    soft: int
+    hard: int
+
+    @classmethod
+    def parse(cls, text: str) -> Ulimit:
+        soft, _, hard = str(text).partition(":")
+        return cls(int(soft), int(hard or soft))
+
+    @property
+    def unlimited(self) -> bool:
+        return self.soft == -1 and self.hard == -1
+
+
+@dataclass(frozen=True)
+class GpuAccess:
+    """How a Docker engine on one host reaches the GPUs the job asked for.
+
+    `gpus`: nvidia-container-toolkit's runtime; `cdi`: CDI device names (Docker >= 25); `devices`: the device
+    nodes in `devices` plus the host's driver libraries in `mounts`, no toolkit (env: CUDA_VISIBLE_DEVICES for a
+    subset, LD_LIBRARY_PATH for the libraries)."""
+
+    mode: Literal["gpus", "cdi", "devices"]
+    why: str
+    request: GpuRequest
+    devices: tuple[str, ...] = ()
+    mounts: tuple[BindMount, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+# What InfiniBand needs in a container (NCCL's verbs transport): the device folder, the right to pin memory, and
+# no limit on pinned memory ("ibv_reg_mr ... Cannot allocate memory", nccl-tests#206). Decided here, once.
+IB_DEVICE = "/dev/infiniband"
+IB_CAP = "IPC_LOCK"
+IB_MEMLOCK = Ulimit(-1, -1)
+
+
+@dataclass
+class ContainerSpec:
+    """One node's container. Built by the planner (validated there); a plain dataclass so `Deferred` values
+    survive as they are (pydantic would coerce them to `str`)."""
+
+    name: str
+    image: str
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    env_files: list[str] = field(default_factory=list)  # secrets: files of KEY=VALUE lines where the engine runs
+    labels: dict[str, str] = field(default_factory=dict)
+    mounts: list[BindMount] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)  # device paths, the same inside
+    gpus: GpuRequest | None = None  # what the job asks for on this node; None: no GPUs
+    gpu: GpuAccess | Deferred | None = None  # how a Docker engine there reaches them (None with gpus None)
+    infiniband: bool | Deferred = False  # True: IB_DEVICE/IB_CAP/IB_MEMLOCK are in devices/cap_add/ulimits
+    host_network: bool = True  # False: no network at all (one-shot tools)
+    ipc: Literal["host", "private", "shareable"] = "host"
+    shm_size: str | None = None
+    cap_add: list[str] = field(default_factory=list)
+    ulimits: dict[str, Ulimit] = field(default_factory=dict)
+    workdir: str | None = None
+    user: str | None = None
+    privileged: bool = False
+    init: bool = True  # an init reaps torchrun's children and forwards signals
+    detach: bool = True  # runs in the background (a job); False: in the foreground (a probe)
+    remove: bool = False  # removed when it exits: probes only, a job container's exit code is evidence
+    docker_args: list[str] = field(default_factory=list)  # container.extra_args: literal docker flags
+
+    def unresolved(self) -> list[str]:
+        """What still needs the host, by name."""
+        out = [f"env {k}: {v.what}" for k, v in self.env.items() if isinstance(v, Deferred)]
+        out += [f"env file: {f.what}" for f in self.env_files if isinstance(f, Deferred)]
+        out += [f"label {k}: {v.what}" for k, v in self.labels.items() if isinstance(v, Deferred)]
+        out += [f"gpus: {self.gpu.what}"] if isinstance(self.gpu, Deferred) else []
+        out += [f"infiniband: {self.infiniband.what}"] if isinstance(self.infiniband, Deferred) else []
+        return out
