@@ -61,13 +61,13 @@ def offline_option(f):
                         help="No model hub on the hosts: set the hubs' offline switches in the job (job.offline).")(f)
 
 
-def load(kw: dict, command: tuple[str, ...] = ()):
+def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None):
     ov = Overrides(
         hosts=kw.pop("hosts"), image=kw.pop("image"), nproc_per_node=kw.pop("nproc_per_node"),
         master_port=kw.pop("master_port"), mounts=list(kw.pop("mounts")), env=list(kw.pop("env")),
         name=kw.pop("name"), command=list(command) or None,
         diagnostics=False if kw.pop("no_diagnostics", False) else None,
-        offline=True if kw.pop("offline", False) else None,
+        offline=True if kw.pop("offline", False) else None, infiniband=infiniband,
     )
     return load_config(kw.pop("config_path"), ov)
 
@@ -77,7 +77,7 @@ def _terminate(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dockerlaunch.cli import diagnose, images, jobs, sim, transfer  # noqa: F401 - registers the commands
+    from dockerlaunch.cli import diagnose, images, jobs, render, sim, transfer  # noqa: F401 - registers commands
 
     # SIGTERM and SIGHUP (a closed terminal or SSH session) stop a command the way Ctrl-C does: in the main
     # thread, at once, with every cleanup of the phase it is in

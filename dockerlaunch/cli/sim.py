@@ -22,6 +22,8 @@ def sim() -> None:
 @click.option("--egress-rate", metavar="RATE", help="Shape each node's egress, tc units (e.g. 200mbit).")
 @click.option("--seed-image", "seed_images", multiple=True, metavar="IMAGE",
               help="Preload a local image into every node.")
+@click.option("--slurm", is_flag=True,
+              help="Also run Slurm (Debian's slurm-wlm + munge): slurmctld on node1, slurmd on every node.")
 def sim_up(**kw) -> None:
     """Start N nodes; write a cluster config that `--config FILE` uses directly."""
     from dockerlaunch.sim import cluster as simlib
@@ -29,6 +31,7 @@ def sim_up(**kw) -> None:
     path = simlib.up(
         nodes=kw["nodes"], cluster=kw["cluster"], subnet=kw["subnet"], config_out=kw["config_out"],
         base_image=kw["base_image"], egress_rate=kw["egress_rate"], seed_images=kw["seed_images"],
+        slurm=kw["slurm"],
     )
     click.echo(str(path))
 
@@ -64,8 +67,10 @@ def sim_status(cluster: str | None) -> None:
     if not rows:
         click.echo("no sim nodes")
         return
-    print_table(["cluster", "node", "ip", "state", "image"],
-                [[r["cluster"], r["node"], r["ip"], r["state"], r["image"]] for r in rows])
+    headers = ["cluster", "node", "ip", "state", "image"]
+    if any(r["slurm"] != "-" for r in rows):  # the column only where a cluster runs Slurm
+        headers.append("slurm")
+    print_table(headers, [[r[h] for h in headers] for r in rows])
 
 
 @sim.command("shape")

@@ -18,6 +18,7 @@ from dockerlaunch.errors import ConfigError, describe_validation_error
 
 DEFAULT_CONFIG_FILE = "dockerlaunch.yaml"
 LOCAL = "local"  # a host address: this machine, through its own Docker engine, without SSH
+FILE_CHECK_HOST = "file-without-hosts"  # stands in for a file's missing host list while the file alone is checked
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
@@ -512,6 +513,7 @@ class Overrides(_Model):
     command: list[str] | None = None
     diagnostics: bool | None = None  # --no-diagnostics: all of `diagnostics:` off
     offline: bool | None = None  # --offline: job.offline
+    infiniband: Literal["on", "off"] | None = None  # render --infiniband: container.infiniband
 
 
 def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
@@ -588,8 +590,10 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
         diag = _mapping(data.get("diagnostics"), "diagnostics")
         diag.update(ptrace=False, flight_recorder=False, nccl_log=False)
         data["diagnostics"] = diag
-    if ov.mounts or ov.env:
+    if ov.mounts or ov.env or ov.infiniband:
         container = _mapping(data.get("container"), "container")
+        if ov.infiniband:
+            container["infiniband"] = ov.infiniband
         if ov.mounts:
             container["mounts"] = list(container.get("mounts") or []) + list(ov.mounts)
         if ov.env:
@@ -616,6 +620,9 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> ClusterC
 
 def load_config(path: str | None = None, overrides: Overrides | None = None) -> ClusterConfig:
     data, source = read_config_file(path)
+    if source is not None and overrides is not None:
+        # the file as written, even where a flag replaces a value: `job: {command: 5}` is wrong with `-- cmd` too
+        validate_config({**data, "hosts": data.get("hosts") or [FILE_CHECK_HOST]}, source)
     if overrides is not None:
         data = apply_overrides(data, overrides)
     return validate_config(data, source)

@@ -4,6 +4,8 @@ What kind is to Kubernetes: rehearse a multi-host launch for real (paramiko, kno
 run --network host on each node, cross-node TCP) without GPU hosts. Works with no registry: the
 base image is a local Debian image if there is one, else a pull, else debootstrap + docker import.
 Everything it creates carries the label `dockerlaunch.sim=<cluster>` so `down` finds it all.
+With `slurm=True` (`sim up --slurm`) the nodes come from a Slurm layer on the node image and run a real
+Slurm (munged everywhere, slurmctld on node1, slurmd on every node), for rehearsing sbatch/srun launches.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import io
 import ipaddress
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -35,6 +38,7 @@ from dockerlaunch.errors import DockerlaunchError
 
 SIM_LABEL = "dockerlaunch.sim"
 NODE_LABEL = "dockerlaunch.sim.node"
+SLURM_LABEL = "dockerlaunch.sim.slurm"  # on the nodes of a `--slurm` cluster: "slurmctld,slurmd" or "slurmd"
 BASE_TAG = "dockerlaunch/debian:bookworm"
 LOCAL_BASE_CANDIDATES = ("debian:bookworm-slim", "debian:bookworm", "debian:12", BASE_TAG)
 PULL_CANDIDATE = "debian:bookworm-slim"
@@ -53,6 +57,9 @@ NODE_SHM = "2g"
 # One volume mounted into every node: the cluster's shared storage (what NFS or Lustre is on real hosts), for
 # models, datasets and checkpoints that every rank must see.
 SHARED_DIR = "/shared"
+SLURM_CONF = "/etc/slurm/slurm.conf"
+MUNGE_KEY = "/etc/munge/munge.key"
+SLURM_READY_TIMEOUT = 60.0
 
 
 class SimError(DockerlaunchError):
@@ -134,17 +141,20 @@ def _write_private(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int, mtime: int = 0) -> None:
+def _add_bytes(
+    tar: tarfile.TarFile, name: str, data: bytes, mode: int, mtime: int = 0, uid: int = 0, gid: int = 0
+) -> None:
     info = tarfile.TarInfo(name.lstrip("/"))
-    info.size, info.mode, info.mtime = len(data), mode, mtime
+    info.size, info.mode, info.mtime, info.uid, info.gid = len(data), mode, mtime, uid, gid
     tar.addfile(info, io.BytesIO(data))
 
 
-def _tar_of(files: dict[str, tuple[bytes, int]]) -> bytes:
+def _tar_of(files: dict[str, tuple[bytes, int] | tuple[bytes, int, int, int]]) -> bytes:
+    """A tar for put_archive: name -> (data, mode) or (data, mode, uid, gid); docker keeps the numeric owner."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, (data, mode) in files.items():
-            _add_bytes(tar, name, data, mode, int(time.time()))
+        for name, (data, mode, *owner) in files.items():
+            _add_bytes(tar, name, data, mode, int(time.time()), *owner)
     return buf.getvalue()
 
 
@@ -314,6 +324,11 @@ def ensure_images(client, base: str | None = None) -> tuple[str, str]:
     return node, tools
 
 
+def ensure_slurm_image(client, node_image: str) -> str:
+    """The node image plus Slurm (slurmctld, slurmd, client commands) and munge; built only for `--slurm`."""
+    return _build(client, "slurm.Dockerfile", node_image, "dockerlaunch/sim-slurm", ("slurm-start.sh",))
+
+
 def _seed_tarball(client, image: str) -> Path:
     """`docker save` of the image, cached on disk once, bind-mounted read-only into every node."""
     cache = cache_root()
@@ -347,8 +362,14 @@ def up(
     egress_rate: str | None = None,
     seed_images: tuple[str, ...] = (),
     ready_timeout: float = 90.0,
+    slurm: bool = False,
+    slurm_timeout: float = SLURM_READY_TIMEOUT,
 ) -> Path:
-    """Start the cluster and return the path of the cluster config it wrote."""
+    """Start the cluster and return the path of the cluster config it wrote.
+
+    With `slurm`, the nodes also run Slurm: munged everywhere, slurmctld on node1, slurmd on every node, one
+    partition of all nodes; `up` returns once sinfo says every node is idle.
+    """
     import docker
 
     layout = node_layout(cluster, nodes, subnet)
@@ -361,6 +382,8 @@ def up(
     if egress_rate:
         parse_rate(egress_rate)
     node_image, tools_image = ensure_images(client, base_image)
+    if slurm:
+        node_image = ensure_slurm_image(client, node_image)
     seeds = [_seed_tarball(client, tools_image)] + [_seed_tarball(client, s) for s in seed_images]
 
     state = state_root() / cluster
@@ -386,11 +409,16 @@ def up(
             host_private, host_public = _new_ed25519()
             known_hosts.append(f"{n.ip} {host_public}")
             client.volumes.create(n.volume, labels=labels)
+            node_labels = {**labels, NODE_LABEL: str(n.index)}
+            if slurm:
+                node_labels[SLURM_LABEL] = "slurmctld,slurmd" if n.index == 1 else "slurmd"
             container = client.containers.create(
                 node_image,
                 name=n.name,
                 hostname=f"node{n.index}",
-                labels={**labels, NODE_LABEL: str(n.index)},
+                # Slurm names nodes by hostname (srun, job output, node lists): every node resolves every other
+                extra_hosts={f"node{m.index}": m.ip for m in layout if m is not n} if slurm else None,
+                labels=node_labels,
                 cap_add=NODE_CAPS,
                 security_opt=["seccomp=unconfined", "apparmor=unconfined"],
                 cgroupns="host",
@@ -421,6 +449,8 @@ def up(
         with cf.ThreadPoolExecutor(max_workers=len(layout)) as pool:
             list(pool.map(lambda n: _wait_ready(client, n, ready_timeout), layout))
             list(pool.map(lambda n: _seed(client, n, seeds), layout))
+        if slurm:
+            start_slurm(client, cluster, layout, slurm_timeout)
         if egress_rate:
             shape(cluster, egress_rate)
     except BaseException:
@@ -431,7 +461,7 @@ def up(
     out = Path(config_out) if config_out else state / "cluster.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_cluster_config(cluster, layout, state, tools_image))
-    _log(f"{nodes} node(s) up: {', '.join(n.ip for n in layout)}; config: {out}")
+    _log(f"{nodes} node(s) up{' with Slurm' if slurm else ''}: {', '.join(n.ip for n in layout)}; config: {out}")
     return out
 
 
@@ -454,6 +484,125 @@ def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, imag
     }
     header = f"# Written by `dockerlaunch sim up` for sim cluster {cluster!r}; host keys pinned at creation.\n"
     return header + yaml.safe_dump(data, sort_keys=False)
+
+
+# ---------------------------------------------------------------- slurm
+
+# What `slurmd -C` reports that slurm.conf takes for a node (RealMemory is left out: every node shares this
+# machine's memory, and nothing here is scheduled by memory).
+_HW_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
+
+
+def parse_slurmd_hw(text: str) -> dict[str, str]:
+    """The hardware fields of `slurmd -C` ("NodeName=x CPUs=2 Boards=1 ... RealMemory=...")."""
+    fields = dict(kv.split("=", 1) for kv in text.split() if "=" in kv)
+    hw = {k: fields[k] for k in _HW_KEYS if k in fields}
+    if not hw.get("CPUs", "").isdigit():
+        raise SimError(f"`slurmd -C` gave no CPU count: {text.strip()[:200]!r}")
+    return hw
+
+
+def render_slurm_conf(cluster: str, layout: list[SimNode], hw: dict[str, str]) -> str:
+    """Pure: slurm.conf for a sim cluster whose nodes are unprivileged containers on one machine."""
+    hw_text = " ".join(f"{k}={v}" for k, v in hw.items())
+    name = re.sub(r"[^a-z0-9]", "", cluster.lower())[:30] or "sim"
+    ctld = layout[0]
+    lines = [
+        f"# Written by `dockerlaunch sim up --slurm` for sim cluster {cluster!r}.",
+        f"ClusterName={name}",
+        f"SlurmctldHost=node{ctld.index}({ctld.ip})",
+        "AuthType=auth/munge",
+        "CryptoType=crypto/munge",
+        "SlurmUser=slurm",
+        "SlurmdUser=root",
+        "StateSaveLocation=/var/lib/slurm/slurmctld",
+        "SlurmdSpoolDir=/var/lib/slurm/slurmd",
+        "SlurmctldPidFile=/run/slurmctld.pid",
+        "SlurmdPidFile=/run/slurmd.pid",
+        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile=/var/log/slurm/slurmd.log",
+        # The nodes are containers without systemd or a delegated cgroup: track a job's processes by
+        # parentage, bind nothing, gather no accounting, keep no database.
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "MpiDefault=none",
+        "SwitchType=switch/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        # The submitter's rlimits cannot all be raised in an unprivileged node (memlock: testbed.md)
+        "PropagateResourceLimits=NONE",
+        "ReturnToService=2",
+        "SlurmdTimeout=60",
+        "InactiveLimit=0",
+        "KillWait=5",
+        "MailProg=/bin/true",  # no mail here; the default (/usr/bin/mail) is absent and slurmctld logs an error
+    ]
+    lines += [f"NodeName=node{n.index} NodeAddr={n.ip} {hw_text} State=UNKNOWN" for n in layout]
+    lines.append("PartitionName=sim Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def _exec(container, cmd: list[str], what: str) -> str:
+    code, out = container.exec_run(cmd)
+    text = out.decode(errors="replace")
+    if code != 0:
+        raise SimError(f"node {container.name}: {what} failed ({code}): {text.strip()[-300:]}")
+    return text
+
+
+def start_slurm(client, cluster: str, layout: list[SimNode], timeout: float = SLURM_READY_TIMEOUT) -> None:
+    """One munge key and one slurm.conf into every node, then munged, slurmctld (node1) and slurmd; wait for idle."""
+    t0 = time.monotonic()
+    containers = [client.containers.get(n.name) for n in layout]
+    first = containers[0]
+    hw = parse_slurmd_hw(_exec(first, ["slurmd", "-C"], "slurmd -C").splitlines()[0])
+    uid, gid = (int(x) for x in _exec(first, ["sh", "-c", "id -u munge; id -g munge"], "id munge").split())
+    conf = render_slurm_conf(cluster, layout, hw).encode()
+    key = secrets.token_bytes(1024)  # what `mungekey` makes: 1024 random bytes
+    archive = _tar_of({SLURM_CONF: (conf, 0o644), MUNGE_KEY: (key, 0o400, uid, gid)})
+    for c in containers:
+        c.put_archive("/", archive)
+    _exec(first, ["sim-slurm-start", "ctld"], "starting munged and slurmctld")
+    with cf.ThreadPoolExecutor(max_workers=len(containers)) as pool:
+        list(pool.map(lambda c: _exec(c, ["sim-slurm-start", "slurmd"], "starting slurmd"), containers))
+    _wait_slurm_idle(containers, layout, timeout)
+    _log(f"Slurm: {len(layout)} node(s) idle in {time.monotonic() - t0:.1f}s (partition sim, slurmctld on node1)")
+
+
+def slurm_node_states(container) -> dict[str, str] | None:
+    """sinfo's state of each node, asked on a node of the cluster (None if sinfo does not answer in 3 s: it
+    retries for about 10 s when slurmctld is down)."""
+    code, out = container.exec_run(["timeout", "3", "sinfo", "--noheader", "--Node", "--format", "%N %T"])
+    if code != 0:
+        return None
+    states: dict[str, str] = {}
+    for line in out.decode(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            states[parts[0]] = parts[1]
+    return states
+
+
+def _wait_slurm_idle(containers, layout: list[SimNode], timeout: float) -> None:
+    want = {f"node{n.index}" for n in layout}
+    deadline = time.monotonic() + timeout
+    states: dict[str, str] | None = None
+    while time.monotonic() < deadline:
+        states = slurm_node_states(containers[0])
+        if states is not None and set(states) == want and all(s == "idle" for s in states.values()):
+            return
+        time.sleep(0.5)
+    logs = []
+    for c, n in zip(containers, layout):
+        if states is None or states.get(f"node{n.index}") != "idle":
+            files = "/var/log/slurm/slurmd.log" + (" /var/log/slurm/slurmctld.log" if n.index == 1 else "")
+            tail = c.exec_run(["sh", "-c", f"tail -q -n 2 {files} 2>&1"])[1].decode(errors="replace")
+            logs.append(f"node{n.index}: " + " / ".join(line[:200] for line in tail.strip().splitlines()))
+    raise SimError(f"Slurm not ready after {timeout:.0f}s: sinfo says {states or 'nothing'}; "
+                   f"log tails (/var/log/slurm in the nodes): {' | '.join(logs)}")
 
 
 def _wait_ready(client, node: SimNode, timeout: float) -> None:
@@ -562,15 +711,27 @@ def status(cluster: str | None = None) -> list[dict[str, str]]:
     if cluster is not None:
         check_name(cluster)
     client = engine()
+    containers = sorted(_cluster_containers(client, cluster), key=lambda c: c.name)
+    # Slurm clusters: sinfo, asked once per cluster on its slurmctld node
+    sinfo: dict[str, dict[str, str] | None] = {}
+    for c in containers:
+        if "slurmctld" in c.labels.get(SLURM_LABEL, "") and c.status == "running":
+            sinfo[c.labels.get(SIM_LABEL, "?")] = slurm_node_states(c)
     rows = []
-    for c in sorted(_cluster_containers(client, cluster), key=lambda c: c.name):
+    for c in containers:
         nets = c.attrs.get("NetworkSettings", {}).get("Networks", {})
         ip = next((v.get("IPAddress") for v in nets.values() if v.get("IPAddress")), "-")
+        name = c.labels.get(SIM_LABEL, "?")
+        slurm = "-"
+        if c.labels.get(SLURM_LABEL):
+            states = sinfo.get(name)
+            slurm = (states or {}).get(f"node{c.labels.get(NODE_LABEL, '?')}", "?")
         rows.append({
-            "cluster": c.labels.get(SIM_LABEL, "?"),
+            "cluster": name,
             "node": c.name,
             "ip": ip,
             "state": c.status,
             "image": c.image.tags[0] if c.image.tags else c.image.short_id,
+            "slurm": slurm,
         })
     return rows

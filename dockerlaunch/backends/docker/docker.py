@@ -35,8 +35,9 @@ def ib_flags() -> list[str]:
     return ["--device", IB_DEVICE, "--cap-add", IB_CAP, "--ulimit", f"memlock={ulimit_value(IB_MEMLOCK)}"]
 
 
-def argv(spec: ContainerSpec) -> list[str]:
-    """The full `docker run` argv; may contain Deferred placeholders (for display)."""
+def argv(spec: ContainerSpec, inherit: tuple[str, ...] = ()) -> list[str]:
+    """The full `docker run` argv; may contain Deferred placeholders (for display). `inherit`: variables passed as
+    `--env NAME`, their values taken from the environment of whoever runs docker (a Slurm task's script)."""
     a = ["docker", "run"]
     if spec.detach:
         a.append("--detach")
@@ -68,7 +69,7 @@ def argv(spec: ContainerSpec) -> list[str]:
     for m in spec.mounts:
         a += ["--volume", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
     for k, v in spec.env.items():
-        a += ["--env", f"{k}={v}"]
+        a += ["--env", k if k in inherit else f"{k}={v}"]
     for f in spec.env_files:
         a += ["--env-file", f]
     if spec.workdir:

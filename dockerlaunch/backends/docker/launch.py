@@ -71,6 +71,15 @@ def open_session(config: ClusterConfig, plan: JobPlan | None = None) -> Session:
         raise
 
 
+def probed_plan(config: ClusterConfig, plan: JobPlan) -> JobPlan:
+    """The plan with every host value asked of the hosts, as `up` asks them; nothing is started (render --probe)."""
+    session = open_session(config, plan)
+    try:
+        return resolve(plan, gather_facts(session), run_id="render")
+    finally:
+        session.close()
+
+
 def master_addr_of(session: Session) -> str:
     addr = session.plan.master_addr
     if isinstance(addr, Deferred):

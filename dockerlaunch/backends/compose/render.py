@@ -1,0 +1,137 @@
+"""The job as compose files, one per node: start node R with `docker compose -f node-R.yaml up` on that host.
+
+Runs with compose v2 (`docker compose`) and Debian's `docker-compose` 1.29 alike (the Compose Specification,
+no `version:` key). Host values the plan could not know are compose's own `${VAR:?why}` substitutions, set in the
+environment of whoever runs `docker compose` there; `render --probe` asks the hosts instead, as `up` does.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from dockerlaunch.backends import RenderedFile, Unsupported
+from dockerlaunch.backends.common import env_file_paths, plain_labels, refuse_common
+from dockerlaunch.job.plan import HostPlan, JobPlan
+from dockerlaunch.job.spec import Deferred, GpuAccess
+
+TARGET = "compose"
+SERVICE = "node"
+# what compose substitutes from the environment when the plan left it to the host, and what to say if unset
+SUBSTITUTED = {
+    "master_addr": ("MASTER_ADDR", "set MASTER_ADDR to the IP of host 0 that the other hosts reach"),
+    "gpu_count": ("NPROC_PER_NODE", "set NPROC_PER_NODE to the GPU count of this host"),
+}
+LEFT_TO_NCCL = {  # not set at all unless known: NCCL's own choice is better than a guess
+    "nic": "NCCL/Gloo pick the NIC themselves (set NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME on multi-NIC hosts, "
+           "or render with --probe)",
+    "ib_hca": "NCCL uses every InfiniBand port it finds (render with --probe for the ACTIVE ones)",
+}
+
+
+def _gpus(plan: JobPlan, hp: HostPlan) -> tuple[dict, list[str], list[str], dict[str, str]]:
+    """(deploy section, devices, volumes, env) for the node's GPUs."""
+    c = hp.container
+    if c.gpus is None:
+        return {}, [], [], {}
+    access = c.gpu
+    if isinstance(access, Deferred):
+        if plan.config.container.gpu_mode == "auto":  # compose's own way: the toolkit
+            access = GpuAccess("gpus", "compose's own GPU request (nvidia-container-toolkit)", c.gpus)
+        else:
+            raise Unsupported(TARGET, f"hosts[{hp.rank}] gpu_mode devices", "device nodes and driver libraries "
+                              "differ per host: render with --probe, or use gpu_mode gpus (the toolkit)")
+    if access.mode == "cdi":
+        raise Unsupported(TARGET, "container.gpu_mode cdi", "compose files ask for GPUs through the toolkit "
+                          "(deploy.resources.reservations.devices); use gpu_mode gpus or auto")
+    if access.mode == "devices":
+        return {}, list(access.devices), [_volume(m) for m in access.mounts], dict(access.env)
+    request = access.request
+    device: dict = {"driver": "nvidia", "capabilities": ["gpu"]}
+    if request == "all":
+        device["count"] = "all"
+    elif isinstance(request, int):
+        device["count"] = request
+    else:
+        device["device_ids"] = list(request)
+    return {"resources": {"reservations": {"devices": [device]}}}, [], [], {}
+
+
+def _volume(m) -> str:
+    return f"{m.source}:{m.target}" + (":ro" if m.read_only else "")
+
+
+def service(plan: JobPlan, hp: HostPlan) -> tuple[dict, list[str]]:
+    """The compose service of one node and the notes for its header."""
+    c = hp.container
+    notes: list[str] = []
+    if isinstance(c.infiniband, Deferred):
+        raise Unsupported(TARGET, "container.infiniband auto", "whether a host has InfiniBand is decided there at "
+                          "launch, and a compose file cannot; set infiniband: on or off, or render with --probe")
+    deploy, gpu_devices, gpu_volumes, gpu_env = _gpus(plan, hp)
+    env: dict[str, str] = {}
+    for k, v in c.env.items():
+        if not isinstance(v, Deferred):
+            env[k] = v
+        elif v.key in SUBSTITUTED:
+            var, why = SUBSTITUTED[v.key]
+            env[k] = f"${{{var}:?{why}}}"
+        elif v.key in LEFT_TO_NCCL:
+            note = f"{k} is not set: {LEFT_TO_NCCL[v.key]}"
+            if k != "GLOO_SOCKET_IFNAME":
+                notes.append(note)
+        else:
+            raise Unsupported(TARGET, f"env {k}", f"{v.what}: no compose form")
+    env.update(gpu_env)
+    svc: dict = {
+        "image": c.image,
+        "container_name": c.name,
+        "network_mode": "host" if c.host_network else "none",
+        "ipc": c.ipc,
+        "init": c.init,
+        "restart": "no",
+        "labels": plain_labels(c),
+    }
+    if c.shm_size:
+        svc["shm_size"] = c.shm_size
+    if c.command:
+        svc["command"] = list(c.command)
+    if c.privileged:
+        svc["privileged"] = True
+    devices = list(gpu_devices) + [d for d in c.devices if d not in gpu_devices]
+    if devices:
+        svc["devices"] = devices
+    if c.cap_add:
+        svc["cap_add"] = list(c.cap_add)
+    if c.ulimits:
+        svc["ulimits"] = {k: {"soft": u.soft, "hard": u.hard} for k, u in c.ulimits.items()}
+    volumes = [_volume(m) for m in c.mounts if _volume(m) not in gpu_volumes] + gpu_volumes
+    if volumes:
+        svc["volumes"] = volumes
+    if c.env_files:
+        # compose reads these on the host that runs `docker compose`: the same paths must exist there
+        svc["env_file"] = env_file_paths(c, plan)
+        notes.append("env_file: the secret files must exist at these paths on this host")
+    svc["environment"] = env
+    if c.workdir:
+        svc["working_dir"] = c.workdir
+    if c.user:
+        svc["user"] = c.user
+    if deploy:
+        svc["deploy"] = deploy
+    return svc, notes
+
+
+def render(plan: JobPlan) -> list[RenderedFile]:
+    refuse_common(plan, TARGET)
+    files = []
+    for hp in plan.hosts:
+        svc, notes = service(plan, hp)
+        header = [
+            f"# dockerlaunch job {plan.job!r}, node {hp.rank} of {plan.nnodes}: run on {hp.address} with",
+            f"#   docker compose -f node-{hp.rank}.yaml up --abort-on-container-exit --exit-code-from {SERVICE}",
+            "# (or docker-compose 1.29); `down` removes the container. Every node's file must be started.",
+            *[f"# note: {n}" for n in notes],
+        ]
+        body = yaml.safe_dump({"services": {SERVICE: svc}}, sort_keys=False, width=1000)
+        files.append(RenderedFile(f"node-{hp.rank}.yaml", "\n".join(header) + "\n" + body))
+    return files

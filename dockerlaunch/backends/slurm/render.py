@@ -1,0 +1,136 @@
+"""The job for Slurm: two sbatch scripts, one for pyxis/enroot and one that runs Docker on each allocated node.
+
+Slurm decides the nodes, so the host list only gives their number; every value a host supplies at launch
+(`<resolved at launch>` in the plan) is computed by the script on the node, as `up` computes it over SSH:
+NODE_RANK from SLURM_NODEID, MASTER_ADDR from the allocation's first node, the NIC from the route toward it,
+InfiniBand flags where /dev/infiniband exists. The Docker variant's `docker run` line is the docker backend's
+own argv (backends/docker/docker.py), so it cannot drift from what `up` runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+from importlib import resources
+
+from dockerlaunch.backends import RenderedFile, Unsupported
+from dockerlaunch.backends.common import env_file_paths, plain_labels, refuse_common
+from dockerlaunch.backends.docker.docker import argv as docker_argv
+from dockerlaunch.backends.docker.docker import ib_flags
+from dockerlaunch.job.plan import JobPlan
+from dockerlaunch.job.spec import ContainerSpec, Deferred, GpuAccess
+
+TARGET = "slurm"
+NAME_TOKEN = "@@CONTAINER_NAME@@"  # becomes "$name" (job, Slurm job id, node id), unquoted by design
+INHERITED = ("NODE_RANK", "MASTER_ADDR", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+NPROC_FROM_NODE = ('if [ -z "${NPROC_PER_NODE:-}" ]; then NPROC_PER_NODE=$(nvidia-smi -L | grep -c "^GPU"); fi\n'
+                   "export NPROC_PER_NODE")
+
+
+def _template(name: str) -> str:
+    return resources.files(__package__).joinpath("templates", name).read_text()
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    for k, v in values.items():
+        text = text.replace(f"@@{k}@@", v)
+    assert "@@" not in text.replace(NAME_TOKEN, ""), "a template value was left unfilled"
+    return text
+
+
+def _refuse(plan: JobPlan) -> None:
+    refuse_common(plan, TARGET)
+    for i, h in enumerate(plan.config.hosts):
+        for field in ("gpus", "nproc_per_node"):
+            if getattr(h, field) is not None:
+                raise Unsupported(TARGET, f"hosts[{i}].{field}", "Slurm picks the nodes, so every node runs the "
+                                  "same container; set it for all (container.gpus / job.nproc_per_node)")
+    if plan.config.container.gpu_mode == "devices":
+        raise Unsupported(TARGET, "container.gpu_mode devices", "device nodes and driver libraries differ per "
+                          "node; use gpu_mode gpus (the toolkit) or cdi")
+
+
+def docker_script(plan: JobPlan, file: str) -> str:
+    """The plain-Docker variant: the template, with host 0's container as every node's."""
+    spec: ContainerSpec = plan.hosts[0].container
+    env = dict(spec.env)
+    nproc = ""
+    for k, v in spec.env.items():
+        if isinstance(v, Deferred) and v.key == "gpu_count":
+            nproc = NPROC_FROM_NODE
+            env[k] = ""  # inherited from the node script
+        elif isinstance(v, Deferred) and k not in INHERITED:
+            del env[k]  # e.g. NCCL_IB_HCA: NCCL takes every port it finds
+    inherit = INHERITED + (("NPROC_PER_NODE",) if nproc else ())
+    gpu = spec.gpu
+    if isinstance(gpu, Deferred):  # gpu_mode auto: the toolkit, as compose and most sites have it
+        gpu = GpuAccess("gpus", "the node's nvidia-container-toolkit", spec.gpus)  # type: ignore[arg-type]
+    node = replace(
+        spec, name=NAME_TOKEN, env=env, labels=plain_labels(spec, template=True), gpu=gpu,
+        env_files=env_file_paths(spec, plan),
+        detach=False, remove=False,  # in the foreground: the task's exit status is the container's
+    )
+    argv = docker_argv(node, inherit=inherit)
+    words = []
+    for a in argv:
+        if a == NAME_TOKEN:
+            words.append('"$name"')
+        elif isinstance(a, Deferred) and a.key == "infiniband":
+            words.append('"$@"')  # the InfiniBand flags, where the node has /dev/infiniband
+        else:
+            words.append(shlex.quote(a))
+    ib = ""
+    if isinstance(spec.infiniband, Deferred):
+        ib = f"if [ -d /dev/infiniband ]; then set -- {' '.join(ib_flags())}; fi"
+    return _fill(_template("docker.sbatch"), {
+        "JOB": plan.job, "FILE": file, "NNODES": str(plan.nnodes), "NPROC": nproc, "IB": ib,
+        "DOCKER_RUN": " ".join(words),
+    })
+
+
+def pyxis_script(plan: JobPlan, file: str) -> str:
+    spec = plan.hosts[0].container
+    exports, names = [], []
+    nproc_in = ""
+    for k, v in spec.env.items():
+        if k in ("NODE_RANK", "MASTER_ADDR"):
+            names.append(k)
+            continue
+        if isinstance(v, Deferred):
+            if v.key == "gpu_count":
+                names.append(k)
+                nproc_in = '; export NPROC_PER_NODE="${NPROC_PER_NODE:-$(nvidia-smi -L | grep -c ^GPU)}"'
+            continue  # NIC, HCAs: NCCL finds them; enroot shares the host's network
+        exports.append(f"export {k}={shlex.quote(v)}")
+        names.append(k)
+    for path in env_file_paths(spec, plan):
+        exports.append(f"set -a; . {shlex.quote(path)}; set +a  # secrets: never on a command line")
+    flags = [f"--container-image={shlex.quote(spec.image)}", "--no-container-mount-home"]
+    if spec.mounts:
+        mounts = [f"{m.source}:{m.target}" + (":ro" if m.read_only else "") for m in spec.mounts]
+        flags.append(f"--container-mounts={shlex.quote(','.join(mounts))}")
+    if spec.workdir:
+        flags.append(f"--container-workdir={shlex.quote(spec.workdir)}")
+    flags.append(f"--container-env={','.join(names)}")
+    gpus = ""
+    if isinstance(spec.gpus, int):
+        gpus = f"#SBATCH --gpus-per-node={spec.gpus}"
+    elif isinstance(spec.gpus, tuple):
+        gpus = f"#SBATCH --gpus-per-node={len(spec.gpus)}"
+    elif spec.gpus == "all":
+        gpus = "# (every GPU of each node: add #SBATCH --gpus-per-node=N where the site schedules GPUs as gres)"
+    command = " ".join(shlex.quote(a) for a in spec.command) if spec.command else ""
+    if not command:
+        raise Unsupported(TARGET, "job.command", "pyxis runs a command in the image; give it after --")
+    return _fill(_template("pyxis.sbatch"), {
+        "JOB": plan.job, "FILE": file, "NNODES": str(plan.nnodes), "SBATCH_GPUS": gpus,
+        "EXPORTS": "\n".join(exports), "SRUN_FLAGS": " \\\n  ".join(flags), "NPROC_IN": nproc_in,
+        "COMMAND": command,
+    })
+
+
+def render(plan: JobPlan) -> list[RenderedFile]:
+    _refuse(plan)
+    docker_file, pyxis_file = f"{plan.job}.docker.sbatch", f"{plan.job}.pyxis.sbatch"
+    return [RenderedFile(docker_file, docker_script(plan, docker_file), executable=True),
+            RenderedFile(pyxis_file, pyxis_script(plan, pyxis_file), executable=True)]

@@ -1,0 +1,117 @@
+"""Slurm in the sim (`sim up --slurm`): sbatch a 2-node job whose tasks `docker run` on their own node's dockerd."""
+
+import io
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+import yaml
+
+from dockerlaunch.sim import cluster as sim
+
+from .conftest import _inside_nodes, _leftovers
+from .helpers import SCRATCH
+
+pytestmark = pytest.mark.integration
+
+NODES = 2
+
+
+def _dl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=SCRATCH)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(engine, tmp_path_factory):
+    """A 2-node Slurm sim cluster of its own (name and subnet apart from the session's and the other tests'),
+    started by the CLI as a user would. Yields (name, layout, tools image, node1 container)."""
+    name = f"dlslurm{os.getpid()}"
+    subnet = f"172.31.{200 + os.getpid() % 50}.0/24"
+    state = tmp_path_factory.mktemp("slurm-state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DOCKERLAUNCH_STATE_DIR", str(state))  # the CLI's subprocess writes the cluster's state here
+        try:
+            t0 = time.monotonic()
+            r = _dl("sim", "up", "--slurm", "--nodes", str(NODES), "--name", name, "--subnet", subnet)
+            print(f"\nsim up --slurm ({NODES} nodes): {time.monotonic() - t0:.1f}s")
+            assert r.returncode == 0, r.stdout + r.stderr
+            tools = yaml.safe_load(open(r.stdout.strip().splitlines()[-1]))["image"]
+            yield name, sim.node_layout(name, NODES, subnet), tools, engine.containers.get(f"{name}-node1")
+            assert _inside_nodes(engine, name) == []
+        finally:
+            sim.down(name)
+    assert _leftovers(engine, name) == []
+    assert not (state / "sim" / name).exists()
+
+
+def _put(container, path: str, text: str) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(os.path.basename(path))
+        data = text.encode()
+        info.size, info.mode, info.mtime = len(data), 0o755, int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    assert container.put_archive(os.path.dirname(path), buf.getvalue())
+
+
+def _sbatch_wait(node1, script: str) -> tuple[int, str, str]:
+    """sbatch --wait on node1 (bounded); returns (exit code, job id, the job's output file)."""
+    code, out = node1.exec_run(["timeout", "120", "sbatch", "--wait", "--chdir", sim.SHARED_DIR, script])
+    text = out.decode(errors="replace")
+    m = re.search(r"Submitted batch job (\d+)", text)
+    assert m and code != 124, text
+    job = m.group(1)
+    code_cat, log = node1.exec_run(["cat", f"{sim.SHARED_DIR}/slurm-{job}.out"])
+    assert code_cat == 0, log
+    return code, job, log.decode(errors="replace")
+
+
+BATCH = """#!/bin/sh
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --output={shared}/slurm-%j.out
+set -e
+srun --nodes=2 --ntasks-per-node=1 \\
+  docker run --rm --network host -e SLURM_NODEID -e SLURM_JOB_ID {image} sh -c {task}
+"""
+
+
+def test_sinfo_and_status_show_every_node_idle(slurm_cluster):
+    name, layout, _, node1 = slurm_cluster
+    states = sim.slurm_node_states(node1)
+    assert states == {f"node{n.index}": "idle" for n in layout}
+    r = _dl("sim", "status", "--name", name)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] == [name]]
+    assert [(row[1], row[2], row[-1]) for row in rows] == [(n.name, n.ip, "idle") for n in layout]
+
+
+def test_sbatch_runs_a_container_on_each_allocated_node(slurm_cluster):
+    """Each task's `docker run --network host` goes to the dockerd of the node it runs on: the container sees
+    that node's hostname and eth0 address."""
+    _, layout, tools, node1 = slurm_cluster
+    task = ("'echo node=$(hostname) id=$SLURM_NODEID job=$SLURM_JOB_ID "
+            "ip=$(ip -o -4 addr show eth0 | awk \"{print \\$4}\")'")
+    _put(node1, f"{sim.SHARED_DIR}/ok.sh", BATCH.format(shared=sim.SHARED_DIR, image=tools, task=task))
+    t0 = time.monotonic()
+    code, job, log = _sbatch_wait(node1, f"{sim.SHARED_DIR}/ok.sh")
+    print(f"\nsbatch --wait (2 nodes, docker run per task): {time.monotonic() - t0:.1f}s")
+    assert code == 0, log
+    lines = sorted(line for line in log.splitlines() if line.startswith("node="))
+    assert lines == [f"node=node{n.index} id={n.index - 1} job={job} ip={n.ip}/24" for n in layout], log
+
+
+def test_a_failing_task_fails_the_job(slurm_cluster):
+    _, _, tools, node1 = slurm_cluster
+    task = "'[ \"$SLURM_NODEID\" != 1 ] || exit 3'"  # node2's task fails
+    _put(node1, f"{sim.SHARED_DIR}/fail.sh", BATCH.format(shared=sim.SHARED_DIR, image=tools, task=task))
+    code, job, log = _sbatch_wait(node1, f"{sim.SHARED_DIR}/fail.sh")
+    assert code == 3, log  # sbatch --wait exits with the job's exit code
+    assert "node2: task 1: Exited with exit code 3" in log
+    state = node1.exec_run(["scontrol", "show", "job", job])[1].decode()
+    assert "JobState=FAILED" in state and "ExitCode=3:0" in state, state
