@@ -37,7 +37,8 @@ def slurm_cluster(engine, tmp_path_factory):
         mp.setenv("DOCKERLAUNCH_STATE_DIR", str(state))  # the CLI's subprocess writes the cluster's state here
         try:
             t0 = time.monotonic()
-            r = _dl("sim", "up", "--slurm", "--nodes", str(NODES), "--name", name, "--subnet", subnet)
+            r = _dl("sim", "up", "--slurm", "--nodes", str(NODES), "--name", name, "--subnet", subnet,
+                    "--seed-image", sim.build_demo_image())
             print(f"\nsim up --slurm ({NODES} nodes): {time.monotonic() - t0:.1f}s")
             assert r.returncode == 0, r.stdout + r.stderr
             tools = yaml.safe_load(open(r.stdout.strip().splitlines()[-1]))["image"]
@@ -115,3 +116,34 @@ def test_a_failing_task_fails_the_job(slurm_cluster):
     assert "node2: task 1: Exited with exit code 3" in log
     state = node1.exec_run(["scontrol", "show", "job", job])[1].decode()
     assert "JobState=FAILED" in state and "ExitCode=3:0" in state, state
+
+
+RENDER_CONFIG = """
+container: {gpus: none, infiniband: "off"}
+job: {offline: true}
+"""
+
+
+def test_rendered_sbatch_runs_the_two_node_demo(slurm_cluster, tmp_path):
+    """`render --to slurm`'s plain-Docker script, submitted as it is: Slurm picks the nodes, each task's script
+    finds MASTER_ADDR and its NIC, and `docker run` (the docker backend's own argv) runs torchrun there."""
+    from tests.integration.test_launch import TORCHRUN
+
+    _, _, _, node1 = slurm_cluster
+    config = tmp_path / "job.yaml"
+    config.write_text(RENDER_CONFIG)
+    out = tmp_path / "slurm"
+    r = _dl("render", "--to", "slurm", "--config", str(config), "--nodes", "2", "--image", sim.build_demo_image(),
+            "--nproc-per-node", "2", "--name", "slurmdemo", "--out", str(out), "--", "sh", "-c", TORCHRUN)
+    assert r.returncode == 0, r.stderr
+    script = (out / "slurmdemo.docker.sbatch").read_text()
+    _put(node1, f"{sim.SHARED_DIR}/slurmdemo.docker.sbatch", script)
+    code, out_text = node1.exec_run(["timeout", "240", "sbatch", "--wait", "--chdir", sim.SHARED_DIR,
+                                     f"{sim.SHARED_DIR}/slurmdemo.docker.sbatch"])
+    m = re.search(r"Submitted batch job (\d+)", out_text.decode())
+    assert m, out_text
+    log = node1.exec_run(["cat", f"{sim.SHARED_DIR}/slurmdemo-{m.group(1)}.out"])[1].decode(errors="replace")
+    assert code == 0, log[-3000:]
+    ok = [line for line in log.splitlines() if "all_reduce sum=10 expected=10 OK" in line]
+    assert sorted(line.split("rank ")[1].split("/")[0] for line in ok) == ["0", "1", "2", "3"], log[-3000:]
+    assert "NODE_RANK=0" in log and "NODE_RANK=1" in log, log[-3000:]

@@ -441,3 +441,33 @@ def test_offline_advice_reaches_the_plan_and_the_dry_run():
     assert plan.to_dict()["advice"] == plan.advice
     data["job"]["offline"] = False
     assert make_plan(ClusterConfig.model_validate(data)).advice == []
+
+
+@pytest.mark.parametrize("container", [
+    {"gpu_mode": "auto", "infiniband": "auto"},
+    {"gpu_mode": "gpus", "infiniband": "on", "ulimits": {"memlock": "8192"}},
+    {"gpus": "none", "infiniband": "off", "env_files": []},
+])
+@pytest.mark.parametrize("ib", [True, False])
+def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container, ib):
+    """`up --dry-run` prints the plan `up` applies: `resolve` may fill what was `<resolved at launch>` (and add what
+    a deferred GPU or IB decision brings), never change a value the dry run showed."""
+    from dockerlaunch.backends.docker.docker import argv as docker_argv
+    from dockerlaunch.job.facts import GpuHost
+    from dockerlaunch.job.plan import resolve
+
+    dry = make_plan(cfg(container=container))
+    gpu = GpuHost(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"), nvidia_runtime=True)
+    facts = {r: HostFacts(interface="eth0", gpu_count=1, infiniband=ib, ib_hca="mlx5_0:1" if ib else "",
+                          master_addr="10.0.0.1" if r == 0 else None, gpu=gpu) for r in range(2)}
+    applied = resolve(dry, facts, run_id="r1")
+    assert not applied.unresolved()
+    for d, a in zip(dry.hosts, applied.hosts):
+        for k, v in d.container.env.items():
+            if not isinstance(v, Deferred):
+                assert a.container.env[k] == v, k
+        shown = [x for x in docker_argv(d.container) if not isinstance(x, Deferred)]
+        real = docker_argv(a.container)
+        # every flag value the dry run showed is in the applied argv (placeholder lines aside)
+        assert all(x in real for x in shown if "<resolved at launch" not in x), set(shown) - set(real)
+        assert docker_argv(a.container)[-3:] == docker_argv(d.container)[-3:]  # image and command

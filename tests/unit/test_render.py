@@ -198,6 +198,19 @@ def test_compose_files_pass_both_compose_versions(tmp_path, tool):
     assert compose_check(tool, bad).returncode != 0
 
 
+def test_compose_keeps_the_jobs_own_dollars_for_the_container(tmp_path):
+    """compose substitutes $VAR everywhere in a file: the command's `$NODE_RANK` must reach the container."""
+    path = tmp_path / "node-1.yaml"
+    path.write_text(rendered("compose")["node-1.yaml"])
+    r = subprocess.run(["docker", "compose", "-f", str(path), "config", "--format", "json"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "NNODES": "WRONG", "NODE_RANK": "WRONG"})
+    assert r.returncode == 0, r.stderr
+    svc = json.loads(r.stdout)["services"]["node"]
+    # compose keeps `$$` in what it prints (its output is a compose file again) and substituted nothing
+    assert svc["command"][-1] == JOB["job"]["command"].replace("$", "$$")
+    assert svc["environment"]["NODE_RANK"] == "1" and "WRONG" not in r.stdout
+
+
 def test_compose_leaves_host_values_to_compose_substitution(tmp_path):
     config = dict(JOB, hosts=["gpu1", "gpu2"], container={"gpus": "all", "infiniband": "off"})
     plan = make_plan(ClusterConfig.model_validate(config))
@@ -297,3 +310,99 @@ def test_a_spec_field_is_rendered_or_refused(target, field):
         assert str(e).startswith(f"render --to {target}: ") and "\n" not in str(e)
         return
     assert out != base, f"{target} ignores the spec's {field}"
+
+
+# ---------------------------------------------------------------- the command, as a user types it
+
+
+def one_line_error(r, *words):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_render_writes_into_a_new_folder_and_refuses_a_full_one(cli, tmp_path):
+    out = tmp_path / "out"
+    args = ["render", "--to", "k8s", "--nodes", "2", "--image", "img:1", "--infiniband", "off", "--nproc-per-node",
+            "1", "--out", str(out), "--", "python", "train.py"]
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(out / "dockerlaunch.k8s.yaml")]
+    one_line_error(cli(*args), "not empty", "--force")
+    assert cli(*args, "--force").returncode == 2  # --force after `--` is the command's, not ours
+    r = cli(*args[:-3], "--force", "--", "python", "train.py")
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "file").write_text("x")
+    one_line_error(cli(*args[:-5], "--out", str(tmp_path / "file"), "--", "python", "t.py"), "not a folder")
+
+
+def test_render_refusals_are_one_line_and_write_nothing(cli, tmp_path):
+    out = tmp_path / "out"
+    one_line_error(cli("render", "--to", "k8s", "--nodes", "2", "--image", "i", "--out", str(out), "--", "x"),
+                   "render --to k8s: container.infiniband auto", "--infiniband on|off")
+    assert not out.exists()
+    one_line_error(cli("render", "--to", "compose", "--nodes", "2", "--image", "i", "--", "x"), "--hosts")
+    one_line_error(cli("render", "--to", "k8s", "--probe", "--nodes", "2", "--image", "i", "--", "x"), "--probe")
+    one_line_error(cli("render", "--to", "slurm", "--hosts", "local", "--image", "i", "--", "x"), "hosts[0] local")
+
+
+def test_a_file_is_validated_as_written_even_where_a_flag_replaces_the_value(cli, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("hosts: [10.0.0.1]\nimage: img\njob: {command: 5}\n")
+    for command in (["up", "--dry-run"], ["render", "--to", "compose"]):
+        one_line_error(cli(*command, "--config", str(path), "--", "python", "train.py"), "job.command", str(path))
+    path.write_text("image: img\njob: {command: [python, t.py]}\n")  # hosts from the flag: still fine
+    assert cli("up", "--dry-run", "--config", str(path), "--hosts", "10.0.0.1").returncode == 0
+
+
+# ---------------------------------------------------------------- compose/: the files for a start by hand
+
+COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
+HAND_ENV = {"IMAGE": "img:1", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+            "TRAIN_CMD": "torchrun --node_rank $NODE_RANK train.py"}
+
+
+def compose_config(*files: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    argv = ["docker", "compose"] + [x for f in files for x in ("-f", str(COMPOSE_DIR / f))]
+    clean = {k: v for k, v in os.environ.items() if k not in HAND_ENV}
+    return subprocess.run([*argv, "config", "--format", "json"], capture_output=True, text=True, timeout=60,
+                          env={**clean, **env})
+
+
+@pytest.mark.parametrize("files", [["node.yaml"], ["node.yaml", "infiniband.yaml"], ["single-node.yaml"]])
+def test_hand_files_pass_both_compose_versions_and_name_what_is_missing(files, tmp_path):
+    r = compose_config(*files, env=HAND_ENV)
+    assert r.returncode == 0, r.stderr
+    v1 = subprocess.run(["docker-compose", *[x for f in files for x in ("-f", str(COMPOSE_DIR / f))], "config", "-q"],
+                        capture_output=True, text=True, timeout=60, env={**os.environ, **HAND_ENV})
+    assert v1.returncode == 0, v1.stderr
+    missing = compose_config(*files, env={k: v for k, v in HAND_ENV.items() if k != "IMAGE"})
+    assert missing.returncode != 0 and "set IMAGE" in missing.stderr
+
+
+def test_the_node_template_keeps_the_settings_the_renderer_writes():
+    """compose/node.yaml is for hosts without dockerlaunch: it must not drift from what `render --to compose`
+    decides for a job with the defaults (all GPUs, no InfiniBand)."""
+    plan = make_plan(ClusterConfig.model_validate({"hosts": ["10.0.0.1", "10.0.0.2"], "image": "img:1",
+                                                   "container": {"infiniband": "off"}, "job": {"nproc_per_node": 8}}))
+    made = yaml.safe_load(compose.render(plan)[1].text)["services"]["node"]
+    r = compose_config("node.yaml", env=HAND_ENV)
+    assert r.returncode == 0, r.stderr
+    hand = json.loads(r.stdout)["services"]["node"]
+    for key in ("network_mode", "ipc", "init", "cap_add"):
+        assert hand[key] == made[key], key
+    assert hand["restart"] == made["restart"] == "no"
+    [gpus] = hand["deploy"]["resources"]["reservations"]["devices"]
+    assert {**gpus, "count": "all" if gpus["count"] == -1 else gpus["count"]} == \
+        made["deploy"]["resources"]["reservations"]["devices"][0]  # compose v2 prints count all as -1
+    rendered_env = {k for k, v in made["environment"].items()}
+    assert {"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "PYTHONUNBUFFERED"} <= \
+        set(hand["environment"]) & rendered_env
+    merged = json.loads(compose_config("node.yaml", "infiniband.yaml", env=HAND_ENV).stdout)["services"]["node"]
+    ib = yaml.safe_load(compose.render(make_plan(ClusterConfig.model_validate(
+        {"hosts": ["10.0.0.1", "10.0.0.2"], "image": "img:1", "container": {"infiniband": "on"},
+         "job": {"nproc_per_node": 8}})))[1].text)["services"]["node"]
+    assert set(ib["cap_add"]) <= set(merged["cap_add"]) and merged["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
+    assert [d["source"] if isinstance(d, dict) else d.split(":")[0] for d in merged["devices"]] == ib["devices"]

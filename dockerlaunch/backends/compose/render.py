@@ -69,12 +69,14 @@ def service(plan: JobPlan, hp: HostPlan) -> tuple[dict, list[str]]:
                           "launch, and a compose file cannot; set infiniband: on or off, or render with --probe")
     deploy, gpu_devices, gpu_volumes, gpu_env = _gpus(plan, hp)
     env: dict[str, str] = {}
+    substituted: set[str] = set()  # compose's own ${VAR:?why}: not escaped
     for k, v in c.env.items():
         if not isinstance(v, Deferred):
             env[k] = v
         elif v.key in SUBSTITUTED:
             var, why = SUBSTITUTED[v.key]
             env[k] = f"${{{var}:?{why}}}"
+            substituted.add(k)
         elif v.key in LEFT_TO_NCCL:
             note = f"{k} is not set: {LEFT_TO_NCCL[v.key]}"
             if k != "GLOO_SOCKET_IFNAME":
@@ -111,14 +113,27 @@ def service(plan: JobPlan, hp: HostPlan) -> tuple[dict, list[str]]:
         # compose reads these on the host that runs `docker compose`: the same paths must exist there
         svc["env_file"] = env_file_paths(c, plan)
         notes.append("env_file: the secret files must exist at these paths on this host")
-    svc["environment"] = env
     if c.workdir:
         svc["working_dir"] = c.workdir
     if c.user:
         svc["user"] = c.user
     if deploy:
         svc["deploy"] = deploy
+    svc = _escape(svc)
+    svc["environment"] = {k: v if k in substituted else _escape(v) for k, v in env.items()}
     return svc, notes
+
+
+def _escape(value):
+    """Literal `$` as compose's `$$`: compose substitutes variables in every value of the file, and the job's own
+    `$NODE_RANK` (a shell command's) must reach the container as written."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, list):
+        return [_escape(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _escape(v) for k, v in value.items()}
+    return value
 
 
 def render(plan: JobPlan) -> list[RenderedFile]:
