@@ -44,11 +44,13 @@ def write_files(files, out: Path, force: bool) -> list[Path]:
 @click.option("--host-network", is_flag=True, help="k8s/jobset: pods on the nodes' network (hostNetwork).")
 @click.option("--rdma-resource", metavar="NAME", help="k8s/jobset: the extended resource that gives a pod RDMA "
               "devices (default rdma/rdma_shared_device_a).")
+@click.option("--namespace", metavar="NS", help="k8s/jobset: metadata.namespace of the objects.")
 @diagnostics_option
 @offline_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def render(target: str, out: str | None, force: bool, nodes: int | None, infiniband: str | None, probe: bool,
-           host_network: bool, rdma_resource: str | None, command: tuple[str, ...], **kw) -> None:
+           host_network: bool, rdma_resource: str | None, namespace: str | None, command: tuple[str, ...],
+           **kw) -> None:
     """Render the job `up` would run for another launcher. Put the training command after `--`.
 
     The same plan as `up --dry-run` (flags, env, mounts, GPUs, InfiniBand, rank variables); values only a host
@@ -71,7 +73,7 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
     plan = launch.plan_job(cfg)
     if probe:
         plan = launch.probed_plan(cfg, plan)
-    files = _render(plan, target, host_network, rdma_resource)
+    files = _render(plan, target, k8s_options(host_network, rdma_resource, namespace))
     if out:
         for path in write_files(files, Path(out), force):
             click.echo(str(path))
@@ -81,7 +83,19 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
         click.echo(f.text.rstrip("\n"))
 
 
-def _render(plan, target: str, host_network: bool, rdma_resource: str | None):
+def k8s_options(host_network: bool, rdma_resource: str | None, namespace: str | None):
+    from dockerlaunch.backends.kubernetes import render as k8s
+
+    if namespace is not None and not k8s.DNS_LABEL.match(namespace):
+        raise ConfigError(f"--namespace {namespace!r}: a Kubernetes namespace is a DNS label (a-z, 0-9, '-')")
+    if rdma_resource is not None and not k8s.RESOURCE_NAME.match(rdma_resource):
+        raise ConfigError(f"--rdma-resource {rdma_resource!r}: an extended resource is DOMAIN/NAME, "
+                          "e.g. rdma/rdma_shared_device_a")
+    return k8s.Options(host_network=host_network, rdma_resource=rdma_resource or k8s.RDMA_RESOURCE,
+                       namespace=namespace)
+
+
+def _render(plan, target: str, k8s_opts):
     if target == "compose":
         from dockerlaunch.backends.compose import render as compose
 
@@ -89,8 +103,7 @@ def _render(plan, target: str, host_network: bool, rdma_resource: str | None):
     if target in ("k8s", "jobset"):
         from dockerlaunch.backends.kubernetes import render as k8s
 
-        opts = k8s.Options(host_network=host_network, rdma_resource=rdma_resource or k8s.RDMA_RESOURCE)
-        return k8s.render(plan, target, opts)
+        return k8s.render(plan, target, k8s_opts)
     from dockerlaunch.backends.slurm import render as slurm
 
     return slurm.render(plan)

@@ -406,3 +406,27 @@ def test_the_node_template_keeps_the_settings_the_renderer_writes():
          "job": {"nproc_per_node": 8}})))[1].text)["services"]["node"]
     assert set(ib["cap_add"]) <= set(merged["cap_add"]) and merged["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
     assert [d["source"] if isinstance(d, dict) else d.split(":")[0] for d in merged["devices"]] == ib["devices"]
+
+
+def test_compose_with_probed_facts_carries_each_hosts_own_values():
+    """`render --probe`: the plan resolved with what each host said, as `up` resolves it."""
+    from dockerlaunch.job.facts import HostFacts
+    from dockerlaunch.job.plan import resolve
+
+    plan = plan_of(container__infiniband="auto", container__gpus="all")
+    facts = {0: HostFacts(interface="ens1", gpu_count=8, infiniband=True, ib_hca="mlx5_0:1", master_addr="10.0.0.1"),
+             1: HostFacts(interface="ens7", gpu_count=4, infiniband=False, ib_hca="")}
+    files = compose.render(resolve(plan, facts, run_id="render"))
+    node0, node1 = (yaml.safe_load(f.text)["services"]["node"] for f in files)
+    assert node0["environment"]["NCCL_SOCKET_IFNAME"] == "ens1" and node1["environment"]["GLOO_SOCKET_IFNAME"] == "ens7"
+    assert node0["environment"]["NPROC_PER_NODE"] == "8" and node1["environment"]["NPROC_PER_NODE"] == "4"
+    assert node0["environment"]["NCCL_IB_HCA"] == "mlx5_0:1" and "/dev/infiniband" in node0["devices"]
+    assert "devices" not in node1 and "note:" not in files[0].text
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--namespace", "Team_A", "--namespace"), ("--rdma-resource", "rdma shared", "--rdma-resource"),
+])
+def test_kubernetes_options_are_checked(cli, flag, value, words):
+    one_line_error(cli("render", "--to", "k8s", "--nodes", "1", "--image", "i", "--infiniband", "off",
+                       "--nproc-per-node", "1", flag, value, "--", "x"), words)

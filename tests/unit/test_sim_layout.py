@@ -44,3 +44,21 @@ def test_rate_ok(rate):
 def test_rate_rejected(rate):
     with pytest.raises(SimError):
         parse_rate(rate)
+
+
+def test_slurm_conf_names_every_node_with_its_address_and_the_real_cpus():
+    from dockerlaunch.sim.cluster import parse_slurmd_hw, render_slurm_conf
+
+    hw = parse_slurmd_hw("NodeName=node1 CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 "
+                         "RealMemory=24000\nUpTime=0-01:00:00\n")
+    assert hw["CPUs"] == "2" and "RealMemory" not in hw  # every node shares this machine's memory
+    layout = node_layout("My_Sim", 3, "172.30.0.0/24")
+    conf = dict(line.split("=", 1) for line in render_slurm_conf("My_Sim", layout, hw).splitlines()
+                if "=" in line and not line.startswith(("#", "NodeName", "PartitionName")))
+    assert conf["ClusterName"] == "mysim" and conf["SlurmctldHost"] == "node1(172.30.0.11)"
+    assert conf["ProctrackType"] == "proctrack/linuxproc" and conf["TaskPlugin"] == "task/none"
+    nodes = [line for line in render_slurm_conf("My_Sim", layout, hw).splitlines() if line.startswith("NodeName=")]
+    assert [n.split()[:2] for n in nodes] == [[f"NodeName=node{i}", f"NodeAddr=172.30.0.{10 + i}"] for i in (1, 2, 3)]
+    assert all("CPUs=2" in n for n in nodes)
+    with pytest.raises(SimError, match="no CPU count"):
+        parse_slurmd_hw("slurmd: error: something broke")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from dockerlaunch.backends.docker import facts as factslib
 from dockerlaunch.backends.docker import script
 from dockerlaunch.backends.docker.docker import run_argv
+from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.enums import StrEnum
 from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.hosts.session import Cluster, Host
@@ -429,7 +430,7 @@ def _observe_reach(cluster: Cluster, plan: JobPlan, observations: Observations) 
         for o in cluster.each(probe, others):
             obs[o.item.rank].reach = o.value if o.ok else f"could not check: {o.error}"
     finally:
-        h0.remote.run(["docker", "rm", "-f", name], timeout=60)
+        DockerHost(h0.remote).remove([name], grace=0)
 
 
 def observe(cluster: Cluster, plan: JobPlan) -> Observations:
