@@ -84,7 +84,7 @@ def build(stack_name: str, dry_run: bool, **kw) -> None:
     if dry_run:
         click.echo(format_argv(buildlib.render_build(stack, opts), 0))
         return
-    code, _ = buildlib.build(stack, opts)
+    code, _ = buildlib.build(stack, opts, out=sys.stdout)
     sys.exit(code)
 
 

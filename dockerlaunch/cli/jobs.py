@@ -144,4 +144,4 @@ def exec_cmd(rank: int, command: tuple[str, ...], **kw) -> None:
     """Run a command in one rank's container, e.g. `exec --rank 1 -- py-spy dump --pid 1`."""
     from dockerlaunch.backends.docker import launch
 
-    sys.exit(launch.exec_in(load(kw), rank, list(command)))
+    sys.exit(launch.exec_in(load(kw), rank, list(command), sys.stdout.buffer, sys.stderr.buffer))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 
@@ -81,6 +82,14 @@ def main(argv: list[str] | None = None) -> None:
 
     # SIGTERM and SIGHUP (a closed terminal or SSH session) stop a command the way Ctrl-C does: in the main
     # thread, at once, with every cleanup of the phase it is in
+    # progress that library code logs (sim, build, fetch) is shown here, on stderr; paramiko's own logging is not
+    log = logging.getLogger("dockerlaunch")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     try:

@@ -7,7 +7,9 @@ folders (hard links, or empty folders online); CA and index URL go in as BuildKi
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -22,6 +24,8 @@ from dockerlaunch import __version__, shipped
 from dockerlaunch.errors import ConfigError, DockerlaunchError
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
+
+_LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use stays quiet
 
 LAYERS = ["1-torch", "2-build", "3-te", "4-apex", "5-flash", "6-megatron", "7-top"]
 BUILD_TOOLS = ["pybind11==3.0.1", "ninja==1.13.0", "packaging==25.0", "setuptools==80.9.0", "wheel==0.45.1",
@@ -218,14 +222,14 @@ def check_wheelhouse(stack: Stack, opts: BuildOptions) -> None:
 
 
 def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True) -> tuple[int, str]:
-    """Run the build (streaming its log); returns (exit code, full log)."""
-    out = out or sys.stdout
+    """Run the build; returns (exit code, full log). `out` (the CLI passes stdout) gets the log as it comes."""
+    out = out or io.StringIO()
     violations = [v for v in check_stack(stack) if v.rule.severity == "error"]
     if violations and not opts.force:
         raise BuildError(f"stack {stack.name} violates {len(violations)} rule(s): {violations[0].line()} "
                          "(dockerlaunch stacks check; --force to build anyway)")
     for v in violations:
-        print(f"warning: building despite: {v.line()}", file=sys.stderr)
+        _LOG.warning("warning: building despite: %s", v.line())
     check_wheelhouse(stack, opts)
     if opts.ca_cert and not Path(opts.ca_cert).is_file():
         raise ConfigError(f"--ca-cert {opts.ca_cert}: no such file")
@@ -286,7 +290,7 @@ def fetch(stack: Stack, out_dir: Path, log=None) -> dict[str, int]:
     Runs pip on this machine, so its Python must be the stack's (wheels are per Python version).
     Pure-Python sdists become wheels here; sdists that compile against torch/CUDA stay sources.
     """
-    log = log or (lambda msg: print(f"[fetch] {msg}", file=sys.stderr, flush=True))
+    log = log or (lambda msg: _LOG.info("[fetch] %s", msg))
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if here != stack.python:
         raise BuildError(f"fetch for stack {stack.name} needs Python {stack.python} (this is {here}): "

@@ -620,12 +620,11 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> ClusterC
 
 def load_config(path: str | None = None, overrides: Overrides | None = None) -> ClusterConfig:
     data, source = read_config_file(path)
+    merged = apply_overrides(data, overrides) if overrides is not None else data
     if source is not None and overrides is not None:
         # the file as written, even where a flag replaces a value: `job: {command: 5}` is wrong with `-- cmd` too
         validate_config({**data, "hosts": data.get("hosts") or [FILE_CHECK_HOST]}, source)
-    if overrides is not None:
-        data = apply_overrides(data, overrides)
-    return validate_config(data, source)
+    return validate_config(merged, source)
 
 
 def config_schema() -> dict[str, Any]:

@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import hashlib
 import io
 import ipaddress
+import logging
 import os
 import re
 import secrets
@@ -66,8 +67,11 @@ class SimError(DockerlaunchError):
     pass
 
 
+_LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use and tests stay quiet
+
+
 def _log(msg: str) -> None:
-    print(f"[sim] {msg}", file=sys.stderr, flush=True)
+    _LOG.info("[sim] %s", msg)
 
 
 def state_root() -> Path:

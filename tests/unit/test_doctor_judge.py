@@ -644,17 +644,18 @@ def test_parse_container_facts_reads_ib_shm_and_memlock():
 def test_in_container_probe_finds_libibverbs_in_ldconfig_output():
     import subprocess
 
-    from dockerlaunch.backends.docker.doctor import IN_CONTAINER_IB, parse_container_facts
+    from dockerlaunch.backends.docker.doctor import container_probe, parse_container_facts
 
-    # the probe's own shell, with `ldconfig -p` answering as on an image with rdma-core
+    # the probe's own program (hubs not asked, IB looked at), with `ldconfig -p` answering as on an image with
+    # rdma-core, then as on one without
     fake = ("ls() { :; }; ldconfig() { printf '"
             "\\tlibibverbs.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libibverbs.so.1\\n"
             "\\tlibmlx5.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libmlx5.so.1\\n'; }; ")
-    out = subprocess.run(["sh", "-c", fake + IN_CONTAINER_IB + "echo memlock=unlimited"], capture_output=True,
-                         text=True, check=True).stdout
+    sh, c, program, *args = container_probe(hubs=False, ib=True)
+    out = subprocess.run([sh, c, fake + program, *args], capture_output=True, text=True, check=True).stdout
     f = parse_container_facts(out)
-    assert f.ibverbs and f.ib_provider, out
-    bare = subprocess.run(["sh", "-c", "ls() { :; }; ldconfig() { :; }; " + IN_CONTAINER_IB + "echo memlock=1"],
+    assert f.ibverbs and f.ib_provider and f.ib_devices == [] and f.shm_kb, out
+    bare = subprocess.run([sh, c, "ls() { :; }; ldconfig() { :; }; " + program, *args],
                           capture_output=True, text=True, check=True).stdout
     assert parse_container_facts(bare).ibverbs is False, bare
 
@@ -772,7 +773,7 @@ def test_hub_probe_asks_for_real_and_names_the_failure(tmp_path):
     try:
         env = {"PATH": "/usr/bin:/bin", "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
                "MODELSCOPE_ENDPOINT": "http://127.0.0.1:9"}
-        out = subprocess.run([sys.executable, "-S", "-c", HUB_CHECK], capture_output=True, text=True, env=env,
+        out = subprocess.run([sys.executable, "-S", "-c", HUB_CHECK, "8"], capture_output=True, text=True, env=env,
                              timeout=30).stdout
     finally:
         server.shutdown()

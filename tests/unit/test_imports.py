@@ -49,3 +49,22 @@ def test_a_broken_rule_fails(tmp_path, module, line, contract):
     assert r.returncode != 0, r.stdout
     assert "0 broken" not in r.stdout, r.stdout
     assert contract in r.stdout.split("Broken contracts", 1)[1], r.stdout
+
+
+def test_only_the_cli_prints():
+    """Library code reports through a Reporter or the `dockerlaunch` logger (shown by the CLI), never by itself:
+    no print() and no sys.stdout/sys.stderr outside cli/ (programs shipped to run elsewhere aside)."""
+    import ast
+
+    found = []
+    for path in (ROOT / "dockerlaunch").rglob("*.py"):
+        rel = path.relative_to(ROOT / "dockerlaunch")
+        if rel.parts[0] == "cli" or "scripts" in rel.parts or "assets" in rel.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                found.append(f"{rel}:{node.lineno} print()")
+            if isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr") \
+                    and isinstance(node.value, ast.Name) and node.value.id == "sys":
+                found.append(f"{rel}:{node.lineno} sys.{node.attr}")
+    assert found == []

@@ -273,8 +273,7 @@ def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: Clu
     ib = uses_ib(config.container.infiniband, obs.probe)
     mounts = [BindMount(m.source, m.target, m.read_only) for m in config.container.mounts]
     hubs = not config.job.offline
-    script_ = (HUBS if hubs else "") + (IN_CONTAINER_IB if ib else "") + SHM_AND_MEMLOCK
-    spec = _probe_spec(hp, image, ["sh", "-c", script_] + (["sh", HUB_CHECK] if hubs else []),
+    spec = _probe_spec(hp, image, container_probe(hubs, ib),
                        f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib, mounts=mounts,
                        env={k: v for k, v in config.container.env.items() if k.upper() in HUB_ENV} if hubs else None)
     ok, out = _in_container(h, spec)
@@ -294,53 +293,19 @@ def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: Clu
         obs.gpus = facts
 
 
-# memlock last: its value runs to the end of the output
-SHM_AND_MEMLOCK = "df -Pk /dev/shm; echo memlock=$(ulimit -l)"
-IN_CONTAINER_IB = (
-    'echo "ibdev=$(ls /dev/infiniband 2>/dev/null | tr "\\n" " ")"; '
-    'libs=$( { ldconfig -p 2>/dev/null; ls /usr/lib*/libibverbs* /usr/lib*/*/libibverbs* /usr/lib*/*/libibverbs/* '
-    "2>/dev/null; } ); "
-    'echo "ibverbs=$(printf "%s\\n" "$libs" | grep -c "libibverbs\\.so")"; '
-    'echo "ibprovider=$(printf "%s\\n" "$libs" | grep -c -E "lib(mlx[45]|efa|bnxt_re|irdma|hns|qedr)[-.]")"; '
-)
-
-
 # Can the job's container reach the model hubs? Asked as the libraries ask (requests, its CA bundle, the proxy and
 # endpoint variables of container.env); any HTTP answer counts. DNS is outside requests' timeout: threads, joined.
 HUB_ENV = {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "HF_ENDPOINT", "MODELSCOPE_ENDPOINT",
            "MODELSCOPE_DOMAIN", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUNDLE"}
 HUB_WAIT_S = 8
-HUB_CHECK = r"""
-import os, re, threading
-E = os.environ.get
-hubs = {"huggingface.co": E("HF_ENDPOINT") or "https://huggingface.co",
-        "modelscope.cn": E("MODELSCOPE_ENDPOINT") or "https://" + (E("MODELSCOPE_DOMAIN") or "www.modelscope.cn")}
-got = {}
-def ask(name, url):
-    try:
-        try:
-            import requests
-        except ImportError:
-            import urllib.error, urllib.request
-            try:
-                urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=5)
-            except urllib.error.HTTPError:
-                pass
-        else:
-            requests.head(url, timeout=5, allow_redirects=False)
-        got[name] = "ok"
-    except Exception as e:
-        text = " ".join(str(e).split()).split("Caused by ", 1)[-1]
-        got[name] = type(e).__name__ + ": " + re.sub(r"^\w+\(\"?\w+\(.*?\): |[\"']\)+$", "", text)[:300]
-threads = [threading.Thread(target=ask, args=kv, daemon=True) for kv in hubs.items()]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join(WAIT)
-for name in hubs:
-    print("hub." + name + "=" + got.get(name, "no answer in WAIT s"), flush=True)
-""".replace("WAIT", str(HUB_WAIT_S))
-HUBS = 'if command -v python3 >/dev/null 2>&1; then python3 -c "$1" 2>/dev/null; else echo hub=nopython; fi; '
+HUB_CHECK = script("hubs.py")  # run by the image's own python3, with HUB_WAIT_S as its argument
+CONTAINER_PROBE = script("container_probe.sh")
+
+
+def container_probe(hubs: bool, ib: bool) -> list[str]:
+    """The probe container's command: shm and memlock, and the hubs and InfiniBand where asked."""
+    return ["sh", "-c", CONTAINER_PROBE, "sh", "1" if hubs else "0", "1" if ib else "0", HUB_CHECK if hubs else "",
+            str(HUB_WAIT_S)]
 
 
 def parse_container_facts(out: str) -> ContainerFacts:

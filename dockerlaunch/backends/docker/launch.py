@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import queue
 import secrets
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from dockerlaunch.backends.docker import facts as factslib
 from dockerlaunch.backends.docker import script
@@ -517,15 +517,14 @@ def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, t
         session.close()
 
 
-def exec_in(config: ClusterConfig, rank: int, command: list[str]) -> int:
+def exec_in(config: ClusterConfig, rank: int, command: list[str], out: BinaryIO, err: BinaryIO) -> int:
+    """`docker exec` in one rank's container; its output goes to `out`/`err` as it comes (the CLI's stdout)."""
     if not command:
         raise ConfigError("exec: give a command after --, e.g. dockerlaunch exec --rank 0 -- nvidia-smi")
     session = open_session(config)
     try:
         [i] = _rank_hosts(session, rank)
         name = session.plan.hosts[i].container.name
-        out = sys.stdout.buffer
-        err = sys.stderr.buffer
 
         def w(stream):
             def write(data: bytes):
@@ -533,6 +532,7 @@ def exec_in(config: ClusterConfig, rank: int, command: list[str]) -> int:
                 stream.flush()
             return write
 
-        return session.cluster.hosts[i].remote.stream(["docker", "exec", name, *command], w(out), w(err))
+        return DockerHost.on(session.cluster.hosts[i]).remote.stream(["docker", "exec", name, *command], w(out),
+                                                                    w(err))
     finally:
         session.close()
