@@ -57,3 +57,18 @@ def test_rendered_compose_files_run_the_two_node_demo(sim_cluster, cluster_confi
     ranks = sorted(line.split(" rank ")[1].split("/")[0] for line in ok)
     assert ranks == ["0", "1", "2", "3"], "\n".join(outputs)[-3000:]
     assert job_containers(job) == []
+
+
+def test_render_probe_asks_each_host_like_up(sim_cluster, demo_image, tmp_path):
+    """`render --probe` connects over SSH as `up` does (pinned host keys) and writes each host's own values."""
+    import yaml
+
+    out = tmp_path / "probed"
+    r = dl("render", "--to", "compose", "--probe", "--config", str(sim_cluster[1]), "--image", demo_image,
+           "--out", str(out), "--", "true")
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        text = (out / f"node-{rank}.yaml").read_text()
+        env = yaml.safe_load(text)["services"]["node"]["environment"]
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"  # the sim nodes' NIC
+        assert env["NODE_RANK"] == str(rank) and env["NPROC_PER_NODE"] == "1" and "note:" not in text

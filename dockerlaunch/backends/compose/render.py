@@ -66,7 +66,8 @@ def service(plan: JobPlan, hp: HostPlan) -> tuple[dict, list[str]]:
     notes: list[str] = []
     if isinstance(c.infiniband, Deferred):
         raise Unsupported(TARGET, "container.infiniband auto", "whether a host has InfiniBand is decided there at "
-                          "launch, and a compose file cannot; set infiniband: on or off, or render with --probe")
+                          "launch, and a compose file cannot; pass --infiniband on|off (container.infiniband), or "
+                          "--probe to ask the hosts")
     deploy, gpu_devices, gpu_volumes, gpu_env = _gpus(plan, hp)
     env: dict[str, str] = {}
     substituted: set[str] = set()  # compose's own ${VAR:?why}: not escaped

@@ -81,8 +81,8 @@ def _gpu_count(plan: JobPlan, target: str) -> int | None:
     nproc = plan.hosts[0].nproc_per_node
     if isinstance(nproc, int):
         return nproc
-    raise Unsupported(target, "container.gpus all", "a pod asks for a number of GPUs; set container.gpus: N "
-                      "or job.nproc_per_node")
+    raise Unsupported(target, "container.gpus all", "a pod asks for a number of GPUs; pass --nproc-per-node N "
+                      "(job.nproc_per_node) or set container.gpus: N")
 
 
 def pod_template(plan: JobPlan, target: str, master_addr: str, opts: Options) -> dict:
