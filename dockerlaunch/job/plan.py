@@ -309,13 +309,14 @@ def make_plan(
     *,
     master_hostname: str | None = None,
     run_id: str | None = None,
+    require_image: bool = True,
 ) -> JobPlan:
     """The job's plan; `facts` (keyed by rank) fill host values, else they stay `Deferred` (dry run, render).
 
     `master_hostname`: host 0's address as SSH resolves it (an ~/.ssh/config alias's HostName), a candidate
     for MASTER_ADDR."""
     facts = facts or {}
-    if not config.image:
+    if not config.image and require_image:
         raise ConfigError("no image: pass --image IMAGE or set image: in the config")
     reserved = sorted(set(RANK_ENV) & set(config.container.env))
     if reserved:
@@ -325,7 +326,9 @@ def make_plan(
         )
     master_addr = _master_addr(config, master_hostname, facts.get(0))
     plan = JobPlan(
-        config=config, job=config.job.name, image=config.image, nnodes=len(config.hosts), master_addr=master_addr,
+        config=config, job=config.job.name, nnodes=len(config.hosts), master_addr=master_addr,
+        image=config.image or Deferred("the job image: --image or image: (not needed to find a job's containers)",
+                                       "image"),
         master_port=config.job.master_port, diag_dir=diag_dir(config) if config.diagnostics.enabled else None,
         master_hostname=master_hostname,
     )
@@ -377,7 +380,7 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
     user_ulimits = {k: Ulimit.parse(v) for k, v in c.ulimits.items()}
     spec = ContainerSpec(
         name=container_name(config.job.name, rank),
-        image=config.image or "",
+        image=plan.image,
         command=_command(config),
         labels={
             LABEL_JOB: config.job.name,

@@ -119,7 +119,8 @@ class ContainerSpec:
 
     def unresolved(self) -> list[str]:
         """What still needs the host, by name."""
-        out = [f"env {k}: {v.what}" for k, v in self.env.items() if isinstance(v, Deferred)]
+        out = [f"image: {self.image.what}"] if isinstance(self.image, Deferred) else []
+        out += [f"env {k}: {v.what}" for k, v in self.env.items() if isinstance(v, Deferred)]
         out += [f"env file: {f.what}" for f in self.env_files if isinstance(f, Deferred)]
         out += [f"label {k}: {v.what}" for k, v in self.labels.items() if isinstance(v, Deferred)]
         out += [f"gpus: {self.gpu.what}"] if isinstance(self.gpu, Deferred) else []

@@ -471,3 +471,24 @@ def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container
         # every flag value the dry run showed is in the applied argv (placeholder lines aside)
         assert all(x in real for x in shown if "<resolved at launch" not in x), set(shown) - set(real)
         assert docker_argv(a.container)[-3:] == docker_argv(d.container)[-3:]  # image and command
+
+
+def test_finding_a_job_needs_no_image_but_starting_one_does():
+    """down/status/logs plan without an image; the placeholder they get can never start a container."""
+    from dockerlaunch.backends.docker.docker import run_argv
+
+    config = ClusterConfig.model_validate({"hosts": ["10.0.0.1"], "ssh": {"config_file": None},
+                                           "container": {"gpus": "none", "infiniband": "off"}})
+    with pytest.raises(ConfigError, match="no image"):
+        make_plan(config)
+    plan = make_plan(config, require_image=False, facts={0: HostFacts(interface="eth0", gpu_count=1)}, run_id="r")
+    assert plan.hosts[0].container.name == "dockerlaunch-0"
+    assert plan.hosts[0].container.unresolved() == ["image: the job image: --image or image: (not needed to find "
+                                                    "a job's containers)"]
+    with pytest.raises(UnresolvedError, match="image"):
+        run_argv(plan.hosts[0].container)
+
+
+def test_status_without_an_image_reaches_for_the_hosts(cli):
+    r = cli("status", "--hosts", "127.0.0.1:1", "--name", "j")
+    assert r.returncode != 0 and "no image" not in r.stderr and "127.0.0.1" in r.stderr, r.stderr

@@ -56,16 +56,18 @@ class Session:
 Monitor = Callable[[Session, JobPlan, Reporter, threading.Event], None]
 
 
-def plan_job(config: ClusterConfig, targets: list[SSHTarget] | None = None) -> JobPlan:
-    """The job's one plan, with host 0's address as SSH resolves it (a candidate for MASTER_ADDR)."""
+def plan_job(config: ClusterConfig, targets: list[SSHTarget] | None = None, require_image: bool = True) -> JobPlan:
+    """The job's one plan, with host 0's address as SSH resolves it (a candidate for MASTER_ADDR). Commands that
+    only find the job's containers (down, status, logs, exec, transport, dump) need no image: the plan then holds
+    a placeholder, which no container can be started with."""
     targets = targets if targets is not None else resolve_all(config)
-    return make_plan(config, master_hostname=targets[0].hostname)
+    return make_plan(config, master_hostname=targets[0].hostname, require_image=require_image)
 
 
 def open_session(config: ClusterConfig, plan: JobPlan | None = None) -> Session:
     cluster = Cluster.connect(config)
     try:
-        return Session(cluster, plan or plan_job(config, cluster.targets))
+        return Session(cluster, plan or plan_job(config, cluster.targets, require_image=False))
     except BaseException:
         cluster.close()
         raise
@@ -244,7 +246,7 @@ def up(
     reporter = reporter or Reporter()
     job = config.job.name
     secrets_blob = read_env_files(config) if config.container.env_files else b""
-    session = open_session(config, plan)
+    session = open_session(config, plan or plan_job(config))  # the image is required here: it starts containers
     try:
         clear_leftovers(session, job, reporter)
         for note in session.plan.advice:
