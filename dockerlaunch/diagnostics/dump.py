@@ -129,7 +129,7 @@ class _HostDumper:
     def run(self) -> HostDump:
         r = self.result
         r.folder.mkdir(parents=True, exist_ok=True)
-        docker = self.h.docker
+        docker = DockerHost.on(self.h)
         state = docker.docker("inspect", "--format", "{{.State.Status}} {{.Image}}", self.name, timeout=30)
         if not state.ok:
             r.notes.append(f"no container {self.name} on this host")
