@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from dockerlaunch.backends import Unsupported
 from dockerlaunch.job.plan import LABEL_RANK, LABEL_RUN, JobPlan
-from dockerlaunch.job.spec import IB_MEMLOCK, ContainerSpec, Deferred
-
-# env the plan fills per host at launch, which a renderer maps to its target's own mechanism or leaves out
-RANK_KEYS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
+from dockerlaunch.job.spec import ContainerSpec, Deferred
 
 
 def refuse_common(plan: JobPlan, target: str) -> None:
@@ -24,6 +21,15 @@ def refuse_common(plan: JobPlan, target: str) -> None:
                               "config's own fields (mounts, env, cap_add, ulimits, ...) or drop them")
 
 
+def refuse_per_host(plan: JobPlan, target: str, why: str) -> None:
+    """Where one template serves every node (a pod template, an sbatch script), per-host GPU settings cannot be."""
+    for i, h in enumerate(plan.config.hosts):
+        for field in ("gpus", "nproc_per_node"):
+            if getattr(h, field) is not None:
+                raise Unsupported(target, f"hosts[{i}].{field}", f"{why}; set it for all nodes (container.gpus / "
+                                  "job.nproc_per_node)")
+
+
 def env_file_paths(spec: ContainerSpec, plan: JobPlan) -> list[str]:
     """The secret files as the user named them: where the file is read on the node (compose, sbatch), in place of
     `up`'s 0600 copies made at launch. Their contents are never rendered."""
@@ -31,25 +37,8 @@ def env_file_paths(spec: ContainerSpec, plan: JobPlan) -> list[str]:
     return [sources[i] if isinstance(f, Deferred) else f for i, f in enumerate(spec.env_files)]
 
 
-def user_ulimits(plan: JobPlan) -> dict[str, str]:
-    return dict(plan.config.container.ulimits)
-
-
-def ib_memlock_only(spec: ContainerSpec, plan: JobPlan) -> bool:
-    """The spec's ulimits are only what InfiniBand needs (memlock unlimited), none the user set."""
-    return not user_ulimits(plan) and all(k == "memlock" and u == IB_MEMLOCK for k, u in spec.ulimits.items())
-
-
 def plain_labels(spec: ContainerSpec, template: bool = False) -> dict[str, str]:
     """The job's labels without the per-launch run id (a launcher concept: what a host's watchdog removes), and
     without the rank where one template serves every node."""
     drop = (LABEL_RUN, LABEL_RANK) if template else (LABEL_RUN,)
     return {k: v for k, v in spec.labels.items() if k not in drop and not isinstance(v, Deferred)}
-
-
-def deferred_env(spec: ContainerSpec) -> dict[str, Deferred]:
-    return {k: v for k, v in spec.env.items() if isinstance(v, Deferred)}
-
-
-def fixed_env(spec: ContainerSpec, skip: tuple[str, ...] = ()) -> dict[str, str]:
-    return {k: v for k, v in spec.env.items() if not isinstance(v, Deferred) and k not in skip}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import yaml
 
 from dockerlaunch.backends import RenderedFile, Unsupported
-from dockerlaunch.backends.common import plain_labels, refuse_common
+from dockerlaunch.backends.common import plain_labels, refuse_common, refuse_per_host
 from dockerlaunch.job.plan import JobPlan
 from dockerlaunch.job.spec import IB_DEVICE, IB_MEMLOCK, Deferred, GpuAccess
 
@@ -42,11 +42,7 @@ def _refuse(plan: JobPlan, target: str) -> None:
         raise Unsupported(target, f"job.name {plan.job!r}", "Kubernetes names pods <name>-<index> as DNS labels: use "
                           "lowercase letters, digits and '-', at most 40 characters (--name)")
     c = plan.config.container
-    for i, h in enumerate(plan.config.hosts):
-        for field in ("gpus", "nproc_per_node"):
-            if getattr(h, field) is not None:
-                raise Unsupported(target, f"hosts[{i}].{field}", "an Indexed Job runs one pod template for every "
-                                  "index; set it for all nodes (container.gpus / job.nproc_per_node)")
+    refuse_per_host(plan, target, "an Indexed Job runs one pod template for every index")
     if c.gpu_mode in ("devices", "cdi"):
         raise Unsupported(target, f"container.gpu_mode {c.gpu_mode}", f"pods get GPUs from the device plugin as "
                           f"{GPU_RESOURCE}; use gpu_mode auto or gpus")

@@ -14,7 +14,7 @@ from dataclasses import replace
 from importlib import resources
 
 from dockerlaunch.backends import RenderedFile, Unsupported
-from dockerlaunch.backends.common import env_file_paths, plain_labels, refuse_common
+from dockerlaunch.backends.common import env_file_paths, plain_labels, refuse_common, refuse_per_host
 from dockerlaunch.backends.docker.docker import argv as docker_argv
 from dockerlaunch.backends.docker.docker import ib_flags
 from dockerlaunch.job.plan import JobPlan
@@ -40,11 +40,7 @@ def _fill(text: str, values: dict[str, str]) -> str:
 
 def _refuse(plan: JobPlan) -> None:
     refuse_common(plan, TARGET)
-    for i, h in enumerate(plan.config.hosts):
-        for field in ("gpus", "nproc_per_node"):
-            if getattr(h, field) is not None:
-                raise Unsupported(TARGET, f"hosts[{i}].{field}", "Slurm picks the nodes, so every node runs the "
-                                  "same container; set it for all (container.gpus / job.nproc_per_node)")
+    refuse_per_host(plan, TARGET, "Slurm picks the nodes, so every node runs the same container")
     if plan.config.container.gpu_mode == "devices":
         raise Unsupported(TARGET, "container.gpu_mode devices", "device nodes and driver libraries differ per "
                           "node; use gpu_mode gpus (the toolkit) or cdi")
