@@ -429,3 +429,56 @@ def test_compose_with_probed_facts_carries_each_hosts_own_values():
 def test_kubernetes_options_are_checked(cli, flag, value, words):
     one_line_error(cli("render", "--to", "k8s", "--nodes", "1", "--image", "i", "--infiniband", "off",
                        "--nproc-per-node", "1", flag, value, "--", "x"), words)
+
+
+NASTY = "it's \"quoted\" $HOME `id` $(id) ; rm -rf / \\ back\\slash\nnew line\ttab"
+
+
+def test_slurm_node_script_passes_hostile_values_byte_exact(tmp_path):
+    """The node's part of the sbatch script, run by bash with a stand-in `docker` that records its argv: every
+    value arrives as written (quotes, $(), backquotes, newlines), and nothing of it ran."""
+    text = rendered("slurm", plan_of(container__env={"NASTY": NASTY}, container__infiniband="auto",
+                                     job__command=["python", "-c", NASTY]))["sft-qwen.docker.sbatch"]
+    node = text.split("<<'NODE_SCRIPT' || true\n", 1)[1].split("\nNODE_SCRIPT\n", 1)[0]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "argv"
+    (bin_dir / "docker").write_text(f'#!/bin/sh\n[ "$1" = run ] && printf "%s\\0" "$@" > {record}\nexit 0\n')
+    (bin_dir / "docker").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_NODEID": "1", "SLURM_JOB_ID": "7",
+           "MASTER_ADDR": "127.0.0.1", "HOME": str(tmp_path)}
+    r = subprocess.run(["bash", "-c", node], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    argv = record.read_text().split("\0")[:-1]
+    assert argv[argv.index("--name") + 1] == "sft-qwen-7-1"
+    assert f"NASTY={NASTY}" in argv and argv[-3:] == ["python", "-c", NASTY]
+    assert "NODE_RANK" in argv and "MASTER_ADDR" in argv  # passed through from the task's environment
+    assert not (tmp_path / "rf").exists() and "uid=" not in r.stdout
+
+
+def test_a_value_that_would_end_the_node_script_is_refused():
+    with pytest.raises(Unsupported, match="NODE_SCRIPT"):
+        rendered("slurm", plan_of(container__env={"X": "a\nNODE_SCRIPT\nreboot"}))
+
+
+def test_pyxis_script_passes_hostile_values_byte_exact(tmp_path):
+    """The whole pyxis script under bash, with stand-ins for scontrol and srun: srun gets the command and the
+    environment as written."""
+    text = rendered("slurm", plan_of(container__env={"NASTY": NASTY}, job__command=["python", "-c", NASTY]))[
+        "sft-qwen.pyxis.sbatch"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho gpu07\necho gpu08\n")
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {tmp_path}/argv\n'
+                                  f'printf "%s" "$NASTY" > {tmp_path}/nasty\nprintf "%s" "$MASTER_ADDR" > '
+                                  f'{tmp_path}/master\n')
+    for p in bin_dir.iterdir():
+        p.chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    r = subprocess.run(["bash", str(script)], env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "x"},
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+    assert argv[-3:] == ["python", "-c", NASTY] and "--container-image=registry.local/train:1" in argv
+    assert (tmp_path / "nasty").read_text() == NASTY and (tmp_path / "master").read_text() == "gpu07"

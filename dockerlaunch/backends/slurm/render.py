@@ -78,9 +78,11 @@ def docker_script(plan: JobPlan, file: str) -> str:
     ib = ""
     if isinstance(spec.infiniband, Deferred):
         ib = f"if [ -d /dev/infiniband ]; then set -- {' '.join(ib_flags())}; fi"
+    run = " ".join(words)
+    if "\nNODE_SCRIPT\n" in f"\n{run}\n":  # a value's own line would end the node script's here-document early
+        raise Unsupported(TARGET, "container.env", "a value has a line that reads NODE_SCRIPT; change it")
     return _fill(_template("docker.sbatch"), {
-        "JOB": plan.job, "FILE": file, "NNODES": str(plan.nnodes), "NPROC": nproc, "IB": ib,
-        "DOCKER_RUN": " ".join(words),
+        "JOB": plan.job, "FILE": file, "NNODES": str(plan.nnodes), "NPROC": nproc, "IB": ib, "DOCKER_RUN": run,
     })
 
 
