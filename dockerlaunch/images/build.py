@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -158,25 +159,173 @@ def render_build(stack: Stack, opts: BuildOptions, context: str = "<context>", d
 
 
 # ---------------------------------------------------------------- builder detection
+# What `build` needs from BuildKit: train.Dockerfile's RUN --mount=type=cache|secret|bind (no syntax line, so the
+# engine's own Dockerfile frontend), `--secret` files, and the plain progress log (`cached_steps` reads it).
+# A Docker 23+ CLI builds with BuildKit only through the buildx plugin (without it: "BuildKit is enabled but the
+# buildx component is missing or broken"; its legacy builder has no secrets); an older CLI (18.09 to 22.x, e.g.
+# Debian 12's docker.io 20.10) has BuildKit built in under DOCKER_BUILDKIT=1. With buildx, `--load` puts the
+# image into the engine of the current docker context whatever the builder's driver (the default `docker`
+# driver builds in that engine itself).
+
+DOCKER_CANDIDATES = ("/usr/bin/docker", "/usr/local/bin/docker")  # after `docker` on PATH
+BUILDKIT_BUILT_IN = ((18, 9), (23, 0))  # CLI versions with BuildKit in the client itself: [from, to)
+BUILDX_FIX = ("apt-get install docker-buildx (from Docker's own apt repository: docker-buildx-plugin), "
+              "or put docker-buildx in ~/.docker/cli-plugins")
 
 
-def find_builder() -> tuple[list[str], dict[str, str]]:
-    """A docker client that can run BuildKit builds: `docker buildx build`, else a client with BuildKit
-    built in (Docker < 23, e.g. Debian's docker.io) under DOCKER_BUILDKIT=1."""
-    candidates = []
-    for path in (shutil.which("docker"), "/usr/bin/docker"):
-        if path and os.path.exists(path) and path not in candidates:
-            candidates.append(path)
-    for docker in candidates:
-        if subprocess.run([docker, "buildx", "version"], capture_output=True).returncode == 0:
-            return [docker, "buildx", "build", "--load"], {}
-    for docker in candidates:
-        r = subprocess.run([docker, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True)
-        m = re.match(r"(\d+)\.", r.stdout.strip())
-        if m and int(m.group(1)) < 23:
-            return [docker, "build"], {"DOCKER_BUILDKIT": "1"}
-    raise BuildError("no BuildKit-capable docker client: install the buildx plugin (docker-buildx) "
-                     "or Debian's docker.io client")
+@dataclass(frozen=True)
+class DockerClient:
+    """What one docker CLI said about itself (`probe_client`): the facts `choose_builder` decides on."""
+
+    path: str
+    version: str | None = None  # `docker --version`: "28.2.2", "20.10.24+dfsg1"
+    buildx: str | None = None  # `docker buildx version`, when it ran: "github.com/docker/buildx 0.29.1 ..."
+    error: str | None = None  # why the CLI did not run, or is not Docker's
+
+    @property
+    def release(self) -> tuple[int, int] | None:
+        m = re.match(r"v?(\d+)\.(\d+)", self.version or "")
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@dataclass(frozen=True)
+class BuildxFile:
+    """A docker-buildx binary in one of the CLI's plugin folders; `error` says why it did not run."""
+
+    path: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Builder:
+    prefix: tuple[str, ...]  # the argv before the build flags
+    env: dict[str, str]  # added to the environment
+    what: str  # one line for the log
+
+    @property
+    def docker(self) -> str:
+        return self.prefix[0]
+
+
+def _buildx_release(line: str) -> str:
+    m = re.search(r"\s(v?\d+\.\d+\S*)", line)
+    return m.group(1) if m else line
+
+
+def choose_builder(clients: Sequence[DockerClient], plugins: Sequence[BuildxFile] = ()) -> Builder | str:
+    """Pure: the first client with a working buildx plugin, else the first with BuildKit built in; else the one
+    line that says what to install (`plugins`: docker-buildx files found, to tell a broken plugin from none)."""
+    for c in clients:
+        if c.buildx and not c.error:
+            return Builder((c.path, "buildx", "build", "--load"), {},
+                           f"buildx {_buildx_release(c.buildx)} with the docker CLI at {c.path} ({c.version})")
+    lo, hi = BUILDKIT_BUILT_IN
+    for c in clients:
+        if not c.error and c.release and lo <= c.release < hi:
+            return Builder((c.path, "build"), {"DOCKER_BUILDKIT": "1"},
+                           f"the docker CLI at {c.path} ({c.version}, BuildKit built in)")
+    if not clients:
+        return ("no docker CLI found (looked for docker on PATH, " + ", ".join(DOCKER_CANDIDATES) + "): install "
+                "Debian's docker.io (20.10 on Debian 12: BuildKit built in), or a Docker CLI and its buildx plugin")
+    parts = []
+    need = [c for c in clients if not c.error and c.release and c.release >= hi]
+    if need:
+        names = " and ".join(f"{c.path} ({c.version})" for c in need)
+        clis = "CLIs" if len(need) > 1 else "CLI"
+        verb = "need" if len(need) > 1 else "needs"
+        broken = [p for p in plugins if p.error]
+        running = [p for p in plugins if not p.error]
+        if broken:
+            fix = f"{broken[0].path} does not run ({broken[0].error}), replace it: {BUILDX_FIX}"
+        elif running:
+            fix = (f"{running[0].path} runs on its own, but `docker buildx version` fails: replace it with a "
+                   f"buildx release that supports this CLI: {BUILDX_FIX}")
+        else:
+            fix = BUILDX_FIX
+        parts.append(f"the docker {clis} at {names} {verb} the buildx plugin for BuildKit: {fix}")
+    for c in clients:
+        if c.error:
+            parts.append(f"the docker CLI at {c.path} does not run ({c.error})")
+        elif not c.release:
+            parts.append(f"the docker CLI at {c.path} reports no version ({c.version})")
+        elif c.release < lo:
+            parts.append(f"the docker CLI at {c.path} ({c.version}) is too old for BuildKit: install Debian's "
+                         f"docker.io, or a Docker CLI with the buildx plugin")
+    return "; ".join(parts)
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _run(argv: list[str], timeout: float = 30) -> tuple[int, str]:
+    """(exit status, stdout or else stderr), never raising: a missing or broken binary is status -1."""
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return -1, f"no answer in {timeout:.0f} s"
+    except OSError as e:
+        return -1, e.strerror or str(e)
+    return r.returncode, r.stdout if r.returncode == 0 else (r.stderr or r.stdout or f"exit status {r.returncode}")
+
+
+def probe_client(path: str) -> DockerClient:
+    """`docker --version` (the client alone, no engine) and `docker buildx version` (~0.2 s)."""
+    code, text = _run([path, "--version"])
+    if code != 0:
+        return DockerClient(path, error=_one_line(text))
+    m = re.match(r"Docker version (\S+?),?(\s|$)", text.strip())
+    if not m:
+        return DockerClient(path, error=f"not Docker's CLI: {_one_line(text, 80)}")
+    code, text = _run([path, "buildx", "version"])
+    return DockerClient(path, m.group(1), buildx=_one_line(text) if code == 0 and text.strip() else None)
+
+
+def plugin_dirs(env: Mapping[str, str] | None = None) -> list[str]:
+    """Where the docker CLI looks for plugins: $DOCKER_CONFIG/cli-plugins (~/.docker), the config's
+    cliPluginsExtraDirs, then the system folders."""
+    env = os.environ if env is None else env
+    config = env.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
+    dirs = [os.path.join(config, "cli-plugins")]
+    try:
+        extra = json.loads(Path(config, "config.json").read_text()).get("cliPluginsExtraDirs") or []
+        dirs += [d for d in extra if isinstance(d, str)]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return dirs + ["/usr/local/lib/docker/cli-plugins", "/usr/local/libexec/docker/cli-plugins",
+                   "/usr/lib/docker/cli-plugins", "/usr/libexec/docker/cli-plugins"]
+
+
+def probe_buildx_files(dirs: list[str] | None = None) -> list[BuildxFile]:
+    out = []
+    for d in plugin_dirs() if dirs is None else dirs:
+        path = os.path.join(d, "docker-buildx")
+        if os.path.lexists(path):
+            code, text = _run([path, "version"])
+            out.append(BuildxFile(path, None if code == 0 else _one_line(text, 100)))
+    return out
+
+
+def docker_candidates() -> list[str]:
+    out: list[str] = []
+    seen: set[str] = set()
+    for path in (shutil.which("docker"), *DOCKER_CANDIDATES):
+        if path and os.path.exists(path) and os.path.realpath(path) not in seen:
+            seen.add(os.path.realpath(path))
+            out.append(path)
+    return out
+
+
+def find_builder(candidates: list[str] | None = None) -> Builder:
+    """A docker CLI that can run BuildKit builds (`choose_builder` on probed facts), or a one-line BuildError."""
+    clients = [probe_client(p) for p in (docker_candidates() if candidates is None else candidates)]
+    plugins = [] if any(c.buildx for c in clients) else probe_buildx_files()
+    choice = choose_builder(clients, plugins)
+    if isinstance(choice, str):
+        raise BuildError(choice)
+    return choice
 
 
 # ---------------------------------------------------------------- context and secrets
@@ -221,8 +370,10 @@ def check_wheelhouse(stack: Stack, opts: BuildOptions) -> None:
 # ---------------------------------------------------------------- build
 
 
-def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True) -> tuple[int, str]:
-    """Run the build; returns (exit code, full log). `out` (the CLI passes stdout) gets the log as it comes."""
+def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
+          builder: Builder | None = None) -> tuple[int, str]:
+    """Run the build; returns (exit code, full log). `out` (the CLI passes stdout) gets the log as it comes.
+    `builder`: default `find_builder()`."""
     out = out or io.StringIO()
     violations = [v for v in check_stack(stack) if v.rule.severity == "error"]
     if violations and not opts.force:
@@ -233,12 +384,12 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True)
     check_wheelhouse(stack, opts)
     if opts.ca_cert and not Path(opts.ca_cert).is_file():
         raise ConfigError(f"--ca-cert {opts.ca_cert}: no such file")
-    prefix, env = find_builder()
+    builder = builder or find_builder()
+    _LOG.info("building with %s", builder.what)
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-build-") as tmp:
         work = Path(tmp)
         ctx = prepare_context(opts, work)
-        argv = render_build(stack, opts, str(ctx), docker=prefix[0])
-        argv = prefix + argv[2:]
+        argv = [*builder.prefix, *render_build(stack, opts, str(ctx))[2:]]
         if opts.pip_index_url:
             secret = work / "pip_index_url"
             fd = os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -247,7 +398,7 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True)
             argv = [a if not a.startswith("id=pip_index_url,") else f"id=pip_index_url,src={secret}" for a in argv]
         log: list[str] = []
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, **env})
+                                env={**os.environ, **builder.env})
         assert proc.stdout is not None
         for line in proc.stdout:
             log.append(line)
@@ -258,7 +409,7 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True)
     if code != 0:
         return code, text
     if verify_after:
-        report = verify(opts.tag or stack.tag)
+        report = verify(opts.tag or stack.tag, docker=builder.docker)
         out.write(report.render() + "\n")
         if not report.ok:
             return 1, text
