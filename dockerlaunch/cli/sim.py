@@ -14,11 +14,16 @@ def sim() -> None:
 
 
 @sim.command("up")
-@click.option("--nodes", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--nodes", type=click.IntRange(1, 64), default=None,
+              help="Number of nodes [default: one per --engines entry, else 2].")
 @click.option("--name", "cluster", default="dlsim", show_default=True, help="Cluster name (prefix of every object).")
 @click.option("--subnet", default="172.30.0.0/24", show_default=True, help="Private bridge subnet; node1 is .11.")
 @click.option("--config-out", metavar="FILE", help="Write the cluster config here (default: in the state dir).")
-@click.option("--base-image", metavar="REF", help="Debian bookworm image to build nodes from.")
+@click.option("--base-image", metavar="REF", help="Debian bookworm image to build the 20.10 nodes from.")
+@click.option("--engines", "engines", metavar="LIST",
+              help="Docker engine of each node, one per node: 20.10 (Debian 12), 26 (Debian 13), 28 (Debian "
+                   "sid), 28-containerd (28 with the containerd image store) [default: 20.10].")
+@click.option("--engine", "engine", metavar="KIND", help="One engine kind for every node (see --engines).")
 @click.option("--egress-rate", metavar="RATE", help="Shape each node's egress, tc units (e.g. 200mbit).")
 @click.option("--seed-image", "seed_images", multiple=True, metavar="IMAGE",
               help="Preload a local image into every node.")
@@ -28,10 +33,12 @@ def sim_up(**kw) -> None:
     """Start N nodes; write a cluster config that `--config FILE` uses directly."""
     from dockerlaunch.sim import cluster as simlib
 
+    if kw["engines"] and kw["engine"]:
+        raise click.UsageError("give --engines (one per node) or --engine (all nodes), not both")
     path = simlib.up(
         nodes=kw["nodes"], cluster=kw["cluster"], subnet=kw["subnet"], config_out=kw["config_out"],
         base_image=kw["base_image"], egress_rate=kw["egress_rate"], seed_images=kw["seed_images"],
-        slurm=kw["slurm"],
+        slurm=kw["slurm"], engines=kw["engines"] or kw["engine"],
     )
     click.echo(str(path))
 
@@ -67,7 +74,7 @@ def sim_status(cluster: str | None) -> None:
     if not rows:
         click.echo("no sim nodes")
         return
-    headers = ["cluster", "node", "ip", "state", "image"]
+    headers = ["cluster", "node", "ip", "state", "engine", "store", "image"]
     if any(r["slurm"] != "-" for r in rows):  # the column only where a cluster runs Slurm
         headers.append("slurm")
     print_table(headers, [[r[h] for h in headers] for r in rows])

@@ -39,10 +39,56 @@ from dockerlaunch.errors import DockerlaunchError
 
 SIM_LABEL = "dockerlaunch.sim"
 NODE_LABEL = "dockerlaunch.sim.node"
+ENGINE_LABEL = "dockerlaunch.sim.engine"  # the engine kind a node runs (ENGINES)
 SLURM_LABEL = "dockerlaunch.sim.slurm"  # on the nodes of a `--slurm` cluster: "slurmctld,slurmd" or "slurmd"
 BASE_TAG = "dockerlaunch/debian:bookworm"
 LOCAL_BASE_CANDIDATES = ("debian:bookworm-slim", "debian:bookworm", "debian:12", BASE_TAG)
 PULL_CANDIDATE = "debian:bookworm-slim"
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """A Docker engine users run, as one Debian suite packages it (measured 2026-11-23, testbed.md)."""
+
+    name: str
+    suite: str  # the Debian suite whose docker.io the node image installs
+    major: int  # docker.io's major version in that suite: a node image with another one is refused
+    containerd_store: bool = False  # dockerd's "containerd-snapshotter" feature: images in containerd's store
+
+    @property
+    def base_tag(self) -> str:
+        return f"dockerlaunch/debian:{self.suite}"
+
+    @property
+    def base_candidates(self) -> tuple[str, ...]:
+        numbers = {"bookworm": ("debian:12",), "trixie": ("debian:13",)}.get(self.suite, ())
+        return (f"debian:{self.suite}-slim", f"debian:{self.suite}", *numbers, self.base_tag)
+
+
+# Debian 12 (bookworm): 20.10.24; Debian 13 (trixie): 26.1.5 + containerd 1.7; the development suite (sid):
+# 28.5.2 + containerd 2.1 + runc 1.3. 28-containerd: the image store Docker 29 makes the default.
+ENGINES = {
+    "20.10": EngineKind("20.10", "bookworm", 20),
+    "26": EngineKind("26", "trixie", 26),
+    "28": EngineKind("28", "sid", 28),
+    "28-containerd": EngineKind("28-containerd", "sid", 28, containerd_store=True),
+}
+DEFAULT_ENGINE = "20.10"
+CONTAINERD_STORE_DAEMON_JSON = b'{"features": {"containerd-snapshotter": true}}\n'
+
+
+def parse_engines(spec: str | None, nodes: int | None) -> list[EngineKind]:
+    """Pure: `--engines 20.10,26,28` (one per node) or one kind for all -> the kind of each node."""
+    names = [x.strip() for x in (spec or DEFAULT_ENGINE).split(",")]
+    bad = [x for x in names if x not in ENGINES]
+    if bad:
+        raise SimError(f"engine {bad[0]!r}: use one of {', '.join(ENGINES)} (e.g. --engines 20.10,26,28,28-containerd)")
+    if len(names) == 1 and nodes is not None:
+        names = names * nodes
+    elif nodes is not None and len(names) != nodes:
+        raise SimError(f"--engines names {len(names)} engine(s) for {nodes} node(s): give one per node, "
+                       "or leave --nodes out")
+    return [ENGINES[x] for x in names]
 DEFAULT_SUBNET = "172.30.0.0/24"
 DEFAULT_NAME = "dlsim"
 FIRST_HOST_OFFSET = 11  # node1 = .11, node2 = .12, ...
@@ -176,8 +222,10 @@ def _image_exists(client, ref: str) -> bool:
         return False
 
 
-def ensure_base_image(client, requested: str | None = None) -> str:
-    """A Debian bookworm image: the requested one, a local one, a pulled one, or one made by debootstrap."""
+def ensure_base_image(client, requested: str | None = None, kind: EngineKind | None = None) -> str:
+    """A Debian image of the kind's suite (bookworm by default): the requested one, a local one, a pulled one,
+    or one made by debootstrap (cached as an image, so the next `sim up` does not debootstrap again)."""
+    kind = kind or ENGINES[DEFAULT_ENGINE]
     if requested:
         if _image_exists(client, requested):
             return requested
@@ -186,37 +234,37 @@ def ensure_base_image(client, requested: str | None = None) -> str:
             return requested
         except Exception as e:
             raise SimError(f"base image {requested} is not local and cannot be pulled ({str(e)[:120]})") from None
-    for ref in LOCAL_BASE_CANDIDATES:
+    for ref in kind.base_candidates:
         if _image_exists(client, ref):
             return ref
     try:
-        _log(f"pulling {PULL_CANDIDATE}")
-        client.images.pull(PULL_CANDIDATE)
-        return PULL_CANDIDATE
+        _log(f"pulling {kind.base_candidates[0]}")
+        client.images.pull(kind.base_candidates[0])
+        return kind.base_candidates[0]
     except Exception:
-        _log("no registry reachable; making the base image with debootstrap")
-    return debootstrap_base(client)
+        _log(f"no registry reachable; making a Debian {kind.suite} base image with debootstrap")
+    return debootstrap_base(client, kind.base_tag, kind.suite)
 
 
-def debootstrap_base(client, tag: str = BASE_TAG) -> str:
+def debootstrap_base(client, tag: str = BASE_TAG, suite: str = "bookworm") -> str:
     if shutil.which("debootstrap") is None:
         raise SimError(
-            "no Debian base image and no registry: install debootstrap (`apt-get install debootstrap`, "
-            "or run scripts/install-docker) or load a debian:bookworm image"
+            f"no Debian {suite} base image and no registry: install debootstrap (`apt-get install debootstrap`, "
+            f"or run scripts/install-docker) or load a debian:{suite} image"
         )
     if os.geteuid() != 0:
-        raise SimError("debootstrap needs root to make the base image; run once as root or load debian:bookworm")
+        raise SimError(f"debootstrap needs root to make the base image; run once as root or load debian:{suite}")
     mirror = os.environ.get("DOCKERLAUNCH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-rootfs-") as tmp:
         root = Path(tmp) / "rootfs"
         t0 = time.monotonic()
         proc = subprocess.run(
-            ["debootstrap", "--variant=minbase", "bookworm", str(root), mirror],
+            ["debootstrap", "--variant=minbase", suite, str(root), mirror],
             capture_output=True, text=True,
         )
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-            raise SimError(f"debootstrap from {mirror} failed: {tail[0]} (set DOCKERLAUNCH_DEBIAN_MIRROR?)")
+            raise SimError(f"debootstrap {suite} from {mirror} failed: {tail[0]} (set DOCKERLAUNCH_DEBIAN_MIRROR?)")
         shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
         (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
         tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
@@ -321,11 +369,21 @@ def build_demo_image(base: str | None = None, wheelhouse: Path | None = None) ->
                   {"TORCH_VERSION": DEMO_TORCH, "NUMPY": DEMO_NUMPY, "PYSPY": DEMO_PYSPY})
 
 
-def ensure_images(client, base: str | None = None) -> tuple[str, str]:
-    base_ref = ensure_base_image(client, base)
-    node = _build(client, "node.Dockerfile", base_ref, "dockerlaunch/sim-node", ("entrypoint.sh", "sshd.conf"))
-    tools = _build(client, "tools.Dockerfile", base_ref, "dockerlaunch/sim-tools")
-    return node, tools
+def ensure_images(client, base: str | None = None, kinds: list[EngineKind] | None = None
+                  ) -> tuple[dict[str, str], str]:
+    """The node image of each engine kind (`base` is the bookworm base, for 20.10 nodes) and the tools image."""
+    kinds = kinds or [ENGINES[DEFAULT_ENGINE]]
+    bookworm = ensure_base_image(client, base)
+    nodes: dict[str, str] = {}
+    for kind in kinds:
+        if kind.name in nodes:
+            continue
+        base_ref = bookworm if kind.suite == "bookworm" else ensure_base_image(client, None, kind)
+        same = next((nodes[k.name] for k in kinds if k.suite == kind.suite and k.name in nodes), None)
+        nodes[kind.name] = same or _build(client, "node.Dockerfile", base_ref, "dockerlaunch/sim-node",
+                                          ("entrypoint.sh", "sshd.conf"), buildargs={"DOCKER_MAJOR": str(kind.major)})
+    tools = _build(client, "tools.Dockerfile", bookworm, "dockerlaunch/sim-tools")
+    return nodes, tools
 
 
 def ensure_slurm_image(client, node_image: str) -> str:
@@ -358,7 +416,7 @@ def _cluster_containers(client, cluster: str | None = None):
 
 
 def up(
-    nodes: int = 2,
+    nodes: int | None = None,
     cluster: str = DEFAULT_NAME,
     subnet: str = DEFAULT_SUBNET,
     config_out: str | None = None,
@@ -368,14 +426,22 @@ def up(
     ready_timeout: float = 90.0,
     slurm: bool = False,
     slurm_timeout: float = SLURM_READY_TIMEOUT,
+    engines: str | None = None,
 ) -> Path:
     """Start the cluster and return the path of the cluster config it wrote.
 
-    With `slurm`, the nodes also run Slurm: munged everywhere, slurmctld on node1, slurmd on every node, one
-    partition of all nodes; `up` returns once sinfo says every node is idle.
+    `engines`: the Docker engine of each node ("20.10,26,28,28-containerd", one per node, or one kind for all;
+    ENGINES); `nodes` defaults to one per named engine, else 2. With `slurm`, the nodes also run Slurm:
+    munged everywhere, slurmctld on node1, slurmd on every node, one partition of all nodes; `up` returns
+    once sinfo says every node is idle.
     """
     import docker
 
+    named = len((engines or DEFAULT_ENGINE).split(","))
+    kinds = parse_engines(engines, nodes if nodes is not None else (None if named > 1 else 2))
+    nodes = len(kinds)
+    if slurm and len({k.name for k in kinds}) > 1:
+        raise SimError("--slurm needs the same engine on every node (one Slurm version across the cluster)")
     layout = node_layout(cluster, nodes, subnet)
     client = engine()
     existing = _cluster_containers(client, cluster)
@@ -385,9 +451,9 @@ def up(
         )
     if egress_rate:
         parse_rate(egress_rate)
-    node_image, tools_image = ensure_images(client, base_image)
+    node_images, tools_image = ensure_images(client, base_image, kinds)
     if slurm:
-        node_image = ensure_slurm_image(client, node_image)
+        node_images = {k: ensure_slurm_image(client, v) for k, v in node_images.items()}
     seeds = [_seed_tarball(client, tools_image)] + [_seed_tarball(client, s) for s in seed_images]
 
     state = state_root() / cluster
@@ -409,15 +475,15 @@ def up(
     known_hosts: list[str] = []
     try:
         shared = client.volumes.create(f"{cluster}-shared", labels=labels)
-        for n in layout:
+        for n, kind in zip(layout, kinds):
             host_private, host_public = _new_ed25519()
             known_hosts.append(f"{n.ip} {host_public}")
             client.volumes.create(n.volume, labels=labels)
-            node_labels = {**labels, NODE_LABEL: str(n.index)}
+            node_labels = {**labels, NODE_LABEL: str(n.index), ENGINE_LABEL: kind.name}
             if slurm:
                 node_labels[SLURM_LABEL] = "slurmctld,slurmd" if n.index == 1 else "slurmd"
             container = client.containers.create(
-                node_image,
+                node_images[kind.name],
                 name=n.name,
                 hostname=f"node{n.index}",
                 # Slurm names nodes by hostname (srun, job output, node lists): every node resolves every other
@@ -440,14 +506,14 @@ def up(
             )
             net.disconnect(container)
             net.connect(container, ipv4_address=n.ip)
-            container.put_archive(
-                "/",
-                _tar_of({
-                    "etc/ssh/ssh_host_ed25519_key": (host_private, 0o600),
-                    "etc/ssh/ssh_host_ed25519_key.pub": (host_public.encode() + b"\n", 0o644),
-                    "root/.ssh/authorized_keys": (public.encode() + b"\n", 0o600),
-                }),
-            )
+            files = {
+                "etc/ssh/ssh_host_ed25519_key": (host_private, 0o600),
+                "etc/ssh/ssh_host_ed25519_key.pub": (host_public.encode() + b"\n", 0o644),
+                "root/.ssh/authorized_keys": (public.encode() + b"\n", 0o600),
+            }
+            if kind.containerd_store:  # what a user writes to turn it on (Docker 29 has it on by default)
+                files["etc/docker/daemon.json"] = (CONTAINERD_STORE_DAEMON_JSON, 0o644)
+            container.put_archive("/", _tar_of(files))
             container.start()
         (state / "known_hosts").write_text("\n".join(known_hosts) + "\n")
         with cf.ThreadPoolExecutor(max_workers=len(layout)) as pool:
@@ -721,8 +787,10 @@ def status(cluster: str | None = None) -> list[dict[str, str]]:
     for c in containers:
         if "slurmctld" in c.labels.get(SLURM_LABEL, "") and c.status == "running":
             sinfo[c.labels.get(SIM_LABEL, "?")] = slurm_node_states(c)
+    with cf.ThreadPoolExecutor(max_workers=min(16, len(containers) or 1)) as pool:
+        engines = list(pool.map(node_engine, containers))
     rows = []
-    for c in containers:
+    for c, (version, store) in zip(containers, engines):
         nets = c.attrs.get("NetworkSettings", {}).get("Networks", {})
         ip = next((v.get("IPAddress") for v in nets.values() if v.get("IPAddress")), "-")
         name = c.labels.get(SIM_LABEL, "?")
@@ -736,6 +804,28 @@ def status(cluster: str | None = None) -> list[dict[str, str]]:
             "ip": ip,
             "state": c.status,
             "image": c.image.tags[0] if c.image.tags else c.image.short_id,
+            "engine": version,
+            "store": store,
             "slurm": slurm,
         })
     return rows
+
+
+def parse_engine_info(text: str) -> tuple[str, str]:
+    """Pure: `docker info` "VERSION|DRIVER|DRIVERSTATUS-JSON" -> (version, image store)."""
+    version, _, rest = text.strip().partition("|")
+    if not version:
+        return "?", "?"
+    driver, _, status = rest.partition("|")
+    if "io.containerd.snapshotter" in status:  # the containerd image store reports its snapshotter as the driver
+        return version or "?", f"containerd ({driver or '?'})"
+    return version or "?", driver or "?"
+
+
+def node_engine(container) -> tuple[str, str]:
+    """The engine version and image store a node's dockerd reports ("-" when the node is not running)."""
+    if container.status != "running":
+        return "-", "-"
+    code, out = container.exec_run(
+        ["docker", "info", "--format", "{{.ServerVersion}}|{{.Driver}}|{{json .DriverStatus}}"])
+    return parse_engine_info(out.decode(errors="replace")) if code == 0 else ("?", "?")

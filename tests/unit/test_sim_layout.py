@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -5,6 +6,7 @@ import yaml
 
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import make_plan
+from dockerlaunch.sim import cluster as sim
 from dockerlaunch.sim.cluster import SimError, node_layout, parse_rate, render_cluster_config
 
 
@@ -62,3 +64,41 @@ def test_slurm_conf_names_every_node_with_its_address_and_the_real_cpus():
     assert all("CPUs=2" in n for n in nodes)
     with pytest.raises(SimError, match="no CPU count"):
         parse_slurmd_hw("slurmd: error: something broke")
+
+
+# ---------------------------------------------------------------- engine kinds (`sim up --engines`)
+
+
+def test_engines_one_per_node_or_one_for_all():
+    kinds = sim.parse_engines("20.10,26,28,28-containerd", None)
+    assert [k.name for k in kinds] == ["20.10", "26", "28", "28-containerd"]
+    assert [k.suite for k in kinds] == ["bookworm", "trixie", "sid", "sid"]
+    assert [k.containerd_store for k in kinds] == [False, False, False, True]
+    assert [k.name for k in sim.parse_engines("26", 3)] == ["26", "26", "26"]
+    assert [k.name for k in sim.parse_engines(None, 2)] == ["20.10", "20.10"]
+
+
+@pytest.mark.parametrize("spec, nodes, needle", [
+    ("27", None, "engine '27': use one of 20.10, 26, 28, 28-containerd"),
+    ("20.10,docker", 2, "engine 'docker'"),
+    ("20.10,26", 3, "names 2 engine(s) for 3 node(s)"),
+])
+def test_engines_bad_input_names_the_entry(spec, nodes, needle):
+    with pytest.raises(sim.SimError, match=re.escape(needle)):
+        sim.parse_engines(spec, nodes)
+
+
+def test_engine_base_images_are_per_suite():
+    assert sim.ENGINES["26"].base_tag == "dockerlaunch/debian:trixie"
+    assert "debian:13" in sim.ENGINES["26"].base_candidates
+    assert sim.ENGINES["20.10"].base_candidates[-1] == sim.BASE_TAG
+
+
+@pytest.mark.parametrize("text, want", [
+    ('20.10.24+dfsg1|overlay2|[["Backing Filesystem","extfs"]]', ("20.10.24+dfsg1", "overlay2")),
+    ('28.5.2+dfsg4|overlayfs|[["driver-type","io.containerd.snapshotter.v1"]]',
+     ("28.5.2+dfsg4", "containerd (overlayfs)")),
+    ("", ("?", "?")),
+])
+def test_engine_info_names_the_image_store(text, want):
+    assert sim.parse_engine_info(text) == want
