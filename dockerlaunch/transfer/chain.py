@@ -88,7 +88,7 @@ def push_chain(
 
         try:
             status = remotes[i].stream(
-                ["sh", "-c", relay, "sh", image.id, image.ref, mode, listen, str(port), nxt],
+                ["sh", "-c", relay, "sh", links[i].expect_id, image.ref, mode, listen, str(port), nxt],
                 on_out, err.extend, stdin=_Prefixed(token, reader) if i == 0 else token, stop=stop)
         except DockerlaunchError as e:
             results[i] = HostResult(remotes[i].name, PushState.FAILED, str(e))
@@ -99,7 +99,7 @@ def push_chain(
         else:
             role = "head of chain" if i == 0 else f"relayed from {remotes[i - 1].name}"
             results[i] = HostResult(remotes[i].name, PushState.PUSHED, f"chain ({role}), {mode}{thin}, "
-                                    f"Image ID {image.id[7:19]} verified", reader.count if i == 0 else 0,
+                                    f"Image ID {links[i].expect_id[7:19]} verified", reader.count if i == 0 else 0,
                                     time.monotonic() - t0, stream_seconds(reader, t0) if i == 0 else 0.0)
 
     # listeners first, from the tail, each one listening before its sender starts

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from dockerlaunch.enums import StrEnum
-from dockerlaunch.transfer.streams import LocalImage, chain_ids
+from dockerlaunch.transfer.streams import GRAPHDRIVER, LocalImage, chain_ids
 
 CHAIN_MIN_HOSTS = 3  # below this a chain saves nothing over star: the launcher's uplink carries <= 2 copies
 
@@ -62,6 +62,7 @@ class HostView:
     address: str = ""  # where the previous host of a chain reaches it
     tag_id: str = ""  # the Image ID its tag points at ("" if the tag is absent)
     has_id: bool = False  # the pushed Image ID is present (under any name)
+    store: str = GRAPHDRIVER  # its engine's image store: which ID the image has there (LocalImage.expected_id)
     zstd: bool = False
     relay: bool = False  # OpenBSD nc -N and mkfifo: can be a chain link
     chain_ids: frozenset[str] | None = None  # every layer chain ID it has (None: not asked, --full)
@@ -82,6 +83,7 @@ class HostTransfer:
     layers: int = 0
     layers_skipped: int = 0
     skip_files: list[str] = field(default_factory=list)  # layer files left out of the stream
+    expect_id: str = ""  # the Image ID the host must show after loading (its store's; "" when not sending)
     bytes_to_send: int = 0  # before compression; from the launcher for star/chain head, from a peer for links
     reason: str = ""
 
@@ -143,8 +145,12 @@ def needs_layer_map(image: LocalImage, views: list[HostView]) -> bool:
     """Only a thin push that can skip a layer for a host that needs the image needs the save's layer map
     (one full local read, cached per Image ID)."""
     chains = set(chain_ids(list(image.diff_ids)))
-    receivers = [v for v in views if not v.error and v.tag_id != image.id and not v.has_id]
+    receivers = [v for v in views if not v.error and not _up_to_date(image, v) and not v.has_id]
     return any(v.chain_ids and chains & v.chain_ids for v in receivers)
+
+
+def _up_to_date(image: LocalImage, v: HostView) -> bool:
+    return bool(v.tag_id) and v.tag_id == image.expected_id(v.store)
 
 
 def choose_strategy(requested: str, senders: list[HostView], broken_links: list[str] | None = None
@@ -178,15 +184,17 @@ def plan_push(
     for v in views:
         if v.error:
             out.append(HostTransfer(v.host, Action.FAIL, reason=v.error))
-        elif v.tag_id == image.id:
-            out.append(HostTransfer(v.host, Action.SKIP, reason=f"already has {image.id[7:19]}"))
+        elif _up_to_date(image, v):
+            out.append(HostTransfer(v.host, Action.SKIP, reason=f"already has {v.tag_id[7:19]}"))
         elif v.has_id:
-            out.append(HostTransfer(v.host, Action.TAG, reason=f"had {image.id[7:19]} untagged; tagged {image.ref}"))
+            have = image.expected_id(v.store)
+            out.append(HostTransfer(v.host, Action.TAG, expect_id=have,
+                                    reason=f"had {have[7:19]} untagged; tagged {image.ref}"))
         elif compress == "zstd" and not v.zstd:
             out.append(HostTransfer(v.host, Action.FAIL, reason="--compress zstd but zstd is not installed there"))
         else:
             senders.append(v)
-            out.append(HostTransfer(v.host, Action.SEND))
+            out.append(HostTransfer(v.host, Action.SEND, expect_id=image.expected_id(v.store)))
     chosen, why = choose_strategy(strategy, senders, broken_links)
     by_host = {h.host: h for h in out}
     if chosen == Strategy.CHAIN and senders:

@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.hosts.session import each
@@ -31,6 +32,8 @@ from dockerlaunch.transfer.plan import (
     star_fallback,
 )
 from dockerlaunch.transfer.streams import (
+    CONTAINERD,
+    GRAPHDRIVER,
     CountingReader,
     LocalImage,
     chain_ids,
@@ -38,35 +41,43 @@ from dockerlaunch.transfer.streams import (
     local_image,
     outgoing,
     stream_seconds,
+    with_facts,
 )
 
 # ---------------------------------------------------------------- observe
 
 
-def parse_host_view(host: str, address: str, text: str) -> HostView:
-    """inspect.sh's output -> HostView (pure)."""
+def parse_host_view(host: str, address: str, text: str, image: LocalImage) -> HostView:
+    """inspect.sh's output -> HostView (pure); `has_id`: the host has the ID `image` gets in its store."""
     kv: dict[str, str] = {}
     have: set[str] | None = None
+    present: set[str] = set()
     for line in text.splitlines():
         k, _, v = line.partition("=")
         if k == "layers":
             have = have or set()
             have.update(chain_ids(json.loads(v) or []))  # null: an image with no layers
+        elif k == "has":
+            present.add(v.strip())
         elif k:
             kv[k] = v.strip()
-    return HostView(host=host, address=address, tag_id=kv.get("tag", ""), has_id=kv.get("has", "") != "",
-                    zstd=kv.get("zstd") == "1", relay=kv.get("relay") == "1",
+    store = CONTAINERD if kv.get("store") == CONTAINERD else GRAPHDRIVER
+    want = image.expected_id(store)
+    return HostView(host=host, address=address, tag_id=kv.get("tag", ""), has_id=bool(want) and want in present,
+                    store=store, zstd=kv.get("zstd") == "1", relay=kv.get("relay") == "1",
                     chain_ids=frozenset(have) if have is not None else None)
 
 
 def observe(remote: Remote, image: LocalImage, address: str, thin: bool = True) -> HostView:
-    """One round trip: where the host's tag points, whether it has the ID, zstd, relay tools, its layers."""
+    """One round trip: its image store, where the host's tag points, whether it has the image (by the ID
+    its store would give it), zstd, relay tools, its layers."""
+    ids = [i for i in dict.fromkeys((image.config_digest, image.expected_id(CONTAINERD))) if i]
     try:
-        r = remote.check(["sh", "-c", script("inspect.sh"), "sh", image.ref, image.id, "1" if thin else "0"],
+        r = remote.check(["sh", "-c", script("inspect.sh"), "sh", image.ref, "1" if thin else "0", *ids],
                          "inspecting images", timeout=120)
     except HostError as e:
         return HostView(remote.name, address, error=e.reason)
-    view = parse_host_view(remote.name, address, r.stdout)
+    view = parse_host_view(remote.name, address, r.stdout, image)
     if thin and view.chain_ids is None:
         view = HostView(**{**view.__dict__, "chain_ids": frozenset()})
     return view
@@ -75,11 +86,26 @@ def observe(remote: Remote, image: LocalImage, address: str, thin: bool = True) 
 def make_plan(client, remotes: list[Remote], image: LocalImage, *, addresses: list[str] | None = None,
               strategy: str = "auto", compress: str = "auto", thin: bool = True
               ) -> tuple[PushPlan, list[HostView], list[tuple[str, int]] | None]:
-    """Observe every host concurrently and plan. Sends nothing, tags nothing (`push --dry-run`)."""
+    """Observe every host concurrently and plan. Sends nothing, tags nothing (`push --dry-run`).
+
+    The image's ID in a containerd-store engine is the digest of the manifest our stream carries, known
+    from a read of the local save: the first push of an image to such a host reads it once (cached) and
+    asks that host again with the ID."""
     addresses = addresses or [r.target.hostname for r in remotes]
-    outcomes = each(lambda i: observe(remotes[i], image, addresses[i], thin), list(range(len(remotes))))
-    views = [o.value if o.ok else HostView(remotes[o.item].name, addresses[o.item], error=str(o.error))
-             for o in outcomes]
+
+    def look(i: int) -> HostView:
+        return observe(remotes[i], image, addresses[i], thin)
+
+    def observe_all(indexes: list[int]) -> list[HostView]:
+        return [o.value if o.ok else HostView(remotes[o.item].name, addresses[o.item], error=str(o.error))
+                for o in each(look, indexes)]
+
+    views = observe_all(list(range(len(remotes))))
+    again = [i for i, v in enumerate(views) if v.store == CONTAINERD and not image.expected_id(CONTAINERD)]
+    if again:
+        image = with_facts(client, image)
+        for i, v in zip(again, observe_all(again)):
+            views[i] = v
     layers = layer_map(client, image) if thin and needs_layer_map(image, views) else None
     plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers)
     if strategy == "auto" and plan.strategy == Strategy.CHAIN:
@@ -118,11 +144,11 @@ def probe_links(chain: list[tuple[Remote, str]], timeout: float = 10.0) -> list[
 # ---------------------------------------------------------------- apply
 
 
-def _tag(remote: Remote, image: LocalImage) -> tuple[PushState, str]:
-    r = remote.run(["docker", "tag", image.id, image.ref], timeout=60)
+def _tag(remote: Remote, image: LocalImage, t: HostTransfer) -> tuple[PushState, str]:
+    r = remote.run(["docker", "tag", t.expect_id, image.ref], timeout=60)
     if not r.ok:
         return PushState.FAILED, f"tagging: {r.last_line()}"
-    return PushState.TAGGED, f"had {image.id[7:19]} untagged; tagged {image.ref}"
+    return PushState.TAGGED, f"had {t.expect_id[7:19]} untagged; tagged {image.ref}"
 
 
 def _thin_note(t: HostTransfer) -> str:
@@ -135,7 +161,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
     t0 = time.monotonic()
     reader = CountingReader(outgoing(client, image, set(t.skip_files), t.compression or "none"), on_bytes)
     out, err = bytearray(), bytearray()
-    status = remote.stream(["sh", "-c", script("load.sh"), "sh", image.id, image.ref, t.compression or "none"],
+    status = remote.stream(["sh", "-c", script("load.sh"), "sh", t.expect_id, image.ref, t.compression or "none"],
                            out.extend, err.extend, stdin=reader, stop=stop)
     took, streamed = time.monotonic() - t0, stream_seconds(reader, t0)
     if status != 0:
@@ -143,7 +169,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
         return HostResult(remote.name, PushState.FAILED, reason[0][:300], reader.count, took, streamed)
     return HostResult(remote.name, PushState.PUSHED,
                       f"{t.compression}{_thin_note(t)}, image {image.size / 1e6:.0f} MB, "
-                      f"Image ID {image.id[7:19]} verified",
+                      f"Image ID {t.expect_id[7:19]} verified",
                       reader.count, took, streamed)
 
 
@@ -168,7 +194,7 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
         elif t.action == Action.FAIL:
             results[t.host] = HostResult(t.host, PushState.FAILED, t.reason)
     tags = [t for t in plan.hosts if t.action == Action.TAG]
-    for t, o in zip(tags, each(lambda t: _tag(by_name[t.host], image), tags)):
+    for t, o in zip(tags, each(lambda t: _tag(by_name[t.host], image, t), tags)):
         state, detail = o.value if o.ok else (PushState.FAILED, str(o.error))
         results[t.host] = HostResult(t.host, state, detail)
 
@@ -204,6 +230,17 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
 
         for t, o in zip(star, each(one, star)):
             results[t.host] = o.value if o.ok else HostResult(t.host, PushState.FAILED, str(o.error))
+
+        # An engine that refuses a thin stream (containerd's store wants every layer whose snapshot it
+        # lacks) gets the whole image, once, by itself.
+        refused = [t for t in star if t.skip_files and results[t.host].status == PushState.FAILED
+                   and results[t.host].detail.startswith("load failed")]
+        full = [replace(t, skip_files=[], layers_skipped=0, bytes_to_send=image.size) for t in refused]
+        for t, o in zip(full, each(one, full)):
+            res = o.value if o.ok else HostResult(t.host, PushState.FAILED, str(o.error))
+            res.detail = f"the thin stream was refused ({results[t.host].detail[:160]}); sent in full: {res.detail}"
+            res.bytes_sent += results[t.host].bytes_sent
+            results[t.host] = res
     return [results[t.host] for t in plan.hosts]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import posixpath
 import tarfile
 import threading
 import time
@@ -21,25 +22,66 @@ from dockerlaunch.errors import TransferError
 CHUNK = 1 << 20
 
 
+CONTAINERD = "containerd"  # an engine whose images live in containerd's store (Docker 29's default)
+GRAPHDRIVER = "graphdriver"  # the classic store (overlay2): Docker 20.10 to 28 by default
+
+
 @dataclass(frozen=True)
 class LocalImage:
-    """An image in the launcher's engine: what it is called, its ID, size and layers (RootFS diff IDs)."""
+    """An image in the launcher's engine: what it is called, its ID, size and layers (RootFS diff IDs).
+
+    `id` is the launcher engine's own ID: the config digest in the classic store, the manifest digest in
+    containerd's. What a target must hold afterwards is `expected_id(store)` (see SaveFacts).
+    """
 
     ref: str
     id: str
     size: int
     diff_ids: tuple[str, ...] = ()
+    platform: tuple[str, str, str] = ("linux", "amd64", "")  # os, architecture, variant
+    store: str = GRAPHDRIVER  # the launcher engine's image store
+    facts: SaveFacts | None = None  # from a read of the save (cached per ID); None until one was needed
+
+    @property
+    def config_digest(self) -> str:
+        """The image's config digest: the Image ID every classic-store engine gives it ("" until known)."""
+        if self.store == GRAPHDRIVER:
+            return self.id
+        return self.facts.config.digest if self.facts else ""
+
+    def expected_id(self, store: str) -> str:
+        """The Image ID an engine with `store` gives this image once it loaded our stream ("" if not known
+        yet): the config digest in the classic store, the digest of the manifest the stream carries in
+        containerd's store."""
+        if store == CONTAINERD:
+            return self.facts.manifest_digest if self.facts else ""
+        return self.config_digest
+
+
+def engine_store(client) -> str:
+    """Which image store an engine uses (its `docker info` driver status names containerd's snapshotter)."""
+    status = json.dumps(client.info().get("DriverStatus") or [])
+    return CONTAINERD if "io.containerd.snapshotter" in status else GRAPHDRIVER
 
 
 def local_image(client, ref: str) -> LocalImage:
+    """The image as the launcher's engine has it; on a containerd-store launcher, with its save facts (its
+    config digest is known only from the save)."""
     import docker
 
     try:
         img = client.images.get(ref)
     except docker.errors.ImageNotFound:
         raise TransferError(f"image {ref} is not in the local Docker engine (docker images)") from None
-    return LocalImage(ref=ref, id=img.id, size=int(img.attrs.get("Size", 0)),
-                      diff_ids=tuple(img.attrs.get("RootFS", {}).get("Layers", [])))
+    a = img.attrs
+    image = LocalImage(ref=ref, id=img.id, size=int(a.get("Size", 0)),
+                       diff_ids=tuple(a.get("RootFS", {}).get("Layers", [])),
+                       platform=(a.get("Os") or "linux", a.get("Architecture") or "amd64", a.get("Variant") or ""),
+                       store=engine_store(client))
+    cached = _cached_facts(image)
+    if cached or image.store == CONTAINERD:
+        image = with_facts(client, image)
+    return image
 
 
 class CountingReader(io.RawIOBase):
@@ -105,42 +147,216 @@ def chain_ids(diff_ids: list[str]) -> list[str]:
     return out
 
 
-def layer_files(client, image: LocalImage) -> list[str]:
-    """Path of each layer's tar inside `docker save <id>`, in RootFS order (manifest.json's Layers).
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+_COMPRESSED = ((b"\x1f\x8b", "+gzip"), (b"\x28\xb5\x2f\xfd", "+zstd"))  # Docker 29 saves gzip layers
 
-    The manifest comes at the end of the stream, so this reads the save once (discarding data) and caches
-    the answer per Image ID.
+
+@dataclass(frozen=True)
+class Blob:
+    """A file of a `docker save` tar that the image's manifest names."""
+
+    path: str  # the regular file in the tar (legacy paths that are links to blobs resolved)
+    digest: str
+    size: int
+    media_type: str = OCI_LAYER
+
+
+@dataclass(frozen=True)
+class SaveFacts:
+    """What one `docker save` of an image holds: its config and layer files, in RootFS order.
+
+    Every stream dockerlaunch sends ends with an OCI index and an image manifest written from these facts,
+    whatever layout the launcher's engine saved (legacy `<id>/layer.tar`, or OCI `blobs/sha256/` since
+    Docker 25): a classic-store engine loads the legacy manifest.json and names the image by its config
+    digest; a containerd-store engine loads the index and names it by the manifest's digest. Both are
+    known here, so every target's Image ID is checked before its tag is set.
     """
-    return [f for f, _ in layer_map(client, image)]
+
+    config: Blob
+    layers: tuple[Blob, ...]
+    platform: tuple[str, str, str] = ("linux", "amd64", "")
+
+    def manifest(self) -> bytes:
+        body = {
+            "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_CONFIG, "digest": self.config.digest, "size": self.config.size},
+            "layers": [{"mediaType": b.media_type, "digest": b.digest, "size": b.size} for b in self.layers],
+        }
+        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+    @property
+    def manifest_digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.manifest()).hexdigest()
+
+    def index(self) -> bytes:
+        os_, arch, variant = self.platform
+        platform = {"os": os_, "architecture": arch, **({"variant": variant} if variant else {})}
+        entry = {"mediaType": OCI_MANIFEST, "digest": self.manifest_digest, "size": len(self.manifest()),
+                 "platform": platform}  # no name annotation: the load sets no tag
+        return json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [entry]},
+                          separators=(",", ":"), sort_keys=True).encode()
+
+    def to_json(self) -> str:
+        return json.dumps({"config": self.config.__dict__, "layers": [b.__dict__ for b in self.layers],
+                           "platform": list(self.platform)})
+
+    @staticmethod
+    def from_json(text: str) -> SaveFacts:
+        d = json.loads(text)
+        return SaveFacts(Blob(**d["config"]), tuple(Blob(**b) for b in d["layers"]), tuple(d["platform"]))
+
+
+class _Recorder:
+    """Watches the members of a `docker save` stream go by: sizes, the first bytes of every file (is a
+    layer compressed?), links, manifest.json. At the end it knows the image's SaveFacts."""
+
+    def __init__(self, image: LocalImage):
+        self.image = image
+        self.sizes: dict[str, int] = {}
+        self.heads: dict[str, bytes] = {}
+        self.links: dict[str, str] = {}
+        self.manifest: dict | None = None
+
+    def see(self, member: tarfile.TarInfo, f: IO[bytes] | None) -> IO[bytes] | None:
+        if member.issym() or member.islnk():
+            target = member.linkname if member.islnk() else posixpath.join(posixpath.dirname(member.name),
+                                                                           member.linkname)
+            self.links[member.name] = posixpath.normpath(target)
+        elif member.isfile() and f is not None:
+            self.sizes[member.name] = member.size
+            return _Peek(f, lambda head: self.heads.__setitem__(member.name, head))
+        return f
+
+    def manifest_json(self, data: bytes) -> None:
+        entries = json.loads(data)
+        if not isinstance(entries, list) or len(entries) != 1 or not isinstance(entries[0], dict):
+            raise TransferError("the image's docker save has a manifest.json that does not name one image")
+        self.manifest = entries[0]
+
+    def _resolve(self, path: str) -> str:
+        seen = 0
+        while path in self.links and seen < 8:
+            path, seen = self.links[path], seen + 1
+        return path
+
+    def facts(self) -> SaveFacts:
+        if not self.manifest:
+            raise TransferError(f"docker save of {self.image.ref} has no manifest.json")
+        layers = []
+        paths = list(self.manifest.get("Layers") or [])
+        if len(paths) != len(self.image.diff_ids):
+            raise TransferError(f"docker save of {self.image.ref} names {len(paths)} layers, the image has "
+                                f"{len(self.image.diff_ids)}")
+        for path, diff_id in zip(paths, self.image.diff_ids):
+            real = self._resolve(path)
+            if real not in self.sizes:
+                raise TransferError(f"docker save of {self.image.ref}: layer file {path} is missing")
+            head = self.heads.get(real, b"")
+            suffix = next((kind for magic, kind in _COMPRESSED if head.startswith(magic)), "")
+            # a blob is named by its digest; a legacy layer.tar is the uncompressed layer: its digest is the diff ID
+            digest = _blob_digest(real) or diff_id
+            layers.append(Blob(real, digest, self.sizes[real], OCI_LAYER + suffix))
+        config = self._resolve(str(self.manifest.get("Config", "")))
+        digest = _blob_digest(config) or _legacy_config_digest(config)
+        if config not in self.sizes or not digest:
+            raise TransferError(f"docker save of {self.image.ref}: its config file {config!r} is missing")
+        return SaveFacts(Blob(config, digest, self.sizes[config], OCI_CONFIG), tuple(layers), self.image.platform)
+
+
+def _blob_digest(path: str) -> str:
+    parts = path.split("/")
+    if len(parts) == 3 and parts[0] == "blobs" and len(parts[2]) == 64:
+        return f"{parts[1]}:{parts[2]}"
+    return ""
+
+
+def _legacy_config_digest(path: str) -> str:
+    name = path.removesuffix(".json")
+    return f"sha256:{name}" if "/" not in path and len(name) == 64 and path.endswith(".json") else ""
+
+
+class _Peek(io.RawIOBase):
+    """Passes a member's bytes through, handing its first bytes to `on_head` once."""
+
+    def __init__(self, f: IO[bytes], on_head: Callable[[bytes], None]):
+        self.f, self.on_head, self.first = f, on_head, True
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        if self.first:
+            self.first = False
+            self.on_head(bytes(data[:4]))
+        return data
+
+
+def _cache_path(image: LocalImage):
+    return cache_root() / "layers" / f"{image.id[7:]}.v3.json"
+
+
+def _cached_facts(image: LocalImage) -> SaveFacts | None:
+    path = _cache_path(image)
+    if not path.is_file():
+        return None
+    try:
+        return SaveFacts.from_json(path.read_text())
+    except (ValueError, KeyError, TypeError):
+        return None  # an older or broken cache file: read the save again
+
+
+def _remember(image: LocalImage, facts: SaveFacts) -> None:
+    path = _cache_path(image)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    tmp.write_text(facts.to_json())
+    tmp.replace(path)
+
+
+def with_facts(client, image: LocalImage) -> LocalImage:
+    """The image with its SaveFacts: cached per Image ID, else from one read of its save (data discarded)."""
+    if image.facts:
+        return image
+    facts = _cached_facts(image)
+    if facts is None:
+        rec = _Recorder(image)
+        with tarfile.open(fileobj=CountingReader(save_stream(client, image.id)), mode="r|") as tar:
+            for member in tar:
+                f = rec.see(member, tar.extractfile(member) if member.isfile() else None)
+                if member.name == "manifest.json" and f is not None:
+                    rec.manifest_json(_metadata(member, f))
+                elif f is not None:
+                    f.read(4)  # the head, to tell compressed layers; tarfile skips the rest
+        facts = rec.facts()
+        _remember(image, facts)
+    return LocalImage(**{**image.__dict__, "facts": facts})
 
 
 def layer_map(client, image: LocalImage) -> list[tuple[str, int]]:
-    """(path inside the save tar, bytes) of each layer, in RootFS order; one read of the save, cached."""
-    cache = cache_root() / "layers" / f"{image.id[7:]}.v2.json"
-    if cache.is_file():
-        return [(f, int(n)) for f, n in json.loads(cache.read_text())]
-    sizes: dict[str, int] = {}
-    manifest = None
-    with tarfile.open(fileobj=CountingReader(save_stream(client, image.id)), mode="r|") as tar:
-        for member in tar:
-            if member.name == "manifest.json":
-                f = tar.extractfile(member)
-                manifest = json.loads(f.read()) if f else None
-            elif member.isfile():
-                sizes[member.name] = member.size
-    if not manifest:
-        raise TransferError(f"docker save of {image.ref} has no manifest.json")
-    layers = [(f, sizes.get(f, 0)) for f in manifest[0]["Layers"]]
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(layers))
-    return layers
+    """(file inside the save tar, bytes) of each layer, in RootFS order; one read of the save, cached."""
+    return [(b.path, b.size) for b in with_facts(client, image).facts.layers]
+
+
+def layer_files(client, image: LocalImage) -> list[str]:
+    """Path of each layer's file inside `docker save <id>`, in RootFS order."""
+    return [f for f, _ in layer_map(client, image)]
+
+
+def _metadata(member: tarfile.TarInfo, f: IO[bytes]) -> bytes:
+    if member.size > MAX_METADATA:
+        raise TransferError(f"{member.name} in an image tar is {member.size} bytes: not a docker save")
+    return f.read()
 
 
 def rewrite_tar(chunks: Iterator[bytes], edit: Callable[[tarfile.TarInfo, IO[bytes] | None],
-                                                     tuple[tarfile.TarInfo, IO[bytes] | None] | None]
-                ) -> Iterator[bytes]:
+                                                     tuple[tarfile.TarInfo, IO[bytes] | None] | None],
+                tail: Callable[[], list[tuple[tarfile.TarInfo, IO[bytes]]]] | None = None) -> Iterator[bytes]:
     """Re-stream a tar member by member; `edit(member, file)` returns what to write instead, or None to drop
-    the member. Streams in bounded memory (a thread and a small pipe)."""
+    the member; `tail()` gives members to add at the end. Streams in bounded memory (a thread, a small pipe)."""
     pipe = _Pipe()
 
     def produce():
@@ -151,6 +367,8 @@ def rewrite_tar(chunks: Iterator[bytes], edit: Callable[[tarfile.TarInfo, IO[byt
                     out = edit(member, tin.extractfile(member) if member.isfile() else None)
                     if out is not None:
                         tout.addfile(*out)
+                for out in tail() if tail else []:
+                    tout.addfile(*out)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
             pipe.fail(e)
         finally:
@@ -230,12 +448,54 @@ class _Pipe:
             yield item
 
 
-def outgoing(client, image: LocalImage, skip: set[str], mode: str) -> Iterator[bytes]:
-    """What goes on the wire: `docker save <id>`, minus the layer files in `skip` (the receivers have
-    them), zstd-compressed if `mode` says so."""
-    chunks = save_stream(client, image.id)
-    if skip:
-        chunks = thin_chunks(chunks, skip)
+def image_chunks(chunks: Iterator[bytes], image: LocalImage, skip: set[str] = frozenset(),
+                 on_facts: Callable[[SaveFacts], None] | None = None) -> Iterator[bytes]:
+    """Re-stream `docker save <id>` as the stream every engine loads alike: no tag anywhere (RepoTags
+    cleared, `repositories` and the engine's own index.json dropped), the layer files in `skip` left out
+    (the receivers have them), and at the end an OCI index and manifest written from the image's
+    SaveFacts (see there). `on_facts` gets the facts once the stream is complete."""
+    rec = _Recorder(image)
+
+    def edit(member: tarfile.TarInfo, f: IO[bytes] | None):
+        if member.name in ("repositories", "index.json", "oci-layout") or member.name in skip:
+            return None
+        f = rec.see(member, f)
+        if member.name == "manifest.json" and f is not None:
+            rec.manifest_json(_metadata(member, f))
+            body = json.dumps([{**rec.manifest, "RepoTags": None}]).encode()
+            return _member(member.name, body, member.mode, member.mtime)
+        return member, f
+
+    def tail():
+        facts = image.facts or rec.facts()  # a thin stream lacks some layers: its facts come from the save's read
+        if on_facts:
+            on_facts(facts)
+        manifest = facts.manifest()
+        return [_member("blobs/sha256/" + facts.manifest_digest[7:], manifest),
+                _member("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
+                _member("index.json", facts.index())]
+
+    return rewrite_tar(chunks, edit, tail)
+
+
+def _member(name: str, body: bytes, mode: int = 0o644, mtime: float = 0) -> tuple[tarfile.TarInfo, IO[bytes]]:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(body), mode, mtime
+    return info, io.BytesIO(body)
+
+
+def outgoing(client, image: LocalImage, skip: set[str], mode: str,
+             on_facts: Callable[[SaveFacts], None] | None = None) -> Iterator[bytes]:
+    """What goes on the wire: `docker save <id>` as `image_chunks` re-streams it (minus the layer files in
+    `skip`), zstd-compressed if `mode` says so. The facts it ends with are cached for the next push."""
+
+    def remember(facts: SaveFacts) -> None:
+        if image.facts is None:
+            _remember(image, facts)
+        if on_facts:
+            on_facts(facts)
+
+    chunks = image_chunks(save_stream(client, image.id), image, skip, remember)
     if mode == "zstd":
         chunks = zstd_chunks(chunks)
     return chunks

@@ -5,6 +5,7 @@ No SSH, no Docker, no mocks: `plan_push` is pure, so every decision is checked o
 
 import hashlib
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -22,7 +23,7 @@ from dockerlaunch.transfer.plan import (
     star_fallback,
 )
 from dockerlaunch.transfer.push import parse_host_view
-from dockerlaunch.transfer.streams import LocalImage, chain_ids
+from dockerlaunch.transfer.streams import CONTAINERD, GRAPHDRIVER, Blob, LocalImage, SaveFacts, chain_ids
 
 
 def sha(text: str) -> str:
@@ -417,7 +418,7 @@ def test_push_plan_to_dict_and_to_json():
     assert head == {
         "host": "h1", "action": "send", "address": "10.0.0.1", "strategy": "chain", "compression": "zstd",
         "link": 0, "next_host": "h2", "layers": 4, "layers_skipped": 2, "bytes_to_send": 7000,
-        "reason": "chain (3 hosts need the image)"}
+        "expect_id": IMAGE.id, "reason": "chain (3 hosts need the image)"}
     assert all(type(h["action"]) is str for h in d["hosts"])
     assert all(type(h["strategy"]) is str for h in d["hosts"][:3])
     assert [h["action"] for h in d["hosts"]] == ["send", "send", "send", "skip"]
@@ -455,7 +456,7 @@ def test_parse_host_view_of_a_host_with_a_stale_tag_and_layers():
     other = [DIFFS[0], sha("other-1"), sha("other-2")]
     text = "\n".join([f"tag={OLD_ID}", "has=", "zstd=1", "relay=0", layers_line(base), layers_line(other),
                       layers_line(base)]) + "\n"
-    v = parse_host_view("node-1", "10.0.0.7", text)
+    v = parse_host_view("node-1", "10.0.0.7", text, IMAGE)
     assert (v.host, v.address, v.tag_id, v.has_id, v.zstd, v.relay, v.error) == (
         "node-1", "10.0.0.7", OLD_ID, False, True, False, None)
     assert v.chain_ids == frozenset(chain_ids(base)) | frozenset(chain_ids(other))
@@ -465,7 +466,7 @@ def test_parse_host_view_of_a_host_with_a_stale_tag_and_layers():
 
 def test_parse_host_view_of_a_host_that_has_the_id_untagged_and_no_layer_lines():
     text = f"tag=\nhas={IMAGE.id}\nzstd=0\nrelay=1\n"
-    v = parse_host_view("node-2", "node-2.lan", text)
+    v = parse_host_view("node-2", "node-2.lan", text, IMAGE)
     assert (v.tag_id, v.has_id, v.zstd, v.relay, v.chain_ids) == ("", True, False, True, None)
     [t] = plan_push(IMAGE, [v]).hosts
     assert t.action == Action.TAG
@@ -473,7 +474,7 @@ def test_parse_host_view_of_a_host_that_has_the_id_untagged_and_no_layer_lines()
 
 def test_parse_host_view_then_plan_skips_a_host_that_is_up_to_date():
     text = f"tag={IMAGE.id}\nhas={IMAGE.id}\nzstd=1\nrelay=1\n{layers_line(DIFFS)}\n"
-    v = parse_host_view("node-3", "10.0.0.3", text)
+    v = parse_host_view("node-3", "10.0.0.3", text, IMAGE)
     assert v.chain_ids == frozenset(CHAINS)
     [t] = plan_push(IMAGE, [v]).hosts
     assert t.action == Action.SKIP
@@ -482,16 +483,16 @@ def test_parse_host_view_then_plan_skips_a_host_that_is_up_to_date():
 def test_parse_host_view_then_plan_thins_by_the_parsed_layers():
     text = "\n".join([f"tag={OLD_ID}", "has=", "zstd=1", "relay=1", layers_line(DIFFS[:3]),
                       layers_line([sha("busybox")])])
-    v = parse_host_view("node-4", "10.0.0.4", text)
+    v = parse_host_view("node-4", "10.0.0.4", text, IMAGE)
     [t] = plan_push(IMAGE, [v], layers=LAYERS).hosts
     assert (t.action, t.skip_files, t.bytes_to_send) == (
         Action.SEND, ["aaa/layer.tar", "bbb/layer.tar", "ccc/layer.tar"], 4000)
 
 
 def test_parse_host_view_of_a_host_with_no_images():
-    v = parse_host_view("node-5", "10.0.0.5", "tag=\nhas=\nzstd=0\nrelay=0\n")
+    v = parse_host_view("node-5", "10.0.0.5", "tag=\nhas=\nzstd=0\nrelay=0\n", IMAGE)
     assert (v.tag_id, v.has_id, v.zstd, v.relay, v.chain_ids) == ("", False, False, False, None)
-    v = parse_host_view("node-5", "10.0.0.5", "tag=\nhas=\nzstd=0\nrelay=0\nlayers=[]\n")
+    v = parse_host_view("node-5", "10.0.0.5", "tag=\nhas=\nzstd=0\nrelay=0\nlayers=[]\n", IMAGE)
     assert v.chain_ids == frozenset()
 
 
@@ -500,7 +501,7 @@ def test_parse_host_view_of_an_image_without_layers():
     # (RootFS.Layers is `omitempty`; e.g. `FROM scratch` + `LABEL`/`CMD` only). One such image on a host
     # must not break inspecting it.
     text = f"tag=\nhas=\nzstd=1\nrelay=1\nlayers=null\n{layers_line(DIFFS[:2])}\n"
-    v = parse_host_view("node-6", "10.0.0.6", text)
+    v = parse_host_view("node-6", "10.0.0.6", text, IMAGE)
     assert v.chain_ids == frozenset(CHAINS[:2])
 
 
@@ -513,3 +514,37 @@ def test_auto_is_star_when_a_probed_link_is_broken():
     assert all(t.strategy == Strategy.STAR and "h2 cannot reach h3" in t.reason for t in plan.hosts)
     # an explicit chain is not second-guessed here: a dead link falls back to star while it runs
     assert plan_push(IMAGE, views, strategy="chain", broken_links=broken).strategy == Strategy.CHAIN
+
+
+# ---------------------------------------------------------------- containerd's image store
+
+
+def c8d_image() -> LocalImage:
+    facts = SaveFacts(Blob("cfg.json", IMAGE.id, 1234, "application/vnd.oci.image.config.v1+json"),
+                      tuple(Blob(f, d, n) for (f, n), d in zip(LAYERS, DIFFS)))
+    return replace(IMAGE, facts=facts)
+
+
+def test_a_containerd_store_host_is_judged_by_the_manifest_digest_of_our_stream():
+    image = c8d_image()
+    manifest = image.facts.manifest_digest
+    assert manifest.startswith("sha256:") and manifest != IMAGE.id
+    assert image.expected_id(CONTAINERD) == manifest and image.expected_id(GRAPHDRIVER) == IMAGE.id
+    # the classic store's ID (the config digest) under the tag of a containerd host is not "up to date"
+    text = f"store=containerd\ntag={IMAGE.id}\nhas={IMAGE.id}\nzstd=1\nrelay=1\n"
+    v = parse_host_view("c8d", "10.0.0.9", text, image)
+    assert (v.store, v.has_id) == (CONTAINERD, False)
+    [t] = plan_push(image, [v]).hosts
+    assert (t.action, t.expect_id) == (Action.SEND, manifest)
+    up = parse_host_view("c8d", "10.0.0.9", f"store=containerd\ntag={manifest}\nhas={manifest}\n", image)
+    assert plan_push(image, [up]).hosts[0].action == Action.SKIP
+    untagged = parse_host_view("c8d", "10.0.0.9", f"store=containerd\ntag=\nhas={manifest}\n", image)
+    [t] = plan_push(image, [untagged]).hosts
+    assert (t.action, t.expect_id) == (Action.TAG, manifest)
+
+
+def test_without_the_save_facts_a_containerd_host_is_never_taken_as_up_to_date():
+    text = f"store=containerd\ntag={IMAGE.id}\nhas={IMAGE.id}\n"
+    v = parse_host_view("c8d", "10.0.0.9", text, IMAGE)
+    assert IMAGE.expected_id(CONTAINERD) == "" and v.has_id is False
+    assert plan_push(IMAGE, [v]).hosts[0].action == Action.SEND

@@ -1,15 +1,21 @@
 #!/bin/sh
-# What a host has for a push, in one round trip: where its tag points, whether it has the Image ID,
-# zstd, the tools a chain link needs (OpenBSD nc -N, mkfifo), and (for thin pushes) every layer it has.
-# usage: inspect.sh REF IMAGE_ID 1|0   (1: list RootFS layers of every image)
+# What a host has for a push, in one round trip: its image store, where its tag points, which of the
+# image's possible IDs it has, zstd, the tools a chain link needs (OpenBSD nc -N, mkfifo), and (for thin
+# pushes) every layer it has.
+# usage: inspect.sh REF 1|0 IMAGE_ID...  (1: list RootFS layers of every image; the IDs: config digest,
+# manifest digest -- the classic store names an image by the first, containerd's store by the second)
 set -u
-ref=$1 image_id=$2 layers=$3
-if ! err=$(docker version --format '{{.Server.Version}}' 2>&1); then
+ref=$1 layers=$2
+shift 2
+if ! err=$(docker info --format 'store={{json .DriverStatus}}' 2>&1); then
   echo "docker is not usable: $(printf '%s\n' "$err" | tail -n 1)" >&2
   exit 3
 fi
+case $err in *io.containerd.snapshotter*) echo store=containerd ;; *) echo store=graphdriver ;; esac
 echo "tag=$(docker image inspect --format '{{.Id}}' "$ref" 2>/dev/null || true)"
-echo "has=$(docker image inspect --format '{{.Id}}' "$image_id" 2>/dev/null || true)"
+for id in "$@"; do
+  echo "has=$(docker image inspect --format '{{.Id}}' "$id" 2>/dev/null || true)"
+done
 if command -v zstd >/dev/null 2>&1; then echo zstd=1; else echo zstd=0; fi
 if command -v mkfifo >/dev/null 2>&1 && nc -h 2>&1 | grep -qE '^[[:space:]]*-N[[:space:]]'; then
   echo relay=1

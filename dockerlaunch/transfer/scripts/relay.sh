@@ -53,6 +53,10 @@ if [ -e "$dir/refused" ]; then
   exit 7
 fi
 if [ "$(cat "$dir/rc")" != 0 ]; then echo "load failed: $(tail -n 3 "$dir/log")" >&2; exit 3; fi
+if grep -q -i -e 'error unpacking image' -e 'apply layer error' "$dir/log"; then  # see load.sh
+  docker rmi "$image_id" >/dev/null 2>&1
+  echo "load failed: $(grep -i -m 1 -e 'unpacking' -e 'apply layer' "$dir/log")" >&2; exit 3
+fi
 got=$(docker image inspect --format '{{.Id}}' "$image_id" 2>/dev/null) || { echo "after load, $image_id is missing" >&2; exit 4; }
 [ "$got" = "$image_id" ] || { echo "loaded $got, expected $image_id" >&2; exit 4; }
 docker tag "$image_id" "$ref" || exit 5
