@@ -2,6 +2,8 @@
 
 A bundle is zstd(tar(images/<id>.tar ..., manifest.json)); the manifest comes last and holds each
 tar's sha256 and size, so `load` reads to the end and checks every image before it sets any tag.
+Each image tar is the stream `push` sends (streams.image_chunks): any engine loads it, and the manifest
+holds both IDs it can get -- `id` (config digest, the classic store's) and `manifest_id` (containerd's).
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockerlaunch.errors import TransferError, describe_validation_error
 from dockerlaunch.hosts.ssh import Remote
-from dockerlaunch.transfer.streams import CHUNK, CountingReader, local_image, save_stream, untagged_chunks
+from dockerlaunch.transfer.streams import (
+    CHUNK,
+    CONTAINERD,
+    CountingReader,
+    image_chunks,
+    local_image,
+    save_stream,
+    untagged_chunks,
+)
 
 BUNDLE_FORMAT = "dockerlaunch-bundle/1"
 
@@ -36,6 +46,10 @@ class BundleEntry:
     file: str
     sha256: str = ""
     bytes: int = 0
+    manifest_id: str = ""  # its Image ID in containerd's store ("" in bundles of dockerlaunch before 0.x)
+
+    def expected_id(self, store: str) -> str:
+        return self.manifest_id if store == CONTAINERD else self.id
 
 
 @dataclass
@@ -54,8 +68,11 @@ def save_bundle(client, refs: list[str], path: Path, level: int = 3) -> Bundle:
         with zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True).stream_writer(raw) as zout:
             with tarfile.open(fileobj=zout, mode="w|") as tar:
                 for img in images:
-                    entry = BundleEntry(ref=img.ref, id=img.id, size=img.size, file=f"images/{img.id[7:]}.tar")
-                    _add_stream(tar, entry, save_stream(client, img.id))
+                    cfg = img.config_digest or img.id  # a containerd-store launcher knows it from the save's facts
+                    entry = BundleEntry(ref=img.ref, id=cfg, size=img.size, file=f"images/{cfg[7:]}.tar")
+                    chunks = image_chunks(save_stream(client, img.id), img,
+                                          on_facts=lambda f, e=entry: setattr(e, "manifest_id", f.manifest_digest))
+                    _add_stream(tar, entry, chunks)
                     bundle.images.append(entry)
                 manifest = json.dumps({"format": BUNDLE_FORMAT, "images": [e.__dict__ for e in bundle.images]},
                                       indent=2).encode()
@@ -143,6 +160,7 @@ class _Entry(BaseModel):
     file: str = Field(pattern=_MEMBER.pattern)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     bytes: int = Field(ge=0)
+    manifest_id: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
 
 
 class _Manifest(BaseModel):
@@ -247,14 +265,22 @@ def load_bundle(
     `run(argv)` runs a docker command where the images go (locally or on a host).
     """
     entries = verify_bundle(path)
+    status, out = run(["docker", "info", "--format", "{{json .DriverStatus}}"])
+    store = CONTAINERD if status == 0 and "io.containerd.snapshotter" in out else "graphdriver"
+    old = [e.ref for e in entries if not e.expected_id(store)]
+    if old:
+        raise TransferError(f"{where}: the engine keeps images in containerd's store, and the bundle (made by an "
+                            f"older dockerlaunch) does not say which ID {old[0]} gets there; save it again with "
+                            "this version; nothing was loaded")
     with _damaged_is_one_line(path):
         _load_verified(path, entries, load, where)
     for e in entries:
-        status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", e.id])
-        if status != 0 or out.strip() != e.id:
-            raise TransferError(f"{where}: after loading {e.ref}, Image ID {e.id[7:19]} is missing")
+        want = e.expected_id(store)
+        status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", want])
+        if status != 0 or out.strip() != want:
+            raise TransferError(f"{where}: after loading {e.ref}, Image ID {want[7:19]} is missing")
     for e in entries:
-        status, out = run(["docker", "tag", e.id, e.ref])
+        status, out = run(["docker", "tag", e.expected_id(store), e.ref])
         if status != 0:
             raise TransferError(f"{where}: tagging {e.ref} failed: {out.strip()[-200:]}")
     return entries
@@ -278,8 +304,10 @@ def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: 
             pass
         if (reader.h.hexdigest(), reader.n) != (e.sha256, e.bytes):
             raise TransferError(f"bundle {path}: {e.file} changed while it was being loaded; nothing was tagged")
-        if status != 0:
-            raise TransferError(f"{where}: docker load of {e.ref} ({e.file}) failed: {out.strip()[-200:]}")
+        unpack = re.search(r".*(rror unpacking image|apply layer error).*", out)
+        if status != 0 or unpack:  # containerd's store reports a layer it could not unpack and exits 0
+            raise TransferError(f"{where}: docker load of {e.ref} ({e.file}) failed: "
+                                f"{(unpack.group(0) if unpack else out.strip())[-200:]}")
 
 
 def local_runner(argv: list[str]) -> tuple[int, str]:
