@@ -371,19 +371,21 @@ def build_demo_image(base: str | None = None, wheelhouse: Path | None = None) ->
 
 def ensure_images(client, base: str | None = None, kinds: list[EngineKind] | None = None
                   ) -> tuple[dict[str, str], str]:
-    """The node image of each engine kind (`base` is the bookworm base, for 20.10 nodes) and the tools image."""
+    """The node image of each engine kind (`base` is the bookworm base, for 20.10 nodes) and the tools image.
+    Each suite's base and node image are made concurrently (debootstrap and apt wait on the network)."""
     kinds = kinds or [ENGINES[DEFAULT_ENGINE]]
     bookworm = ensure_base_image(client, base)
-    nodes: dict[str, str] = {}
-    for kind in kinds:
-        if kind.name in nodes:
-            continue
+    suites = {k.suite: k for k in kinds}
+
+    def node_image(kind: EngineKind) -> str:
         base_ref = bookworm if kind.suite == "bookworm" else ensure_base_image(client, None, kind)
-        same = next((nodes[k.name] for k in kinds if k.suite == kind.suite and k.name in nodes), None)
-        nodes[kind.name] = same or _build(client, "node.Dockerfile", base_ref, "dockerlaunch/sim-node",
-                                          ("entrypoint.sh", "sshd.conf"), buildargs={"DOCKER_MAJOR": str(kind.major)})
+        return _build(client, "node.Dockerfile", base_ref, "dockerlaunch/sim-node", ("entrypoint.sh", "sshd.conf"),
+                      buildargs={"DOCKER_MAJOR": str(kind.major)})
+
+    with cf.ThreadPoolExecutor(max_workers=len(suites)) as pool:
+        by_suite = dict(zip(suites, pool.map(node_image, suites.values())))
     tools = _build(client, "tools.Dockerfile", bookworm, "dockerlaunch/sim-tools")
-    return nodes, tools
+    return {k.name: by_suite[k.suite] for k in kinds}, tools
 
 
 def ensure_slurm_image(client, node_image: str) -> str:

@@ -7,6 +7,9 @@ image=$2
 if out=$(docker version --format '{{.Server.Version}}' 2>&1); then
   echo "docker=$out"
   echo "image=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)"
+  # what the image is in any store (its ID is the config digest in the classic store, the manifest's in
+  # containerd's): its layers' content digests and the instant it was made
+  echo "image_content=$(docker image inspect --format '{{.Created}} {{json .RootFS.Layers}}' "$image" 2>/dev/null || true)"
   root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null)
   df -Pk "${root:-/var/lib/docker}" 2>&1 | sed "s/^/disk=/"
 else

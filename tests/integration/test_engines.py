@@ -1,0 +1,185 @@
+"""The compatibility suite: one sim cluster whose nodes run Docker 20.10, 26, 28 and 28 with the containerd image
+store (what users' hosts run, side by side), and the launcher's own engine both ways (local 20.10, and a Docker 28
+containerd-store engine reached with DOCKER_HOST=ssh://)."""
+
+import io
+import json
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from dockerlaunch.sim import cluster as sim
+from tests.integration.helpers import SCRATCH, dl, job_name
+
+pytestmark = pytest.mark.integration
+
+ENGINES = "20.10,26,28,28-containerd"
+
+
+@pytest.fixture(scope="module")
+def mixed(engine, tmp_path_factory):
+    """(config path, layout, state dir) of a 4-node cluster, one node per engine kind."""
+    state = tmp_path_factory.mktemp("engines-state")
+    previous = os.environ.get("DOCKERLAUNCH_STATE_DIR")
+    os.environ["DOCKERLAUNCH_STATE_DIR"] = str(state)
+    name = f"dle{os.getpid()}"
+    subnet = f"172.31.{100 + os.getpid() % 100}.0/24"
+    config = state / "cluster.yaml"
+    try:
+        sim.up(cluster=name, subnet=subnet, config_out=str(config), engines=ENGINES)
+        yield config, sim.node_layout(name, 4, subnet), sim.state_root() / name
+    finally:
+        sim.down(name, quiet=True)
+        if previous is None:
+            os.environ.pop("DOCKERLAUNCH_STATE_DIR", None)
+        else:
+            os.environ["DOCKERLAUNCH_STATE_DIR"] = previous
+
+
+def node_docker(engine, node, *argv) -> tuple[int, str]:
+    code, out = engine.containers.get(node.name).exec_run(["docker", *argv])
+    return code, out.decode(errors="replace")
+
+
+def subset(mixed, tmp_path, indexes) -> str:
+    data = yaml.safe_load(open(mixed[0]))
+    data["hosts"] = [data["hosts"][i] for i in indexes]
+    path = tmp_path / f"cfg-{secrets.token_hex(3)}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.fixture
+def image_pair(engine, mixed):
+    """A fresh image (8 MB random layer on the nodes' seeded tools image) and a child of it that changes
+    100 KB: what a re-push after a code change looks like."""
+    tools = yaml.safe_load(open(mixed[0]))["image"]
+    repo = f"dlt-eng/{secrets.token_hex(4)}"
+    parent, child = f"{repo}:1", f"{repo}:2"
+    for tag, text in ((parent, f"FROM {tools}\nRUN head -c 8M /dev/urandom > /blob && echo one > /which\n"),
+                      (child, f"FROM {parent}\nRUN head -c 100K /dev/urandom > /small && echo two > /which\n")):
+        engine.images.build(fileobj=io.BytesIO(text.encode()), tag=tag, network_mode="host", rm=True)
+    yield parent, child
+    for tag in (child, parent):
+        engine.images.remove(tag, force=True)
+
+
+def test_each_node_runs_the_engine_it_was_asked_for(mixed):
+    rows = {r["node"]: r for r in sim.status(mixed[1][0].name.rsplit("-", 1)[0])}
+    got = [(rows[n.name]["engine"].split(".")[0], rows[n.name]["store"]) for n in mixed[1]]
+    assert got == [("20", "overlay2"), ("26", "overlay2"), ("28", "overlay2"), ("28", "containerd (overlayfs)")]
+    st = dl("sim", "status", "--name", mixed[1][0].name.rsplit("-", 1)[0])
+    assert st.returncode == 0 and "containerd (overlayfs)" in st.stdout and "26.1" in st.stdout, st.stdout
+
+
+def test_doctor_up_fail_fast_status_logs_down_across_engines(mixed):
+    cfg = str(mixed[0])
+    doc = dl("doctor", "--config", cfg, timeout=300)
+    assert doc.returncode == 0 and " 0 FAIL" in doc.stdout, doc.stdout[-3000:] + doc.stderr[-1000:]
+
+    job = job_name()
+    r = dl("up", "--skip-preflight", "--detach", "--config", cfg, "--name", job, "--",
+           "sh", "-c", 'echo "hello from $NODE_RANK"; sleep 600', timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    try:
+        st = dl("status", "--config", cfg, "--name", job)
+        assert st.returncode == 0 and st.stdout.count("running") == 4, st.stdout
+        for _ in range(20):
+            lg = dl("logs", "--config", cfg, "--name", job)
+            if all(f"hello from {k}" in lg.stdout for k in range(4)):
+                break
+        assert all(f"hello from {k}" in lg.stdout for k in range(4)), lg.stdout
+    finally:
+        d = dl("down", "--config", cfg, "--name", job)
+    assert d.returncode == 0 and "removed 4 container(s)" in d.stdout, d.stdout + d.stderr
+
+    job = job_name()  # the containerd-store node's rank fails: every other engine's container is stopped
+    r = dl("up", "--skip-preflight", "--config", cfg, "--name", job, "--", "sh", "-c",
+           'if [ "$NODE_RANK" = 3 ]; then sleep 1; exit 3; fi; sleep 600', timeout=180)
+    assert r.returncode == 3 and "rank 3 (" in r.stdout, r.stdout[-2000:] + r.stderr[-1000:]
+    st = dl("status", "--config", cfg, "--name", job)
+    assert "running" not in st.stdout and "exited" not in st.stdout, st.stdout
+
+
+def test_push_chain_then_thin_star_to_every_engine(engine, mixed, image_pair):
+    cfg = str(mixed[0])
+    parent, child = image_pair
+    r = dl("push", parent, "--config", cfg, "--strategy", "chain", timeout=600)
+    assert r.returncode == 0 and r.stdout.count("pushed") == 4, r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.stdout.count("verified") == 4
+    # the thin re-push: each engine gets about the changed layer only, in both stores
+    r = dl("push", child, "--config", cfg, "--strategy", "star", "--compress", "none", "--output", "json",
+           timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    results = json.loads(r.stdout)["hosts"]
+    assert [x["status"] for x in results] == ["pushed"] * 4, results
+    for x in results:
+        assert 100_000 < x["bytes_sent"] < 400_000, x  # the 100 KB layer, the config and the tar framing
+        assert "thin: 3 of 4 layers" in x["detail"] and "verified" in x["detail"], x
+    for n in mixed[1]:
+        code, out = node_docker(engine, n, "run", "--rm", child, "cat", "/which")
+        assert (code, out.strip()) == (0, "two"), (n.name, out)
+    # a second push finds every host up to date, whatever its store names the image by
+    again = dl("push", child, "--config", cfg)
+    assert again.returncode == 0 and again.stdout.count("skipped") == 4, again.stdout
+
+
+def _containerd_launcher(mixed, tmp_path) -> dict:
+    """Environment for a CLI whose local engine is the containerd-store node's, over ssh:// (the docker SDK and
+    CLI both honour DOCKER_HOST; the SDK reads ~/.ssh/config and ~/.ssh/known_hosts, so HOME is a scratch one)."""
+    node = mixed[1][3]
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host {node.ip}\n  User root\n  IdentityFile {mixed[2] / 'id_ed25519'}\n"
+        f"  UserKnownHostsFile {home / '.ssh' / 'known_hosts'}\n")
+    known = [line for line in (mixed[2] / "known_hosts").read_text().splitlines() if line.startswith(node.ip + " ")]
+    (home / ".ssh" / "known_hosts").write_text("\n".join(known) + "\n")
+    return {**os.environ, "HOME": str(home), "DOCKER_HOST": f"ssh://root@{node.ip}",
+            "DOCKERLAUNCH_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def test_a_containerd_store_launcher_pushes_and_bundles_to_classic_engines(engine, mixed, image_pair, tmp_path):
+    parent, child = image_pair
+    r = dl("push", child, "--config", subset(mixed, tmp_path, [3]), timeout=600)  # the launcher-to-be has it
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for n in mixed[1][:3]:  # the classic nodes lack it (and its parent): the base layers are all they share
+        node_docker(engine, n, "rmi", "-f", child, parent)
+    env = _containerd_launcher(mixed, tmp_path)
+
+    def cli(*args, timeout=600):
+        return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=SCRATCH, env=env)
+
+    three = subset(mixed, tmp_path, [0, 1, 2])
+    r = cli("push", child, "--config", three, "--strategy", "star")
+    assert r.returncode == 0 and r.stdout.count("verified") == 3, r.stdout[-3000:] + r.stderr[-2000:]
+    local_id = engine.images.get(child).id  # the classic store's ID: what the containerd launcher's push gave them
+    for n in mixed[1][:3]:
+        code, out = node_docker(engine, n, "image", "inspect", "--format", "{{.Id}}", child)
+        assert (code, out.strip()) == (0, local_id), n.name
+
+    bundle = tmp_path / "c8d.dlb"
+    s = cli("save", child, "-o", str(bundle))
+    assert s.returncode == 0, s.stderr[-2000:]
+    node_docker(engine, mixed[1][0], "rmi", "-f", child)
+    ld = dl("load", str(bundle), "--config", subset(mixed, tmp_path, [0]))
+    assert ld.returncode == 0 and "loaded" in ld.stdout, ld.stdout + ld.stderr
+    code, out = node_docker(engine, mixed[1][0], "run", "--rm", child, "cat", "/which")
+    assert (code, out.strip()) == (0, "two")
+
+
+def test_a_bundle_from_the_classic_launcher_loads_into_the_containerd_store(engine, mixed, image_pair, tmp_path):
+    _, child = image_pair
+    bundle = tmp_path / "classic.dlb"
+    assert dl("save", child, "-o", str(bundle)).returncode == 0
+    node = mixed[1][3]
+    node_docker(engine, node, "rmi", "-f", child)
+    ld = dl("load", str(bundle), "--config", subset(mixed, tmp_path, [3]))
+    assert ld.returncode == 0 and "loaded" in ld.stdout, ld.stdout + ld.stderr
+    code, out = node_docker(engine, node, "run", "--rm", child, "cat", "/which")
+    assert (code, out.strip()) == (0, "two")
