@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GpuHost:
-    """How containers on a host can reach its GPUs (probe.sh; only where /dev/nvidiactl exists)."""
+    """How containers on a host can reach its GPUs (probe.sh; the toolkit and libraries only where
+    /dev/nvidiactl exists, the engine and CDI everywhere)."""
 
     device_nodes: tuple[str, ...] = ()  # /dev/nvidia*
     nvidia_runtime: bool = False  # nvidia-container-toolkit registered with dockerd (--gpus works)
-    cdi_specs: tuple[str, ...] = ()  # CDI spec files naming nvidia.com/gpu
+    cdi_specs: tuple[str, ...] = ()  # CDI spec files naming nvidia.com/gpu (in /etc/cdi, /var/run/cdi)
     engine: str | None = None  # dockerd version (CDI needs >= 25)
+    cdi_dirs: tuple[str, ...] | None = None  # the CDI spec dirs dockerd reads: () CDI off, None not reported
     libs: tuple[tuple[str, str], ...] = ()  # (soname, host path) of the driver's libraries, x86-64
     nvidia_smi: str | None = None
     image_env: tuple[str, ...] | None = None  # the job image's Config.Env, when asked

@@ -137,10 +137,28 @@ def resolve_gpu_mode(requested: str, gpu: GpuHost) -> tuple[str, str]:
         return requested, "set in the config"
     if gpu.nvidia_runtime:
         return "gpus", "nvidia-container-toolkit runtime registered with dockerd"
-    major = int(gpu.engine.split(".")[0]) if gpu.engine and gpu.engine.split(".")[0].isdigit() else 0
-    if gpu.cdi_specs and major >= 25:
-        return "cdi", f"CDI spec {gpu.cdi_specs[0]}, Docker {gpu.engine}"
-    return "devices", "no toolkit runtime or CDI spec: device nodes and the driver's libraries"
+    usable, why = cdi_state(gpu)
+    if usable:
+        return "cdi", why
+    return "devices", f"no toolkit runtime, and {why}: device nodes and the driver's libraries"
+
+
+def cdi_state(gpu: GpuHost) -> tuple[bool, str]:
+    """Can `--device nvidia.com/gpu=...` work on this engine, and why (not)? Docker reads CDI specs from 25 on,
+    only with the `cdi` feature on (measured: off in 26.1, on by default in 28.5); its `docker info` lists the
+    spec dirs it reads then."""
+    engine = gpu.engine or "?"
+    major = int(engine.split(".")[0]) if engine.split(".")[0].isdigit() else 0
+    if major and major < 25:
+        return False, f"Docker {engine} has no CDI (it needs 25 or later)"
+    if not gpu.cdi_dirs:
+        return False, (f"CDI is off in Docker {engine} (its `docker info` lists no CDI spec dirs): add "
+                       '"features": {"cdi": true} to /etc/docker/daemon.json and restart dockerd')
+    specs = [s for s in gpu.cdi_specs if any(s.startswith(d.rstrip("/") + "/") for d in gpu.cdi_dirs)]
+    if not specs:
+        return False, (f"no CDI spec names nvidia.com/gpu in {', '.join(gpu.cdi_dirs)} "
+                       "(nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)")
+    return True, f"CDI spec {specs[0]}, Docker {engine}"
 
 
 def _numbered(node: str) -> int | None:
@@ -195,7 +213,12 @@ def gpu_access(gpus, requested: str, gpu: GpuHost | None, user_env: dict[str, st
     yet (a dry run)."""
     if gpus == "none":
         return None
-    if requested in ("gpus", "cdi"):
+    if requested == "cdi" and gpu is not None:
+        usable, why = cdi_state(gpu)
+        if not usable:
+            raise ConfigError(f"{where}: gpu_mode cdi, but {why}")
+        mode = "cdi"
+    elif requested in ("gpus", "cdi"):
         mode, why = requested, "set in the config"
     elif gpu is None:
         return Deferred("GPU access of the host: --gpus (toolkit), CDI, or /dev/nvidia* + driver libraries"

@@ -106,7 +106,10 @@ def make_plan(client, remotes: list[Remote], image: LocalImage, *, addresses: li
         image = with_facts(client, image)
         for i, v in zip(again, observe_all(again)):
             views[i] = v
-    layers = layer_map(client, image) if thin and needs_layer_map(image, views) else None
+    layers = None
+    if thin and needs_layer_map(image, views):  # the facts of a thin stream come from a read of the save
+        image = with_facts(client, image)
+        layers = layer_map(client, image)
     plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers)
     if strategy == "auto" and plan.strategy == Strategy.CHAIN:
         by_name = {r.name: r for r in remotes}

@@ -495,6 +495,8 @@ def outgoing(client, image: LocalImage, skip: set[str], mode: str,
         if on_facts:
             on_facts(facts)
 
+    if skip and image.facts is None:  # a stream that leaves layers out cannot learn their facts from itself
+        image = with_facts(client, image)
     chunks = image_chunks(save_stream(client, image.id), image, skip, remember)
     if mode == "zstd":
         chunks = zstd_chunks(chunks)

@@ -1,8 +1,13 @@
 import hashlib
 import io
+import json
 import tarfile
+from dataclasses import replace
 
-from dockerlaunch.transfer.streams import CountingReader, chain_ids, thin_chunks
+import pytest
+
+from dockerlaunch.errors import TransferError
+from dockerlaunch.transfer.streams import CountingReader, LocalImage, chain_ids, image_chunks, thin_chunks
 
 
 def test_chain_ids_follow_the_oci_definition():
@@ -43,3 +48,83 @@ def test_counting_reader_counts_and_reassembles():
     r = CountingReader(iter([b"abc", b"", b"defg"]), seen.append)
     assert r.read(2) + r.read(-1) + r.read(10) + r.read(10) == b"abcdefg"
     assert r.count == 7 and sum(seen) == 7
+
+
+# ---------------------------------------------------------------- the stream every engine loads (image_chunks)
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+L1, L2 = b"x" * 5000, b"\x1f\x8b" + b"z" * 3000  # the second one gzip-compressed, as Docker 29 saves
+CFG = b'{"rootfs": {"type": "layers"}}'
+
+
+def save_tar(layout: str) -> bytes:
+    """`docker save` of a two-layer image as 20.10 writes it (legacy) or as Docker 25+ does (OCI blobs,
+    the legacy paths links to them, its own index.json, a repositories file)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(name, data=None, link=None):
+            info = tarfile.TarInfo(name)
+            if link:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        if layout == "legacy":
+            add("aaa/layer.tar", L1)
+            add("bbb/layer.tar", L2)
+            add(f"{sha(CFG)[7:]}.json", CFG)
+            add("manifest.json", json.dumps([{"Config": f"{sha(CFG)[7:]}.json", "RepoTags": ["app:1"],
+                                             "Layers": ["aaa/layer.tar", "bbb/layer.tar"]}]).encode())
+        else:
+            for data in (L1, L2, CFG):
+                add(f"blobs/sha256/{sha(data)[7:]}", data)
+            add("aaa/layer.tar", link=f"../blobs/sha256/{sha(L1)[7:]}")
+            add("index.json", b'{"manifests": [{"annotations": {"io.containerd.image.name": "app:1"}}]}')
+            add("repositories", b'{"app": {"1": "aaa"}}')
+            add("manifest.json", json.dumps([{"Config": f"blobs/sha256/{sha(CFG)[7:]}", "RepoTags": ["app:1"],
+                                             "Layers": ["aaa/layer.tar", f"blobs/sha256/{sha(L2)[7:]}"]}]).encode())
+    return buf.getvalue()
+
+
+IMAGE = LocalImage("app:1", sha(CFG), 8000, diff_ids=(sha(L1), sha(b"uncompressed L2")))
+
+
+@pytest.mark.parametrize("layout", ["legacy", "oci"])
+def test_every_stream_ends_with_our_index_and_manifest_and_sets_no_tag(layout):
+    got = []
+    out = b"".join(image_chunks(chunked(save_tar(layout)), IMAGE, on_facts=got.append))
+    [facts] = got
+    assert facts.config.digest == sha(CFG) and facts.config.size == len(CFG)
+    assert [(b.size, b.media_type.rsplit(".", 1)[-1]) for b in facts.layers] == [(5000, "tar"), (len(L2), "tar+gzip")]
+    assert facts.layers[0].digest == sha(L1)  # legacy layer.tar: uncompressed, its digest is the diff ID
+    if layout == "oci":  # a blob is named by its digest; the legacy path was a link to it
+        assert facts.layers[0].path == f"blobs/sha256/{sha(L1)[7:]}" and facts.layers[1].digest == sha(L2)
+    with tarfile.open(fileobj=io.BytesIO(out)) as tar:
+        names = tar.getnames()
+        assert "repositories" not in names and names.count("index.json") == 1
+        assert json.loads(tar.extractfile("manifest.json").read())[0]["RepoTags"] is None
+        index = json.loads(tar.extractfile("index.json").read())
+        [entry] = index["manifests"]
+        assert entry["digest"] == facts.manifest_digest and "annotations" not in entry  # no name: no tag
+        assert entry["platform"] == {"os": "linux", "architecture": "amd64"}
+        manifest = tar.extractfile("blobs/sha256/" + facts.manifest_digest[7:]).read()
+        assert sha(manifest) == facts.manifest_digest
+        assert json.loads(manifest)["config"]["digest"] == sha(CFG)
+
+
+def test_a_thin_stream_leaves_the_layer_out_and_still_names_it_from_the_saves_facts():
+    full = []
+    b"".join(image_chunks(chunked(save_tar("legacy")), IMAGE, on_facts=full.append))
+    image = replace(IMAGE, facts=full[0])
+    thin = []
+    out = b"".join(image_chunks(chunked(save_tar("legacy")), image, {"aaa/layer.tar"}, on_facts=thin.append))
+    assert thin[0].manifest_digest == full[0].manifest_digest  # the same ID in containerd's store either way
+    with tarfile.open(fileobj=io.BytesIO(out)) as tar:
+        assert "aaa/layer.tar" not in tar.getnames() and "bbb/layer.tar" in tar.getnames()
+    with pytest.raises(TransferError, match="layer file aaa/layer.tar is missing"):  # no facts: refused, not guessed
+        b"".join(image_chunks(chunked(save_tar("legacy")), IMAGE, {"aaa/layer.tar"}))

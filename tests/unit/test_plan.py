@@ -287,12 +287,41 @@ def planned(container=None, gpu=None, hosts=("10.0.0.1",)):
 def test_auto_prefers_the_toolkit_then_cdi_then_device_nodes():
     toolkit = planned(gpu=gpu_host(nvidia_runtime=True, cdi_specs=("/etc/cdi/nvidia.yaml",), engine="27.3.1"))
     assert toolkit.gpu_mode == "gpus" and flag_values(docker_argv(toolkit.container), "--gpus") == ["all"]
-    cdi = planned(gpu=gpu_host(cdi_specs=("/etc/cdi/nvidia.yaml",), engine="27.3.1"))
+    on = ("/etc/cdi", "/var/run/cdi")
+    cdi = planned(gpu=gpu_host(cdi_specs=("/etc/cdi/nvidia.yaml",), engine="28.5.2", cdi_dirs=on))
     assert cdi.gpu_mode == "cdi" and flag_values(docker_argv(cdi.container), "--device") == ["nvidia.com/gpu=all"]
+    assert cdi.gpu_why == "CDI spec /etc/cdi/nvidia.yaml, Docker 28.5.2"
     old_engine = planned(gpu=gpu_host(cdi_specs=("/etc/cdi/nvidia.yaml",), engine="24.0.7"))
-    assert old_engine.gpu_mode == "devices"  # CDI needs Docker >= 25
+    assert old_engine.gpu_mode == "devices" and "Docker 24.0.7 has no CDI (it needs 25 or later)" in old_engine.gpu_why
     bare = planned()
-    assert bare.gpu_mode == "devices" and "no toolkit runtime or CDI spec" in bare.gpu_why
+    assert bare.gpu_mode == "devices" and "no toolkit runtime" in bare.gpu_why
+
+
+# What a real engine's `docker info --format '{{json .CDISpecDirs}}'` said (test_engines checks it on the sim):
+# Docker 26.1.5 prints [] (CDI off unless "features": {"cdi": true}), 28.5.2 the two default dirs.
+@pytest.mark.parametrize("kw, usable, words", [
+    (dict(engine="26.1.5", cdi_dirs=(), cdi_specs=("/etc/cdi/nvidia.yaml",)), False,
+     ['CDI is off in Docker 26.1.5', '"features": {"cdi": true} to /etc/docker/daemon.json']),
+    (dict(engine="28.5.2", cdi_dirs=("/etc/cdi", "/var/run/cdi")), False,
+     ["no CDI spec names nvidia.com/gpu in /etc/cdi, /var/run/cdi", "nvidia-ctk cdi generate"]),
+    (dict(engine="28.5.2", cdi_dirs=("/var/run/cdi",), cdi_specs=("/etc/cdi/nvidia.yaml",)), False,
+     ["no CDI spec names nvidia.com/gpu in /var/run/cdi"]),  # a spec in a dir this dockerd does not read
+    (dict(engine="20.10.24", cdi_dirs=None), False, ["Docker 20.10.24 has no CDI"]),
+    (dict(engine="28.5.2", cdi_dirs=("/etc/cdi",), cdi_specs=("/etc/cdi/nvidia.yaml",)), True,
+     ["CDI spec /etc/cdi/nvidia.yaml, Docker 28.5.2"]),
+])
+def test_cdi_state_says_why_cdi_is_or_is_not_usable(kw, usable, words):
+    from dockerlaunch.job.facts import GpuHost
+    from dockerlaunch.job.plan import cdi_state
+
+    ok, why = cdi_state(GpuHost(**kw))
+    assert ok is usable and all(w in why for w in words), why
+
+
+def test_gpu_mode_cdi_on_an_engine_with_cdi_off_is_a_one_line_error_naming_the_host():
+    with pytest.raises(ConfigError, match=r"hosts\[0\] 10.0.0.1: gpu_mode cdi, but CDI is off in Docker 26"):
+        planned(container={"gpu_mode": "cdi", "gpus": "all"},
+                gpu=gpu_host(engine="26.1.5", cdi_dirs=(), cdi_specs=("/etc/cdi/nvidia.yaml",)))
 
 
 def test_device_mode_passes_nodes_driver_libraries_and_the_loader_path():
@@ -330,7 +359,8 @@ def test_device_mode_keeps_the_users_loader_path_and_an_image_that_already_looks
     ({"gpus": 3}, None, "asks for GPUs 3"),
     ({"gpus": ["GPU-1234abcd"]}, None, "takes GPU indices"),
     ({}, {"libs": ()}, "no NVIDIA driver libraries found"),
-    ({"gpus": 2}, {"cdi_specs": ("/etc/cdi/nvidia.yaml",), "engine": "26.1.0"}, "CDI (chosen for this host) takes"),
+    ({"gpus": 2}, {"cdi_specs": ("/etc/cdi/nvidia.yaml",), "engine": "28.5.2", "cdi_dirs": ("/etc/cdi",)},
+     "CDI (chosen for this host) takes"),
 ])
 def test_impossible_gpu_requests_name_the_host_and_the_fix(container, gpu, words):
     with pytest.raises(ConfigError, match=r"hosts\[0\] 10.0.0.1") as e:

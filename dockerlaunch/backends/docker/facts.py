@@ -101,7 +101,12 @@ def _gpu_host(kv: dict[str, list[str]]) -> GpuHost:
         env = json.loads(one("image_env")) if one("image_env") else None
     except ValueError:
         env = None
+    try:
+        dirs = json.loads(one("cdi_dirs")) if "cdi_dirs" in kv else None
+    except ValueError:
+        dirs = None
     return GpuHost(
+        cdi_dirs=tuple(str(d) for d in dirs) if isinstance(dirs, list) else () if "cdi_dirs" in kv else None,
         device_nodes=tuple(kv.get("gpu_dev", [])),
         nvidia_runtime=isinstance(runtimes, dict) and "nvidia" in runtimes,
         cdi_specs=tuple(kv.get("cdi", [])),

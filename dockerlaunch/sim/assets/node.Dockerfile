@@ -5,9 +5,9 @@ ARG BASE=debian:bookworm-20251229-slim
 FROM ${BASE}
 ARG DOCKER_MAJOR=20
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# hadolint ignore=DL3008
 # Check-Valid-Until off: the development suite's Release file carries a one-week Valid-Until, which a mirror
 # that lags (or a snapshot) outlives; the packages are still checked against the archive's signature.
+# hadolint ignore=DL3008
 RUN apt-get -o Acquire::Check-Valid-Until=false update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       openssh-server docker.io iproute2 netcat-openbsd ca-certificates procps zstd \
