@@ -743,7 +743,7 @@ def test_parse_container_facts_reads_the_hub_lines():
     ({"huggingface.co": "ok", "modelscope.cn": "ok"}, False, PASS, ["huggingface.co and modelscope.cn answer"]),
     ({"huggingface.co": "ok", "modelscope.cn": "no answer in 8 s"}, False, WARN,
      ["modelscope.cn unreachable", "(no answer in 8 s)", "job.offline: true (up --offline)"]),
-    ({}, False, SKIP, ["no python3 in the image"]),
+    ({}, False, SKIP, ["the image has no python3"]),
     (None, True, PASS, ["job.offline", "HF_HUB_OFFLINE=1"]),
 ])
 def test_hubs_verdict(hubs, offline, verdict, words):
@@ -780,3 +780,143 @@ def test_hub_probe_asks_for_real_and_names_the_failure(tmp_path):
     hubs = parse_container_facts(out + "memlock=1\n").hubs
     assert hubs["huggingface.co"] == "ok", out
     assert "refused" in hubs["modelscope.cn"].lower(), out
+
+
+# ---------------------------------------------------------------- images without nc, python3, bash or /bin/sh
+
+# what `docker run` says (exit 127) when the image lacks the command, as Docker 20.10 (runc) and crun write it
+RUNC_NO_SH = ('docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc create '
+              'failed: unable to start container process: exec: "sh": executable file not found in $PATH: unknown.')
+RUNC_NO_PATH = ('docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc '
+                'create failed: unable to start container process: exec: "/bin/sh": stat /bin/sh: no such file or '
+                'directory: unknown.')
+CRUN_NO_NC = "Error: crun: executable file `nc` not found in $PATH: No such file or directory: OCI runtime attempted"
+RLIMIT_7 = ("docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc create "
+            "failed: unable to start container process: error during container init: error setting rlimits for ready "
+            "process: error setting rlimit type 7: operation not permitted: unknown.")
+
+
+@pytest.mark.parametrize("status,text,missing", [
+    (127, RUNC_NO_SH, "sh"),
+    (127, RUNC_NO_PATH, "/bin/sh"),
+    (127, CRUN_NO_NC, "nc"),
+    (127, "sh: 1: nc: not found", None),  # a shell inside the container: the image has a shell, nc is its business
+    (125, RLIMIT_7, None),  # a real refusal, not a missing tool
+    (1, RUNC_NO_SH, None),  # only docker's own 127 says "not found"
+])
+def test_missing_executable_is_told_from_a_real_failure(status, text, missing):
+    from dockerlaunch.backends.docker.doctor import missing_executable
+
+    assert missing_executable(status, text) == missing
+
+
+def test_refused_rlimit_names_the_limit():
+    from dockerlaunch.backends.docker.doctor import refused_rlimit
+
+    assert refused_rlimit(RLIMIT_7) == "nofile"
+    assert refused_rlimit(RLIMIT_7.replace("type 7", "type 8")) == "memlock"
+    assert refused_rlimit(RLIMIT_7.replace("type 7", "type 12")) == "rlimit type 12"
+    assert refused_rlimit("invalid shm size") is None
+
+
+def test_parse_container_facts_reads_the_tools_and_nofile():
+    from dockerlaunch.backends.docker.doctor import can_connect, can_listen, parse_container_facts
+
+    out = ("tools=bash timeout\nFilesystem 1024-blocks Used Available Capacity Mounted on\n"
+           "shm 65536 0 65536 0% /dev/shm\nnofile=1048576\nmemlock=8192\n")
+    f = parse_container_facts(out)
+    assert f.tools == ["bash", "timeout"] and f.nofile == "1048576" and f.memlock == "8192" and f.shm_kb == 65536
+    assert can_connect(f.tools) and not can_listen(f.tools)  # bash's /dev/tcp connects, it cannot listen
+    bare = parse_container_facts(out.replace("tools=bash timeout", "tools="))
+    assert bare.tools == [] and not can_connect(bare.tools) and not can_listen(bare.tools)
+    assert can_connect(["nc"]) and can_listen(["python3"]) and not can_connect(None) and not can_connect(["bash"])
+    old = parse_container_facts("shm 65536 0 65536 0% /dev/shm\nmemlock=8192\n")  # an older probe's output
+    assert old.tools is None and old.nofile is None
+
+
+def test_container_probe_needs_only_a_shell_and_lists_the_tools(tmp_path):
+    """The probe's own program in a shell whose PATH holds only what a bare image has (no nc, python3, bash)."""
+    import shutil
+    import subprocess
+
+    from dockerlaunch.backends.docker.doctor import container_probe, parse_container_facts
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("df", "ls", "tr", "grep"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    sh, c, program, *args = container_probe(hubs=True, ib=False)
+    r = subprocess.run(["/bin/sh", c, program, *args], capture_output=True, text=True, timeout=30,
+                       env={"PATH": str(bin_dir)})
+    f = parse_container_facts(r.stdout)
+    assert f.tools == [] and f.hubs == {} and f.shm_kb and f.nofile and f.memlock, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("text,want", [
+    ("reach=29500 ok nc\nreach=45678 ok nc\n", {"29500": ("ok", "nc", ""), "45678": ("ok", "nc", "")}),
+    ("reach=29500 fail python3 [Errno 111] Connection refused\n",
+     {"29500": ("fail", "python3", "[Errno 111] Connection refused")}),
+    ("reach=29500 error nc nc: invalid option -- 'z'\n", {"29500": ("error", "nc", "nc: invalid option -- 'z'")}),
+    ("reach=none\n", {}),
+    ("docker: Error response from daemon: ...\n", None),
+])
+def test_parse_reach(text, want):
+    from dockerlaunch.backends.docker.doctor import parse_reach
+
+    assert parse_reach(text) == want
+
+
+NO_SH = ContainerFacts(missing="sh")
+
+
+@pytest.mark.parametrize("shm,verdict,words", [
+    (NO_SH, WARN, ["the image has no /bin/sh: shm/memlock/nofile not checked inside it",
+                   "docker applied its ulimits", "add a shell to the image"]),
+    (ContainerFacts(missing="sh", host_shm_kb=64 * GB), WARN,
+     ["the image has no /bin/sh: shm/memlock/nofile not checked inside it",
+      "/dev/shm is the host's (ipc: host): 64 GB"]),
+    (ContainerFacts(missing="sh", host_shm_kb=65536), FAIL, ["/dev/shm is 64 MB on the host"]),
+])
+def test_an_image_without_a_shell_is_a_warning_naming_the_fix(shm, verdict, words):
+    report = run(cfg(), host(0), host(1, shm=shm))
+    row(report, H1, "shm", verdict, *words)
+    assert report.get(H1, "memlock") is None and report.get(H1, "nofile") is None  # said once, in the shm row
+
+
+def test_an_image_without_a_shell_where_infiniband_is_used():
+    ib = probe(ib=True, active=["mlx5_0:1"])
+    report = run(cfg(infiniband="on"), host(0, probe=ib), host(1, probe=ib, shm=NO_SH))
+    row(report, H1, "ib in container", WARN, "the image has no /bin/sh: /dev/infiniband and libibverbs not checked")
+    assert report.get(H1, "memlock") is None and report.get(H1, "image ibverbs") is None
+    assert not [c for c in report.checks if c.host == H1 and c.status == FAIL]
+
+
+def test_hubs_row_of_an_image_without_a_shell():
+    report = run(cfg(job={"offline": False}), host(0), host(1, shm=NO_SH))
+    row(report, H1, "hubs", SKIP, "the image has no /bin/sh: the hubs were not asked")
+
+
+NOTE = "checked from the host: the image has no nc or python3"
+
+
+@pytest.mark.parametrize("h1,kw,verdict,words", [
+    ({"reach": [], "reach_note": NOTE}, {}, PASS, [f"reaches {MASTER}:29500 and :{HIGH_PORT}", f"({NOTE})"]),
+    ({"reach": [f"{MASTER}:29500 (nc: nc: connect to {MASTER} port 29500 (tcp) failed: Connection refused)"],
+      "reach_note": NOTE}, {}, FAIL, ["cannot reach", "Connection refused", "(firewall?)", NOTE]),
+    ({"reach": None, "reach_missing": "not checked: the image has no nc or python3 and the host has no nc, python3 "
+      "or bash with timeout either: add netcat-openbsd to the image"}, {}, WARN,
+     ["not checked: the image has no nc or python3", "add netcat-openbsd"]),
+    ({"reach": None, "reach_missing": "not checked: nc failed (nc: invalid option -- 'z')"}, {}, WARN,
+     ["nc failed", "invalid option"]),
+    ({"reach": None}, {"reach_missing": "no listener on host 0: the image has no /bin/sh and the host has no "
+                                        "python3 or nc to listen with"}, WARN, ["no listener on host 0"]),
+    ({"reach": None}, {"reach_missing": "not checked: the listener (nc on host 0's host) did not bind ports 29500 and "
+                                        "45678 within 15 s"}, WARN, ["did not bind"]),
+])
+def test_reachability_never_blames_the_network_for_a_missing_tool(h1, kw, verdict, words):
+    report = run(cfg(), host(0), host(1, **h1))
+    if "reach_missing" in kw:
+        report = judge(cfg(), make_plan(cfg()), [resolve_target(h, cfg().ssh, None, "root") for h in cfg().hosts],
+                       Observations(MASTER, [host(0), host(1, **h1)], reach_ports=(29500, HIGH_PORT), **kw))
+    c = row(report, H1, "reachability", verdict, *words)
+    assert ("firewall" in c.reason) == (verdict == FAIL), c

@@ -10,6 +10,7 @@ or times out is recorded as such, and judged FAIL: doctor never passes what it c
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field, replace
@@ -24,7 +25,7 @@ from dockerlaunch.hosts.session import Cluster, Host
 from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, gpu_access, infiniband_needs
-from dockerlaunch.job.spec import IB_CAP, BindMount, ContainerSpec, Deferred, GpuAccess
+from dockerlaunch.job.spec import IB_CAP, BindMount, ContainerSpec, Deferred, GpuAccess, Ulimit
 
 
 class Verdict(StrEnum):
@@ -38,7 +39,7 @@ PASS, WARN, FAIL, SKIP = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP
 SHM_DEFAULT_KB = 65536
 MIN_FREE_GB = 20
 SKEW_WARN_S, SKEW_FAIL_S = 1.0, 10.0
-CHECK_ORDER = ["ssh", "docker", "image", "route", "master port", "reachability", "shm", "memlock", "gpus",
+CHECK_ORDER = ["ssh", "docker", "image", "route", "master port", "reachability", "shm", "memlock", "nofile", "gpus",
                "infiniband", "ib in container", "image ibverbs", "mounts", "shared", "model cache", "hubs", "disk",
                "clock"]
 # where ms-swift / transformers / torch keep downloads: on a multi-host job each belongs on shared storage
@@ -121,6 +122,60 @@ def count_gpus(nvidia_smi_l: str) -> int:
     return sum(1 for line in nvidia_smi_l.splitlines() if line.startswith("GPU "))
 
 
+# How engines say that a container's command is not in the image: runc (Docker 20.10 to 28) and crun. Docker's own
+# exit status for it is 127; a shell inside the container that cannot find a command also exits 127, but says so in
+# its own words, so both are required.
+_NOT_FOUND = (re.compile(r'exec: "([^"]+)": (?:executable file not found|stat [^:]*: no such file or directory)'),
+              re.compile(r"executable file `([^`]+)` not found"))
+# runc: "error setting rlimit type 7: operation not permitted" (the numbers of <sys/resource.h> on Linux)
+_RLIMIT = re.compile(r"error setting rlimit type (\d+)")
+RLIMIT_NAMES = {"3": "stack", "4": "core", "6": "nproc", "7": "nofile", "8": "memlock"}
+
+
+def missing_executable(exit_status: int | None, text: str) -> str | None:
+    """The executable a `docker run` could not start because the image lacks it, else None (a real failure)."""
+    if exit_status != 127:
+        return None
+    for pattern in _NOT_FOUND:
+        m = pattern.search(text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def refused_rlimit(text: str) -> str | None:
+    """The ulimit (nofile, memlock, ...) an engine could not give a container, from its start error."""
+    m = _RLIMIT.search(text)
+    return RLIMIT_NAMES.get(m.group(1), f"rlimit type {m.group(1)}") if m else None
+
+
+def image_lacks(executable: str) -> str:
+    return "the image has no /bin/sh" if executable in ("sh", "/bin/sh") else f"the image has no {executable}"
+
+
+# reach.sh's tools, as the probe container lists them (tools=)
+def can_connect(tools: list[str] | None) -> bool:
+    return tools is not None and ("nc" in tools or "python3" in tools or {"bash", "timeout"} <= set(tools))
+
+
+def can_listen(tools: list[str] | None) -> bool:
+    return tools is not None and ("nc" in tools or "python3" in tools)
+
+
+def parse_reach(text: str) -> dict[str, tuple[str, str, str]] | None:
+    """reach.sh connect -> {port: (ok|fail|error, tool, why)}; {} for `reach=none` (no tool); None: no answer."""
+    out: dict[str, tuple[str, str, str]] = {}
+    seen = False
+    for line in text.splitlines():
+        if not line.startswith("reach="):
+            continue
+        seen = True
+        parts = line[6:].split(" ", 3)
+        if len(parts) >= 3 and parts[1] in ("ok", "fail", "error"):
+            out[parts[0]] = (parts[1], parts[2], parts[3] if len(parts) > 3 else "")
+    return out if seen else None
+
+
 # ---------------------------------------------------------------- facts
 
 
@@ -131,6 +186,10 @@ class ContainerFacts:
     error: str | None = None
     shm_kb: int | None = None  # /dev/shm size; None: unreadable
     memlock: str | None = None  # `ulimit -l`
+    nofile: str | None = None  # `ulimit -n`
+    tools: list[str] | None = None  # which of nc, python3, bash, timeout the image has (reach.sh can use them)
+    missing: str | None = None  # the probe's command is not in the image ("sh"): nothing ran inside it
+    host_shm_kb: int | None = None  # with `missing` and ipc host: the host's /dev/shm, which the container shares
     gpus: int | None = None  # GPUs nvidia-smi -L listed
     ib_devices: list[str] | None = None  # /dev/infiniband in the container (probed where IB is used)
     ibverbs: bool | None = None  # the image has libibverbs
@@ -162,6 +221,8 @@ class HostObservation:
     gpus: ContainerFacts | None = None
     shared: dict[str, bool | str] = field(default_factory=dict)  # mount source -> same storage as host 0 / error
     reach: list[str] | str | None = None  # unreachable listeners on host 0, or why it was not tried
+    reach_note: str = ""  # where the check ran when not in a job container ("checked from the host: ...")
+    reach_missing: str | None = None  # not checked: the tool that is missing here, and how to add it
 
     @property
     def usable(self) -> bool:
@@ -175,6 +236,7 @@ class Observations:
     hosts: list[HostObservation]
     reach_ports: tuple[int, int] | None = None  # (master port, a random high port) when tried
     reach_error: str | None = None  # the listener on host 0 did not start
+    reach_missing: str | None = None  # no listener on host 0: the tool that is missing there, and how to add it
 
 
 def parse_observation(obs: HostObservation, text: str) -> HostObservation:
@@ -264,9 +326,13 @@ def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> 
     return obs
 
 
-def _in_container(h: Host, spec: ContainerSpec) -> tuple[bool, str]:
+def _in_container(h: Host, spec: ContainerSpec) -> ContainerFacts | str:
+    """The probe's output, or what stopped it: the image lacks its command (`missing`) or the start failed."""
     r = h.remote.run(run_argv(spec), timeout=120)
-    return r.ok, r.stdout if r.ok else r.last_line()
+    if r.ok:
+        return r.stdout
+    missing = missing_executable(r.exit_status, r.stderr + r.stdout)
+    return ContainerFacts(missing=missing) if missing else ContainerFacts(error=r.last_line())
 
 
 def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str) -> None:
@@ -276,19 +342,27 @@ def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: Clu
     spec = _probe_spec(hp, image, container_probe(hubs, ib),
                        f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib, mounts=mounts,
                        env={k: v for k, v in config.container.env.items() if k.upper() in HUB_ENV} if hubs else None)
-    ok, out = _in_container(h, spec)
-    obs.shm = parse_container_facts(out) if ok else ContainerFacts(error=out)
+    out = _in_container(h, spec)
+    obs.shm = parse_container_facts(out) if isinstance(out, str) else out
+    if obs.shm.missing and spec.ipc == "host":  # no shell to ask inside: the container's /dev/shm is the host's
+        df = parse_df_kb(h.remote.run(["df", "-Pk", "/dev/shm"], timeout=30).stdout)
+        obs.shm.host_shm_kb = df[0] if df else None
     if wants_gpus(hp):
         try:
             access = host_gpu_access(config, hp, obs.probe)
         except ConfigError as e:
             obs.gpus = ContainerFacts(error=str(e))
             return
-        smi = f"nvidia-smi -L 2>/dev/null || {NVIDIA_DIR}/bin/nvidia-smi -L"
-        spec = _probe_spec(hp, image, ["sh", "-c", smi], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access,
-                           mounts=mounts)
-        ok, out = _in_container(h, spec)
-        facts = ContainerFacts(error=out) if not ok else ContainerFacts(gpus=count_gpus(out))
+        # no shell: the toolkit and CDI put nvidia-smi on PATH; device mode mounts the host's under NVIDIA_DIR
+        smi = f"{NVIDIA_DIR}/bin/nvidia-smi"
+        smi = smi if any(m.target == smi for m in access.mounts) else "nvidia-smi"
+        spec = _probe_spec(hp, image, [smi, "-L"], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access, mounts=mounts)
+        out = _in_container(h, spec)
+        if isinstance(out, str):
+            facts = ContainerFacts(gpus=count_gpus(out))
+        else:
+            facts = ContainerFacts(error=out.error or f"{out.missing} is neither in the image nor put there by the "
+                                   "GPU runtime")
         facts.gpu_mode, facts.gpu_why = access.mode, access.why
         obs.gpus = facts
 
@@ -303,7 +377,8 @@ CONTAINER_PROBE = script("container_probe.sh")
 
 
 def container_probe(hubs: bool, ib: bool) -> list[str]:
-    """The probe container's command: shm and memlock, and the hubs and InfiniBand where asked."""
+    """The probe container's command: shm, nofile and memlock, the image's tools for reach.sh, and the hubs and
+    InfiniBand where asked."""
     return ["sh", "-c", CONTAINER_PROBE, "sh", "1" if hubs else "0", "1" if ib else "0", HUB_CHECK if hubs else "",
             str(HUB_WAIT_S)]
 
@@ -313,7 +388,9 @@ def parse_container_facts(out: str) -> ContainerFacts:
     head, _, memlock = out.rpartition("memlock=")
     kv = dict(line.split("=", 1) for line in head.splitlines() if "=" in line and not line.startswith("/"))
     df = parse_df_kb("\n".join(line for line in head.splitlines() if "=" not in line))
-    facts = ContainerFacts(shm_kb=df[0] if df else None, memlock=memlock.strip() or None)
+    facts = ContainerFacts(shm_kb=df[0] if df else None, memlock=memlock.strip() or None,
+                           nofile=kv["nofile"].strip() or None if "nofile" in kv else None,
+                           tools=kv["tools"].split() if "tools" in kv else None)
     if "ibdev" in kv:
         facts.ib_devices = kv["ibdev"].split()
         facts.ibverbs = kv.get("ibverbs", "0").strip() not in ("", "0")
@@ -345,57 +422,142 @@ def _observe_shared(cluster: Cluster, config: ClusterConfig, obs: list[HostObser
             h0.remote.run(["rm", "-f", path], timeout=30)
 
 
+REACH = script("reach.sh")
+LISTEN_TTL_S = 300  # listeners end by themselves after this, should doctor be killed before it removes them
+BIND_WAIT_S = 15
+PROBE_LABELS = {"dockerlaunch.probe": "1"}
+ADD_NC = "add netcat-openbsd to the image (apt-get install netcat-openbsd) or install it on the host"
+
+
+def _image_why(facts: ContainerFacts | None, need: str) -> str:
+    """Why reach.sh does not run in a job container here (the start of the row's `checked from the host:` note)."""
+    if facts is None or facts.error is not None:
+        return "no container of the image ran here (see shm)"
+    if facts.missing:
+        return image_lacks(facts.missing)
+    return f"the image has no {need}"
+
+
+def _connect(h: Host, image: str, facts: ContainerFacts | None, master: str, ports: tuple[int, int]
+             ) -> tuple[dict[str, tuple[str, str, str]] | str, str]:
+    """reach.sh connect in a container of the job's image when it has a tool, else on the host (the same network:
+    job containers use --network host). -> (per port results, or why nothing was checked; the note)."""
+    args = ["sh", "-c", REACH, "sh", "connect", master, *map(str, ports)]
+    if can_connect(facts.tools if facts else None):
+        spec = ContainerSpec(name=f"dlprobe-reach-{secrets.token_hex(4)}", image=image, command=args, detach=False,
+                             remove=True, init=False, labels=PROBE_LABELS)
+        r = h.remote.run(run_argv(spec), timeout=60)
+        got = parse_reach(r.stdout)
+        if got:
+            return got, ""
+        why = (f"a container of the image did not run reach.sh ({r.last_line()})" if got is None
+               else "the image's tools could not connect")
+    else:
+        why = _image_why(facts, "nc or python3")
+    r = h.remote.run(args, timeout=60)
+    got = parse_reach(r.stdout)
+    if got is None:
+        return f"could not check from the host either ({why}): {r.last_line()}", ""
+    if not got:
+        return (f"not checked: {why} and the host has no nc, python3 or bash with timeout either: {ADD_NC}",
+                "")
+    return got, f"checked from the host: {why}"
+
+
+def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int, int]
+            ) -> tuple[str, str, str | None]:
+    """Listeners on host 0: in a --network host container of the job's image when it has a tool, else on the
+    host. -> (how, a container name or a host PID to end them with, why there are none)."""
+    if can_listen(facts.tools if facts else None):
+        name = f"dlprobe-listen-{secrets.token_hex(4)}"
+        spec = ContainerSpec(name=name, image=image, command=["sh", "-c", REACH, "sh", "serve", str(LISTEN_TTL_S),
+                                                              *map(str, ports)],
+                             init=True, remove=True, labels=PROBE_LABELS)
+        try:
+            started = h0.remote.run(run_argv(spec), timeout=60)
+        except BaseException:
+            DockerHost(h0.remote).remove([name], grace=0)
+            raise
+        if started.ok:
+            return "in a job container", name, None
+        DockerHost(h0.remote).remove([name], grace=0)
+        why = f"a container of the image did not start ({started.last_line()})"
+    else:
+        why = _image_why(facts, "nc or python3")
+    r = h0.remote.run(["sh", "-c", REACH, "sh", "listen", str(LISTEN_TTL_S), *map(str, ports)], timeout=60)
+    line = next((x[7:].split() for x in r.stdout.splitlines() if x.startswith("listen=")), None)
+    if not line or line[0] == "none" or len(line) < 2:
+        what = (f"{why} and the host has no python3 or nc to listen with: {ADD_NC}" if line
+                else f"{why}, and the host's listener did not start: {r.last_line()}")
+        return "", "", f"no listener on host 0: {what}"
+    return f"{line[0]} on host 0's host ({why})", line[1], None
+
+
 def _observe_reach(cluster: Cluster, plan: JobPlan, observations: Observations) -> None:
-    """Listeners in a --network host container on host 0 (master port + a random high port); nc from the others."""
+    """Listeners on host 0 (master port + a random high port), then a connection to each from every other host.
+
+    Both ends run reach.sh in a container of the job's image where it has nc or python3, else on the host itself:
+    job containers use --network host, so it is the same network either way; the row says where it ran."""
     obs = observations.hosts
     others = [h for h in cluster.live if h.rank != 0 and obs[h.rank].usable]
     if not others or not obs[0].usable or not obs[0].image_id:
         return
     if obs[0].listening is not None and plan.master_port in obs[0].listening:
         return  # the master port check fails; a listener there would not start
-    high = 40000 + secrets.randbelow(20000)
-    ports = (plan.master_port, high)
+    ports = (plan.master_port, 40000 + secrets.randbelow(20000))
     observations.reach_ports = ports
-    name = f"dlprobe-listen-{secrets.token_hex(4)}"
-    listen = " & ".join(f"nc -lk {p} >/dev/null" for p in ports) + " & wait"
-    listener = ContainerSpec(name=name, image=plan.image, command=["sh", "-c", listen],
-                             init=True, remove=True, labels={"dockerlaunch.probe": "1"})
-    h0 = cluster.hosts[0]
+    h0, how, handle = cluster.hosts[0], "", ""
     try:  # from before the start: an interrupt between start and cleanup must not leave the listener
-        started = h0.remote.run(run_argv(listener), timeout=60)
-        if not started.ok:
-            observations.reach_error = started.last_line()
+        how, handle, missing = _listen(h0, plan.image, obs[0].shm, ports)
+        if missing:
+            observations.reach_missing = missing
             return
-        master = observations.master
-        deadline = time.monotonic() + 15  # poll until both listeners are bound, instead of guessing a sleep
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + BIND_WAIT_S  # until both listeners are bound, instead of guessing a sleep
+        while True:
             tcp = h0.remote.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"], timeout=30).stdout
             if set(ports) <= listening_ports(tcp):
                 break
+            if time.monotonic() > deadline:  # a listener that never bound says nothing about the network
+                observations.reach_missing = (f"not checked: the listener ({how}) did not bind ports "
+                                              f"{ports[0]} and {ports[1]} within {BIND_WAIT_S} s")
+                return
             time.sleep(0.1)
+        master = observations.master
 
-        def probe(h: Host) -> list[str]:
+        def probe(h: Host) -> tuple[list[str] | str, str]:
             if not obs[h.rank].image_id:
-                return "image missing here"  # type: ignore[return-value]
-            bad = []
-            for p in ports:
-                spec = ContainerSpec(name=f"dlprobe-nc-{secrets.token_hex(4)}", image=plan.image,
-                                     command=["nc", "-vz", "-w3", master, str(p)], detach=False, remove=True,
-                                     init=False, labels={"dockerlaunch.probe": "1"})
-                r = None
-                for _ in range(2):
-                    r = h.remote.run(run_argv(spec), timeout=60)
-                    if r.ok:
-                        break
-                    time.sleep(0.5)
-                if not r.ok:
-                    bad.append(f"{master}:{p} {r.last_line()}")
-            return bad
+                return "image missing here", ""
+            got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports)
+            if isinstance(got, dict) and any(v[0] == "fail" for v in got.values()):
+                time.sleep(0.5)  # once more, for a connection lost on the way
+                got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports)
+            return got, note  # type: ignore[return-value]
 
         for o in cluster.each(probe, others):
-            obs[o.item.rank].reach = o.value if o.ok else f"could not check: {o.error}"
+            ob = obs[o.item.rank]
+            if not o.ok:
+                ob.reach = f"could not check: {o.error}"
+                continue
+            got, ob.reach_note = o.value
+            if isinstance(got, str):
+                if got.startswith("not checked:"):
+                    ob.reach_missing = got
+                else:
+                    ob.reach = got
+                continue
+            broken = [(p, v) for p, v in got.items() if v[0] == "error"]
+            if broken:
+                p, (_, tool, why) = broken[0]
+                ob.reach_missing = f"not checked: {tool} failed ({why[:200]})"
+                continue
+            ob.reach = [f"{master}:{p} ({tool}: {why[:200]})" for p, (state, tool, why) in got.items()
+                        if state != "ok"]
+            ob.reach += [f"{master}:{p} (no answer)" for p in map(str, ports) if p not in got]
     finally:
-        DockerHost(h0.remote).remove([name], grace=0)
+        if how.startswith("in a job container"):
+            DockerHost(h0.remote).remove([handle], grace=0)
+        elif handle:
+            h0.remote.run(["kill", handle], timeout=30)
 
 
 def observe(cluster: Cluster, plan: JobPlan) -> Observations:
@@ -480,7 +642,7 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSH
             report.add(a, "mounts", PASS, f"{len(config.container.mounts)} host path(s) exist")
     if not o.image_id:
         return
-    _judge_shm(report, a, o.shm, uses_ib(config.container.infiniband, p))
+    _judge_shm(report, a, o.shm, uses_ib(config.container.infiniband, p), hp.container.ulimits.get("nofile"))
     _judge_hubs(report, config, a, o.shm)
     if not wants_gpus(hp):
         report.add(a, "gpus", SKIP, "the job asks for no GPUs")
@@ -513,27 +675,84 @@ def _judge_ib(report: Report, a: str, p: factslib.Probe, mode: str) -> None:
         report.add(a, "infiniband", PASS, f"NCCL_IB_HCA={','.join(p.ib_active)}")
 
 
-def _judge_shm(report: Report, a: str, shm: ContainerFacts | None, ib: bool) -> None:
+def _size(kb: int) -> str:
+    mb = kb // 1024
+    return f"{mb // 1024} GB" if mb >= 1024 else f"{mb} MB"
+
+
+def _judge_shm(report: Report, a: str, shm: ContainerFacts | None, ib: bool, nofile: Ulimit | None = None) -> None:
     if shm is None:
         report.add(a, "shm", FAIL, "could not check: no container was run")
         return
+    if shm.missing:
+        _judge_no_shell(report, a, shm, ib)
+        return
     if shm.error is not None:
         report.add(a, "shm", FAIL, f"a container with the job's flags did not start: {shm.error}")
+        _judge_refused_rlimit(report, a, shm.error, ib, nofile)
         return
     if shm.shm_kb is None:
         report.add(a, "shm", WARN, "could not read /dev/shm size")
     elif shm.shm_kb <= SHM_DEFAULT_KB:
         report.add(a, "shm", FAIL, f"/dev/shm is {shm.shm_kb // 1024} MB in the container: use ipc: host or shm_size")
     else:
-        mb = shm.shm_kb // 1024
-        report.add(a, "shm", PASS, f"/dev/shm {mb // 1024} GB" if mb >= 1024 else f"/dev/shm {mb} MB")
+        report.add(a, "shm", PASS, f"/dev/shm {_size(shm.shm_kb)}")
     if ib:
         if shm.memlock == "unlimited":
             report.add(a, "memlock", PASS, "ulimit -l in the container: unlimited")
         else:  # RDMA pins its buffers: NCCL's IB transport fails to register memory under a low limit
             report.add(a, "memlock", FAIL, f"ulimit -l in the container: {shm.memlock} (KB): InfiniBand needs "
                        "unlimited; drop container.ulimits.memlock (docker counts it in bytes) or use '-1'")
+    if nofile is not None:
+        _judge_nofile(report, a, shm.nofile, nofile)
+    if ib:
         _judge_ib_container(report, a, shm)
+
+
+def _judge_nofile(report: Report, a: str, seen: str | None, want: Ulimit) -> None:
+    """Every DataLoader worker's shared tensors and every NCCL socket is an open file: at Docker 29's default of
+    1024 a job fails with 'Too many open files' (moby#51485), so the plan asks for more (container.ulimits.nofile)."""
+    if seen is None or not (seen.isdigit() or seen == "unlimited"):
+        report.add(a, "nofile", WARN, f"could not read ulimit -n in the container ({seen or 'no answer'})")
+    elif seen == "unlimited" or (want.soft != -1 and int(seen) >= want.soft):
+        report.add(a, "nofile", PASS, f"ulimit -n in the container: {seen}")
+    else:
+        report.add(a, "nofile", FAIL, f"ulimit -n in the container: {seen}, below the {want.soft} the job asks for "
+                   f"(--ulimit nofile={want.soft}:{want.hard}): something in the image (its entrypoint?) lowers it; "
+                   "ranks with many DataLoader workers and NCCL sockets fail with 'Too many open files'")
+
+
+def _judge_refused_rlimit(report: Report, a: str, error: str, ib: bool, nofile: Ulimit | None) -> None:
+    """The engine could not give the container a ulimit the job asks for: name the limit and the fix."""
+    name = refused_rlimit(error)
+    why = ("the engine cannot raise its own hard limit (rootless Docker, Docker inside a container: no "
+           "CAP_SYS_RESOURCE)")
+    if name == "nofile" and nofile is not None:
+        report.add(a, "nofile", FAIL, f"the engine refused --ulimit nofile={nofile.soft}:{nofile.hard}: {why}; set "
+                   "container.ulimits.nofile to at most the engine's hard limit (`ulimit -Hn` where dockerd runs), "
+                   "or raise dockerd's LimitNOFILE")
+    elif name == "memlock" and ib:
+        report.add(a, "memlock", FAIL, f"the engine refused the memlock ulimit InfiniBand needs: {why}; run the "
+                   "engine with LimitMEMLOCK=infinity, or set container.ulimits.memlock (in bytes) to what it allows")
+
+
+def _judge_no_shell(report: Report, a: str, shm: ContainerFacts, ib: bool) -> None:
+    """The probe's shell is not in the image (one static binary, a distroless image): nothing ran inside it. What
+    can be told from outside is said; the rest is a WARN naming the fix, never a FAIL for the image's choice."""
+    lacks = image_lacks(shm.missing or "sh")
+    # runc sets a container's ulimits before it looks for the command: a container that got as far as "not found"
+    # has the job's flags (a refused ulimit is a start error instead)
+    outside = "a container with the job's flags starts (docker applied its ulimits, then found no command)"
+    if shm.host_shm_kb is not None:
+        if shm.host_shm_kb <= SHM_DEFAULT_KB:
+            report.add(a, "shm", FAIL, f"/dev/shm is {shm.host_shm_kb // 1024} MB on the host, which the container "
+                       "shares (ipc: host): make the host's /dev/shm larger, or use ipc: private with shm_size")
+            return
+        outside += f"; its /dev/shm is the host's (ipc: host): {_size(shm.host_shm_kb)}"
+    report.add(a, "shm", WARN, f"{lacks}: shm/memlock/nofile not checked inside it; {outside}; to check inside, add "
+               "a shell to the image (e.g. COPY a static busybox as /bin/sh)")
+    if ib:
+        report.add(a, "ib in container", WARN, f"{lacks}: /dev/infiniband and libibverbs not checked inside it")
 
 
 def _judge_hubs(report: Report, config: ClusterConfig, a: str, c: ContainerFacts | None) -> None:
@@ -542,10 +761,14 @@ def _judge_hubs(report: Report, config: ClusterConfig, a: str, c: ContainerFacts
     if config.job.offline:
         report.add(a, "hubs", PASS, "job.offline: the job does not ask the hubs (HF_HUB_OFFLINE=1 ...)")
         return
+    if c is not None and c.missing:
+        report.add(a, "hubs", SKIP, f"{image_lacks(c.missing)}: the hubs were not asked from a job container")
+        return
     if c is None or c.error is not None or c.hubs is None:
         return  # the shm row says why no container ran
     if not c.hubs:
-        report.add(a, "hubs", SKIP, "no python3 in the image: hub access not checked")
+        report.add(a, "hubs", SKIP, "the image has no python3: the hubs were not asked from a job container "
+                   "(the hubs' clients are Python; install python3 in the image to check)")
         return
     down = {name: why for name, why in c.hubs.items() if why != "ok"}
     if not down:
@@ -617,17 +840,23 @@ def _judge_cluster(report: Report, config: ClusterConfig, plan: JobPlan, ob: Obs
                 report.add(o.address, "reachability", SKIP, "the image is missing on host 0")
             elif ob.reach_error is not None:
                 report.add(o.address, "reachability", FAIL, f"cannot start a listener on host 0: {ob.reach_error}")
+            elif ob.reach_missing is not None:  # a missing tool is not a network fault: said, never a FAIL
+                report.add(o.address, "reachability", WARN, ob.reach_missing)
             elif o.reach == "image missing here" or not o.image_id:
                 report.add(o.address, "reachability", SKIP, "image missing here")
+            elif o.reach_missing is not None:
+                report.add(o.address, "reachability", WARN, o.reach_missing)
             elif isinstance(o.reach, str):
                 report.add(o.address, "reachability", FAIL, o.reach)
             elif o.reach is None:
                 report.add(o.address, "reachability", FAIL, "could not check: no probe ran")
-            elif o.reach:
-                report.add(o.address, "reachability", FAIL, "cannot reach " + "; ".join(o.reach) + " (firewall?)")
+            elif o.reach:  # a tool ran and the connection failed, to a listener that was bound
+                report.add(o.address, "reachability", FAIL, "cannot reach " + "; ".join(o.reach) + " (firewall?)"
+                           + (f" ({o.reach_note})" if o.reach_note else ""))
             else:
                 p0, p1 = ob.reach_ports or (plan.master_port, 0)
-                report.add(o.address, "reachability", PASS, f"reaches {ob.master}:{p0} and :{p1}")
+                report.add(o.address, "reachability", PASS, f"reaches {ob.master}:{p0} and :{p1}"
+                           + (f" ({o.reach_note})" if o.reach_note else ""))
     elif not h0.usable:
         for o in others:
             report.add(o.address, "reachability", SKIP, "host 0 is not usable")

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs inside a short-lived probe container with the job's own flags: what the job will see there.
 # $1: 1 to ask the model hubs (the Python program in $3, its wait in seconds $4), $2: 1 to look at InfiniBand.
-# memlock comes last: its value runs to the end of the output.
+# memlock comes last: its value runs to the end of the output. Needs only sh (dash, bash, busybox) and df.
 if [ "$1" = 1 ]; then
   if command -v python3 >/dev/null 2>&1; then python3 -c "$3" "$4" 2>/dev/null; else echo hub=nopython; fi
 fi
@@ -12,6 +12,12 @@ if [ "$2" = 1 ]; then
   echo "ibverbs=$(printf "%s\n" "$libs" | grep -c "libibverbs\.so")"
   echo "ibprovider=$(printf "%s\n" "$libs" | grep -c -E "lib(mlx[45]|efa|bnxt_re|irdma|hns|qedr)[-.]")"
 fi
+# the tools doctor's reachability check can use here (reach.sh); without them it asks from the host instead
+tools=
+for t in nc python3 bash timeout; do command -v "$t" >/dev/null 2>&1 && tools="$tools $t"; done
+echo "tools=${tools# }"
 df -Pk /dev/shm
-# shellcheck disable=SC3045  # not POSIX, but dash, bash and busybox sh all have it: the container's own limit
+# shellcheck disable=SC3045  # not POSIX, but dash, bash and busybox sh all have them: the container's own limits
+echo "nofile=$(ulimit -n)"
+# shellcheck disable=SC3045
 echo "memlock=$(ulimit -l)"
