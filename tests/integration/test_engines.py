@@ -183,3 +183,54 @@ def test_a_bundle_from_the_classic_launcher_loads_into_the_containerd_store(engi
     assert ld.returncode == 0 and "loaded" in ld.stdout, ld.stdout + ld.stderr
     code, out = node_docker(engine, node, "run", "--rm", child, "cat", "/which")
     assert (code, out.strip()) == (0, "two")
+
+
+def test_a_layer_the_containerd_store_never_unpacked_is_sent_again(engine, mixed, image_pair, tmp_path):
+    """containerd's store can hold an image it never unpacked (a load whose layer it lacked: it says so and exits
+    0). Such a layer must not count as there: the thin push sends it, and the image runs."""
+    from dockerlaunch.transfer import streams
+
+    parent, child = image_pair
+    node = mixed[1][3]
+    image = streams.with_facts(engine, streams.local_image(engine, parent))
+    top = {image.facts.layers[-1].path}
+    broken = subprocess.run(["docker", "exec", "-i", node.name, "docker", "load"], capture_output=True,
+                            input=b"".join(streams.image_chunks(streams.save_stream(engine, image.id), image, top)))
+    assert broken.returncode == 0 and b"rror unpacking image" in broken.stdout + broken.stderr  # exit 0 regardless
+    r = dl("push", child, "--config", subset(mixed, tmp_path, [3]), "--strategy", "star", "--output", "json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    [res] = json.loads(r.stdout)["hosts"]
+    # the seeded tools image's 2 layers are there; the parent's top layer (never unpacked) and the child's are sent
+    assert res["status"] == "pushed" and "thin: 2 of 4 layers already there" in res["detail"], res
+    assert "verified" in res["detail"] and res["bytes_sent"] > 8 << 20, res
+    code, out = node_docker(engine, node, "run", "--rm", child, "cat", "/which")
+    assert (code, out.strip()) == (0, "two")
+    node_docker(engine, node, "rmi", "-f", child, image.facts.manifest_digest)
+
+
+def test_cdi_is_judged_by_what_each_real_engine_reads(engine, mixed):
+    """probe.sh on the real engines: Docker 26.1 lists no CDI spec dirs (CDI off), 28.5 reads /etc/cdi and
+    /var/run/cdi; a spec naming nvidia.com/gpu there makes CDI usable (no GPU needed to judge it)."""
+    from dockerlaunch.backends.docker.facts import parse_probe, script
+    from dockerlaunch.job.plan import cdi_state
+
+    def judge(node):
+        code, out = engine.containers.get(node.name).exec_run(["sh", "-c", script("probe.sh"), "sh", mixed[1][0].ip])
+        assert code == 0, out
+        return cdi_state(parse_probe(out.decode()).gpu)
+
+    n20, n26, n28 = mixed[1][0], mixed[1][1], mixed[1][2]
+    usable, why = judge(n20)
+    assert not usable and why.startswith("Docker 20.10.") and why.endswith("has no CDI (it needs 25 or later)"), why
+    usable, why = judge(n26)
+    assert not usable and "CDI is off in Docker 26.1" in why and '"features": {"cdi": true}' in why, why
+    usable, why = judge(n28)
+    assert not usable and "no CDI spec names nvidia.com/gpu in /etc/cdi, /var/run/cdi" in why, why
+    spec = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n"
+    node = engine.containers.get(n28.name)
+    node.exec_run(["sh", "-c", 'mkdir -p /etc/cdi && printf "%s" "$1" > /etc/cdi/nvidia.yaml', "sh", spec])
+    try:
+        usable, why = judge(n28)
+        assert usable and why.startswith("CDI spec /etc/cdi/nvidia.yaml, Docker 28."), why
+    finally:
+        node.exec_run(["rm", "-f", "/etc/cdi/nvidia.yaml"])
