@@ -380,11 +380,6 @@ def rewrite_tar(chunks: Iterator[bytes], edit: Callable[[tarfile.TarInfo, IO[byt
     t.join()
 
 
-def thin_chunks(chunks: Iterator[bytes], skip: set[str]) -> Iterator[bytes]:
-    """Re-stream a `docker save` tar without the layer files in `skip` (the target already has them)."""
-    return rewrite_tar(chunks, lambda m, f: None if m.name in skip else (m, f))
-
-
 MAX_METADATA = 4 << 20  # a save's manifest.json / index.json: a few KB; more is not a docker save
 
 
