@@ -212,6 +212,7 @@ class HostObservation:
     docker: str | None = None  # engine version
     docker_error: str | None = None
     image_id: str | None = None  # "" when the image is missing
+    image_content: str = ""  # its creation time and layer digests: the same image in either image store
     probe: factslib.Probe | None = None
     disk: tuple[int, int] | None = None  # (size, available) KiB under the docker root
     mounts_missing: list[str] | None = None
@@ -250,6 +251,7 @@ def parse_observation(obs: HostObservation, text: str) -> HostObservation:
     obs.docker, obs.docker_error = one("docker"), one("docker_error")
     if obs.docker is not None:
         obs.image_id = one("image") or ""
+        obs.image_content = one("image_content") or ""
         obs.disk = parse_df_kb("\n".join(kv.get("disk", [])))
     obs.mounts_missing = kv.get("mount_missing", [])
     obs.listening = listening_ports("\n".join(kv.get("tcp", [])))
@@ -801,15 +803,20 @@ def _judge_ib_container(report: Report, a: str, c: ContainerFacts) -> None:
 
 def _judge_image(report: Report, plan: JobPlan, obs: list[HostObservation]) -> None:
     checked = [o for o in obs if o.usable and o.image_id is not None]
-    reference = next((o.image_id for o in checked if o.image_id), None)
+    # one image has two IDs (config digest in the classic store, manifest digest in containerd's): hosts
+    # compare what it holds, its layers and creation time, where they report it
+    reference = next((o for o in checked if o.image_id), None)
     all_hosts = ",".join(h.address for h in plan.hosts)
     for o in checked:
+        same = reference is not None and (o.image_id == reference.image_id or (
+            bool(o.image_content) and o.image_content == reference.image_content))
         if not o.image_id:
             report.add(o.address, "image", FAIL,
                        f"{plan.image} is missing; copy it: dockerlaunch push {plan.image} --hosts {all_hosts}")
-        elif o.image_id != reference:
-            report.add(o.address, "image", FAIL, f"{plan.image} is {o.image_id[7:19]} here but {reference[7:19]} on "
-                       f"another host; dockerlaunch push {plan.image} --hosts {all_hosts}")
+        elif not same:
+            report.add(o.address, "image", FAIL, f"{plan.image} is {o.image_id[7:19]} here but "
+                       f"{reference.image_id[7:19]} on another host; "
+                       f"dockerlaunch push {plan.image} --hosts {all_hosts}")
         else:
             report.add(o.address, "image", PASS, o.image_id[7:19])
 
