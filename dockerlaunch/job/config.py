@@ -210,7 +210,11 @@ class ContainerSettings(_Model):
     infiniband: Literal["auto", "on", "off"] = Field(
         "auto", description="on: /dev/infiniband, IPC_LOCK, memlock unlimited; auto: the same where the host has IB."
     )
-    ulimits: dict[str, str] = Field(default_factory=dict, description="name -> soft[:hard], e.g. memlock: '-1'.")
+    ulimits: dict[str, str] = Field(
+        default_factory=dict, description="name -> soft[:hard], e.g. memlock: '-1'. Yours win over dockerlaunch's: "
+        "nofile 1048576 on every job (Docker 29 gives 1024), memlock -1 where InfiniBand is used; an engine that "
+        "cannot raise its own limits (rootless Docker, Docker in a container) needs lower ones, e.g. nofile: '65536'.",
+    )
     cap_add: list[str] = Field(default_factory=list)
     workdir: str | None = None
     user: str | None = None
@@ -275,6 +279,13 @@ class ContainerSettings(_Model):
                 raise ValueError(f"{name!r} is not a ulimit name (memlock, nofile, stack, ...)")
             if not _ULIMIT_VALUE.match(value):
                 raise ValueError(f"ulimit {name}={value!r} is not soft[:hard] integers (-1 = unlimited)")
+            if name == "nofile":  # what runc would refuse only once the container starts
+                soft, _, hard = value.partition(":")
+                if "-" in value:
+                    raise ValueError(f"ulimit nofile={value!r}: open files cannot be unlimited (the kernel caps them "
+                                     "at fs.nr_open, 1048576 by default); give a number such as 1048576")
+                if hard and int(soft) > int(hard):
+                    raise ValueError(f"ulimit nofile={value!r}: the soft limit is above the hard one")
         return v
 
     @field_validator("cap_add")

@@ -19,6 +19,7 @@ from dockerlaunch.job.spec import (
     IB_CAP,
     IB_DEVICE,
     IB_MEMLOCK,
+    NOFILE,
     BindMount,
     ContainerSpec,
     Deferred,
@@ -97,6 +98,7 @@ class JobPlan:
                     "container": h.container.name,
                     "gpu_mode": str(h.gpu_mode),
                     "env": dict(h.container.env),
+                    "ulimits": {k: f"{u.soft}:{u.hard}" for k, u in h.container.ulimits.items()},
                     "unresolved": h.container.unresolved(),
                 }
                 for h in self.hosts
@@ -419,6 +421,7 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
         ipc=effective_ipc(c.ipc, c.shm_size),
         shm_size=c.shm_size,
         cap_add=list(c.cap_add),
+        ulimits={"nofile": NOFILE},  # Docker 29 gives 1024 (spec.NOFILE); container.ulimits.nofile wins below
         workdir=c.workdir,
         user=c.user,
         privileged=c.privileged,

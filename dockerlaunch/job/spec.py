@@ -87,6 +87,15 @@ IB_DEVICE = "/dev/infiniband"
 IB_CAP = "IPC_LOCK"
 IB_MEMLOCK = Ulimit(-1, -1)
 
+# Open files, for every job container. Each DataLoader worker's shared tensors and each NCCL/gloo socket is a file
+# descriptor: at 1024 a rank with many workers fails with "Too many open files". Docker <= 28 containers got
+# 1048576 from containerd's unit file (LimitNOFILE=infinity); Docker 29 with containerd 2.x gives them 1024
+# (moby#51485), so a job that ran everywhere fails on Docker 29 hosts only. 1048576 (soft and hard) is what they
+# had, and the kernel's default fs.nr_open: the most a root engine can set without a sysctl. An engine that cannot
+# raise its own hard limit (rootless Docker, Docker inside a container such as the sim's nodes) refuses it at start
+# ("error setting rlimit type 7"): container.ulimits.nofile sets a lower value, and the user's value always wins.
+NOFILE = Ulimit(1048576, 1048576)
+
 
 @dataclass
 class ContainerSpec:

@@ -60,7 +60,7 @@ def host(rank: int, **kw) -> HostObservation:
     facts = dict(
         ssh=f"root@{address}:22", docker="24.0.7", image_id=IMAGE_ID,
         probe=probe(source=address), disk=(200 * GB, 80 * GB), mounts_missing=[], listening={22},
-        clock_offset=0.0, shm=ContainerFacts(shm_kb=64 * GB, memlock="unlimited"),
+        clock_offset=0.0, shm=ContainerFacts(shm_kb=64 * GB, memlock="unlimited", nofile="1048576"),
         reach=None if rank == 0 else [],
     )
     facts.update(kw)
@@ -112,8 +112,8 @@ def test_ssh_fail_judges_nothing_else_on_that_host():
     report = run(cfg(), host(0), unreachable(1, "connect to 10.0.0.2:22: Connection refused"))
     row(report, H1, "ssh", FAIL, "Connection refused")
     assert names(report, H1) == ["ssh"]
-    assert names(report, H0) == ["ssh", "docker", "image", "route", "master port", "shm", "gpus", "infiniband",
-                                 "disk"]  # one timed host: no clock row
+    assert names(report, H0) == ["ssh", "docker", "image", "route", "master port", "shm", "nofile", "gpus",
+                                 "infiniband", "disk"]  # one timed host: no clock row
 
 
 def test_observation_round_trip_failed():
@@ -457,10 +457,10 @@ def test_report_is_sorted_by_host_rank_then_check_order():
     keys = [(c.host, c.name) for c in report.checks]
     assert keys == sorted(keys, key=lambda k: ((H0, H1).index(k[0]), CHECK_ORDER.index(k[1])))
     # rows judged last (image, master port, reachability, shared, clock) are in place, not appended
-    assert names(report, H0) == ["ssh", "docker", "image", "route", "master port", "shm", "gpus", "infiniband",
-                                 "mounts", "disk", "clock"]
-    assert names(report, H1) == ["ssh", "docker", "image", "route", "reachability", "shm", "gpus", "infiniband",
-                                 "mounts", "shared", "disk", "clock"]
+    assert names(report, H0) == ["ssh", "docker", "image", "route", "master port", "shm", "nofile", "gpus",
+                                 "infiniband", "mounts", "disk", "clock"]
+    assert names(report, H1) == ["ssh", "docker", "image", "route", "reachability", "shm", "nofile", "gpus",
+                                 "infiniband", "mounts", "shared", "disk", "clock"]
     assert keys.index((H0, "clock")) < keys.index((H1, "ssh"))
 
 
@@ -477,13 +477,13 @@ def test_report_dict_json_and_summary():
     report = run(cfg(), host(0, disk=(200 * GB, 5 * GB)), host(1, image_id=OTHER_ID))
     d = report.to_dict()
     assert d["ok"] is False
-    assert d["counts"] == {"PASS": 14, "WARN": 1, "FAIL": 1, "SKIP": 4}
+    assert d["counts"] == {"PASS": 16, "WARN": 1, "FAIL": 1, "SKIP": 4}
     assert sum(d["counts"].values()) == len(d["checks"]) == len(report.checks)
     assert d["checks"][0] == {"host": H0, "check": "ssh", "verdict": "PASS", "reason": "root@10.0.0.1:22"}
     failed = [c for c in d["checks"] if c["verdict"] == "FAIL"]
     assert [(c["host"], c["check"]) for c in failed] == [(H1, "image")]
     assert json.loads(report.to_json()) == d
-    assert report.summary() == "doctor: 14 PASS, 1 FAIL, 1 WARN, 4 SKIP"
+    assert report.summary() == "doctor: 16 PASS, 1 FAIL, 1 WARN, 4 SKIP"
     assert [c.name for c in report.failed] == ["image"]
 
 
@@ -920,3 +920,49 @@ def test_reachability_never_blames_the_network_for_a_missing_tool(h1, kw, verdic
                        Observations(MASTER, [host(0), host(1, **h1)], reach_ports=(29500, HIGH_PORT), **kw))
     c = row(report, H1, "reachability", verdict, *words)
     assert ("firewall" in c.reason) == (verdict == FAIL), c
+
+
+# ---------------------------------------------------------------- nofile
+
+
+@pytest.mark.parametrize("ulimits,seen,verdict,words", [
+    ({}, "1048576", PASS, ["ulimit -n in the container: 1048576"]),
+    ({}, "unlimited", PASS, ["unlimited"]),
+    ({}, "1024", FAIL, ["ulimit -n in the container: 1024, below the 1048576 the job asks for",
+                        "--ulimit nofile=1048576:1048576", "Too many open files"]),
+    ({"nofile": "20000"}, "20000", PASS, ["20000"]),  # the user's own (lower) value is what the plan asks
+    ({"nofile": "65536"}, "20000", FAIL, ["below the 65536 the job asks for"]),
+    ({}, None, WARN, ["could not read ulimit -n"]),
+])
+def test_nofile_is_judged_against_what_the_plan_asks(ulimits, seen, verdict, words):
+    shm = ContainerFacts(shm_kb=64 * GB, memlock="8192", nofile=seen)
+    report = run(cfg(ulimits=ulimits), host(0), host(1, shm=shm))
+    c = row(report, H1, "nofile", verdict, *words)
+    assert "firewall" not in c.reason
+
+
+def test_an_engine_that_refuses_the_open_files_limit_is_named_with_the_fix():
+    """Rootless Docker and Docker in a container (the sim's nodes) cannot raise their own hard limit: runc fails the
+    start with 'error setting rlimit type 7', which says nothing to a user."""
+    report = run(cfg(), host(0), host(1, shm=ContainerFacts(error=RLIMIT_7.removeprefix("docker: "))))
+    row(report, H1, "shm", FAIL, "did not start", "rlimit type 7")
+    row(report, H1, "nofile", FAIL, "the engine refused --ulimit nofile=1048576:1048576",
+        "rootless Docker, Docker inside a container", "set container.ulimits.nofile",
+        "`ulimit -Hn` where dockerd runs")
+    assert report.get(H1, "memlock") is None  # not an InfiniBand job
+
+
+def test_an_engine_that_refuses_memlock_where_infiniband_is_used():
+    ib = probe(ib=True, active=["mlx5_0:1"])
+    refused = ContainerFacts(error=RLIMIT_7.replace("type 7", "type 8"))
+    report = run(cfg(infiniband="on"), host(0, probe=ib), host(1, probe=ib, shm=refused))
+    row(report, H1, "memlock", FAIL, "the engine refused the memlock ulimit InfiniBand needs", "LimitMEMLOCK")
+    assert report.get(H1, "nofile") is None
+
+
+def test_probe_container_gets_the_jobs_open_files_limit():
+    plan = make_plan(cfg(ulimits={"nofile": "20000"}))
+    spec = _probe_spec(plan.hosts[1], IMAGE, ["sh", "-c", "ulimit -n"], "dlprobe-shm-x")
+    assert "nofile=20000:20000" in run_argv(spec)
+    default = _probe_spec(make_plan(cfg()).hosts[0], IMAGE, ["true"], "dlprobe-shm-y")
+    assert "nofile=1048576:1048576" in run_argv(default)

@@ -147,7 +147,27 @@ def test_infiniband_modes():
 
     # the user's memlock wins (the sim VMs refuse memlock=-1)
     mine = make_plan(cfg(container={"infiniband": "on", "ulimits": {"memlock": "8192"}})).hosts[0].container
-    assert flag_values(docker_argv(mine), "--ulimit") == ["memlock=8192:8192"]
+    assert flag_values(docker_argv(mine), "--ulimit") == ["nofile=1048576:1048576", "memlock=8192:8192"]
+
+
+def test_every_job_container_gets_a_high_open_files_limit():
+    """Docker 29 gives containers 1024 open files (moby#51485): the plan asks for 1048576, shown by the dry run."""
+    plan = make_plan(cfg(container={"infiniband": "off"}))
+    for hp in plan.hosts:
+        assert flag_values(docker_argv(hp.container), "--ulimit") == ["nofile=1048576:1048576"]
+    assert plan.to_dict()["hosts"][0]["ulimits"] == {"nofile": "1048576:1048576"}
+    ib = make_plan(cfg(container={"infiniband": "on"})).hosts[0].container
+    assert flag_values(docker_argv(ib), "--ulimit") == ["memlock=-1:-1", "nofile=1048576:1048576"]
+    resolved = make_plan(cfg(), facts={0: HostFacts(infiniband=False), 1: HostFacts(infiniband=False)}).hosts[1]
+    assert "nofile=1048576:1048576" in flag_values(docker_argv(resolved.container), "--ulimit")
+
+
+@pytest.mark.parametrize("mine,flag", [("65536", "nofile=65536:65536"), ("4096:20000", "nofile=4096:20000")])
+def test_the_users_open_files_limit_wins(mine, flag):
+    """An engine that cannot raise its own hard limit (rootless Docker, the sim's nodes) needs a lower value."""
+    plan = make_plan(cfg(container={"infiniband": "on", "ulimits": {"nofile": mine}}))
+    assert flag_values(docker_argv(plan.hosts[0].container), "--ulimit") == ["memlock=-1:-1", flag]
+    assert plan.to_dict()["hosts"][1]["ulimits"]["nofile"] == flag.removeprefix("nofile=")
 
 
 def test_user_env_wins_but_rank_env_is_reserved():

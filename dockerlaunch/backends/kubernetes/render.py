@@ -16,7 +16,7 @@ import yaml
 from dockerlaunch.backends import RenderedFile, Unsupported
 from dockerlaunch.backends.common import plain_labels, refuse_common, refuse_per_host
 from dockerlaunch.job.plan import JobPlan
-from dockerlaunch.job.spec import IB_DEVICE, IB_MEMLOCK, Deferred, GpuAccess
+from dockerlaunch.job.spec import IB_DEVICE, IB_MEMLOCK, NOFILE, Deferred, GpuAccess
 
 GPU_RESOURCE = "nvidia.com/gpu"  # NVIDIA's device plugin / GPU operator
 # Mellanox/NVIDIA k8s-rdma-shared-dev-plugin's example resource; sites name their own (render --rdma-resource)
@@ -51,7 +51,10 @@ def _refuse(plan: JobPlan, target: str) -> None:
                           "on; set infiniband: on (asks for the RDMA resource) or off (--infiniband on|off)")
     for hp in plan.hosts:
         s = hp.container
-        extra = {k: u for k, u in s.ulimits.items() if not (k == "memlock" and u == IB_MEMLOCK and s.infiniband)}
+        # dockerlaunch's own limits are left to the nodes: InfiniBand's memlock is covered by IPC_LOCK, and open
+        # files are the node runtime's (the file's header says so)
+        ours = {"nofile": NOFILE, **({"memlock": IB_MEMLOCK} if s.infiniband else {})}
+        extra = {k: u for k, u in s.ulimits.items() if ours.get(k) != u}
         if c.ulimits or extra:
             raise Unsupported(target, "container.ulimits", "pods have no ulimits (the nodes' container runtime sets "
                               "them; InfiniBand's memlock is covered by IPC_LOCK); drop them for this target")
@@ -186,6 +189,9 @@ def _header(plan: JobPlan, target: str, master_addr: str, opts: Options) -> list
                      "--from-env-file=FILE")
     if not opts.host_network:
         lines.append("#   - a pod network NCCL can use between nodes (or render with --host-network)")
+    if spec.ulimits.get("nofile") == NOFILE:
+        lines.append(f"#   - open files: a pod has no ulimits and gets its node runtime's; where that is 1024 "
+                     f"(containerd 2.x) raise containerd's LimitNOFILE (dockerlaunch asks Docker for {NOFILE.soft})")
     lines.append("# NCCL_SOCKET_IFNAME / NCCL_IB_HCA are not set: NCCL picks them in the pod.")
     if spec.init:
         lines.append("# No init process (docker's --init): the command is PID 1; torchrun forwards signals itself, "
