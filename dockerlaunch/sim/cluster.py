@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from dockerlaunch.engine import cache_root as engine_cache_root
 from dockerlaunch.engine import engine
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.job.spec import NOFILE
 
 SIM_LABEL = "dockerlaunch.sim"
 NODE_LABEL = "dockerlaunch.sim.node"
@@ -532,12 +533,22 @@ def up(
 
     out = Path(config_out) if config_out else state / "cluster.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_cluster_config(cluster, layout, state, tools_image))
+    nofile = engine_nofile(client.containers.get(layout[0].name))
+    out.write_text(render_cluster_config(cluster, layout, state, tools_image, nofile))
     _log(f"{nodes} node(s) up{' with Slurm' if slurm else ''}: {', '.join(n.ip for n in layout)}; config: {out}")
     return out
 
 
-def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, image: str) -> str:
+def engine_nofile(container) -> int | None:
+    """The open-files hard limit of a node's dockerd: an engine without CAP_SYS_RESOURCE (these nodes) cannot give
+    a container more, and refuses the launcher's default (job/spec.NOFILE) at start."""
+    code, out = container.exec_run(["sh", "-c", 'grep "^Max open files" "/proc/$(pidof dockerd)/limits"'])
+    words = out.decode(errors="replace").split()
+    return int(words[-2]) if code == 0 and len(words) >= 2 and words[-2].isdigit() else None
+
+
+def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, image: str,
+                          nofile: int | None = None) -> str:
     data = {
         "hosts": [{"address": n.ip} for n in layout],
         "ssh": {
@@ -554,6 +565,8 @@ def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, imag
                       "mounts": [{"source": SHARED_DIR, "target": SHARED_DIR, "shared": True}]},
         "job": {"name": f"{cluster}-job", "offline": True},
     }
+    if nofile is not None and nofile < NOFILE.hard:  # the nodes' dockerd cannot raise its own open-files limit
+        data["container"]["ulimits"] = {"nofile": str(nofile)}
     header = f"# Written by `dockerlaunch sim up` for sim cluster {cluster!r}; host keys pinned at creation.\n"
     return header + yaml.safe_dump(data, sort_keys=False)
 

@@ -294,7 +294,9 @@ def test_doctor_memlock_fails_where_infiniband_is_used(sim_cluster, engine, remo
         code, out = node.exec_run(["sh", "-c", "mkdir -p /dev/infiniband && mknod /dev/infiniband/uverbs0 c 231 192"])
         assert code == 0, out
     try:
-        low = variant(sim_cluster, tmp_path, container={"infiniband": "on", "ulimits": {"memlock": "8388608"}})
+        nofile = yaml.safe_load(open(sim_cluster[1]))["container"].get("ulimits", {})  # what the nodes can give
+        low = variant(sim_cluster, tmp_path, container={"infiniband": "on",
+                                                        "ulimits": {**nofile, "memlock": "8388608"}})
         code, checks = doctor_json("--config", low, "--image", demo_image)
         assert code == 1
         for n in sim_cluster[2]:

@@ -13,12 +13,21 @@ TORCHRUN = ('torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_no
             '--master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" /opt/dockerlaunch-demo/allreduce.py')
 
 
+def engine_limits() -> dict[str, str]:
+    """Open files this machine's dockerd can give a container: the test VMs' has 20000 and cannot raise it (no
+    CAP_SYS_RESOURCE), so it refuses the launcher's default of 1048576."""
+    pid = subprocess.run(["pidof", "-s", "dockerd"], capture_output=True, text=True, check=True).stdout.strip()
+    with open(f"/proc/{pid}/limits") as f:
+        hard = int(next(line for line in f if line.startswith("Max open files")).split()[-2])
+    return {"nofile": str(hard)} if hard < 1048576 else {}
+
+
 def config(tmp_path, image: str, hosts=("local",), **job) -> str:
     """This machine's own folders stay clean: diagnostics and logs go under the test's tmp_path."""
     path = tmp_path / "local.yaml"
     path.write_text(yaml.safe_dump({"hosts": list(hosts), "image": image,
-                                    "container": {"gpus": "none", "infiniband": "off"}, "job": job,
-                                    "diagnostics": {"dir": str(tmp_path / "diag")}}))
+                                    "container": {"gpus": "none", "infiniband": "off", "ulimits": engine_limits()},
+                                    "job": job, "diagnostics": {"dir": str(tmp_path / "diag")}}))
     return str(path)
 
 

@@ -131,7 +131,11 @@ def test_rendered_sbatch_runs_the_two_node_demo(slurm_cluster, tmp_path):
 
     _, _, _, node1 = slurm_cluster
     config = tmp_path / "job.yaml"
-    config.write_text(RENDER_CONFIG)
+    data = yaml.safe_load(RENDER_CONFIG)
+    limit = sim.engine_nofile(node1)  # the nodes' dockerd cannot give more open files (Docker in a container)
+    if limit is not None and limit < 1048576:
+        data["container"]["ulimits"] = {"nofile": str(limit)}
+    config.write_text(yaml.safe_dump(data))
     out = tmp_path / "slurm"
     r = _dl("render", "--to", "slurm", "--config", str(config), "--nodes", "2", "--image", sim.build_demo_image(),
             "--nproc-per-node", "2", "--name", "slurmdemo", "--out", str(out), "--", "sh", "-c", TORCHRUN)
