@@ -8,6 +8,7 @@ streams from a file; every command has a deadline.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import threading
 import time
@@ -153,10 +154,16 @@ class Result:
         return self.exit_status == 0
 
     def last_line(self) -> str:
-        """The line that says what went wrong: the last one, except the docker CLI's trailing usage hint."""
-        lines = [x for x in (self.stderr.strip() or self.stdout.strip()).splitlines()
-                 if x.strip() and not x.startswith("See 'docker")]
+        """The line that says what went wrong: the last one, except the docker CLI's trailing usage hint and its
+        logrus lines (`docker run` may print `ERRO[0000] error waiting for container: context canceled` after the
+        daemon's real error, at random)."""
+        lines = [x for x in (self.stderr.strip() or self.stdout.strip()).splitlines() if x.strip()]
+        said = [x for x in lines if not x.startswith("See 'docker") and not _LOGRUS.match(x)]
+        lines = said or lines
         return lines[-1][:300] if lines else f"exit status {self.exit_status}"
+
+
+_LOGRUS = re.compile(r"(ERRO|WARN|INFO|DEBU)\[\d+\] ")
 
 
 def _quote(command: str | Sequence[str]) -> str:

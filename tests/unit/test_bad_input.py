@@ -93,6 +93,13 @@ def test_a_failed_docker_command_is_reported_by_its_error_line_not_the_usage_hin
               "See 'docker run --help'.\n")
     assert Result(125, "", stderr).last_line().startswith("docker: Error response from daemon: pull access denied")
     assert Result(1, "", "").last_line() == "exit status 1"
+    # seen in CI: docker run's logrus line after the daemon's error hid the refused rlimit from doctor
+    rlimit = ("docker: Error response from daemon: failed to create task for container: failed to create shim task: "
+              "OCI runtime create failed: runc create failed: unable to start container process: error during "
+              "container init: error setting rlimit type 7: operation not permitted: unknown.")
+    stderr = f"{rlimit}\nERRO[0000] error waiting for container: context canceled\n"
+    assert Result(125, "", stderr).last_line() == rlimit
+    assert Result(1, "", "WARN[0000] only this\n").last_line() == "WARN[0000] only this"
 
 
 @pytest.mark.parametrize("yaml_text, flags, words", [
