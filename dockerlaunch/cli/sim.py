@@ -14,10 +14,17 @@ def sim() -> None:
 
 
 @sim.command("up")
-@click.option("--nodes", type=click.IntRange(1, 64), default=None,
-              help="Number of nodes [default: one per --engines entry, else 2].")
+@click.option("--nodes", type=click.IntRange(1, 512), default=None,
+              help="Number of nodes, at most 64, or 512 with --light [default: one per --engines entry, else 2].")
 @click.option("--name", "cluster", default="dlsim", show_default=True, help="Cluster name (prefix of every object).")
-@click.option("--subnet", default="172.30.0.0/24", show_default=True, help="Private bridge subnet; node1 is .11.")
+@click.option("--subnet", default=None,
+              help="Private bridge subnet; node1 is .11 [default: 172.30.0.0/24, with --light 172.28.0.0/22].")
+@click.option("--light", is_flag=True,
+              help="Light hosts: each runs only sshd (own IP, host key, OpenSSH's default limits) and its docker "
+                   "CLI drives one of a few shared engine containers; for hundreds of hosts on one machine.")
+@click.option("--light-engines", type=click.IntRange(1, 64), default=None, metavar="E",
+              help="Engine containers of a --light cluster; host i uses engine ((i-1) % E) + 1 "
+                   "[default: one per 32 hosts, at most 8].")
 @click.option("--config-out", metavar="FILE", help="Write the cluster config here (default: in the state dir).")
 @click.option("--base-image", metavar="REF", help="Debian bookworm image to build the 20.10 nodes from.")
 @click.option("--engines", "engines", metavar="LIST",
@@ -35,10 +42,16 @@ def sim_up(**kw) -> None:
 
     if kw["engines"] and kw["engine"]:
         raise click.UsageError("give --engines (one per node) or --engine (all nodes), not both")
+    if not kw["light"] and (kw["nodes"] or 0) > simlib.MAX_NODES:
+        raise click.UsageError(f"--nodes {kw['nodes']}: at most {simlib.MAX_NODES} regular nodes (each runs a "
+                               f"dockerd); --light gives up to {simlib.MAX_LIGHT_NODES} hosts")
+    if kw["light_engines"] is not None and not kw["light"]:
+        raise click.UsageError("--light-engines is for light clusters: add --light")
     path = simlib.up(
         nodes=kw["nodes"], cluster=kw["cluster"], subnet=kw["subnet"], config_out=kw["config_out"],
         base_image=kw["base_image"], egress_rate=kw["egress_rate"], seed_images=kw["seed_images"],
-        slurm=kw["slurm"], engines=kw["engines"] or kw["engine"],
+        slurm=kw["slurm"], engines=kw["engines"] or kw["engine"], light=kw["light"],
+        light_engines=kw["light_engines"],
     )
     click.echo(str(path))
 
@@ -67,7 +80,7 @@ def sim_down(cluster: str) -> None:
 @sim.command("status")
 @click.option("--name", "cluster", default=None, help="Only this cluster (default: all).")
 def sim_status(cluster: str | None) -> None:
-    """List sim nodes."""
+    """List sim nodes (and a light cluster's engines; a light host's engine column names the one serving it)."""
     from dockerlaunch.sim import cluster as simlib
 
     rows = simlib.status(cluster)

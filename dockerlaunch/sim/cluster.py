@@ -42,6 +42,11 @@ SIM_LABEL = "dockerlaunch.sim"
 NODE_LABEL = "dockerlaunch.sim.node"
 ENGINE_LABEL = "dockerlaunch.sim.engine"  # the engine kind a node runs (ENGINES)
 SLURM_LABEL = "dockerlaunch.sim.slurm"  # on the nodes of a `--slurm` cluster: "slurmctld,slurmd" or "slurmd"
+# Light clusters (`sim up --light`): ROLE_LABEL is "engine" on an engine container and "light" on a light host;
+# SERVED_BY_LABEL on a light host names the engine container whose dockerd it uses; ENGINE_INDEX_LABEL is k.
+ROLE_LABEL = "dockerlaunch.sim.role"
+SERVED_BY_LABEL = "dockerlaunch.sim.served-by"
+ENGINE_INDEX_LABEL = "dockerlaunch.sim.engine-index"
 BASE_TAG = "dockerlaunch/debian:bookworm"
 LOCAL_BASE_CANDIDATES = ("debian:bookworm-slim", "debian:bookworm", "debian:12", BASE_TAG)
 PULL_CANDIDATE = "debian:bookworm-slim"
@@ -91,8 +96,16 @@ def parse_engines(spec: str | None, nodes: int | None) -> list[EngineKind]:
                        "or leave --nodes out")
     return [ENGINES[x] for x in names]
 DEFAULT_SUBNET = "172.30.0.0/24"
+DEFAULT_LIGHT_SUBNET = "172.28.0.0/22"  # 1022 addresses: room for 512 light hosts and their engines
 DEFAULT_NAME = "dlsim"
 FIRST_HOST_OFFSET = 11  # node1 = .11, node2 = .12, ...
+MAX_NODES = 64  # regular nodes: each runs a dockerd
+MAX_LIGHT_NODES = 512  # light hosts: sshd only
+MAX_LIGHT_ENGINES = 64
+LIGHT_HOSTS_PER_ENGINE = 32  # the default engine count: one per 32 light hosts, at most LIGHT_DEFAULT_ENGINES_MAX
+LIGHT_DEFAULT_ENGINES_MAX = 8
+LIGHT_POOL = 16  # light hosts created, started and waited for this many at a time
+LIGHT_SOCK_DIR = "/run/dlengine"  # where an engine's socket volume is mounted, in the engine and its hosts
 # Every capability except SYS_RESOURCE: --privileged fails on VMs whose bounding set lacks it (testbed.md).
 NODE_CAPS = (
     "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
@@ -135,7 +148,22 @@ class SimNode:
     index: int  # 1-based
     name: str  # container name
     ip: str
-    volume: str
+    volume: str  # its /var/lib/docker ("" for a light host: it runs no dockerd)
+    served_by: str | None = None  # a light host: the engine container whose dockerd it uses
+    advertise_addr: str | None = None  # a light host: its engine's IP (job containers live in the engine's netns)
+
+
+@dataclass(frozen=True)
+class SimEngine:
+    """An engine container of a light cluster: a node image running dockerd (no host of the config), shared by
+    the light hosts it serves through its socket volume."""
+
+    index: int  # 1-based
+    name: str  # container name: {cluster}-engine{k}
+    ip: str
+    volume: str  # its /var/lib/docker
+    sock_volume: str  # its dockerd socket, mounted at LIGHT_SOCK_DIR in it and in its hosts
+    hosts: tuple[int, ...]  # the indexes of the light hosts it serves
 
 
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$")
@@ -167,6 +195,53 @@ def node_layout(cluster: str, nodes: int, subnet: str) -> list[SimNode]:
         )
         for i in range(1, nodes + 1)
     ]
+
+
+def default_light_engines(nodes: int) -> int:
+    """Pure: one engine per LIGHT_HOSTS_PER_ENGINE light hosts, at least 1, at most LIGHT_DEFAULT_ENGINES_MAX."""
+    return max(1, min(LIGHT_DEFAULT_ENGINES_MAX, -(-nodes // LIGHT_HOSTS_PER_ENGINE)))
+
+
+def light_layout(cluster: str, nodes: int, subnet: str, engines: int | None = None
+                 ) -> tuple[list[SimNode], list[SimEngine]]:
+    """Pure: a light cluster's hosts and engines. Host i has the address a regular node i would (.11 for host 1);
+    the engines take the addresses right after the last host; host i is served by engine ((i-1) % E) + 1."""
+    check_name(cluster)
+    if nodes < 1:
+        raise SimError("--nodes must be at least 1")
+    if nodes > MAX_LIGHT_NODES:
+        raise SimError(f"--nodes {nodes}: a light cluster has at most {MAX_LIGHT_NODES} hosts")
+    count = default_light_engines(nodes) if engines is None else engines
+    if not 1 <= count <= min(nodes, MAX_LIGHT_ENGINES):
+        raise SimError(f"--light-engines {count}: give 1 to {min(nodes, MAX_LIGHT_ENGINES)} for {nodes} light "
+                       "host(s) (at most one engine per host)")
+    try:
+        net = ipaddress.ip_network(subnet)
+    except ValueError as e:
+        raise SimError(f"--subnet {subnet!r}: {e}") from None
+    addresses = list(net.hosts())
+    need = FIRST_HOST_OFFSET - 1 + nodes + count
+    if need > len(addresses):
+        raise SimError(f"subnet {subnet} is too small for {nodes} light hosts and {count} engine(s): they need "
+                       f"{need} addresses (host 1 is the {FIRST_HOST_OFFSET}th), it has {len(addresses)}; "
+                       f"give a larger one, e.g. --subnet {DEFAULT_LIGHT_SUBNET}")
+    engine_list = [
+        SimEngine(
+            index=k,
+            name=f"{cluster}-engine{k}",
+            ip=str(addresses[FIRST_HOST_OFFSET - 2 + nodes + k]),
+            volume=f"{cluster}-engine{k}-docker",
+            sock_volume=f"{cluster}-engine{k}-sock",
+            hosts=tuple(range(k, nodes + 1, count)),
+        )
+        for k in range(1, count + 1)
+    ]
+    hosts = []
+    for i in range(1, nodes + 1):
+        served = engine_list[(i - 1) % count]
+        hosts.append(SimNode(index=i, name=f"{cluster}-node{i}", ip=str(addresses[FIRST_HOST_OFFSET - 2 + i]),
+                             volume="", served_by=served.name, advertise_addr=served.ip))
+    return hosts, engine_list
 
 
 def network_name(cluster: str) -> str:
@@ -413,15 +488,17 @@ def _seed_tarball(client, image: str) -> Path:
 # ---------------------------------------------------------------- lifecycle
 
 
-def _cluster_containers(client, cluster: str | None = None):
+def _cluster_containers(client, cluster: str | None = None, sparse: bool = False):
+    """The cluster's containers (every cluster's with None); `sparse`: ids and names only, without one inspect
+    per container."""
     label = SIM_LABEL if cluster is None else f"{SIM_LABEL}={cluster}"
-    return client.containers.list(all=True, filters={"label": label})
+    return client.containers.list(all=True, filters={"label": label}, sparse=sparse)
 
 
 def up(
     nodes: int | None = None,
     cluster: str = DEFAULT_NAME,
-    subnet: str = DEFAULT_SUBNET,
+    subnet: str | None = None,
     config_out: str | None = None,
     base_image: str | None = None,
     egress_rate: str | None = None,
@@ -430,19 +507,40 @@ def up(
     slurm: bool = False,
     slurm_timeout: float = SLURM_READY_TIMEOUT,
     engines: str | None = None,
+    light: bool = False,
+    light_engines: int | None = None,
 ) -> Path:
     """Start the cluster and return the path of the cluster config it wrote.
 
     `engines`: the Docker engine of each node ("20.10,26,28,28-containerd", one per node, or one kind for all;
     ENGINES); `nodes` defaults to one per named engine, else 2. With `slurm`, the nodes also run Slurm:
     munged everywhere, slurmctld on node1, slurmd on every node, one partition of all nodes; `up` returns
-    once sinfo says every node is idle.
+    once sinfo says every node is idle. `subnet` defaults to DEFAULT_SUBNET (DEFAULT_LIGHT_SUBNET with `light`).
+
+    With `light`, the hosts are light hosts (sshd only, up to MAX_LIGHT_NODES) served by `light_engines` engine
+    containers (default: default_light_engines), each running one dockerd that several hosts share: see up_light.
     """
+    if light:
+        if slurm:
+            raise SimError("--light cannot run Slurm: use regular nodes for --slurm")
+        if egress_rate:
+            raise SimError("--light cannot shape egress (job traffic leaves from the engines, shared by several "
+                           "hosts): use regular nodes for --egress-rate")
+        return up_light(nodes=nodes if nodes is not None else 2, cluster=cluster,
+                        subnet=subnet or DEFAULT_LIGHT_SUBNET, config_out=config_out, base_image=base_image,
+                        seed_images=seed_images, ready_timeout=ready_timeout, engine_kind=engines,
+                        light_engines=light_engines)
+    if light_engines is not None:
+        raise SimError("--light-engines is for light clusters: add --light")
+    subnet = subnet or DEFAULT_SUBNET
     import docker
 
     named = len((engines or DEFAULT_ENGINE).split(","))
     kinds = parse_engines(engines, nodes if nodes is not None else (None if named > 1 else 2))
     nodes = len(kinds)
+    if nodes > MAX_NODES:
+        raise SimError(f"--nodes {nodes}: at most {MAX_NODES} regular nodes (each runs a dockerd); "
+                       f"--light gives up to {MAX_LIGHT_NODES} hosts")
     if slurm and len({k.name for k in kinds}) > 1:
         raise SimError("--slurm needs the same engine on every node (one Slurm version across the cluster)")
     layout = node_layout(cluster, nodes, subnet)
@@ -539,6 +637,194 @@ def up(
     return out
 
 
+def _pooled_client():
+    """A second client to the local engine whose connection pool fits LIGHT_POOL threads (the default pool of 10
+    connections would be outgrown, and urllib3 warns on each connection it then drops)."""
+    import docker
+
+    engine()  # the one-line error when there is no engine
+    return docker.from_env(timeout=600, max_pool_size=LIGHT_POOL + 4)
+
+
+def _fixed_ip(client, net, ip: str) -> dict:
+    return {"network": net.name,
+            "networking_config": {net.name: client.api.create_endpoint_config(ipv4_address=ip)}}
+
+
+def up_light(
+    nodes: int,
+    cluster: str = DEFAULT_NAME,
+    subnet: str = DEFAULT_LIGHT_SUBNET,
+    config_out: str | None = None,
+    base_image: str | None = None,
+    seed_images: tuple[str, ...] = (),
+    ready_timeout: float = 90.0,
+    engine_kind: str | None = None,
+    light_engines: int | None = None,
+) -> Path:
+    """A light cluster: `nodes` light hosts (sshd only, each with its own IP, host key and OpenSSH's default
+    limits) served by E engine containers (dockerd, Docker-in-Docker as regular nodes). Host i's
+    /var/run/docker.sock is engine ((i-1) % E) + 1's socket, so the docker CLI over SSH on it drives that engine.
+    The config gives each host its engine's IP as advertise_addr: job containers use --network host, so they
+    live in the engine's network namespace. Returns the path of the cluster config."""
+    import docker
+
+    kinds = parse_engines(engine_kind, None)
+    if len({k.name for k in kinds}) > 1:
+        raise SimError("--light takes one engine kind for the whole cluster (e.g. --engine 26), not a list")
+    kind = kinds[0]
+    hosts, engine_list = light_layout(cluster, nodes, subnet, light_engines)
+    t0 = time.monotonic()
+    client = _pooled_client()
+    existing = _cluster_containers(client, cluster, sparse=True)
+    if existing:
+        raise SimError(
+            f"sim cluster {cluster!r} already exists ({len(existing)} container(s)); run `dockerlaunch sim down` first"
+        )
+    node_images, tools_image = ensure_images(client, base_image, [kind])
+    image = node_images[kind.name]
+    seeds = [_seed_tarball(client, tools_image)] + [_seed_tarball(client, s) for s in seed_images]
+
+    state = state_root() / cluster
+    state.mkdir(parents=True, exist_ok=True)
+    private, public = _new_ed25519()
+    _write_private(state / "id_ed25519", private)
+    (state / "id_ed25519.pub").write_text(public + f" dockerlaunch-sim-{cluster}\n")
+    authorized = public.encode() + b"\n"
+
+    labels = {SIM_LABEL: cluster}
+    try:
+        net = client.networks.create(
+            network_name(cluster), driver="bridge", labels=labels,
+            ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)]),
+        )
+    except docker.errors.APIError as e:
+        raise SimError(f"cannot create network {network_name(cluster)} on {subnet}: {e.explanation}") from None
+
+    def keyed(container, ip: str, is_engine: bool) -> str:
+        """Give the container its own host key and the cluster's user key; return its known_hosts line."""
+        host_private, host_public = _new_ed25519()
+        files = {
+            "etc/ssh/ssh_host_ed25519_key": (host_private, 0o600),
+            "etc/ssh/ssh_host_ed25519_key.pub": (host_public.encode() + b"\n", 0o644),
+            "root/.ssh/authorized_keys": (authorized, 0o600),
+        }
+        if kind.containerd_store and is_engine:
+            files["etc/docker/daemon.json"] = (CONTAINERD_STORE_DAEMON_JSON, 0o644)
+        container.put_archive("/", _tar_of(files))
+        return f"{ip} {host_public}"
+
+    def start_engine(e: SimEngine) -> str:
+        client.volumes.create(e.volume, labels=labels)
+        client.volumes.create(e.sock_volume, labels=labels)
+        container = client.containers.create(
+            image,
+            name=e.name,
+            hostname=f"engine{e.index}",
+            labels={**labels, ROLE_LABEL: "engine", ENGINE_INDEX_LABEL: str(e.index), ENGINE_LABEL: kind.name},
+            environment={"DOCKERD_EXTRA_ARGS": f"-H unix:///var/run/docker.sock -H unix://{LIGHT_SOCK_DIR}/docker.sock"},
+            cap_add=NODE_CAPS,
+            security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+            cgroupns="host",
+            device_cgroup_rules=["a *:* rwm"],
+            volumes={
+                "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                e.volume: {"bind": "/var/lib/docker", "mode": "rw"},
+                e.sock_volume: {"bind": LIGHT_SOCK_DIR, "mode": "rw"},
+                shared.name: {"bind": SHARED_DIR, "mode": "rw"},
+                str(cache_root()): {"bind": SEED_DIR_IN_NODE, "mode": "ro"},
+            },
+            init=True,
+            shm_size=NODE_SHM,  # job containers use --ipc host: they share the engine's /dev/shm
+            detach=True,
+            **_fixed_ip(client, net, e.ip),
+        )
+        line = keyed(container, e.ip, True)
+        container.start()
+        return line
+
+    def start_host(n: SimNode) -> str:
+        container = client.containers.create(
+            image,
+            name=n.name,
+            hostname=f"node{n.index}",
+            labels={**labels, NODE_LABEL: str(n.index), ENGINE_LABEL: kind.name, ROLE_LABEL: "light",
+                    SERVED_BY_LABEL: n.served_by},
+            environment={"SIM_LIGHT": "1"},
+            volumes={
+                f"{n.served_by}-sock": {"bind": LIGHT_SOCK_DIR, "mode": "rw"},
+                shared.name: {"bind": SHARED_DIR, "mode": "rw"},  # doctor checks mount sources on the SSH host
+                # the engine's docker root, read-only: `df` of DockerRootDir on the SSH host (doctor's disk row)
+                # gives the free space its engine really has
+                f"{n.served_by}-docker": {"bind": "/var/lib/docker", "mode": "ro"},
+            },
+            init=True,
+            detach=True,
+            **_fixed_ip(client, net, n.ip),
+        )
+        line = keyed(container, n.ip, False)
+        container.start()
+        return line
+
+    try:
+        shared = client.volumes.create(f"{cluster}-shared", labels=labels)
+        with cf.ThreadPoolExecutor(max_workers=LIGHT_POOL) as pool:
+            engine_lines = list(pool.map(start_engine, engine_list))
+            host_lines = list(pool.map(start_host, hosts))
+            (state / "known_hosts").write_text("\n".join(host_lines + engine_lines) + "\n")
+            _log(f"{len(engine_list)} engine(s) and {len(hosts)} light host(s) started in "
+                 f"{time.monotonic() - t0:.0f}s; waiting for sshd and dockerd")
+            engine_nodes = [SimNode(e.index, e.name, e.ip, e.volume) for e in engine_list]
+            list(pool.map(lambda n: _wait_ready(client, n, ready_timeout), engine_nodes))
+            list(pool.map(lambda n: _wait_ready(client, n, ready_timeout, dockerd=False), hosts))
+            list(pool.map(lambda n: _seed(client, n, seeds), engine_nodes))
+            # one host per engine: its plain `docker` reaches its engine through the socket volume
+            list(pool.map(lambda e: _check_served(client, hosts[e.hosts[0] - 1], e), engine_list))
+    except BaseException:
+        _log("start failed; removing what was created")
+        down(cluster, quiet=True)
+        raise
+
+    out = Path(config_out) if config_out else state / "cluster.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nofile = engine_nofile(client.containers.get(engine_list[0].name))
+    out.write_text(render_cluster_config(cluster, hosts, state, tools_image, nofile))
+    _log(f"{len(hosts)} light host(s) up ({hosts[0].ip} .. {hosts[-1].ip}), served by {len(engine_list)} "
+         f"engine(s) ({', '.join(e.ip for e in engine_list)}) in {time.monotonic() - t0:.0f}s; config: {out}")
+    return out
+
+
+def _check_served(client, host: SimNode, e: SimEngine) -> None:
+    """The light host's docker CLI answers with its engine's daemon (named by the engine's hostname)."""
+    code, out = client.containers.get(host.name).exec_run(["docker", "info", "--format", "{{.Name}}"])
+    text = out.decode(errors="replace").strip()
+    if code != 0 or text != f"engine{e.index}":
+        raise SimError(f"light host {host.name}: `docker info` should answer from {e.name}, got ({code}) {text[:200]}")
+
+
+def light_engines(cluster: str = DEFAULT_NAME) -> list[tuple[str, str, list[int]]]:
+    """A light cluster's engines: (engine container name, engine IP, [indexes of the hosts it serves]), by k.
+    Run a container straight on engine k with `docker exec {cluster}-engine{k} docker run ...`."""
+    check_name(cluster)
+    client = engine()
+    containers = _cluster_containers(client, cluster)
+    served: dict[str, list[int]] = {}
+    for c in containers:
+        if c.labels.get(ROLE_LABEL) == "light":
+            served.setdefault(c.labels.get(SERVED_BY_LABEL, "?"), []).append(int(c.labels.get(NODE_LABEL, "0")))
+    rows = []
+    for c in containers:
+        if c.labels.get(ROLE_LABEL) == "engine":
+            rows.append((int(c.labels.get(ENGINE_INDEX_LABEL, "0")), c.name, _container_ip(c),
+                         sorted(served.get(c.name, []))))
+    return [(name, ip, idx) for _, name, ip, idx in sorted(rows)]
+
+
+def _container_ip(c) -> str:
+    nets = c.attrs.get("NetworkSettings", {}).get("Networks", {})
+    return next((v.get("IPAddress") for v in nets.values() if v.get("IPAddress")), "-")
+
+
 def engine_nofile(container) -> int | None:
     """The open-files hard limit of a node's dockerd: an engine without CAP_SYS_RESOURCE (these nodes) cannot give
     a container more, and refuses the launcher's default (job/spec.NOFILE) at start."""
@@ -550,7 +836,9 @@ def engine_nofile(container) -> int | None:
 def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, image: str,
                           nofile: int | None = None) -> str:
     data = {
-        "hosts": [{"address": n.ip} for n in layout],
+        # a light host: advertise_addr is its engine's IP, where its job containers (--network host) listen
+        "hosts": [{"address": n.ip, **({"advertise_addr": n.advertise_addr} if n.advertise_addr else {})}
+                  for n in layout],
         "ssh": {
             "user": "root",
             "identity_file": str(state / "id_ed25519"),
@@ -568,6 +856,10 @@ def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, imag
     if nofile is not None and nofile < NOFILE.hard:  # the nodes' dockerd cannot raise its own open-files limit
         data["container"]["ulimits"] = {"nofile": str(nofile)}
     header = f"# Written by `dockerlaunch sim up` for sim cluster {cluster!r}; host keys pinned at creation.\n"
+    engines = {n.served_by for n in layout if n.served_by}
+    if engines:
+        header += (f"# Light cluster: {len(layout)} hosts run sshd only; their docker CLI drives one of "
+                   f"{len(engines)} shared engine(s), whose IP is each host's advertise_addr.\n")
     return header + yaml.safe_dump(data, sort_keys=False)
 
 
@@ -690,7 +982,8 @@ def _wait_slurm_idle(containers, layout: list[SimNode], timeout: float) -> None:
                    f"log tails (/var/log/slurm in the nodes): {' | '.join(logs)}")
 
 
-def _wait_ready(client, node: SimNode, timeout: float) -> None:
+def _wait_ready(client, node: SimNode, timeout: float, dockerd: bool = True) -> None:
+    """Until the node's sshd sends its banner and (with `dockerd`) its dockerd answers."""
     deadline = time.monotonic() + timeout
     container = client.containers.get(node.name)
     last = "not started"
@@ -709,12 +1002,15 @@ def _wait_ready(client, node: SimNode, timeout: float) -> None:
             last = f"sshd on {node.ip}:22: {e.strerror or e}"
             time.sleep(0.5)
             continue
+        if not dockerd:
+            return
         code, out = container.exec_run(["docker", "info", "--format", "{{.ServerVersion}}"])
         if code == 0:
             return
         last = "dockerd: " + out.decode(errors="replace").strip().splitlines()[-1][:160]
         time.sleep(0.5)
-    tail = container.exec_run(["tail", "-n", "5", "/var/log/dockerd.log"])[1].decode(errors="replace")
+    log = "/var/log/dockerd.log" if dockerd else "/var/log/sshd.log"
+    tail = container.exec_run(["tail", "-n", "5", log])[1].decode(errors="replace")
     raise SimError(f"node {node.name} not ready after {timeout:.0f}s: {last} ({tail.strip()[-300:]})")
 
 
@@ -749,6 +1045,9 @@ def shape(cluster: str = DEFAULT_NAME, rate: str | None = None, nodes: list[int]
     containers = _cluster_containers(client, cluster)
     if not containers:
         raise SimError(f"no sim cluster {cluster!r} (dockerlaunch sim up first)")
+    if any(c.labels.get(ROLE_LABEL) for c in containers):
+        raise SimError(f"sim cluster {cluster!r} is a light cluster: its hosts share engines, whose traffic "
+                       "cannot be shaped per host (use regular nodes)")
     for c in containers:
         idx = int(c.labels.get(NODE_LABEL, "0"))
         if nodes and idx not in nodes:
@@ -767,11 +1066,19 @@ def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
     check_name(cluster)
     import docker
 
-    client = engine()
+    client = _pooled_client()
     removed = {"containers": 0, "networks": 0, "volumes": 0}
-    for c in _cluster_containers(client, cluster):
-        c.remove(force=True, v=True)
-        removed["containers"] += 1
+
+    def remove(c) -> None:
+        try:
+            c.remove(force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+
+    containers = _cluster_containers(client, cluster, sparse=True)
+    with cf.ThreadPoolExecutor(max_workers=LIGHT_POOL) as pool:  # a light cluster has hundreds
+        list(pool.map(remove, containers))
+    removed["containers"] = len(containers)
     for n in client.networks.list(filters={"label": f"{SIM_LABEL}={cluster}"}):
         try:
             n.remove()
@@ -787,7 +1094,8 @@ def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
     shutil.rmtree(state_root() / cluster, ignore_errors=True)
     if not quiet:
         _log(
-            f"removed {removed['containers']} node(s), {removed['networks']} network(s), {removed['volumes']} volume(s)"
+            f"removed {removed['containers']} container(s), {removed['networks']} network(s), "
+            f"{removed['volumes']} volume(s)"
         )
     return removed
 
@@ -796,34 +1104,55 @@ def status(cluster: str | None = None) -> list[dict[str, str]]:
     if cluster is not None:
         check_name(cluster)
     client = engine()
-    containers = sorted(_cluster_containers(client, cluster), key=lambda c: c.name)
+    containers = sorted(_cluster_containers(client, cluster), key=_status_order)
     # Slurm clusters: sinfo, asked once per cluster on its slurmctld node
     sinfo: dict[str, dict[str, str] | None] = {}
     for c in containers:
         if "slurmctld" in c.labels.get(SLURM_LABEL, "") and c.status == "running":
             sinfo[c.labels.get(SIM_LABEL, "?")] = slurm_node_states(c)
-    with cf.ThreadPoolExecutor(max_workers=min(16, len(containers) or 1)) as pool:
-        engines = list(pool.map(node_engine, containers))
+    # `docker info` once per dockerd: a light host shows the answer of the engine that serves it
+    asked = [c for c in containers if c.labels.get(ROLE_LABEL) != "light"]
+    with cf.ThreadPoolExecutor(max_workers=min(16, len(asked) or 1)) as pool:
+        answers = dict(zip((c.name for c in asked), pool.map(node_engine, asked)))
+    images: dict[str, str] = {}
     rows = []
-    for c, (version, store) in zip(containers, engines):
-        nets = c.attrs.get("NetworkSettings", {}).get("Networks", {})
-        ip = next((v.get("IPAddress") for v in nets.values() if v.get("IPAddress")), "-")
+    for c in containers:
         name = c.labels.get(SIM_LABEL, "?")
+        if c.labels.get(ROLE_LABEL) == "light":
+            served_by = c.labels.get(SERVED_BY_LABEL, "?")
+            version, store = answers.get(served_by, ("?", "?")) if c.status == "running" else ("-", "-")
+            short = served_by[len(name) + 1:] if served_by.startswith(f"{name}-") else served_by
+            version = f"{short}: {version}"
+        else:
+            version, store = answers[c.name]
         slurm = "-"
         if c.labels.get(SLURM_LABEL):
             states = sinfo.get(name)
             slurm = (states or {}).get(f"node{c.labels.get(NODE_LABEL, '?')}", "?")
+        image_id = c.attrs.get("Image", "")
+        if image_id not in images:  # one lookup per image, not per container
+            image = c.image
+            images[image_id] = image.tags[0] if image.tags else image.short_id
         rows.append({
             "cluster": name,
             "node": c.name,
-            "ip": ip,
+            "ip": _container_ip(c),
             "state": c.status,
-            "image": c.image.tags[0] if c.image.tags else c.image.short_id,
+            "image": images[image_id],
             "engine": version,
             "store": store,
             "slurm": slurm,
         })
     return rows
+
+
+def _status_order(c) -> tuple:
+    """By cluster, a light cluster's engines first, then nodes by number (node2 before node10)."""
+    labels = c.labels
+    if labels.get(ROLE_LABEL) == "engine":
+        return labels.get(SIM_LABEL, ""), 0, int(labels.get(ENGINE_INDEX_LABEL, "0") or 0), c.name
+    index = labels.get(NODE_LABEL, "")
+    return labels.get(SIM_LABEL, ""), 1, int(index) if index.isdigit() else 0, c.name
 
 
 def parse_engine_info(text: str) -> tuple[str, str]:
