@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dockerlaunch.backends import Unsupported
-from dockerlaunch.job.plan import LABEL_RANK, LABEL_RUN, JobPlan
+from dockerlaunch.job.plan import LABEL_HOST, LABEL_RANK, LABEL_RUN, JobPlan
 from dockerlaunch.job.spec import ContainerSpec, Deferred
 
 
@@ -38,7 +38,7 @@ def env_file_paths(spec: ContainerSpec, plan: JobPlan) -> list[str]:
 
 
 def plain_labels(spec: ContainerSpec, template: bool = False) -> dict[str, str]:
-    """The job's labels without the per-launch run id (a launcher concept: what a host's watchdog removes), and
-    without the rank where one template serves every node."""
-    drop = (LABEL_RUN, LABEL_RANK) if template else (LABEL_RUN,)
+    """The job's labels without the launcher's own (the per-launch run id a host's watchdog removes, the host that
+    started the container), and without the rank where one template serves every node."""
+    drop = (LABEL_RUN, LABEL_HOST, LABEL_RANK) if template else (LABEL_RUN, LABEL_HOST)
     return {k: v for k, v in spec.labels.items() if k not in drop and not isinstance(v, Deferred)}

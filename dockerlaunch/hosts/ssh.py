@@ -8,6 +8,7 @@ streams from a file; every command has a deadline.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shlex
 import threading
@@ -47,19 +48,108 @@ def _known_hosts_name(target: SSHTarget) -> str:
     return target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
 
 
+# OpenSSH's sshd drops unauthenticated connections at random once 10 are pending (MaxStartups 10:30:100): a
+# handshake cut before the banner is tried again, after a growing, jittered pause, within the connect timeout.
+HANDSHAKE_TRIES = 6
+HANDSHAKE_BACKOFF = 0.3  # seconds before the second try; doubled each time
+# Sessions (commands) at once on one connection: below sshd's default MaxSessions (10), which counts them
+SESSIONS_PER_CONNECTION = 8
+SESSION_WAIT = 120.0  # seconds a command waits for a free session before it is an error
+# Handshakes at once through one jump host's connection (each is a direct-tcpip channel of that connection)
+HANDSHAKES_PER_JUMP = 8
+
+
+def _dropped(e: BaseException) -> bool:
+    """A handshake the far end cut before it began (sshd's MaxStartups, a busy bastion): worth another try."""
+    if isinstance(e, (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+        return True
+    if isinstance(e, paramiko.SSHException) and not isinstance(e, (paramiko.AuthenticationException,
+                                                                   paramiko.BadHostKeyException)):
+        msg = str(e)
+        return "protocol banner" in msg or "Connection reset" in msg or isinstance(e.__cause__, (EOFError, OSError))
+    return False
+
+
+class _Jump:
+    """One shared connection to a jump host (ProxyJump): every target behind it tunnels through it, so a bastion
+    sees one handshake per launcher, not one per host (its own MaxStartups)."""
+
+    def __init__(self, client: paramiko.SSHClient):
+        self.client = client
+        self.users = 0
+        self.handshakes = threading.BoundedSemaphore(HANDSHAKES_PER_JUMP)
+
+    @property
+    def alive(self) -> bool:
+        t = self.client.get_transport()
+        return t is not None and t.is_active()
+
+
+_jumps: dict[tuple, _Jump] = {}
+_jumps_lock = threading.Lock()
+_jump_locks: dict[tuple, threading.Lock] = {}
+
+
+def _jump_key(chain: tuple[SSHTarget, ...]) -> tuple:
+    return tuple((t.hostname, t.port, t.user, t.identity_files, t.known_hosts, t.host_key_policy) for t in chain)
+
+
+def _acquire_jump(chain: tuple[SSHTarget, ...], for_target: SSHTarget) -> _Jump:
+    """The shared connection to the last hop of `chain` (made through the hops before it), one user more."""
+    key = _jump_key(chain)
+    with _jumps_lock:
+        lock = _jump_locks.setdefault(key, threading.Lock())
+    with lock:  # one handshake per jump host; the others wait for it
+        with _jumps_lock:
+            jump = _jumps.get(key)
+            if jump is not None and jump.alive:
+                jump.users += 1
+                return jump
+        if len(chain) == 1:
+            client = connect(chain[0])
+        else:
+            before = _acquire_jump(chain[:-1], for_target)  # held while this hop lives: _release_jump lets go
+            try:
+                with before.handshakes:
+                    client = connect(chain[-1], _sock=lambda: _open_tunnel(before.client, chain[-1], for_target))
+            except BaseException:
+                _release_jump(chain[:-1])
+                raise
+        jump = _Jump(client)
+        jump.users = 1
+        with _jumps_lock:
+            _jumps[key] = jump
+        return jump
+
+
+def _release_jump(chain: tuple[SSHTarget, ...]) -> None:
+    key = _jump_key(chain)
+    with _jumps_lock:
+        jump = _jumps.get(key)
+        if jump is None:
+            return
+        jump.users -= 1
+        if jump.users > 0:
+            return
+        del _jumps[key]
+    jump.client.close()
+    if len(chain) > 1:
+        _release_jump(chain[:-1])
+
+
 def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
-    """An authenticated client, or an SSHError that says what failed and how to fix it."""
-    sock = _sock
-    jump_clients: list[paramiko.SSHClient] = []
-    if target.jumps and sock is None:
-        prev: paramiko.SSHClient | None = None
-        for hop in target.jumps:
-            hop_sock = None
-            if prev is not None:
-                hop_sock = _open_tunnel(prev, hop, target)
-            prev = connect(hop, _sock=hop_sock)
-            jump_clients.append(prev)
-        sock = _open_tunnel(prev, target, target)
+    """An authenticated client, or an SSHError that says what failed and how to fix it. `_sock`: a function that
+    opens the transport's socket (a tunnel through a jump host), called once per try."""
+    if target.jumps and _sock is None:
+        jump = _acquire_jump(target.jumps, target)
+        try:
+            with jump.handshakes:
+                client = connect(target, _sock=lambda: _open_tunnel(jump.client, target, target))
+        except BaseException:
+            _release_jump(target.jumps)
+            raise
+        client._dockerlaunch_jumps = target.jumps  # type: ignore[attr-defined] # released on close
+        return client
 
     known = Path(os.path.expanduser(target.known_hosts))
     client = paramiko.SSHClient()
@@ -81,66 +171,92 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
 
     key_filenames = [os.path.expanduser(p) for p in target.identity_files]
-    try:
-        client.connect(
-            target.hostname,
-            port=target.port,
-            username=target.user,
-            key_filename=key_filenames or None,
-            timeout=target.connect_timeout,
-            banner_timeout=target.connect_timeout,
-            auth_timeout=target.connect_timeout,
-            sock=sock,
-            allow_agent=True,
-            look_for_keys=not key_filenames,
-        )
-    except paramiko.BadHostKeyException as e:
-        raise SSHError(
+    deadline = time.monotonic() + max(target.connect_timeout, 1.0) * 2
+    for attempt in range(HANDSHAKE_TRIES):
+        try:
+            client.connect(
+                target.hostname,
+                port=target.port,
+                username=target.user,
+                key_filename=key_filenames or None,
+                timeout=target.connect_timeout,
+                banner_timeout=target.connect_timeout,
+                auth_timeout=target.connect_timeout,
+                sock=_sock() if _sock is not None else None,
+                allow_agent=True,
+                look_for_keys=not key_filenames,
+            )
+            return client
+        except SSHError:
+            raise
+        except Exception as e:  # noqa: BLE001 - sorted below; anything else is a one-line error too
+            pause = HANDSHAKE_BACKOFF * (2 ** attempt) * random.uniform(0.5, 1.5)
+            if _dropped(e) and attempt + 1 < HANDSHAKE_TRIES and time.monotonic() + pause < deadline:
+                client.close()
+                time.sleep(pause)
+                continue
+            raise _connect_error(target, known, key_filenames, e, attempt + 1) from None
+    raise AssertionError("unreachable")
+
+
+def _connect_error(target: SSHTarget, known: Path, key_filenames: list[str], e: Exception, tries: int) -> SSHError:
+    if isinstance(e, paramiko.BadHostKeyException):
+        return SSHError(
             target.alias,
             f"HOST KEY CHANGED ({e.key.get_name()} offered, known_hosts {known} has another). "
             f"If the host was reinstalled, check the new key and run: "
             f"ssh-keygen -R {shlex.quote(_known_hosts_name(target))} -f {shlex.quote(str(known))}"
-        ) from None
-    except paramiko.SSHException as e:
+        )
+    if isinstance(e, paramiko.SSHException):
         msg = str(e)
         if "not found in known_hosts" in msg:
-            raise SSHError(
+            return SSHError(
                 target.alias,
                 f"host key unknown ({_known_hosts_name(target)} is not in {known}); "
                 f"check and add it: {_keyscan(target, known)}, "
                 "or set ssh.host_key_policy: accept-new"
-            ) from None
+            )
         if isinstance(e, paramiko.AuthenticationException):
             keys = ", ".join(target.identity_files) or "agent and ~/.ssh/id_*"
-            raise SSHError(
+            return SSHError(
                 target.alias,
                 f"authentication failed for user {target.user} (keys tried: {keys}); "
                 "set ssh.identity_file or the host's user"
-            ) from None
-        raise SSHError(target.alias, f"SSH failed: {msg}") from None
-    except TimeoutError:
-        raise SSHError(
+            )
+    if _dropped(e):
+        return SSHError(
+            target.alias,
+            f"{target.hostname}:{target.port} closed the connection before the SSH handshake, {tries} time(s) "
+            "(sshd's MaxStartups dropping connections from many launchers at once, or sshd refusing this client: "
+            "check its log and sshd_config)"
+        )
+    if isinstance(e, paramiko.SSHException):
+        return SSHError(target.alias, f"SSH failed: {e}")
+    if isinstance(e, TimeoutError):
+        return SSHError(
             target.alias,
             f"no answer from {target.hostname}:{target.port} within {target.connect_timeout:g}s "
             "(host down, wrong address, or a firewall)"
-        ) from None
-    except OSError as e:
-        raise SSHError(target.alias, f"cannot connect to {target.hostname}:{target.port}: {e.strerror or e}") from None
-    # keep jump connections alive as long as the client
-    client._dockerlaunch_jumps = jump_clients  # type: ignore[attr-defined]
-    return client
+        )
+    if isinstance(e, OSError):
+        return SSHError(target.alias, f"cannot connect to {target.hostname}:{target.port}: {e.strerror or e}")
+    return SSHError(target.alias, f"SSH failed: {type(e).__name__}: {e}")
 
 
 def _open_tunnel(via: paramiko.SSHClient, dest: SSHTarget, for_target: SSHTarget):
     transport = via.get_transport()
-    assert transport is not None
+    if transport is None or not transport.is_active():
+        raise SSHError(for_target.alias, "the connection to the jump host was lost")
     try:
-        return transport.open_channel("direct-tcpip", (dest.hostname, dest.port), ("127.0.0.1", 0))
+        return transport.open_channel("direct-tcpip", (dest.hostname, dest.port), ("127.0.0.1", 0),
+                                      timeout=for_target.connect_timeout)
     except paramiko.ChannelException as e:
         raise SSHError(
             for_target.alias,
             f"the jump host cannot reach {dest.hostname}:{dest.port} ({e.text})"
         ) from None
+    except (paramiko.SSHException, EOFError, OSError) as e:
+        raise SSHError(for_target.alias, f"cannot open a tunnel through the jump host: {e}") from None
 
 
 @dataclass
@@ -179,6 +295,7 @@ class Remote:
     def __init__(self, target: SSHTarget, client: paramiko.SSHClient | None = None):
         self.target = target
         self.client = client or connect(target)
+        self._sessions = threading.BoundedSemaphore(SESSIONS_PER_CONNECTION)
         transport = self.client.get_transport()
         if transport is not None:
             transport.set_keepalive(15)
@@ -198,8 +315,10 @@ class Remote:
 
     def close(self) -> None:
         self.client.close()
-        for jump in getattr(self.client, "_dockerlaunch_jumps", []):
-            jump.close()
+        chain = getattr(self.client, "_dockerlaunch_jumps", None)
+        if chain:
+            self.client._dockerlaunch_jumps = None  # type: ignore[attr-defined] # once
+            _release_jump(chain)
 
     def __enter__(self) -> Remote:
         return self
@@ -215,12 +334,18 @@ class Remote:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise SSHError(self.name, "the SSH connection was lost")
+        if not self._sessions.acquire(timeout=SESSION_WAIT):
+            raise SSHError(self.name, f"{SESSIONS_PER_CONNECTION} commands have been running on this connection for "
+                           f"{SESSION_WAIT:g}s: no session free for another (sshd's MaxSessions allows 10)")
         try:
             chan = transport.open_session(timeout=self.target.connect_timeout)
             chan.exec_command(command)
         except (paramiko.SSHException, EOFError, OSError) as e:
-            raise SSHError(self.name, f"cannot start a command over SSH: {e}") from None
-        return chan
+            self._sessions.release()
+            hint = (" (sshd's MaxSessions is below what this host needs: dockerlaunch keeps at most "
+                    f"{SESSIONS_PER_CONNECTION} at once)") if "prohibited" in str(e).lower() else ""
+            raise SSHError(self.name, f"cannot start a command over SSH: {e}{hint}") from None
+        return _Session(chan, self._sessions)  # type: ignore[return-value]
 
     def stream(
         self,
@@ -247,8 +372,13 @@ class Remote:
             writer.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         failed_at: float | None = None
+        # an SSH channel wakes this thread when output (or the end) arrives, instead of it polling: with a
+        # stream per host at hundreds of hosts, polling alone would keep a core busy
+        wake = _wake_on_data(chan)
         try:
             while True:
+                if wake is not None:
+                    wake.clear()
                 busy = False
                 if chan.recv_ready():
                     data = chan.recv(65536)
@@ -273,7 +403,10 @@ class Remote:
                 if deadline is not None and time.monotonic() > deadline:
                     raise HostError(self.name, f"command timed out after {timeout:g}s: {cmd[:120]}")
                 if not busy:
-                    time.sleep(0.01)
+                    if wake is not None:
+                        wake.wait(IDLE_WAIT)
+                    else:
+                        time.sleep(0.01)
             status = chan.recv_exit_status() if chan.exit_status_ready() else -1
         finally:
             chan.close()
@@ -298,6 +431,42 @@ class Remote:
         if not r.ok:
             raise HostError(self.name, r.last_line(), step=what, exit_status=r.exit_status)
         return r
+
+
+IDLE_WAIT = 0.25  # seconds an idle stream sleeps between looks at its deadline, `stop` and failed input
+
+
+def _wake_on_data(chan) -> threading.Event | None:
+    """An event paramiko sets when stdout or stderr data arrives or the channel closes (None: a local channel)."""
+    buffers = [getattr(chan, "in_buffer", None), getattr(chan, "in_stderr_buffer", None)]
+    if any(b is None or not hasattr(b, "set_event") for b in buffers):
+        return None
+    wake = threading.Event()
+    for b in buffers:
+        b.set_event(wake)
+    wake.set()
+    return wake
+
+
+class _Session:
+    """A paramiko channel that gives its connection's session slot back when closed (once)."""
+
+    def __init__(self, chan: paramiko.Channel, slots: threading.BoundedSemaphore):
+        self._chan, self._slots = chan, slots
+        self._held = True
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str):
+        return getattr(self._chan, name)
+
+    def close(self) -> None:
+        try:
+            self._chan.close()
+        finally:
+            with self._lock:
+                held, self._held = self._held, False
+            if held:
+                self._slots.release()
 
 
 def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseException]) -> None:

@@ -34,6 +34,9 @@ LABEL_RANK = "dockerlaunch.rank"
 LABEL_NNODES = "dockerlaunch.nnodes"
 LABEL_VERSION = "dockerlaunch.version"
 LABEL_RUN = "dockerlaunch.run"  # one launch of the job: what a host's watchdog removes
+# the host (as the config names it) that started the container: hosts may share an engine (several `local`
+# entries, the sim's light hosts), and each host lists, removes and watches only its own
+LABEL_HOST = "dockerlaunch.host"
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 FR_ENTRIES = "2000"  # flight-recorder ring size: collectives remembered per rank
 NVIDIA_DIR = "/usr/local/nvidia"  # where nvidia/cuda images look for the driver (their PATH and LD_LIBRARY_PATH)
@@ -410,6 +413,7 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
         labels={
             LABEL_JOB: config.job.name,
             LABEL_RANK: str(rank),
+            LABEL_HOST: config.hosts[rank].address,
             LABEL_NNODES: str(plan.nnodes),
             LABEL_VERSION: __version__,
             LABEL_RUN: run_id or Deferred("a random id of this launch", "run_id"),

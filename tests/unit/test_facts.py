@@ -118,3 +118,22 @@ def test_parse_inspect():
     assert [(s.name, s.rank, s.status, s.exit_code) for s in states] == [
         ("job-0", 0, "running", 0), ("job-1", 1, "exited", 3)]
     assert parse_inspect("") == []
+
+
+def test_hosts_sharing_an_engine_each_own_their_containers():
+    """Several hosts of one engine (`local` entries, the sim's light hosts) all see every container: each is
+    listed once, under the host its label names; a container no host of the config names goes to the first."""
+    from dockerlaunch.backends.docker.launch import own_containers
+
+    def c(id_, rank, host):
+        labels = {"dockerlaunch.rank": str(rank), **({"dockerlaunch.host": host} if host else {})}
+        return {"Id": id_, "Name": f"/job-{rank}", "State": {"Status": "running"}, "Config": {"Labels": labels}}
+
+    engine = parse_inspect(json.dumps([c("a", 0, "h1"), c("b", 1, "h2"), c("old", 5, None), c("gone", 7, "h9")]))
+    other = parse_inspect(json.dumps([c("x", 2, "h3")]))
+    found = own_containers(["h1", "h2", "h3"], [engine, engine, other])
+    assert [(host, s.name) for host, s in found] == [("h1", "job-0"), ("h2", "job-1"), ("h3", "job-2"),
+                                                       ("h1", "job-5"), ("h1", "job-7")]
+    # hosts on engines of their own: each sees only its own, as before
+    assert [(h, s.name) for h, s in own_containers(["h1", "h3"], [engine[:1], other])] == [("h1", "job-0"),
+                                                                                          ("h3", "job-2")]

@@ -16,7 +16,7 @@ from dockerlaunch.backends.docker.docker import run_argv
 from dockerlaunch.errors import DockerError
 from dockerlaunch.hosts.session import Host
 from dockerlaunch.hosts.ssh import Remote, Result
-from dockerlaunch.job.plan import LABEL_JOB, LABEL_RANK
+from dockerlaunch.job.plan import LABEL_HOST, LABEL_JOB, LABEL_RANK
 from dockerlaunch.job.spec import ContainerSpec
 
 
@@ -28,9 +28,11 @@ class ContainerState:
     exit_code: int
     started_at: str
     finished_at: str
+    id: str = ""
+    host: str | None = None  # LABEL_HOST: the host that started it
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k not in ("id", "host")}
 
 
 def parse_inspect(text: str) -> list[ContainerState]:
@@ -51,6 +53,8 @@ def parse_inspect(text: str) -> list[ContainerState]:
                 exit_code=int(state.get("ExitCode", 0)),
                 started_at=state.get("StartedAt", ""),
                 finished_at=state.get("FinishedAt", ""),
+                id=c.get("Id", ""),
+                host=labels.get(LABEL_HOST),
             )
         )
     return sorted(out, key=lambda s: (s.rank is None, s.rank, s.name))

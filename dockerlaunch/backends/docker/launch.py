@@ -137,7 +137,21 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
 
 def existing_job_containers(session: Session, job: str) -> list[tuple[str, ContainerState]]:
     found = session.cluster.each(lambda h: DockerHost.on(h).job_containers(job)).raise_first()
-    return [(h.name, s) for h, states in zip(session.cluster.hosts, found) for s in states]
+    return own_containers([h.name for h in session.cluster.hosts], found)
+
+
+def own_containers(hosts: list[str], found: list[list[ContainerState]]) -> list[tuple[str, ContainerState]]:
+    """(host, state) of each container once, rank order. Hosts that share an engine (several `local` entries, the
+    sim's light hosts) each see all of its containers: one goes to the host its label names, or, when no host of
+    this config does (an older dockerlaunch, a host since dropped from the list), to the first that saw it."""
+    names = set(hosts)
+    owner: dict[str, tuple[str, ContainerState]] = {}
+    for host, states in zip(hosts, found):
+        for s in states:
+            key = s.id or f"{host}/{s.name}"
+            if s.host == host or (key not in owner and s.host not in names):
+                owner[key] = (host, s)
+    return sorted(owner.values(), key=lambda hs: (hs[1].rank is None, hs[1].rank, hs[0], hs[1].name))
 
 
 # ---------------------------------------------------------------- secrets

@@ -46,7 +46,7 @@ class Watchdogs:
                 continue
             try:
                 chan = h.remote.open_channel(["sh", "-c", script("watchdog.sh"), "dockerlaunch-watchdog",
-                                              f"{self.grace:g}", self.run_id])
+                                              f"{self.grace:g}", self.run_id, h.address])
             except DockerlaunchError:
                 continue  # the host is already unreachable; `lost` reports it
             self.peers[h.rank] = _Peer(h, chan)
