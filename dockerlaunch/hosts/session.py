@@ -20,7 +20,31 @@ from dockerlaunch.hosts.targets import SSHTarget, resolve_all
 from dockerlaunch.job.config import ClusterConfig
 
 T = TypeVar("T")
-MAX_WORKERS = 32
+# Steps run on every host at once (each over its own connection, which already exists): a start or a teardown of
+# 256 hosts is one round, not eight. Handshakes are CPU work for this process: a window of them (pdsh's 32).
+MAX_WORKERS = 256
+CONNECT_WINDOW = 32
+# Open files this process needs per host: its SSH socket and its log file, plus a margin for commands' pipes
+FILES_PER_HOST = 3
+FILES_BASE = 64
+
+
+def ensure_open_files(hosts: int) -> None:
+    """Raise this process's soft open-files limit to what `hosts` connections need (the hard limit allows it on
+    most machines; `ulimit -n` is 1024 by default); where the hard limit is too low, say so before connecting."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    need = FILES_BASE + FILES_PER_HOST * hosts
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise DockerlaunchError(f"{hosts} hosts need about {need} open files, and this shell allows {hard} "
+                                f"(ulimit -Hn): raise it (e.g. `ulimit -n {need}` as root, or LimitNOFILE / "
+                                "limits.conf for the user) and run again")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 @dataclass
@@ -163,7 +187,8 @@ class Cluster:
         (naming every host that failed); without, failed hosts keep their error (`host.error`) for a report."""
         targets = resolve_all(config)
         hosts = [Host(i, h.address, t) for i, (h, t) in enumerate(zip(config.hosts, targets))]
-        results = each(lambda h: open_remote(h.target), hosts)
+        ensure_open_files(len(hosts))
+        results = each(lambda h: open_remote(h.target), hosts, max_workers=CONNECT_WINDOW)
         for h, o in zip(hosts, results):
             if o.ok:
                 h.remote = o.value

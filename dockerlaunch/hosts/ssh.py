@@ -50,8 +50,9 @@ def _known_hosts_name(target: SSHTarget) -> str:
 
 # OpenSSH's sshd drops unauthenticated connections at random once 10 are pending (MaxStartups 10:30:100): a
 # handshake cut before the banner is tried again, after a growing, jittered pause, within the connect timeout.
-HANDSHAKE_TRIES = 6
-HANDSHAKE_BACKOFF = 0.3  # seconds before the second try; doubled each time
+HANDSHAKE_TRIES = 12
+HANDSHAKE_BACKOFF = 0.25  # seconds before the second try; doubled each time, up to HANDSHAKE_BACKOFF_MAX
+HANDSHAKE_BACKOFF_MAX = 3.0
 # Sessions (commands) at once on one connection: below sshd's default MaxSessions (10), which counts them
 SESSIONS_PER_CONNECTION = 8
 SESSION_WAIT = 120.0  # seconds a command waits for a free session before it is an error
@@ -171,7 +172,7 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
 
     key_filenames = [os.path.expanduser(p) for p in target.identity_files]
-    deadline = time.monotonic() + max(target.connect_timeout, 1.0) * 2
+    deadline = time.monotonic() + max(target.connect_timeout, 1.0) * 3
     for attempt in range(HANDSHAKE_TRIES):
         try:
             client.connect(
@@ -190,7 +191,7 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
         except SSHError:
             raise
         except Exception as e:  # noqa: BLE001 - sorted below; anything else is a one-line error too
-            pause = HANDSHAKE_BACKOFF * (2 ** attempt) * random.uniform(0.5, 1.5)
+            pause = min(HANDSHAKE_BACKOFF * (2 ** attempt), HANDSHAKE_BACKOFF_MAX) * random.uniform(0.5, 1.5)
             if _dropped(e) and attempt + 1 < HANDSHAKE_TRIES and time.monotonic() + pause < deadline:
                 client.close()
                 time.sleep(pause)

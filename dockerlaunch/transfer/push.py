@@ -44,6 +44,8 @@ from dockerlaunch.transfer.streams import (
     with_facts,
 )
 
+STAR_WINDOW = 32  # image streams from this machine at once: each reads the image and fills a link of its own
+
 # ---------------------------------------------------------------- observe
 
 
@@ -231,7 +233,7 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
                 res.detail = f"star after the chain failed ({chain_failed[t.host][:160]}); {res.detail}"
             return res
 
-        for t, o in zip(star, each(one, star)):
+        for t, o in zip(star, each(one, star, max_workers=STAR_WINDOW)):
             results[t.host] = o.value if o.ok else HostResult(t.host, PushState.FAILED, str(o.error))
 
         # An engine that refuses a thin stream (containerd's store wants every layer whose snapshot it
@@ -239,7 +241,7 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
         refused = [t for t in star if t.skip_files and results[t.host].status == PushState.FAILED
                    and results[t.host].detail.startswith("load failed")]
         full = [replace(t, skip_files=[], layers_skipped=0, bytes_to_send=image.size) for t in refused]
-        for t, o in zip(full, each(one, full)):
+        for t, o in zip(full, each(one, full, max_workers=STAR_WINDOW)):
             res = o.value if o.ok else HostResult(t.host, PushState.FAILED, str(o.error))
             res.detail = f"the thin stream was refused ({results[t.host].detail[:160]}); sent in full: {res.detail}"
             res.bytes_sent += results[t.host].bytes_sent

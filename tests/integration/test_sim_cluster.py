@@ -169,3 +169,23 @@ def test_proxy_jump_through_node1_to_node2(cluster_config, sim_cluster, tmp_path
         assert r.stdout.split()[1] == layout[0].ip  # the connection came from the jump host
     finally:
         client.close()
+
+
+def test_sshd_defaults_many_handshakes_and_commands_at_once(cluster_config, remotes):
+    """The nodes run OpenSSH's defaults. 40 handshakes at once to one sshd (MaxStartups 10:30:100 drops some)
+    all connect, tried again after a backoff; 20 commands at once on one connection (MaxSessions 10 refuses the
+    11th session) all run, at most 8 at a time."""
+    import concurrent.futures as cf
+
+    r = remotes[0].run(["sh", "-c", "sshd -T | grep -E '^(maxsessions|maxstartups) '"])
+    assert r.stdout.split() == ["maxsessions", "10", "maxstartups", "10:30:100"], r.stdout
+    target = resolve_target(cluster_config.hosts[0], cluster_config.ssh)
+    with cf.ThreadPoolExecutor(40) as pool:
+        clients = list(pool.map(lambda _: connect(target), range(40)))
+    for c in clients:
+        c.close()
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(lambda i: remotes[1].run(["sh", "-c", f"sleep 1; echo {i}"]), range(20)))
+    assert [r.stdout.strip() for r in results] == [str(i) for i in range(20)], [r.stderr for r in results]
+    assert time.monotonic() - t0 >= 2.0  # 20 one-second commands, 8 at a time: three rounds

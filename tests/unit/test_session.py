@@ -67,3 +67,29 @@ def test_host_errors_survive_pickling_for_process_pools():
 
     e = pickle.loads(pickle.dumps(SSHError("h", "gone", step="connect", exit_status=255)))
     assert isinstance(e, SSHError) and str(e) == "host h: connect failed: gone" and e.exit_status == 255
+
+
+def test_open_files_are_raised_for_many_hosts_or_the_limit_is_named():
+    """256 hosts need more than `ulimit -n`'s usual 1024: the soft limit is raised where the hard limit allows,
+    and a hard limit too low is one line that says what to raise (run in a child: limits are per process)."""
+    import subprocess
+    import sys
+
+    code = """
+import resource, sys
+from dockerlaunch.hosts.session import ensure_open_files
+from dockerlaunch.errors import DockerlaunchError
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+ensure_open_files(300)
+print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 512))
+try:
+    ensure_open_files(300)
+except DockerlaunchError as e:
+    print(e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    raised, error = r.stdout.splitlines()
+    assert int(raised) == 64 + 3 * 300
+    assert error.startswith("300 hosts need about 964 open files, and this shell allows 512 (ulimit -Hn)"), error

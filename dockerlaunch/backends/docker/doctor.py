@@ -515,8 +515,13 @@ def _observe_reach(cluster: Cluster, plan: JobPlan, observations: Observations) 
             observations.reach_missing = missing
             return
         deadline = time.monotonic() + BIND_WAIT_S  # until both listeners are bound, instead of guessing a sleep
+        # asked in the listener's own network namespace (the host's, with --network host; the sim's light hosts
+        # share an engine's): sh's read, as the image may have no cat
+        sockets = ["sh", "-c", "for f in /proc/net/tcp /proc/net/tcp6; do [ -r $f ] && "
+                   "while IFS= read -r l; do echo \"$l\"; done < $f; done; true"]
+        where = ["docker", "exec", handle] if how.startswith("in a job container") else []
         while True:
-            tcp = h0.remote.run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"], timeout=30).stdout
+            tcp = h0.remote.run([*where, *sockets], timeout=30).stdout
             if set(ports) <= listening_ports(tcp):
                 break
             if time.monotonic() > deadline:  # a listener that never bound says nothing about the network
