@@ -9,6 +9,7 @@ Ctrl-C during any concurrent step stops the command instead of becoming one host
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -149,6 +150,70 @@ def each(fn: Callable[[Any], T], items: Sequence[Any], max_workers: int = MAX_WO
     return Outcomes([o for o in slots if o is not None])
 
 
+DNS_WAIT = 10.0  # seconds for every host name to resolve, all at once
+
+
+def check_addresses(targets: Sequence[SSHTarget], wait: float = DNS_WAIT) -> None:
+    """Before any connection: every name resolves, and no two entries are one host (after ~/.ssh/config and
+    DNS). A typo among 300 hosts, or an alias and its IP both listed, is one line naming them; nothing starts.
+    Names behind a jump host are resolved there, not here: only their ~/.ssh/config form is compared."""
+    import socket
+
+    direct = [(i, t) for i, t in enumerate(targets) if not t.local]
+    seen: dict[tuple, int] = {}
+    problems: list[str] = []
+    for i, t in direct:
+        key = (t.hostname, t.port, _jump_key(t))
+        if key in seen:
+            j = seen[key]
+            problems.append(f"hosts[{j}] {targets[j].alias!r} and hosts[{i}] {t.alias!r} are the same host "
+                            f"({t.hostname}:{t.port} after ~/.ssh/config)")
+        seen.setdefault(key, i)
+    if problems:
+        raise DockerlaunchError("; ".join(problems) + ": list each host once")
+    names = sorted({t.hostname for _, t in direct if not t.jumps})
+    answers: dict[str, tuple[str, ...] | str] = {}
+
+    def lookup(name: str) -> None:
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+            answers[name] = tuple(sorted({info[4][0] for info in infos}))
+        except (OSError, UnicodeError) as e:
+            answers[name] = getattr(e, "strerror", None) or str(e)
+
+    threads = [threading.Thread(target=lookup, args=(n,), daemon=True, name="dl-dns") for n in names]
+    deadline = time.monotonic() + wait
+    for k in range(0, len(threads), CONNECT_WINDOW):
+        batch = threads[k:k + CONNECT_WINDOW]
+        for th in batch:
+            th.start()
+        for th in batch:
+            th.join(max(0.0, deadline - time.monotonic()))
+    unresolved = [f"{t.alias!r}" + (f" ({t.hostname})" if t.hostname != t.alias else "")
+                  + f": {answers.get(t.hostname, f'DNS gave no answer within {wait:g}s')}"
+                  for _, t in direct if not t.jumps and not isinstance(answers.get(t.hostname), tuple)]
+    if unresolved:
+        raise DockerlaunchError(f"{len(unresolved)} of {len(targets)} host(s) cannot be resolved: "
+                                + "; ".join(unresolved[:10]) + (" ..." if len(unresolved) > 10 else "")
+                                + "; fix the host list or ~/.ssh/config (nothing was started)")
+    by_ip: dict[tuple[str, int], int] = {}
+    for i, t in direct:
+        if t.jumps:
+            continue
+        for ip in answers[t.hostname]:  # type: ignore[union-attr]
+            j = by_ip.setdefault((ip, t.port), i)
+            if j != i:
+                problems.append(f"hosts[{j}] {targets[j].alias!r} and hosts[{i}] {t.alias!r} are the same host "
+                                f"({ip}:{t.port})")
+                break
+    if problems:
+        raise DockerlaunchError("; ".join(problems) + ": list each host once")
+
+
+def _jump_key(t: SSHTarget) -> tuple:
+    return tuple((j.hostname, j.port) for j in t.jumps)
+
+
 @dataclass
 class Host:
     """One host of a session: its rank, what the user called it, where we connect, and the connection."""
@@ -187,6 +252,7 @@ class Cluster:
         (naming every host that failed); without, failed hosts keep their error (`host.error`) for a report."""
         targets = resolve_all(config)
         hosts = [Host(i, h.address, t) for i, (h, t) in enumerate(zip(config.hosts, targets))]
+        check_addresses(targets)
         ensure_open_files(len(hosts))
         results = each(lambda h: open_remote(h.target), hosts, max_workers=CONNECT_WINDOW)
         for h, o in zip(hosts, results):

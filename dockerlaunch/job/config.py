@@ -201,6 +201,11 @@ class ContainerSettings(_Model):
         None, description="Default host; private when shm_size is set."
     )
     shm_size: str | None = Field(None, description="e.g. 64g; needs ipc other than host.")
+    tty: bool = Field(
+        True, description="A terminal for the job's output (docker run --tty): every process's line is written "
+        "whole, so 8 ranks on one host never cut into each other's lines (stdout and stderr become one stream; "
+        "Python line-buffers it, so PYTHONUNBUFFERED is left empty). false: separate pipes, PYTHONUNBUFFERED=1.",
+    )
     gpus: GpuRequest = "all"
     gpu_mode: Literal["auto", "gpus", "cdi", "devices"] = Field(
         "auto", description="gpus: docker --gpus (nvidia-container-toolkit); cdi: --device nvidia.com/gpu=... "

@@ -37,7 +37,11 @@ LABEL_RUN = "dockerlaunch.run"  # one launch of the job: what a host's watchdog 
 # the host (as the config names it) that started the container: hosts may share an engine (several `local`
 # entries, the sim's light hosts), and each host lists, removes and watches only its own
 LABEL_HOST = "dockerlaunch.host"
+# Output as it happens. On a terminal (container.tty, the default) Python line-buffers by itself, and an empty
+# PYTHONUNBUFFERED (over an image's 1) keeps each print one write: several ranks' pieces then never interleave
+# ("stepstep  3838" with PYTHONUNBUFFERED=1, measured: 1788 of 24000 lines cut with 8 processes, 0 on a tty).
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
+TTY_ENV = {"PYTHONUNBUFFERED": ""}
 FR_ENTRIES = "2000"  # flight-recorder ring size: collectives remembered per rank
 NVIDIA_DIR = "/usr/local/nvidia"  # where nvidia/cuda images look for the driver (their PATH and LD_LIBRARY_PATH)
 GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -452,7 +456,8 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
     spec.ulimits.update(user_ulimits)  # the user's values win
     if config.diagnostics.ptrace and "SYS_PTRACE" not in spec.cap_add:
         spec.cap_add.append("SYS_PTRACE")  # py-spy; cannot be added once the container runs
-    env.update(DEFAULT_ENV)
+    env.update(TTY_ENV if c.tty else DEFAULT_ENV)
+    spec.tty = c.tty
     env.update(diagnostics_env(config, f.torch if f else None, rank))
     if config.job.offline:
         env.update(OFFLINE_ENV)

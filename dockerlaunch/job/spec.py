@@ -122,6 +122,7 @@ class ContainerSpec:
     user: str | None = None
     privileged: bool = False
     init: bool = True  # an init reaps torchrun's children and forwards signals
+    tty: bool = False  # a terminal for its output: each write whole, lines of several processes never mixed
     detach: bool = True  # runs in the background (a job); False: in the foreground (a probe)
     remove: bool = False  # removed when it exits: probes only, a job container's exit code is evidence
     docker_args: list[str] = field(default_factory=list)  # container.extra_args: literal docker flags

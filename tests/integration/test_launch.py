@@ -34,6 +34,34 @@ def test_two_node_torchrun_job(sim_cluster, demo_image, job_containers, tmp_path
     assert job_containers(job) == []
 
 
+EIGHT_RANKS = ("for l in 0 1 2 3 4 5 6 7; do LOCAL_RANK=$l python -c 'import os; r = os.environ[\"LOCAL_RANK\"]\n"
+               "for i in range(400): print(\"step\", r, i, \"x\" * (i % 40), 4.0)' & done; wait")
+
+
+def test_eight_processes_per_host_print_whole_lines(sim_cluster, demo_image, job_containers, tmp_path):
+    """8 processes per host print at once, each print in pieces (the image sets PYTHONUNBUFFERED=1): on the job's
+    terminal every line arrives whole and in order, on the screen and in the per-rank files."""
+    import re
+
+    job = job_name()
+    r = dl("up", "--skip-preflight", "--config", str(sim_cluster[1]), "--image", demo_image, "--name", job,
+           "--log-dir", str(tmp_path / "logs"), "--", "sh", "-c", EIGHT_RANKS, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    line = re.compile(r"\[(\d) (\S+)\] step (\d) (\d+) x* 4\.0")
+    seen: dict[tuple[str, str], list[int]] = {}
+    for text in r.stdout.splitlines():
+        if "step" in text:
+            m = line.fullmatch(text)
+            assert m, f"a cut line: {text!r}"
+            seen.setdefault((m[1], m[3]), []).append(int(m[4]))
+    assert len(seen) == 16 and all(v == list(range(400)) for v in seen.values()), {k: len(v) for k, v in seen.items()}
+    [run_dir] = list((tmp_path / "logs").iterdir())
+    for f in run_dir.iterdir():
+        lines = f.read_text().splitlines()
+        assert len(lines) == 8 * 400 and all(re.fullmatch(r"step \d \d+ x* 4\.0", x) for x in lines), f.name
+    assert job_containers(job) == []
+
+
 def test_failing_rank_stops_everything_and_sets_exit_code(sim_cluster, job_containers):
     job = job_name()
     # rank 0 would run for 10 minutes: only the teardown lets `up` return inside the timeout

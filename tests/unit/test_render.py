@@ -280,7 +280,7 @@ CHANGED = {
     "infiniband": Deferred("whether the host has IB", "infiniband"),
     "host_network": False, "ipc": "host", "shm_size": "1g", "cap_add": ["SYS_ADMIN"],
     "ulimits": {"nofile": Ulimit(1024, 2048)}, "workdir": "/elsewhere", "user": "1000:1000", "privileged": True,
-    "init": False, "detach": False, "remove": True, "docker_args": ["--pids-limit", "-1"],
+    "init": False, "tty": False, "detach": False, "remove": True, "docker_args": ["--pids-limit", "-1"],
 }
 # fields that describe how a launcher runs a container, not the job: no rendered target has them
 LAUNCHER_ONLY = {"detach", "remove"}

@@ -93,3 +93,31 @@ except DockerlaunchError as e:
     raised, error = r.stdout.splitlines()
     assert int(raised) == 64 + 3 * 300
     assert error.startswith("300 hosts need about 964 open files, and this shell allows 512 (ulimit -Hn)"), error
+
+
+def test_a_typo_among_300_hosts_or_one_host_listed_twice_is_one_line_before_any_connection():
+    from dockerlaunch.hosts.session import check_addresses
+    from dockerlaunch.hosts.targets import SSHTarget
+
+    def t(alias, hostname=None, port=22, jumps=()):
+        return SSHTarget(alias=alias, hostname=hostname or alias, user="u", port=port, jumps=jumps)
+
+    fleet = [t(f"10.1.{i // 250}.{i % 250 + 1}") for i in range(300)]
+    check_addresses(fleet)
+    fleet[117] = t("gpu-17x.invalid")
+    with pytest.raises(DockerlaunchError) as e:
+        check_addresses(fleet)
+    msg = str(e.value)
+    assert msg.startswith("1 of 300 host(s) cannot be resolved: 'gpu-17x.invalid': ") and "\n" not in msg, msg
+    assert msg.endswith("fix the host list or ~/.ssh/config (nothing was started)"), msg
+    # an ~/.ssh/config alias and the name it stands for
+    with pytest.raises(DockerlaunchError, match=r"hosts\[0\] 'gpu1' and hosts\[1\] 'g1' are the same host "
+                                                r"\(10.9.0.1:22 after ~/.ssh/config\): list each host once"):
+        check_addresses([t("gpu1", "10.9.0.1"), t("g1", "10.9.0.1")])
+    # a name and its address, found by DNS
+    with pytest.raises(DockerlaunchError, match=r"'localhost' and hosts\[1\] '127.0.0.1' are the same host"):
+        check_addresses([t("localhost"), t("127.0.0.1")])
+    # the same address on another port is another sshd (a sim, a container host); behind a jump host, names are
+    # the jump host's to resolve
+    check_addresses([t("10.9.0.1"), t("10.9.0.1b", "10.9.0.1", port=2222)])
+    check_addresses([t("inner", "gpu-behind-the-bastion", jumps=(t("bastion"),))])

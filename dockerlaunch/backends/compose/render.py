@@ -91,6 +91,7 @@ def service(plan: JobPlan, hp: HostPlan) -> tuple[dict, list[str]]:
         "network_mode": "host" if c.host_network else "none",
         "ipc": c.ipc,
         "init": c.init,
+        **({"tty": True} if c.tty else {}),
         "restart": "no",
         "labels": plain_labels(c),
     }

@@ -52,6 +52,8 @@ def argv(spec: ContainerSpec, inherit: tuple[str, ...] = ()) -> list[str]:
     a += ["--restart", "no"]  # never a restart policy: it re-runs finished jobs
     if spec.init:
         a.append("--init")
+    if spec.tty:
+        a.append("--tty")
     if spec.privileged:
         a.append("--privileged")
     if isinstance(spec.gpu, GpuAccess):

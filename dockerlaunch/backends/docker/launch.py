@@ -13,6 +13,7 @@ import os
 import queue
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -207,35 +208,54 @@ def remove_env_files(session: Session, paths: dict[int, tuple[str, ...]]) -> Non
 
 
 class LogSink:
-    """Splits a rank's output into lines for the reporter (`[rank host] line`) and appends the raw bytes
-    to a per-host file."""
+    """Splits a rank's output into lines for the reporter (`[rank host] line`) and its per-rank file. A terminal's
+    `\r\n` (container.tty) ends a line like `\n`; a line left unfinished for PARTIAL_AFTER seconds (a prompt, a
+    progress bar without its newline) is shown as it is, so nothing waits for a newline that may not come."""
+
+    PARTIAL_AFTER = 1.0
 
     def __init__(self, reporter: Reporter, rank: int, host: str, path: Path | None, private: bool = False):
         self.reporter, self.rank, self.host = reporter, rank, host
         self.buf = b""
+        self.since = 0.0  # when the unfinished line in buf began
+        self.lock = threading.Lock()
         self.file = None
         if path:  # 0600 when the job has secrets: a rank may print its environment
             self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600 if private else 0o644),
                                   "ab")
 
     def __call__(self, data: bytes) -> None:
-        if self.file:
-            self.file.write(data)
-            self.file.flush()
-        self.buf += data
-        *lines, self.buf = self.buf.split(b"\n")
-        for line in lines:
-            self._emit(line)
+        with self.lock:
+            if not self.buf:
+                self.since = time.monotonic()
+            self.buf += data
+            *lines, self.buf = self.buf.split(b"\n")
+            if self.buf and lines:
+                self.since = time.monotonic()
+            for line in lines:
+                self._emit(line.removesuffix(b"\r"), b"\n")
 
-    def _emit(self, line: bytes) -> None:
+    def tick(self) -> None:
+        """Show an unfinished line that has waited PARTIAL_AFTER seconds (called about every 0.2 s)."""
+        with self.lock:
+            if self.buf and time.monotonic() - self.since >= self.PARTIAL_AFTER:
+                self._emit(self.buf, b"")
+                self.buf = b""
+
+    def _emit(self, line: bytes, end: bytes) -> None:
+        if self.file:
+            self.file.write(line + end)
+            self.file.flush()
         self.reporter.line(self.rank, self.host, line.decode(errors="replace").rstrip("\r"))
 
     def close(self) -> None:
-        if self.buf:
-            self._emit(self.buf)
-            self.buf = b""
-        if self.file:
-            self.file.close()
+        with self.lock:
+            if self.buf:
+                self._emit(self.buf, b"")
+                self.buf = b""
+            if self.file:
+                self.file.close()
+                self.file = None
 
 
 # ---------------------------------------------------------------- up
@@ -423,6 +443,8 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
             try:
                 i, result = exits.get(timeout=0.2)
             except queue.Empty:
+                for sink in sinks:
+                    sink.tick()
                 continue
             hp = plan.hosts[i]
             if isinstance(result, Exception):

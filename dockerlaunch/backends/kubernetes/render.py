@@ -132,6 +132,8 @@ def pod_template(plan: JobPlan, target: str, master_addr: str, opts: Options) ->
         container["securityContext"] = security
     if spec.workdir:
         container["workingDir"] = spec.workdir
+    if spec.tty:
+        container["tty"] = True  # whole lines from several ranks, as with docker (container.tty)
     mounts, volumes = [], []
     shm: dict = {"medium": "Memory"}
     if spec.shm_size:

@@ -17,7 +17,7 @@ from dockerlaunch.backends import RenderedFile, Unsupported
 from dockerlaunch.backends.common import env_file_paths, plain_labels, refuse_common, refuse_per_host
 from dockerlaunch.backends.docker.docker import argv as docker_argv
 from dockerlaunch.backends.docker.docker import ib_flags
-from dockerlaunch.job.plan import JobPlan
+from dockerlaunch.job.plan import DEFAULT_ENV, JobPlan
 from dockerlaunch.job.spec import ContainerSpec, Deferred, GpuAccess
 
 TARGET = "slurm"
@@ -90,7 +90,9 @@ def pyxis_script(plan: JobPlan, file: str) -> str:
     spec = plan.hosts[0].container
     exports, names = [], []
     nproc_in = ""
-    for k, v in spec.env.items():
+    # srun gives tasks a pipe, not a terminal: a tty's empty PYTHONUNBUFFERED would hold output in 8 KB blocks
+    pipe_env = DEFAULT_ENV if spec.tty and "PYTHONUNBUFFERED" not in plan.config.container.env else {}
+    for k, v in {**spec.env, **pipe_env}.items():
         if k in ("NODE_RANK", "MASTER_ADDR"):
             names.append(k)
             continue
