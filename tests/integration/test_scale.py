@@ -1,0 +1,93 @@
+"""A small real slice of scale (benchmarks/scale.py runs 8/64/256): 32 light sim hosts, each its own sshd with
+OpenSSH's default limits and its own host key, served by 2 shared engines. Every host is its own: `up`'s
+fail-fast removes all 32 containers, `status` lists each once, `down` leaves nothing on the engines."""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from dockerlaunch.sim import cluster as sim
+from tests.integration.conftest import _leftovers
+from tests.integration.helpers import dl, job_name
+
+pytestmark = pytest.mark.integration
+
+HOSTS = 32
+
+
+@pytest.fixture(scope="module")
+def light(engine, tmp_path_factory):
+    """(cluster name, config path, engine container names) of a 32-host light cluster, removed at the end."""
+    state = tmp_path_factory.mktemp("light")
+    previous = os.environ.get("DOCKERLAUNCH_STATE_DIR")
+    os.environ["DOCKERLAUNCH_STATE_DIR"] = str(state)
+    name = f"dll{os.getpid()}"
+    subnet = f"172.28.{4 * (os.getpid() % 60)}.0/22"
+    try:
+        config = sim.up(nodes=HOSTS, cluster=name, subnet=subnet, light=True, light_engines=2,
+                        config_out=str(state / "cluster.yaml"))
+        yield name, str(config), [e for e, _, _ in sim.light_engines(name)]
+    finally:
+        sim.down(name, quiet=True)
+        if previous is None:
+            os.environ.pop("DOCKERLAUNCH_STATE_DIR", None)
+        else:
+            os.environ["DOCKERLAUNCH_STATE_DIR"] = previous
+        assert _leftovers(engine, name) == []
+
+
+def on_engines(engines: list[str], job: str) -> list[str]:
+    """The job's containers, asked of the engines themselves (not through the launcher)."""
+    names = []
+    for e in engines:
+        r = subprocess.run(["docker", "exec", e, "docker", "ps", "-a", "--filter", f"label=dockerlaunch.job={job}",
+                            "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        names += r.stdout.split()
+    return sorted(names)
+
+
+def test_32_hosts_fail_fast_status_and_down(light):
+    name, config, engines = light
+    r = dl("sim", "status", "--name", name)
+    assert r.returncode == 0 and r.stdout.count(f"{name}-node") == HOSTS, r.stdout[-2000:]
+
+    # fail-fast: the last rank exits 1; every rank's line arrives, and nothing is left on any engine
+    job = job_name()
+    last = HOSTS - 1
+    t0 = time.monotonic()
+    r = dl("up", "--skip-preflight", "--config", config, "--name", job, "--log-dir", "", "--", "sh", "-c",
+           f'echo "rank $NODE_RANK up"; if [ "$NODE_RANK" = {last} ]; then sleep 3; exit 1; fi; sleep 300',
+           timeout=600)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    assert f"rank {last} " in r.stdout and "exited with 1" in r.stdout, r.stdout[-2000:]
+    ups = {line.split("] rank ")[1] for line in r.stdout.splitlines() if "] rank " in line and line.endswith(" up")}
+    assert ups == {f"{i} up" for i in range(HOSTS)}, sorted(ups)
+    assert on_engines(engines, job) == []
+    assert took < 300, f"up took {took:.0f}s"  # a hang guard, not a speed goal (benchmarks/scale.py measures)
+
+    # detached: each host's container listed once, under its own host; down removes them all
+    job = job_name()
+    r = dl("up", "--skip-preflight", "--detach", "--config", config, "--name", job, "--", "sleep", "300",
+           timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert len(on_engines(engines, job)) == HOSTS
+    r = dl("status", "--config", config, "--name", job, "--output", "json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    rows = json.loads(r.stdout)["containers"]
+    assert sorted((c["rank"], c["host"]) for c in rows) == sorted(
+        (i, h) for i, h in enumerate(_hosts(config))), rows
+    r = dl("down", "--config", config, "--name", job, timeout=300)
+    assert r.returncode == 0 and f"removed {HOSTS} container(s)" in r.stdout, r.stdout + r.stderr
+    assert on_engines(engines, job) == []
+
+
+def _hosts(config: str) -> list[str]:
+    import yaml
+
+    return [h["address"] for h in yaml.safe_load(open(config))["hosts"]]
