@@ -373,6 +373,7 @@ class Remote:
             writer.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         failed_at: float | None = None
+        quiet_since: float | None = None
         # an SSH channel wakes this thread when output (or the end) arrives, instead of it polling: with a
         # stream per host at hundreds of hosts, polling alone would keep a core busy
         wake = _wake_on_data(chan)
@@ -392,7 +393,17 @@ class Remote:
                     if data and on_stderr:
                         on_stderr(data)
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    # sshd may send the exit status before the last of the output (which waits for window
+                    # space): the output ends at EOF. A command whose background child keeps its stdout open
+                    # never sends EOF: after EXIT_DRAIN quiet seconds, its output is over too.
+                    if getattr(chan, "eof_received", True):
+                        break
+                    if busy:
+                        quiet_since = None
+                    elif quiet_since is None:
+                        quiet_since = time.monotonic()
+                    elif time.monotonic() - quiet_since > EXIT_DRAIN:
+                        break
                 if write_error and not busy:
                     # the input failed (or the far end stopped reading): give the command a moment to report
                     # its own status, then give up -- the channel is closed, so it cannot wait for more input
@@ -434,6 +445,7 @@ class Remote:
         return r
 
 
+EXIT_DRAIN = 2.0  # seconds without output, after the exit status, before a stream without EOF counts as over
 IDLE_WAIT = 0.25  # seconds an idle stream sleeps between looks at its deadline, `stop` and failed input
 
 
