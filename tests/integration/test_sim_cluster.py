@@ -198,7 +198,8 @@ def test_large_outputs_arrive_whole_when_the_exit_status_comes_first(remotes):
     import concurrent.futures as cf
     import hashlib
 
-    script = "head -c 3000000 /dev/urandom | base64 > /tmp/big.$$; sha256sum < /tmp/big.$$; cat /tmp/big.$$; rm /tmp/big.$$"
+    script = ("head -c 3000000 /dev/urandom | base64 > /tmp/big.$$; sha256sum < /tmp/big.$$; cat /tmp/big.$$; "
+              "rm /tmp/big.$$")
 
     def one(i: int) -> bool:
         r = remotes[i % 2].run(["sh", "-c", script], timeout=120)

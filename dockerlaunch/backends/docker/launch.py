@@ -236,16 +236,18 @@ class LogSink:
                 self._emit(line.removesuffix(b"\r"), b"\n")
 
     def tick(self) -> None:
-        """Show an unfinished line that has waited PARTIAL_AFTER seconds (called about every 0.2 s)."""
+        """Show an unfinished line that has waited PARTIAL_AFTER seconds, and put the file's lines on disk
+        (called about every 0.2 s)."""
         with self.lock:
             if self.buf and time.monotonic() - self.since >= self.PARTIAL_AFTER:
                 self._emit(self.buf, b"")
                 self.buf = b""
+            if self.file:
+                self.file.flush()
 
     def _emit(self, line: bytes, end: bytes) -> None:
         if self.file:
             self.file.write(line + end)
-            self.file.flush()
         self.reporter.line(self.rank, self.host, line.decode(errors="replace").rstrip("\r"))
 
     def close(self) -> None:
