@@ -137,3 +137,21 @@ def test_hosts_sharing_an_engine_each_own_their_containers():
     # hosts on engines of their own: each sees only its own, as before
     assert [(h, s.name) for h, s in own_containers(["h1", "h3"], [engine[:1], other])] == [("h1", "job-0"),
                                                                                           ("h3", "job-2")]
+
+
+def test_one_docker_info_gives_the_engine_cdi_dirs_and_runtimes():
+    """probe.sh asks the engine once (`docker info --format '{{json .}}'`): Docker 20.10 has no CDISpecDirs field
+    (no CDI), 26.1 lists none (off), 28.5 its dirs; the toolkit shows as a runtime."""
+    from dockerlaunch.backends.docker.facts import parse_probe
+
+    def gpu(info):
+        return parse_probe("has_ip=0\ndocker_info=" + json.dumps(info) + "\n").gpu
+
+    old = gpu({"ServerVersion": "20.10.24", "Runtimes": {"runc": {}, "nvidia": {"path": "x"}}})
+    assert (old.engine, old.cdi_dirs, old.nvidia_runtime) == ("20.10.24", None, True)
+    off = gpu({"ServerVersion": "26.1.5", "CDISpecDirs": [], "Runtimes": {"runc": {}}})
+    assert (off.engine, off.cdi_dirs, off.nvidia_runtime) == ("26.1.5", (), False)
+    on = gpu({"ServerVersion": "28.5.2", "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]})
+    assert (on.engine, on.cdi_dirs) == ("28.5.2", ("/etc/cdi", "/var/run/cdi"))
+    silent = parse_probe("has_ip=0\ndocker_info=\n").gpu  # no engine answered
+    assert (silent.engine, silent.cdi_dirs) == (None, None)

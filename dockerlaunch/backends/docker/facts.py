@@ -93,6 +93,14 @@ def parse_ldconfig(lines: list[str]) -> tuple[tuple[str, str], ...]:
 
 def _gpu_host(kv: dict[str, list[str]]) -> GpuHost:
     one = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
+    info = docker_info(one("docker_info"))
+    if info is not None:  # probe.sh since issue 21: one `docker info`; engine=/cdi_dirs=/runtimes= before
+        kv = {k: v for k, v in kv.items() if k not in ("engine", "cdi_dirs", "runtimes")}
+        if info.get("ServerVersion"):
+            kv["engine"] = [str(info["ServerVersion"])]
+        if "CDISpecDirs" in info:
+            kv["cdi_dirs"] = [json.dumps(info["CDISpecDirs"])]
+        kv["runtimes"] = [json.dumps(info.get("Runtimes") or {})]
     try:
         runtimes = json.loads(one("runtimes") or "{}")
     except ValueError:
@@ -115,6 +123,15 @@ def _gpu_host(kv: dict[str, list[str]]) -> GpuHost:
         nvidia_smi=one("nvidia_smi") or None,
         image_env=tuple(env) if isinstance(env, list) else None,
     )
+
+
+def docker_info(text: str) -> dict | None:
+    """`docker info --format '{{json .}}'` -> its fields, or None (no engine answered)."""
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def parse_probe(text: str) -> Probe:

@@ -19,14 +19,13 @@ fi
 echo "has_ip=$(command -v ip >/dev/null 2>&1 && echo 1 || echo 0)"
 [ -n "${2:-}" ] && echo "image_labels=$(docker image inspect --format '{{json .Config.Labels}}' "$2" 2>/dev/null)"
 for d in /dev/nvidia*; do [ -c "$d" ] && echo "gpu_dev=$d"; done
-# CDI: the spec directories dockerd reads (none: CDI is off there; the field is missing before Docker 25)
-echo "engine=$(docker version --format '{{.Server.Version}}' 2>/dev/null)"
-cdi_dirs=$(docker info --format '{{json .CDISpecDirs}}' 2>/dev/null) && echo "cdi_dirs=$cdi_dirs"
+# One question to the engine (hosts may share one, and every call costs it): its version, the CDI spec
+# directories it reads (none: CDI is off there; the field is missing before Docker 25) and its runtimes
+echo "docker_info=$(docker info --format '{{json .}}' 2>/dev/null)"
 for f in /etc/cdi/* /var/run/cdi/*; do
   [ -f "$f" ] && grep -q 'nvidia.com/gpu' "$f" 2>/dev/null && echo "cdi=$f"
 done
 if [ -e /dev/nvidiactl ]; then
-  echo "runtimes=$(docker info --format '{{json .Runtimes}}' 2>/dev/null)"
   # the driver's compute and utility libraries (nvidia-container-toolkit's and Apptainer's lists)
   ldconfig -p 2>/dev/null | grep -E 'lib(cuda|cudadebugger|nvidia-(ml|cfg|opencl|gpucomp|ptxjitcompiler|fatbinaryloader|allocator|compiler|nvvm|pkcs11|pkcs11-openssl3))\.so' \
     | sed 's/^/lib=/'
