@@ -392,11 +392,14 @@ class Remote:
                     busy = True
                     if data and on_stderr:
                         on_stderr(data)
+                # read before the buffers: output arrives before EOF, so once EOF is seen, empty buffers mean
+                # all of it was read (looked at the other way round, the last output could land in between)
+                eof = getattr(chan, "eof_received", True)
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     # sshd may send the exit status before the last of the output (which waits for window
                     # space): the output ends at EOF. A command whose background child keeps its stdout open
                     # never sends EOF: after EXIT_DRAIN quiet seconds, its output is over too.
-                    if getattr(chan, "eof_received", True):
+                    if eof:
                         break
                     if busy:
                         quiet_since = None
