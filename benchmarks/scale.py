@@ -620,6 +620,7 @@ def step_failfast(ctx: Ctx) -> dict:
             out["up_exit_after_rank_s"] = round(launch.t_end - t_exit, 3)
         failed_line = stream.find(r"exited with|rank failed")
         out["up_said"] = failed_line[1] if failed_line else None
+        out["up_lines"] = [f"+{t - t0:.1f}s {line}" for t, line in stream.own[-12:]]
         out["ok"] = (run["rc"] not in (0, None) and not run["timed_out"] and not left and "teardown_s" in out)
         if left:
             names = [x["name"] for x in left][:5]
@@ -656,9 +657,10 @@ def step_hostloss(ctx: Ctx) -> dict:
                     "sh", "-c", first_line_job(c), on_line=stream, config=cfg)
     try:
         if not wait_all_up(stream, launch, ctx.timeout):
+            said = " | ".join(f"+{t - t0:.1f}s {line}" for t, line in stream.own[-4:])
             raise StepFailed(f"only {len(stream.ranks_up)} of {c.n} ranks' first lines reached up's stream "
                              f"(up {'exited ' + str(launch.p.returncode) if launch.p.poll() is not None else 'runs'}"
-                             f"): {' | '.join(list(launch.err_tail)[-3:])}")
+                             f"); up said: {said} {' | '.join(list(launch.err_tail)[-3:])}")
         out["all_first_lines_s"] = round(time.time() - t0, 3)
         time.sleep(3)  # a heartbeat or two after the start
         subprocess.run(["docker", "pause", node], check=True, capture_output=True)
@@ -679,6 +681,7 @@ def step_hostloss(ctx: Ctx) -> dict:
         run = launch.wait(max(60.0, ctx.timeout - (time.time() - t0)))
         out["up"] = run
         out["up_exit_after_pause_s"] = round(launch.t_end - t_pause, 3)
+        out["up_lines"] = [f"+{t - t0:.1f}s {line}" for t, line in stream.own[-12:]]
     except BaseException:
         launch.kill()
         if node in ctx.paused:
@@ -718,11 +721,17 @@ class LineCheck:
         self.out_of_order = [0] * n
         self.wrong_rank = 0
         self.other = 0
+        self.odd: list[str] = []  # the first lines that are neither numbered lines nor dockerlaunch's (cut lines)
+        self.own: collections.deque[str] = collections.deque(maxlen=12)  # dockerlaunch's last own lines
 
     def __call__(self, t: float, line: str) -> None:
         m = self.LINE.match(line)
         if not m:
             self.other += 1
+            if line.startswith("[dockerlaunch]"):
+                self.own.append(line[:300])
+            elif len(self.odd) < 20:
+                self.odd.append(line[:200])
             return
         rank, own, i = int(m[1]), int(m[2]), int(m[3])
         if rank != own or not 0 <= rank < self.n or i >= self.lines:
@@ -734,14 +743,32 @@ class LineCheck:
         self.last[rank] = max(self.last[rank], i)
         self.seen[rank][i] = 1
 
+    def missing(self, rank: int, most: int = 3) -> list[str]:
+        """The first few runs of missing line numbers of a rank, e.g. ['11007-19999']."""
+        runs, start = [], None
+        seen = self.seen[rank]
+        for i in range(self.lines + 1):
+            gap = i < self.lines and not seen[i]
+            if gap and start is None:
+                start = i
+            elif not gap and start is not None:
+                runs.append(f"{start}-{i - 1}" if i - 1 > start else str(start))
+                start = None
+                if len(runs) >= most:
+                    break
+        return runs
+
     def summary(self) -> dict:
         lost = [self.lines - sum(s) for s in self.seen]
+        where = {r: self.missing(r) for r in range(self.n) if lost[r]}
         dup = [self.count[r] - sum(self.seen[r]) for r in range(self.n)]
         return {"expected_per_rank": self.lines, "lost_total": sum(lost),
                 "ranks_with_loss": sum(1 for x in lost if x), "worst_rank_lost": max(lost) if lost else 0,
                 "duplicates_total": sum(dup), "out_of_order_total": sum(self.out_of_order),
                 "ranks_out_of_order": sum(1 for x in self.out_of_order if x), "wrong_rank": self.wrong_rank,
                 "other_lines": self.other,
+                "odd_lines": self.odd, "own_last": list(self.own),
+                "missing": {str(r): {"lost": lost[r], "runs": where[r]} for r in sorted(where)[:8]},
                 "ok": not sum(lost) and not sum(dup) and not sum(self.out_of_order) and not self.wrong_rank}
 
 
@@ -768,8 +795,12 @@ def step_logs(ctx: Ctx) -> dict:
     log_dir = ctx.scratch / f"logs-{job}"
     check = LineCheck(c.n, n_lines)
     t0 = time.time()
+    cfg = None
+    if ctx.args.logs_tty != "config":  # container.tty for this step only
+        cfg = variant_config(ctx, container={"tty": ctx.args.logs_tty == "on"})
+        out["container_tty"] = ctx.args.logs_tty
     launch = ctx.dl("up", "--name", job, "--skip-preflight", "--keep", "--log-dir", str(log_dir), "--",
-                    "sh", "-c", cmd, on_line=check)
+                    "sh", "-c", cmd, on_line=check, config=cfg)
     try:
         run = launch.wait(ctx.timeout + c.n * n_lines / 2000)
         out["up"] = run
@@ -1080,6 +1111,8 @@ def main() -> int:
     ap.add_argument("--cluster", help="that cluster's name")
     ap.add_argument("--prefix", default="bsc", help="light cluster names: PREFIX<N>")
     ap.add_argument("--steps", help="only these steps (doctor,up_status_down,failfast,hostloss,logs); floors always")
+    ap.add_argument("--logs-tty", choices=["config", "on", "off"], default="config",
+                    help="container.tty for the logs step (config: what the cluster config says)")
     ap.add_argument("--timeout-base", type=float, default=120.0)
     ap.add_argument("--timeout-per-host", type=float, default=3.0)
     ap.add_argument("--json", help="write every figure here")
