@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures as cf
+import ipaddress
 import json
 import os
 import re
@@ -852,9 +853,29 @@ def discover(name: str, config: Path, owned: bool) -> Cluster:
     return Cluster(name, config, hosts, engines, light, owned, image=data.get("image") or "")
 
 
+def free_subnet(first: int = 32) -> str:
+    """The first 172.27.X.0/22 (X >= first) that no network of this dockerd overlaps (a network whose stale
+    endpoints dockerd refuses to remove keeps its pool)."""
+    ids = subprocess.run(["docker", "network", "ls", "-q"], capture_output=True, text=True).stdout.split()
+    taken = []
+    if ids:
+        out = subprocess.run(["docker", "network", "inspect", "--format",
+                              "{{range .IPAM.Config}}{{.Subnet}} {{end}}", *ids], capture_output=True, text=True)
+        for word in out.stdout.split():
+            try:
+                taken.append(ipaddress.ip_network(word, strict=False))
+            except ValueError:
+                pass
+    for x in range(first, 256, 4):
+        net = ipaddress.ip_network(f"172.27.{x}.0/22")
+        if not any(net.overlaps(t) for t in taken if t.version == 4):
+            return str(net)
+    raise SystemExit("no free /22 left in 172.27.0.0/16")
+
+
 def start_cluster(n: int, args, index: int) -> tuple[Cluster, float]:
     name = f"{args.prefix}{n}"
-    subnet = f"172.27.{32 + 4 * index}.0/22"
+    subnet = free_subnet()
     if not hasattr(sim, "light_engines"):
         raise SystemExit("this checkout has no light sim mode (dockerlaunch.sim.cluster.light_engines): "
                          "pass --config FILE --cluster NAME of a cluster that is up")
@@ -872,7 +893,7 @@ def start_cluster(n: int, args, index: int) -> tuple[Cluster, float]:
     return discover(name, Path(cfg), owned=True), took
 
 
-def cleanup(ctx: Ctx | None, cluster: Cluster | None, keep: bool) -> None:
+def cleanup(ctx: Ctx | None, cluster: Cluster | None, keep: bool) -> str | None:
     for launch in list(RUNNING):
         launch.kill()
     if ctx is not None:
@@ -885,7 +906,12 @@ def cleanup(ctx: Ctx | None, cluster: Cluster | None, keep: bool) -> None:
             remove_by_label(ctx.cluster, f"{FLOOR_LABEL}={token}")
     if cluster is not None and cluster.owned and not keep:
         log(f"sim down --name {cluster.name}")
-        subprocess.run([*LAUNCHER, "sim", "down", "--name", cluster.name], capture_output=True)
+        r = subprocess.run([*LAUNCHER, "sim", "down", "--name", cluster.name], capture_output=True, text=True)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["?"])[-1]
+            log(f"sim down --name {cluster.name} failed ({r.returncode}): {last}")
+            return f"sim down failed ({r.returncode}): {last}"
+    return None
 
 
 def run_size(n: int | None, index: int, args) -> dict:
@@ -897,7 +923,12 @@ def run_size(n: int | None, index: int, args) -> dict:
         if args.config:
             cluster = discover(args.cluster, Path(args.config), owned=False)
         else:
-            cluster, took = start_cluster(n, args, index)
+            try:
+                cluster, took = start_cluster(n, args, index)
+            except Exception as e:  # noqa: BLE001 - recorded; the next size goes on
+                res["error"] = f"sim up failed: {type(e).__name__}: {e}"
+                log(res["error"])
+                return res
             res["sim_up_s"] = round(took, 1)
         res.update(hosts=cluster.n, cluster=cluster.name, light=cluster.light, engines=len(cluster.engines),
                    image=cluster.image)
@@ -928,7 +959,9 @@ def run_size(n: int | None, index: int, args) -> dict:
             log(f"{cluster.n} hosts: {name} {'ok' if st.get('ok') else 'FAILED'} in {st['step_s']}s"
                 + ("" if st.get("ok") else f": {problems_of(st)[:400]}"))
     finally:
-        cleanup(ctx, cluster, args.keep)
+        problem = cleanup(ctx, cluster, args.keep)
+        if problem:
+            res["sim_down_problem"] = problem
         shutil.rmtree(scratch, ignore_errors=True)
     return res
 
@@ -1037,6 +1070,9 @@ def report(results: list[dict]) -> str:
         took = f", sim up {res['sim_up_s']} s" if "sim_up_s" in res else ""
         out.append(f"\n## {res['hosts']} hosts ({kind} sim {res.get('cluster')}, {res.get('engines')} "
                    f"engine(s){took})\n")
+        for key in ("error", "sim_down_problem"):
+            if res.get(key):
+                out.append(f"{key}: {res[key]}\n")
         loads = ", ".join(f"{k} {v['loadavg_1m'][0]}-{v['loadavg_1m'][1]}" for k, v in s.items() if "loadavg_1m" in v)
         out.append(f"1-min load average at each step's start-end: {loads}\n")
         usd = s.get("up_status_down", {})
