@@ -1145,7 +1145,9 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="leave the clusters (and a failed step's containers) up")
     ap.add_argument("--config", help="a cluster config of a sim cluster that is up (with --cluster)")
     ap.add_argument("--cluster", help="that cluster's name")
-    ap.add_argument("--prefix", default="bsc", help="light cluster names: PREFIX<N>")
+    ap.add_argument("--prefix", default=f"bs{secrets.token_hex(2)}-",
+                    help="light cluster names: PREFIX<N> (default: bs + a random tag: dockerd may keep a removed "
+                         "cluster's network, and with it the name)")
     ap.add_argument("--steps", help="only these steps (doctor,up_status_down,failfast,hostloss,logs); floors always")
     ap.add_argument("--logs-tty", choices=["config", "on", "off"], default="config",
                     help="container.tty for the logs step (config: what the cluster config says)")
