@@ -39,11 +39,21 @@ def variant(sim_cluster, tmp_path, **changes) -> str:
     return str(path)
 
 
+def default_signals() -> None:
+    """In the child, before exec: SIGINT and SIGQUIT as a terminal gives them. A suite started as a background job
+    of a non-interactive shell (`cmd &`) inherits them ignored, and Python keeps an ignored SIGINT ignored: the
+    tests that send it would then see `up` not react."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def start_up(*args: str) -> tuple[subprocess.Popen, "queue.Queue[str]", list[str]]:
     """`dockerlaunch up` in the background; its output lines arrive on a queue (and in a list, for messages),
     so a silent `up` cannot block a test past its deadline."""
     p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, cwd=SCRATCH)
+                         stderr=subprocess.STDOUT, text=True, cwd=SCRATCH, preexec_fn=default_signals)
     lines: queue.Queue[str] = queue.Queue()
     seen: list[str] = []
 
