@@ -1160,6 +1160,7 @@ def main() -> int:
     sizes = [None] if args.config else [int(x) for x in args.hosts.split(",")]
 
     def on_term(signum, frame):
+        log(f"got signal {signal.Signals(signum).name}: cleaning up")
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
