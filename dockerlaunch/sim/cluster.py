@@ -533,7 +533,6 @@ def up(
     if light_engines is not None:
         raise SimError("--light-engines is for light clusters: add --light")
     subnet = subnet or DEFAULT_SUBNET
-    import docker
 
     named = len((engines or DEFAULT_ENGINE).split(","))
     kinds = parse_engines(engines, nodes if nodes is not None else (None if named > 1 else 2))
@@ -557,21 +556,9 @@ def up(
         node_images = {k: ensure_slurm_image(client, v) for k, v in node_images.items()}
     seeds = [_seed_tarball(client, tools_image)] + [_seed_tarball(client, s) for s in seed_images]
 
-    state = state_root() / cluster
-    state.mkdir(parents=True, exist_ok=True)
-    user_key = state / "id_ed25519"
-    private, public = _new_ed25519()
-    _write_private(user_key, private)
-    (state / "id_ed25519.pub").write_text(public + f" dockerlaunch-sim-{cluster}\n")
-
+    state, public = _new_state(cluster)
     labels = {SIM_LABEL: cluster}
-    try:
-        net = client.networks.create(
-            network_name(cluster), driver="bridge", labels=labels,
-            ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)]),
-        )
-    except docker.errors.APIError as e:
-        raise SimError(f"cannot create network {network_name(cluster)} on {subnet}: {e.explanation}") from None
+    net = _new_network(client, cluster, subnet, labels)
 
     known_hosts: list[str] = []
     try:
@@ -590,18 +577,7 @@ def up(
                 # Slurm names nodes by hostname (srun, job output, node lists): every node resolves every other
                 extra_hosts={f"node{m.index}": m.ip for m in layout if m is not n} if slurm else None,
                 labels=node_labels,
-                cap_add=NODE_CAPS,
-                security_opt=["seccomp=unconfined", "apparmor=unconfined"],
-                cgroupns="host",
-                device_cgroup_rules=["a *:* rwm"],
-                volumes={
-                    "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
-                    n.volume: {"bind": "/var/lib/docker", "mode": "rw"},
-                    shared.name: {"bind": SHARED_DIR, "mode": "rw"},
-                    str(cache_root()): {"bind": SEED_DIR_IN_NODE, "mode": "ro"},
-                },
-                init=True,
-                shm_size=NODE_SHM,  # job containers use --ipc host: they inherit the node's /dev/shm
+                **_engine_options(n.volume, shared.name),
                 network=net.name,
                 detach=True,
             )
@@ -629,11 +605,59 @@ def up(
         down(cluster, quiet=True)
         raise
 
+    out = _write_config(client, cluster, layout, layout[0].name, state, tools_image, config_out)
+    _log(f"{nodes} node(s) up{' with Slurm' if slurm else ''}: {', '.join(n.ip for n in layout)}; config: {out}")
+    return out
+
+
+def _engine_options(data_volume: str, shared_volume: str, more_volumes: dict | None = None) -> dict:
+    """What a Docker-in-Docker engine container needs from the local engine (testbed.md)."""
+    return {
+        "cap_add": NODE_CAPS,
+        "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+        "cgroupns": "host",
+        "device_cgroup_rules": ["a *:* rwm"],
+        "volumes": {
+            "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+            data_volume: {"bind": "/var/lib/docker", "mode": "rw"},
+            **(more_volumes or {}),
+            shared_volume: {"bind": SHARED_DIR, "mode": "rw"},
+            str(cache_root()): {"bind": SEED_DIR_IN_NODE, "mode": "ro"},
+        },
+        "init": True,
+        "shm_size": NODE_SHM,  # job containers use --ipc host: they share the engine's /dev/shm
+    }
+
+
+def _new_state(cluster: str) -> tuple[Path, str]:
+    """The cluster's state folder with a fresh user key; returns it and the public key."""
+    state = state_root() / cluster
+    state.mkdir(parents=True, exist_ok=True)
+    private, public = _new_ed25519()
+    _write_private(state / "id_ed25519", private)
+    (state / "id_ed25519.pub").write_text(public + f" dockerlaunch-sim-{cluster}\n")
+    return state, public
+
+
+def _new_network(client, cluster: str, subnet: str, labels: dict):
+    import docker
+
+    try:
+        return client.networks.create(
+            network_name(cluster), driver="bridge", labels=labels,
+            ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)]),
+        )
+    except docker.errors.APIError as e:
+        raise SimError(f"cannot create network {network_name(cluster)} on {subnet}: {e.explanation}") from None
+
+
+def _write_config(client, cluster: str, hosts, engine_name: str, state: Path, tools_image: str,
+                  config_out: str | None) -> Path:
+    """The cluster's config, with the open-files limit its engines can give (see engine_nofile)."""
     out = Path(config_out) if config_out else state / "cluster.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
-    nofile = engine_nofile(client.containers.get(layout[0].name))
-    out.write_text(render_cluster_config(cluster, layout, state, tools_image, nofile))
-    _log(f"{nodes} node(s) up{' with Slurm' if slurm else ''}: {', '.join(n.ip for n in layout)}; config: {out}")
+    nofile = engine_nofile(client.containers.get(engine_name))
+    out.write_text(render_cluster_config(cluster, hosts, state, tools_image, nofile))
     return out
 
 
@@ -667,7 +691,6 @@ def up_light(
     /var/run/docker.sock is engine ((i-1) % E) + 1's socket, so the docker CLI over SSH on it drives that engine.
     The config gives each host its engine's IP as advertise_addr: job containers use --network host, so they
     live in the engine's network namespace. Returns the path of the cluster config."""
-    import docker
 
     kinds = parse_engines(engine_kind, None)
     if len({k.name for k in kinds}) > 1:
@@ -685,21 +708,10 @@ def up_light(
     image = node_images[kind.name]
     seeds = [_seed_tarball(client, tools_image)] + [_seed_tarball(client, s) for s in seed_images]
 
-    state = state_root() / cluster
-    state.mkdir(parents=True, exist_ok=True)
-    private, public = _new_ed25519()
-    _write_private(state / "id_ed25519", private)
-    (state / "id_ed25519.pub").write_text(public + f" dockerlaunch-sim-{cluster}\n")
+    state, public = _new_state(cluster)
     authorized = public.encode() + b"\n"
-
     labels = {SIM_LABEL: cluster}
-    try:
-        net = client.networks.create(
-            network_name(cluster), driver="bridge", labels=labels,
-            ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)]),
-        )
-    except docker.errors.APIError as e:
-        raise SimError(f"cannot create network {network_name(cluster)} on {subnet}: {e.explanation}") from None
+    net = _new_network(client, cluster, subnet, labels)
 
     def keyed(container, ip: str, is_engine: bool) -> str:
         """Give the container its own host key and the cluster's user key; return its known_hosts line."""
@@ -723,19 +735,7 @@ def up_light(
             hostname=f"engine{e.index}",
             labels={**labels, ROLE_LABEL: "engine", ENGINE_INDEX_LABEL: str(e.index), ENGINE_LABEL: kind.name},
             environment={"DOCKERD_EXTRA_ARGS": f"-H unix:///var/run/docker.sock -H unix://{LIGHT_SOCK_DIR}/docker.sock"},
-            cap_add=NODE_CAPS,
-            security_opt=["seccomp=unconfined", "apparmor=unconfined"],
-            cgroupns="host",
-            device_cgroup_rules=["a *:* rwm"],
-            volumes={
-                "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
-                e.volume: {"bind": "/var/lib/docker", "mode": "rw"},
-                e.sock_volume: {"bind": LIGHT_SOCK_DIR, "mode": "rw"},
-                shared.name: {"bind": SHARED_DIR, "mode": "rw"},
-                str(cache_root()): {"bind": SEED_DIR_IN_NODE, "mode": "ro"},
-            },
-            init=True,
-            shm_size=NODE_SHM,  # job containers use --ipc host: they share the engine's /dev/shm
+            **_engine_options(e.volume, shared.name, {e.sock_volume: {"bind": LIGHT_SOCK_DIR, "mode": "rw"}}),
             detach=True,
             **_fixed_ip(client, net, e.ip),
         )
@@ -785,10 +785,7 @@ def up_light(
         down(cluster, quiet=True)
         raise
 
-    out = Path(config_out) if config_out else state / "cluster.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    nofile = engine_nofile(client.containers.get(engine_list[0].name))
-    out.write_text(render_cluster_config(cluster, hosts, state, tools_image, nofile))
+    out = _write_config(client, cluster, hosts, engine_list[0].name, state, tools_image, config_out)
     _log(f"{len(hosts)} light host(s) up ({hosts[0].ip} .. {hosts[-1].ip}), served by {len(engine_list)} "
          f"engine(s) ({', '.join(e.ip for e in engine_list)}) in {time.monotonic() - t0:.0f}s; config: {out}")
     return out

@@ -1,6 +1,7 @@
 """What the launch and fault tests share: run the CLI, variants of the sim config, `up` in the background."""
 
 import atexit
+import contextlib
 import queue
 import re
 import secrets
@@ -10,11 +11,21 @@ import sys
 import tempfile
 import threading
 
+import pytest
 import yaml
 
 # The CLI runs in a scratch folder, so what it writes by default (`up`'s dockerlaunch-logs/) stays out of the checkout.
 SCRATCH = tempfile.mkdtemp(prefix="dlt-cwd-")
 atexit.register(shutil.rmtree, SCRATCH, True)
+
+
+@contextlib.contextmanager
+def own_sim_state(tmp_path_factory, prefix: str):
+    """A sim cluster's state (keys, known_hosts, config) in a folder of its own, as DOCKERLAUNCH_STATE_DIR."""
+    state = tmp_path_factory.mktemp(prefix)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DOCKERLAUNCH_STATE_DIR", str(state))
+        yield state
 
 
 def dl(*args, timeout=300, cwd=None):

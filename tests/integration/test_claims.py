@@ -87,20 +87,28 @@ def test_logs_follow_streams_until_the_containers_exit(sim_cluster):
         dl("down", "--config", cfg, "--name", job)
 
 
-def test_secret_files_are_0600_on_the_host(cluster_config, tmp_path):
+def test_secret_files_are_0600_on_the_host_and_gone_when_the_command_returns(cluster_config, tmp_path):
     from dockerlaunch.backends.docker import launch
+    from dockerlaunch.backends.docker.dockerhost import with_env_file
 
     session = launch.open_session(cluster_config)
     paths = launch.env_file_paths(session, "dlt-perm")
     try:
-        launch.upload_env_files(session, paths, b"TOKEN=x\n")
         for h in session.cluster.hosts:
-            mode = h.remote.check(["stat", "-c", "%a %U", *paths[h.rank]], "stat").stdout.split()
-            assert mode == ["600", "root"], mode
+            [path] = paths[h.rank]
+            # what `docker run --env-file` would see while it runs: the file, 0600, the secret lines
+            seen = h.remote.check(with_env_file(path, ["sh", "-c", 'stat -c "%a %U" "$0"; cat "$0"', path]), "stat",
+                                  stdin=b"TOKEN=x\n").stdout.split()
+            assert seen == ["600", "root", "TOKEN=x"], seen
+            assert not h.remote.run(["test", "-e", path]).ok
+            # a file already there (a link planted in /tmp) is never written through; the command does not run
+            h.remote.check(["ln", "-s", "/tmp/dlt-victim", path], "ln")
+            r = h.remote.run(with_env_file(path, ["echo", "ran"]), stdin=b"TOKEN=x\n")
+            assert r.exit_status == 125 and "ran" not in r.stdout, r
+            assert not h.remote.run(["test", "-e", "/tmp/dlt-victim"]).ok
+            assert not h.remote.run(["test", "-L", path]).ok  # removed on the way out
     finally:
         launch.remove_env_files(session, paths)
-        for h in session.cluster.hosts:
-            assert not h.remote.run(["test", "-e", *paths[h.rank]]).ok
         session.close()
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dockerlaunch.sim import cluster as sim
-from tests.integration.helpers import SCRATCH, dl, job_name
+from tests.integration.helpers import SCRATCH, dl, job_name, own_sim_state
 
 pytestmark = pytest.mark.integration
 
@@ -23,21 +23,15 @@ ENGINES = "20.10,26,28,28-containerd"
 @pytest.fixture(scope="module")
 def mixed(engine, tmp_path_factory):
     """(config path, layout, state dir) of a 4-node cluster, one node per engine kind."""
-    state = tmp_path_factory.mktemp("engines-state")
-    previous = os.environ.get("DOCKERLAUNCH_STATE_DIR")
-    os.environ["DOCKERLAUNCH_STATE_DIR"] = str(state)
     name = f"dle{os.getpid()}"
     subnet = f"172.31.{100 + os.getpid() % 100}.0/24"
-    config = state / "cluster.yaml"
-    try:
-        sim.up(cluster=name, subnet=subnet, config_out=str(config), engines=ENGINES)
-        yield config, sim.node_layout(name, 4, subnet), sim.state_root() / name
-    finally:
-        sim.down(name, quiet=True)
-        if previous is None:
-            os.environ.pop("DOCKERLAUNCH_STATE_DIR", None)
-        else:
-            os.environ["DOCKERLAUNCH_STATE_DIR"] = previous
+    with own_sim_state(tmp_path_factory, "engines-state") as state:
+        config = state / "cluster.yaml"
+        try:
+            sim.up(cluster=name, subnet=subnet, config_out=str(config), engines=ENGINES)
+            yield config, sim.node_layout(name, 4, subnet), sim.state_root() / name
+        finally:
+            sim.down(name, quiet=True)
 
 
 def node_docker(engine, node, *argv) -> tuple[int, str]:

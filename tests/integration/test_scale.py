@@ -10,7 +10,7 @@ import pytest
 
 from dockerlaunch.sim import cluster as sim
 from tests.integration.conftest import _leftovers
-from tests.integration.helpers import dl, job_name
+from tests.integration.helpers import dl, job_name, own_sim_state
 
 pytestmark = pytest.mark.integration
 
@@ -20,22 +20,16 @@ HOSTS = 32
 @pytest.fixture(scope="module")
 def light(engine, tmp_path_factory):
     """(cluster name, config path, engine container names) of a 32-host light cluster, removed at the end."""
-    state = tmp_path_factory.mktemp("light")
-    previous = os.environ.get("DOCKERLAUNCH_STATE_DIR")
-    os.environ["DOCKERLAUNCH_STATE_DIR"] = str(state)
     name = f"dll{os.getpid()}"
     subnet = f"172.28.{4 * (os.getpid() % 60)}.0/22"
-    try:
-        config = sim.up(nodes=HOSTS, cluster=name, subnet=subnet, light=True, light_engines=2,
-                        config_out=str(state / "cluster.yaml"))
-        yield name, str(config), [e for e, _, _ in sim.light_engines(name)]
-    finally:
-        sim.down(name, quiet=True)
-        if previous is None:
-            os.environ.pop("DOCKERLAUNCH_STATE_DIR", None)
-        else:
-            os.environ["DOCKERLAUNCH_STATE_DIR"] = previous
-        assert _leftovers(engine, name) == []
+    with own_sim_state(tmp_path_factory, "light") as state:
+        try:
+            config = sim.up(nodes=HOSTS, cluster=name, subnet=subnet, light=True, light_engines=2,
+                            config_out=str(state / "cluster.yaml"))
+            yield name, str(config), [e for e, _, _ in sim.light_engines(name)]
+        finally:
+            sim.down(name, quiet=True)
+    assert _leftovers(engine, name) == []
 
 
 def on_engines(engines: list[str], job: str) -> list[str]:

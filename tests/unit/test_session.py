@@ -121,3 +121,42 @@ def test_a_typo_among_300_hosts_or_one_host_listed_twice_is_one_line_before_any_
     # the jump host's to resolve
     check_addresses([t("10.9.0.1"), t("10.9.0.1b", "10.9.0.1", port=2222)])
     check_addresses([t("inner", "gpu-behind-the-bastion", jumps=(t("bastion"),))])
+
+
+def _local():
+    from dockerlaunch.hosts.local import LocalRemote
+    from dockerlaunch.hosts.targets import SSHTarget
+
+    return LocalRemote(SSHTarget("local", "localhost", "root", local=True))
+
+
+def test_steps_keep_each_commands_status_and_output_and_stop_at_the_first_failure(tmp_path):
+    """`up`'s one round trip per host before its start: every step's own result; nothing after a failed step."""
+    mark = tmp_path / "ran"
+    results = _local().run_steps([
+        ["printf", "a\nb"],  # no final newline
+        "echo err >&2; printf '%s\\n' 'x y' '@dl-step 0 9 9'",  # a script, output that looks like a frame
+        ["sh", "-c", "printf '\\377\\n'; exit 3"],
+        ["touch", str(mark)],
+    ])
+    assert [(r.exit_status, r.stdout, r.stderr) for r in results[:3]] == [
+        (0, "a\nb", ""), (0, "x y\n@dl-step 0 9 9\n", "err\n"), (3, "\ufffd\n", "")]
+    assert results[3] is None and not mark.exists()
+
+
+def test_steps_read_no_input_and_a_batch_that_cannot_run_is_the_first_steps_failure(tmp_path, monkeypatch):
+    r = _local()
+    [res] = r.run_steps([["sh", "-c", "cat; echo done"]])
+    assert (res.exit_status, res.stdout) == (0, "done\n")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))  # the host's shell cannot make its scratch folder
+    first, second = r.run_steps([["true"], ["true"]])
+    assert first.exit_status == 125 and "missing" in first.last_line() and second is None
+
+
+def test_parse_steps_stops_at_a_cut_frame():
+    from dockerlaunch.hosts.ssh import parse_steps
+
+    out = b"@dl-step 0 2 1\nokE@dl-step 1 5 0\nabc"
+    first, second = parse_steps(out, 2)
+    assert (first.exit_status, first.stdout, first.stderr) == (0, "ok", "E") and second is None
+    assert parse_steps(b"garbage\n", 1) == [None] and parse_steps(b"", 3) == [None] * 3

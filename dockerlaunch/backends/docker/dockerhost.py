@@ -60,6 +60,37 @@ def parse_inspect(text: str) -> list[ContainerState]:
     return sorted(out, key=lambda s: (s.rank is None, s.rank, s.name))
 
 
+LEFTOVERS = 3  # listing_script's exit status when the job has containers on the engine
+
+
+def listing_script(job: str) -> str:
+    """The job's containers on the engine, as `docker inspect` JSON; exits LEFTOVERS when there are any (a step of
+    `up`'s first round trip that then stops, so nothing is prepared beside a running job)."""
+    label = shlex.quote(f"{LABEL_JOB}={job}")
+    return (f"ids=$(docker ps -aq --filter label={label}) || exit 1\n"
+            f'[ -z "$ids" ] && exit 0\ndocker inspect $ids && exit {LEFTOVERS}\nexit 4')
+
+
+def parse_listing(host: str, job: str, r: Result) -> list[ContainerState]:
+    # a container removed between `ps` and `inspect` (a watchdog, `--rm`) is simply gone: inspect still prints
+    # the others and exits 1
+    vanished = r.exit_status == 4 and r.stderr.strip() and all(
+        "No such object" in line or "No such container" in line for line in r.stderr.strip().splitlines())
+    if r.exit_status not in (0, LEFTOVERS) and not vanished:
+        raise DockerError(host, r.last_line(), step=f"listing containers of job {job}", exit_status=r.exit_status)
+    return parse_inspect(r.stdout)
+
+
+# stdin -> a new 0600 file at $1 (noclobber: never through a link planted in /tmp), then the command, then the file
+# is removed, also when the command is cut off
+WITH_ENV_FILE = ("p=$1; shift; trap 'rm -f \"$p\"' EXIT; trap 'exit 129' HUP INT TERM\n"
+                 '(umask 077 && set -C && cat >"$p") || exit 125\n"$@"')
+
+
+def with_env_file(path: str, argv: list[str]) -> list[str]:
+    return ["sh", "-c", WITH_ENV_FILE, "sh", path, *argv]
+
+
 class DockerHost:
     """The docker CLI on one host (Ray's DockerCommandRunner over its SSH runner)."""
 
@@ -82,20 +113,15 @@ class DockerHost:
         return r.stdout.strip() if r.ok else None
 
     def job_containers(self, job: str) -> list[ContainerState]:
-        label = shlex.quote(f"{LABEL_JOB}={job}")
-        script = f"ids=$(docker ps -aq --filter label={label}) && if [ -n \"$ids\" ]; then docker inspect $ids; fi"
-        r = self.remote.run(script, timeout=60)
-        # a container removed between `ps` and `inspect` (a watchdog, `--rm`) is simply gone: inspect still
-        # prints the others and exits 1
-        vanished = not r.ok and r.stderr.strip() and all(
-            "No such object" in line or "No such container" in line for line in r.stderr.strip().splitlines())
-        if not r.ok and not vanished:
-            raise DockerError(self.name, r.last_line(), step=f"listing containers of job {job}",
-                              exit_status=r.exit_status)
-        return parse_inspect(r.stdout)
+        return parse_listing(self.name, job, self.remote.run(listing_script(job), timeout=60))
 
-    def run_container(self, spec: ContainerSpec) -> str:
-        r = self.remote.run(run_argv(spec), timeout=300)
+    def run_container(self, spec: ContainerSpec, env_file: tuple[str, bytes] | None = None) -> str:
+        """`docker run -d`; `env_file` (path, secret lines) is written for `--env-file` by the same command and
+        removed when `docker run` returns (one round trip; the secrets never sit on the host between steps)."""
+        argv, stdin = run_argv(spec), None
+        if env_file:
+            argv, stdin = with_env_file(env_file[0], argv), env_file[1]
+        r = self.remote.run(argv, timeout=300, stdin=stdin)
         if not r.ok:
             raise DockerError(self.name, r.last_line(), step=f"starting container {spec.name}",
                               exit_status=r.exit_status)

@@ -175,7 +175,12 @@ def _labels(text: str) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else None
 
 
+PROBE_STEP = "probing the host"
+
+
+def probe_argv(master_addr: str, image: str | None = None) -> list[str]:
+    return ["sh", "-c", script("probe.sh"), "sh", master_addr, *([image] if image else [])]
+
+
 def probe(remote: Remote, master_addr: str, image: str | None = None) -> Probe:
-    r = remote.check(["sh", "-c", script("probe.sh"), "sh", master_addr, *([image] if image else [])],
-                     "probing the host", timeout=60)
-    return parse_probe(r.stdout)
+    return parse_probe(remote.check(probe_argv(master_addr, image), PROBE_STEP, timeout=60).stdout)

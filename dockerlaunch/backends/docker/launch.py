@@ -4,7 +4,7 @@ Invariants: nothing starts until every host is connected, checked and planned wi
 placeholders; once anything has started, every exit path (a failed start, a failed rank, Ctrl-C,
 SIGTERM, SIGHUP, a lost host) removes every job container on every reachable host, unless
 --detach/--keep; a host's own watchdog removes them when the launcher is gone (see watchdog.py).
-Secret env files live on a host only from upload until its `docker run` returns.
+Secret env files live on a host only while its `docker run` runs: one command writes, starts and removes.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import BinaryIO
 
 from dockerlaunch.backends.docker import facts as factslib
 from dockerlaunch.backends.docker import script
-from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost
+from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost, listing_script, parse_listing
 from dockerlaunch.backends.docker.watchdog import Watchdogs
-from dockerlaunch.errors import ConfigError, DockerlaunchError, Terminated
+from dockerlaunch.errors import ConfigError, DockerlaunchError, HostError, Terminated
 from dockerlaunch.hosts.session import Cluster, each
 from dockerlaunch.hosts.targets import SSHTarget, resolve_all
 from dockerlaunch.job.config import ClusterConfig
@@ -95,20 +95,23 @@ def master_addr_of(session: Session) -> str:
     return addr
 
 
-def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None = None) -> dict[int, HostFacts]:
-    """Probe every host concurrently and turn the answers into HostFacts (or one clear error)."""
+def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None = None,
+                 probes: Sequence[factslib.Probe | Exception] | None = None) -> dict[int, HostFacts]:
+    """Every host's probe (asked here, concurrently, unless `prepare` brought them) turned into HostFacts, or one
+    line naming every host that cannot be planned."""
     master = master_addr_of(session)
-    image = session.config.image
-    probes = session.cluster.each(lambda h: factslib.probe(h.remote, master, image))
+    if probes is None:
+        image = session.config.image
+        probes = [o.value if o.ok else o.error  # type: ignore[misc]
+                  for o in session.cluster.each(lambda h: factslib.probe(h.remote, master, image))]
     user_env = session.config.container.env
     one_machine = session.config.one_machine
     out: dict[int, HostFacts] = {}
     errors = []
-    for hp, o in zip(session.plan.hosts, probes):
-        if not o.ok:
-            errors.append(str(o.error))
+    for hp, p in zip(session.plan.hosts, probes):
+        if isinstance(p, Exception):
+            errors.append(str(p))
             continue
-        p = o.value
         if p.problem and "NCCL_SOCKET_IFNAME" not in user_env and not one_machine:
             errors.append(
                 f"host {hp.address}: NIC toward MASTER_ADDR {master}: {p.problem}; fix the route or set "
@@ -180,20 +183,9 @@ def remove_stale_env_files(session: Session, job: str) -> None:
 
 
 def env_file_paths(session: Session, job: str) -> dict[int, tuple[str, ...]]:
-    """Where each host's secret file goes; known before the upload, so an interrupted upload is cleaned up."""
+    """Where each host's secret file goes; known before the start, so an interrupted start is cleaned up."""
     token = secrets.token_hex(6)
     return {hp.rank: (f"/tmp/dockerlaunch-{job}-{hp.rank}-{token}.env",) for hp in session.plan.hosts}
-
-
-def upload_env_files(session: Session, paths: dict[int, tuple[str, ...]], content: bytes) -> None:
-    """One 0600 file per host with every secret line; the path goes to `--env-file`, never the values.
-    On failure the caller removes `paths` (some hosts may have theirs)."""
-
-    def put(h):
-        [path] = paths[h.rank]
-        h.remote.check(["sh", "-c", 'umask 077 && cat > "$1"', "sh", path], f"writing {path}", stdin=content)
-
-    session.cluster.each(put).raise_first()
 
 
 def remove_env_files(session: Session, paths: dict[int, tuple[str, ...]]) -> None:
@@ -284,7 +276,7 @@ def up(
     secrets_blob = read_env_files(config) if config.container.env_files else b""
     session = open_session(config, plan or plan_job(config))  # the image is required here: it starts containers
     try:
-        clear_leftovers(session, job, reporter)
+        probes = prepare(session, reporter, diag=not preflight, probe=not preflight)
         for note in session.plan.advice:
             reporter.say(f"note: {note}", "yellow")
         if preflight:
@@ -296,18 +288,17 @@ def up(
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
                              "Fix the above or use --skip-preflight.", "bold red")
                 return 1
-        prepare_diag_dirs(session)
+            probes = prepare(session, reporter, listing=False)
         env_paths = env_file_paths(session, job) if secrets_blob else {}
         try:
-            if secrets_blob:
-                upload_env_files(session, env_paths, secrets_blob)
             run_id = secrets.token_hex(6)
-            applied = resolve(session.plan, gather_facts(session, env_paths), run_id)
+            applied = resolve(session.plan, gather_facts(session, env_paths, probes), run_id)
             if applied.unresolved():
                 raise DockerlaunchError("internal: plan still has unresolved values: "
                                         + "; ".join(applied.unresolved()))
             return _start_and_watch(session, applied, reporter, detach=detach, keep=keep, log_dir=log_dir,
-                                    env_paths=env_paths, run_id=run_id, monitors=monitors)
+                                    env_paths=env_paths, secrets_blob=secrets_blob, run_id=run_id,
+                                    monitors=monitors)
         finally:
             if env_paths:  # normally gone already (removed as each `docker run` returned): the safety net
                 remove_env_files(session, env_paths)
@@ -315,40 +306,75 @@ def up(
         session.close()
 
 
-def clear_leftovers(session: Session, job: str, reporter: Reporter) -> None:
+def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag: bool = True, probe: bool = True
+            ) -> list[factslib.Probe | Exception] | None:
+    """Each host's steps before its start, in one round trip (`Remote.run_steps`; at 256 hosts every extra round
+    trip is a wait on the slowest): the job's containers of an earlier run, secret files it left, the emptied
+    diagnostics folder, the probe. Running containers of the job make `up` refuse before anything is touched;
+    stopped ones are removed and that host's remaining steps run again. Returns each host's probe when asked."""
+    config, job = session.config, session.config.job.name
+    master = master_addr_of(session) if probe else ""
+    diag_argv = None
+    if diag and session.plan.diag_dir is not None:
+        mode = "0777" if config.container.user else "0755"  # a container user other than root may not own it
+        diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, job, mode, *DIAG_SUBDIRS]
+    locals_ = [h.rank for h in session.cluster.hosts if h.target.local]
+    diag_ranks = {h.rank for h in session.cluster.hosts if not h.target.local} | set(locals_[:1])  # one folder
+
+    def steps(h) -> list:
+        out: list = []
+        if listing:  # the listing stops the batch when the job has containers there (LEFTOVERS)
+            out += [listing_script(job), ["sh", "-c", f"rm -f {env_file_glob(job)}; exit 0"]]
+        if diag_argv and h.rank in diag_ranks:
+            out.append(diag_argv)
+        if probe:
+            out.append(factslib.probe_argv(master, config.image))
+        return out
+
+    hosts = session.cluster.hosts
+    done = session.cluster.each(lambda h: h.remote.run_steps(steps(h), timeout=60)).raise_first()
+    if listing:
+        found = [parse_listing(h.name, job, rs[0]) for h, rs in zip(hosts, done)]  # type: ignore[arg-type]
+        if any(found):
+            _clear_leftovers(session, own_containers([h.name for h in hosts], found), reporter)
+        again = [h for h, rs in zip(hosts, done) if rs[0].exit_status != 0]  # type: ignore[union-attr]
+        redo = session.cluster.each(lambda h: h.remote.run_steps(steps(h)[1:], timeout=60), again)
+        for h, rs in zip(again, redo.raise_first()):
+            done[h.rank] = [done[h.rank][0], *rs]
+        done = [rs[2:] for rs in done]
+    if diag_argv:
+        for h, rs in zip(hosts, done):
+            if h.rank in diag_ranks:
+                r = rs.pop(0)
+                if r is not None and not r.ok:
+                    raise DockerlaunchError(
+                        f"{HostError(h.name, r.last_line(), step='preparing the diagnostics folder')} "
+                        f"({session.plan.diag_dir}); make it writable for the SSH user, set diagnostics.dir, "
+                        "or start with --no-diagnostics")
+    if not probe:
+        return None
+    probes: list[factslib.Probe | Exception] = []
+    for h, rs in zip(hosts, done):
+        r = rs[0]
+        probes.append(factslib.parse_probe(r.stdout) if r is not None and r.ok else HostError(
+            h.name, r.last_line() if r is not None else "not run", step=factslib.PROBE_STEP,
+            exit_status=r.exit_status if r is not None else None))
+    return probes
+
+
+def _clear_leftovers(session: Session, existing: list[tuple[str, ContainerState]], reporter: Reporter) -> None:
     """Containers of an earlier run that are not running are removed; running ones make `up` refuse."""
-    existing = existing_job_containers(session, job)
+    job = session.config.job.name
     running = [(host, s) for host, s in existing if s.status in ("running", "restarting", "paused")]
     if running:
         what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in running)
         raise DockerlaunchError(f"job {job} already has containers ({what}); "
                                 f"remove them: dockerlaunch down --name {job}")
-    if existing:
-        by_host: dict[str, list[str]] = {}
-        for host, s in existing:
-            by_host.setdefault(host, []).append(s.name)
-        session.cluster.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []), grace=0)).raise_first()
-        reporter.say(f"removed {len(existing)} leftover container(s) of an earlier run of {job}")
-    remove_stale_env_files(session, job)
-
-
-def prepare_diag_dirs(session: Session) -> None:
-    """Each host's diagnostics folder for the job, emptied (old logs would mislead `transport` and `dump`)."""
-    config = session.config
-    if session.plan.diag_dir is None:
-        return
-    # a container user other than root may not own the folder it writes into
-    mode = "0777" if config.container.user else "0755"
-    argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, config.job.name, mode, *DIAG_SUBDIRS]
-    machines = [h for h in session.cluster.hosts if not h.target.local]
-    machines += [h for h in session.cluster.hosts if h.target.local][:1]  # `local` "hosts" share one folder
-    failed = session.cluster.each(lambda h: h.remote.check(argv, "preparing the diagnostics folder", timeout=60),
-                                  machines).failed
-    if failed:
-        raise DockerlaunchError(
-            f"{failed[0].error} ({session.plan.diag_dir}); make it writable for the SSH user, set "
-            "diagnostics.dir, or start with --no-diagnostics"
-        )
+    by_host: dict[str, list[str]] = {}
+    for host, s in existing:
+        by_host.setdefault(host, []).append(s.name)
+    session.cluster.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []), grace=0)).raise_first()
+    reporter.say(f"removed {len(existing)} leftover container(s) of an earlier run of {job}")
 
 
 def _remove_everywhere(session: Session, plan: JobPlan, grace: int = 3, skip: tuple[int, ...] = ()):
@@ -366,7 +392,7 @@ def _teardown(session: Session, plan: JobPlan, reporter: Reporter, why: str, ski
 
 
 def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, detach: bool, keep: bool,
-                     log_dir: str | None, env_paths: dict[int, tuple[str, ...]], run_id: str,
+                     log_dir: str | None, env_paths: dict[int, tuple[str, ...]], secrets_blob: bytes, run_id: str,
                      monitors: Sequence[Monitor] = ()) -> int:
     config = session.config
     started = False
@@ -383,11 +409,11 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
         started = True  # from here on, any exit path tears down (a partial start too)
 
         def start(h) -> str:
-            try:
-                return DockerHost.on(h).run_container(plan.hosts[h.rank].container)
-            finally:
-                if env_paths.get(h.rank):  # `docker run` has read the secrets: they leave the host now
-                    h.remote.run(["rm", "-f", *env_paths.pop(h.rank)], timeout=30)
+            path = env_paths.get(h.rank)
+            result = DockerHost.on(h).run_container(plan.hosts[h.rank].container,
+                                                    env_file=(path[0], secrets_blob) if path else None)
+            env_paths.pop(h.rank, None)  # written and removed by that one command
+            return result
 
         results = session.cluster.each(start, settle=START_SETTLE)
         if results.failed:
