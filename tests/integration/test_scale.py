@@ -90,3 +90,47 @@ def _hosts(config: str) -> list[str]:
     import yaml
 
     return [h["address"] for h in yaml.safe_load(open(config))["hosts"]]
+
+
+# what sshd does to a connection it drops (MaxStartups, an overloaded host): accept it, close it before the banner
+_DROP_ALL = ("use IO::Socket::INET; my $s = IO::Socket::INET->new(LocalPort => 2201, Listen => 64, ReuseAddr => 1)"
+             " or die $!; while (my $c = $s->accept) { close $c }")
+
+
+def test_hosts_whose_sshd_refuses_every_login_or_drops_every_connection_are_named_and_nothing_starts(light, tmp_path):
+    """Among 32 hosts, host 5's sshd refuses every login (a second real sshd on port 2200 that allows no user) and
+    host 17's port drops every connection before the banner: `up` names both in one line; nothing starts."""
+    import yaml
+
+    name, config, engines = light
+    node5, node17 = f"{name}-node5", f"{name}-node17"
+    subprocess.run(["docker", "exec", node5, "/usr/sbin/sshd", "-p", "2200", "-o", "AllowUsers=nobody",
+                    "-o", "PidFile=/run/sshd-refuse.pid", "-E", "/var/log/sshd-refuse.log"], check=True, timeout=60)
+    subprocess.run(["docker", "exec", "-d", node17, "perl", "-e", _DROP_ALL], check=True, timeout=60)
+    try:
+        data = yaml.safe_load(open(config))
+        ip5, ip17 = data["hosts"][4]["address"], data["hosts"][16]["address"]
+        data["hosts"][4]["port"], data["hosts"][16]["port"] = 2200, 2201
+        known = tmp_path / "known_hosts"
+        lines = open(data["ssh"]["known_hosts"]).read().splitlines()
+        # the refusing sshd has host 5's key, pinned for its port: the refusal, not the key, is what is tested
+        lines += [f"[{ip5}]:2200 " + x.split(" ", 1)[1] for x in lines if x.split(" ", 1)[0] == ip5]
+        known.write_text("\n".join(lines) + "\n")
+        data["ssh"].update(known_hosts=str(known), connect_timeout=2)
+        bad = tmp_path / "cluster.yaml"
+        bad.write_text(yaml.safe_dump(data))
+        job = job_name()
+        t0 = time.monotonic()
+        r = dl("up", "--config", str(bad), "--name", job, "--", "echo", "never", timeout=300)
+        took = time.monotonic() - t0
+        assert r.returncode != 0 and "never" not in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+        said = [x for x in r.stderr.splitlines() if x.strip()]
+        assert len(said) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert f"host {ip5}" in said[0] and "authentication" in said[0].lower(), said[0]
+        assert f"host {ip17}" in said[0], said[0]
+        assert [ip for ip in (h["address"] for h in data["hosts"]) if f"host {ip}:" in said[0]] == [ip5, ip17], said
+        assert on_engines(engines, job) == []
+        assert took < 60, f"up took {took:.0f}s to give up"  # retries are bounded by 3 x connect_timeout
+    finally:
+        subprocess.run(["docker", "exec", node5, "sh", "-c", "kill $(cat /run/sshd-refuse.pid)"], timeout=60)
+        subprocess.run(["docker", "exec", node17, "pkill", "-f", "IO::Socket"], timeout=60)
