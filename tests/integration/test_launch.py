@@ -95,7 +95,7 @@ def test_signal_tears_down_every_host(sim_cluster, job_containers, sig, code):
         dl("down", "--config", str(sim_cluster[1]), "--name", job)
 
 
-def test_detach_status_logs_exec_down(sim_cluster, job_containers):
+def test_detach_status_logs_exec_down(sim_cluster, job_containers, remotes):
     cfg = str(sim_cluster[1])
     job = job_name()
     r = dl("up", "--skip-preflight", "--detach", "--config", cfg, "--name", job, "--",
@@ -103,9 +103,13 @@ def test_detach_status_logs_exec_down(sim_cluster, job_containers):
     assert r.returncode == 0, r.stderr
     try:
         assert sorted(c.split(":")[2] for c in job_containers(job)) == ["running", "running"]
+        marker = f"/var/tmp/dockerlaunch/{job}/nccl/marker"  # the running job's diagnostics
+        for rm in remotes:
+            rm.check(["touch", marker], "planting")
         again = dl("up", "--skip-preflight", "--config", cfg, "--name", job, "--", "true")
         assert (again.returncode == 1 and "already has containers" in again.stderr
                 and f"down --name {job}" in again.stderr)
+        assert all(rm.run(["test", "-e", marker]).ok for rm in remotes)  # refused before touching anything
 
         st = dl("status", "--config", cfg, "--name", job)
         assert st.returncode == 0 and st.stdout.count("running") == 2 and f"{job}-1" in st.stdout

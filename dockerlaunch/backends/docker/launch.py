@@ -35,6 +35,7 @@ from dockerlaunch.reporting import Reporter
 
 MONITOR_JOIN = 15.0  # after the job ends, monitors get this long to say their last word
 EXIT_HOST_LOST = 75  # `up`'s exit code when a host stopped answering (EX_TEMPFAIL: try again later)
+PREPARE_TIMEOUT = 120.0  # seconds for a host's steps before its start (listing, diagnostics folder, probe) together
 START_SETTLE = 30.0  # on Ctrl-C during the start, wait this long for `docker run`s under way, then remove
 
 
@@ -310,8 +311,9 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
             ) -> list[factslib.Probe | Exception] | None:
     """Each host's steps before its start, in one round trip (`Remote.run_steps`; at 256 hosts every extra round
     trip is a wait on the slowest): the job's containers of an earlier run, secret files it left, the emptied
-    diagnostics folder, the probe. Running containers of the job make `up` refuse before anything is touched;
-    stopped ones are removed and that host's remaining steps run again. Returns each host's probe when asked."""
+    diagnostics folder, the probe. A host where the job has any container stops its batch at the listing, so
+    nothing is touched beside a running job; running ones make `up` refuse, stopped ones are removed and that
+    host's remaining steps run again. Returns each host's probe when asked."""
     config, job = session.config, session.config.job.name
     master = master_addr_of(session) if probe else ""
     diag_argv = None
@@ -332,13 +334,13 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
         return out
 
     hosts = session.cluster.hosts
-    done = session.cluster.each(lambda h: h.remote.run_steps(steps(h), timeout=60)).raise_first()
+    done = session.cluster.each(lambda h: h.remote.run_steps(steps(h), timeout=PREPARE_TIMEOUT)).raise_first()
     if listing:
         found = [parse_listing(h.name, job, rs[0]) for h, rs in zip(hosts, done)]  # type: ignore[arg-type]
         if any(found):
             _clear_leftovers(session, own_containers([h.name for h in hosts], found), reporter)
         again = [h for h, rs in zip(hosts, done) if rs[0].exit_status != 0]  # type: ignore[union-attr]
-        redo = session.cluster.each(lambda h: h.remote.run_steps(steps(h)[1:], timeout=60), again)
+        redo = session.cluster.each(lambda h: h.remote.run_steps(steps(h)[1:], timeout=PREPARE_TIMEOUT), again)
         for h, rs in zip(again, redo.raise_first()):
             done[h.rank] = [done[h.rank][0], *rs]
         done = [rs[2:] for rs in done]
