@@ -468,7 +468,9 @@ def test_pyxis_script_passes_hostile_values_byte_exact(tmp_path):
         "sft-qwen.pyxis.sbatch"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho gpu07\necho gpu08\n")
+    # the first node, then (later, as a real scontrol of a large allocation) the rest: a reader that stops after
+    # the first line makes that write a SIGPIPE, which `set -o pipefail` turns into the script's failure (141)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho gpu07\nsleep 0.3\nseq -f gpu%02g 8 300\n")
     (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {tmp_path}/argv\n'
                                   f'printf "%s" "$NASTY" > {tmp_path}/nasty\nprintf "%s" "$MASTER_ADDR" > '
                                   f'{tmp_path}/master\n')
