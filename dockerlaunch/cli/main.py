@@ -90,6 +90,12 @@ def main(argv: list[str] | None = None) -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+    # paramiko's transport thread logs every failed handshake (a banner cut by MaxStartups, a reset) at ERROR with
+    # a traceback, which Python prints on stderr when no handler is set: dockerlaunch says it once, in one line
+    paramiko_log = logging.getLogger("paramiko")
+    if not paramiko_log.handlers:
+        paramiko_log.addHandler(logging.NullHandler())
+        paramiko_log.propagate = False
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     try:
