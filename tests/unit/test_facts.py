@@ -155,3 +155,26 @@ def test_one_docker_info_gives_the_engine_cdi_dirs_and_runtimes():
     assert (on.engine, on.cdi_dirs) == ("28.5.2", ("/etc/cdi", "/var/run/cdi"))
     silent = parse_probe("has_ip=0\ndocker_info=\n").gpu  # no engine answered
     assert (silent.engine, silent.cdi_dirs) == (None, None)
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_the_probe_asks_the_engine_for_gpu_facts_only_for_hosts_that_get_gpus(tmp_path, gpu):
+    """`docker info` is the costliest question to an engine that many hosts may share: not asked for gpus: none."""
+    import subprocess
+
+    from dockerlaunch.backends.docker.facts import parse_probe, probe_argv
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    docker = bin_dir / "docker"  # a stand-in engine CLI that records what it was asked
+    docker.write_text(f'#!/bin/sh\necho "$1" >> {calls}\n[ "$1" = info ] && echo \'{{"ServerVersion": "28.5.2"}}\'\n'
+                      'exit 0\n')
+    docker.chmod(0o755)
+    r = subprocess.run(probe_argv("127.0.0.1", "img:1", gpu=gpu), capture_output=True, text=True, timeout=30,
+                       env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"})
+    assert r.returncode == 0, r.stderr
+    asked = calls.read_text().split()
+    assert ("info" in asked) is gpu and "image" in asked, asked
+    p = parse_probe(r.stdout)
+    assert (p.gpu.engine == "28.5.2") is gpu

@@ -178,8 +178,11 @@ def _labels(text: str) -> dict[str, str] | None:
 PROBE_STEP = "probing the host"
 
 
-def probe_argv(master_addr: str, image: str | None = None) -> list[str]:
-    return ["sh", "-c", script("probe.sh"), "sh", master_addr, *([image] if image else [])]
+def probe_argv(master_addr: str, image: str | None = None, gpu: bool = True) -> list[str]:
+    """`gpu=False` (a host that gets no GPUs) leaves out the engine's GPU facts: `docker info` is the costliest
+    question to an engine, and hosts may share one."""
+    return ["sh", "-c", ("" if gpu else "DL_PROBE_GPU=0\n") + script("probe.sh"), "sh", master_addr,
+            *([image] if image else [])]
 
 
 def probe(remote: Remote, master_addr: str, image: str | None = None) -> Probe:

@@ -330,7 +330,8 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
         if diag_argv and h.rank in diag_ranks:
             out.append(diag_argv)
         if probe:
-            out.append(factslib.probe_argv(master, config.image))
+            gpus = config.hosts[h.rank].gpus if config.hosts[h.rank].gpus is not None else config.container.gpus
+            out.append(factslib.probe_argv(master, config.image, gpu=gpus != "none"))
         return out
 
     hosts = session.cluster.hosts

@@ -20,8 +20,9 @@ echo "has_ip=$(command -v ip >/dev/null 2>&1 && echo 1 || echo 0)"
 [ -n "${2:-}" ] && echo "image_labels=$(docker image inspect --format '{{json .Config.Labels}}' "$2" 2>/dev/null)"
 for d in /dev/nvidia*; do [ -c "$d" ] && echo "gpu_dev=$d"; done
 # One question to the engine (hosts may share one, and every call costs it): its version, the CDI spec
-# directories it reads (none: CDI is off there; the field is missing before Docker 25) and its runtimes
-echo "docker_info=$(docker info --format '{{json .}}' 2>/dev/null)"
+# directories it reads (none: CDI is off there; the field is missing before Docker 25) and its runtimes;
+# not asked for a host that gets no GPUs (DL_PROBE_GPU=0)
+[ "${DL_PROBE_GPU:-1}" = 0 ] || echo "docker_info=$(docker info --format '{{json .}}' 2>/dev/null)"
 for f in /etc/cdi/* /var/run/cdi/*; do
   [ -f "$f" ] && grep -q 'nvidia.com/gpu' "$f" 2>/dev/null && echo "cdi=$f"
 done
