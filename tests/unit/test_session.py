@@ -160,3 +160,18 @@ def test_parse_steps_stops_at_a_cut_frame():
     first, second = parse_steps(out, 2)
     assert (first.exit_status, first.stdout, first.stderr) == (0, "ok", "E") and second is None
     assert parse_steps(b"garbage\n", 1) == [None] and parse_steps(b"", 3) == [None] * 3
+
+
+def test_up_says_where_its_time_went():
+    from dockerlaunch.backends.docker.launch import Phases
+
+    p = Phases()
+    p.t0 -= 3.0
+    p.last -= 3.0
+    p.done("connect")
+    p.last -= 0.01  # under 0.05 s: not worth a word
+    p.done("plan")
+    p.last -= 2.0
+    p.done("start")
+    text = str(p)
+    assert text.startswith("5.0s (connect 3.0s, start 2.0s") and "plan" not in text, text

@@ -39,6 +39,23 @@ PREPARE_TIMEOUT = 120.0  # seconds for a host's steps before its start (listing,
 START_SETTLE = 30.0  # on Ctrl-C during the start, wait this long for `docker run`s under way, then remove
 
 
+class Phases:
+    """Where `up`'s time went before the job ran (shown with the start: at 256 hosts, which step to look at)."""
+
+    def __init__(self) -> None:
+        self.t0 = self.last = time.monotonic()
+        self.spent: dict[str, float] = {}
+
+    def done(self, name: str) -> None:
+        now = time.monotonic()
+        self.spent[name] = self.spent.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {v:.1f}s" for k, v in self.spent.items() if v >= 0.05)
+        return f"{self.last - self.t0:.1f}s" + (f" ({parts})" if parts else "")
+
+
 @dataclass
 class Session:
     """A connected cluster and the job's plan (made once, before any host was asked); `resolve` fills its
@@ -275,21 +292,26 @@ def up(
     reporter = reporter or Reporter()
     job = config.job.name
     secrets_blob = read_env_files(config) if config.container.env_files else b""
+    phases = Phases()
     session = open_session(config, plan or plan_job(config))  # the image is required here: it starts containers
+    phases.done("connect")
     try:
         probes = prepare(session, reporter, diag=not preflight, probe=not preflight)
+        phases.done("prepare")
         for note in session.plan.advice:
             reporter.say(f"note: {note}", "yellow")
         if preflight:
             from dockerlaunch.backends.docker import doctor
 
             report = doctor.check(session.cluster, session.plan)
+            phases.done("preflight")
             reporter.checks(report)
             if report.failed:
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
                              "Fix the above or use --skip-preflight.", "bold red")
                 return 1
             probes = prepare(session, reporter, listing=False)
+            phases.done("prepare")
         env_paths = env_file_paths(session, job) if secrets_blob else {}
         try:
             run_id = secrets.token_hex(6)
@@ -299,7 +321,7 @@ def up(
                                         + "; ".join(applied.unresolved()))
             return _start_and_watch(session, applied, reporter, detach=detach, keep=keep, log_dir=log_dir,
                                     env_paths=env_paths, secrets_blob=secrets_blob, run_id=run_id,
-                                    monitors=monitors)
+                                    monitors=monitors, phases=phases)
         finally:
             if env_paths:  # normally gone already (removed as each `docker run` returned): the safety net
                 remove_env_files(session, env_paths)
@@ -396,7 +418,7 @@ def _teardown(session: Session, plan: JobPlan, reporter: Reporter, why: str, ski
 
 def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, detach: bool, keep: bool,
                      log_dir: str | None, env_paths: dict[int, tuple[str, ...]], secrets_blob: bytes, run_id: str,
-                     monitors: Sequence[Monitor] = ()) -> int:
+                     monitors: Sequence[Monitor] = (), phases: Phases | None = None) -> int:
     config = session.config
     started = False
     stop = threading.Event()
@@ -418,7 +440,10 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
             env_paths.pop(h.rank, None)  # written and removed by that one command
             return result
 
+        phases = phases or Phases()
+        phases.done("watchdogs" if watchdogs is not None else "plan")
         results = session.cluster.each(start, settle=START_SETTLE)
+        phases.done("start")
         if results.failed:
             for o in results.failed:
                 reporter.say(str(o.error), "bold red")
@@ -427,9 +452,10 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
             return 1
         if detach:
             started = False
-            reporter.say(f"started {plan.nnodes} container(s); "
+            reporter.say(f"started {plan.nnodes} container(s) in {phases}; "
                          f"follow with: dockerlaunch logs --follow --name {plan.job}")
             return 0
+        reporter.say(f"started {plan.nnodes} container(s) in {phases}")
 
         run_dir = None
         if log_dir:
