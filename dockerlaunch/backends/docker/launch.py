@@ -43,7 +43,7 @@ class Phases:
     """Where `up`'s time went before the job ran (shown with the start: at 256 hosts, which step to look at)."""
 
     def __init__(self) -> None:
-        self.t0 = self.last = time.monotonic()
+        self.last = time.monotonic()
         self.spent: dict[str, float] = {}
 
     def done(self, name: str) -> None:
@@ -53,7 +53,7 @@ class Phases:
 
     def __str__(self) -> str:
         parts = ", ".join(f"{k} {v:.1f}s" for k, v in self.spent.items() if v >= 0.05)
-        return f"{self.last - self.t0:.1f}s" + (f" ({parts})" if parts else "")
+        return f"{sum(self.spent.values()):.1f}s" + (f" ({parts})" if parts else "")
 
 
 @dataclass
