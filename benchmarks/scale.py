@@ -371,6 +371,9 @@ class Launch:
         return {"argv": " ".join(self.argv[len(LAUNCHER):]), "rc": self.p.returncode, "timed_out": self.timed_out,
                 "wall_s": round(self.t_end - self.t_start, 3), "t_start": self.t_start, "t_end": self.t_end,
                 "stdout_lines": self.lines, **stats,
+                # up's own account of where its time went ("started N container(s) in T (connect .., ...)")
+                "phases": next((x.split(" in ", 1)[1].split(";")[0] for x in reversed(self.out_tail)
+                                if "container(s) in " in x and "started " in x), None),
                 "stderr_tail": "\n".join(self.err_tail)[-1500:]}
 
     def kill(self) -> None:
@@ -1000,6 +1003,7 @@ def figures(res: dict) -> dict:
     usd = s.get("up_status_down", {})
     f["up_all_running_s"] = usd.get("up_all_running_s")
     f["up_wall_s"] = (usd.get("up") or {}).get("wall_s")
+    f["up_phases"] = (usd.get("up") or {}).get("phases")
     f["status_s"] = (usd.get("status") or {}).get("wall_s")
     f["down_s"] = (usd.get("down") or {}).get("wall_s")
     ff = s.get("failfast", {})
@@ -1094,7 +1098,8 @@ def report(results: list[dict]) -> str:
             ("floor: N x docker run -d, all running", fmt(f.get("floor_up_s")) + " s",
              f"docker runs returned {fmt(f.get('floor_up_wall_s'))} s; the faster of {f.get('floors')}"),
             ("up --detach, all running", fmt(f.get("up_all_running_s")) + " s",
-             f"{fmt(f.get('up_ratio'))} x floor; up exited {fmt(f.get('up_wall_s'))} s"),
+             f"{fmt(f.get('up_ratio'))} x floor; up exited {fmt(f.get('up_wall_s'))} s; up's phases: "
+             f"{f.get('up_phases')}"),
             ("status", fmt(f.get("status_s")) + " s", usd.get("status_problem", "N listed once each")
              if s.get("up_status_down") else "-"),
             ("down", fmt(f.get("down_s")) + " s", usd.get("down_problem", "none left")

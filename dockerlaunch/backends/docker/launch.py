@@ -126,6 +126,8 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
     one_machine = session.config.one_machine
     out: dict[int, HostFacts] = {}
     errors = []
+    # the image's labels where a host was asked them (`prepare` asks host 0 only: one image for every host)
+    labels = next((p.image_labels for p in probes if not isinstance(p, Exception) and p.image_labels), None)
     for hp, p in zip(session.plan.hosts, probes):
         if isinstance(p, Exception):
             errors.append(str(p))
@@ -150,7 +152,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             master_addr=master if hp.rank == 0 else None,
             env_files=(env_files or {}).get(hp.rank),
             gpu=p.gpu,
-            torch=(p.image_labels or {}).get(TORCH_LABEL),
+            torch=(p.image_labels or labels or {}).get(TORCH_LABEL),
         )
     if errors:
         raise DockerlaunchError("; ".join(errors))
@@ -353,7 +355,9 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
             out.append(diag_argv)
         if probe:
             gpus = config.hosts[h.rank].gpus if config.hosts[h.rank].gpus is not None else config.container.gpus
-            out.append(factslib.probe_argv(master, config.image, gpu=gpus != "none"))
+            # the image's labels (its torch) from host 0 only: every host runs the same image, and each question
+            # is a docker CLI run on an engine that the sim's hosts share
+            out.append(factslib.probe_argv(master, config.image if h.rank == 0 else None, gpu=gpus != "none"))
         return out
 
     hosts = session.cluster.hosts
