@@ -197,9 +197,14 @@ def env_file_glob(job: str) -> str:
     return f"/tmp/dockerlaunch-{job}-*.env"  # job names are [A-Za-z0-9_.-]: no shell metacharacters
 
 
+def stale_env_files_argv(job: str) -> list[str]:
+    """Removes secret files an earlier run left behind (its launcher was killed before it could); another
+    login's files (sticky /tmp) are not ours to remove and are no failure."""
+    return ["sh", "-c", f"rm -f {env_file_glob(job)}; exit 0"]
+
+
 def remove_stale_env_files(session: Session, job: str) -> None:
-    """Secret files an earlier run left behind (its launcher was killed before it could remove them)."""
-    session.cluster.each(lambda h: h.remote.run(["sh", "-c", f"rm -f {env_file_glob(job)}"], timeout=30))
+    session.cluster.each(lambda h: h.remote.run(stale_env_files_argv(job), timeout=30))
 
 
 def env_file_paths(session: Session, job: str) -> dict[int, tuple[str, ...]]:
@@ -350,14 +355,14 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
     def steps(h) -> list:
         out: list = []
         if listing:  # the listing stops the batch when the job has containers there (LEFTOVERS)
-            out += [listing_script(job), ["sh", "-c", f"rm -f {env_file_glob(job)}; exit 0"]]
+            out += [listing_script(job), stale_env_files_argv(job)]
         if diag_argv and h.rank in diag_ranks:
             out.append(diag_argv)
         if probe:
-            gpus = config.hosts[h.rank].gpus if config.hosts[h.rank].gpus is not None else config.container.gpus
             # the image's labels (its torch) from host 0 only: every host runs the same image, and each question
             # is a docker CLI run on an engine that the sim's hosts share
-            out.append(factslib.probe_argv(master, config.image if h.rank == 0 else None, gpu=gpus != "none"))
+            gets_gpus = session.plan.hosts[h.rank].container.gpus is not None
+            out.append(factslib.probe_argv(master, config.image if h.rank == 0 else None, gpu=gets_gpus))
         return out
 
     hosts = session.cluster.hosts
