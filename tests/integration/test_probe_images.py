@@ -172,7 +172,8 @@ def test_nofile_the_engine_refuses_is_named_with_the_fix(sim_cluster, remotes, b
     no_blame(checks)
     assert code == 1
     for n in sim_cluster[2]:
-        nofile = checks[(n.ip, "nofile")]
+        nofile = checks.get((n.ip, "nofile"))
+        assert nofile is not None, [c for c in checks.values() if c["host"] == n.ip]
         assert nofile["verdict"] == "FAIL", nofile
         assert nofile["reason"].startswith("the engine refused --ulimit nofile=1048576:1048576"), nofile
         assert "set container.ulimits.nofile to at most" in nofile["reason"], nofile

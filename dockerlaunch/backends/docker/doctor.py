@@ -333,8 +333,13 @@ def _in_container(h: Host, spec: ContainerSpec) -> ContainerFacts | str:
     r = h.remote.run(run_argv(spec), timeout=120)
     if r.ok:
         return r.stdout
-    missing = missing_executable(r.exit_status, r.stderr + r.stdout)
-    return ContainerFacts(missing=missing) if missing else ContainerFacts(error=r.last_line())
+    text = r.stderr + r.stdout
+    missing = missing_executable(r.exit_status, text)
+    if missing:
+        return ContainerFacts(missing=missing)
+    # the engine's reason can be long or followed by other lines: the refused limit is named from all of it
+    refused = next((line.strip()[-300:] for line in text.splitlines() if refused_rlimit(line)), None)
+    return ContainerFacts(error=refused or r.last_line())
 
 
 def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str) -> None:
