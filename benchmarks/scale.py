@@ -781,7 +781,7 @@ def check_log_files(run_dir: Path | None, n: int, lines: int) -> dict:
     if run_dir is None or not run_dir.is_dir():
         return {"ok": False, "problem": "no log folder"}
     check = LineCheck(n, lines)
-    files = sorted(run_dir.glob("rank*.log"))
+    files = sorted(run_dir.rglob("rank*.log"))  # <run>/attempt-0/
     for f in files:
         r = int(re.match(r"rank(\d+)-", f.name)[1])
         with open(f, errors="replace") as fh:

@@ -6,6 +6,8 @@ from dockerlaunch.backends import Unsupported
 from dockerlaunch.job.plan import LABEL_HOST, LABEL_RANK, LABEL_RUN, JobPlan
 from dockerlaunch.job.spec import ContainerSpec, Deferred
 
+RESTARTS = ("jobset",)  # targets whose own controller restarts every node of a failed job (job.max_restarts)
+
 
 def refuse_common(plan: JobPlan, target: str) -> None:
     """What no rendered file can carry: a `local` host (this machine through dockerlaunch) and literal docker
@@ -14,6 +16,17 @@ def refuse_common(plan: JobPlan, target: str) -> None:
         if h.local:
             raise Unsupported(target, f"hosts[{i}] local", "`local` is this machine through dockerlaunch's own "
                               "engine; list the nodes by address")
+    job = plan.config.job
+    if job.hang_timeout is not None:
+        raise Unsupported(target, "job.hang_timeout", "only `dockerlaunch up` watches a job's output for hangs; "
+                          "drop it (and job.progress_regex) for render")
+    if plan.config.spares:
+        raise Unsupported(target, "spares", f"only `dockerlaunch up` swaps hosts; {target} places the job on nodes "
+                          "itself: drop spares for render")
+    if job.max_restarts and target not in RESTARTS:
+        raise Unsupported(target, f"job.max_restarts {job.max_restarts}", f"{target} restarts one failed container, "
+                          "not the whole job, and a lone restarted rank cannot rejoin the others: use --to jobset "
+                          "(failurePolicy.maxRestarts) or `dockerlaunch up`, or set 0")
     for hp in plan.hosts:
         if hp.container.docker_args:
             raise Unsupported(target, "container.extra_args", f"literal docker run flags "

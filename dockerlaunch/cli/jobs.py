@@ -9,7 +9,16 @@ import click
 import yaml
 
 from dockerlaunch.cli.console import RichReporter, console, dry_run_view, print_report, print_table, render_plan
-from dockerlaunch.cli.main import CONTEXT, cli, config_options, diagnostics_option, load, offline_option, output_option
+from dockerlaunch.cli.main import (
+    CONTEXT,
+    cli,
+    config_options,
+    diagnostics_option,
+    load,
+    offline_option,
+    output_option,
+    split_hosts,
+)
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.targets import resolve_all
 from dockerlaunch.job.config import config_schema
@@ -44,7 +53,13 @@ def config_show(fmt: str, **kw) -> None:
 @click.option("--skip-preflight", is_flag=True, help="Do not run the doctor checks first.")
 @click.option("--keep", is_flag=True, help="Keep the containers after the job ends (inspect, then `down`).")
 @click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
-              help="Per-host log files go to DIR/<job>-<time>/.")
+              help="Per-rank log files go to DIR/<job>-<time>/attempt-N/.")
+@click.option("--max-restarts", type=click.IntRange(0, 1000), metavar="N",
+              help="Start every host again after a failure, up to N times (job.max_restarts).")
+@click.option("--spares", callback=split_hosts, metavar="H1,H2",
+              help="Hosts that replace a lost or unhealthy host before the next attempt (spares:).")
+@click.option("--hang-timeout", metavar="DURATION",
+              help="Dump and fail the attempt when no rank printed for this long, e.g. 30m (job.hang_timeout).")
 @diagnostics_option
 @offline_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -54,10 +69,13 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
 
     Checks every host first (see `doctor`), then starts the containers concurrently, streams their
     logs, and stops every container on every host as soon as one rank fails or on Ctrl-C. Within a
-    minute it prints NCCL's transport per host (see `transport`).
+    minute it prints NCCL's transport per host (see `transport`). With --max-restarts it starts every
+    host again after a failure (a spare replaces a lost host); a job whose ranks all exit 0 is done.
     """
     from dockerlaunch.backends.docker import launch
     from dockerlaunch.diagnostics.collect import watch_transport
+    from dockerlaunch.diagnostics.dump import hang_dump
+    from dockerlaunch.transfer.push import copy_between
 
     cfg = load(kw, command)
     launch.read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
@@ -67,8 +85,10 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
         view = dry_run_view(plan, targets)
         click.echo(json.dumps(view, indent=2) if output == "json" else render_plan(plan, targets))
         return
+    recovery = launch.Recovery(dump=hang_dump, copy_image=lambda src, dst, ref: copy_between(src.remote, dst.remote,
+                                                                                          ref))
     sys.exit(launch.up(cfg, detach=detach, keep=keep, preflight=not skip_preflight, log_dir=log_dir or None,
-                       reporter=RichReporter(), monitors=[watch_transport], plan=plan))
+                       reporter=RichReporter(), monitors=[watch_transport], plan=plan, recovery=recovery))
 
 
 @cli.command()
@@ -100,28 +120,38 @@ def down(**kw) -> None:
     sys.exit(launch.down(load(kw), RichReporter()))
 
 
+LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
+                              help="Where `up` saved the job's runs (its --log-dir).")
+
+
 @cli.command()
 @config_options
 @output_option()
-def status(output: str, **kw) -> None:
-    """The job's containers per host: state, exit code, since when."""
+@LOG_DIR_OPTION
+def status(output: str, log_dir: str, **kw) -> None:
+    """The job's containers per host (state, exit code, since when), and the attempts of its latest run."""
     from dockerlaunch.backends.docker import launch
 
     cfg = load(kw)
     found = launch.status(cfg)
+    run, attempts = launch.attempts(cfg, log_dir)
     if output == "json":
-        click.echo(json.dumps({"job": cfg.job.name, "containers": [{"host": host, **s.to_dict()} for host, s in found]},
-                              indent=2))
+        click.echo(json.dumps({"job": cfg.job.name, "containers": [{"host": host, **s.to_dict()} for host, s in found],
+                               "run": run, "attempts": [a.__dict__ for a in attempts]}, indent=2))
         return
     if not found:
         RichReporter().say(f"job {cfg.job.name}: no containers on {len(cfg.hosts)} host(s)")
-        return
-    rows = []
-    for host, s in found:
-        when = s.started_at if s.status == "running" else s.finished_at
-        rows.append([str(s.rank), host, s.name, s.status, "" if s.status == "running" else str(s.exit_code),
-                     when[:19].replace("T", " ")])
-    print_table(["rank", "host", "container", "state", "exit code", "up since / finished"], rows)
+    else:
+        rows = []
+        for host, s in found:
+            when = s.started_at if s.status == "running" else s.finished_at
+            rows.append([str(s.rank), host, s.name, s.status, "" if s.status == "running" else str(s.exit_code),
+                         when[:19].replace("T", " ")])
+        print_table(["rank", "host", "container", "state", "exit code", "up since / finished"], rows)
+    if attempts:
+        click.echo(f"attempts of the latest run ({run}/):")
+        for a in attempts:
+            click.echo(f"  {a.started.replace('T', ' ')}  {a.line()}")
 
 
 @cli.command()
@@ -129,11 +159,15 @@ def status(output: str, **kw) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the containers exit.")
 @click.option("--rank", type=int, help="Only this rank.")
 @click.option("--tail", default="all", show_default=True, help="Lines from the end of each log.")
-def logs(follow: bool, rank: int | None, tail: str, **kw) -> None:
-    """Show the job's logs, prefixed by rank and host."""
+@click.option("--attempt", type=click.IntRange(0, 1000), metavar="N",
+              help="The saved logs of attempt N of the latest run (0: the first start).")
+@LOG_DIR_OPTION
+def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir: str, **kw) -> None:
+    """Show the job's logs, prefixed by rank and host; once its containers are gone, the logs `up` saved."""
     from dockerlaunch.backends.docker import launch
 
-    sys.exit(launch.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=RichReporter()))
+    sys.exit(launch.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=RichReporter(), attempt=attempt,
+                         log_dir=log_dir))
 
 
 @cli.command("exec", context_settings={**CONTEXT, "allow_interspersed_args": False})

@@ -69,6 +69,8 @@ def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None)
         name=kw.pop("name"), command=list(command) or None,
         diagnostics=False if kw.pop("no_diagnostics", False) else None,
         offline=True if kw.pop("offline", False) else None, infiniband=infiniband,
+        max_restarts=kw.pop("max_restarts", None), hang_timeout=kw.pop("hang_timeout", None),
+        spares=kw.pop("spares", None),
     )
     return load_config(kw.pop("config_path"), ov)
 
@@ -97,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
         paramiko_log.addHandler(logging.NullHandler())
         paramiko_log.propagate = False
     signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGHUP, _terminate)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup a closed terminal must not stop it
+        signal.signal(signal.SIGHUP, _terminate)
     try:
         cli.main(args=argv, prog_name="dockerlaunch", standalone_mode=False)
     except DockerlaunchError as e:

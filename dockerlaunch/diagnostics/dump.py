@@ -304,29 +304,41 @@ def dump(config: ClusterConfig, out_dir: str | None = None, native: bool = False
         base.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DockerlaunchError(f"--out {base}: cannot create the folder: {e.strerror}") from None
-    pyspy = local_pyspy()
     session = open_session(config)
     try:
         reporter.say(f"dumping job {config.job.name} on {len(session.cluster.hosts)} host(s) into {base}/")
-        results = session.cluster.each(lambda h: _HostDumper(session, h, base, native, pyspy).run())
-        hosts, errors = [], []
-        for h, o in zip(session.cluster.hosts, results):
-            if o.ok:
-                hosts.append(o.value)
-            else:
-                errors.append(str(o.error) if isinstance(o.error, HostError) else f"host {h.name}: {o.error}")
-        stacks = [s for hd in hosts for s in hd.stacks]
-        lines = summary(stacks) if stacks else ["no rank stacks were taken (see the notes)"]
-        fr = None
-        try:
-            fr = _analyze_flight_recorder(session, base, hosts)
-        except HostError as e:
-            errors.append(f"flight-recorder analysis: {e}")
-        result = DumpResult(base, hosts, lines, fr, errors)
-        _write_summary(result)
-        return result
+        return dump_session(session, base, native)
     finally:
         session.close()
+
+
+def dump_session(session: Session, base: Path, native: bool = False) -> DumpResult:
+    """Every rank of a connected job into `base` (also what `up` takes when the job hangs)."""
+    base.mkdir(parents=True, exist_ok=True)
+    pyspy = local_pyspy()
+    results = session.cluster.each(lambda h: _HostDumper(session, h, base, native, pyspy).run())
+    hosts, errors = [], []
+    for h, o in zip(session.cluster.hosts, results):
+        if o.ok:
+            hosts.append(o.value)
+        else:
+            errors.append(str(o.error) if isinstance(o.error, HostError) else f"host {h.name}: {o.error}")
+    stacks = [s for hd in hosts for s in hd.stacks]
+    lines = summary(stacks) if stacks else ["no rank stacks were taken (see the notes)"]
+    fr = None
+    try:
+        fr = _analyze_flight_recorder(session, base, hosts)
+    except HostError as e:
+        errors.append(f"flight-recorder analysis: {e}")
+    result = DumpResult(base, hosts, lines, fr, errors)
+    _write_summary(result)
+    return result
+
+
+def hang_dump(session: Session, base: Path) -> str:
+    """`up`'s dump of a hung attempt, in one line: where the ranks are, and the odd one out."""
+    r = dump_session(session, base)
+    return "; ".join(r.summary[:4]) + (f" (+{len(r.summary) - 4} more in summary.txt)" if len(r.summary) > 4 else "")
 
 
 def _write_summary(r: DumpResult) -> None:

@@ -339,6 +339,46 @@ class JobSettings(_Model):
         "TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE) so each rank fails at once instead of retrying; models and "
         "datasets come from local paths.",
     )
+    max_restarts: int = Field(
+        0, ge=0, le=1000,
+        description="Gang restarts: when a rank exits non-zero, a host is lost or the job hangs, `up` removes every "
+        "container and starts every host again, up to this many times (DL_RESTART_COUNT says which attempt). A job "
+        "whose ranks all exit 0 is never restarted; Ctrl-C / SIGTERM never starts a new attempt.",
+    )
+    restart_backoff: float = Field(
+        10.0, ge=0, le=3600, description="Seconds between one attempt's teardown and the next attempt's start."
+    )
+    hang_timeout: float | None = Field(
+        None, ge=10, le=7 * 86400,
+        description="Off unless set (seconds, or 90s / 30m / 2h): when no rank has printed a line (or matched "
+        "job.progress_regex) for this long, `up` dumps every rank into the attempt's log folder, then treats the "
+        "attempt as failed.",
+    )
+    progress_regex: str | None = Field(
+        None, description="With hang_timeout: only lines matching this (Python) regular expression count as "
+        "progress, e.g. 'iteration +[0-9]+'.",
+    )
+
+    @field_validator("hang_timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return parse_duration(v) if isinstance(v, str) else v
+
+    @field_validator("progress_regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"{v!r} is not a regular expression: {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _progress_needs_hang(self) -> JobSettings:
+        if self.progress_regex is not None and self.hang_timeout is None:
+            raise ValueError("progress_regex is only read with hang_timeout: set job.hang_timeout (e.g. 30m)")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -378,6 +418,11 @@ class DiagnosticsSettings(_Model):
 
 class ClusterConfig(_Model):
     hosts: list[HostConfig] = Field(..., min_length=1, description="Rank 0 is the first host.")
+    spares: list[HostConfig] = Field(
+        default_factory=list,
+        description="Hosts that stand by: before a restart, a lost host (or one that fails the doctor checks) is "
+        "replaced by the first healthy spare, which takes its rank.",
+    )
     ssh: SSHSettings = Field(default_factory=SSHSettings)
     image: str | None = Field(None, description="The job image, e.g. registry/name:tag or an image ID.")
     container: ContainerSettings = Field(default_factory=ContainerSettings)
@@ -409,10 +454,30 @@ class ClusterConfig(_Model):
             if key in seen:
                 raise ValueError(f"host {h.address!r} is listed twice (hosts[{seen[key]}] and hosts[{i}])")
             seen[key] = i
+        named = {key: f"hosts[{i}]" for key, i in seen.items()}
+        for i, h in enumerate(self.spares):
+            if h.local:
+                raise ValueError(f"spares[{i}] local: a spare is another machine; list it by its SSH address")
+            key = (h.address, h.port)
+            if key in named:
+                raise ValueError(f"spare {h.address!r} is listed twice ({named[key]} and spares[{i}])")
+            named[key] = f"spares[{i}]"
         return self
 
 
 # ---------------------------------------------------------------- parsing helpers (pure)
+
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|d)?\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '30m', '2h', '1d' -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration: give seconds, or a number with s, m, h or d (e.g. 30m)")
+    return float(m[1]) * _UNIT_S[m[2] or "s"]
 
 
 def scalar(value: Any, name: str) -> str:
@@ -530,6 +595,9 @@ class Overrides(_Model):
     diagnostics: bool | None = None  # --no-diagnostics: all of `diagnostics:` off
     offline: bool | None = None  # --offline: job.offline
     infiniband: Literal["on", "off"] | None = None  # render --infiniband: container.infiniband
+    max_restarts: int | None = None  # up --max-restarts: job.max_restarts
+    hang_timeout: str | None = None  # up --hang-timeout: job.hang_timeout
+    spares: list[str] | None = None  # up --spares: spares (replaces the file's list)
 
 
 def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
@@ -568,27 +636,30 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _flag_hosts(texts: list[str], entries: Any, flag: str) -> list[Any]:
+    """A host list given as a flag; an address the file also lists keeps the file's other settings."""
+    by_address = {e["address"]: e for e in entries or [] if isinstance(e, dict) and "address" in e}
+    out: list[Any] = []
+    for text in texts:
+        try:
+            parsed = parse_host_string(text)
+        except ValueError as e:
+            raise ConfigError(f"{flag} {text!r}: {e}") from None
+        out.append({**by_address.get(parsed["address"], {}), **parsed})
+    return out
+
+
 def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
     """Merge flags into the raw mapping before validation, so errors name the same fields either way."""
     data = dict(data)
     if ov.hosts is not None:
-        by_address = {}
-        for entry in data.get("hosts") or []:
-            if isinstance(entry, dict) and "address" in entry:
-                by_address[entry["address"]] = entry
-        new_hosts: list[Any] = []
-        for text in ov.hosts:
-            try:
-                parsed = parse_host_string(text)
-            except ValueError as e:
-                raise ConfigError(f"--hosts {text!r}: {e}") from None
-            base = dict(by_address.get(parsed["address"], {}))
-            base.update(parsed)
-            new_hosts.append(base)
-        data["hosts"] = new_hosts
+        data["hosts"] = _flag_hosts(ov.hosts, data.get("hosts"), "--hosts")
     if ov.image is not None:
         data["image"] = ov.image
-    touches_job = (ov.nproc_per_node, ov.master_port, ov.name, ov.command or None, ov.offline or None)
+    if ov.spares is not None:
+        data["spares"] = _flag_hosts(ov.spares, data.get("spares"), "--spares")
+    touches_job = (ov.nproc_per_node, ov.master_port, ov.name, ov.command or None, ov.offline or None,
+                   ov.max_restarts, ov.hang_timeout)
     job = _mapping(data.get("job"), "job") if any(x is not None for x in touches_job) else {}
     if ov.nproc_per_node is not None:
         job["nproc_per_node"] = ov.nproc_per_node
@@ -600,6 +671,10 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
         job["command"] = list(ov.command)
     if ov.offline:
         job["offline"] = True
+    if ov.max_restarts is not None:
+        job["max_restarts"] = ov.max_restarts
+    if ov.hang_timeout is not None:
+        job["hang_timeout"] = ov.hang_timeout
     if job:
         data["job"] = job
     if ov.diagnostics is False:

@@ -29,6 +29,10 @@ from dockerlaunch.job.spec import (
 )
 
 RANK_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
+# Which attempt of a gang restart this is (0: the first start). TORCHELASTIC_RESTART_COUNT too, for commands that
+# read torch elastic's name without torchrun; under torchrun its agent sets that one to its own count in every
+# worker (0 here: torchrun restarts nothing), so DL_RESTART_COUNT is the one to read.
+RESTART_ENV = ("DL_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 LABEL_JOB = "dockerlaunch.job"
 LABEL_RANK = "dockerlaunch.rank"
 LABEL_NNODES = "dockerlaunch.nnodes"
@@ -82,6 +86,7 @@ class JobPlan:
     diag_dir: str | None = None  # DIR/<job> on every host, when any diagnostics are on
     advice: list[str] = field(default_factory=list)  # what the user should change; printed by --dry-run and `up`
     master_hostname: str | None = None  # host 0's address as SSH resolves it (~/.ssh/config HostName)
+    attempt: int = 0  # 0 for the first start, N for the Nth gang restart
 
     def unresolved(self) -> list[str]:
         return [f"rank {h.rank} ({h.address}) {u}" for h in self.hosts for u in h.container.unresolved()]
@@ -342,15 +347,16 @@ def make_plan(
     master_hostname: str | None = None,
     run_id: str | None = None,
     require_image: bool = True,
+    attempt: int = 0,
 ) -> JobPlan:
     """The job's plan; `facts` (keyed by rank) fill host values, else they stay `Deferred` (dry run, render).
 
     `master_hostname`: host 0's address as SSH resolves it (an ~/.ssh/config alias's HostName), a candidate
-    for MASTER_ADDR."""
+    for MASTER_ADDR. `attempt`: which start of a restarted job (DL_RESTART_COUNT)."""
     facts = facts or {}
     if not config.image and require_image:
         raise ConfigError("no image: pass --image IMAGE or set image: in the config")
-    reserved = sorted(set(RANK_ENV) & set(config.container.env))
+    reserved = sorted((set(RANK_ENV) | set(RESTART_ENV)) & set(config.container.env))
     if reserved:
         raise ConfigError(
             f"container.env.{reserved[0]} is set per rank by dockerlaunch; remove it "
@@ -362,7 +368,7 @@ def make_plan(
         image=config.image or Deferred("the job image: --image or image: (not needed to find a job's containers)",
                                        "image"),
         master_port=config.job.master_port, diag_dir=diag_dir(config) if config.diagnostics.enabled else None,
-        master_hostname=master_hostname,
+        master_hostname=master_hostname, attempt=attempt,
     )
     note = offline_advice(config.job.command) if config.job.offline else None
     if note:
@@ -371,12 +377,12 @@ def make_plan(
     return plan
 
 
-def resolve(plan: JobPlan, facts: dict[int, HostFacts], run_id: str) -> JobPlan:
+def resolve(plan: JobPlan, facts: dict[int, HostFacts], run_id: str, attempt: int = 0) -> JobPlan:
     """The same plan with its placeholders filled from what the hosts said (the docker backend, at launch).
 
     The planning rules are the ones that made the dry plan, so what `up --dry-run` printed is what runs, with
     host facts where it showed `<resolved at launch: ...>` (tests/unit/test_plan.py keeps that true)."""
-    return make_plan(plan.config, facts, master_hostname=plan.master_hostname, run_id=run_id)
+    return make_plan(plan.config, facts, master_hostname=plan.master_hostname, run_id=run_id, attempt=attempt)
 
 
 def infiniband_needs(spec: ContainerSpec, user_ulimits: dict[str, Ulimit]) -> None:
@@ -404,6 +410,7 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(config.job.master_port),
         "NPROC_PER_NODE": nproc if isinstance(nproc, Deferred) else str(nproc),
+        **dict.fromkeys(RESTART_ENV, str(plan.attempt)),
     }
     iface = f.interface if f and f.interface else Deferred(f"NIC of the route to {master_addr}", "nic")
     env["NCCL_SOCKET_IFNAME"] = iface

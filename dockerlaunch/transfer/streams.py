@@ -357,7 +357,7 @@ def rewrite_tar(chunks: Iterator[bytes], edit: Callable[[tarfile.TarInfo, IO[byt
                 tail: Callable[[], list[tuple[tarfile.TarInfo, IO[bytes]]]] | None = None) -> Iterator[bytes]:
     """Re-stream a tar member by member; `edit(member, file)` returns what to write instead, or None to drop
     the member; `tail()` gives members to add at the end. Streams in bounded memory (a thread, a small pipe)."""
-    pipe = _Pipe()
+    pipe = Pipe()
 
     def produce():
         try:
@@ -413,7 +413,7 @@ def untagged_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
     return rewrite_tar(chunks, edit)
 
 
-class _Pipe:
+class Pipe:
     """A bounded in-memory pipe: a tarfile writer on one thread, a chunk iterator on the other."""
 
     def __init__(self, depth: int = 16):

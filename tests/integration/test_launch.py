@@ -27,8 +27,10 @@ def test_two_node_torchrun_job(sim_cluster, demo_image, job_containers, tmp_path
     assert "doctor: " in r.stdout and " 0 FAIL" in r.stdout  # preflight ran and passed
     # per-host log files hold each host's own ranks
     [run_dir] = list((tmp_path / "logs").iterdir())
-    logs = {p.name: p.read_text() for p in run_dir.iterdir()}
+    logs = {p.name: p.read_text() for p in (run_dir / "attempt-0").iterdir()}
     assert len(logs) == 2
+    [attempt] = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert attempt["attempt"] == 0 and attempt["cause"] == "succeeded" and attempt["code"] == 0, attempt
     rank0 = next(v for k, v in logs.items() if k.startswith("rank0-"))
     assert "rank 0/4" in rank0 and "rank 1/4" in rank0 and "rank 2/4" not in rank0
     assert job_containers(job) == []
@@ -56,7 +58,7 @@ def test_eight_processes_per_host_print_whole_lines(sim_cluster, demo_image, job
             seen.setdefault((m[1], m[3]), []).append(int(m[4]))
     assert len(seen) == 16 and all(v == list(range(400)) for v in seen.values()), {k: len(v) for k, v in seen.items()}
     [run_dir] = list((tmp_path / "logs").iterdir())
-    for f in run_dir.iterdir():
+    for f in (run_dir / "attempt-0").iterdir():
         lines = f.read_text().splitlines()
         assert len(lines) == 8 * 400 and all(re.fullmatch(r"step \d \d+ x* 4\.0", x) for x in lines), f.name
     assert job_containers(job) == []

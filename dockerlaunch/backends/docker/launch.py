@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import secrets
 import threading
 import time
@@ -23,18 +24,22 @@ from typing import BinaryIO
 from dockerlaunch.backends.docker import facts as factslib
 from dockerlaunch.backends.docker import script
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost, listing_script, parse_listing
+from dockerlaunch.backends.docker.runs import RunFolder, latest_run, safe_host, saved_attempt, tail_lines
 from dockerlaunch.backends.docker.watchdog import Watchdogs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, HostError, Terminated
-from dockerlaunch.hosts.session import Cluster, each
+from dockerlaunch.hosts.session import Cluster, Host, each
 from dockerlaunch.hosts.targets import SSHTarget, resolve_all
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.facts import HostFacts
 from dockerlaunch.job.plan import DIAG_SUBDIRS, TORCH_LABEL, JobPlan, make_plan, resolve
+from dockerlaunch.job.recovery import AttemptRecord, Cause, Ending, NoSpareLeft, should_restart, swap_hosts
 from dockerlaunch.job.spec import Deferred
 from dockerlaunch.reporting import Reporter
 
 MONITOR_JOIN = 15.0  # after the job ends, monitors get this long to say their last word
 EXIT_HOST_LOST = 75  # `up`'s exit code when a host stopped answering (EX_TEMPFAIL: try again later)
+EXIT_HANG = 124  # `up`'s exit code when the job hung (job.hang_timeout), as timeout(1)'s
+HANG_DUMP_DEADLINE = 180.0  # the hang dump's own limit: a hung host must not hang `up`
 PREPARE_TIMEOUT = 120.0  # seconds for a host's steps before its start (listing, diagnostics folder, probe) together
 START_SETTLE = 30.0  # on Ctrl-C during the start, wait this long for `docker run`s under way, then remove
 
@@ -73,6 +78,24 @@ class Session:
 
 
 Monitor = Callable[[Session, JobPlan, Reporter, threading.Event], None]
+
+
+@dataclass
+class Recovery:
+    """What `up` needs from the layers above it (the CLI wires them in): a dump of every rank when the job hangs
+    (into the folder given; returns a one-line summary), and the image copied from a host that has it onto a
+    spare that lacks it (raises DockerlaunchError when it cannot)."""
+
+    dump: Callable[[Session, Path], str] | None = None
+    copy_image: Callable[[Host, Host, str], str] | None = None
+
+
+class _Replace(Exception):
+    """Before anything started: these ranks' hosts cannot take part ({rank: why}); spares may replace them."""
+
+    def __init__(self, bad: dict[int, str]):
+        super().__init__(bad)
+        self.bad = bad
 
 
 def plan_job(config: ClusterConfig, targets: list[SSHTarget] | None = None, require_image: bool = True) -> JobPlan:
@@ -231,8 +254,11 @@ class LogSink:
 
     PARTIAL_AFTER = 1.0
 
-    def __init__(self, reporter: Reporter, rank: int, host: str, path: Path | None, private: bool = False):
+    def __init__(self, reporter: Reporter, rank: int, host: str, path: Path | None, private: bool = False,
+                 progress: re.Pattern | None = None):
         self.reporter, self.rank, self.host = reporter, rank, host
+        self.progress = progress  # lines that count as progress (job.progress_regex); None: every line
+        self.progress_at = time.monotonic()  # when this rank last made progress (hang detection)
         self.buf = b""
         self.since = 0.0  # when the unfinished line in buf began
         self.lock = threading.Lock()
@@ -265,7 +291,10 @@ class LogSink:
     def _emit(self, line: bytes, end: bytes) -> None:
         if self.file:
             self.file.write(line + end)
-        self.reporter.line(self.rank, self.host, line.decode(errors="replace").rstrip("\r"))
+        text = line.decode(errors="replace").rstrip("\r")
+        if self.progress is None or self.progress.search(text):
+            self.progress_at = time.monotonic()
+        self.reporter.line(self.rank, self.host, text)
 
     def close(self) -> None:
         with self.lock:
@@ -290,19 +319,96 @@ def up(
     reporter: Reporter | None = None,
     monitors: Sequence[Monitor] = (),
     plan: JobPlan | None = None,
+    recovery: Recovery | None = None,
 ) -> int:
-    """Start the job; return the exit code `dockerlaunch up` exits with. `plan`: the one the caller showed or
-    checked (`plan_job(config)`), made here when not given.
+    """Start the job, and start it again after a failure while job.max_restarts allows; return the exit code
+    `dockerlaunch up` exits with (the last attempt's). `plan`: the one the caller showed or checked
+    (`plan_job(config)`), made here when not given (and again when a spare replaced a host).
 
     `monitors` run in threads beside a started job (not --detach), until `stop` is set (e.g. the transport
     watcher of `diagnostics`, which lives above this layer)."""
     reporter = reporter or Reporter()
-    job = config.job.name
+    recovery = recovery or Recovery()
+    job = config.job
+    if detach and (job.max_restarts or job.hang_timeout):
+        raise ConfigError("--detach returns once the containers run, so nothing is left to restart the job or "
+                          "watch it for hangs: drop --detach, or job.max_restarts / job.hang_timeout")
     secrets_blob = read_env_files(config) if config.container.env_files else b""
+    run = RunFolder.create(log_dir, job.name) if log_dir and not detach else None
+    attempt, swaps, fresh = 0, [], set()
+    while True:
+        t0, started = time.monotonic(), datetime.now().isoformat(timespec="seconds")
+        try:
+            ending = _attempt(config, plan, attempt, reporter, detach=detach, keep=keep, preflight=preflight,
+                              run=run, secrets_blob=secrets_blob, monitors=monitors, recovery=recovery,
+                              fresh=fresh)
+        except _Replace as r:
+            try:
+                config, new = swap_hosts(config, r.bad)
+            except NoSpareLeft as e:
+                raise DockerlaunchError(f"cannot start attempt {attempt}: {e}") from None
+            for sw in new:
+                reporter.say(f"replacing {sw}", "bold yellow")
+            swaps += [str(sw) for sw in new]
+            fresh |= {sw.rank for sw in new}
+            plan = None  # made again from the new host list (host 0 replaced: a new MASTER_ADDR)
+            continue
+        except DockerlaunchError as e:
+            if attempt == 0:
+                raise  # nothing ran yet: the one-line error, as without restarts
+            ending = Ending(1, Cause.START_FAILED, detail=str(e))
+        record = AttemptRecord.of(attempt, ending, started, time.monotonic() - t0,
+                                  [h.address for h in config.hosts], swaps)
+        if run is not None:
+            run.record(record)
+        if job.max_restarts or attempt:
+            reporter.say(record.line(), "bold green" if ending.cause == Cause.SUCCEEDED else "bold yellow")
+        if not should_restart(ending, attempt, job.max_restarts):
+            if ending.cause in (Cause.RANK_FAILED, Cause.HOST_LOST, Cause.HANG) and job.max_restarts:
+                reporter.say(f"no restart left (job.max_restarts {job.max_restarts}): the job failed", "bold red")
+            return ending.code
+        swaps = []
+        if ending.lost and config.spares:
+            try:
+                config, new = swap_hosts(config, dict.fromkeys(ending.lost, "host lost"))
+            except NoSpareLeft as e:
+                reporter.say(f"cannot restart: {e}", "bold red")
+                return ending.code
+            for sw in new:
+                reporter.say(f"replacing {sw}", "bold yellow")
+            swaps = [str(sw) for sw in new]
+            fresh |= {sw.rank for sw in new}
+            plan = None
+        attempt += 1
+        reporter.say(f"restarting every host in {job.restart_backoff:g}s: attempt {attempt} of at most "
+                     f"{job.max_restarts} restart(s) (DL_RESTART_COUNT={attempt})", "bold yellow")
+        time.sleep(job.restart_backoff)  # Ctrl-C / SIGTERM here: nothing runs, and no attempt starts
+
+
+def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter: Reporter, *, detach: bool,
+             keep: bool, preflight: bool, run: RunFolder | None, secrets_blob: bytes, monitors: Sequence[Monitor],
+             recovery: Recovery, fresh: set[int]) -> Ending:
+    """One start of every host: connect, prepare, check, plan for real, start, watch, tear down. Raises _Replace
+    (before anything started) for hosts a spare should replace."""
+    job = config.job.name
     phases = Phases()
-    session = open_session(config, plan or plan_job(config))  # the image is required here: it starts containers
+    cluster = Cluster.connect(config, require_all=not config.spares)
+    unreachable = {h.rank: h.error.reason if h.error else "unreachable" for h in cluster.hosts if not h.connected}
+    if unreachable:
+        cluster.close()
+        raise _Replace(unreachable)
+    try:
+        # the image is required here: it starts containers
+        session = Session(cluster, plan or plan_job(config, cluster.targets))
+    except BaseException:
+        cluster.close()
+        raise
     phases.done("connect")
     try:
+        if fresh and recovery.copy_image is not None:
+            _image_onto_spares(session, sorted(fresh), recovery, reporter)
+            fresh.clear()
+            phases.done("image")
         probes = prepare(session, reporter, diag=not preflight, probe=not preflight)
         phases.done("prepare")
         for note in session.plan.advice:
@@ -314,26 +420,49 @@ def up(
             phases.done("preflight")
             reporter.checks(report)
             if report.failed:
+                bad: dict[int, str] = {}
+                for c in report.failed:
+                    bad.setdefault(c.rank, f"doctor: {c.name}: {c.reason}"[:200])
+                if config.spares and -1 not in bad and len(bad) <= len(config.spares):
+                    raise _Replace(bad)
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
                              "Fix the above or use --skip-preflight.", "bold red")
-                return 1
+                return Ending(1, Cause.PREFLIGHT_FAILED)
             probes = prepare(session, reporter, listing=False)
             phases.done("prepare")
         env_paths = env_file_paths(session, job) if secrets_blob else {}
         try:
             run_id = secrets.token_hex(6)
-            applied = resolve(session.plan, gather_facts(session, env_paths, probes), run_id)
+            applied = resolve(session.plan, gather_facts(session, env_paths, probes), run_id, attempt)
             if applied.unresolved():
                 raise DockerlaunchError("internal: plan still has unresolved values: "
                                         + "; ".join(applied.unresolved()))
-            return _start_and_watch(session, applied, reporter, detach=detach, keep=keep, log_dir=log_dir,
-                                    env_paths=env_paths, secrets_blob=secrets_blob, run_id=run_id,
-                                    monitors=monitors, phases=phases)
+            return _start_and_watch(session, applied, reporter, detach=detach, keep=keep,
+                                    run_dir=run.attempt_dir(attempt) if run else None, env_paths=env_paths,
+                                    secrets_blob=secrets_blob, run_id=run_id, monitors=monitors, phases=phases,
+                                    on_hang=recovery.dump)
         finally:
             if env_paths:  # normally gone already (removed as each `docker run` returned): the safety net
                 remove_env_files(session, env_paths)
     finally:
         session.close()
+
+
+def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, reporter: Reporter) -> None:
+    """A spare that took a rank gets the job's image from a host that has it (no registry needed)."""
+    image = session.plan.image
+    argv = ["docker", "image", "inspect", "--format", "{{.Id}}", image]
+    has = session.cluster.each(lambda h: h.remote.run(argv, timeout=60).ok).raise_first()
+    sources = [h for h, ok in zip(session.cluster.hosts, has) if ok and h.rank not in ranks]
+    for r in ranks:
+        if has[r]:
+            continue
+        if not sources:
+            raise DockerlaunchError(f"spare {session.cluster.hosts[r].address} lacks {image} and no other host of "
+                                    f"the job has it: push it first (dockerlaunch push {image} --hosts ...)")
+        dst = session.cluster.hosts[r]
+        reporter.say(f"copying {image} from {sources[0].address} to spare {dst.address}")
+        reporter.say(recovery.copy_image(sources[0], dst, image))  # type: ignore[misc]
 
 
 def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag: bool = True, probe: bool = True
@@ -426,8 +555,9 @@ def _teardown(session: Session, plan: JobPlan, reporter: Reporter, why: str, ski
 
 
 def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, detach: bool, keep: bool,
-                     log_dir: str | None, env_paths: dict[int, tuple[str, ...]], secrets_blob: bytes, run_id: str,
-                     monitors: Sequence[Monitor] = (), phases: Phases | None = None) -> int:
+                     run_dir: Path | None, env_paths: dict[int, tuple[str, ...]], secrets_blob: bytes, run_id: str,
+                     monitors: Sequence[Monitor] = (), phases: Phases | None = None,
+                     on_hang: Callable[[Session, Path], str] | None = None) -> Ending:
     config = session.config
     started = False
     stop = threading.Event()
@@ -458,18 +588,15 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
                 reporter.say(str(o.error), "bold red")
             _teardown(session, plan, reporter, "start failed")
             started = False
-            return 1
+            o = results.failed[0]
+            return Ending(1, Cause.START_FAILED, o.item.rank, o.item.address, detail=str(o.error)[:300])
         if detach:
             started = False
             reporter.say(f"started {plan.nnodes} container(s) in {phases}; "
                          f"follow with: dockerlaunch logs --follow --name {plan.job}")
-            return 0
+            return Ending(0, Cause.DETACHED)
         reporter.say(f"started {plan.nnodes} container(s) in {phases}")
 
-        run_dir = None
-        if log_dir:
-            run_dir = Path(log_dir) / f"{plan.job}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-            run_dir.mkdir(parents=True, exist_ok=True)
         exits: queue.Queue[tuple[int, int | Exception]] = queue.Queue()
 
         def watch(i: int) -> None:
@@ -483,9 +610,11 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
                 exits.put((i, e))
 
         private = bool(config.container.env_files)
+        hang_after = config.job.hang_timeout
+        progress = re.compile(config.job.progress_regex) if config.job.progress_regex else None
         for hp in plan.hosts:
-            path = run_dir / f"rank{hp.rank}-{hp.address.replace('/', '_').replace(':', '_')}.log" if run_dir else None
-            sinks.append(LogSink(reporter, hp.rank, hp.address, path, private=private))
+            path = run_dir / f"rank{hp.rank}-{safe_host(hp.address)}.log" if run_dir else None
+            sinks.append(LogSink(reporter, hp.rank, hp.address, path, private=private, progress=progress))
         threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(len(plan.hosts))]
         for t in threads:
             t.start()
@@ -496,7 +625,7 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
             reporter.say(f"logs: {run_dir}/")
 
         done: dict[int, int] = {}
-        code = 0
+        ending = Ending(0, Cause.SUCCEEDED)
         while len(done) < len(plan.hosts):
             gone = watchdogs.lost(config.job.host_timeout) if watchdogs else []
             if gone:
@@ -504,7 +633,10 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
                 names = ", ".join(f"rank {h.rank} ({h.address})" for h in gone)
                 reporter.say(f"{names} stopped answering for {config.job.host_timeout:g}s: host lost "
                              f"(its own watchdog removes its container when it comes back)", "bold red")
-                code = EXIT_HOST_LOST
+                ending = Ending(EXIT_HOST_LOST, Cause.HOST_LOST, gone[0].rank, gone[0].address, lost=lost)
+                break
+            if hang_after is not None and time.monotonic() - max(s.progress_at for s in sinks) > hang_after:
+                ending = _hung(session, plan, reporter, sinks, hang_after, run_dir, on_hang)
                 break
             try:
                 i, result = exits.get(timeout=0.2)
@@ -515,35 +647,37 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
             hp = plan.hosts[i]
             if isinstance(result, Exception):
                 reporter.say(f"rank {hp.rank} ({hp.address}): lost track of the container: {result}", "bold red")
-                code = 1
+                ending = Ending(1, Cause.RANK_FAILED, hp.rank, hp.address, detail=f"lost track: {result}"[:300])
                 break
             done[i] = result
             if result != 0:
                 reporter.say(f"rank {hp.rank} ({hp.address}) exited with {result}", "bold red")
-                code = result
+                ending = Ending(result, Cause.RANK_FAILED, hp.rank, hp.address, exit_code=result)
                 break
             reporter.say(f"rank {hp.rank} ({hp.address}) finished")
         stop.set()
-        if code == 0:
+        if ending.code == 0:
             for t in watchers:
                 t.join(MONITOR_JOIN)
-        if code != 0:
+        if ending.code != 0:
             for r in lost:
                 if watchdogs:
                     watchdogs.abandon(hosts[r])
-            _teardown(session, plan, reporter, "host lost" if lost else f"rank failed (exit {code})", skip=lost)
+            why = {Cause.HOST_LOST: "host lost", Cause.HANG: "hang"}.get(ending.cause,
+                                                                        f"rank failed (exit {ending.code})")
+            _teardown(session, plan, reporter, why, skip=lost)
         elif not keep:
             _remove_everywhere(session, plan, grace=1)
             reporter.say(f"job {plan.job} succeeded on all {plan.nnodes} host(s)", "bold green")
         started = False
-        return code
+        return ending
     except (KeyboardInterrupt, Terminated) as e:
         stop.set()
         if started:
             _teardown(session, plan, reporter, "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated",
                       skip=lost)
             started = False
-        return 130 if isinstance(e, KeyboardInterrupt) else e.exit_code
+        return Ending(130 if isinstance(e, KeyboardInterrupt) else e.exit_code, Cause.INTERRUPTED)
     finally:
         stop.set()
         if started:  # an unexpected error: never leave containers behind
@@ -552,6 +686,37 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
             watchdogs.stand_down()  # the launcher removed the containers (or keeps them: --keep)
         for s in sinks:
             s.close()
+
+
+def _hung(session: Session, plan: JobPlan, reporter: Reporter, sinks: list[LogSink], after: float,
+          run_dir: Path | None, on_hang: Callable[[Session, Path], str] | None) -> Ending:
+    """No rank made progress for job.hang_timeout: name the quietest rank, dump every rank (bounded by its own
+    deadline, so a hung host cannot hang `up`), then the attempt has failed."""
+    now = time.monotonic()
+    quiet = min(sinks, key=lambda s: s.progress_at)
+    what = "matched job.progress_regex" if sinks[0].progress is not None else "printed a line"
+    reporter.say(f"no rank {what} for {after:g}s: the job hangs (quietest: rank {quiet.rank} ({quiet.host}), "
+                 f"silent for {now - quiet.progress_at:.0f}s)", "bold red")
+    detail = f"quietest rank {quiet.rank}"
+    if on_hang is not None:
+        folder = (run_dir or Path("dockerlaunch-dumps") / f"{plan.job}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        folder = folder / "hang-dump"
+        said: list[str] = []
+
+        def dump() -> None:
+            try:
+                said.append(on_hang(session, folder))
+            except Exception as e:  # noqa: BLE001 - the dump is evidence, never a reason to stay
+                said.append(f"the dump failed: {e}")
+
+        reporter.say(f"dumping every rank into {folder}/ (at most {HANG_DUMP_DEADLINE:g}s)")
+        t = threading.Thread(target=dump, daemon=True, name="dl-hang-dump")
+        t.start()
+        t.join(HANG_DUMP_DEADLINE)
+        result = said[0] if said else f"the dump did not finish in {HANG_DUMP_DEADLINE:g}s (a host hangs?)"
+        reporter.say(f"dump: {result}")
+        detail += f"; dump in {folder}: {result}"
+    return Ending(EXIT_HANG, Cause.HANG, quiet.rank, quiet.host, detail=detail[:500])
 
 
 # ---------------------------------------------------------------- down / status / logs / exec
@@ -593,13 +758,22 @@ def _rank_hosts(session: Session, rank: int | None) -> list[int]:
 
 
 def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, tail: str = "all",
-         reporter: Reporter | None = None) -> int:
+         reporter: Reporter | None = None, attempt: int | None = None,
+         log_dir: str = "dockerlaunch-logs") -> int:
+    """The job's logs from its containers; once they are gone (a finished job), or for `--attempt N`, from the
+    per-rank files `up` saved under `log_dir`."""
     reporter = reporter or Reporter()
+    if attempt is not None:
+        return saved_logs(config, rank, tail, reporter, attempt, log_dir)
     session = open_session(config)
     sinks = []
     stop = threading.Event()
     try:
         ranks = _rank_hosts(session, rank)
+        names = {s.name for _, s in existing_job_containers(session, config.job.name)}
+        if not any(session.plan.hosts[i].container.name in names for i in ranks):
+            session.close()
+            return saved_logs(config, rank, tail, reporter, None, log_dir)
 
         def show(i: int) -> int:
             hp = session.plan.hosts[i]
@@ -619,6 +793,26 @@ def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, t
         for s in sinks:
             s.close()
         session.close()
+
+
+def saved_logs(config: ClusterConfig, rank: int | None, tail: str, reporter: Reporter, attempt: int | None,
+               log_dir: str) -> int:
+    """One attempt's saved per-rank files (default: the latest run's last attempt), rank by rank."""
+    run, n = saved_attempt(log_dir, config.job.name, attempt)
+    files = [(r, host, path) for r, host, path in run.rank_files(n) if rank is None or r == rank]
+    if not files:
+        raise ConfigError(f"{run.root}/attempt-{n}: no log file" + (f" of rank {rank}" if rank is not None else ""))
+    reporter.say(f"job {config.job.name}: saved logs of attempt {n} ({run.root}/attempt-{n}/)")
+    for r, host, path in files:
+        for line in tail_lines(path, tail):
+            reporter.line(r, host, line.decode(errors="replace").rstrip("\r"))
+    return 0
+
+
+def attempts(config: ClusterConfig, log_dir: str = "dockerlaunch-logs") -> tuple[str | None, list[AttemptRecord]]:
+    """The latest run's folder and its attempts, as `up` recorded them (none: no run saved under log_dir)."""
+    run = latest_run(log_dir, config.job.name)
+    return (str(run.root), run.attempts()) if run else (None, [])
 
 
 def exec_in(config: ClusterConfig, rank: int, command: list[str], out: BinaryIO, err: BinaryIO) -> int:

@@ -1,8 +1,10 @@
 """The job for Kubernetes: an Indexed Job and a headless Service (`k8s`), or a JobSet (`jobset`).
 
 Never a StatefulSet: its pods only allow restartPolicy Always, so a finished training job starts again
-(mpi-operator#37). Here every pod has restartPolicy Never and the Job backoffLimit 0 (the JobSet:
-failurePolicy.maxRestarts 0): a job that ends, ends. Pod i is node rank i (the Job's completion index);
+(mpi-operator#37). Here every pod has restartPolicy Never and the Job backoffLimit 0: a job that ends, ends. The
+JobSet restarts every pod of a failed job up to job.max_restarts times (failurePolicy.maxRestarts; its attempt
+number, the `jobset.sigs.k8s.io/restart-attempt` annotation, is DL_RESTART_COUNT), never a finished one.
+Pod i is node rank i (the Job's completion index);
 rank 0's pod has a stable DNS name through the headless Service, which is MASTER_ADDR.
 """
 
@@ -15,13 +17,14 @@ import yaml
 
 from dockerlaunch.backends import RenderedFile, Unsupported
 from dockerlaunch.backends.common import plain_labels, refuse_common, refuse_per_host
-from dockerlaunch.job.plan import JobPlan
+from dockerlaunch.job.plan import RESTART_ENV, JobPlan
 from dockerlaunch.job.spec import IB_DEVICE, IB_MEMLOCK, NOFILE, Deferred, GpuAccess
 
 GPU_RESOURCE = "nvidia.com/gpu"  # NVIDIA's device plugin / GPU operator
 # Mellanox/NVIDIA k8s-rdma-shared-dev-plugin's example resource; sites name their own (render --rdma-resource)
 RDMA_RESOURCE = "rdma/rdma_shared_device_a"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+RESTART_KEY = "jobset.sigs.k8s.io/restart-attempt"  # JobSet's RestartsKey: annotation and label of each pod
 CONTAINER = "trainer"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "node"
@@ -95,6 +98,8 @@ def pod_template(plan: JobPlan, target: str, master_addr: str, opts: Options) ->
         if k == "NODE_RANK":
             index = {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}
             env.append({"name": k, "valueFrom": index})
+        elif k in RESTART_ENV and target == "jobset":  # the JobSet controller counts its restarts
+            env.append({"name": k, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{RESTART_KEY}']"}}})
         elif k == "MASTER_ADDR":
             env.append({"name": k, "value": master_addr})
         elif k == "NPROC_PER_NODE":
@@ -168,13 +173,21 @@ def _job_spec(plan: JobPlan, template: dict) -> dict:
             "backoffLimit": 0, "template": template}
 
 
+def _restarts(plan: JobPlan, target: str) -> str:
+    n = plan.config.job.max_restarts
+    if target == "jobset" and n:
+        return (f"failurePolicy.maxRestarts {n}: a failed job starts again on every pod, up to {n} time(s); a "
+                "finished one never.")
+    return ("failurePolicy.maxRestarts 0" if target == "jobset" else "backoffLimit 0") + (
+        ": a finished or failed job is never started again.")
+
+
 def _header(plan: JobPlan, target: str, master_addr: str, opts: Options) -> list[str]:
     spec = plan.hosts[0].container
     lines = [
         f"# dockerlaunch job {plan.job!r} as {'a JobSet' if target == 'jobset' else 'an Indexed Job'}: "
         f"{plan.nnodes} pods, pod i is NODE_RANK i; MASTER_ADDR={master_addr}",
-        "# restartPolicy Never, " + ("failurePolicy.maxRestarts 0" if target == "jobset" else "backoffLimit 0")
-        + ": a finished or failed job is never started again.",
+        "# restartPolicy Never, " + _restarts(plan, target),
         "# What the cluster must provide:",
     ]
     if target == "jobset":
@@ -214,7 +227,7 @@ def render(plan: JobPlan, target: str = "k8s", opts: Options | None = None) -> l
             "apiVersion": JOBSET_API, "kind": "JobSet", "metadata": meta,
             "spec": {
                 "network": {"enableDNSHostnames": True, "subdomain": name},
-                "failurePolicy": {"maxRestarts": 0},
+                "failurePolicy": {"maxRestarts": plan.config.job.max_restarts},
                 "successPolicy": {"operator": "All"},
                 "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1,
                                     "template": {"spec": _job_spec(plan, template)}}],

@@ -1,0 +1,225 @@
+"""Gang restarts without a host: the config fields, the restart rule, spares taking ranks, attempt records, the
+run folder that keeps each attempt's evidence, and hang detection's progress clock."""
+
+import io
+import os
+import time
+
+import pytest
+from rich.console import Console
+
+from dockerlaunch.backends import Unsupported
+from dockerlaunch.backends.docker.launch import LogSink
+from dockerlaunch.backends.docker.runs import RunFolder, runs_of, saved_attempt, tail_lines
+from dockerlaunch.cli.console import RichReporter
+from dockerlaunch.errors import ConfigError
+from dockerlaunch.job.config import ClusterConfig, Overrides, load_config, parse_duration
+from dockerlaunch.job.plan import make_plan
+from dockerlaunch.job.recovery import (
+    AttemptRecord,
+    Cause,
+    Ending,
+    NoSpareLeft,
+    should_restart,
+    swap_hosts,
+)
+
+
+def cfg(**job) -> ClusterConfig:
+    return ClusterConfig.model_validate({"hosts": ["10.0.0.1", "10.0.0.2"], "image": "img:1",
+                                         "ssh": {"config_file": None}, "container": {"gpus": "none"},
+                                         "spares": ["10.0.0.8", "10.0.0.9"], "job": job})
+
+
+# ---------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1.5h", 5400),
+                                          ("1d", 86400), (" 45 s ", 45)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("job,words", [
+    ({"hang_timeout": "3x"}, ["job.hang_timeout", "'3x' is not a duration", "30m"]),
+    ({"hang_timeout": "5s"}, ["job.hang_timeout", "10"]),
+    ({"hang_timeout": "30m", "progress_regex": "iter(ation"}, ["job.progress_regex", "not a regular expression"]),
+    ({"progress_regex": "iteration"}, ["progress_regex is only read with hang_timeout"]),
+    ({"max_restarts": -1}, ["job.max_restarts"]),
+    ({"max_restarts": 100000}, ["job.max_restarts"]),
+])
+def test_bad_recovery_settings_are_one_line_errors(job, words):
+    with pytest.raises(ConfigError) as e:
+        _validate(job)
+    assert "\n" not in str(e.value)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def _validate(job):
+    from dockerlaunch.job.config import validate_config
+
+    return validate_config({"hosts": ["a", "b"], "job": job})
+
+
+@pytest.mark.parametrize("data,words", [
+    ({"hosts": ["a", "b"], "spares": ["b"]}, ["spare 'b' is listed twice", "hosts[1]", "spares[0]"]),
+    ({"hosts": ["a", "b"], "spares": ["c", "c"]}, ["spare 'c' is listed twice", "spares[0]", "spares[1]"]),
+    ({"hosts": ["a", "b"], "spares": ["local"]}, ["spares[0] local"]),
+    ({"hosts": ["a"], "spares": ["x;rm -rf /"]}, ["spares", "not a host name"]),
+])
+def test_bad_spares_are_one_line_errors(data, words):
+    from dockerlaunch.job.config import validate_config
+
+    with pytest.raises(ConfigError) as e:
+        validate_config(data)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_flags_set_restarts_hang_timeout_and_spares_over_the_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("hosts: [a, b]\nspares: [{address: c, user: ops}, d]\njob: {max_restarts: 1}\n")
+    c = load_config(str(f), Overrides(max_restarts=3, hang_timeout="20m", spares=["c", "e:2222"]))
+    assert c.job.max_restarts == 3 and c.job.hang_timeout == 1200
+    assert [(s.address, s.user, s.port) for s in c.spares] == [("c", "ops", None), ("e", None, 2222)]
+    with pytest.raises(ConfigError, match=r"spares\[0\].address: 'a b' is not a host name"):
+        load_config(str(f), Overrides(spares=["a b"]))
+
+
+def test_the_restart_variables_are_set_per_attempt_and_reserved():
+    plan = make_plan(cfg(), attempt=2)
+    for hp in plan.hosts:
+        assert hp.container.env["DL_RESTART_COUNT"] == "2" and hp.container.env["TORCHELASTIC_RESTART_COUNT"] == "2"
+    assert make_plan(cfg()).hosts[0].container.env["DL_RESTART_COUNT"] == "0"
+    with pytest.raises(ConfigError, match="container.env.DL_RESTART_COUNT is set per rank"):
+        make_plan(ClusterConfig.model_validate({"hosts": ["a"], "image": "i", "container": {
+            "env": {"DL_RESTART_COUNT": "5"}}}))
+
+
+# ---------------------------------------------------------------- the rule
+
+
+@pytest.mark.parametrize("cause,attempt,limit,again", [
+    (Cause.SUCCEEDED, 0, 5, False),  # a finished job is never started again
+    (Cause.INTERRUPTED, 0, 5, False),  # Ctrl-C / SIGTERM
+    (Cause.PREFLIGHT_FAILED, 0, 5, False),
+    (Cause.DETACHED, 0, 5, False),
+    (Cause.RANK_FAILED, 0, 0, False),  # the default: no restarts
+    (Cause.RANK_FAILED, 0, 1, True),
+    (Cause.RANK_FAILED, 1, 1, False),  # the restarts are used up
+    (Cause.HOST_LOST, 2, 3, True),
+    (Cause.HANG, 0, 1, True),
+    (Cause.START_FAILED, 0, 1, True),
+])
+def test_only_failures_restart_and_only_while_restarts_are_left(cause, attempt, limit, again):
+    assert should_restart(Ending(1, cause), attempt, limit) is again
+
+
+def test_a_spare_takes_the_lost_rank_and_rank_0s_spare_is_the_new_master():
+    c = cfg()
+    new, swaps = swap_hosts(c, {0: "host lost"})
+    assert [h.address for h in new.hosts] == ["10.0.0.8", "10.0.0.2"]
+    assert [s.address for s in new.spares] == ["10.0.0.9"]  # a used spare is no spare any more
+    assert str(swaps[0]) == "rank 0: 10.0.0.1 -> spare 10.0.0.8 (host lost)"
+    plan = make_plan(new)
+    assert plan.master_addr == "10.0.0.8"
+    assert [hp.container.env["NODE_RANK"] for hp in plan.hosts] == ["0", "1"]
+    assert plan.hosts[0].container.labels["dockerlaunch.host"] == "10.0.0.8"
+    assert c.hosts[0].address == "10.0.0.1"  # the old config is untouched
+
+
+def test_no_spare_left_names_every_rank_that_needs_one():
+    c = cfg()
+    new, _ = swap_hosts(c, {1: "doctor: gpus"})
+    with pytest.raises(NoSpareLeft) as e:
+        swap_hosts(new, {0: "host lost", 1: "host lost"})
+    assert str(e.value) == ("rank 0 (10.0.0.1: host lost), rank 1 (10.0.0.8: host lost) must be replaced and "
+                            "1 spare(s) left")
+
+
+def test_attempt_records_read_back_and_say_what_ended_them():
+    rec = AttemptRecord.of(1, Ending(3, Cause.RANK_FAILED, 1, "10.0.0.2", 3), "2026-11-24T03:00:00", 754.2,
+                           ["10.0.0.1", "10.0.0.2"], ["rank 1: 10.0.0.5 -> spare 10.0.0.2 (host lost)"])
+    assert AttemptRecord.from_json(rec.to_json()) == rec
+    assert rec.line() == ("attempt 1: rank failed: rank 1 (10.0.0.2) exited with 3, after 12m34s; up's exit code 3; "
+                          "rank 1: 10.0.0.5 -> spare 10.0.0.2 (host lost)")
+    ok = AttemptRecord.of(2, Ending(0, Cause.SUCCEEDED), "t", 3.25, [], [])
+    assert ok.line() == "attempt 2: succeeded, after 3.2s; up's exit code 0"
+
+
+# ---------------------------------------------------------------- run folders
+
+
+def test_run_folders_keep_attempts_and_never_mix_jobs(tmp_path):
+    run = RunFolder.create(str(tmp_path), "a")
+    assert not run.root.exists()  # made with its first attempt
+    d0, d1 = run.attempt_dir(0), run.attempt_dir(1)
+    (d0 / "rank1-10.0.0.2.log").write_bytes(b"one\ntwo\n")
+    (d0 / "rank0-10.0.0.1.log").write_bytes(b"zero\n")
+    (d1 / "rank0-10.0.0.1.log").write_bytes(b"again\n")
+    run.record(AttemptRecord.of(0, Ending(3, Cause.RANK_FAILED), "t", 1, [], []))
+    with open(run.root / "attempts.jsonl", "a") as f:
+        f.write('{"attempt": 1, "cau')  # a launcher killed mid-write
+    assert [a.attempt for a in run.attempts()] == [0]
+    other = RunFolder.create(str(tmp_path), "a-b")
+    other.attempt_dir(0)
+    assert [r.root for r in runs_of(str(tmp_path), "a")] == [run.root]
+    same_second = RunFolder.create(str(tmp_path), "a")
+    assert same_second.root.name == run.root.name + ".2"
+    same_second.attempt_dir(0)
+    assert runs_of(str(tmp_path), "a")[-1].root == same_second.root
+    found, n = saved_attempt(str(tmp_path), "a-b", None)
+    assert found.root == other.root and n == 0
+    assert [(r, h) for r, h, _ in run.rank_files(0)] == [(0, "10.0.0.1"), (1, "10.0.0.2")]
+    with pytest.raises(ConfigError, match=r"--attempt 4: .* has attempt\(s\) 0"):
+        saved_attempt(str(tmp_path), "a", 4)
+    with pytest.raises(ConfigError, match="no containers on the hosts and no saved logs under"):
+        saved_attempt(str(tmp_path), "nope", None)
+    path = d0 / "rank1-10.0.0.2.log"
+    assert tail_lines(path, "all") == [b"one", b"two"] and tail_lines(path, "1") == [b"two"]
+    assert tail_lines(path, "0") == []
+    with pytest.raises(ConfigError, match="--tail 'x'"):
+        tail_lines(path, "x")
+
+
+# ---------------------------------------------------------------- hang detection's clock
+
+
+def test_progress_is_any_line_or_only_lines_matching_the_regex():
+    import re
+
+    reporter = RichReporter(Console(file=io.StringIO(), width=200, color_system=None))
+    every = LogSink(reporter, 0, "h", None)
+    only = LogSink(reporter, 1, "h", None, progress=re.compile(r"iteration +\d+"))
+    t0 = every.progress_at
+    time.sleep(0.01)
+    for sink in (every, only):
+        sink(b"loading data\n")
+    assert every.progress_at > t0 and only.progress_at == pytest.approx(t0, abs=0.005)
+    only(b" iteration   12 | loss 2.1\n")
+    assert only.progress_at > t0
+
+
+# ---------------------------------------------------------------- render
+
+
+def test_render_gives_restarts_to_jobset_only_and_refuses_up_only_fields():
+    from tests.unit.test_render import plan_of, rendered
+
+    text = rendered("jobset", plan_of(job__max_restarts=3))["sft-qwen.jobset.yaml"]
+    assert "maxRestarts: 3" in text and "up to 3 time(s)" in text
+    for target in ("k8s", "compose", "slurm"):
+        with pytest.raises(Unsupported, match="job.max_restarts 3.*--to jobset"):
+            rendered(target, plan_of(job__max_restarts=3))
+    with pytest.raises(Unsupported, match="job.hang_timeout"):
+        rendered("jobset", plan_of(job__hang_timeout="30m"))
+    with pytest.raises(Unsupported, match="spares"):
+        rendered("compose", plan_of(spares=["10.0.0.9"]))
+
+
+def test_no_run_folder_is_left_by_a_refused_launch(tmp_path, cli):
+    r = cli("up", "--hosts", "10.255.255.1", "--image", "i:1", "--max-restarts", "2", "--detach", "--log-dir",
+            str(tmp_path), "--", "true")
+    assert r.returncode != 0 and "--detach returns once the containers run" in r.stderr
+    assert os.listdir(tmp_path) == []
