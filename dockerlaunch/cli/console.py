@@ -177,6 +177,13 @@ def render_plan(plan: JobPlan, targets: list[SSHTarget]) -> str:
         out.append(format_argv(docker_argv(h.container), len(h.container.command)))
     pending = plan.unresolved()
     out.append("")
+    r = plan.recovery()
+    if r["max_restarts"] or r["hang_timeout"] or r["spares"]:
+        out.append(f"After a failure: up to {r['max_restarts']} gang restart(s), {r['restart_backoff']:g}s apart; "
+                   + (f"hang after {r['hang_timeout']:g}s without "
+                      + (f"a line matching {r['progress_regex']!r}" if r["progress_regex"] else "a line")
+                      if r["hang_timeout"] else "no hang detection")
+                   + (f"; spares {', '.join(r['spares'])}" if r["spares"] else "; no spares"))
     out += [f"note: {a}" for a in plan.advice]
     if pending:
         out.append(f"{len(pending)} value(s) are resolved on the hosts at launch (shown as <resolved at launch: ...>).")

@@ -91,6 +91,12 @@ class JobPlan:
     def unresolved(self) -> list[str]:
         return [f"rank {h.rank} ({h.address}) {u}" for h in self.hosts for u in h.container.unresolved()]
 
+    def recovery(self) -> dict:
+        """What `up` does after a failure (job.max_restarts, restart_backoff, hang_timeout, progress_regex, spares)."""
+        j = self.config.job
+        return {"max_restarts": j.max_restarts, "restart_backoff": j.restart_backoff, "hang_timeout": j.hang_timeout,
+                "progress_regex": j.progress_regex, "spares": [h.address for h in self.config.spares]}
+
     def to_dict(self) -> dict:
         return {
             "job": self.job,
@@ -100,6 +106,7 @@ class JobPlan:
             "master_port": self.master_port,
             "diag_dir": self.diag_dir,
             "advice": list(self.advice),
+            "recovery": self.recovery(),
             "hosts": [
                 {
                     "rank": h.rank,

@@ -223,3 +223,68 @@ def test_no_run_folder_is_left_by_a_refused_launch(tmp_path, cli):
             str(tmp_path), "--", "true")
     assert r.returncode != 0 and "--detach returns once the containers run" in r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_the_dry_run_says_what_happens_after_a_failure(cli):
+    import json
+
+    args = ["up", "--dry-run", "--hosts", "10.0.0.1,10.0.0.2", "--image", "i:1", "--max-restarts", "2", "--spares",
+            "10.0.0.9", "--hang-timeout", "30m", "--", "python", "t.py"]
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert ("After a failure: up to 2 gang restart(s), 10s apart; hang after 1800s without a line; spares 10.0.0.9"
+            in r.stdout)
+    assert "--env DL_RESTART_COUNT=0" in r.stdout
+    j = json.loads(cli(*args[:1], "--output", "json", *args[1:]).stdout)
+    assert j["recovery"] == {"max_restarts": 2, "restart_backoff": 10.0, "hang_timeout": 1800.0,
+                             "progress_regex": None, "spares": ["10.0.0.9"]}
+    plain = cli("up", "--dry-run", "--hosts", "10.0.0.1", "--image", "i:1", "--", "true")
+    assert "After a failure" not in plain.stdout
+
+
+@pytest.mark.parametrize("nohup", [False, True])
+def test_sighup_stops_up_unless_it_was_started_under_nohup(nohup, tmp_path):
+    """`nohup dockerlaunch up ... &`: SIGHUP (the terminal closed) is ignored on entry and must stay so; without
+    nohup it stops `up` like SIGTERM. SIGTERM stops it either way. `up` waits here on an SSH server that accepts
+    and never answers (a real socket), so the signal arrives mid-connect."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(30)  # a run that never connects fails here, not hangs
+    port = srv.getsockname()[1]
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "known_hosts").write_text("")
+
+    def child() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL)
+
+    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", "--skip-preflight", "--hosts",
+                          f"127.0.0.1:{port}", "--image", "i:1", "--log-dir", str(tmp_path / "logs"), "--", "true"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child,
+                         env={**os.environ, "HOME": str(tmp_path)})
+    try:
+        try:
+            conn, _ = srv.accept()  # `up` is connecting now
+        except TimeoutError:
+            p.kill()
+            raise AssertionError(p.communicate()) from None
+        time.sleep(0.5)
+        p.send_signal(signal.SIGHUP)
+        if nohup:
+            time.sleep(2)
+            assert p.poll() is None, p.communicate()
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=20) == 143
+        else:
+            assert p.wait(timeout=20) == 129, p.communicate()
+        conn.close()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        srv.close()

@@ -423,7 +423,9 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
                 bad: dict[int, str] = {}
                 for c in report.failed:
                     bad.setdefault(c.rank, f"doctor: {c.name}: {c.reason}"[:200])
-                if config.spares and -1 not in bad and len(bad) <= len(config.spares):
+                # a failure on every host is the job's or the image's, not a host's: no spare would pass
+                if config.spares and -1 not in bad and len(bad) <= len(config.spares) and len(bad) < len(
+                        config.hosts):
                     raise _Replace(bad)
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
                              "Fix the above or use --skip-preflight.", "bold red")
