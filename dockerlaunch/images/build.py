@@ -28,6 +28,7 @@ from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
 
 _LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use stays quiet
 
+FETCH_STAMPS = ".dockerlaunch-fetch.json"  # in the wheelhouse: each layer's requirements when last fetched
 LAYERS = ["1-torch", "2-build", "3-te", "4-apex", "5-flash", "6-megatron", "7-top"]
 BUILD_TOOLS = ["pybind11==3.0.1", "ninja==1.13.0", "packaging==25.0", "setuptools==80.9.0", "wheel==0.45.1",
                "py-spy==0.4.1"]
@@ -459,16 +460,30 @@ def fetch(stack: Stack, out_dir: Path, log=None) -> dict[str, int]:
         "6-megatron": local_torch + [f"megatron-core=={stack.megatron_core}", f"torch=={stack.torch}"],
         "7-top": local_torch + [f"ms-swift=={stack.ms_swift}", *top_pins(stack), f"torch=={stack.torch}"],
     }
-    counts = {}
+    # What each layer was last fetched with: after a pin bump only the layers whose requirements changed are
+    # asked of the index again (a whole fetch is minutes; one layer's is seconds when the rest is unchanged).
+    stamps_file = out_dir / FETCH_STAMPS
+    try:
+        stamps = json.loads(stamps_file.read_text()) if stamps_file.exists() else {}
+    except (OSError, ValueError):
+        stamps = {}
     for layer in LAYERS:
         dest = out_dir / layer
         dest.mkdir(exist_ok=True)
         reqs = plan.get(layer, [])
-        if reqs:
-            log(f"{layer}: pip download {' '.join(r for r in reqs if not r.startswith(('http', '/', '--')))}")
-            _pip(["download", "--dest", str(dest), *reqs])
-            _wheelify(dest)
-        counts[layer] = len(list(dest.iterdir()))
+        if not reqs:
+            continue
+        pins = " ".join(r for r in reqs if not r.startswith(("http", "/", "--")))
+        if stamps.get(layer) == reqs and any(dest.iterdir()):
+            log(f"{layer}: up to date ({pins})")
+            continue
+        stamps.pop(layer, None)
+        stamps_file.write_text(json.dumps(stamps, indent=1))  # a fetch cut off here asks again next time
+        log(f"{layer}: pip download {pins}")
+        _pip(["download", "--dest", str(dest), *reqs])
+        _wheelify(dest)
+        stamps[layer] = reqs
+        stamps_file.write_text(json.dumps(stamps, indent=1))
     for pin, layer in ((stack.apex, "4-apex"), (stack.megatron_lm, "6-megatron")):
         if pin:
             target = out_dir / layer / pin.archive_name

@@ -60,6 +60,9 @@ def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, cpu_stack, bumpe
         env = {"DOCKERLAUNCH_DOCKERFILES": str(bumped_dockerfiles)}
         f = dl("fetch", "--stack", "cpu", "-o", str(wheelhouse), env=env)
         assert f.returncode == 0, f.stderr[-2000:]
+        said = f.stdout + f.stderr  # only the layer whose pins changed is asked of the index again
+        assert "1-torch: up to date" in said and "6-megatron: up to date" in said, said[-2000:]
+        assert f"7-top: pip download ms-swift=={OTHER_SWIFT}" in said, said[-2000:]
         r2 = dl("build", "--stack", "cpu", "--wheelhouse", str(wheelhouse), "--offline", "--base-image", base_image,
                 env=env)
         log2 = r2.stdout + r2.stderr

@@ -5,6 +5,10 @@ answers each one. The launcher declares a host lost when its answers stop for `j
 seconds (a frozen or powered-off host, a cut network: TCP alone may never say so); the host removes
 the run's containers itself when the launcher's session drops (after `job.orphan_grace` seconds) or
 goes silent -- so a launcher killed with SIGKILL, or whose machine vanished, leaves nothing running.
+
+Silence is counted from the first beat a host has not answered, and time the launcher itself stood still
+(a starved machine: hundreds of log streams, a swapping laptop) is not counted against any host: a 256-host
+run whose launcher stalled for 20 s once declared every host lost and so removed a healthy job.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dockerlaunch.hosts.session import Host
 
 INTERVAL = 2.0  # seconds between heartbeats
 READY_TIMEOUT = 15.0  # for the first answer of every watchdog
+TICK = 0.2  # the beat loop's period
+STALL = 1.0  # a beat loop later than this stood still: that time is not a host's silence
 
 
 @dataclass
@@ -28,6 +34,40 @@ class _Peer:
     host: Host
     chan: paramiko.Channel
     last_answer: float = field(default_factory=time.monotonic)
+    unanswered_since: float | None = None  # when the oldest beat not yet answered went out
+
+
+class Silence:
+    """The bookkeeping of heartbeats, apart from the channels (so it is tested with a clock of its own)."""
+
+    def __init__(self, now: float):
+        self.last_tick = now
+
+    def tick(self, now: float, peers: list[_Peer]) -> None:
+        """Call once per loop, after reading answers: a late loop means the launcher stood still, so every
+        silent host's count is pushed back by the time lost."""
+        lost_time = now - self.last_tick - TICK
+        self.last_tick = now
+        if lost_time > STALL:
+            for p in peers:
+                if p.unanswered_since is not None:
+                    p.unanswered_since = min(now, p.unanswered_since + lost_time)
+
+    @staticmethod
+    def answered(p: _Peer, now: float) -> None:
+        p.last_answer, p.unanswered_since = now, None
+
+    @staticmethod
+    def sent(p: _Peer, now: float) -> None:
+        if p.unanswered_since is None:
+            p.unanswered_since = now
+
+    def lost(self, now: float, peers: list[_Peer], timeout: float) -> list[_Peer]:
+        """Peers silent for `timeout` seconds of the launcher's running time. Nothing while the beat loop
+        itself is behind: that is the launcher's stall, not the hosts'."""
+        if now - self.last_tick > STALL + TICK:
+            return []
+        return [p for p in peers if p.unanswered_since is not None and now - p.unanswered_since > timeout]
 
 
 class Watchdogs:
@@ -37,6 +77,7 @@ class Watchdogs:
     def __init__(self, hosts: list[Host], run_id: str, grace: float, interval: float = INTERVAL):
         self.hosts, self.run_id, self.grace, self.interval = hosts, run_id, grace, interval
         self.peers: dict[int, _Peer] = {}
+        self.silence = Silence(time.monotonic())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -57,6 +98,7 @@ class Watchdogs:
         started = time.monotonic()
         for p in self.peers.values():
             p.last_answer = 0.0  # until the first answer: proves the watchdog runs before anything starts
+        self.silence = Silence(started)
         self._thread = threading.Thread(target=self._beat, daemon=True, name="dl-heartbeat")
         self._thread.start()
         deadline = started + READY_TIMEOUT
@@ -74,24 +116,31 @@ class Watchdogs:
         next_beat = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
-            for p in list(self.peers.values()):
+            peers = list(self.peers.values())
+            for p in peers:
                 try:
                     while p.chan.recv_ready():
                         if p.chan.recv(64):
-                            p.last_answer = time.monotonic()
-                    if now >= next_beat and not p.chan.closed:
-                        p.chan.send(b"h")
+                            Silence.answered(p, now)
                 except (OSError, EOFError, paramiko.SSHException):
                     pass  # a dead channel simply stops answering
+            self.silence.tick(now, peers)
             if now >= next_beat:
                 next_beat = now + self.interval
-            self._stop.wait(0.2)
+                for p in peers:
+                    try:
+                        if not p.chan.closed:
+                            p.chan.send(b"h")
+                            Silence.sent(p, now)
+                    except (OSError, EOFError, paramiko.SSHException):
+                        pass
+            self._stop.wait(TICK)
 
     def lost(self, timeout: float) -> list[Host]:
-        """Hosts whose watchdog has not answered for `timeout` seconds (or whose channel closed)."""
-        now = time.monotonic()
-        return [p.host for p in self.peers.values()
-                if now - p.last_answer > timeout or (p.chan.closed and p.chan.exit_status_ready())]
+        """Hosts whose watchdog has not answered a beat for `timeout` seconds (or whose channel closed)."""
+        peers = list(self.peers.values())
+        silent = {id(p) for p in self.silence.lost(time.monotonic(), peers, timeout)}
+        return [p.host for p in peers if id(p) in silent or (p.chan.closed and p.chan.exit_status_ready())]
 
     def abandon(self, host: Host) -> None:
         """Stop talking to a lost host without standing its watchdog down: when it comes back, it sees the
