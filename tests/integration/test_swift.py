@@ -4,7 +4,8 @@ The pinned `cpu` stack (built offline by the `cpu_stack` fixture) is pushed to t
 model, tokenizer and datasets made inside that image (no hub) go on the cluster's shared storage (/shared, one volume
 in every node, as NFS would be); `up` runs `swift sft` (LoRA) on both hosts as one world of 2, `swift infer` of the
 checkpoint on one host, and a 2-host DPO. The sim config has `job.offline: true` and the commands carry
-`--check_model false`: no rank may wait on a hub (no retry line in any log).
+`--check_model false`: no rank may wait on a hub (no retry line in any log). And a torchrun job of the same image that
+loses a rank mid-run is restarted by `up` and resumes from its last checkpoint on /shared.
 """
 
 import ast
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import dl
+from tests.integration.helpers import dl, variant
 
 pytestmark = pytest.mark.integration
 MAKER = Path(__file__).parent / "data" / "swift" / "make_tiny_qwen2.py"
@@ -49,7 +50,8 @@ def swift_cluster(engine, sim_cluster, cpu_stack):
     folder = f"/shared/swift-{secrets.token_hex(3)}"
     volume = f"{name}-shared"
     made = engine.containers.run(
-        cpu_stack.tag, ["python", "/maker/make_tiny_qwen2.py", folder], remove=True, network_mode="none",
+        cpu_stack.tag, ["sh", "-c", 'python /maker/make_tiny_qwen2.py "$1" && cp /maker/resume_train.py "$1/"', "-",
+                        folder], remove=True, network_mode="none",
         volumes={volume: {"bind": "/shared", "mode": "rw"}, str(MAKER.parent): {"bind": "/maker", "mode": "ro"}},
     ).decode()
     assert "tiny qwen2:" in made, made
@@ -114,3 +116,33 @@ def test_swift_dpo_on_two_hosts(swift_cluster, tmp_path, job_containers):
         assert job_containers(job) == []
     finally:
         dl("down", "--config", str(config_path), "--name", job)
+
+
+def test_a_torchrun_job_that_loses_a_rank_restarts_and_resumes_from_its_checkpoint(swift_cluster, sim_cluster,
+                                                                                   tmp_path, job_containers):
+    """Issue 22 end to end: torch DDP (gloo) through torchrun on 2 hosts saves every 10 steps on /shared; in
+    attempt 0 rank 1 dies at step 15; `up` tears both hosts down and starts attempt 1, which loads step 10 and
+    ends at step 30 (not from step 1)."""
+    config_path, layout, d, image = swift_cluster
+    job, logs = f"resume{secrets.token_hex(3)}", tmp_path / "logs"
+    cfg = variant(sim_cluster, tmp_path, job={"restart_backoff": 1})
+    cmd = ('torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node 1 --master_addr "$MASTER_ADDR" '
+           f'--master_port "$MASTER_PORT" {d}/resume_train.py {d}/ckpt-{job} 30 10 15')
+    try:
+        r = dl("up", "--skip-preflight", "--config", cfg, "--image", image, "--name", job, "--max-restarts", "2",
+               "--log-dir", str(logs), "--", "sh", "-c", cmd, timeout=600)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-4000:]
+        assert "attempt 0: rank failed: rank " in out and "attempt 1: succeeded" in out, out[-4000:]
+        assert "attempt 2" not in out
+        [run] = list(logs.iterdir())
+        first = {int(re.match(r"rank(\d+)-", f.name).group(1)): f.read_text() for f in (run / "attempt-0").iterdir()}
+        again = {int(re.match(r"rank(\d+)-", f.name).group(1)): f.read_text() for f in (run / "attempt-1").iterdir()}
+        assert "attempt 0 rank 1: dying at step 15" in first[1], first[1][-2000:]
+        assert "attempt 0 rank 0: step 15 loss" in first[0] and "step 16 loss" not in first[0], first[0][-2000:]
+        for rank, text in again.items():  # resumed from the save at step 10, ran to the end
+            assert f"attempt 1 rank {rank}: starting at step 11" in text, text[-2000:]
+            assert f"attempt 1 rank {rank}: step 30 loss" in text and f"rank {rank}: step 10 loss" not in text
+        assert job_containers(job) == []
+    finally:
+        dl("down", "--config", cfg, "--name", job)
