@@ -5,6 +5,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,11 +109,24 @@ def fresh_image(engine, tools_image):
     """A local image no node has: the tools image plus a layer of random bytes."""
     made = []
 
-    def make(mb: int = 8) -> str:
+    def make(mb: int = 8, scratch: bool = False) -> str:
+        """scratch: only the random layer (for tests of bundles and streams that never run the image: a few MB
+        to save and load instead of the tools image's ~270 MB)."""
         tag = f"dlt-dist/{secrets.token_hex(4)}:1"
-        dockerfile = (f"FROM {tools_image}\n"
-                      f"RUN head -c {mb}M /dev/urandom > /blob && echo {secrets.token_hex(8)} > /token\n")
-        engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="host", rm=True)
+        if scratch:
+            ctx = io.BytesIO()
+            with tarfile.open(fileobj=ctx, mode="w") as t:
+                for name, data in (("Dockerfile", b"FROM scratch\nCOPY blob token /\n"),
+                                   ("blob", os.urandom(mb << 20)), ("token", secrets.token_hex(8).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+            ctx.seek(0)
+            engine.images.build(fileobj=ctx, custom_context=True, tag=tag, rm=True)
+        else:
+            dockerfile = (f"FROM {tools_image}\n"
+                          f"RUN head -c {mb}M /dev/urandom > /blob && echo {secrets.token_hex(8)} > /token\n")
+            engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, network_mode="host", rm=True)
         made.append(tag)
         return tag
 

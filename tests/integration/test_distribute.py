@@ -139,7 +139,7 @@ def test_push_of_missing_image_is_a_clear_error(sim_cluster):
 
 
 def test_bundle_round_trip_locally_and_onto_hosts(sim_cluster, engine, remotes, fresh_image, tmp_path):
-    a, b = fresh_image(), fresh_image()
+    a, b = fresh_image(scratch=True), fresh_image(scratch=True)
     ids = {ref: engine.images.get(ref).id for ref in (a, b)}
     bundle = tmp_path / "images.dlb"
     r = dl("save", a, b, "-o", str(bundle))
@@ -163,7 +163,7 @@ def test_bundle_round_trip_locally_and_onto_hosts(sim_cluster, engine, remotes, 
 # the tar reader or the checksum notices first; every one must read as a corrupted bundle
 @pytest.mark.parametrize("damage", ["flip@0.2", "flip@0.5", "flip@0.8", "truncate", "inner-header"])
 def test_corrupted_bundle_is_a_clear_error_and_tags_nothing(engine, fresh_image, tmp_path, damage):
-    ref = fresh_image()
+    ref = fresh_image(scratch=True)
     image_id = engine.images.get(ref).id
     bundle = tmp_path / "one.dlb"
     assert dl("save", ref, "-o", str(bundle)).returncode == 0
@@ -364,7 +364,7 @@ def test_a_bundle_image_cannot_retag_anything(engine, fresh_image, tmp_path):
 
     from dockerlaunch.transfer.bundle import BUNDLE_FORMAT
 
-    ref, victim = fresh_image(mb=1), fresh_image(mb=1)
+    ref, victim = fresh_image(mb=1, scratch=True), fresh_image(mb=1, scratch=True)
     image_id, victim_id = engine.images.get(ref).id, engine.images.get(victim).id
     inner = b"".join(engine.api.get_image(ref))  # named save: RepoTags [ref]
     assert len(victim) == len(ref)  # same-length names: the tar's member sizes stay right

@@ -4,6 +4,7 @@ spares that take a lost or unreachable host's rank (host 0's too: a new MASTER_A
 a host that has it."""
 
 import json
+import re
 import secrets
 import signal
 import time
@@ -83,15 +84,29 @@ def test_restarts_run_out_and_up_exits_with_the_last_attempts_code(sim_cluster, 
     assert [(a["attempt"], a["exit_code"]) for a in attempts(logs)] == [(0, 5), (1, 6)]
     assert [containers_on(rm, job) for rm in remotes] == [[], []]
 
+HUNG = """\
+import os, time
+def wait_for_data():
+    time.sleep(600)
+def save_checkpoint():
+    time.sleep(600)
+print("step 1", flush=True)
+if os.environ["RANK"] == "1":
+    time.sleep(3)
+    print("step 2", flush=True)
+    save_checkpoint()
+wait_for_data()
+"""
 
-def test_a_hang_is_dumped_then_fails_the_attempt(sim_cluster, remotes, tmp_path):
-    """No rank prints for job.hang_timeout: `up` names the quietest rank, dumps every rank into the attempt's
-    folder, tears down and exits 124 (no restarts asked)."""
+
+def test_a_hang_is_dumped_then_fails_the_attempt(sim_cluster, remotes, demo_image, tmp_path):
+    """No rank prints for job.hang_timeout: `up` names the quietest rank, dumps every rank's Python stack into the
+    attempt's folder (each rank where it waits), tears down and exits 124 (no restarts asked)."""
     job, logs = job_name(), tmp_path / "logs"
     cfg = variant(sim_cluster, tmp_path, job={"hang_timeout": "10s"})
     t0 = time.monotonic()
-    r = dl("up", "--skip-preflight", "--config", cfg, "--name", job, "--log-dir", str(logs), "--", "sh", "-c",
-           'echo "step 1"; if [ "$NODE_RANK" = 1 ]; then sleep 3; echo "step 2"; fi; sleep 600', timeout=400)
+    r = dl("up", "--skip-preflight", "--config", cfg, "--image", demo_image, "--name", job, "--log-dir", str(logs),
+           "--", "sh", "-c", 'RANK="$NODE_RANK" exec python3 -c "$1"', "sh", HUNG, timeout=400)
     took = time.monotonic() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 124, out[-3000:]
@@ -100,7 +115,10 @@ def test_a_hang_is_dumped_then_fails_the_attempt(sim_cluster, remotes, tmp_path)
     [run] = list(logs.iterdir())
     summary = run / "attempt-0" / "hang-dump" / "summary.txt"
     assert summary.is_file(), out[-3000:]
-    assert "# dockerlaunch dump" in summary.read_text()
+    text = summary.read_text()
+    assert "# dockerlaunch dump" in text, text
+    assert re.search(r"^- rank 0: .*wait_for_data", text, re.M) and re.search(r"^- rank 1: .*save_checkpoint", text,
+                                                                              re.M), text
     [rec] = attempts(logs)
     assert rec["cause"] == "hang" and rec["rank"] == 0 and "hang-dump" in rec["detail"], rec
     assert [containers_on(rm, job) for rm in remotes] == [[], []]
