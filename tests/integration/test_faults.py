@@ -124,14 +124,21 @@ def test_a_frozen_host_is_noticed_and_the_rest_torn_down(sim_cluster, engine, re
         dl("down", "--config", cfg, "--name", job)
 
 
-def test_an_unreachable_host_before_the_start_starts_nothing(sim_cluster, remotes, tmp_path):
-    """sshd gone on one host: `up` names it and starts nothing anywhere."""
+@pytest.mark.parametrize("how", ["no-host", "refused"])
+def test_an_unreachable_host_before_the_start_starts_nothing(sim_cluster, remotes, tmp_path, how):
+    """A host that is not there (no answer at all) or whose sshd refuses every connection (a port where nothing
+    listens: RST at once): `up` names it in one line and starts nothing anywhere."""
     import yaml
 
     job = job_name()
     data = yaml.safe_load(open(sim_cluster[1]))
-    dead = sim_cluster[2][0].ip.rsplit(".", 1)[0] + ".99"  # inside our own sim subnet; nobody lives there
-    cfg = variant(sim_cluster, tmp_path, hosts=data["hosts"] + [{"address": dead}], ssh={"connect_timeout": 3})
+    ip0 = sim_cluster[2][0].ip
+    if how == "no-host":
+        dead, entry = ip0.rsplit(".", 1)[0] + ".99", {}  # inside our own sim subnet; nobody lives there
+    else:
+        dead, entry = ip0, {"port": 2222}
+    cfg = variant(sim_cluster, tmp_path, hosts=data["hosts"] + [{"address": dead, **entry}],
+                  ssh={"connect_timeout": 3})
     t0 = time.monotonic()
     r = dl("up", "--config", cfg, "--name", job, "--", "sh", "-c", SLEEPER, timeout=120)
     took = time.monotonic() - t0
