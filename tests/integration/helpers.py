@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import pytest
 import yaml
@@ -31,6 +32,16 @@ def own_sim_state(tmp_path_factory, prefix: str):
 def dl(*args, timeout=300, cwd=None):
     return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or SCRATCH)
+
+
+def until(predicate, timeout: float, step: float = 0.2) -> float | None:
+    """Seconds until `predicate()` held, or None if it never did within `timeout`."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if predicate():
+            return time.monotonic() - t0
+        time.sleep(step)
+    return None
 
 
 def job_name():

@@ -17,22 +17,13 @@ from tests.integration.helpers import (
     probe_containers_on,
     start_up,
     stop_up,
+    until,
     variant,
     wait_for_ready,
 )
 
 pytestmark = pytest.mark.integration
 SLEEPER = 'echo "ready $NODE_RANK"; sleep 600'
-
-
-def until(predicate, timeout: float, step: float = 0.2) -> float | None:
-    """Seconds until `predicate()` held, or None if it never did within `timeout`."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if predicate():
-            return time.monotonic() - t0
-        time.sleep(step)
-    return None
 
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from tests.integration.helpers import containers_on, dl, job_name, start_up, stop_up, variant
+from tests.integration.helpers import containers_on, dl, job_name, start_up, stop_up, until, variant
 
 pytestmark = pytest.mark.integration
 
@@ -23,15 +23,6 @@ FAIL_FIRST = ('echo "attempt $DL_RESTART_COUNT rank $NODE_RANK torchelastic $TOR
 def attempts(log_dir) -> list[dict]:
     [run] = [p for p in log_dir.iterdir()]
     return [json.loads(line) for line in (run / "attempts.jsonl").read_text().splitlines()]
-
-
-def until(predicate, timeout: float, step: float = 0.3) -> float | None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if predicate():
-            return time.monotonic() - t0
-        time.sleep(step)
-    return None
 
 
 def test_a_failed_rank_restarts_every_host_and_the_evidence_stays(sim_cluster, remotes, tmp_path):
