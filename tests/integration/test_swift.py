@@ -136,8 +136,7 @@ def test_a_torchrun_job_that_loses_a_rank_restarts_and_resumes_from_its_checkpoi
         assert "attempt 0: rank failed: rank " in out and "attempt 1: succeeded" in out, out[-4000:]
         assert "attempt 2" not in out
         [run] = list(logs.iterdir())
-        first = {int(re.match(r"rank(\d+)-", f.name).group(1)): f.read_text() for f in (run / "attempt-0").iterdir()}
-        again = {int(re.match(r"rank(\d+)-", f.name).group(1)): f.read_text() for f in (run / "attempt-1").iterdir()}
+        first, again = rank_logs(run / "attempt-0"), rank_logs(run / "attempt-1")
         assert "attempt 0 rank 1: dying at step 15" in first[1], first[1][-2000:]
         assert "attempt 0 rank 0: step 15 loss" in first[0] and "step 16 loss" not in first[0], first[0][-2000:]
         for rank, text in again.items():  # resumed from the save at step 10, ran to the end
