@@ -8,7 +8,7 @@ goes silent -- so a launcher killed with SIGKILL, or whose machine vanished, lea
 
 Silence is counted from the first beat a host has not answered, and time the launcher itself stood still
 (a starved machine: hundreds of log streams, a swapping laptop) is not counted against any host: a 256-host
-run whose launcher stalled for 20 s once declared every host lost and so removed a healthy job.
+run whose starved launcher read the answers late once declared every host lost and so removed a healthy job.
 """
 
 from __future__ import annotations
