@@ -183,6 +183,33 @@ def remove_by_label(cluster: Cluster, label: str) -> int:
     return sum(each_engine(cluster, one))
 
 
+# Docker closes a stopped container's log copier after 10 s (loggerCloseTimeout in moby's container.Reset /
+# resetLogging) whether or not it has read the container's output to the end, and says so in its own log.
+ENGINE_TRUNCATED = "logs may be truncated"
+ENGINE_LOG = "/var/log/dockerd.log"  # where the sim's entrypoint.sh sends each engine's dockerd output
+
+
+def engine_log_marks(cluster: Cluster) -> dict[str, int]:
+    """Each engine's dockerd log size now, so that engine_log_count reads only what a step added."""
+    def one(e: Engine) -> tuple[str, int]:
+        r = on_engine(e, ["wc", "-c", ENGINE_LOG])
+        if r.returncode != 0:  # a count of 0 from no log would say "nothing truncated"
+            raise RuntimeError(f"{e.container}: no dockerd log at {ENGINE_LOG}: {tail(r.stderr, 200)}")
+        return e.container, int(r.stdout.split()[0])
+
+    return dict(each_engine(cluster, one))
+
+
+def engine_log_count(cluster: Cluster, marks: dict[str, int], text: str) -> dict[str, int]:
+    """How many lines each engine's dockerd logged with `text` since `marks`."""
+    def one(e: Engine) -> tuple[str, int]:
+        start = marks.get(e.container, 0) + 1
+        r = on_engine(e, ["sh", "-c", f'tail -c +{start} {ENGINE_LOG} | grep -c -F -e "$1"; exit 0', "sh", text])
+        return e.container, int((r.stdout.split() or [b"0"])[0])
+
+    return dict(each_engine(cluster, one))
+
+
 class EngineEvents:
     """`docker events` of a job's containers on every engine, from `since` on (so nothing is missed between
     starting the watchers and the step): (action, container name, epoch seconds)."""
@@ -803,11 +830,15 @@ def step_logs(ctx: Ctx) -> dict:
     if ctx.args.logs_tty != "config":  # container.tty for this step only
         cfg = variant_config(ctx, container={"tty": ctx.args.logs_tty == "on"})
         out["container_tty"] = ctx.args.logs_tty
+    marks = engine_log_marks(c)
     launch = ctx.dl("up", "--name", job, "--skip-preflight", "--keep", "--log-dir", str(log_dir), "--",
                     "sh", "-c", cmd, on_line=check, config=cfg)
     try:
         run = launch.wait(ctx.timeout + c.n * n_lines / 2000)
         out["up"] = run
+        cut = engine_log_count(c, marks, ENGINE_TRUNCATED)
+        out["engine_truncated"] = {"total": sum(cut.values()), "per_engine": cut,
+                                   "said": f"dockerd: Logger didn't exit in time: {ENGINE_TRUNCATED}"}
         out["up_stream"] = check.summary()
         out["lines_per_s_up"] = round(sum(check.count) / max(0.001, launch.t_end - t0))
         dirs = sorted(log_dir.glob(f"{job}-*")) if log_dir.is_dir() else []
@@ -1017,6 +1048,8 @@ def figures(res: dict) -> dict:
     f["logs_lost"] = (lg.get("up_stream") or {}).get("lost_total")
     f["logs_out_of_order"] = (lg.get("up_stream") or {}).get("out_of_order_total")
     f["logs_cmd_lost"] = (lg.get("logs_stream") or {}).get("lost_total")
+    f["logs_ranks_with_loss"] = (lg.get("up_stream") or {}).get("ranks_with_loss")
+    f["engine_truncated"] = (lg.get("engine_truncated") or {}).get("total")
     if f.get("up_all_running_s") and f.get("floor_up_s"):
         f["up_ratio"] = round(f["up_all_running_s"] / f["floor_up_s"], 2)
     if f.get("failfast_teardown_s") is not None and f.get("floor_rm_s"):
@@ -1054,7 +1087,8 @@ def verdicts(res: dict, f: dict) -> dict[str, str]:
     lc = lg.get("logs_stream")
     judge("logs", None if ls is None else bool(ls["ok"] and (lc or {}).get("ok")),
           f"up: lost {ls and ls['lost_total']}, out of order {ls and ls['out_of_order_total']}; logs: lost "
-          f"{lc and lc['lost_total']}, out of order {lc and lc['out_of_order_total']}")
+          f"{lc and lc['lost_total']}, out of order {lc and lc['out_of_order_total']}; engines truncated "
+          f"{f.get('engine_truncated')} containers' logs")
     return v
 
 
@@ -1112,7 +1146,9 @@ def report(results: list[dict]) -> str:
              (s.get("hostloss", {}).get("line") or s.get("hostloss", {}).get("problem") or "")[:160]),
             ("logs: up's stream", fmt(f.get("logs_up_s")) + " s",
              json.dumps({k: v for k, v in (s.get("logs", {}).get("up_stream") or {}).items()
-                         if k in ("lost_total", "duplicates_total", "out_of_order_total", "wrong_rank")})),
+                         if k in ("lost_total", "ranks_with_loss", "duplicates_total", "out_of_order_total",
+                                  "wrong_rank")})
+             + f"; the engines logged '{ENGINE_TRUNCATED}' {fmt(f.get('engine_truncated'))} times"),
             ("logs: `logs` afterwards", fmt(f.get("logs_cmd_s")) + " s",
              json.dumps({k: v for k, v in (s.get("logs", {}).get("logs_stream") or {}).items()
                          if k in ("lost_total", "duplicates_total", "out_of_order_total", "wrong_rank")})
