@@ -1,6 +1,6 @@
-# dockerlaunch training image: one Dockerfile for every stack in stacks.yaml; every pin arrives as a build arg
-# (`dockerlaunch build --stack NAME --dry-run` prints them). Layers run from least to most often changed, so
-# an ms-swift bump rebuilds only the top layer. Each layer bind-mounts only its own part of the build
+# dockerlaunch training image: one Dockerfile for every stack in stacks.yaml; the Python set arrives as the
+# stack's lock in the build context, the rest as build args (`dockerlaunch build --stack NAME --dry-run`).
+# Layers run from least to most often changed, so an ms-swift bump rebuilds only the top layer. Each layer bind-mounts only its own part of the build
 # context's wheelhouse/ (filled by `dockerlaunch fetch`; empty dirs online), which keeps its cache key
 # independent of the layers above it. Needs BuildKit; no syntax directive, so offline builds pull nothing.
 ARG BASE_IMAGE=debian:bookworm-20251229-slim
@@ -37,46 +37,57 @@ RUN printf '%s\n' \
       'else' \
       '  if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca SSL_CERT_FILE=/run/secrets/pip_ca; fi' \
       '  if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi' \
-      'fi' > /opt/dockerlaunch/pip-env.sh
+      'fi' \
+      '# an empty build argument means "not set" (an empty NVTE_WITH_NCCL_EP or arch list is not a default)' \
+      '[ -n "${TORCH_CUDA_ARCH_LIST:-}" ] || unset TORCH_CUDA_ARCH_LIST' \
+      '[ -n "${NVTE_CUDA_ARCHS:-}" ] || unset NVTE_CUDA_ARCHS' \
+      '[ -n "${FLASH_ATTN_CUDA_ARCHS:-}" ] || unset FLASH_ATTN_CUDA_ARCHS' \
+      '[ -n "${NVTE_WITH_NCCL_EP:-}" ] || unset NVTE_WITH_NCCL_EP' > /opt/dockerlaunch/pip-env.sh
 
-# 2. torch, from the index of its CUDA variant (or CPU).
-# Every pip install below is pinned through build args (hadolint cannot see into them): DL3013 is ignored.
-ARG TORCH_VERSION
+# Layers 2-8 install the stack's lock (Dockerfiles/locks/<stack>.lock, `dockerlaunch stacks lock`): each mounts
+# only its own part, lock/<layer>.txt, and installs it with --no-deps --require-hashes, so every distribution is
+# the locked file and nothing is resolved here. Its part is also its cache key: a layer is rebuilt only when the
+# distributions it installs change.
+
+# 2. torch and what it pulls (the CUDA runtime wheels), from the registry or, for a local variant (+cpu, +cu128),
+#    from the PyTorch index.
 ARG TORCH_INDEX_URL=""
-# hadolint ignore=DL3013
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \
     --mount=type=bind,source=wheelhouse/1-torch,target=/wheelhouse/1-torch \
+    --mount=type=bind,source=lock/1-torch.txt,target=/lock/1-torch.txt \
     . /opt/dockerlaunch/pip-env.sh \
- && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}"
+ && pip install --no-deps --require-hashes ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
+      -r /lock/1-torch.txt
 
-# 3. What the compiled extensions build with, and py-spy (dump the stacks of a hung rank).
-ARG NUMPY_VERSION=""
-ARG BUILD_TOOLS
-# hadolint ignore=DL3013,SC3054
+# 3. What the compiled extensions build with, numpy, and py-spy (dump the stacks of a hung rank).
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \
-    --mount=type=bind,source=wheelhouse/1-torch,target=/wheelhouse/1-torch \
     --mount=type=bind,source=wheelhouse/2-build,target=/wheelhouse/2-build \
+    --mount=type=bind,source=lock/2-build.txt,target=/lock/2-build.txt \
     . /opt/dockerlaunch/pip-env.sh \
- && read -r -a tools <<< "$BUILD_TOOLS" \
- && pip install "${tools[@]}" ${NUMPY_VERSION:+"numpy==${NUMPY_VERSION}"}
+ && pip install --no-deps --require-hashes -r /lock/2-build.txt
 
 # 4. TransformerEngine: compiled against the torch above, so after it and without build isolation.
-ARG TE_VERSION=""
-ARG TE_EXTRAS=pytorch
+#    NVTE_PYTORCH_FORCE_BUILD: without it TE's setup.py first downloads a prebuilt binary from GitHub (TE PR
+#    #2127), so online and offline builds would differ. NVTE_WITH_NCCL_EP: TE 2.17-2.19 do not build against
+#    torch < 2.11 with it on (the build argument says when; rule te-nccl-ep).
+# The GPU architectures the extensions are compiled for (torch's, TE's and flash-attn's own variables): without
+# a GPU in the build, torch would compile every arch its CUDA knows, which turns an hour into many.
 ARG MAX_JOBS=4
-# hadolint ignore=DL3013
+ARG TORCH_CUDA_ARCH_LIST=""
+ARG NVTE_CUDA_ARCHS=""
+ARG FLASH_ATTN_CUDA_ARCHS=""
+ARG NVTE_WITH_NCCL_EP=""
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \
-    --mount=type=bind,source=wheelhouse/1-torch,target=/wheelhouse/1-torch \
-    --mount=type=bind,source=wheelhouse/2-build,target=/wheelhouse/2-build \
     --mount=type=bind,source=wheelhouse/3-te,target=/wheelhouse/3-te \
-    if [ -n "$TE_VERSION" ]; then \
+    --mount=type=bind,source=lock/3-te.txt,target=/lock/3-te.txt \
+    if [ -s /lock/3-te.txt ]; then \
       . /opt/dockerlaunch/pip-env.sh \
       && site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
       && CUDNN_PATH="$site/nvidia/cudnn" CPLUS_INCLUDE_PATH="$site/nvidia/cudnn/include" NVTE_FRAMEWORK=pytorch \
-         MAX_JOBS="$MAX_JOBS" pip install --no-build-isolation "transformer_engine[${TE_EXTRAS}]==${TE_VERSION}"; \
+         NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS="$MAX_JOBS" pip install --no-deps --require-hashes --no-build-isolation -r /lock/3-te.txt; \
     fi
 
 # 5. apex at a pinned commit, with its C++ and CUDA extensions (nvcc must match torch.version.cuda).
@@ -84,45 +95,37 @@ ARG APEX_SOURCE=""
 # hadolint ignore=DL3013
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \
-    --mount=type=bind,source=wheelhouse/1-torch,target=/wheelhouse/1-torch \
-    --mount=type=bind,source=wheelhouse/2-build,target=/wheelhouse/2-build \
     --mount=type=bind,source=wheelhouse/4-apex,target=/wheelhouse/4-apex \
     if [ -n "$APEX_SOURCE" ]; then \
       . /opt/dockerlaunch/pip-env.sh \
-      && MAX_JOBS="$MAX_JOBS" pip install -v --no-build-isolation \
+      && MAX_JOBS="$MAX_JOBS" pip install -v --no-deps --no-build-isolation \
            --config-settings "--build-option=--cpp_ext" --config-settings "--build-option=--cuda_ext" "$APEX_SOURCE"; \
     fi
 
-# 6. flash-attn: the prebuilt wheel when one matches torch/CUDA/python, else a MAX_JOBS-limited source build.
-ARG FLASH_ATTN_VERSION=""
+# 6. flash-attn: the prebuilt wheel when one matches torch/CUDA/Python, else a MAX_JOBS-limited source build of
+#    the locked sdist; what it pulls (einops) from the lock.
 ARG FLASH_ATTN_WHEEL=""
 # hadolint ignore=DL3013
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \
-    --mount=type=bind,source=wheelhouse/1-torch,target=/wheelhouse/1-torch \
-    --mount=type=bind,source=wheelhouse/2-build,target=/wheelhouse/2-build \
     --mount=type=bind,source=wheelhouse/5-flash,target=/wheelhouse/5-flash \
-    if [ -n "$FLASH_ATTN_WHEEL" ]; then \
-      . /opt/dockerlaunch/pip-env.sh && pip install "$FLASH_ATTN_WHEEL"; \
-    elif [ -n "$FLASH_ATTN_VERSION" ]; then \
-      . /opt/dockerlaunch/pip-env.sh \
-      && FLASH_ATTENTION_FORCE_BUILD=TRUE MAX_JOBS="$MAX_JOBS" \
-         pip install --no-build-isolation "flash-attn==${FLASH_ATTN_VERSION}"; \
-    fi
+    --mount=type=bind,source=lock/5-flash.txt,target=/lock/5-flash.txt \
+    . /opt/dockerlaunch/pip-env.sh \
+ && if [ -s /lock/5-flash.txt ]; then \
+      FLASH_ATTENTION_FORCE_BUILD=TRUE MAX_JOBS="$MAX_JOBS" pip install --no-deps --require-hashes --no-build-isolation -r /lock/5-flash.txt; \
+    fi \
+ && if [ -n "$FLASH_ATTN_WHEEL" ]; then pip install --no-deps "$FLASH_ATTN_WHEEL"; fi
 
-# 7. megatron-core from pip and, for stacks whose ms-swift imports megatron.training, Megatron-LM at its pinned
-#    ref baked at a fixed path (so ms-swift never clones at run time).
-ARG MCORE_VERSION
+# 7. megatron-core and, for stacks whose ms-swift imports megatron.training, Megatron-LM at its pinned ref baked
+#    at a fixed path (so ms-swift never clones at run time).
 ARG MEGATRON_LM_ARCHIVE=""
 ARG MEGATRON_LM_URL=""
-# hadolint ignore=DL3013
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \
-    --mount=type=bind,source=wheelhouse/1-torch,target=/wheelhouse/1-torch \
-    --mount=type=bind,source=wheelhouse/2-build,target=/wheelhouse/2-build \
     --mount=type=bind,source=wheelhouse/6-megatron,target=/wheelhouse/6-megatron \
+    --mount=type=bind,source=lock/6-megatron.txt,target=/lock/6-megatron.txt \
     . /opt/dockerlaunch/pip-env.sh \
- && pip install "megatron-core==${MCORE_VERSION}" \
+ && pip install --no-deps --require-hashes -r /lock/6-megatron.txt \
  && if [ -n "$MEGATRON_LM_ARCHIVE" ]; then \
       archive="/wheelhouse/6-megatron/${MEGATRON_LM_ARCHIVE}"; \
       if [ ! -f "$archive" ]; then \
@@ -137,16 +140,13 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 ARG MEGATRON_LM_PATH=""
 ENV MEGATRON_LM_PATH=${MEGATRON_LM_PATH}
 
-# 8. ms-swift and its framework pins, last: the layer that changes most often.
-ARG SWIFT_VERSION
-ARG TOP_PINS=""
-# hadolint ignore=DL3013,SC3054
+# 8. ms-swift and its framework pins, last: the layer that changes most often. `pip check` proves the whole
+#    locked set consistent inside the image.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \
-    --mount=type=bind,source=wheelhouse/1-torch,target=/wheelhouse/1-torch \
-    --mount=type=bind,source=wheelhouse/2-build,target=/wheelhouse/2-build \
     --mount=type=bind,source=wheelhouse/7-top,target=/wheelhouse/7-top \
+    --mount=type=bind,source=lock/7-top.txt,target=/lock/7-top.txt \
     . /opt/dockerlaunch/pip-env.sh \
- && read -r -a pins <<< "$TOP_PINS" \
- && DS_BUILD_OPS=0 pip install --no-build-isolation "ms-swift==${SWIFT_VERSION}" "${pins[@]}" "torch==${TORCH_VERSION}" \
+ && DS_BUILD_OPS=0 pip install --no-deps --require-hashes --no-build-isolation -r /lock/7-top.txt \
+ && pip check \
  && pip freeze > /opt/dockerlaunch/pip-freeze.txt

@@ -39,9 +39,11 @@ def stacks_show(name: str) -> None:
 
 @stacks.command("check")
 def stacks_check() -> None:
-    """Evaluate every compatibility rule on every stack; exit 1 on any error-level violation."""
+    """Every compatibility rule on every stack, and every stack's lock against its pins (no network); exit 1 on
+    any error."""
+    from dockerlaunch.images import lock as locks
     from dockerlaunch.images.constraints import RULES, check_stack
-    from dockerlaunch.images.stacks import load_matrix
+    from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
     matrix = load_matrix()
     errors = 0
@@ -49,16 +51,61 @@ def stacks_check() -> None:
         for v in check_stack(s):
             errors += v.rule.severity == "error"
             click.echo(f"{v.rule.severity.upper():5} {v.line()}")
-    click.echo(f"stacks check: {len(matrix.stacks)} stacks x {len(RULES)} rules, {errors} error(s)")
+        for problem in locks.check(s, default_dockerfiles_dir()):
+            errors += 1
+            click.echo(f"ERROR {problem}")
+    click.echo(f"stacks check: {len(matrix.stacks)} stacks x {len(RULES)} rules and their locks, {errors} error(s)")
     sys.exit(1 if errors else 0)
 
 
+@stacks.command("lock")
+@click.option("--stack", "names", multiple=True, metavar="NAME", help="Only this stack (repeatable); default all.")
+@click.option("--index-url", metavar="URL", help="The package index to resolve against (default: PyPI).")
+@click.option("--find-links", multiple=True, metavar="DIR|URL",
+              help="Also look here for distributions (a folder of wheels; repeatable).")
+@click.option("--torch-index", metavar="URL|none",
+              help="Where a local torch variant (+cpu, +cu128) comes from (default: the stack's torch_index_url; "
+                   "none: only --index-url and --find-links).")
+def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple[str, ...],
+                torch_index: str | None) -> None:
+    """Resolve each stack's pins together and write Dockerfiles/locks/<stack>.lock (network).
+
+    Everything the image installs, at one version each and with sha256 hashes, for the stack's Python and
+    manylinux x86-64; builds install it with --require-hashes and `fetch` downloads exactly it."""
+    from dockerlaunch.images import lock as locks
+    from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
+
+    matrix = load_matrix()
+    chosen = [matrix.get(n) for n in names] if names else list(matrix.stacks.values())
+    dockerfiles = default_dockerfiles_dir()
+    failed = 0
+    for s in chosen:
+        try:
+            text = locks.resolve(s, index_url=index_url, find_links=find_links,
+                                 torch_index="" if torch_index == "none" else torch_index)
+        except locks.LockError as e:
+            if len(chosen) == 1:
+                raise
+            failed += 1
+            click.echo(f"FAIL  {e}", err=True)
+            continue
+        path = locks.lock_path(s, dockerfiles)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".lock.part")
+        tmp.write_text(text)
+        tmp.replace(path)
+        lock = locks.parse(text, path)
+        click.echo(f"locked {s.name}: {len(lock.entries)} distributions -> {path}")
+    sys.exit(1 if failed else 0)
+
+
 def _build_options(kw: dict):
-    from dockerlaunch.images.build import BuildOptions
+    from dockerlaunch.images.build import BuildOptions, default_max_jobs, parse_cuda_archs
 
     return BuildOptions(tag=kw["tag"], base_image=kw["base_image"], ca_cert=kw["ca_cert"],
                         pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"], offline=kw["offline"],
-                        no_cache=kw["no_cache"], max_jobs=kw["max_jobs"], force=kw["force"])
+                        no_cache=kw["no_cache"], max_jobs=kw["max_jobs"] or default_max_jobs(),
+                        cuda_archs=parse_cuda_archs(kw["cuda_archs"]), force=kw["force"])
 
 
 @cli.command()
@@ -70,19 +117,25 @@ def _build_options(kw: dict):
 @click.option("--wheelhouse", metavar="DIR", help="Wheels from `dockerlaunch fetch`.")
 @click.option("--offline", is_flag=True, help="No network for Python packages: install from --wheelhouse only.")
 @click.option("--no-cache", is_flag=True)
-@click.option("--max-jobs", type=click.IntRange(1, 256), default=4, show_default=True,
-              help="Parallel compile jobs (flash-attn needs ~9 GB RAM each).")
+@click.option("--max-jobs", type=click.IntRange(1, 256), default=None,
+              help="Parallel compile jobs (default: this machine's cores, at most one per 9 GB of memory: each "
+                   "flash-attn job needs ~9 GB).")
+@click.option("--cuda-archs", metavar="LIST",
+              help="GPU architectures to compile for, e.g. 9.0 or 8.0;9.0 (default: 8.0;9.0, plus 10.0 from "
+                   "CUDA 12.8: A100, H100/H200, B200).")
 @click.option("--force", is_flag=True, help="Build even if the stack violates a compatibility rule.")
 @click.option("--dry-run", is_flag=True, help="Print the docker build command; build nothing.")
 def build(stack_name: str, dry_run: bool, **kw) -> None:
     """Build a stack's image, then verify it (imports, versions vs pins)."""
     from dockerlaunch.images import build as buildlib
+    from dockerlaunch.images import lock as locks
     from dockerlaunch.images.stacks import load_matrix
 
     stack = load_matrix().get(stack_name)
     opts = _build_options(kw)
     if dry_run:
-        click.echo(format_argv(buildlib.render_build(stack, opts), 0))
+        lock = locks.checked(stack, opts.dockerfiles)
+        click.echo(format_argv(buildlib.render_build(stack, opts, lock), 0))
         return
     code, _ = buildlib.build(stack, opts, out=sys.stdout)
     sys.exit(code)

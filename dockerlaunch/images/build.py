@@ -7,6 +7,7 @@ folders (hard links, or empty folders online); CA and index URL go in as BuildKi
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -23,15 +24,14 @@ from pathlib import Path
 
 from dockerlaunch import __version__, shipped
 from dockerlaunch.errors import ConfigError, DockerlaunchError
+from dockerlaunch.images import lock as locks
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
+from dockerlaunch.images.layers import LAYERS
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
 
 _LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use stays quiet
 
 FETCH_STAMPS = ".dockerlaunch-fetch.json"  # in the wheelhouse: each layer's requirements when last fetched
-LAYERS = ["1-torch", "2-build", "3-te", "4-apex", "5-flash", "6-megatron", "7-top"]
-BUILD_TOOLS = ["pybind11==3.0.1", "ninja==1.13.0", "packaging==25.0", "setuptools==80.9.0", "wheel==0.45.1",
-               "py-spy==0.4.1"]
 # sdists that must compile against the image's torch/CUDA: fetched as sources, built in the image
 BUILD_IN_IMAGE = {"transformer-engine-torch", "transformer_engine_torch", "flash-attn", "flash_attn", "deepspeed",
                   "apex"}
@@ -54,6 +54,7 @@ class BuildOptions:
     offline: bool = False
     no_cache: bool = False
     max_jobs: int = 4
+    cuda_archs: list[str] = field(default_factory=list)  # e.g. ["9.0"]; empty: cuda_archs()'s default
     force: bool = False
     dockerfiles: Path = field(default_factory=default_dockerfiles_dir)
 
@@ -61,43 +62,74 @@ class BuildOptions:
 # ---------------------------------------------------------------- pure rendering
 
 
-def top_pins(stack: Stack) -> list[str]:
-    pins = [f"transformers=={stack.transformers}", f"peft=={stack.peft}", f"trl=={stack.trl}"]
-    if stack.deepspeed:
-        pins.append(f"deepspeed=={stack.deepspeed}")
-    if stack.numpy:
-        pins.append(f"numpy=={stack.numpy}")
-    return pins + list(stack.extra)
+def default_max_jobs(meminfo: str | None = None, cpus: int | None = None) -> int:
+    """One compile job per core, but at most one per 9 GB of memory: a flash-attn job needs 8-9 GB, and more jobs
+    than memory allows end in the OOM killer an hour in (flash-attention README, MAX_JOBS)."""
+    cpus = cpus or os.cpu_count() or 1
+    if meminfo is None:
+        try:
+            meminfo = Path("/proc/meminfo").read_text()
+        except OSError:
+            return max(1, min(cpus, 4))
+    m = re.search(r"^MemTotal:\s+(\d+) kB", meminfo, re.M)
+    gib = int(m.group(1)) / 2**20 if m else 36
+    return max(1, min(cpus, int(gib // 9)))
 
 
-def te_extras(stack: Stack) -> str:
-    """TE's `core` extra is the CUDA 12 build; CUDA 13 images need `core_cu13`."""
-    if stack.cuda and stack.cuda.split(".")[0] == "13":
-        return "pytorch,core_cu13"
-    return "pytorch"
+def parse_cuda_archs(text: str | None) -> list[str]:
+    """`8.0;9.0`, `80,90` or `9.0+PTX` -> ["8.0", "9.0"]; a one-line error for anything else."""
+    if not text:
+        return []
+    out = []
+    for part in re.split(r"[;,\s]+", text.strip()):
+        m = re.fullmatch(r"(\d{1,2})\.?(\d)(\+PTX|a)?", part)
+        if not m:
+            raise ConfigError(f"--cuda-archs {text!r}: {part!r} is not a compute capability; write e.g. 8.0;9.0")
+        out.append(f"{m.group(1)}.{m.group(2)}")
+    return out
 
 
-def build_args(stack: Stack, opts: BuildOptions) -> dict[str, str]:
+def cuda_archs(stack: Stack, opts: BuildOptions) -> list[str]:
+    """The GPU architectures compiled for: --cuda-archs, else Ampere, Hopper and (CUDA >= 12.8) Blackwell
+    datacenter parts. Without a GPU in the build torch would compile every arch its CUDA knows."""
+    if opts.cuda_archs:
+        return opts.cuda_archs
+    if not stack.cuda:
+        return []
+    major, minor = (int(x) for x in stack.cuda.split("."))
+    return ["8.0", "9.0", "10.0"] if (major, minor) >= (12, 8) else ["8.0", "9.0"]
+
+
+def nccl_ep_off(stack: Stack) -> bool:
+    """TE 2.17-2.19 include torch's symm_mem nccl_dev_cap.hpp when NVTE_WITH_NCCL_EP is on (their default) and
+    fail to build against torch < 2.11 (NVIDIA-NeMo/Export-Deploy#720; 2.20 guards it with __has_include)."""
+    if not stack.transformer_engine:
+        return False
+    te = tuple(int(x) for x in stack.transformer_engine.split(".")[:2])
+    torch = tuple(int(x) for x in stack.torch.split("+")[0].split(".")[:2])
+    return (2, 17) <= te < (2, 20) and torch < (2, 11)
+
+
+def build_args(stack: Stack, opts: BuildOptions, torch_from_index: bool | None = None) -> dict[str, str]:
+    """`torch_from_index`: the locked torch is a local variant (+cpu, +cu128) that only the PyTorch index has."""
+    if torch_from_index is None:
+        torch_from_index = "+" in stack.torch
+    archs = cuda_archs(stack, opts)
     args = {
         "BASE_IMAGE": opts.base_image or stack.base_image,
         "PYTHON_VERSION": stack.python,
         "OFFLINE": "1" if opts.offline else "0",
-        "TORCH_VERSION": stack.torch,
-        "TORCH_INDEX_URL": "" if opts.offline else (stack.torch_index_url or ""),
-        "NUMPY_VERSION": stack.numpy or "",
-        "BUILD_TOOLS": " ".join(BUILD_TOOLS),
-        "TE_VERSION": stack.transformer_engine or "",
-        "TE_EXTRAS": te_extras(stack),
+        "TORCH_INDEX_URL": "" if opts.offline or not torch_from_index else (stack.torch_index_url or ""),
         "MAX_JOBS": str(opts.max_jobs),
+        "TORCH_CUDA_ARCH_LIST": ";".join(archs),
+        "NVTE_CUDA_ARCHS": ";".join(a.replace(".", "") for a in archs),
+        "FLASH_ATTN_CUDA_ARCHS": ";".join(a.replace(".", "") for a in archs),
+        "NVTE_WITH_NCCL_EP": "0" if nccl_ep_off(stack) else "",
         "APEX_SOURCE": "",
-        "FLASH_ATTN_VERSION": stack.flash_attn or "",
         "FLASH_ATTN_WHEEL": "",
-        "MCORE_VERSION": stack.megatron_core,
         "MEGATRON_LM_ARCHIVE": stack.megatron_lm.archive_name if stack.megatron_lm else "",
         "MEGATRON_LM_URL": stack.megatron_lm.archive_url if stack.megatron_lm else "",
         "MEGATRON_LM_PATH": "/opt/Megatron-LM" if stack.megatron_lm else "",
-        "SWIFT_VERSION": stack.ms_swift,
-        "TOP_PINS": " ".join(top_pins(stack)),
     }
     if stack.apex:
         args["APEX_SOURCE"] = (f"/wheelhouse/4-apex/{stack.apex.archive_name}" if opts.offline
@@ -139,15 +171,18 @@ def components(stack: Stack) -> list[str]:
     return out
 
 
-def render_build(stack: Stack, opts: BuildOptions, context: str = "<context>", docker: str = "docker",
-                 build_date: str | None = None) -> list[str]:
-    """The full `docker build` argv (what --dry-run prints). Secrets are files, never values."""
+def render_build(stack: Stack, opts: BuildOptions, lock: locks.Lock, context: str = "<context>",
+                 docker: str = "docker", build_date: str | None = None) -> list[str]:
+    """The full `docker build` argv (what --dry-run prints). Secrets are files, never values. The Python set is
+    the lock's, in the context as lock/<layer>.txt."""
     tag = opts.tag or stack.tag
     argv = [docker, "build", "--progress=plain", "--network", "host", "-f", str(opts.dockerfiles / DOCKERFILE),
             "-t", tag]
-    for k, v in build_args(stack, opts).items():
+    torch = lock.get("torch")
+    for k, v in build_args(stack, opts, torch_from_index=bool(torch and "+" in torch.version)).items():
         argv += ["--build-arg", f"{k}={v}"]
-    for k, v in image_labels(stack, build_date).items():
+    labels = {**image_labels(stack, build_date), f"{LABEL_PREFIX}.lock-sha256": lock.header.get("body-sha256", "")}
+    for k, v in labels.items():
         argv += ["--label", f"{k}={v}"]
     if opts.ca_cert:
         argv += ["--secret", f"id=pip_ca,src={opts.ca_cert}"]
@@ -332,12 +367,25 @@ def find_builder(candidates: list[str] | None = None) -> Builder:
 # ---------------------------------------------------------------- context and secrets
 
 
-def prepare_context(opts: BuildOptions, workdir: Path) -> Path:
-    """wheelhouse/<layer>/ for every layer: hard links into the fetched wheelhouse (offline), else empty."""
+def flash_drop(stack: Stack) -> frozenset[str]:
+    """Where a prebuilt flash-attn wheel is used, the lock's flash-attn sdist is not installed."""
+    return frozenset({"flash-attn"}) if flash_attn_wheel(stack) else frozenset()
+
+
+def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir: Path) -> Path:
+    """wheelhouse/<layer>/ (hard links into the fetched wheelhouse offline, else empty) and lock/<layer>.txt:
+    the lock's part of each layer, or offline the wheelhouse's own (fetch hashed the wheels it built)."""
     ctx = workdir / "context"
+    (ctx / "lock").mkdir(parents=True)
     for layer in LAYERS:
         dest = ctx / "wheelhouse" / layer
         dest.mkdir(parents=True, exist_ok=True)
+        if opts.offline and opts.wheelhouse:
+            part = Path(opts.wheelhouse) / f"{layer}.lock"
+            text = part.read_text() if part.is_file() else ""
+        else:
+            text = lock.layer_text(layer, flash_drop(stack))
+        (ctx / "lock" / f"{layer}.txt").write_text(text)
         if not opts.wheelhouse:
             continue
         src = Path(opts.wheelhouse) / layer
@@ -352,20 +400,48 @@ def prepare_context(opts: BuildOptions, workdir: Path) -> Path:
     return ctx
 
 
-def check_wheelhouse(stack: Stack, opts: BuildOptions) -> None:
+def check_wheelhouse(stack: Stack, opts: BuildOptions, lock: locks.Lock) -> None:
+    """Offline: every locked distribution is in the wheelhouse, as fetch left it (one line naming what is not)."""
     if not opts.offline:
         return
     if not opts.wheelhouse:
         raise ConfigError("--offline needs --wheelhouse DIR (made by: dockerlaunch fetch --stack NAME -o DIR)")
     wh = Path(opts.wheelhouse)
-    torch_files = list((wh / "1-torch").glob("torch-*")) if (wh / "1-torch").is_dir() else []
-    if not torch_files:
-        raise ConfigError(f"--wheelhouse {wh}: no torch in {wh}/1-torch; "
-                          f"run: dockerlaunch fetch --stack {stack.name} -o {wh}")
-    swift = list((wh / "7-top").glob(f"ms_swift-{stack.ms_swift}-*")) if (wh / "7-top").is_dir() else []
-    if not swift:
-        raise ConfigError(f"--wheelhouse {wh}: no ms-swift {stack.ms_swift}; "
-                          f"run: dockerlaunch fetch --stack {stack.name} -o {wh}")
+    fix = f"run: dockerlaunch fetch --stack {stack.name} -o {wh}"
+    for layer in LAYERS:
+        want = {(e.name, e.version) for e in lock.layer(layer) if e.name not in flash_drop(stack)}
+        if not want:
+            continue
+        part = wh / f"{layer}.lock"
+        if not part.is_file():
+            raise ConfigError(f"--wheelhouse {wh}: layer {layer} was never fetched; {fix}")
+        have = {}
+        for line in part.read_text().splitlines():
+            m = re.match(r"^(\S+)==(\S+) --hash=sha256:[0-9a-f]{64}\s+# (\S+)$", line)
+            if m:
+                have[(m.group(1), m.group(2))] = m.group(3)
+        missing = sorted(want - set(have))
+        if missing:
+            name, version = missing[0]
+            raise ConfigError(f"--wheelhouse {wh}: {name}=={version} (layer {layer}) is not in it; it was "
+                              f"fetched for other pins; {fix}")
+        for (name, version), filename in sorted(have.items()):
+            if not (wh / layer / filename).is_file():
+                raise ConfigError(f"--wheelhouse {wh}: {layer}/{filename} ({name}=={version}) is missing; {fix}")
+
+
+def hash_mismatch(log: str) -> str | None:
+    """pip's `THESE PACKAGES DO NOT MATCH THE HASHES` in a build log -> `name==version (expected .., got ..)`."""
+    if "DO NOT MATCH THE HASHES" not in log:
+        return None
+    tail = log.split("DO NOT MATCH THE HASHES", 1)[1]
+    pkg = re.search(r"(\S+==\S+) from \S+", tail)
+    want = re.search(r"Expected sha256 ([0-9a-f]{64})", tail)
+    got = re.search(r"Got\s+([0-9a-f]{64})", tail)
+    what = pkg.group(1) if pkg else "a locked distribution"
+    if want and got:
+        return f"{what} (expected sha256 {want.group(1)[:12]}..., got {got.group(1)[:12]}...)"
+    return what
 
 
 # ---------------------------------------------------------------- build
@@ -382,15 +458,16 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
                          "(dockerlaunch stacks check; --force to build anyway)")
     for v in violations:
         _LOG.warning("warning: building despite: %s", v.line())
-    check_wheelhouse(stack, opts)
+    lock = locks.checked(stack, opts.dockerfiles)
+    check_wheelhouse(stack, opts, lock)
     if opts.ca_cert and not Path(opts.ca_cert).is_file():
         raise ConfigError(f"--ca-cert {opts.ca_cert}: no such file")
     builder = builder or find_builder()
     _LOG.info("building with %s", builder.what)
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-build-") as tmp:
         work = Path(tmp)
-        ctx = prepare_context(opts, work)
-        argv = [*builder.prefix, *render_build(stack, opts, str(ctx))[2:]]
+        ctx = prepare_context(stack, opts, lock, work)
+        argv = [*builder.prefix, *render_build(stack, opts, lock, str(ctx))[2:]]
         if opts.pip_index_url:
             secret = work / "pip_index_url"
             fd = os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -408,6 +485,14 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
         code = proc.wait()
     text = "".join(log)
     if code != 0:
+        bad = hash_mismatch(text)
+        if bad:
+            fix = (f"a wheelhouse file was changed: fetch again (dockerlaunch fetch --stack {stack.name} -o "
+                   f"{opts.wheelhouse})" if opts.offline else
+                   "the index served another file than the lock was resolved from: check --pip-index-url, or "
+                   f"lock again (dockerlaunch stacks lock --stack {stack.name})")
+            raise BuildError(f"build of stack {stack.name}: {bad} does not match the lock's hash; {fix}; "
+                             "nothing was tagged")
         return code, text
     if verify_after:
         report = verify(opts.tag or stack.tag, docker=builder.docker)
@@ -436,31 +521,23 @@ def cached_steps(build_log: str) -> tuple[list[str], list[str]]:
 # ---------------------------------------------------------------- fetch
 
 
-def fetch(stack: Stack, out_dir: Path, log=None) -> dict[str, int]:
-    """Download every wheel/sdist per layer, and source archives of git pins, for offline builds.
-
-    Runs pip on this machine, so its Python must be the stack's (wheels are per Python version).
-    Pure-Python sdists become wheels here; sdists that compile against torch/CUDA stay sources.
-    """
+def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None) -> dict[str, int]:
+    """Download exactly the stack's lock, layer by layer (hashes checked), and the source archives of git pins,
+    for offline builds. Pure-Python sdists become wheels here (the image's pip then needs no build backends);
+    each layer's `<layer>.lock` beside its folder names every file with its sha256, for the offline build's
+    --require-hashes. Runs pip on this machine, so its Python must be the stack's (wheels are per version)."""
     log = log or (lambda msg: _LOG.info("[fetch] %s", msg))
+    lock = locks.checked(stack, dockerfiles or default_dockerfiles_dir())
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if here != stack.python:
         raise BuildError(f"fetch for stack {stack.name} needs Python {stack.python} (this is {here}): "
                          f"run python{stack.python} -m dockerlaunch fetch --stack {stack.name}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch_index = ["--extra-index-url", stack.torch_index_url] if stack.torch_index_url else []
-    # Later layers find torch in 1-torch rather than asking the torch index again for every package.
-    local_torch = ["--find-links", str(out_dir / "1-torch")]
-    plan: dict[str, list[str]] = {
-        "1-torch": torch_index + [f"torch=={stack.torch}"],
-        "2-build": BUILD_TOOLS + ([f"numpy=={stack.numpy}"] if stack.numpy else []),
-        "3-te": local_torch + [f"transformer_engine[{te_extras(stack)}]=={stack.transformer_engine}"]
-        if stack.transformer_engine else [],
-        "5-flash": [],
-        "6-megatron": local_torch + [f"megatron-core=={stack.megatron_core}", f"torch=={stack.torch}"],
-        "7-top": local_torch + [f"ms-swift=={stack.ms_swift}", *top_pins(stack), f"torch=={stack.torch}"],
-    }
-    # What each layer was last fetched with: after a pin bump only the layers whose requirements changed are
+    torch = lock.get("torch")
+    torch_index = (["--extra-index-url", stack.torch_index_url]
+                   if stack.torch_index_url and torch and "+" in torch.version else [])
+    archives = {p.archive_name for p in (stack.apex, stack.megatron_lm) if p}
+    # What each layer was last fetched with: after a pin bump only the layers whose locked part changed are
     # asked of the index again (a whole fetch is minutes; one layer's is seconds when the rest is unchanged).
     stamps_file = out_dir / FETCH_STAMPS
     try:
@@ -470,19 +547,29 @@ def fetch(stack: Stack, out_dir: Path, log=None) -> dict[str, int]:
     for layer in LAYERS:
         dest = out_dir / layer
         dest.mkdir(exist_ok=True)
-        reqs = plan.get(layer, [])
-        if not reqs:
+        part = lock.layer_text(layer, flash_drop(stack))
+        if not part:
             continue
-        pins = " ".join(r for r in reqs if not r.startswith(("http", "/", "--")))
-        if stamps.get(layer) == reqs and any(dest.iterdir()):
+        digest = hashlib.sha256(part.encode()).hexdigest()
+        pins = " ".join(f"{e.name}=={e.version}" for e in lock.layer(layer)
+                        if e.name in {locks.pin_name(p) for p in locks.flat_pins(stack)})
+        if stamps.get(layer) == digest and (out_dir / f"{layer}.lock").is_file():
             log(f"{layer}: up to date ({pins})")
             continue
         stamps.pop(layer, None)
         stamps_file.write_text(json.dumps(stamps, indent=1))  # a fetch cut off here asks again next time
-        log(f"{layer}: pip download {pins}")
-        _pip(["download", "--dest", str(dest), *reqs])
+        for f in dest.iterdir():  # another lock's files: the offline build must see only this one's
+            if f.is_file() and f.name not in archives:
+                f.unlink()
+        log(f"{layer}: pip download {len(lock.layer(layer))} locked distributions ({pins})")
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix=f"dockerlaunch-{layer}-") as req:
+            req.write(part)
+            req.flush()
+            _pip(["download", "--no-deps", "--require-hashes", "--dest", str(dest),
+                  *(torch_index if layer == "1-torch" else []), "-r", req.name])
         _wheelify(dest)
-        stamps[layer] = reqs
+        (out_dir / f"{layer}.lock").write_text(_hashed_files(lock, layer, dest, flash_drop(stack)))
+        stamps[layer] = digest
         stamps_file.write_text(json.dumps(stamps, indent=1))
     for pin, layer in ((stack.apex, "4-apex"), (stack.megatron_lm, "6-megatron")):
         if pin:
@@ -494,17 +581,53 @@ def fetch(stack: Stack, out_dir: Path, log=None) -> dict[str, int]:
         target = out_dir / "5-flash" / flash_attn_wheel(stack)
         if not target.exists():
             _download(flash_attn_wheel_url(stack), target)
-    elif stack.flash_attn:
-        _pip(["download", "--no-deps", "--no-binary", ":all:", "--dest", str(out_dir / "5-flash"),
-              f"flash-attn=={stack.flash_attn}"])
-    _dedupe(out_dir)
     return {layer: len(list((out_dir / layer).iterdir())) for layer in LAYERS}
+
+
+def _dist_of(filename: str) -> tuple[str, str] | None:
+    """(normalized name, version) of a wheel or sdist file name."""
+    from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
+
+    try:
+        if filename.endswith(".whl"):
+            name, version, _, _ = parse_wheel_filename(filename)
+        else:
+            name, version = parse_sdist_filename(filename)
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
+    return locks.normalize(name), str(version)
+
+
+def _hashed_files(lock: locks.Lock, layer: str, dest: Path, drop: frozenset[str]) -> str:
+    """`name==version --hash=sha256:H  # file` for each locked distribution of the layer, H the file's own."""
+    from packaging.version import Version
+
+    files = {}
+    for f in dest.iterdir():
+        dist = _dist_of(f.name) if f.is_file() else None
+        if dist:
+            files[(dist[0], Version(dist[1]))] = f
+    lines = []
+    for e in lock.layer(layer):
+        if e.name in drop:
+            continue
+        f = files.get((e.name, Version(e.version)))
+        if f is None:
+            raise BuildError(f"fetch: pip downloaded no file for {e.name}=={e.version} (layer {layer})")
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        lines.append(f"{e.name}=={e.version} --hash=sha256:{digest}  # {f.name}")
+    return "\n".join(lines) + "\n"
 
 
 def _pip(args: list[str]) -> None:
     cmd = [sys.executable, "-m", "pip", *args[:1], "--quiet", "--disable-pip-version-check", *args[1:]]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
+        bad = hash_mismatch(proc.stderr)
+        if bad:
+            raise BuildError(f"pip {args[0]}: {bad} does not match the lock's hash: the index served another file "
+                             "than the lock was resolved from (another mirror?); lock again (dockerlaunch stacks "
+                             "lock) if that file is the one you trust")
         errs = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")] or proc.stderr.splitlines()[-2:]
         raise BuildError(f"pip {args[0]} failed: {' '.join(errs)[:400]}")
 
@@ -519,18 +642,6 @@ def _wheelify(dest: Path) -> None:
         # Debian venv has no `wheel`, and old pips then fail with "invalid command 'bdist_wheel'")
         _pip(["wheel", "--no-deps", "--use-pep517", "--wheel-dir", str(dest), str(sdist)])
         sdist.unlink()
-
-
-def _dedupe(out_dir: Path) -> None:
-    """A file in 1-torch or 2-build (mounted by every later layer) is not kept again above them."""
-    base = {f.name for layer in ("1-torch", "2-build") for f in (out_dir / layer).iterdir()}
-    for layer in LAYERS[2:]:
-        for f in (out_dir / layer).iterdir():
-            if f.name in base:
-                f.unlink()
-    for f in (out_dir / "2-build").iterdir():
-        if f.name in {g.name for g in (out_dir / "1-torch").iterdir()}:
-            f.unlink()
 
 
 def _download(url: str, target: Path) -> None:

@@ -54,8 +54,24 @@ def te_flash_attn_ceiling(te: str) -> str | None:
     if (2, 6) <= m <= (2, 9):
         return "2.8.1"
     if (2, 10) <= m <= (2, 18):
-        return "2.8.3"
+        return "2.8.3"  # so 2.8.3.post1/post2 already disable FA2
     return None
+
+
+def te_flash_attn_below(te: str) -> str | None:
+    """TE 2.19+ accept flash-attn 2 below a version (`< 2.8.4`) rather than up to one."""
+    return "2.8.4" if minor(te) >= (2, 19) else None
+
+
+def swift_caps(swift: str) -> dict[str, str]:
+    """Upper bounds (exclusive) that an ms-swift release's own wheel METADATA puts on the framework pins. Its docs
+    say otherwise in places (4.6 docs: peft < 0.20); pip enforces the wheel's."""
+    m = minor(swift)
+    if m == (4, 5):
+        return {"transformers": "5.17", "peft": "0.21", "trl": "1.0"}
+    if m == (4, 6):
+        return {"transformers": "5.20", "peft": "0.21", "trl": "1.0"}
+    return {}
 
 
 def swift_megatron_branch(swift: str) -> tuple[int, int] | None:
@@ -145,6 +161,17 @@ def _fa_te(s: Stack) -> str | None:
         return f"flash-attn {s.flash_attn} is below TE's floor 2.1.1"
     if ceiling and V(s.flash_attn) > V(ceiling):
         return f"flash-attn {s.flash_attn} is above TE {s.transformer_engine}'s ceiling {ceiling}"
+    below = te_flash_attn_below(s.transformer_engine)
+    if below and V(s.flash_attn) >= V(below):
+        return f"flash-attn {s.flash_attn} is not below {below}, TE {s.transformer_engine}'s bound"
+    return None
+
+
+def _swift_caps(s: Stack) -> str | None:
+    for name, cap in swift_caps(s.ms_swift).items():
+        have = getattr(s, name)
+        if have and V(have) >= V(cap):
+            return f"ms-swift {s.ms_swift} requires {name} < {cap}, the stack has {have}"
     return None
 
 
@@ -277,7 +304,8 @@ def _bridge(s: Stack) -> str | None:
 
 
 RULES: list[Rule] = [
-    Rule("fa-te", "flash-attn within TE's supported range (floor 2.1.1; ceiling by TE minor)",
+    Rule("fa-te", "flash-attn within TE's supported range (floor 2.1.1; ceiling by TE minor: 2.10-2.18 <= 2.8.3, "
+         "2.19+ < 2.8.4)",
          "NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py "
          "FlashAttentionUtils.max_version", _fa_te),
     Rule("te-torch", "TE 2.3-2.18 needs torch >= 2.1", "NVIDIA/TransformerEngine build_tools/pytorch.py", _te_torch),
@@ -306,6 +334,9 @@ RULES: list[Rule] = [
     Rule("swift-bridge",
          "ms-swift >= 4.4 Megatron needs mcore-bridge (>= 1.4.0; 4.5.0-4.5.2 >= 1.6.2; >= 4.5.3 >= 1.6.3)",
          "modelscope/ms-swift wheel METADATA [megatron] extra", _bridge),
+    Rule("swift-caps", "the framework pins below the bounds of ms-swift's own wheel (4.5: transformers < 5.17; "
+         "4.6: transformers < 5.20; both peft < 0.21, trl < 1.0)",
+         "modelscope/ms-swift 4.5.3 and 4.6.0 wheel METADATA Requires-Dist", _swift_caps),
     Rule("te-mcore-dev", "megatron-core[dev]'s TE pin (advisory: ms-swift docs recommend other TE versions)",
          "NVIDIA/Megatron-LM pyproject.toml [dev] extra", _te_dev_pin, severity="warn"),
 ]

@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -24,15 +25,35 @@ def dl(*args, env=None, timeout=1800):
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+# The cpu stack's torch (2.13.0+cpu) is on the PyTorch index, which this machine cannot reach; pip's config here
+# points at a folder that has it (PIP_FIND_LINKS), and `stacks lock` is told the same.
+LOCAL_TORCH = "/opt/wheels"
+
+
+def lock_args() -> list[str]:
+    local = Path(LOCAL_TORCH)
+    if local.is_dir() and any(local.glob("torch-*+cpu-*.whl")):
+        return ["--find-links", LOCAL_TORCH, "--torch-index", "none"]
+    return []
+
+
 @pytest.fixture(scope="module")
 def bumped_dockerfiles(tmp_path_factory):
-    """A copy of Dockerfiles/ whose cpu stack differs only in its ms-swift pin."""
+    """A copy of Dockerfiles/ whose cpu stack differs only in its ms-swift pin, locked again as a user would."""
     d = tmp_path_factory.mktemp("dockerfiles")
     src = default_dockerfiles_dir()
     shutil.copy(src / "train.Dockerfile", d / "train.Dockerfile")
+    shutil.copytree(src / "locks", d / "locks")
     data = yaml.safe_load((src / "stacks.yaml").read_text())
     data["stacks"] = {"cpu": {**data["stacks"]["cpu"], "ms_swift": OTHER_SWIFT}}
     (d / "stacks.yaml").write_text(yaml.safe_dump(data))
+    env = {"DOCKERLAUNCH_DOCKERFILES": str(d)}
+    stale = dl("stacks", "check", env=env)
+    assert stale.returncode == 1 and f"ms-swift==4.0.4 -> ms-swift=={OTHER_SWIFT}" in stale.stdout, stale.stdout
+    locked = dl("stacks", "lock", "--stack", "cpu", *lock_args(), env=env, timeout=900)  # the registry, for real
+    assert locked.returncode == 0 and "locked cpu:" in locked.stdout, locked.stderr[-2000:]
+    fresh = dl("stacks", "check", env=env)
+    assert fresh.returncode == 0, fresh.stdout
     return d
 
 
@@ -62,13 +83,14 @@ def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, cpu_stack, bumpe
         assert f.returncode == 0, f.stderr[-2000:]
         said = f.stdout + f.stderr  # only the layer whose pins changed is asked of the index again
         assert "1-torch: up to date" in said and "6-megatron: up to date" in said, said[-2000:]
-        assert f"7-top: pip download ms-swift=={OTHER_SWIFT}" in said, said[-2000:]
+        assert re.search(rf"7-top: pip download \d+ locked distributions \(.*ms-swift=={OTHER_SWIFT}", said), \
+            said[-2000:]
         r2 = dl("build", "--stack", "cpu", "--wheelhouse", str(wheelhouse), "--offline", "--base-image", base_image,
                 env=env)
         log2 = r2.stdout + r2.stderr
         assert r2.returncode == 0, log2[-4000:]
         cached, ran = cached_steps(log2)
-        assert len(ran) == 1 and "ms-swift" in log2.split(ran[0].split(" RUN")[0] + "]")[1][:2000], ran
+        assert len(ran) == 1 and "/lock/7-top.txt" in log2 and re.search(rf"ms[-_]swift-{OTHER_SWIFT}", log2), ran
         assert len(cached) >= 8, cached  # system, pip env, torch, build tools, TE, apex, flash-attn, megatron
         assert f"PASS  ms_swift version: pinned {OTHER_SWIFT}, installed {OTHER_SWIFT}" in log2
     finally:

@@ -11,10 +11,10 @@ from dockerlaunch.images.build import (
     cached_steps,
     components,
     parse_verify,
-    te_extras,
     version_matches,
 )
 from dockerlaunch.images.constraints import RULES, check_stack, flash_attn_wheel, te_flash_attn_ceiling
+from dockerlaunch.images.layers import te_extras
 from dockerlaunch.images.stacks import GitPin, Stack, load_matrix
 from tests.conftest import venv_tool
 
@@ -53,7 +53,7 @@ def test_every_stack_passes_every_error_rule(matrix):
 def test_stacks_check_cli(cli):
     r = cli("stacks", "check")
     assert r.returncode == 0, r.stdout
-    assert f"x {len(RULES)} rules, 0 error(s)" in r.stdout
+    assert f"x {len(RULES)} rules and their locks, 0 error(s)" in r.stdout
 
 
 def test_tags_encode_the_stack_and_are_unique(matrix):
@@ -112,6 +112,17 @@ def change(stack: Stack, **kw) -> Stack:
      "te-torch"),
     ("swift3.12-mcore0.15", {"cuda": "12.0"}, "te-cuda"),
     ("swift3.12-mcore0.15", {"cuda": "11.8"}, "te-cuda"),
+    # TE 2.10-2.18 accept flash-attn <= 2.8.3: a .post1/.post2 silently turns FlashAttention-2 off
+    ("swift4.6-mcore0.19-cu13", {"flash_attn": "2.8.3.post2"}, "fa-te"),
+    # TE 2.19+ accept < 2.8.4
+    ("swift4.6-mcore0.19-cu13", {"transformer_engine": "2.19.0", "flash_attn": "2.8.4"}, "fa-te"),
+    ("swift4.6-mcore0.19-cu13", {"python": "3.11"}, "python"),  # megatron-core >= 0.17 needs 3.12
+    ("swift4.6-mcore0.19-cu13", {"transformers": "5.21.0"}, "swift-caps"),  # 4.6.0's wheel: < 5.20
+    ("swift4.6-mcore0.19-cu13", {"peft": "0.21.0"}, "swift-caps"),
+    ("swift4.6-mcore0.19-cu13", {"trl": "1.0.0"}, "swift-caps"),
+    ("swift4.5-mcore0.18-cu13", {"transformers": "5.17.0"}, "swift-caps"),  # 4.5.3's wheel: < 5.17
+    ("swift4.6-mcore0.19-cu13", {"megatron_core": "0.20.0"}, "swift-mcore"),
+    ("swift4.6-mcore0.19-cu128", {"torch_index_url": "https://download.pytorch.org/whl/cu130"}, "apex-cuda"),
 ])
 def test_each_rule_catches_its_violation(matrix, stack_name, changes, rule):
     bad = change(matrix.stacks[stack_name], **changes)
@@ -119,6 +130,23 @@ def test_each_rule_catches_its_violation(matrix, stack_name, changes, rule):
     assert rule in found, found
     line = found[rule].line()
     assert line.startswith(f"{bad.name}: [{rule}]") and "source: " in line
+
+
+def test_te_and_flash_attn_build_settings(matrix):
+    """TE 2.17-2.19 fail to build against torch < 2.11 unless NVTE_WITH_NCCL_EP=0; the arch lists default to
+    Ampere/Hopper (and Blackwell from CUDA 12.8) instead of every arch torch knows."""
+    s = matrix.stacks["swift4.6-mcore0.19-cu128"]  # torch 2.8
+    assert build_args(s, BuildOptions())["NVTE_WITH_NCCL_EP"] == ""  # TE 2.16: not affected
+    assert build_args(change(s, transformer_engine="2.18.0"), BuildOptions())["NVTE_WITH_NCCL_EP"] == "0"
+    assert build_args(change(matrix.stacks["swift4.6-mcore0.19-cu13"], transformer_engine="2.18.0"),
+                      BuildOptions())["NVTE_WITH_NCCL_EP"] == ""  # torch 2.11 has the header
+    args = build_args(s, BuildOptions())
+    assert args["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0" and args["NVTE_CUDA_ARCHS"] == "80;90;100"
+    assert args["FLASH_ATTN_CUDA_ARCHS"] == "80;90;100"
+    assert build_args(matrix.stacks["swift3.7-mcore0.13"], BuildOptions())["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0"
+    assert build_args(s, BuildOptions(cuda_archs=["9.0"]))["NVTE_CUDA_ARCHS"] == "90"
+    assert build_args(matrix.stacks["cpu"], BuildOptions())["TORCH_CUDA_ARCH_LIST"] == ""
+    assert flash_attn_wheel(s) == "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
 
 
 def test_te_flash_attn_ceiling_table():
@@ -140,7 +168,8 @@ def test_build_args_offline_vs_online(matrix):
     a = matrix.stacks["swift3.7-mcore0.13"]
     online = build_args(a, BuildOptions())
     assert online["APEX_SOURCE"].startswith("https://codeload.github.com/NVIDIA/apex/tar.gz/e13873de")
-    assert online["TORCH_INDEX_URL"].endswith("/cu126") and online["OFFLINE"] == "0"
+    assert online["TORCH_INDEX_URL"] == "" and online["OFFLINE"] == "0"  # torch 2.7.1 is the registry's (cu126)
+    assert build_args(a, BuildOptions(), torch_from_index=True)["TORCH_INDEX_URL"].endswith("/cu126")
     assert online["MEGATRON_LM_PATH"] == "/opt/Megatron-LM"
     offline = build_args(a, BuildOptions(offline=True, wheelhouse="/wh"))
     assert offline["APEX_SOURCE"] == "/wheelhouse/4-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz"
@@ -161,7 +190,9 @@ def test_build_dry_run_renders_every_cuda_stack(cli, matrix, name):
     out = r.stdout
     assert out.startswith("docker build")
     assert f"-t {s.tag}" in out and f"BASE_IMAGE={s.base_image}" in out
-    assert f"TE_VERSION={s.transformer_engine}" in out and f"MCORE_VERSION={s.megatron_core}" in out
+    assert "TE_VERSION" not in out and "MCORE_VERSION" not in out  # the Python set comes from the lock
+    assert re.search(r"ai\.dockerlaunch\.lock-sha256=[0-9a-f]{64}", out)
+    assert "TORCH_CUDA_ARCH_LIST=8.0;9.0" in out and "NVTE_CUDA_ARCHS=80;90" in out
     assert f"ai.dockerlaunch.pin.ms_swift={s.ms_swift}" in out and f"ai.dockerlaunch.stack={name}" in out
     assert "id=pip_ca,src=/etc/ssl/certs/x.pem" in out
     assert "s3cret" not in out  # the index URL travels as a secret file, never on the command line
@@ -227,3 +258,25 @@ def test_stacks_doc_names_every_stack_and_rule(matrix):
         assert f"`{name}`" in doc and s.tag.split(":")[1] in doc and s.ms_swift in doc
     for rule in RULES:
         assert f"| `{rule.id}` |" in doc
+
+
+def test_max_jobs_follow_the_build_machines_memory():
+    from dockerlaunch.images.build import default_max_jobs
+
+    gib = 2**20  # /proc/meminfo counts kB
+    assert default_max_jobs(f"MemTotal:       {24 * gib} kB\n", cpus=2) == 2  # this CI machine: the cores
+    assert default_max_jobs(f"MemTotal:       {24 * gib} kB\n", cpus=64) == 2  # 24 GiB: two flash-attn jobs
+    assert default_max_jobs(f"MemTotal:       {2000 * gib} kB\n", cpus=192) == 192
+    assert default_max_jobs(f"MemTotal:       {4 * gib} kB\n", cpus=8) == 1
+
+
+def test_cuda_archs_option(cli):
+    from dockerlaunch.images.build import parse_cuda_archs
+
+    assert parse_cuda_archs("8.0;9.0") == ["8.0", "9.0"] and parse_cuda_archs("90,100") == ["9.0", "10.0"]
+    assert parse_cuda_archs("9.0+PTX") == ["9.0"] and parse_cuda_archs(None) == []
+    r = cli("build", "--stack", "swift4.6-mcore0.19-cu13", "--dry-run", "--cuda-archs", "9.0", "--max-jobs", "3")
+    assert r.returncode == 0 and "TORCH_CUDA_ARCH_LIST=9.0 " in r.stdout and "NVTE_CUDA_ARCHS=90 " in r.stdout
+    assert "MAX_JOBS=3" in r.stdout
+    r = cli("build", "--stack", "swift4.6-mcore0.19-cu13", "--dry-run", "--cuda-archs", "hopper")
+    assert r.returncode == 2 and "--cuda-archs 'hopper'" in r.stderr and len(r.stderr.splitlines()) == 1

@@ -1,0 +1,386 @@
+"""Stack locks: every Python distribution a stack's image installs, at one version, with its sha256 hashes.
+
+A stack pins a dozen packages; they pull a hundred more, and pip resolves those afresh at every build, so two
+builds a month apart differ. `dockerlaunch stacks lock` resolves a stack's pins together (uv, for the stack's
+own Python and manylinux x86-64, against the registry) and writes Dockerfiles/locks/<stack>.lock. Each image
+layer then installs its part with `pip install --no-deps --require-hashes`, and `fetch` downloads exactly the
+locked files. `stacks check` needs no network: a lock carries the digest of the pins it was resolved from
+(stale when they change) and of its own body (changed by hand when that differs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dockerlaunch.errors import ConfigError
+from dockerlaunch.images.layers import LAYERS, layer_roots
+from dockerlaunch.images.stacks import PIN, Stack
+
+FORMAT = 1
+# manylinux_2_28 (glibc 2.28) runs on every base of the matrix: Ubuntu 22.04 (2.35), 24.04 (2.39), Debian 12 (2.36)
+PLATFORM = "x86_64-manylinux_2_28"
+DEFAULT_INDEX = "https://pypi.org/simple"
+UV_FIX = "pip install 'uv>=0.13,<0.14' (in dockerlaunch's environment)"
+# The CUDA runtime wheel torch pulls tells which CUDA the registry's torch was built for.
+CUDA_RUNTIME = ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime")
+HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class LockError(ConfigError):
+    """A stack's lock is missing, stale or changed, or its pins do not resolve: the user fixes it (exit 2)."""
+
+
+def normalize(name: str) -> str:
+    """PEP 503: `Transformer_Engine` and `transformer-engine` are one distribution."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pin_name(pin: str) -> str:
+    m = PIN.match(pin)
+    return normalize(m.group(1) if m else pin)
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # normalized
+    version: str
+    hashes: tuple[str, ...]  # "sha256:<hex>", one per file the registry has for this version
+    layer: str
+
+    def requirement(self) -> str:
+        return " \\\n".join([f"{self.name}=={self.version}", *(f"    --hash={h}" for h in self.hashes)])
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    header: dict[str, str]
+    body: str
+    entries: tuple[Entry, ...]
+
+    @property
+    def stack(self) -> str:
+        return self.header.get("stack", "")
+
+    def get(self, name: str) -> Entry | None:
+        return next((e for e in self.entries if e.name == normalize(name)), None)
+
+    def layer(self, layer: str) -> list[Entry]:
+        return [e for e in self.entries if e.layer == layer]
+
+    def layer_text(self, layer: str, drop: frozenset[str] = frozenset()) -> str:
+        """A layer's part as a requirements file for `pip install --no-deps --require-hashes -r`."""
+        return "".join(e.requirement() + "\n" for e in self.layer(layer) if e.name not in drop)
+
+
+# ---------------------------------------------------------------- what a lock is resolved from
+
+
+def flat_pins(stack: Stack) -> list[str]:
+    """Every pin a lock resolves, once each, in layer order."""
+    out: list[str] = []
+    for pins in layer_roots(stack).values():
+        out += [p for p in pins if p not in out]
+    return out
+
+
+def inputs_digest(stack: Stack) -> str:
+    """What the resolution depends on: the pins per layer, Python, platform and CUDA (not sources or the base)."""
+    data = {"format": FORMAT, "python": stack.python, "platform": PLATFORM, "cuda": stack.cuda,
+            "roots": layer_roots(stack)}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def lock_path(stack: Stack, dockerfiles: Path) -> Path:
+    return dockerfiles / "locks" / f"{stack.name}.lock"
+
+
+# ---------------------------------------------------------------- uv's answer -> entries
+
+
+def parse_compiled(text: str) -> dict[str, tuple[str, tuple[str, ...], set[str]]]:
+    """uv pip compile's requirements output (hashes, split annotations) -> name: (version, hashes, parents).
+    A parent is a distribution name, or `-r <layer>.in` for a pin of that layer."""
+    out: dict[str, tuple[str, tuple[str, ...], set[str]]] = {}
+    current: str | None = None
+    in_via = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(\s*\\)?$", raw)
+        if m:
+            current, in_via = normalize(m.group(1)), False
+            out[current] = (m.group(2), (), set())
+            continue
+        if current is None or not line:
+            continue
+        version, hashes, parents = out[current]
+        if line.startswith("--hash="):
+            out[current] = (version, (*hashes, line[len("--hash="):].rstrip(" \\")), parents)
+        elif line == "# via":
+            in_via = True
+        elif line.startswith("# via "):
+            parents.add(line[len("# via "):].strip())
+            in_via = False
+        elif in_via and line.startswith("#   "):
+            parents.add(line[4:].strip())
+        elif line.startswith("#"):
+            in_via = False
+    return out
+
+
+def assign_layers(resolved: dict, subsets: dict[str, set[str]]) -> dict[str, str]:
+    """Each distribution goes to the lowest layer whose pins (with those of the layers below) need it.
+    `subsets[layer]`: what resolving the pins of that layer and all below it installs, at the final versions.
+    (Extras make `# via` unreliable for this: aiohttp is `via fsspec`, but only datasets asks for fsspec[http].)"""
+    out = {}
+    for name in resolved:
+        out[name] = next((layer for layer in LAYERS if name in subsets.get(layer, ())), LAYERS[-1])
+    return out
+
+
+def cuda_problem(stack: Stack, versions: dict[str, str]) -> str | None:
+    """The registry's torch must be the stack's CUDA build (apex needs nvcc == torch.version.cuda) or its CPU
+    build: a CUDA 13 torch locked into a CUDA 12.8 image imports, then fails on the first kernel."""
+    runtime = next(((n, versions[n]) for n in CUDA_RUNTIME if n in versions), None)
+    torch = versions.get("torch", stack.torch)
+    if stack.cuda is None:
+        if runtime or any(n.startswith("nvidia-") for n in versions):
+            return (f"stack {stack.name} is a CPU stack, but torch {torch} from the registry is a CUDA build "
+                    f"({runtime[0] + ' ' + runtime[1] if runtime else 'it pulls nvidia-* wheels'}): pin torch "
+                    f"{torch.split('+')[0]}+cpu and lock with its index (--torch-index, or --find-links)")
+        return None
+    if runtime is None:
+        if "+" in torch:
+            return None  # a local variant (+cu128) bundles its runtime: its index is the stack's own
+        return (f"stack {stack.name}: torch {torch} from the registry pulls no CUDA runtime wheel, so which CUDA "
+                f"it was built for is unknown: pin torch {torch}+cu{stack.cuda.replace('.', '')} and lock with "
+                "its index (--torch-index)")
+    got = ".".join(runtime[1].split(".")[:2])
+    if got != stack.cuda:
+        return (f"stack {stack.name}: torch {torch} from the registry is built for CUDA {got} ({runtime[0]} "
+                f"{runtime[1]}), the stack's base has CUDA {stack.cuda}: pin torch "
+                f"{torch.split('+')[0]}+cu{stack.cuda.replace('.', '')} and lock with --torch-index "
+                f"{stack.torch_index_url or 'https://download.pytorch.org/whl/cu' + stack.cuda.replace('.', '')}")
+    return None
+
+
+# ---------------------------------------------------------------- the lock file
+
+
+def render(stack: Stack, resolved: dict[str, tuple[str, tuple[str, ...], set[str]]], layers: dict[str, str],
+           meta: dict[str, str]) -> str:
+    body_lines = []
+    for layer in LAYERS:
+        names = sorted(n for n in resolved if layers[n] == layer)
+        if not names:
+            continue
+        body_lines.append(f"# layer {layer}")
+        for n in names:
+            version, hashes, _ = resolved[n]
+            if not hashes:
+                raise LockError(f"{n}=={version}: the registry gave no sha256 for it (a local folder without "
+                                "hashes?): lock against an index")
+            body_lines.append(Entry(n, version, tuple(sorted(hashes)), layer).requirement())
+    body = "\n".join(body_lines) + "\n"
+    header = {
+        "stack": stack.name, "python": stack.python, "platform": PLATFORM, "cuda": stack.cuda or "none",
+        "pins": " ".join(flat_pins(stack)), "inputs-sha256": inputs_digest(stack),
+        "body-sha256": hashlib.sha256(body.encode()).hexdigest(), **meta,
+    }
+    head = [f"# dockerlaunch lock of stack {stack.name}: every Python distribution its image installs, with its "
+            "sha256 hashes.",
+            f"# Written by `dockerlaunch stacks lock --stack {stack.name}`; do not edit (stacks check compares the "
+            "digests below)."]
+    head += [f"# {k}: {v}" for k, v in header.items()]
+    return "\n".join(head) + "\n\n" + body
+
+
+def parse(text: str, path: Path) -> Lock:
+    head, sep, body = text.partition("\n\n")
+    if not sep:
+        raise LockError(f"{path}: not a dockerlaunch lock (no header): write it again with dockerlaunch stacks lock")
+    header = {}
+    for line in head.splitlines():
+        m = re.match(r"^# ([a-z0-9-]+): (.*)$", line)
+        if m:
+            header[m.group(1)] = m.group(2)
+    entries: list[Entry] = []
+    layer = None
+    name = version = None
+    hashes: list[str] = []
+
+    def done() -> None:
+        if name is not None:
+            entries.append(Entry(name, version or "", tuple(hashes), layer or ""))
+
+    for raw in body.splitlines():
+        line = raw.strip()
+        m = re.match(r"^# layer (\S+)$", line)
+        if m:
+            done()
+            name, hashes, layer = None, [], m.group(1)
+            continue
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(\s*\\)?$", line)
+        if m:
+            done()
+            name, version, hashes = normalize(m.group(1)), m.group(2), []
+            continue
+        if line.startswith("--hash="):
+            hashes.append(line[len("--hash="):].rstrip(" \\"))
+        elif line and not line.startswith("#"):
+            raise LockError(f"{path}: cannot read line {line[:80]!r}: write it again with dockerlaunch stacks lock")
+    done()
+    return Lock(path, header, body, tuple(entries))
+
+
+def read(stack: Stack, dockerfiles: Path) -> Lock:
+    path = lock_path(stack, dockerfiles)
+    try:
+        return parse(path.read_text(), path)
+    except FileNotFoundError:
+        raise LockError(f"stack {stack.name} has no lock ({path}): run dockerlaunch stacks lock --stack "
+                        f"{stack.name}") from None
+    except OSError as e:
+        raise LockError(f"{path}: {e.strerror}") from None
+
+
+def problems(stack: Stack, lock: Lock) -> list[str]:
+    """Why this lock is not the stack's, one line each (no network)."""
+    fix = f"run dockerlaunch stacks lock --stack {stack.name}"
+    where = f"{lock.path}"
+    out = []
+    if hashlib.sha256(lock.body.encode()).hexdigest() != lock.header.get("body-sha256"):
+        out.append(f"{where} was edited by hand (its body no longer matches its body-sha256): {fix}")
+    if lock.header.get("python") != stack.python:
+        out.append(f"{where} is for Python {lock.header.get('python')}, stack {stack.name} is Python "
+                   f"{stack.python}: {fix}")
+    if lock.header.get("inputs-sha256") != inputs_digest(stack):
+        was = {pin_name(p): p for p in lock.header.get("pins", "").split()}
+        now = {pin_name(p): p for p in flat_pins(stack)}
+        changed = [f"{was.get(n, '(none)')} -> {now.get(n, '(none)')}" for n in sorted(set(was) | set(now))
+                   if was.get(n) != now.get(n)]
+        what = ", ".join(changed) if changed else "its Python, CUDA or the lock format changed"
+        out.append(f"{where} is stale: stack {stack.name}'s pins changed since it was resolved ({what}): {fix}")
+    for e in lock.entries:
+        if not e.hashes or not all(HASH.match(h) for h in e.hashes):
+            out.append(f"{where}: {e.name}=={e.version} has no valid sha256 hash: {fix}")
+            break
+        if e.layer not in LAYERS:
+            out.append(f"{where}: {e.name} is in an unknown layer {e.layer!r}: {fix}")
+            break
+    if not out:
+        for pin in flat_pins(stack):
+            m = PIN.match(pin)
+            if m:
+                e = lock.get(m.group(1))
+                if e is None or e.version != m.group(3):
+                    out.append(f"{where}: the pin {pin} is not what the lock holds "
+                               f"({e.name + '==' + e.version if e else 'absent'}): {fix}")
+    return out
+
+
+def check(stack: Stack, dockerfiles: Path) -> list[str]:
+    try:
+        return problems(stack, read(stack, dockerfiles))
+    except LockError as e:
+        return [str(e)]
+
+
+def checked(stack: Stack, dockerfiles: Path) -> Lock:
+    """The stack's lock, or a one-line LockError that says how to fix it."""
+    lock = read(stack, dockerfiles)
+    found = problems(stack, lock)
+    if found:
+        raise LockError(found[0])
+    return lock
+
+
+# ---------------------------------------------------------------- resolving (network)
+
+
+def uv_binary() -> str:
+    try:
+        from uv import find_uv_bin  # the uv wheel: a static binary and this helper
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        pass
+    found = shutil.which("uv")
+    if not found:
+        raise LockError(f"stacks lock resolves with uv, which is not installed: {UV_FIX}")
+    return found
+
+
+def torch_index_for(stack: Stack, torch_index: str | None) -> str | None:
+    """A local variant (2.13.0+cpu, 2.9.0+cu126) lives only on the PyTorch index; a plain version on the registry."""
+    if torch_index is not None:
+        return torch_index or None  # "" -> none
+    return stack.torch_index_url if "+" in stack.torch else None
+
+
+def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, ...] = (),
+            torch_index: str | None = None, timeout: float = 900) -> str:
+    """The lock file's text for `stack`, resolved now (network)."""
+    uv = uv_binary()
+    index = index_url or DEFAULT_INDEX
+    extra = torch_index_for(stack, torch_index)
+    sources = ["--index-url", index, *(["--extra-index-url", extra] if extra else []),
+               *(a for d in find_links for a in ("--find-links", d))]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
+    common = ["--python-version", stack.python, "--python-platform", PLATFORM, "--no-header", "--no-config",
+              "--no-python-downloads", "--no-progress", "--color", "never", *sources]
+
+    def compile_(tmp: str, files: list[str], more: list[str]) -> str:
+        try:
+            r = subprocess.run([uv, "pip", "compile", *files, *common, *more], cwd=tmp, capture_output=True,
+                               text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise LockError(f"stack {stack.name}: uv did not resolve in {timeout:.0f} s (is {index} reachable?)") \
+                from None
+        if r.returncode != 0:
+            raise LockError(f"stack {stack.name}: {explain(r.stderr)}")
+        return r.stdout
+
+    roots = layer_roots(stack)
+    with tempfile.TemporaryDirectory(prefix="dockerlaunch-lock-") as tmp:
+        for layer, pins in roots.items():
+            Path(tmp, f"{layer}.in").write_text("\n".join(pins) + "\n")
+        files = [f"{layer}.in" for layer in roots]
+        resolved = parse_compiled(compile_(tmp, files, ["--generate-hashes", "--annotation-style", "split"]))
+        problem = cuda_problem(stack, {n: v for n, (v, _, _) in resolved.items()})
+        if problem:
+            raise LockError(problem)
+        # Which layer installs what: the layers' pins resolved cumulatively, held to the final versions.
+        Path(tmp, "final.txt").write_text("".join(f"{n}=={v}\n" for n, (v, _, _) in resolved.items()))
+        subsets: dict[str, set[str]] = {}
+        for i, layer in enumerate(roots):
+            if i == len(roots) - 1:
+                subsets[layer] = set(resolved)
+                break
+            subsets[layer] = set(parse_compiled(compile_(tmp, files[: i + 1], ["-c", "final.txt", "--no-annotate"])))
+        version = subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.strip()
+    shown = [index, *([extra] if extra else []), *(f"find-links {d}" for d in find_links)]
+    meta = {"resolver": version, "sources": "; ".join(shown),
+            "resolved": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
+    return render(stack, resolved, assign_layers(resolved, subsets), meta)
+
+
+def explain(stderr: str) -> str:
+    """uv's reason as one line: the two requirements that conflict, or what could not be reached."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.lstrip().startswith("warning:")]
+    text = " ".join(ln.removeprefix("error: ").removeprefix("cause: ").removeprefix("╰─▶ ").removeprefix("× ")
+                    for ln in lines)
+    text = re.sub(r"\s+", " ", text)
+    if "No solution found" in text or "unsatisfiable" in text:
+        why = re.sub(r"^.*?No solution found when resolving dependencies:?\s*", "", text)
+        return f"its pins cannot be installed together: {why}"
+    return f"uv could not resolve it: {text[:600]}"
