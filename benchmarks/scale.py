@@ -675,6 +675,19 @@ def variant_config(ctx: Ctx, **sections) -> Path:
     return path
 
 
+def freeze(node: str, tries: int = 5) -> list[str]:
+    """`docker pause` with its error kept: at a load average of 300 runc's cgroup freeze can time out
+    ("unable to freeze") and a second try lands. Returns what each failed try said."""
+    said = []
+    for _ in range(tries):
+        r = subprocess.run(["docker", "pause", node], capture_output=True, text=True, timeout=120)
+        if r.returncode == 0:
+            return said
+        said.append(tail(r.stderr or r.stdout, 300).strip())
+        time.sleep(2)
+    raise StepFailed(f"docker pause {node} failed {tries} times: {said[-1]}")
+
+
 def step_hostloss(ctx: Ctx) -> dict:
     c = ctx.cluster
     job = ctx.job("hl")
@@ -694,7 +707,7 @@ def step_hostloss(ctx: Ctx) -> dict:
                              f"); up said: {said} {' | '.join(list(launch.err_tail)[-3:])}")
         out["all_first_lines_s"] = round(time.time() - t0, 3)
         time.sleep(3)  # a heartbeat or two after the start
-        subprocess.run(["docker", "pause", node], check=True, capture_output=True)
+        out["pause_tries"] = freeze(node)
         ctx.paused.add(node)
         t_pause = time.time()
         deadline = t_pause + HOST_TIMEOUT + 60
