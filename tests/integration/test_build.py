@@ -1,12 +1,14 @@
 """The cpu stack, built for real (the `cpu_stack` fixture: fetched wheelhouse, offline build), verify, layer reuse
 on an ms-swift bump."""
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import docker
 import pytest
 import yaml
 
@@ -19,8 +21,6 @@ OTHER_SWIFT = "4.0.3"
 
 
 def dl(*args, env=None, timeout=1800):
-    import os
-
     return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
 
@@ -103,3 +103,22 @@ def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, cpu_stack, bumpe
 def test_offline_build_without_wheelhouse_is_refused():
     r = dl("build", "--stack", "cpu", "--offline")
     assert r.returncode == 2 and "--offline needs --wheelhouse" in r.stderr
+
+
+def test_a_wheelhouse_file_that_is_not_the_locked_one_stops_the_build_in_one_line(engine, cpu_stack, tmp_path):
+    """The fetched wheelhouse with one wheel swapped for other bytes: the offline build's --require-hashes stops
+    at that layer, says which distribution in one line, and tags nothing."""
+    wheelhouse = tmp_path / "wh"
+    shutil.copytree(cpu_stack.wheelhouse, wheelhouse, copy_function=os.link)
+    [peft] = list((wheelhouse / "7-top").glob("peft-*.whl"))
+    peft.unlink()  # a new file, not the hard-linked one the other tests share
+    peft.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip
+    tag = "dockerlaunch/train:tampered"
+    r = dl("build", "--stack", "cpu", "--wheelhouse", str(wheelhouse), "--offline",
+           "--base-image", cpu_stack.base_image, "--tag", tag)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and err and err[-1].startswith("error: build of stack cpu: peft=="), r.stderr[-2000:]
+    assert "does not match the lock's hash" in err[-1] and "dockerlaunch fetch --stack cpu" in err[-1]
+    assert "nothing was tagged" in err[-1]
+    with pytest.raises(docker.errors.ImageNotFound):
+        engine.images.get(tag)
