@@ -464,6 +464,11 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
         raise ConfigError(f"--ca-cert {opts.ca_cert}: no such file")
     builder = builder or find_builder()
     _LOG.info("building with %s", builder.what)
+    if stack.flash_attn and not flash_attn_wheel(stack):
+        _LOG.info("flash-attn %s: no prebuilt wheel for torch %s / CUDA %s / Python %s, so it compiles here with "
+                  "MAX_JOBS=%d for %s: 3-5 min on 64 cores, about 2 h on 8 (TE takes about as long again)",
+                  stack.flash_attn, stack.torch, stack.cuda, stack.python, opts.max_jobs,
+                  ";".join(cuda_archs(stack, opts)))
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-build-") as tmp:
         work = Path(tmp)
         ctx = prepare_context(stack, opts, lock, work)

@@ -167,6 +167,13 @@ def _fa_te(s: Stack) -> str | None:
     return None
 
 
+def _python_jammy(s: Stack) -> str | None:
+    if "ubuntu22.04" in s.base_image and s.python == "3.11":
+        return ("Ubuntu 22.04's python3.11 package is 3.11.0~rc1 (jammy-updates universe), a release candidate: "
+                "prefer a Python 3.12 stack on Ubuntu 24.04, or a base with a released 3.11")
+    return None
+
+
 def _swift_caps(s: Stack) -> str | None:
     for name, cap in swift_caps(s.ms_swift).items():
         have = getattr(s, name)
@@ -337,6 +344,9 @@ RULES: list[Rule] = [
     Rule("swift-caps", "the framework pins below the bounds of ms-swift's own wheel (4.5: transformers < 5.17; "
          "4.6: transformers < 5.20; both peft < 0.21, trl < 1.0)",
          "modelscope/ms-swift 4.5.3 and 4.6.0 wheel METADATA Requires-Dist", _swift_caps),
+    Rule("python-jammy", "the base's own Python is a release, not a candidate",
+         "archive.ubuntu.com dists/jammy-updates/universe Packages: python3.11 3.11.0~rc1-1~22.04.1 (2026-11-24)",
+         _python_jammy, severity="warn"),
     Rule("te-mcore-dev", "megatron-core[dev]'s TE pin (advisory: ms-swift docs recommend other TE versions)",
          "NVIDIA/Megatron-LM pyproject.toml [dev] extra", _te_dev_pin, severity="warn"),
 ]

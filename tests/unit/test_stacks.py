@@ -132,6 +132,12 @@ def test_each_rule_catches_its_violation(matrix, stack_name, changes, rule):
     assert line.startswith(f"{bad.name}: [{rule}]") and "source: " in line
 
 
+def test_jammys_python_311_is_a_release_candidate_and_says_so(matrix):
+    found = {v.rule.id: v for v in check_stack(matrix.stacks["swift4.0-mcore0.15"])}
+    assert found["python-jammy"].rule.severity == "warn" and "3.11.0~rc1" in found["python-jammy"].detail
+    assert "python-jammy" not in {v.rule.id for v in check_stack(matrix.stacks["swift4.6-mcore0.19-cu13"])}
+
+
 def test_te_and_flash_attn_build_settings(matrix):
     """TE 2.17-2.19 fail to build against torch < 2.11 unless NVTE_WITH_NCCL_EP=0; the arch lists default to
     Ampere/Hopper (and Blackwell from CUDA 12.8) instead of every arch torch knows."""
