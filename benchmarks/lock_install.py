@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,7 +59,10 @@ RUN apt-get update && apt-get install -y --no-install-recommends "python{py}" "p
       build-essential ca-certificates && rm -rf /var/lib/apt/lists/* && "python{py}" -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY lock /lock
-RUN for part in {parts}; do \\
+# the CA of a TLS-intercepting proxy, as a BuildKit secret (as `dockerlaunch build --ca-cert` does)
+RUN --mount=type=secret,id=pip_ca \\
+    if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi \\
+ && for part in {parts}; do \\
       DS_BUILD_OPS=0 pip install --no-cache-dir --no-deps --require-hashes --no-build-isolation \\
         -r "/lock/$part.txt" || exit 1; \\
     done && pip check
@@ -69,6 +73,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--stack", default="swift4.0-mcore0.15")
     ap.add_argument("--keep", action="store_true", help="keep the image")
+    ap.add_argument("--ca-cert", default=os.environ.get("PIP_CERT"),
+                    help="CA bundle for pip in the build (default: $PIP_CERT, as pip here uses it)")
     args = ap.parse_args()
     stack = load_matrix().get(args.stack)
     lock = locks.checked(stack, default_dockerfiles_dir())
@@ -90,7 +96,8 @@ def main() -> int:
                 parts.append(layer)
         (ctx / "Dockerfile").write_text(DOCKERFILE.format(base=base, py=stack.python, parts=" ".join(parts)))
         t0 = time.time()
-        r = subprocess.run(["docker", "build", "--network", "host", "-t", tag, str(ctx)], capture_output=True,
+        ca = [a for c in (args.ca_cert,) if c for a in ("--secret", f"id=pip_ca,src={c}")]
+        r = subprocess.run(["docker", "build", "--network", "host", *ca, "-t", tag, str(ctx)], capture_output=True,
                            text=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/local/bin:/usr/bin:/bin"})
         build_s = time.time() - t0
     if r.returncode != 0:

@@ -75,8 +75,20 @@ def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None)
     return load_config(kw.pop("config_path"), ov)
 
 
+# The signals that stopped this run, in order. An exception raised by a signal handler can land inside
+# threading's own lock handling (Condition.wait re-acquiring its lock) and come out as "RuntimeError: release
+# unlocked lock" instead of itself; main() then still knows the run was stopped, and why.
+_SIGNALLED: list[int] = []
+
+
 def _terminate(signum, frame) -> None:
+    _SIGNALLED.append(signum)
     raise Terminated(signum)
+
+
+def _interrupt(signum, frame) -> None:
+    _SIGNALLED.append(signum)
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         paramiko_log.addHandler(logging.NullHandler())
         paramiko_log.propagate = False
     signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # left alone where a runner ignores it
+        signal.signal(signal.SIGINT, _interrupt)
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup a closed terminal must not stop it
         signal.signal(signal.SIGHUP, _terminate)
     try:
@@ -120,4 +134,13 @@ def main(argv: list[str] | None = None) -> None:
     except Terminated as e:
         click.echo(f"terminated ({signal.Signals(e.signum).name})", err=True)
         sys.exit(e.exit_code)
+    except Exception:
+        if not _SIGNALLED:
+            raise
+        signum = _SIGNALLED[0]  # the signal's exception, turned into another on its way out (see _SIGNALLED)
+        if signum == signal.SIGINT:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        click.echo(f"terminated ({signal.Signals(signum).name})", err=True)
+        sys.exit(128 + signum)
     sys.exit(0)

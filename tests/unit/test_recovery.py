@@ -288,3 +288,42 @@ def test_sighup_stops_up_unless_it_was_started_under_nohup(nohup, tmp_path):
             p.kill()
         p.wait()
         srv.close()
+
+
+def test_a_signal_whose_exception_threading_turned_into_another_still_ends_as_that_signal(monkeypatch, capsys):
+    """Seen under load: SIGHUP's exception landed in Condition.wait's lock re-acquire and came out as
+    `RuntimeError: release unlocked lock`, so `up` ended with a traceback and exit 1 instead of 129."""
+    import importlib
+    import signal
+
+    cli_main = importlib.import_module("dockerlaunch.cli.main")  # the module (the package exports its main())
+
+    def stopped(**kw):
+        try:
+            cli_main._terminate(signal.SIGHUP, None)
+        except BaseException:  # noqa: BLE001 - what threading does to it
+            raise RuntimeError("release unlocked lock") from None
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    monkeypatch.setattr(cli_main.cli, "main", stopped)
+    monkeypatch.setattr(cli_main, "_SIGNALLED", [])
+    try:
+        with pytest.raises(SystemExit) as ended:
+            cli_main.main(["status"])
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert ended.value.code == 129
+    assert capsys.readouterr().err.strip() == "terminated (SIGHUP)"
+
+    def broken(**kw):
+        raise RuntimeError("a real bug")
+
+    monkeypatch.setattr(cli_main.cli, "main", broken)
+    monkeypatch.setattr(cli_main, "_SIGNALLED", [])
+    try:
+        with pytest.raises(RuntimeError, match="a real bug"):  # no signal: a bug stays a bug
+            cli_main.main(["status"])
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
