@@ -33,7 +33,7 @@ from dockerlaunch.sim import cluster as sim  # noqa: E402
 
 NEEDS_NVCC = frozenset({"transformer-engine-torch", "flash-attn"})
 IMPORTS = ["torch", "transformer_engine", "megatron.core", "transformers", "peft", "trl", "deepspeed", "modelscope",
-           "swift", "swift.llm"]
+           "swift"]
 
 PROBE = r"""
 import importlib, json, sys, traceback
