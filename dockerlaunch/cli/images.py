@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -66,8 +67,9 @@ def stacks_check() -> None:
 @click.option("--torch-index", metavar="URL|none",
               help="Where a local torch variant (+cpu, +cu128) comes from (default: the stack's torch_index_url; "
                    "none: only --index-url and --find-links).")
+@click.option("--ca-cert", metavar="PATH", help="CA bundle for a TLS-intercepting proxy (default: the system's).")
 def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple[str, ...],
-                torch_index: str | None) -> None:
+                torch_index: str | None, ca_cert: str | None) -> None:
     """Resolve each stack's pins together and write Dockerfiles/locks/<stack>.lock (network).
 
     Everything the image installs, at one version each and with sha256 hashes, for the stack's Python and
@@ -75,6 +77,8 @@ def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple
     from dockerlaunch.images import lock as locks
     from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
+    if ca_cert and not os.path.isfile(ca_cert):
+        raise click.BadParameter(f"{ca_cert}: no such file", param_hint="--ca-cert")
     matrix = load_matrix()
     chosen = [matrix.get(n) for n in names] if names else list(matrix.stacks.values())
     dockerfiles = default_dockerfiles_dir()
@@ -82,7 +86,7 @@ def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple
     for s in chosen:
         try:
             text = locks.resolve(s, index_url=index_url, find_links=find_links,
-                                 torch_index="" if torch_index == "none" else torch_index)
+                                 torch_index="" if torch_index == "none" else torch_index, ca_cert=ca_cert)
         except locks.LockError as e:
             if len(chosen) == 1:
                 raise

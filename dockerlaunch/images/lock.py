@@ -328,7 +328,7 @@ def torch_index_for(stack: Stack, torch_index: str | None) -> str | None:
 
 
 def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, ...] = (),
-            torch_index: str | None = None, timeout: float = 900) -> str:
+            torch_index: str | None = None, ca_cert: str | None = None, timeout: float = 900) -> str:
     """The lock file's text for `stack`, resolved now (network)."""
     uv = uv_binary()
     index = index_url or DEFAULT_INDEX
@@ -336,8 +336,10 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
     sources = ["--index-url", index, *(["--extra-index-url", extra] if extra else []),
                *(a for d in find_links for a in ("--find-links", d))]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
+    if ca_cert:  # a TLS-intercepting proxy's CA, as pip's --cert; else the system's store (pip's default too)
+        env["SSL_CERT_FILE"] = ca_cert
     common = ["--python-version", stack.python, "--python-platform", PLATFORM, "--no-header", "--no-config",
-              "--no-python-downloads", "--no-progress", "--color", "never", *sources]
+              "--no-python-downloads", "--no-progress", "--color", "never", "--system-certs", *sources]
 
     def compile_(tmp: str, files: list[str], more: list[str]) -> str:
         try:
