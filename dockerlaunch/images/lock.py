@@ -107,40 +107,27 @@ def lock_path(stack: Stack, dockerfiles: Path) -> Path:
 # ---------------------------------------------------------------- uv's answer -> entries
 
 
-def parse_compiled(text: str) -> dict[str, tuple[str, tuple[str, ...], set[str]]]:
-    """uv pip compile's requirements output (hashes, split annotations) -> name: (version, hashes, parents).
-    A parent is a distribution name, or `-r <layer>.in` for a pin of that layer."""
-    out: dict[str, tuple[str, tuple[str, ...], set[str]]] = {}
+def parse_compiled(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """uv pip compile's requirements output (with hashes, without annotations) -> name: (version, hashes)."""
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
     current: str | None = None
-    in_via = False
     for raw in text.splitlines():
         line = raw.strip()
         m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(\s*\\)?$", raw)
         if m:
-            current, in_via = normalize(m.group(1)), False
-            out[current] = (m.group(2), (), set())
-            continue
-        if current is None or not line:
-            continue
-        version, hashes, parents = out[current]
-        if line.startswith("--hash="):
-            out[current] = (version, (*hashes, line[len("--hash="):].rstrip(" \\")), parents)
-        elif line == "# via":
-            in_via = True
-        elif line.startswith("# via "):
-            parents.add(line[len("# via "):].strip())
-            in_via = False
-        elif in_via and line.startswith("#   "):
-            parents.add(line[4:].strip())
-        elif line.startswith("#"):
-            in_via = False
+            current = normalize(m.group(1))
+            out[current] = (m.group(2), ())
+        elif current is not None and line.startswith("--hash="):
+            version, hashes = out[current]
+            out[current] = (version, (*hashes, line[len("--hash="):].rstrip(" \\")))
     return out
 
 
 def assign_layers(resolved: dict, subsets: dict[str, set[str]]) -> dict[str, str]:
     """Each distribution goes to the lowest layer whose pins (with those of the layers below) need it.
     `subsets[layer]`: what resolving the pins of that layer and all below it installs, at the final versions.
-    (Extras make `# via` unreliable for this: aiohttp is `via fsspec`, but only datasets asks for fsspec[http].)"""
+    (uv's `# via` annotations cannot say this: with extras, aiohttp is `via fsspec`, a torch dependency, but only
+    datasets asks for fsspec[http].)"""
     out = {}
     for name in resolved:
         out[name] = next((layer for layer in LAYERS if name in subsets.get(layer, ())), LAYERS[-1])
@@ -176,7 +163,7 @@ def cuda_problem(stack: Stack, versions: dict[str, str]) -> str | None:
 # ---------------------------------------------------------------- the lock file
 
 
-def render(stack: Stack, resolved: dict[str, tuple[str, tuple[str, ...], set[str]]], layers: dict[str, str],
+def render(stack: Stack, resolved: dict[str, tuple[str, tuple[str, ...]]], layers: dict[str, str],
            meta: dict[str, str]) -> str:
     body_lines = []
     for layer in LAYERS:
@@ -185,7 +172,7 @@ def render(stack: Stack, resolved: dict[str, tuple[str, tuple[str, ...], set[str
             continue
         body_lines.append(f"# layer {layer}")
         for n in names:
-            version, hashes, _ = resolved[n]
+            version, hashes = resolved[n]
             if not hashes:
                 raise LockError(f"{n}=={version}: the registry gave no sha256 for it (a local folder without "
                                 "hashes?): lock against an index")
@@ -357,12 +344,12 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
         for layer, pins in roots.items():
             Path(tmp, f"{layer}.in").write_text("\n".join(pins) + "\n")
         files = [f"{layer}.in" for layer in roots]
-        resolved = parse_compiled(compile_(tmp, files, ["--generate-hashes", "--annotation-style", "split"]))
-        problem = cuda_problem(stack, {n: v for n, (v, _, _) in resolved.items()})
+        resolved = parse_compiled(compile_(tmp, files, ["--generate-hashes", "--no-annotate"]))
+        problem = cuda_problem(stack, {n: v for n, (v, _) in resolved.items()})
         if problem:
             raise LockError(problem)
         # Which layer installs what: the layers' pins resolved cumulatively, held to the final versions.
-        Path(tmp, "final.txt").write_text("".join(f"{n}=={v}\n" for n, (v, _, _) in resolved.items()))
+        Path(tmp, "final.txt").write_text("".join(f"{n}=={v}\n" for n, (v, _) in resolved.items()))
         subsets: dict[str, set[str]] = {}
         for i, layer in enumerate(roots):
             if i == len(roots) - 1:
