@@ -57,10 +57,22 @@ def bumped_dockerfiles(tmp_path_factory):
     return d
 
 
-def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, cpu_stack, bumped_dockerfiles):
+def own_copy(wheelhouse: Path, dest: Path) -> Path:
+    """The session's wheelhouse for one test to change: its big files hard-linked (fetch and this test replace
+    files, never write into them), its stamps and per-layer locks copied (fetch rewrites those in place)."""
+    shutil.copytree(wheelhouse, dest, copy_function=os.link)
+    for f in dest.iterdir():
+        if f.is_file():
+            f.unlink()
+            shutil.copy2(wheelhouse / f.name, f)
+    return dest
+
+
+def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, cpu_stack, bumped_dockerfiles, tmp_path):
     stack = load_matrix().get("cpu")
     bumped_tag = stack.tag.replace(f"swift{stack.ms_swift}", f"swift{OTHER_SWIFT}")
-    wheelhouse, base_image, log = cpu_stack.wheelhouse, cpu_stack.base_image, cpu_stack.log
+    base_image, log = cpu_stack.base_image, cpu_stack.log
+    wheelhouse = own_copy(cpu_stack.wheelhouse, tmp_path / "wh")  # the other tests keep the cpu stack's own
     try:
         assert "verify: PASS" in log
         for line in ("PASS  import torch", "PASS  import megatron.core", "PASS  import swift",
@@ -108,8 +120,7 @@ def test_offline_build_without_wheelhouse_is_refused():
 def test_a_wheelhouse_file_that_is_not_the_locked_one_stops_the_build_in_one_line(engine, cpu_stack, tmp_path):
     """The fetched wheelhouse with one wheel swapped for other bytes: the offline build's --require-hashes stops
     at that layer, says which distribution in one line, and tags nothing."""
-    wheelhouse = tmp_path / "wh"
-    shutil.copytree(cpu_stack.wheelhouse, wheelhouse, copy_function=os.link)
+    wheelhouse = own_copy(cpu_stack.wheelhouse, tmp_path / "wh")
     [peft] = list((wheelhouse / "7-top").glob("peft-*.whl"))
     peft.unlink()  # a new file, not the hard-linked one the other tests share
     peft.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip

@@ -6,13 +6,15 @@ wheelhouse layer, `--secret` files, build args, labels, --network host, and a pl
 
 import dataclasses
 import hashlib
+import shutil
 import uuid
 
 import pytest
 
 from dockerlaunch.images import build as buildlib
+from dockerlaunch.images import lock as locks
 from dockerlaunch.images.build import BuildOptions, cached_steps, choose_builder, probe_client
-from dockerlaunch.images.stacks import load_matrix
+from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 from dockerlaunch.sim import cluster as sim
 
 pytestmark = pytest.mark.integration
@@ -22,13 +24,14 @@ pytestmark = pytest.mark.integration
 TINY_DOCKERFILE = """\
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
-ARG TORCH_VERSION
+ARG PYTHON_VERSION
 ARG OFFLINE=0
 RUN --mount=type=cache,target=/root/.cache/pip \\
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \\
     --mount=type=bind,source=wheelhouse/1-torch,target=/wheelhouse/1-torch \\
+    --mount=type=bind,source=lock/1-torch.txt,target=/lock/1-torch.txt \\
     mkdir -p /opt/dockerlaunch \\
- && { echo "torch=${TORCH_VERSION} offline=${OFFLINE}"; ls /wheelhouse/1-torch; \\
+ && { echo "python=${PYTHON_VERSION} offline=${OFFLINE}"; ls /wheelhouse/1-torch; sha256sum < /lock/1-torch.txt; \\
       sha256sum < /run/secrets/pip_ca; sha256sum < /run/secrets/pip_index_url; \\
       echo "cache=$(ls /root/.cache/pip | wc -l)"; } > /opt/dockerlaunch/got \\
  && touch "/root/.cache/pip/$(cat /proc/sys/kernel/random/uuid)"
@@ -69,6 +72,7 @@ def test_build_with_each_cli(engine, tmp_path, builder_of):
     dockerfiles = tmp_path / "dockerfiles"
     dockerfiles.mkdir()
     (dockerfiles / buildlib.DOCKERFILE).write_text(TINY_DOCKERFILE)
+    shutil.copytree(default_dockerfiles_dir() / "locks", dockerfiles / "locks")
     nonce = uuid.uuid4().hex  # a new file in the layer's wheelhouse: the RUN cannot come from an earlier run
     (tmp_path / "wh" / "1-torch").mkdir(parents=True)
     (tmp_path / "wh" / "1-torch" / f"torch-{nonce}.whl").write_text("not a wheel")
@@ -88,9 +92,10 @@ def test_build_with_each_cli(engine, tmp_path, builder_of):
         assert image.labels["ai.dockerlaunch.pin.torch"] == stack.torch
         got = engine.containers.run(tag, ["sh", "-c", "cat /opt/dockerlaunch/got; ls -A /run/secrets 2>/dev/null"],
                                     remove=True).decode().splitlines()
-        assert got[:4] == [f"torch={stack.torch} offline=0", f"torch-{nonce}.whl",
+        lock_part = locks.read(stack, default_dockerfiles_dir()).layer_text("1-torch")  # the layer's part
+        assert got[:5] == [f"python={stack.python} offline=0", f"torch-{nonce}.whl", f"{sha(lock_part)}  -",
                            f"{sha(ca.read_text())}  -", f"{sha(index)}  -"], got
-        assert got[4].startswith("cache=") and got[5:] == [], got  # no secret left in the image
+        assert got[5].startswith("cache=") and got[6:] == [], got  # no secret left in the image
 
         cached, ran = cached_steps(log)
         assert len(ran) == 1 and cached == [] and "RUN --mount=type=cache" in ran[0], (cached, ran)
