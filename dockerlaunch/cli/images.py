@@ -150,9 +150,10 @@ def build(stack_name: str, dry_run: bool, **kw) -> None:
 @click.option("-o", "--output", "out_dir", required=True, metavar="DIR",
               help="Wheelhouse folder (one subfolder per layer).")
 def fetch(stack_name: str, out_dir: str) -> None:
-    """Download every wheel and source archive a stack needs, for `build --wheelhouse DIR --offline`.
+    """Download exactly the stack's lock (hashes checked) and its source archives, for `build --wheelhouse DIR
+    --offline`.
 
-    Fetching again into the same DIR asks the index only for layers whose pins changed (after a pin bump:
+    Fetching again into the same DIR asks the index only for layers whose locked part changed (after a pin bump:
     seconds, not minutes); delete DIR/.dockerlaunch-fetch.json to fetch every layer again."""
     from pathlib import Path
 
