@@ -3,12 +3,14 @@
 import json
 import secrets
 import signal
+import subprocess
 import time
 
 import pytest
 import yaml
 
 from dockerlaunch.backends.docker.doctor import listening_ports
+from tests.conftest import venv_tool
 from tests.integration.helpers import dl, job_name, start_up, stop_up, variant, wait_for_ready
 
 pytestmark = pytest.mark.integration
@@ -86,7 +88,13 @@ def test_signal_tears_down_every_host(sim_cluster, job_containers, sig, code):
         assert len(job_containers(job)) == 2
         t0 = time.monotonic()
         p.send_signal(sig)
-        p.wait(timeout=60)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # say where it hangs (seen once in CI with SIGHUP, not reproduced since)
+            dump = subprocess.run([venv_tool("py-spy") or "py-spy", "dump", "--pid", str(p.pid)], capture_output=True,
+                                  text=True, timeout=60)
+            raise AssertionError(f"up did not exit 60 s after {signal.Signals(sig).name}; its threads:\n"
+                                 f"{dump.stdout[-6000:]}{dump.stderr[-500:]}") from None
         took = time.monotonic() - t0
         assert p.returncode == code
         assert job_containers(job) == []
