@@ -62,13 +62,14 @@ def variant(sim_cluster, tmp_path, **changes) -> str:
 
 
 def default_signals() -> None:
-    """In the child, before exec: SIGINT and SIGQUIT as a terminal gives them. A suite started as a background job
-    of a non-interactive shell (`cmd &`) inherits them ignored, and Python keeps an ignored SIGINT ignored: the
-    tests that send it would then see `up` not react."""
+    """In the child, before exec: the signals the tests send, as a terminal gives them. A suite started as a
+    background job of a non-interactive shell (`cmd &`) inherits SIGINT and SIGQUIT ignored, one started under
+    `nohup` SIGHUP, and `up` keeps an ignored SIGINT or SIGHUP ignored (on purpose: `nohup dockerlaunch up &`):
+    the tests that send them would then see `up` not react."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def start_up(*args: str) -> tuple[subprocess.Popen, "queue.Queue[str]", list[str]]:

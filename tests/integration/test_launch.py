@@ -90,7 +90,7 @@ def test_signal_tears_down_every_host(sim_cluster, job_containers, sig, code):
         p.send_signal(sig)
         try:
             p.wait(timeout=60)
-        except subprocess.TimeoutExpired:  # say where it hangs (seen once in CI with SIGHUP, not reproduced since)
+        except subprocess.TimeoutExpired:  # say where it hangs
             dump = subprocess.run([venv_tool("py-spy") or "py-spy", "dump", "--pid", str(p.pid)], capture_output=True,
                                   text=True, timeout=60)
             raise AssertionError(f"up did not exit 60 s after {signal.Signals(sig).name}; its threads:\n"
