@@ -619,7 +619,11 @@ def _hashed_files(lock: locks.Lock, layer: str, dest: Path, drop: frozenset[str]
         f = files.get((e.name, Version(e.version)))
         if f is None:
             raise BuildError(f"fetch: pip downloaded no file for {e.name}=={e.version} (layer {layer})")
-        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:  # in chunks: the torch wheel alone is 0.5-0.9 GB
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        digest = h.hexdigest()
         lines.append(f"{e.name}=={e.version} --hash=sha256:{digest}  # {f.name}")
     return "\n".join(lines) + "\n"
 
