@@ -168,7 +168,7 @@ def _fa_te(s: Stack) -> str | None:
 
 
 def _python_jammy(s: Stack) -> str | None:
-    if "ubuntu22.04" in s.base_image and s.python == "3.11":
+    if s.base_image and "ubuntu22.04" in s.base_image and s.python == "3.11":
         return ("Ubuntu 22.04's python3.11 package is 3.11.0~rc1 (jammy-updates universe), a release candidate: "
                 "prefer a Python 3.12 stack on Ubuntu 24.04, or a base with a released 3.11")
     return None

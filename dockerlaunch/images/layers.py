@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from dockerlaunch.images.stacks import Stack
 
-LAYERS = ["1-torch", "2-build", "3-te", "4-apex", "5-flash", "6-megatron", "7-top"]
+LAYERS = ["0-cuda", "1-torch", "2-build", "3-te", "4-apex", "5-flash", "6-megatron", "7-top"]
+# The PyPI CUDA toolkit's parts a made base installs as /usr/local/cuda: what nvcc, torch.utils.cpp_extension
+# and TE's build need (compiler, front end, headers, cudart, thrust/cub). The runtime libraries torch uses come
+# with torch (layer 1-torch) from the same cuda-toolkit release.
+CUDA_TOOLKIT_EXTRAS = "nvcc,crt,nvvm,cccl,cudart"
 BUILD_TOOLS = ["pybind11==3.0.1", "ninja==1.13.0", "packaging==25.0", "setuptools==80.9.0", "wheel==0.45.1",
                "py-spy==0.4.1"]
 
@@ -29,12 +33,25 @@ def te_extras(stack: Stack) -> str:
     return "pytorch"
 
 
+def te_build_pins(stack: Stack) -> list[str]:
+    """What TE's torch binding compiles against besides torch: cuDNN's frontend headers, which TE's sdists stopped
+    bundling (its submodule became the pip package, TE PR 3169); 1.26.0 is megatron-core 0.19's own pin."""
+    if stack.transformer_engine and tuple(int(x) for x in stack.transformer_engine.split(".")[:2]) >= (2, 16):
+        return ["nvidia-cudnn-frontend==1.26.0"]
+    return []
+
+
+def toolkit_pin(stack: Stack) -> str | None:
+    return f"cuda-toolkit[{CUDA_TOOLKIT_EXTRAS}]=={stack.cuda_toolkit}" if stack.cuda_toolkit else None
+
+
 def layer_roots(stack: Stack) -> dict[str, list[str]]:
     """The pins each layer asks for (apex is a git archive, not a Python distribution of the registry)."""
     roots = {
+        "0-cuda": [toolkit_pin(stack)] if stack.cuda_toolkit else [],
         "1-torch": [f"torch=={stack.torch}"],
         "2-build": BUILD_TOOLS + ([f"numpy=={stack.numpy}"] if stack.numpy else []),
-        "3-te": [f"transformer_engine[{te_extras(stack)}]=={stack.transformer_engine}"]
+        "3-te": [f"transformer_engine[{te_extras(stack)}]=={stack.transformer_engine}", *te_build_pins(stack)]
         if stack.transformer_engine else [],
         "5-flash": [f"flash-attn=={stack.flash_attn}"] if stack.flash_attn else [],
         "6-megatron": [f"megatron-core=={stack.megatron_core}"],

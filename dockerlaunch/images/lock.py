@@ -97,6 +97,8 @@ def inputs_digest(stack: Stack) -> str:
     """What the resolution depends on: the pins per layer, Python, platform and CUDA (not sources or the base)."""
     data = {"format": FORMAT, "python": stack.python, "platform": PLATFORM, "cuda": stack.cuda,
             "roots": layer_roots(stack)}
+    if stack.overrides:  # only where there are any: the other stacks' locks keep their digests
+        data["overrides"] = sorted(stack.overrides)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -180,7 +182,9 @@ def render(stack: Stack, resolved: dict[str, tuple[str, tuple[str, ...]]], layer
     body = "\n".join(body_lines) + "\n"
     header = {
         "stack": stack.name, "python": stack.python, "platform": PLATFORM, "cuda": stack.cuda or "none",
-        "pins": " ".join(flat_pins(stack)), "inputs-sha256": inputs_digest(stack),
+        "pins": " ".join(flat_pins(stack)),
+        **({"overrides": " ".join(stack.overrides)} if stack.overrides else {}),
+        "inputs-sha256": inputs_digest(stack),
         "body-sha256": hashlib.sha256(body.encode()).hexdigest(), **meta,
     }
     head = [f"# dockerlaunch lock of stack {stack.name}: every Python distribution its image installs, with its "
@@ -251,8 +255,8 @@ def problems(stack: Stack, lock: Lock) -> list[str]:
         out.append(f"{where} is for Python {lock.header.get('python')}, stack {stack.name} is Python "
                    f"{stack.python}: {fix}")
     if lock.header.get("inputs-sha256") != inputs_digest(stack):
-        was = {pin_name(p): p for p in lock.header.get("pins", "").split()}
-        now = {pin_name(p): p for p in flat_pins(stack)}
+        was = {pin_name(p): p for p in [*lock.header.get("pins", "").split(), *lock.header.get("overrides", "").split()]}
+        now = {pin_name(p): p for p in [*flat_pins(stack), *stack.overrides]}
         changed = [f"{was.get(n, '(none)')} -> {now.get(n, '(none)')}" for n in sorted(set(was) | set(now))
                    if was.get(n) != now.get(n)]
         what = ", ".join(changed) if changed else "its Python, CUDA or the lock format changed"
@@ -265,7 +269,7 @@ def problems(stack: Stack, lock: Lock) -> list[str]:
             out.append(f"{where}: {e.name} is in an unknown layer {e.layer!r}: {fix}")
             break
     if not out:
-        for pin in flat_pins(stack):
+        for pin in [*flat_pins(stack), *stack.overrides]:
             m = PIN.match(pin)
             if m:
                 e = lock.get(m.group(1))
@@ -341,6 +345,9 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
 
     roots = layer_roots(stack)
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-lock-") as tmp:
+        if stack.overrides:  # uv's overrides replace a dependency's exact pin (e.g. torch's cuBLAS for TE's)
+            Path(tmp, "overrides.txt").write_text("\n".join(stack.overrides) + "\n")
+            common += ["--override", "overrides.txt"]
         for layer, pins in roots.items():
             Path(tmp, f"{layer}.in").write_text("\n".join(pins) + "\n")
         files = [f"{layer}.in" for layer in roots]

@@ -52,10 +52,21 @@ def _exact(v: str | None, what: str) -> str | None:
 
 
 class GitPin(_Model):
-    """A source archive at a tag or commit: fetched as a tarball, so offline builds need no git."""
+    """A source archive at a tag or commit: fetched as a tarball, so offline builds need no git. `sha256` pins its
+    content (`sources.tree_sha256`: the unpacked files, so GitHub's archive and a `git archive` of the same commit
+    agree), which a tag alone cannot: its owner can move it."""
 
     repo: str = Field(..., description="owner/name on GitHub")
     ref: str = Field(..., description="A tag (e.g. core_v0.13.0) or a 40-hex commit; never a branch.")
+    sha256: str | None = Field(None, description="sha256 of the unpacked source tree (dockerlaunch sources hash)")
+    tag: str | None = Field(None, description="The tag this commit had when pinned (shown, never fetched)")
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError(f"sha256 {v!r} is not 64 lowercase hex digits")
+        return v
 
     @field_validator("ref")
     @classmethod
@@ -82,11 +93,35 @@ class GitPin(_Model):
         return f"{self.repo.split('/')[1]}-{self.ref}.tar.gz"
 
 
+# Debian suites a made base can be (debootstrap), with the Python each one has: Debian carries one python3 per
+# suite, so a stack on a made base takes that one (no python3.12 anywhere in Debian).
+DEBIAN_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
+
+
+class MadeBase(_Model):
+    """A base dockerlaunch makes itself (debootstrap from a Debian mirror, no registry): `images/base.py`."""
+
+    debian: str = Field(..., description="The Debian suite: " + ", ".join(DEBIAN_PYTHON))
+
+    @field_validator("debian")
+    @classmethod
+    def _suite(cls, v: str) -> str:
+        if v not in DEBIAN_PYTHON:
+            raise ValueError(f"debian {v!r} is not a suite dockerlaunch can make ({', '.join(DEBIAN_PYTHON)})")
+        return v
+
+
 class Stack(_Model):
     name: str
     description: str
-    base_image: str = Field(..., description="name:tag (or @sha256 digest); never :latest")
+    base_image: str | None = Field(None, description="name:tag (or @sha256 digest) from a registry; never :latest")
+    base: MadeBase | None = Field(None, description="A base dockerlaunch makes (no registry); instead of base_image")
     cuda: str | None = Field(None, description="CUDA major.minor of the base image's nvcc; null for CPU stacks")
+    cuda_toolkit: str | None = Field(None, description="The PyPI cuda-toolkit release installed as /usr/local/cuda "
+                                                       "(made bases only), e.g. 13.0.2")
+    overrides: list[str] = Field(default_factory=list,
+                                 description="name==version replacing what a dependency pins exactly (the lock's "
+                                             "override; pip check reports it, verify lists it as recorded)")
     python: str
     torch: str
     torch_index_url: str | None = Field(None, description="PyTorch wheel index for this CUDA (or CPU) variant")
@@ -105,7 +140,7 @@ class Stack(_Model):
     sources: list[str] = Field(default_factory=list, description="Where the pins come from")
 
     @field_validator("torch", "transformer_engine", "flash_attn", "megatron_core", "ms_swift", "transformers", "peft",
-                     "trl", "deepspeed", "numpy", mode="before")
+                     "trl", "deepspeed", "numpy", "cuda_toolkit", mode="before")
     @classmethod
     def _pins(cls, v, info):
         return _exact(v, info.field_name)
@@ -122,8 +157,8 @@ class Stack(_Model):
 
     @field_validator("base_image")
     @classmethod
-    def _base(cls, v: str) -> str:
-        if "@sha256:" in v:
+    def _base(cls, v: str | None) -> str | None:
+        if v is None or "@sha256:" in v:
             return v
         if ":" not in v.rsplit("/", 1)[-1]:
             raise ValueError(f"{v!r} has no tag: pin one (e.g. nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04)")
@@ -131,15 +166,37 @@ class Stack(_Model):
             raise ValueError(f"{v!r} uses a floating tag")
         return v
 
-    @field_validator("extra")
+    @field_validator("extra", "overrides")
     @classmethod
-    def _extra(cls, v: list[str]) -> list[str]:
+    def _extra(cls, v: list[str], info) -> list[str]:
         for pin in v:
             m = PIN.match(pin)
             if not m:
-                raise ValueError(f"extra {pin!r}: write name==version")
-            _exact(m.group(3), f"extra {m.group(1)}")
+                raise ValueError(f"{info.field_name} {pin!r}: write name==version")
+            _exact(m.group(3), f"{info.field_name} {m.group(1)}")
         return v
+
+    @model_validator(mode="after")
+    def _base_kind(self) -> Stack:
+        if (self.base_image is None) == (self.base is None):
+            raise ValueError("give exactly one of base_image (a registry image) and base (e.g. {debian: trixie}: "
+                             "made here, no registry)")
+        if self.cuda_toolkit is not None:
+            if self.base is None:
+                raise ValueError("cuda_toolkit is for a made base (base: {debian: ...}); a base_image brings its own "
+                                 "CUDA")
+            if self.cuda is None or ".".join(self.cuda_toolkit.split(".")[:2]) != self.cuda:
+                raise ValueError(f"cuda_toolkit {self.cuda_toolkit} is not CUDA {self.cuda}: the toolkit's "
+                                 "major.minor is the stack's cuda")
+        elif self.base is not None and self.cuda is not None:
+            raise ValueError("a made base has no CUDA of its own: give cuda_toolkit (the PyPI cuda-toolkit release, "
+                             f"e.g. {self.cuda}.2)")
+        if self.base is not None and self.python != DEBIAN_PYTHON[self.base.debian]:
+            raise ValueError(f"python {self.python}: Debian {self.base.debian} has Python "
+                             f"{DEBIAN_PYTHON[self.base.debian]} only (" + ", ".join(
+                                 f"{k}: {v}" for k, v in DEBIAN_PYTHON.items()) + "); set python: "
+                             f"{DEBIAN_PYTHON[self.base.debian]}, or use a base_image that has {self.python}")
+        return self
 
     @model_validator(mode="after")
     def _gpu_parts(self) -> Stack:
@@ -164,21 +221,26 @@ class Stack(_Model):
         parts += ["mcore" + self.megatron_core, "swift" + self.ms_swift]
         return "dockerlaunch/train:" + "-".join(parts)
 
+    @property
+    def base_ref(self) -> str:
+        """What the Dockerfile starts FROM as a pin: the registry image, or `debian:<suite> (made)`."""
+        return self.base_image or f"debian:{self.base.debian} (made by dockerlaunch)"
+
     def pins(self) -> dict[str, str]:
         """Every pin as a flat name -> value map (OCI labels, verify)."""
         out = {
-            "base_image": self.base_image, "python": self.python, "torch": self.torch,
+            "base_image": self.base_ref, "python": self.python, "torch": self.torch,
             "megatron_core": self.megatron_core, "ms_swift": self.ms_swift, "transformers": self.transformers,
             "peft": self.peft, "trl": self.trl,
         }
-        for key in ("cuda", "transformer_engine", "flash_attn", "deepspeed", "numpy"):
+        for key in ("cuda", "cuda_toolkit", "transformer_engine", "flash_attn", "deepspeed", "numpy"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
         if self.apex:
             out["apex"] = f"{self.apex.repo}@{self.apex.ref}"
         if self.megatron_lm:
             out["megatron_lm"] = f"{self.megatron_lm.repo}@{self.megatron_lm.ref}"
-        for pin in self.extra:
+        for pin in [*self.extra, *self.overrides]:
             name, version = pin.split("==")
             out[name] = version
         return out
