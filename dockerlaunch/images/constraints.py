@@ -1,7 +1,12 @@
-"""Compatibility rules between pins, each with its upstream source (../shared/research/stacks.md).
+"""Compatibility rules between pins, each with its upstream source (../shared/research/stacks.md,
+../shared/research/cuda-from-pypi.md).
 
 A rule sees one Stack and returns None or what is wrong. `error` rules stop `build` (unless
 --force); `warn` rules are printed. Rules that need the installed tree run in `verify`.
+
+Some rules also read the stack's lock (`Rule.lock`): what the image really installs, where the stack's pins
+leave it open (the CUDA a registry torch is built for, the cuBLAS it pulls, which TE core wheel comes with
+TE's torch binding). `check_stack(stack, lock=...)` runs them; without a lock, rules that need one are skipped.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from dockerlaunch.images.stacks import Stack
+from dockerlaunch.images.lock import CUDA_RUNTIME, Lock
+from dockerlaunch.images.stacks import GitPin, Stack
 
 
 def V(s: str) -> Version:
@@ -24,13 +30,19 @@ def minor(s: str) -> tuple[int, int]:
     return v.major, v.minor
 
 
+# How a rule uses the stack's lock: not at all (check(stack)); when there is one (check(stack, lock), lock None
+# without one); or only with one (check(stack, lock); skipped, no violation, without a lock).
+NO_LOCK, USES_LOCK, NEEDS_LOCK = "no", "uses", "needs"
+
+
 @dataclass(frozen=True)
 class Rule:
     id: str
     rule: str
     source: str
-    check: Callable[[Stack], str | None]
+    check: Callable[..., str | None]
     severity: str = "error"
+    lock: str = NO_LOCK
 
 
 @dataclass(frozen=True)
@@ -137,13 +149,75 @@ def ref_version(ref: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def torch_cuda(stack: Stack) -> str | None:
-    """CUDA major.minor of the torch wheel, from `+cuXYZ` or the index URL's cuXYZ."""
-    for text in (stack.torch, stack.torch_index_url or ""):
-        m = re.search(r"cu(\d+)(\d)\b", text)
-        if m:
-            return f"{m.group(1)}.{m.group(2)}"
+def pin_version(pin: GitPin) -> tuple[int, int] | None:
+    """A git pin's major.minor: from its ref, or for a commit from the tag it had when pinned (`tag:`)."""
+    return ref_version(pin.ref) or (ref_version(pin.tag) if pin.tag else None)
+
+
+def cu_suffix(text: str) -> str | None:
+    """`2.9.0+cu128` / `.../whl/cu130` -> `12.8` / `13.0`."""
+    m = re.search(r"cu(\d+)(\d)\b", text)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def lock_cuda(lock: Lock) -> tuple[str, str] | None:
+    """CUDA major.minor of the torch a lock installs, and what in the lock says so: torch's own `+cuXYZ`; else the
+    CUDA runtime wheel torch pulls (nvidia-cuda-runtime-cu12 12.8.90 -> 12.8; nvidia-cuda-runtime 13.0.96 -> 13.0;
+    the suffixed ones first: on a made base the toolkit brings the unsuffixed CUDA 13 one); else cuda-toolkit (what
+    torch >= 2.11 from PyPI depends on, exactly: torch 2.11.0 -> cuda-toolkit 13.0.2)."""
+    torch = lock.get("torch")
+    if torch and cu_suffix(torch.version):
+        return cu_suffix(torch.version), f"the lock's torch {torch.version}"
+    for name in [*CUDA_RUNTIME, "cuda-toolkit"]:
+        e = lock.get(name)
+        if e:
+            return major_minor(e.version), f"the lock's {name} {e.version}"
     return None
+
+
+def torch_cuda_from(stack: Stack, lock: Lock | None = None) -> tuple[str, str] | None:
+    """CUDA major.minor of the torch the image installs, and where that was read: the pin's `+cuXYZ`, the lock
+    (what is installed), then the torch_index_url's cuXYZ. None when none of them tells."""
+    if cu_suffix(stack.torch):
+        return cu_suffix(stack.torch), f"torch {stack.torch}"
+    found = lock_cuda(lock) if lock is not None else None
+    if found:
+        return found
+    if stack.torch_index_url and cu_suffix(stack.torch_index_url):
+        return cu_suffix(stack.torch_index_url), f"torch_index_url {stack.torch_index_url}"
+    return None
+
+
+def torch_cuda(stack: Stack, lock: Lock | None = None) -> str | None:
+    """CUDA major.minor of the torch wheel: from `+cuXYZ`, the lock (torch 2.11.0 from PyPI pulls
+    nvidia-cuda-runtime 13.0.x: CUDA 13.0), or the index URL's cuXYZ. On a made base without a lock, the stack's
+    cuda_toolkit: `stacks lock` refuses a torch whose CUDA runtime is not the stack's cuda (lock.cuda_problem), and
+    the toolkit's major.minor is the stack's cuda (stacks.py)."""
+    found = torch_cuda_from(stack, lock)
+    if found:
+        return found[0]
+    if stack.base is not None and stack.cuda_toolkit:
+        return major_minor(stack.cuda_toolkit)
+    return None
+
+
+def nvcc_cuda(stack: Stack) -> tuple[str, str] | None:
+    """The nvcc that compiles apex, TE's binding and flash-attn: the base image's CUDA, or on a made base the PyPI
+    cuda-toolkit release installed as /usr/local/cuda."""
+    if stack.cuda_toolkit:
+        return major_minor(stack.cuda_toolkit), f"cuda_toolkit {stack.cuda_toolkit}"
+    if stack.cuda:
+        return stack.cuda, "the base image's"
+    return None
+
+
+def torch_release(stack: Stack) -> tuple[int, int]:
+    v = V(stack.torch.split("+")[0])
+    return v.major, v.minor
 
 
 def te_dev_pin(mcore: str) -> tuple[str, str] | None:
@@ -223,9 +297,9 @@ def _clone_branch(s: Stack) -> str | None:
     if s.megatron_lm is None:
         return (f"ms-swift {s.ms_swift} clones Megatron-LM core_r{want[0]}.{want[1]}.0 at run time: "
                 f"bake it (megatron_lm: ref core_v{want[0]}.{want[1]}.x) so MEGATRON_LM_PATH works offline")
-    got = ref_version(s.megatron_lm.ref)
+    got = pin_version(s.megatron_lm)
     if got is not None and got != want:
-        return (f"megatron_lm ref {s.megatron_lm.ref} is {got[0]}.{got[1]} "
+        return (f"megatron_lm {s.megatron_lm.tag or s.megatron_lm.ref} is {got[0]}.{got[1]} "
                 f"but ms-swift {s.ms_swift} expects {want[0]}.{want[1]}")
     return None
 
@@ -244,27 +318,32 @@ def _mcore_range(s: Stack) -> str | None:
 def _pip_vs_clone(s: Stack) -> str | None:
     if s.megatron_lm is None:
         return None
-    got = ref_version(s.megatron_lm.ref)
+    got = pin_version(s.megatron_lm)
     if got is not None and got != minor(s.megatron_core):
         return (f"pip megatron-core {s.megatron_core} is {minor(s.megatron_core)[0]}.{minor(s.megatron_core)[1]} "
-                f"but the clone {s.megatron_lm.ref} is {got[0]}.{got[1]}")
+                f"but the clone {s.megatron_lm.tag or s.megatron_lm.ref} is {got[0]}.{got[1]}")
     return None
 
 
-def _apex_cuda(s: Stack) -> str | None:
+def _apex_cuda(s: Stack, lock: Lock | None = None) -> str | None:
     if not s.apex:
         return None
-    tc = torch_cuda(s)
-    if tc is None:
-        return f"cannot tell torch {s.torch}'s CUDA (set torch_index_url .../cuXYZ) to compare with nvcc {s.cuda}"
-    if tc != s.cuda:
-        return f"apex builds with nvcc {s.cuda} but torch is built for CUDA {tc}"
+    nvcc, where = nvcc_cuda(s) or (s.cuda, "the stack's")
+    found = torch_cuda_from(s, lock)
+    if found is None:
+        if torch_cuda(s, lock) is not None:
+            return None  # a made base without its lock: torch is locked to cuda_toolkit (toolkit-torch reads it)
+        return (f"cannot tell torch {s.torch}'s CUDA (set torch_index_url .../cuXYZ, or check with the stack's "
+                f"lock) to compare with nvcc {nvcc}")
+    tc, how = found
+    if tc != nvcc:
+        return f"apex builds with nvcc {nvcc} ({where}) but torch is built for CUDA {tc} ({how})"
     return None
 
 
 def _te_cuda(s: Stack) -> str | None:
     if s.transformer_engine and s.cuda and V(s.cuda) < V("12.1"):
-        return f"TE needs CUDA >= 12.1, the base has {s.cuda}"
+        return f"TE needs CUDA >= 12.1, the stack's CUDA is {s.cuda}"
     return None
 
 
@@ -310,6 +389,128 @@ def _bridge(s: Stack) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- rules on the lock (the binaries' facts)
+
+# TE's core wheels (libtransformer_engine.so and its kernels), one per CUDA major; linked to libcudart.so.<major>
+# and libcublas.so.<major>.
+TE_CORES = {"transformer-engine-cu12": 12, "transformer-engine-cu13": 13}
+CUBLAS_FOR_TE = "13.2"  # first nvidia-cublas whose libcublasLt exports cublasLtGroupedMatrixLayoutInit_internal
+CUBLAS_FOR_GROUPED_GEMM = "13.3"  # TE >= 2.14's grouped GEMM checks the run-time cuBLAS
+CUBLAS_FIX = "13.3.0.5"
+
+
+def locked_torch(s: Stack, lock: Lock) -> str:
+    """The torch version the lock installs (the stack's pin, unless the lock is stale)."""
+    torch = lock.get("torch")
+    return torch.version if torch else s.torch
+
+
+def _cublas_fix(s: Stack) -> str:
+    return (f"add `overrides: [nvidia-cublas=={CUBLAS_FIX}]` to stack {s.name} in Dockerfiles/stacks.yaml, then run "
+            f"dockerlaunch stacks lock --stack {s.name}")
+
+
+def _te_cu13_and_cublas(lock: Lock) -> tuple[str, str] | None:
+    """(TE core version, nvidia-cublas version) for a lock with the CUDA 13 TE core and a CUDA 13 cuBLAS. The CUDA 12
+    core is built against cuBLAS 12, where TE's cuBLASLt grouped GEMM is compiled out (`#if CUBLAS_VERSION >=
+    ...`); a CUDA 13 core without a CUDA 13 cuBLAS is te-core-cuda's."""
+    te, cublas = lock.get("transformer-engine-cu13"), lock.get("nvidia-cublas")
+    if te is None or cublas is None:
+        return None
+    return te.version, cublas.version
+
+
+def _te_cublas(s: Stack, lock: Lock) -> str | None:
+    found = _te_cu13_and_cublas(lock)
+    if found is None or V(found[0]) < V("2.13.0") or V(found[1]) >= V(CUBLAS_FOR_TE):
+        return None
+    te, cublas = found
+    torch = locked_torch(s, lock)
+    return (f"the lock's TE core transformer-engine-cu13 {te} needs nvidia-cublas >= {CUBLAS_FOR_TE} "
+            f"(libtransformer_engine.so needs cublasLtGroupedMatrixLayoutInit_internal, which libcublasLt exports "
+            f"from 13.2), the lock has nvidia-cublas {cublas} (torch {torch}'s exact pin unless overridden), so "
+            f"`import transformer_engine.pytorch` fails with an undefined symbol: {_cublas_fix(s)}")
+
+
+def _te_cublas_grouped(s: Stack, lock: Lock) -> str | None:
+    found = _te_cu13_and_cublas(lock)
+    if found is None or V(found[0]) < V("2.14") or V(found[1]) >= V(CUBLAS_FOR_GROUPED_GEMM):
+        return None
+    te, cublas = found
+    return (f"TE {te}'s grouped GEMM (MoE experts) wants cuBLAS >= {CUBLAS_FOR_GROUPED_GEMM} at run time, the lock "
+            f"has nvidia-cublas {cublas}: {_cublas_fix(s)}")
+
+
+def _te_core_cuda(s: Stack, lock: Lock) -> str | None:
+    cores = [(name, e) for name in TE_CORES if (e := lock.get(name))]
+    found = torch_cuda_from(s, lock)
+    if not cores or (found is None and s.cuda is None):
+        return None
+    tc, how = found or (s.cuda, "the stack's cuda")
+    torch, torch_major = locked_torch(s, lock), int(tc.split(".")[0])
+    for name, e in cores:
+        if TE_CORES[name] != torch_major:
+            return (f"the lock's TE core is {name} {e.version}, built for CUDA {TE_CORES[name]}, but torch "
+                    f"{torch} is a CUDA {torch_major} build (CUDA {tc}: {how}; the stack's cuda {s.cuda}): "
+                    f"libtransformer_engine.so would need libcudart.so.{TE_CORES[name]} and "
+                    f"libcublas.so.{TE_CORES[name]} beside torch's CUDA {torch_major} libraries: use a torch built "
+                    f"for CUDA {TE_CORES[name]}, or a TE release whose torch binding pulls the CUDA {torch_major} "
+                    "core (transformer-engine-torch's sdist metadata names the core it needs)")
+    return None
+
+
+def _toolkit_torch(s: Stack, lock: Lock) -> str | None:
+    if s.base is None or not s.cuda_toolkit:
+        return None
+    found = torch_cuda_from(s, lock)
+    if found is None:
+        return None  # no CUDA in the lock at all: lock.problems says it is not this stack's
+    tc, how = found
+    tk = major_minor(s.cuda_toolkit)
+    if tc == tk:
+        return None
+    why = ("torch refuses to build an extension with an nvcc of another CUDA major"
+           if tc.split(".")[0] != tk.split(".")[0] else
+           "apex refuses an nvcc whose major.minor is not torch.version.cuda")
+    toolkit = lock.get("cuda-toolkit")
+    want = toolkit.version if toolkit and major_minor(toolkit.version) == tc else f"{tc}.x"
+    return (f"cuda_toolkit {s.cuda_toolkit} (nvcc {tk}) but torch {locked_torch(s, lock)} is built for CUDA {tc} "
+            f"({how}): {why}; "
+            f"set cuda: \"{tc}\" and cuda_toolkit: {want} (torch's own cuda-toolkit), or pin a torch built for "
+            f"CUDA {tk}")
+
+
+# ---------------------------------------------------------------- C++20 (torch >= 2.15)
+
+TORCH_CXX20 = (2, 15)  # its ATen headers: `#error C++20 or later compatible compiler is required to use ATen.`
+FLASH_ATTN_CXX17_LAST = "2.8.3.post2"  # setup.py forces -std=c++17; no release after it yet
+# apex commits compiled against torch 2.15 (cuda-from-pypi.md): before f199212d (#1985, lerp) and 1bcf66dc (#2006,
+# group norm's forced C++17) they fail.
+APEX_CXX17 = {"e13873debc4699d39c6861074b9a3b2a02327f92", "10417aceddd7d5d05d7cbf7b0fc2daad1105f8b4"}
+APEX_CXX20 = {"6424da3b4faa6c8f062da4a48c424fff3f02d42d"}
+
+
+def _cxx17_torch(s: Stack) -> str | None:
+    if torch_release(s) < TORCH_CXX20:
+        return None
+    why = f"torch {s.torch} builds extensions as C++20 and its headers refuse anything below"
+    if s.flash_attn and V(s.flash_attn) <= V(FLASH_ATTN_CXX17_LAST):
+        return (f"flash-attn {s.flash_attn}'s setup.py forces -std=c++17 but {why} (no flash-attn release "
+                f"fixes it; the last checked is {FLASH_ATTN_CXX17_LAST}): use torch < 2.15")
+    if s.apex and s.apex.ref in APEX_CXX17:
+        return (f"apex {s.apex.ref[:8]} predates f199212d/1bcf66dc (group_norm forces -std=c++17, distributed "
+                f"Adam's lerp is ambiguous in C++20) but {why}: pin apex 6424da3b4faa6c8f062da4a48c424fff3f02d42d "
+                "or later")
+    return None
+
+
+def _cxx20_apex(s: Stack) -> str | None:
+    if torch_release(s) < TORCH_CXX20 or not s.apex or s.apex.ref in APEX_CXX17 | APEX_CXX20:
+        return None
+    return (f"apex {s.apex.ref[:12]} is unchecked against torch {s.torch}'s C++20: commits before f199212d and "
+            "1bcf66dc fail (e13873de, 10417ace), 6424da3b compiles")
+
+
 RULES: list[Rule] = [
     Rule("fa-te", "flash-attn within TE's supported range (floor 2.1.1; ceiling by TE minor: 2.10-2.18 <= 2.8.3, "
          "2.19+ < 2.8.4)",
@@ -330,7 +531,7 @@ RULES: list[Rule] = [
     Rule("mcore-clone", "pip megatron-core major.minor == the baked Megatron-LM clone's",
          "ms-swift 3.x reads importlib.metadata.version('megatron-core') for gates (stacks.md rule 9)", _pip_vs_clone),
     Rule("apex-cuda", "apex's nvcc major.minor == torch.version.cuda",
-         "NVIDIA/apex setup.py check_cuda_torch_binary_vs_bare_metal; ms-swift #4414", _apex_cuda),
+         "NVIDIA/apex setup.py check_cuda_torch_binary_vs_bare_metal; ms-swift #4414", _apex_cuda, lock=USES_LOCK),
     Rule("te-cuda", "TE needs CUDA >= 12.1", "NVIDIA/TransformerEngine v2.10 docs/installation.rst", _te_cuda),
     Rule("apex-amp", "transformers <= 4.52.4 imports apex.amp at module level: apex must predate amp's removal",
          "NVIDIA/apex PR #1896; modelscope/ms-swift#4176; transformers 4.51.3 trainer.py", _apex_amp),
@@ -349,13 +550,41 @@ RULES: list[Rule] = [
          _python_jammy, severity="warn"),
     Rule("te-mcore-dev", "megatron-core[dev]'s TE pin (advisory: ms-swift docs recommend other TE versions)",
          "NVIDIA/Megatron-LM pyproject.toml [dev] extra", _te_dev_pin, severity="warn"),
+    Rule("cxx17-torch", "torch >= 2.15 builds extensions as C++20: no flash-attn <= 2.8.3.post2 (its setup.py forces "
+         "-std=c++17), no apex before f199212d/1bcf66dc",
+         "torch 2.15 ATen headers (#error C++20 or later ...; pytorch#176659); flash-attn 2.8.3/2.8.3.post2 setup.py; "
+         "NVIDIA/apex #1985 (f199212d), #2006 (1bcf66dc); compiled in cuda-from-pypi.md", _cxx17_torch),
+    Rule("cxx20-apex", "with torch >= 2.15, an apex commit that was compiled as C++20 (6424da3b); others are "
+         "unchecked", "cuda-from-pypi.md (apex 10417ace fails, 6424da3b compiles against torch 2.15.0)",
+         _cxx20_apex, severity="warn"),
+    Rule("te-cublas", "the lock's TE core transformer-engine-cu13 >= 2.13.0 needs nvidia-cublas >= 13.2",
+         "nm -D libtransformer_engine.so (needs cublasLtGroupedMatrixLayoutInit_internal) vs libcublasLt.so.13 "
+         "(exports it from nvidia-cublas 13.2); NVIDIA/TransformerEngine#2504", _te_cublas, lock=NEEDS_LOCK),
+    Rule("te-cublas-grouped", "TE >= 2.14's grouped GEMM wants nvidia-cublas >= 13.3 at run time",
+         "NVIDIA/TransformerEngine transformer_engine/common/gemm/cublaslt_grouped_gemm.cu "
+         "(CUBLAS_GROUPED_GEMM_VERSION 130300: 'requires cuBLAS 13.3+')", _te_cublas_grouped, severity="warn",
+         lock=NEEDS_LOCK),
+    Rule("te-core-cuda", "the lock's TE core wheel (transformer-engine-cu12/-cu13) is for torch's CUDA major",
+         "PyPI transformer-engine-cu12/-cu13 (libtransformer_engine.so links libcudart.so.<major>, "
+         "libcublas.so.<major>); transformer-engine-torch 2.16.1 sdist METADATA (transformer_engine_cu13)",
+         _te_core_cuda, lock=NEEDS_LOCK),
+    Rule("toolkit-torch", "on a made base, cuda_toolkit's major.minor == the CUDA of the locked torch",
+         "NVIDIA/apex setup.py check_cuda_torch_binary_vs_bare_metal; torch.utils.cpp_extension (another CUDA "
+         "major is refused); torch 2.11.0 METADATA (cuda-toolkit==13.0.2)", _toolkit_torch, lock=NEEDS_LOCK),
 ]
 
 
-def check_stack(stack: Stack, rules: list[Rule] | None = None) -> list[Violation]:
+def check_stack(stack: Stack, rules: list[Rule] | None = None, lock: Lock | None = None) -> list[Violation]:
+    """Every rule's violations for `stack`. With `lock` (lock.read of the stack), the rules that read it run too;
+    without one they are skipped, no violation."""
     out = []
     for rule in rules or RULES:
-        detail = rule.check(stack)
+        if rule.lock == NO_LOCK:
+            detail = rule.check(stack)
+        elif rule.lock == NEEDS_LOCK and lock is None:
+            continue
+        else:
+            detail = rule.check(stack, lock)
         if detail:
             out.append(Violation(stack.name, rule, detail))
     return out

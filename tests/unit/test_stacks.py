@@ -3,8 +3,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
+from dockerlaunch.errors import ConfigError
 from dockerlaunch.images.build import (
     BuildOptions,
     build_args,
@@ -123,6 +125,11 @@ def change(stack: Stack, **kw) -> Stack:
     ("swift4.5-mcore0.18-cu13", {"transformers": "5.17.0"}, "swift-caps"),  # 4.5.3's wheel: < 5.17
     ("swift4.6-mcore0.19-cu13", {"megatron_core": "0.20.0"}, "swift-mcore"),
     ("swift4.6-mcore0.19-cu128", {"torch_index_url": "https://download.pytorch.org/whl/cu130"}, "apex-cuda"),
+    # torch >= 2.15 compiles extensions as C++20: flash-attn <= 2.8.3.post2 forces -std=c++17, so do older apex
+    ("swift4.6-mcore0.19-cu13", {"torch": "2.15.0"}, "cxx17-torch"),
+    ("swift4.6-mcore0.19-cu13", {"torch": "2.15.0", "flash_attn": "2.8.3.post2"}, "cxx17-torch"),
+    ("swift4.6-mcore0.19-cu13", {"torch": "2.15.0", "flash_attn": None}, "cxx17-torch"),  # apex 10417ace
+    ("swift4.6-mcore0.19-cu13-py313", {"torch": "2.15.0+cu132"}, "cxx17-torch"),  # flash-attn 2.8.3
 ])
 def test_each_rule_catches_its_violation(matrix, stack_name, changes, rule):
     bad = change(matrix.stacks[stack_name], **changes)
@@ -130,6 +137,44 @@ def test_each_rule_catches_its_violation(matrix, stack_name, changes, rule):
     assert rule in found, found
     line = found[rule].line()
     assert line.startswith(f"{bad.name}: [{rule}]") and "source: " in line
+
+
+def test_cxx20_torch_and_apex(matrix):
+    s = change(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], torch="2.15.0+cu132", flash_attn=None)
+    assert s.apex.ref.startswith("6424da3b")  # has apex #1985 and #2006: compiles as C++20
+    assert {"cxx17-torch", "cxx20-apex"}.isdisjoint({v.rule.id for v in check_stack(s)})
+    old = check_stack(change(s, apex={"repo": "NVIDIA/apex", "ref": "e13873debc4699d39c6861074b9a3b2a02327f92"}))
+    assert "apex e13873de predates f199212d/1bcf66dc" in {v.rule.id: v.detail for v in old}["cxx17-torch"]
+    unknown = {v.rule.id: v for v in check_stack(change(s, apex={"repo": "NVIDIA/apex", "ref": "b" * 40}))}
+    assert "cxx17-torch" not in unknown and unknown["cxx20-apex"].rule.severity == "warn"
+    assert "unchecked" in unknown["cxx20-apex"].detail
+    fa = {v.rule.id: v.detail for v in check_stack(change(s, flash_attn="2.8.3"))}["cxx17-torch"]
+    assert "flash-attn 2.8.3's setup.py forces -std=c++17" in fa and "C++20" in fa
+    assert "cxx17-torch" not in {v.rule.id for v in check_stack(matrix.stacks["swift4.6-mcore0.19-cu13-py313"])}
+
+
+def test_python_3_12_on_debian_trixie_is_one_line_at_load(matrix, tmp_path):
+    """Debian has no python3.12: a made trixie base has 3.13 only, so load_matrix refuses the stack, in one line."""
+    data = matrix.stacks["swift4.6-mcore0.19-cu13-py313"].model_dump(mode="json", exclude_none=True, exclude={"name"})
+    path = tmp_path / "stacks.yaml"
+    path.write_text(yaml.safe_dump({"stacks": {"py312-trixie": {**data, "python": "3.12"}}}))
+    with pytest.raises(ConfigError) as e:
+        load_matrix(path)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1, msg
+    assert msg.startswith(f"{path}: ") and "py312-trixie" in msg
+    assert "python 3.12: Debian trixie has Python 3.13 only (bookworm: 3.11, trixie: 3.13)" in msg
+    assert "set python: 3.13, or use a base_image that has 3.12" in msg
+    path.write_text(yaml.safe_dump({"stacks": {"py313-trixie": data}}))
+    assert load_matrix(path).stacks["py313-trixie"].python == "3.13"  # the same stack with Debian's Python loads
+
+
+def test_made_bases_have_no_base_image_and_no_jammy_warning(matrix):
+    s = matrix.stacks["swift4.6-mcore0.19-cu13-py313"]
+    bookworm = change(s, base={"debian": "bookworm"}, python="3.11")
+    ids = {v.rule.id for v in check_stack(bookworm)}
+    assert bookworm.base_image is None and "python-jammy" not in ids and "python" in ids  # mcore 0.19 needs 3.12
+    assert "apex-cuda" not in ids
 
 
 def test_jammys_python_311_is_a_release_candidate_and_says_so(matrix):
