@@ -49,10 +49,13 @@ def stacks_check() -> None:
     matrix = load_matrix()
     errors = 0
     for s in matrix.stacks.values():
-        for v in check_stack(s):
+        problems = locks.check(s, default_dockerfiles_dir())
+        # rules that read the lock (what its binaries need) run on a lock that is the stack's own
+        lock = None if problems else locks.read(s, default_dockerfiles_dir())
+        for v in check_stack(s, lock=lock):
             errors += v.rule.severity == "error"
             click.echo(f"{v.rule.severity.upper():5} {v.line()}")
-        for problem in locks.check(s, default_dockerfiles_dir()):
+        for problem in problems:
             errors += 1
             click.echo(f"ERROR {problem}")
     click.echo(f"stacks check: {len(matrix.stacks)} stacks x {len(RULES)} rules and their locks, {errors} error(s)")
@@ -104,11 +107,11 @@ def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple
 
 
 def _build_options(kw: dict):
-    from dockerlaunch.images.build import BuildOptions, default_max_jobs, parse_cuda_archs
+    from dockerlaunch.images.build import BuildOptions, parse_cuda_archs
 
     return BuildOptions(tag=kw["tag"], base_image=kw["base_image"], ca_cert=kw["ca_cert"],
                         pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"], offline=kw["offline"],
-                        no_cache=kw["no_cache"], max_jobs=kw["max_jobs"] or default_max_jobs(),
+                        no_cache=kw["no_cache"], max_jobs=kw["max_jobs"],
                         cuda_archs=parse_cuda_archs(kw["cuda_archs"]), force=kw["force"])
 
 
@@ -116,17 +119,18 @@ def _build_options(kw: dict):
 @click.option("--stack", "stack_name", required=True, help="A stack from `dockerlaunch stacks list`.")
 @click.option("--tag", help="Image tag (default: one that encodes the stack).")
 @click.option("--base-image", metavar="REF", help="Override the stack's base image (e.g. a local mirror).")
-@click.option("--ca-cert", metavar="PATH", help="CA bundle for pip behind an intercepting proxy (a build secret).")
+@click.option("--ca-cert", metavar="PATH",
+              help="CA bundle for pip behind an intercepting proxy, a build secret (default: this machine's bundle).")
 @click.option("--pip-index-url", metavar="URL", help="Package index (a build secret: may hold credentials).")
 @click.option("--wheelhouse", metavar="DIR", help="Wheels from `dockerlaunch fetch`.")
 @click.option("--offline", is_flag=True, help="No network for Python packages: install from --wheelhouse only.")
 @click.option("--no-cache", is_flag=True)
 @click.option("--max-jobs", type=click.IntRange(1, 256), default=None,
-              help="Parallel compile jobs (default: this machine's cores, at most one per 9 GB of memory: each "
-                   "flash-attn job needs ~9 GB).")
+              help="Parallel compile jobs (default: per package, this machine's cores, at most as many as the "
+                   "available memory holds: a flash-attn job needs ~6.5 GB, TE's binding ~3.5).")
 @click.option("--cuda-archs", metavar="LIST",
-              help="GPU architectures to compile for, e.g. 9.0 or 8.0;9.0 (default: 8.0;9.0, plus 10.0 from "
-                   "CUDA 12.8: A100, H100/H200, B200).")
+              help="GPU architectures to compile for, e.g. 9.0 or '8.0;9.0;10.0' (default: this machine's GPUs, "
+                   "else 9.0: H100/H200). Each one more multiplies the compile time.")
 @click.option("--force", is_flag=True, help="Build even if the stack violates a compatibility rule.")
 @click.option("--dry-run", is_flag=True, help="Print the docker build command; build nothing.")
 def build(stack_name: str, dry_run: bool, **kw) -> None:
@@ -138,8 +142,23 @@ def build(stack_name: str, dry_run: bool, **kw) -> None:
     stack = load_matrix().get(stack_name)
     opts = _build_options(kw)
     if dry_run:
+        from dataclasses import replace
+
+        from dockerlaunch.images import wheels
+
         lock = locks.checked(stack, opts.dockerfiles)
+        archs = buildlib.cuda_archs(stack, opts, buildlib.local_gpu_archs() if stack.cuda else [])
+        buildlib.check_archs(stack, archs)
+        opts = replace(opts, cuda_archs=archs)
         click.echo(format_argv(buildlib.render_build(stack, opts, lock), 0))
+        pkgs = wheels.compiled_packages(stack, lock, archs, flash_prebuilt=bool(buildlib.flash_attn_wheel(stack)))
+        if pkgs:
+            jobs = opts.max_jobs or "per package"
+            click.echo(f"# compiled in the builder stage (MAX_JOBS={jobs}): " + "; ".join(
+                f"{p.label} ({' '.join(f'{k}={v}' for k, v in p.env)})" for p in pkgs))
+            click.echo("# the builder stage, before them:")
+            click.echo(format_argv(buildlib.render_build(stack, opts, lock, target="builder",
+                                                         tag=buildlib.builder_tag(stack)), 0))
         return
     code, _ = buildlib.build(stack, opts, out=sys.stdout)
     sys.exit(code)
@@ -149,18 +168,21 @@ def build(stack_name: str, dry_run: bool, **kw) -> None:
 @click.option("--stack", "stack_name", required=True)
 @click.option("-o", "--output", "out_dir", required=True, metavar="DIR",
               help="Wheelhouse folder (one subfolder per layer).")
-def fetch(stack_name: str, out_dir: str) -> None:
+@click.option("--index-url", metavar="URL", help="The index to download from (default: the one the lock names).")
+@click.option("--find-links", multiple=True, metavar="DIR", help="A folder of distributions, asked first.")
+def fetch(stack_name: str, out_dir: str, index_url: str | None, find_links: tuple[str, ...]) -> None:
     """Download exactly the stack's lock (hashes checked) and its source archives, for `build --wheelhouse DIR
     --offline`.
 
     Fetching again into the same DIR asks the index only for layers whose locked part changed (after a pin bump:
-    seconds, not minutes); delete DIR/.dockerlaunch-fetch.json to fetch every layer again."""
+    seconds, not minutes); delete DIR/.dockerlaunch-fetch.json to fetch every layer again. Files are found by the
+    lock's hashes for the stack's own Python and platform, so any Python can fetch for any stack."""
     from pathlib import Path
 
     from dockerlaunch.images import build as buildlib
     from dockerlaunch.images.stacks import load_matrix
 
-    counts = buildlib.fetch(load_matrix().get(stack_name), Path(out_dir))
+    counts = buildlib.fetch(load_matrix().get(stack_name), Path(out_dir), index_url=index_url, find_links=find_links)
     for layer, n in counts.items():
         click.echo(f"{layer:<12} {n} file(s)")
 
@@ -175,3 +197,89 @@ def verify(image: str, gpus: bool) -> None:
     report = buildlib.verify(image, gpus=gpus)
     click.echo(report.render())
     sys.exit(0 if report.ok else 1)
+
+
+@cli.group(context_settings=CONTEXT)
+def wheels() -> None:
+    """Compiled packages (TE's torch binding, apex, flash-attn) as cached wheels: compiled once per key."""
+
+
+@wheels.command("build")
+@click.option("--stack", "stack_name", required=True, help="A stack from `dockerlaunch stacks list`.")
+@click.option("--cuda-archs", metavar="LIST", help="GPU architectures (default: this machine's GPUs, else 9.0).")
+@click.option("--max-jobs", type=click.IntRange(1, 256), default=None,
+              help="Parallel compile jobs (default: per package, from the cores and the available memory).")
+@click.option("--wheelhouse", metavar="DIR", help="Sources from `dockerlaunch fetch` (needed with --offline).")
+@click.option("--offline", is_flag=True, help="Download nothing: sources from --wheelhouse or the cache.")
+@click.option("--pip-index-url", metavar="URL", help="Package index for the builder stage and sdists.")
+@click.option("--ca-cert", metavar="PATH", help="CA bundle for pip behind an intercepting proxy.")
+@click.option("-o", "--output", "out_dir", metavar="DIR",
+              help="Also copy the wheels into DIR/compiled/ (e.g. the wheelhouse you carry to an offline site).")
+def wheels_build(stack_name: str, out_dir: str | None, **kw) -> None:
+    """Compile the stack's compiled packages into the wheel cache (the builder stage first); an interrupted
+    compile resumes from the objects it finished. `build` runs this itself."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from dockerlaunch.images import build as buildlib
+    from dockerlaunch.images.stacks import load_matrix
+
+    stack = load_matrix().get(stack_name)
+    opts = buildlib.BuildOptions(ca_cert=kw["ca_cert"], pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"],
+                                 offline=kw["offline"], max_jobs=kw["max_jobs"],
+                                 cuda_archs=buildlib.parse_cuda_archs(kw["cuda_archs"]))
+    with tempfile.TemporaryDirectory(prefix="dockerlaunch-wheels-") as tmp:
+        s = buildlib.start(stack, opts, sys.stdout, Path(tmp))
+        built = buildlib.build_wheels(s)
+    if not built:
+        click.echo(f"stack {stack.name} compiles nothing")
+    for wheel, sha in built:
+        click.echo(f"{wheel}  sha256:{sha}")
+        if out_dir:
+            dest = Path(out_dir) / "compiled"
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(wheel, dest / wheel.name)
+
+
+@wheels.command("list")
+def wheels_list() -> None:
+    """The wheel cache: each key's package, architectures, state (built, or objects done of total) and figures."""
+    from dockerlaunch.images import wheels as wheelcache
+
+    root = wheelcache.cache_root() / "compiled"
+    rows = []
+    for folder in sorted(p for p in root.glob("*") if p.is_dir()):
+        entry = wheelcache.Entry(folder)
+        try:
+            key = entry.key
+        except (OSError, ValueError):
+            continue
+        info = entry.done
+        archs = next((v for k, v in key.get("flags", {}).items() if k in ("TORCH_CUDA_ARCH_LIST",)), "?")
+        if info:
+            state = (f"built {info.get('built', '?')}: {info['file']} ({info['size'] / 2**20:.0f} MB), "
+                     f"{info.get('cpu_s', 0) / 60:.0f} CPU-min, peak {info.get('peak_rss', 0) / 2**30:.1f} GB")
+        else:
+            done, total = wheelcache.ninja_progress(folder / "build")
+            state = f"not finished: {done}/{total} objects" if total else "not started"
+        rows.append(f"{key['package']} {key['version']}  archs {archs}  torch {key.get('torch', '?').split()[0]}  "
+                    f"python {key.get('python')}  [{folder.name[-16:]}]  {state}")
+    click.echo("\n".join(rows) if rows else f"no compiled wheels in {root}")
+
+
+@cli.group(context_settings=CONTEXT)
+def sources() -> None:
+    """Source archives pinned by content (apex, Megatron-LM)."""
+
+
+@sources.command("hash")
+@click.argument("archive", type=click.Path(exists=True, dir_okay=False))
+def sources_hash(archive: str) -> None:
+    """The sha256 of an archive's unpacked tree: what stacks.yaml's `sha256:` of a git pin means (the same for
+    GitHub's archive and `git archive` of one commit)."""
+    from pathlib import Path
+
+    from dockerlaunch.images.sources import tree_sha256
+
+    click.echo(tree_sha256(Path(archive)))

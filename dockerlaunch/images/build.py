@@ -18,13 +18,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from dockerlaunch import __version__, shipped
 from dockerlaunch.errors import ConfigError, DockerlaunchError
 from dockerlaunch.images import lock as locks
+from dockerlaunch.images import wheels
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
 from dockerlaunch.images.layers import LAYERS
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
@@ -53,27 +54,13 @@ class BuildOptions:
     wheelhouse: str | None = None
     offline: bool = False
     no_cache: bool = False
-    max_jobs: int = 4
+    max_jobs: int | None = None  # compile jobs; None: per package, from the cores and the memory one job needs
     cuda_archs: list[str] = field(default_factory=list)  # e.g. ["9.0"]; empty: cuda_archs()'s default
     force: bool = False
     dockerfiles: Path = field(default_factory=default_dockerfiles_dir)
 
 
 # ---------------------------------------------------------------- pure rendering
-
-
-def default_max_jobs(meminfo: str | None = None, cpus: int | None = None) -> int:
-    """One compile job per core, but at most one per 9 GB of memory: a flash-attn job needs 8-9 GB, and more jobs
-    than memory allows end in the OOM killer an hour in (flash-attention README, MAX_JOBS)."""
-    cpus = cpus or os.cpu_count() or 1
-    if meminfo is None:
-        try:
-            meminfo = Path("/proc/meminfo").read_text()
-        except OSError:
-            return max(1, min(cpus, 4))
-    m = re.search(r"^MemTotal:\s+(\d+) kB", meminfo, re.M)
-    gib = int(m.group(1)) / 2**20 if m else 36
-    return max(1, min(cpus, int(gib // 9)))
 
 
 def parse_cuda_archs(text: str | None) -> list[str]:
@@ -89,15 +76,60 @@ def parse_cuda_archs(text: str | None) -> list[str]:
     return out
 
 
-def cuda_archs(stack: Stack, opts: BuildOptions) -> list[str]:
-    """The GPU architectures compiled for: --cuda-archs, else Ampere, Hopper and (CUDA >= 12.8) Blackwell
-    datacenter parts. Without a GPU in the build torch would compile every arch its CUDA knows."""
-    if opts.cuda_archs:
-        return opts.cuda_archs
+DEFAULT_ARCH = "9.0"  # H100/H200: one architecture, since each one more multiplies flash-attn's hours
+# What nvcc can target (sm_XY cubins), by CUDA release: 13.0 dropped Maxwell, Pascal and Volta; 12.8 added
+# Blackwell (10.0, 12.0). NVIDIA's CUDA toolkit release notes.
+ARCHS_BY_CUDA = [
+    ((13, 0), {"7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1"}),
+    ((12, 9), {"5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0",
+               "10.0", "10.1", "10.3", "12.0", "12.1"}),
+    ((12, 8), {"5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0",
+               "10.0", "10.1", "12.0"}),
+    ((11, 8), {"3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7",
+               "8.9", "9.0"}),
+]
+
+
+def arch_problem(stack: Stack, arch: str) -> str | None:
+    """Why nvcc of the stack's CUDA cannot compile for `arch` (None when it can)."""
+    if not stack.cuda:
+        return None
+    cuda = tuple(int(x) for x in stack.cuda.split("."))
+    known = next((archs for since, archs in ARCHS_BY_CUDA if cuda >= since), None)
+    if known is None or arch in known:
+        return None
+    return (f"--cuda-archs {arch}: CUDA {stack.cuda}'s nvcc cannot target compute capability {arch} (it can: "
+            f"{', '.join(sorted(known, key=lambda a: tuple(int(x) for x in a.split('.'))))})")
+
+
+def local_gpu_archs(run=subprocess.run) -> list[str]:
+    """The compute capabilities of this machine's GPUs (nvidia-smi), [] where it has none."""
+    try:
+        r = run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True,
+                timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if r.returncode != 0:
+        return []
+    return sorted({ln.strip() for ln in r.stdout.splitlines() if re.fullmatch(r"\d+\.\d", ln.strip())},
+                  key=lambda a: tuple(int(x) for x in a.split(".")))
+
+
+def cuda_archs(stack: Stack, opts: BuildOptions, gpus: list[str] | None = None) -> list[str]:
+    """The GPU architectures compiled for: --cuda-archs, else this machine's GPUs, else 9.0 (H100/H200). Without a
+    GPU in the build torch would compile every arch its CUDA knows, and every arch more multiplies the compile."""
     if not stack.cuda:
         return []
-    major, minor = (int(x) for x in stack.cuda.split("."))
-    return ["8.0", "9.0", "10.0"] if (major, minor) >= (12, 8) else ["8.0", "9.0"]
+    if opts.cuda_archs:
+        return opts.cuda_archs
+    return gpus or [DEFAULT_ARCH]
+
+
+def check_archs(stack: Stack, archs: list[str]) -> None:
+    for a in archs:
+        problem = arch_problem(stack, a)
+        if problem:
+            raise ConfigError(problem)
 
 
 def nccl_ep_off(stack: Stack) -> bool:
@@ -110,34 +142,39 @@ def nccl_ep_off(stack: Stack) -> bool:
     return (2, 17) <= te < (2, 20) and torch < (2, 11)
 
 
-def build_args(stack: Stack, opts: BuildOptions, torch_from_index: bool | None = None) -> dict[str, str]:
-    """`torch_from_index`: the locked torch is a local variant (+cpu, +cu128) that only the PyTorch index has."""
+def build_args(stack: Stack, opts: BuildOptions, torch_from_index: bool | None = None,
+               base_tag: str | None = None) -> dict[str, str]:
+    """`torch_from_index`: the locked torch is a local variant (+cpu, +cu128) that only the PyTorch index has.
+    `base_tag`: the made base's local image (images/base.py), for stacks with `base:`."""
+    from dockerlaunch.images.base import stack_base_tag
+
     if torch_from_index is None:
         torch_from_index = "+" in stack.torch
-    archs = cuda_archs(stack, opts)
+    base = opts.base_image or stack.base_image or base_tag or stack_base_tag(stack)
     args = {
-        "BASE_IMAGE": opts.base_image or stack.base_image,
+        "BASE_IMAGE": base,
         "PYTHON_VERSION": stack.python,
+        "SYSTEM_PACKAGES": "0" if stack.base and not opts.base_image else "1",
         "OFFLINE": "1" if opts.offline else "0",
         "TORCH_INDEX_URL": "" if opts.offline or not torch_from_index else (stack.torch_index_url or ""),
-        "MAX_JOBS": str(opts.max_jobs),
-        "TORCH_CUDA_ARCH_LIST": ";".join(archs),
-        "NVTE_CUDA_ARCHS": ";".join(a.replace(".", "") for a in archs),
-        "FLASH_ATTN_CUDA_ARCHS": ";".join(a.replace(".", "") for a in archs),
-        "NVTE_WITH_NCCL_EP": "0" if nccl_ep_off(stack) else "",
-        "APEX_SOURCE": "",
         "FLASH_ATTN_WHEEL": "",
         "MEGATRON_LM_ARCHIVE": stack.megatron_lm.archive_name if stack.megatron_lm else "",
-        "MEGATRON_LM_URL": stack.megatron_lm.archive_url if stack.megatron_lm else "",
         "MEGATRON_LM_PATH": "/opt/Megatron-LM" if stack.megatron_lm else "",
+        "PIP_CHECK_ALLOW": pip_check_allow(stack),
     }
-    if stack.apex:
-        args["APEX_SOURCE"] = (f"/wheelhouse/4-apex/{stack.apex.archive_name}" if opts.offline
-                               else stack.apex.archive_url)
     wheel = flash_attn_wheel(stack)
     if wheel:
         args["FLASH_ATTN_WHEEL"] = f"/wheelhouse/5-flash/{wheel}" if opts.offline else flash_attn_wheel_url(stack)
     return args
+
+
+def pip_check_allow(stack: Stack) -> str:
+    """The `pip check` lines the stack's recorded overrides and drops cause, one fixed string per line (the top
+    layer refuses every other line)."""
+    lines = [f"but you have {' '.join(o.split('=='))}." for o in stack.overrides]
+    lines += [f"requires {n}, which is not installed." for n in stack.drop]
+    lines += [f"requires {n.replace('-', '_')}, which is not installed." for n in stack.drop]
+    return "\n".join(lines)
 
 
 def image_labels(stack: Stack, build_date: str | None = None) -> dict[str, str]:
@@ -150,6 +187,10 @@ def image_labels(stack: Stack, build_date: str | None = None) -> dict[str, str]:
         f"{LABEL_PREFIX}.pip-freeze": FREEZE_PATH,
         f"{LABEL_PREFIX}.components": ",".join(components(stack)),
     }
+    if stack.overrides:
+        labels[f"{LABEL_PREFIX}.overrides"] = " ".join(stack.overrides)
+    if stack.drop:
+        labels[f"{LABEL_PREFIX}.drop"] = " ".join(stack.drop)
     for key, value in stack.pins().items():
         labels[f"{LABEL_PREFIX}.pin.{key}"] = value
     return labels
@@ -172,16 +213,22 @@ def components(stack: Stack) -> list[str]:
 
 
 def render_build(stack: Stack, opts: BuildOptions, lock: locks.Lock, context: str = "<context>",
-                 docker: str = "docker", build_date: str | None = None) -> list[str]:
+                 docker: str = "docker", build_date: str | None = None, target: str = "train",
+                 tag: str | None = None) -> list[str]:
     """The full `docker build` argv (what --dry-run prints). Secrets are files, never values. The Python set is
-    the lock's, in the context as lock/<layer>.txt."""
-    tag = opts.tag or stack.tag
+    the lock's, in the context as lock/<layer>.txt. `target`: `builder` is the stage compiled packages build in."""
+    tag = tag or opts.tag or stack.tag
     argv = [docker, "build", "--progress=plain", "--network", "host", "-f", str(opts.dockerfiles / DOCKERFILE),
-            "-t", tag]
+            "--target", target, "-t", tag]
     torch = lock.get("torch")
     for k, v in build_args(stack, opts, torch_from_index=bool(torch and "+" in torch.version)).items():
         argv += ["--build-arg", f"{k}={v}"]
     labels = {**image_labels(stack, build_date), f"{LABEL_PREFIX}.lock-sha256": lock.header.get("body-sha256", "")}
+    if stack.cuda:
+        labels[f"{LABEL_PREFIX}.cuda-archs"] = ";".join(cuda_archs(stack, opts))
+    if target == "builder":
+        labels = {f"{LABEL_PREFIX}.builder": stack.name, f"{LABEL_PREFIX}.lock-sha256": labels[
+            f"{LABEL_PREFIX}.lock-sha256"]}
     for k, v in labels.items():
         argv += ["--label", f"{k}={v}"]
     if opts.ca_cert:
@@ -372,19 +419,30 @@ def flash_drop(stack: Stack) -> frozenset[str]:
     return frozenset({"flash-attn"}) if flash_attn_wheel(stack) else frozenset()
 
 
-def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir: Path) -> Path:
+def not_from_index(stack: Stack, lock: locks.Lock) -> frozenset[str]:
+    """The lock's distributions that no layer installs from the index or wheelhouse: a prebuilt flash-attn wheel
+    replaces the sdist, and the compiled packages come as wheels from the compiled-wheel cache."""
+    return flash_drop(stack) | wheels.compiled_names(stack, lock)
+
+
+def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir: Path,
+                    compiled: list[tuple[Path, str]] = (), archives: list[Path] = ()) -> Path:
     """wheelhouse/<layer>/ (hard links into the fetched wheelhouse offline, else empty) and lock/<layer>.txt:
-    the lock's part of each layer, or offline the wheelhouse's own (fetch hashed the wheels it built)."""
+    the lock's part of each layer, or offline the wheelhouse's own (fetch hashed the wheels it built);
+    wheelhouse/compiled/ and lock/compiled.txt: the compiled wheels with the sha256 the cache recorded;
+    `archives`: source archives already checked against their pins (Megatron-LM), for the layer that bakes them."""
     ctx = workdir / "context"
     (ctx / "lock").mkdir(parents=True)
+    drop = not_from_index(stack, lock)
     for layer in LAYERS:
         dest = ctx / "wheelhouse" / layer
         dest.mkdir(parents=True, exist_ok=True)
         if opts.offline and opts.wheelhouse:
             part = Path(opts.wheelhouse) / f"{layer}.lock"
             text = part.read_text() if part.is_file() else ""
+            text = "".join(ln + "\n" for ln in text.splitlines() if locks.normalize(ln.split("==")[0]) not in drop)
         else:
-            text = lock.layer_text(layer, flash_drop(stack))
+            text = lock.layer_text(layer, drop)
         (ctx / "lock" / f"{layer}.txt").write_text(text)
         if not opts.wheelhouse:
             continue
@@ -392,12 +450,29 @@ def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir:
         if not src.is_dir():
             continue
         for f in src.iterdir():
-            if f.is_file():
-                try:
-                    os.link(f, dest / f.name)
-                except OSError:
-                    shutil.copy2(f, dest / f.name)
+            if f.is_file() and f.suffix in (".whl", ".gz", ".zip") and not f.name.startswith(
+                    tuple(n.replace("-", "_") + "-" for n in drop)):
+                _link(f, dest / f.name)
+    out = ctx / "wheelhouse" / "compiled"
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for wheel, sha in compiled:
+        _link(wheel, out / wheel.name)
+        name, version = _dist_of(wheel.name) or (wheel.name, "")
+        lines.append(f"{name}=={version} --hash=sha256:{sha}\n")
+    (ctx / "lock" / "compiled.txt").write_text("".join(lines))
+    for archive in archives:
+        _link(archive, ctx / "wheelhouse" / "6-megatron" / archive.name)
     return ctx
+
+
+def _link(src: Path, dest: Path) -> None:
+    if dest.exists():
+        return
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
 
 
 def check_wheelhouse(stack: Stack, opts: BuildOptions, lock: locks.Lock) -> None:
@@ -409,7 +484,7 @@ def check_wheelhouse(stack: Stack, opts: BuildOptions, lock: locks.Lock) -> None
     wh = Path(opts.wheelhouse)
     fix = f"run: dockerlaunch fetch --stack {stack.name} -o {wh}"
     for layer in LAYERS:
-        want = {(e.name, e.version) for e in lock.layer(layer) if e.name not in flash_drop(stack)}
+        want = {(e.name, e.version) for e in lock.layer(layer) if e.name not in not_from_index(stack, lock)}
         if not want:
             continue
         part = wh / f"{layer}.lock"
@@ -447,64 +522,180 @@ def hash_mismatch(log: str) -> str | None:
 # ---------------------------------------------------------------- build
 
 
-def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
-          builder: Builder | None = None) -> tuple[int, str]:
-    """Run the build; returns (exit code, full log). `out` (the CLI passes stdout) gets the log as it comes.
-    `builder`: default `find_builder()`."""
-    out = out or io.StringIO()
-    violations = [v for v in check_stack(stack) if v.rule.severity == "error"]
+SYSTEM_CA = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
+
+
+def system_ca() -> str | None:
+    """This machine's CA bundle: pip in the image trusts what this machine trusts (a TLS-intercepting proxy's CA
+    that the site installed), as a build secret, never in a layer."""
+    return next((p for p in SYSTEM_CA if Path(p).is_file()), None)
+
+
+def ensure_registry_base(docker: str, ref: str) -> None:
+    """A registry base that is neither on this engine nor pullable fails here in one line (BuildKit would say it
+    in 18 lines of `failed to solve`)."""
+    if subprocess.run([docker, "image", "inspect", ref], capture_output=True).returncode == 0:
+        return
+    try:
+        r = subprocess.run([docker, "pull", ref], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        r = subprocess.CompletedProcess([], 1, "", "no answer in 600 s")
+    if r.returncode != 0:
+        why = _one_line(r.stderr or r.stdout, 200)
+        raise BuildError(f"base image {ref} is not on this engine and cannot be pulled ({why}): `docker load` it "
+                         "here, or build a stack whose base is made without a registry (base: {debian: trixie}, "
+                         "e.g. swift4.6-mcore0.19-cu13-py313)")
+
+
+def megatron_archive(stack: Stack, opts: BuildOptions, log) -> list[Path]:
+    """Megatron-LM's pinned source, checked against its tree hash, for the layer that bakes it."""
+    pin = stack.megatron_lm
+    if not pin:
+        return []
+    src = wheels.Source(f"Megatron-LM {pin.ref[:12]} source", "6-megatron", pin.archive_name, pin.sha256 or "",
+                        "archive", pin.archive_url)
+    wh = Path(opts.wheelhouse) if opts.wheelhouse else None
+    return [wheels.get_source(src, wh, opts.pip_index_url, opts.offline, log)]
+
+
+def _stream(argv: list[str], env: dict[str, str], out) -> tuple[int, str]:
+    log: list[str] = []
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            log.append(line)
+            out.write(line)
+            out.flush()
+    except BaseException:
+        proc.terminate()
+        raise
+    return proc.wait(), "".join(log)
+
+
+@dataclass
+class Session:
+    """What every phase of a build shares: the checked lock, the architectures, the builder CLI, where log lines
+    go, and the secret file of --pip-index-url (written once, 0600, removed with the session)."""
+
+    stack: Stack
+    opts: BuildOptions
+    lock: locks.Lock
+    builder: Builder
+    out: object
+    work: Path
+    archives: list[Path] = field(default_factory=list)
+
+    def say(self, msg: str) -> None:
+        self.out.write(f"[dockerlaunch] {msg}\n")
+        self.out.flush()
+
+    def argv(self, ctx: Path, target: str, tag: str | None = None) -> list[str]:
+        argv = [*self.builder.prefix, *render_build(self.stack, self.opts, self.lock, str(ctx), target=target,
+                                                    tag=tag)[2:]]
+        secret = self.work / "pip_index_url"
+        if self.opts.pip_index_url and not secret.exists():
+            fd = os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.opts.pip_index_url)
+        return [a if not a.startswith("id=pip_index_url,") else f"id=pip_index_url,src={secret}" for a in argv]
+
+    def run(self, argv: list[str]) -> tuple[int, str]:
+        return _stream(argv, {**os.environ, **self.builder.env}, self.out)
+
+
+def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | None = None) -> Session:
+    """Everything checked before anything runs (rules, lock, wheelhouse, architectures), then the base (made, or
+    a registry image that must be here or pullable) and the pinned source archives."""
+    from dockerlaunch.images import base as bases
+
+    lock = locks.checked(stack, opts.dockerfiles)
+    violations = [v for v in check_stack(stack, lock=lock) if v.rule.severity == "error"]
     if violations and not opts.force:
         raise BuildError(f"stack {stack.name} violates {len(violations)} rule(s): {violations[0].line()} "
                          "(dockerlaunch stacks check; --force to build anyway)")
     for v in violations:
         _LOG.warning("warning: building despite: %s", v.line())
-    lock = locks.checked(stack, opts.dockerfiles)
     check_wheelhouse(stack, opts, lock)
     if opts.ca_cert and not Path(opts.ca_cert).is_file():
         raise ConfigError(f"--ca-cert {opts.ca_cert}: no such file")
-    builder = builder or find_builder()
-    _LOG.info("building with %s", builder.what)
-    if stack.flash_attn and not flash_attn_wheel(stack):
-        _LOG.info("flash-attn %s: no prebuilt wheel for torch %s / CUDA %s / Python %s, so it compiles here with "
-                  "MAX_JOBS=%d for %s: 3-5 min on 64 cores, about 2 h on 8 (TE takes about as long again)",
-                  stack.flash_attn, stack.torch, stack.cuda, stack.python, opts.max_jobs,
-                  ";".join(cuda_archs(stack, opts)))
-    with tempfile.TemporaryDirectory(prefix="dockerlaunch-build-") as tmp:
-        work = Path(tmp)
-        ctx = prepare_context(stack, opts, lock, work)
-        argv = [*builder.prefix, *render_build(stack, opts, lock, str(ctx))[2:]]
-        if opts.pip_index_url:
-            secret = work / "pip_index_url"
-            fd = os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(opts.pip_index_url)
-            argv = [a if not a.startswith("id=pip_index_url,") else f"id=pip_index_url,src={secret}" for a in argv]
-        log: list[str] = []
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, **builder.env})
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.append(line)
-            out.write(line)
-            out.flush()
-        code = proc.wait()
-    text = "".join(log)
+    if not opts.ca_cert and not opts.offline:
+        opts = replace(opts, ca_cert=system_ca())
+    gpus = local_gpu_archs() if stack.cuda and not opts.cuda_archs else []
+    archs = cuda_archs(stack, opts, gpus)
+    check_archs(stack, archs)
+    s = Session(stack, replace(opts, cuda_archs=archs), lock, builder or find_builder(), out, work)
+    if stack.cuda and not opts.cuda_archs:
+        why = "this machine's GPUs" if gpus else "H100/H200; no GPU here to ask"
+        s.say(f"compiling for compute capability {';'.join(archs)} ({why}); --cuda-archs '8.0;9.0;10.0' adds A100 "
+              "and B200 (each architecture more multiplies the compile time)")
+    s.say(f"building with {s.builder.what}")
+    if stack.base and not opts.base_image:
+        base_tag, found = bases.ensure_base(stack.base.debian, s.builder.docker, log=s.say)
+        gcc = next((v for k, v in sorted(found.items()) if k.startswith("gcc")), "?")
+        s.say(f"base {base_tag}: Debian {stack.base.debian}, gcc {gcc}, glibc {found.get('libc6', '?')}, Python "
+              f"{found.get('python', '?')}")
+    else:
+        ensure_registry_base(s.builder.docker, opts.base_image or stack.base_image)
+    s.archives = megatron_archive(stack, s.opts, s.say)
+    return s
+
+
+def builder_tag(stack: Stack) -> str:
+    return f"dockerlaunch/builder:{stack.name}"
+
+
+def build_wheels(s: Session) -> list[tuple[Path, str]]:
+    """The builder stage, then each compiled package from the wheel cache or compiled now: (wheel, sha256) each."""
+    pkgs = wheels.compiled_packages(s.stack, s.lock, s.opts.cuda_archs, flash_prebuilt=bool(flash_attn_wheel(s.stack)))
+    if not pkgs:
+        return []
+    tag = builder_tag(s.stack)
+    s.say(f"builder stage {tag} (system, CUDA toolkit, torch, build tools, TE's core); "
+          f"{', '.join(p.label for p in pkgs)} compile in it")
+    code, text = s.run(s.argv(prepare_context(s.stack, s.opts, s.lock, s.work / "builder"), "builder", tag))
     if code != 0:
-        bad = hash_mismatch(text)
-        if bad:
-            fix = (f"a wheelhouse file was changed: fetch again (dockerlaunch fetch --stack {stack.name} -o "
-                   f"{opts.wheelhouse})" if opts.offline else
-                   "the index served another file than the lock was resolved from: check --pip-index-url, or "
-                   f"lock again (dockerlaunch stacks lock --stack {stack.name})")
-            raise BuildError(f"build of stack {stack.name}: {bad} does not match the lock's hash; {fix}; "
-                             "nothing was tagged")
-        return code, text
+        _fail(s.stack, s.opts, text)
+        raise BuildError(f"build of stack {s.stack.name}: the builder stage failed (exit {code}); its log is above")
+    facts = wheels.probe_builder(tag, s.builder.docker)
+    wh = Path(s.opts.wheelhouse) if s.opts.wheelhouse else None
+    return [wheels.ensure_wheel(pkg, facts, s.lock, tag, wheelhouse=wh, index_url=s.opts.pip_index_url,
+                                offline=s.opts.offline, max_jobs=s.opts.max_jobs, docker=s.builder.docker,
+                                log=s.say) for pkg in pkgs]
+
+
+def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
+          builder: Builder | None = None) -> tuple[int, str]:
+    """Run the build; returns (exit code, full log). `out` (the CLI passes stdout) gets the log as it comes.
+    `builder`: default `find_builder()`. Order: base (made or checked), the builder stage, each compiled package
+    from the wheel cache or compiled now, then the image, which installs those wheels; then verify."""
+    out = out or io.StringIO()
+    with tempfile.TemporaryDirectory(prefix="dockerlaunch-build-") as tmp:
+        s = start(stack, opts, out, Path(tmp), builder)
+        compiled = build_wheels(s)
+        ctx = prepare_context(stack, s.opts, s.lock, s.work / "train", compiled, s.archives)
+        code, text = s.run(s.argv(ctx, "train"))
+    if code != 0:
+        return code, _fail(stack, opts, text)
     if verify_after:
-        report = verify(opts.tag or stack.tag, docker=builder.docker)
+        report = verify(opts.tag or stack.tag, docker=s.builder.docker)
         out.write(report.render() + "\n")
         if not report.ok:
             return 1, text
     return 0, text
+
+
+def _fail(stack: Stack, opts: BuildOptions, text: str) -> str:
+    """A failed `docker build`: pip's hash mismatch becomes one line naming the file; else the log as it is."""
+    bad = hash_mismatch(text)
+    if bad:
+        fix = (f"a wheelhouse file was changed: fetch again (dockerlaunch fetch --stack {stack.name} -o "
+               f"{opts.wheelhouse})" if opts.offline else
+               "the index served another file than the lock was resolved from: check --pip-index-url, or "
+               f"lock again (dockerlaunch stacks lock --stack {stack.name})")
+        raise BuildError(f"build of stack {stack.name}: {bad} does not match the lock's hash; {fix}; "
+                         "nothing was tagged")
+    return text
 
 
 def cached_steps(build_log: str) -> tuple[list[str], list[str]]:
@@ -526,21 +717,40 @@ def cached_steps(build_log: str) -> tuple[list[str], list[str]]:
 # ---------------------------------------------------------------- fetch
 
 
-def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None) -> dict[str, int]:
-    """Download exactly the stack's lock, layer by layer (hashes checked), and the source archives of git pins,
-    for offline builds. Pure-Python sdists become wheels here (the image's pip then needs no build backends);
-    each layer's `<layer>.lock` beside its folder names every file with its sha256, for the offline build's
-    --require-hashes. Runs pip on this machine, so its Python must be the stack's (wheels are per version)."""
+def lock_sources(lock: locks.Lock) -> tuple[list[str], list[str]]:
+    """(indexes, find-links folders) the lock was resolved from, as its `# sources:` line says."""
+    indexes, folders = [], []
+    for part in lock.header.get("sources", "").split(";"):
+        part = part.strip()
+        if part.startswith("find-links "):
+            folders.append(part[len("find-links "):])
+        elif part:
+            indexes.append(part)
+    return indexes, folders
+
+
+def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None, index_url: str | None = None,
+          find_links: Sequence[str] = ()) -> dict[str, int]:
+    """Download exactly the stack's lock, layer by layer, and the source archives of git pins, for offline builds.
+    Each file is found on the index (or a find-links folder) by the lock's sha256 for the stack's Python and
+    platform, whatever Python runs this, and checked as it arrives. Where this Python is the stack's, pure-Python
+    sdists become wheels here (the image's pip then needs no build backends). Each layer's `<layer>.lock` beside
+    its folder names every file with its sha256, for the offline build's --require-hashes."""
+    from dockerlaunch.images import index as idx
+
     log = log or (lambda msg: _LOG.info("[fetch] %s", msg))
     lock = locks.checked(stack, dockerfiles or default_dockerfiles_dir())
-    here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if here != stack.python:
-        raise BuildError(f"fetch for stack {stack.name} needs Python {stack.python} (this is {here}): "
-                         f"run python{stack.python} -m dockerlaunch fetch --stack {stack.name}")
+    same_python = f"{sys.version_info.major}.{sys.version_info.minor}" == stack.python
     out_dir.mkdir(parents=True, exist_ok=True)
+    indexes, folders = lock_sources(lock)
+    if index_url:
+        indexes = [index_url, *indexes[1:]]
+    indexes = indexes or [locks.DEFAULT_INDEX]
     torch = lock.get("torch")
-    torch_index = (["--extra-index-url", stack.torch_index_url]
-                   if stack.torch_index_url and torch and "+" in torch.version else [])
+    if stack.torch_index_url and torch and "+" in torch.version:
+        indexes.append(stack.torch_index_url)
+    folders = [*find_links, *folders]
+    tags = idx.target_tags(stack.python)
     archives = {p.archive_name for p in (stack.apex, stack.megatron_lm) if p}
     # What each layer was last fetched with: after a pin bump only the layers whose locked part changed are
     # asked of the index again (a whole fetch is minutes; one layer's is seconds when the rest is unchanged).
@@ -566,22 +776,23 @@ def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None
         for f in dest.iterdir():  # another lock's files: the offline build must see only this one's
             if f.is_file() and f.name not in archives:
                 f.unlink()
-        log(f"{layer}: pip download {len(lock.layer(layer))} locked distributions ({pins})")
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix=f"dockerlaunch-{layer}-") as req:
-            req.write(part)
-            req.flush()
-            _pip(["download", "--no-deps", "--require-hashes", "--dest", str(dest),
-                  *(torch_index if layer == "1-torch" else []), "-r", req.name])
-        _wheelify(dest)
+        log(f"{layer}: downloading {len(lock.layer(layer))} locked distributions for Python {stack.python} ({pins})")
+        for e in lock.layer(layer):
+            if e.name not in flash_drop(stack):
+                idx.download(idx.locate(e, indexes, folders, tags), dest)
+        if same_python:
+            _wheelify(dest)
         (out_dir / f"{layer}.lock").write_text(_hashed_files(lock, layer, dest, flash_drop(stack)))
         stamps[layer] = digest
         stamps_file.write_text(json.dumps(stamps, indent=1))
     for pin, layer in ((stack.apex, "4-apex"), (stack.megatron_lm, "6-megatron")):
         if pin:
-            target = out_dir / layer / pin.archive_name
-            if not target.exists():
-                log(f"{layer}: {pin.archive_url}")
-                _download(pin.archive_url, target)
+            name = "apex" if pin is stack.apex else "Megatron-LM"
+            src = wheels.Source(f"{name} {pin.ref[:12]} source", layer, pin.archive_name, pin.sha256 or "",
+                                "archive", pin.archive_url)
+            got = wheels.get_source(src, None, index_url, False, log, dest_dir=out_dir / layer)
+            if got.parent != out_dir / layer:
+                shutil.copy2(got, out_dir / layer / got.name)
     if flash_attn_wheel(stack):
         target = out_dir / "5-flash" / flash_attn_wheel(stack)
         if not target.exists():

@@ -27,9 +27,14 @@ def top_pins(stack: Stack) -> list[str]:
 
 
 def te_extras(stack: Stack) -> str:
-    """TE's `core` extra is the CUDA 12 build; CUDA 13 images need `core_cu13`."""
+    """TE's `core` extra is the CUDA 12 build; CUDA 13 images need `core_cu13`. From TE 2.16 the torch binding's
+    sdist names the cu13 core (its PKG-INFO was written on CUDA 13), so a CUDA 12 stack asks for `core_cu12`
+    itself and drops the cu13 one (`drop:` in stacks.yaml; rule te-core-cuda)."""
     if stack.cuda and stack.cuda.split(".")[0] == "13":
         return "pytorch,core_cu13"
+    if stack.cuda and stack.transformer_engine and \
+            tuple(int(x) for x in stack.transformer_engine.split(".")[:2]) >= (2, 16):
+        return "pytorch,core_cu12"
     return "pytorch"
 
 

@@ -99,6 +99,8 @@ def inputs_digest(stack: Stack) -> str:
             "roots": layer_roots(stack)}
     if stack.overrides:  # only where there are any: the other stacks' locks keep their digests
         data["overrides"] = sorted(stack.overrides)
+    if stack.drop:
+        data["drop"] = sorted(stack.drop)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -184,6 +186,7 @@ def render(stack: Stack, resolved: dict[str, tuple[str, tuple[str, ...]]], layer
         "stack": stack.name, "python": stack.python, "platform": PLATFORM, "cuda": stack.cuda or "none",
         "pins": " ".join(flat_pins(stack)),
         **({"overrides": " ".join(stack.overrides)} if stack.overrides else {}),
+        **({"drop": " ".join(stack.drop)} if stack.drop else {}),
         "inputs-sha256": inputs_digest(stack),
         "body-sha256": hashlib.sha256(body.encode()).hexdigest(), **meta,
     }
@@ -255,7 +258,8 @@ def problems(stack: Stack, lock: Lock) -> list[str]:
         out.append(f"{where} is for Python {lock.header.get('python')}, stack {stack.name} is Python "
                    f"{stack.python}: {fix}")
     if lock.header.get("inputs-sha256") != inputs_digest(stack):
-        was = {pin_name(p): p for p in [*lock.header.get("pins", "").split(), *lock.header.get("overrides", "").split()]}
+        was = {pin_name(p): p
+               for p in [*lock.header.get("pins", "").split(), *lock.header.get("overrides", "").split()]}
         now = {pin_name(p): p for p in [*flat_pins(stack), *stack.overrides]}
         changed = [f"{was.get(n, '(none)')} -> {now.get(n, '(none)')}" for n in sorted(set(was) | set(now))
                    if was.get(n) != now.get(n)]
@@ -345,8 +349,10 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
 
     roots = layer_roots(stack)
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-lock-") as tmp:
-        if stack.overrides:  # uv's overrides replace a dependency's exact pin (e.g. torch's cuBLAS for TE's)
-            Path(tmp, "overrides.txt").write_text("\n".join(stack.overrides) + "\n")
+        if stack.overrides or stack.drop:  # uv's overrides replace a dependency's exact pin (torch's cuBLAS for
+            # TE's); one whose marker is never true removes the dependency
+            lines = [*stack.overrides, *(f"{n} ; sys_platform == 'never'" for n in stack.drop)]
+            Path(tmp, "overrides.txt").write_text("\n".join(lines) + "\n")
             common += ["--override", "overrides.txt"]
         for layer, pins in roots.items():
             Path(tmp, f"{layer}.in").write_text("\n".join(pins) + "\n")

@@ -122,6 +122,9 @@ class Stack(_Model):
     overrides: list[str] = Field(default_factory=list,
                                  description="name==version replacing what a dependency pins exactly (the lock's "
                                              "override; pip check reports it, verify lists it as recorded)")
+    drop: list[str] = Field(default_factory=list,
+                            description="Distributions a dependency names that the image must not install (e.g. a "
+                                        "TE core wheel of another CUDA major than torch's)")
     python: str
     torch: str
     torch_index_url: str | None = Field(None, description="PyTorch wheel index for this CUDA (or CPU) variant")
@@ -174,6 +177,14 @@ class Stack(_Model):
             if not m:
                 raise ValueError(f"{info.field_name} {pin!r}: write name==version")
             _exact(m.group(3), f"{info.field_name} {m.group(1)}")
+        return v
+
+    @field_validator("drop")
+    @classmethod
+    def _drop(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+                raise ValueError(f"drop {name!r}: write a distribution name, e.g. transformer-engine-cu13")
         return v
 
     @model_validator(mode="after")

@@ -151,7 +151,7 @@ def test_a_conflict_names_both_requirements_in_one_line():
 
 def test_a_layer_pins_every_build_tool_and_numpy_in_the_build_layer(matrix):
     roots = layer_roots(matrix.get("swift4.5-mcore0.18-cu13"))
-    assert roots["3-te"] == ["transformer_engine[pytorch,core_cu13]==2.16.1"]
+    assert roots["3-te"] == ["transformer_engine[pytorch,core_cu13]==2.16.1", "nvidia-cudnn-frontend==1.26.0"]
     assert "4-apex" not in roots  # a git archive, pinned by its commit
 
 

@@ -183,20 +183,33 @@ def test_jammys_python_311_is_a_release_candidate_and_says_so(matrix):
     assert "python-jammy" not in {v.rule.id for v in check_stack(matrix.stacks["swift4.6-mcore0.19-cu13"])}
 
 
-def test_te_and_flash_attn_build_settings(matrix):
-    """TE 2.17-2.19 fail to build against torch < 2.11 unless NVTE_WITH_NCCL_EP=0; the arch lists default to
-    Ampere/Hopper (and Blackwell from CUDA 12.8) instead of every arch torch knows."""
+def test_compiled_package_settings(matrix):
+    """TE 2.17-2.19 fail to build against torch < 2.11 unless NVTE_WITH_NCCL_EP=0; each package gets the asked
+    architectures in its own variable (else it compiles every arch its CUDA knows), and nvcc's threads follow the
+    number of architectures."""
+    from dockerlaunch.images import lock as locks
+    from dockerlaunch.images.stacks import default_dockerfiles_dir
+    from dockerlaunch.images.wheels import compiled_packages
+
+    d = default_dockerfiles_dir()
+
+    def env(s, archs=("9.0",), lock_of=None):
+        lock = locks.read(matrix.stacks[lock_of or s.name], d)
+        return {p.name: dict(p.env) for p in compiled_packages(s, lock, list(archs), flash_prebuilt=False)}
+
     s = matrix.stacks["swift4.6-mcore0.19-cu128"]  # torch 2.8
-    assert build_args(s, BuildOptions())["NVTE_WITH_NCCL_EP"] == ""  # TE 2.16: not affected
-    assert build_args(change(s, transformer_engine="2.18.0"), BuildOptions())["NVTE_WITH_NCCL_EP"] == "0"
-    assert build_args(change(matrix.stacks["swift4.6-mcore0.19-cu13"], transformer_engine="2.18.0"),
-                      BuildOptions())["NVTE_WITH_NCCL_EP"] == ""  # torch 2.11 has the header
-    args = build_args(s, BuildOptions())
-    assert args["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0" and args["NVTE_CUDA_ARCHS"] == "80;90;100"
-    assert args["FLASH_ATTN_CUDA_ARCHS"] == "80;90;100"
-    assert build_args(matrix.stacks["swift3.7-mcore0.13"], BuildOptions())["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0"
-    assert build_args(s, BuildOptions(cuda_archs=["9.0"]))["NVTE_CUDA_ARCHS"] == "90"
-    assert build_args(matrix.stacks["cpu"], BuildOptions())["TORCH_CUDA_ARCH_LIST"] == ""
+    assert "NVTE_WITH_NCCL_EP" not in env(s)["transformer-engine-torch"]  # TE 2.16: not affected
+    assert env(change(s, transformer_engine="2.18.0"), lock_of=s.name)["transformer-engine-torch"][
+        "NVTE_WITH_NCCL_EP"] == "0"
+    cu13 = matrix.stacks["swift4.6-mcore0.19-cu13"]
+    assert "NVTE_WITH_NCCL_EP" not in env(change(cu13, transformer_engine="2.18.0"), lock_of=cu13.name)[
+        "transformer-engine-torch"]  # torch 2.11 has the header
+    e = env(s, ("8.0", "9.0", "10.0"))
+    assert e["transformer-engine-torch"]["NVTE_CUDA_ARCHS"] == "80;90;100"
+    assert e["flash-attn"]["FLASH_ATTN_CUDA_ARCHS"] == "80;90;100" and e["flash-attn"]["NVCC_THREADS"] == "3"
+    assert e["apex"]["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0;10.0" and e["apex"]["APEX_CUDA_EXT"] == "1"
+    assert env(s)["flash-attn"]["NVCC_THREADS"] == "1"
+    assert env(matrix.stacks["cpu"], ()) == {}
     assert flash_attn_wheel(s) == "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
 
 
@@ -218,21 +231,29 @@ def test_flash_attn_prebuilt_wheel_only_where_one_exists(matrix):
 def test_build_args_offline_vs_online(matrix):
     a = matrix.stacks["swift3.7-mcore0.13"]
     online = build_args(a, BuildOptions())
-    assert online["APEX_SOURCE"].startswith("https://codeload.github.com/NVIDIA/apex/tar.gz/e13873de")
     assert online["TORCH_INDEX_URL"] == "" and online["OFFLINE"] == "0"  # torch 2.7.1 is the registry's (cu126)
     assert build_args(a, BuildOptions(), torch_from_index=True)["TORCH_INDEX_URL"].endswith("/cu126")
-    assert online["MEGATRON_LM_PATH"] == "/opt/Megatron-LM"
+    assert online["MEGATRON_LM_PATH"] == "/opt/Megatron-LM" and online["SYSTEM_PACKAGES"] == "1"
+    assert online["MEGATRON_LM_ARCHIVE"] == "Megatron-LM-ea651a3b78b9b0c1dfd83975ff28853e38e5abaa.tar.gz"
+    assert "APEX_SOURCE" not in online and "MEGATRON_LM_URL" not in online  # nothing is downloaded in the build
     offline = build_args(a, BuildOptions(offline=True, wheelhouse="/wh"))
-    assert offline["APEX_SOURCE"] == "/wheelhouse/4-apex/apex-e13873debc4699d39c6861074b9a3b2a02327f92.tar.gz"
     assert offline["TORCH_INDEX_URL"] == "" and offline["OFFLINE"] == "1"
     assert te_extras(matrix.stacks["swift4.5-mcore0.18-cu13"]) == "pytorch,core_cu13"
+    assert te_extras(matrix.stacks["swift4.6-mcore0.19-cu128"]) == "pytorch,core_cu12"  # TE 2.16's sdist says cu13
+    assert te_extras(matrix.stacks["swift4.0-mcore0.15"]) == "pytorch"
     assert build_args(matrix.stacks["cpu"], BuildOptions())["MEGATRON_LM_PATH"] == ""
     assert components(a) == ["torch", "transformer_engine.pytorch", "flash_attn", "apex", "megatron.core",
                              "megatron.training", "swift"]
+    made = build_args(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], BuildOptions())
+    assert made["BASE_IMAGE"].startswith("dockerlaunch/os:trixie-") and made["SYSTEM_PACKAGES"] == "0"
+    assert made["PIP_CHECK_ALLOW"] == "but you have nvidia-cublas 13.3.0.5."
+    assert build_args(matrix.stacks["swift4.6-mcore0.19-cu128"], BuildOptions())["PIP_CHECK_ALLOW"].splitlines() == [
+        "requires transformer-engine-cu13, which is not installed.",
+        "requires transformer_engine_cu13, which is not installed."]
 
 
 @pytest.mark.parametrize("name", ["swift3.7-mcore0.13", "swift3.12-mcore0.15", "swift4.0-mcore0.15",
-                                  "swift4.5-mcore0.18-cu13"])
+                                  "swift4.5-mcore0.18-cu13", "swift4.6-mcore0.19-cu13-py313"])
 def test_build_dry_run_renders_every_cuda_stack(cli, matrix, name):
     secret = "https://user:s3cret@mirror.example/simple"
     r = cli("build", "--stack", name, "--dry-run", "--pip-index-url", secret, "--ca-cert", "/etc/ssl/certs/x.pem")
@@ -240,10 +261,11 @@ def test_build_dry_run_renders_every_cuda_stack(cli, matrix, name):
     s = matrix.stacks[name]
     out = r.stdout
     assert out.startswith("docker build")
-    assert f"-t {s.tag}" in out and f"BASE_IMAGE={s.base_image}" in out
+    assert f"-t {s.tag}" in out and "--target train" in out
+    assert f"BASE_IMAGE={s.base_image}" in out if s.base_image else "BASE_IMAGE=dockerlaunch/os:trixie-" in out
     assert "TE_VERSION" not in out and "MCORE_VERSION" not in out  # the Python set comes from the lock
     assert re.search(r"ai\.dockerlaunch\.lock-sha256=[0-9a-f]{64}", out)
-    assert "TORCH_CUDA_ARCH_LIST=8.0;9.0" in out and "NVTE_CUDA_ARCHS=80;90" in out
+    assert "ai.dockerlaunch.cuda-archs=9.0" in out  # no GPU here: one architecture by default
     assert f"ai.dockerlaunch.pin.ms_swift={s.ms_swift}" in out and f"ai.dockerlaunch.stack={name}" in out
     assert "id=pip_ca,src=/etc/ssl/certs/x.pem" in out
     assert "s3cret" not in out  # the index URL travels as a secret file, never on the command line
@@ -311,14 +333,15 @@ def test_stacks_doc_names_every_stack_and_rule(matrix):
         assert f"| `{rule.id}` |" in doc
 
 
-def test_max_jobs_follow_the_build_machines_memory():
-    from dockerlaunch.images.build import default_max_jobs
+def test_compile_jobs_follow_the_available_memory():
+    from dockerlaunch.images.wheels import default_jobs
 
     gib = 2**20  # /proc/meminfo counts kB
-    assert default_max_jobs(f"MemTotal:       {24 * gib} kB\n", cpus=2) == 2  # this CI machine: the cores
-    assert default_max_jobs(f"MemTotal:       {24 * gib} kB\n", cpus=64) == 2  # 24 GiB: two flash-attn jobs
-    assert default_max_jobs(f"MemTotal:       {2000 * gib} kB\n", cpus=192) == 192
-    assert default_max_jobs(f"MemTotal:       {4 * gib} kB\n", cpus=8) == 1
+    assert default_jobs(6.5, f"MemAvailable:   {20 * gib} kB\n", cpus=2) == (2, None)  # this CI machine: the cores
+    assert default_jobs(6.5, f"MemAvailable:   {20 * gib} kB\n", cpus=64) == (3, None)  # memory: 3 flash-attn jobs
+    assert default_jobs(3.5, f"MemAvailable:   {2000 * gib} kB\n", cpus=192) == (192, None)
+    jobs, warn = default_jobs(6.5, f"MemAvailable:   {4 * gib} kB\n", cpus=8)
+    assert jobs == 1 and "needs ~6.5 GB and 4.0 GB is available" in warn
 
 
 def test_cuda_archs_option(cli):
@@ -326,8 +349,12 @@ def test_cuda_archs_option(cli):
 
     assert parse_cuda_archs("8.0;9.0") == ["8.0", "9.0"] and parse_cuda_archs("90,100") == ["9.0", "10.0"]
     assert parse_cuda_archs("9.0+PTX") == ["9.0"] and parse_cuda_archs(None) == []
-    r = cli("build", "--stack", "swift4.6-mcore0.19-cu13", "--dry-run", "--cuda-archs", "9.0", "--max-jobs", "3")
-    assert r.returncode == 0 and "TORCH_CUDA_ARCH_LIST=9.0 " in r.stdout and "NVTE_CUDA_ARCHS=90 " in r.stdout
-    assert "MAX_JOBS=3" in r.stdout
+    r = cli("build", "--stack", "swift4.6-mcore0.19-cu13", "--dry-run", "--cuda-archs", "8.0;9.0", "--max-jobs", "3")
+    assert r.returncode == 0 and "ai.dockerlaunch.cuda-archs=8.0;9.0" in r.stdout, r.stderr
+    assert "# compiled in the builder stage (MAX_JOBS=3): transformer-engine-torch 2.16.1 (NVTE_FRAMEWORK=pytorch" \
+        in r.stdout and "NVTE_CUDA_ARCHS=80;90 TORCH_CUDA_ARCH_LIST=8.0;9.0" in r.stdout
     r = cli("build", "--stack", "swift4.6-mcore0.19-cu13", "--dry-run", "--cuda-archs", "hopper")
     assert r.returncode == 2 and "--cuda-archs 'hopper'" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = cli("build", "--stack", "swift4.6-mcore0.19-cu13-py313", "--dry-run", "--cuda-archs", "7.0")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "CUDA 13.0's nvcc cannot target compute capability 7.0" in r.stderr

@@ -1,0 +1,207 @@
+"""Locked files from a package index, for any target Python: find each locked distribution's file by its hash.
+
+`pip download` answers for the Python it runs under (and, for another one, cannot fetch sdists whose setup.py
+imports torch to make metadata), so a machine with Python 3.11 could not fill a wheelhouse for a Python 3.13 stack.
+Here the lock already names every file's sha256: the index's simple page (PEP 503, which PyPI, mirrors and the
+PyTorch index all serve) lists files with their hashes, the target's wheel tags pick the one the image installs,
+and the bytes are checked as they arrive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from functools import cache
+from html.parser import HTMLParser
+from pathlib import Path
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
+
+from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.images import lock as locks
+
+
+class FetchError(DockerlaunchError):
+    pass
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    filename: str
+    url: str  # http(s) URL or a local path
+    sha256: str | None  # None for a find-links file not hashed yet
+
+
+def target_tags(python: str, glibc_max: int = 28) -> list[Tag]:
+    """The wheel tags an x86-64 Linux CPython `python` installs, best first (manylinux up to glibc 2.`glibc_max`,
+    the lock's platform)."""
+    major, minor = (int(x) for x in python.split("."))
+    plats = [f"manylinux_2_{n}_x86_64" for n in range(glibc_max, 4, -1)]
+    plats += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    return [*cpython_tags((major, minor), platforms=plats), *compatible_tags((major, minor), platforms=plats)]
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+            self._text = []
+
+    def handle_data(self, data):
+        if self._href is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag):
+        if tag == "a" and self._href is not None:
+            self.links.append((self._href, "".join(self._text).strip()))
+            self._href = None
+
+
+@cache
+def index_files(index_url: str, project: str) -> tuple[IndexFile, ...]:
+    """The project's files on a PEP 503 index, with the sha256 each link carries."""
+    page = f"{index_url.rstrip('/')}/{project}/"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(page, headers={"Accept": "text/html"}), timeout=60) as r:
+            text = r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return ()
+        raise FetchError(f"index {index_url}: {project}: HTTP {e.code}") from None
+    except OSError as e:
+        raise FetchError(f"index {index_url} is not reachable ({getattr(e, 'reason', e)}): fetch on a machine that "
+                         "reaches it, or give --index-url / --find-links") from None
+    parser = _Links()
+    parser.feed(text)
+    out = []
+    for href, name in parser.links:
+        url, _, frag = urllib.parse.urljoin(page, href).partition("#")
+        sha = frag[len("sha256="):] if frag.startswith("sha256=") else None
+        out.append(IndexFile(name or urllib.parse.unquote(url.rsplit("/", 1)[-1]), url, sha))
+    return tuple(out)
+
+
+def folder_files(folder: str, project: str) -> list[IndexFile]:
+    """The project's files in a find-links folder (hashed when chosen)."""
+    out = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        if dist_name(name) == project:
+            out.append(IndexFile(name, os.path.join(folder, name), None))
+    return out
+
+
+def dist_name(filename: str) -> str | None:
+    try:
+        if filename.endswith(".whl"):
+            return locks.normalize(parse_wheel_filename(filename)[0])
+        return locks.normalize(parse_sdist_filename(filename)[0])
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def choose(entry: locks.Entry, files: list[IndexFile], tags: list[Tag]) -> IndexFile | None:
+    """The locked file the target installs: the best-ranked compatible wheel among the entry's hashes, else its
+    sdist. Files without a hash on the page (find-links) are hashed here."""
+    want = {h.removeprefix("sha256:") for h in entry.hashes}
+    rank = {t: i for i, t in enumerate(tags)}
+    best: tuple[int, IndexFile] | None = None
+    sdist = None
+    for f in files:
+        if f.filename.endswith(".whl"):
+            try:
+                _, version, _, ftags = parse_wheel_filename(f.filename)
+            except InvalidWheelFilename:
+                continue
+            score = min((rank[t] for t in ftags if t in rank), default=None)
+            if score is None or str(version) != entry.version and version.public != entry.version:
+                continue
+        else:
+            try:
+                _, version = parse_sdist_filename(f.filename)
+            except InvalidSdistFilename:
+                continue
+            if str(version) != entry.version:
+                continue
+            score = None
+        sha = f.sha256 or (file_sha256(f.url) if not f.url.startswith(("http:", "https:")) else None)
+        if sha not in want:
+            continue
+        f = IndexFile(f.filename, f.url, sha)
+        if score is None:
+            sdist = sdist or f
+        elif best is None or score < best[0]:
+            best = (score, f)
+    return best[1] if best else sdist
+
+
+def download(f: IndexFile, dest: Path) -> Path:
+    """The file into `dest` (a folder), its bytes checked against its sha256 as they arrive; a copy already there
+    with the right hash is kept."""
+    target = dest / f.filename
+    if target.is_file() and file_sha256(target) == f.sha256:
+        return target
+    part = dest / (f.filename + ".part")
+    h = hashlib.sha256()
+    try:
+        if f.url.startswith(("http:", "https:")):
+            src = urllib.request.urlopen(f.url, timeout=300)
+        else:
+            src = open(f.url, "rb")
+        with src, open(part, "wb") as out:
+            while chunk := src.read(1 << 20):
+                h.update(chunk)
+                out.write(chunk)
+    except OSError as e:
+        part.unlink(missing_ok=True)
+        raise FetchError(f"downloading {f.filename} failed ({getattr(e, 'reason', e)})") from None
+    if h.hexdigest() != f.sha256:
+        part.unlink(missing_ok=True)
+        raise FetchError(f"{f.filename}: the bytes that arrived do not match the lock (expected sha256 {f.sha256}, "
+                         f"got {h.hexdigest()}): the index or a proxy served another file")
+    part.replace(target)
+    return target
+
+
+def locate(entry: locks.Entry, indexes: list[str], folders: list[str], tags: list[Tag]) -> IndexFile:
+    """Where the entry's file is: the find-links folders first (a local copy), then each index in order."""
+    for folder in folders:
+        f = choose(entry, folder_files(folder, entry.name), tags)
+        if f:
+            return f
+    for index in indexes:
+        f = choose(entry, list(index_files(index, entry.name)), tags)
+        if f:
+            return f
+    where = ", ".join([*indexes, *(f"find-links {d}" for d in folders)])
+    raise FetchError(f"{entry.name}=={entry.version}: no file with one of the lock's hashes for this Python and "
+                     f"platform in {where}; lock again against the index you fetch from (dockerlaunch stacks lock)")
+
+
+def copy_tree_files(src: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file():
+            shutil.copy2(f, dest / f.name)

@@ -1,0 +1,625 @@
+"""Compile once: a stack's compiled packages (TE's torch binding, apex, flash-attn) as cached wheels.
+
+These three compiles are what makes a CUDA image take hours (flash-attn alone ~1.8 h on 2 cores at one
+architecture). Compiled inside `RUN` steps they start again whenever a layer above them changes or BuildKit's cache
+is lost. Here each one is compiled in a container of the stack's builder stage, outside BuildKit, into a wheel
+kept in a local cache under a key of everything that changes its bytes (source hash, torch, CUDA, Python, compiler,
+glibc, architectures, flags). The image then installs the wheel with its recorded sha256, so a rebuild or a second
+stack with the same torch/CUDA/Python compiles nothing. Each key has its own build folder that survives the
+container, so a compile that is killed resumes from the objects it finished (ninja skips them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.images import lock as locks
+from dockerlaunch.images import sources
+from dockerlaunch.images.stacks import Stack
+
+_LOG = logging.getLogger(__name__)
+
+FORMAT = 1
+CACHE_ENV = "DOCKERLAUNCH_CACHE"
+SOURCE_DIRS_ENV = "DOCKERLAUNCH_SOURCE_DIRS"  # folders holding source archives (e.g. a vendored apex), ':'-separated
+CONTAINER_DIR = "/dl/build"  # where a key's build folder is mounted: the same path every time, so ninja resumes
+
+
+class WheelError(DockerlaunchError):
+    pass
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dockerlaunch")
+
+
+# ---------------------------------------------------------------- what compiles, and with which settings
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One compiled package of a stack: its source, the layer it belongs to and the settings of its build."""
+
+    name: str  # distribution name, normalized (transformer-engine-torch, flash-attn, apex)
+    version: str
+    layer: str
+    source: str  # file name of the sdist or archive
+    source_sha256: str  # the lock's sha256 of the sdist; for archives, stacks.yaml's tree hash
+    kind: str  # "sdist" (hash of the file) or "archive" (hash of the unpacked tree)
+    env: tuple[tuple[str, str], ...]  # build settings that change the wheel's bytes
+    gb_per_job: float  # peak memory of one compile job (measured; see benchmarks/RESULTS.md)
+    url: str | None = None  # where an archive comes from when no local copy has it
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+def arch_numbers(archs: list[str]) -> str:
+    return ";".join(a.replace(".", "") for a in archs)
+
+
+def compiled_packages(stack: Stack, lock: locks.Lock, archs: list[str], flash_prebuilt: bool) -> list[Compiled]:
+    """What the stack compiles, smallest first (TE's binding ~10 min, apex, flash-attn ~2 h on 2 cores): a short
+    compile that fails should not wait behind a long one."""
+    out = []
+    arch_list = ";".join(archs)
+    te = lock.get("transformer-engine-torch")
+    if stack.transformer_engine and te:
+        out.append(Compiled(
+            te.name, te.version, "3-te", f"transformer_engine_torch-{te.version}.tar.gz", _one_hash(te), "sdist",
+            (("NVTE_FRAMEWORK", "pytorch"), ("NVTE_PYTORCH_FORCE_BUILD", "TRUE"),
+             ("NVTE_BUILD_USE_NVIDIA_WHEELS", "1"), ("NVTE_CUDA_ARCHS", arch_numbers(archs)),
+             ("TORCH_CUDA_ARCH_LIST", arch_list), ("NVTE_BUILD_THREADS_PER_JOB", "1"),
+             *((("NVTE_WITH_NCCL_EP", "0"),) if _nccl_ep_off(stack) else ())),
+            3.5))
+    if stack.apex:
+        out.append(Compiled(
+            "apex", stack.apex.ref[:12], "4-apex", stack.apex.archive_name, stack.apex.sha256 or "", "archive",
+            (("APEX_CPP_EXT", "1"), ("APEX_CUDA_EXT", "1"), ("TORCH_CUDA_ARCH_LIST", arch_list),
+             ("NVCC_APPEND_FLAGS", f"--threads {min(len(archs), 4)}")),
+            3.0, url=stack.apex.archive_url))
+    fa = lock.get("flash-attn")
+    if stack.flash_attn and fa and not flash_prebuilt:
+        out.append(Compiled(
+            fa.name, fa.version, "5-flash", f"flash_attn-{fa.version}.tar.gz", _one_hash(fa), "sdist",
+            (("FLASH_ATTENTION_FORCE_BUILD", "TRUE"), ("FLASH_ATTN_CUDA_ARCHS", arch_numbers(archs)),
+             ("TORCH_CUDA_ARCH_LIST", arch_list), ("NVCC_THREADS", str(min(len(archs), 4)))),
+            6.5))
+    return out
+
+
+def compiled_names(stack: Stack, lock: locks.Lock) -> frozenset[str]:
+    """The lock's distributions that are compiled here, not installed from the index (left out of lock parts)."""
+    names = {"transformer-engine-torch"} if stack.transformer_engine else set()
+    if stack.flash_attn and lock.get("flash-attn"):
+        names.add("flash-attn")
+    return frozenset(names)
+
+
+def _one_hash(entry: locks.Entry) -> str:
+    """An sdist-only release has one file, so one hash; more would mean wheels exist, which need no compile."""
+    return entry.hashes[0].removeprefix("sha256:") if entry.hashes else ""
+
+
+def _nccl_ep_off(stack: Stack) -> bool:
+    from dockerlaunch.images.build import nccl_ep_off  # build imports this module: import at call time
+
+    return nccl_ep_off(stack)
+
+
+# ---------------------------------------------------------------- the builder's facts and the key
+
+FACTS_PROBE = r"""
+import json, os, subprocess, sys, sysconfig
+out = {"python": sys.version.split()[0], "glibc": os.confstr("CS_GNU_LIBC_VERSION").split()[-1]}
+try:
+    out["gcc"] = subprocess.run(["gcc", "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
+except OSError:
+    out["gcc"] = ""
+try:
+    r = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+    out["nvcc"] = next((ln.split(",")[-1].strip() for ln in r.splitlines() if "release" in ln), "")
+except OSError:
+    out["nvcc"] = ""
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["torch_cuda"] = torch.version.cuda or ""
+except Exception as e:
+    out["torch"] = "unimportable: " + str(e)[:200]
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class BuilderFacts:
+    image: str
+    python: str
+    glibc: str
+    gcc: str
+    nvcc: str
+    torch: str
+    torch_cuda: str
+
+
+def probe_builder(image: str, docker: str = "docker") -> BuilderFacts:
+    r = subprocess.run([docker, "run", "--rm", "--network", "none", "--entrypoint", "python", image, "-c",
+                        FACTS_PROBE], capture_output=True, text=True, timeout=300)
+    try:
+        data = json.loads((r.stdout.strip().splitlines() or ["{}"])[-1])
+    except json.JSONDecodeError:
+        data = {}
+    if r.returncode != 0 or not data:
+        raise WheelError(f"cannot read the builder image {image}: {(r.stderr or r.stdout).strip()[-300:]}")
+    if data["torch"].startswith("unimportable"):
+        raise WheelError(f"torch does not import in the builder image {image}: {data['torch']}")
+    if not data.get("nvcc"):
+        raise WheelError(f"the builder image {image} has no nvcc on PATH: compiled packages need the CUDA toolkit")
+    return BuilderFacts(image, **{k: data.get(k, "") for k in ("python", "glibc", "gcc", "nvcc", "torch",
+                                                                 "torch_cuda")})
+
+
+def key_fields(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock) -> dict:
+    """Everything that changes the wheel's bytes. Not the base image's name (the compiler and glibc it has are
+    here) and not MAX_JOBS (parallelism changes no object)."""
+    def hashes(name: str) -> str:
+        e = lock.get(name)  # the release's files (one of them is installed), as one digest
+        return f"{e.version} files {hashlib.sha256(' '.join(sorted(e.hashes)).encode()).hexdigest()[:16]}" if e else ""
+
+    fields = {
+        "format": FORMAT, "package": pkg.name, "version": pkg.version, "source-sha256": pkg.source_sha256,
+        "python": facts.python, "glibc": facts.glibc, "gcc": facts.gcc, "nvcc": facts.nvcc,
+        "torch": f"{facts.torch} ({hashes('torch')})", "torch-cuda": facts.torch_cuda,
+        "cuda-toolkit": " ".join(f"{e.name}=={e.version}" for e in lock.layer("0-cuda")) or "the base image's",
+        "flags": dict(pkg.env),
+    }
+    if pkg.name == "transformer-engine-torch":  # links TE's core library and compiles against cuDNN's frontend
+        fields["te-core"] = hashes(f"transformer-engine-cu{facts.torch_cuda.split('.')[0]}")
+        fields["cudnn-frontend"] = hashes("nvidia-cudnn-frontend")
+    return fields
+
+
+def key_digest(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def why_not(want: dict, have: dict) -> str:
+    """Which fields of a cached wheel's key differ from the wanted one: `archs 8.0;9.0 != 9.0`."""
+    diffs = []
+    for k in sorted(set(want) | set(have)):
+        if want.get(k) != have.get(k):
+            if isinstance(want.get(k), dict) and isinstance(have.get(k), dict):
+                inner = [f"{f}={have[k].get(f)!s} (want {want[k].get(f)!s})"
+                         for f in sorted(set(want[k]) | set(have[k])) if want[k].get(f) != have[k].get(f)]
+                diffs.append(f"{k}: " + ", ".join(inner))
+            else:
+                diffs.append(f"{k} {have.get(k)} (want {want.get(k)})")
+    return "; ".join(diffs)
+
+
+# ---------------------------------------------------------------- the cache
+
+
+@dataclass
+class Entry:
+    """One key's folder: build/ (source, objects, log: mounted in the compile container), wheel.json once done."""
+
+    folder: Path
+
+    @property
+    def key(self) -> dict:
+        return json.loads((self.folder / "key.json").read_text())
+
+    @property
+    def done(self) -> dict | None:
+        try:
+            info = json.loads((self.folder / "wheel.json").read_text())
+        except (OSError, ValueError):
+            return None
+        wheel = self.folder / "build" / "dist" / info.get("file", "")
+        return info if wheel.is_file() else None
+
+    @property
+    def wheel(self) -> Path:
+        info = self.done
+        if not info:
+            raise WheelError(f"{self.folder}: no finished wheel")
+        return self.folder / "build" / "dist" / info["file"]
+
+
+def entry_for(pkg: Compiled, fields: dict, root: Path | None = None) -> Entry:
+    root = root or cache_root()
+    folder = root / "compiled" / f"{pkg.name}-{pkg.version}-{key_digest(fields)[:16]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    key_file = folder / "key.json"
+    if not key_file.exists():
+        key_file.write_text(json.dumps(fields, indent=1, sort_keys=True) + "\n")
+    return Entry(folder)
+
+
+def other_entries(pkg: Compiled, fields: dict, root: Path | None = None) -> list[tuple[Path, str]]:
+    """Finished wheels of the same package under other keys, each with why it does not fit."""
+    out = []
+    for folder in sorted((root or cache_root()).glob(f"compiled/{pkg.name}-*")):
+        e = Entry(folder)
+        try:
+            if e.done and e.key != fields:
+                out.append((folder, why_not(fields, e.key)))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class Source:
+    """A file a build needs that is pinned by content: an sdist (sha256 of the file, from the lock) or a source
+    archive (sha256 of its unpacked tree, from stacks.yaml)."""
+
+    what: str  # for messages: "flash-attn 2.8.3 source", "Megatron-LM ea651a3b source"
+    layer: str  # the wheelhouse folder that `fetch` puts it in
+    filename: str
+    sha256: str
+    kind: str  # "sdist" | "archive"
+    url: str | None = None  # an archive's upstream URL; sdists are found on the index by their hash
+    index_name: str = ""  # the distribution's name on the index (sdists)
+
+
+def source_of(pkg: Compiled) -> Source:
+    return Source(f"{pkg.label} source", pkg.layer, pkg.source, pkg.source_sha256, pkg.kind, pkg.url, pkg.name)
+
+
+def source_candidates(src: Source, wheelhouse: Path | None) -> list[Path]:
+    dirs = [wheelhouse / src.layer] if wheelhouse else []
+    dirs += [cache_root() / "sources"]
+    dirs += [Path(d) for d in os.environ.get(SOURCE_DIRS_ENV, "").split(":") if d]
+    return [d / src.filename for d in dirs]
+
+
+def get_source(src: Source, wheelhouse: Path | None, index_url: str | None, offline: bool,
+               log: Callable[[str], None], dest_dir: Path | None = None) -> Path:
+    """The source file, checked against its pin; downloaded (into `dest_dir`, default the cache) when no local
+    copy has it. A copy that does not match its pin stops here, naming both hashes."""
+    for cand in source_candidates(src, wheelhouse) + ([dest_dir / src.filename] if dest_dir else []):
+        if cand.is_file():
+            check_source(src, cand)
+            return cand
+    if offline:
+        where = ", ".join(str(c.parent) for c in source_candidates(src, wheelhouse))
+        raise WheelError(f"{src.what} {src.filename} is in none of {where}: fetch it on a connected machine "
+                         f"(dockerlaunch fetch), or put it in one of those folders ({SOURCE_DIRS_ENV})")
+    dest = (dest_dir or cache_root() / "sources") / src.filename
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    url = src.url or sdist_url(src, index_url)
+    log(f"{src.what}: downloading {src.filename}")
+    _download(url, dest, src.what)
+    try:
+        check_source(src, dest)
+    except DockerlaunchError:
+        dest.unlink(missing_ok=True)
+        raise
+    return dest
+
+
+def check_source(src: Source, path: Path) -> None:
+    if src.kind == "archive":
+        if not src.sha256:
+            raise WheelError(f"{src.what}: stacks.yaml gives no sha256 for it, so {path.name} cannot be checked: "
+                             f"add sha256: {sources.tree_sha256(path)} if this file is the one you trust")
+        sources.check_archive(path, src.what, src.sha256)
+        return
+    got = file_sha256(path)
+    if got != src.sha256:
+        raise WheelError(f"{src.what}: {path} does not match the lock (expected sha256 {src.sha256}, got {got}); "
+                         "delete it and fetch again")
+
+
+def sdist_url(src: Source, index_url: str | None) -> str:
+    """The sdist's URL from the index's JSON simple API (PEP 691), found by the lock's hash: `pip download` cannot
+    fetch these sdists (their setup.py imports torch to make metadata)."""
+    import urllib.request
+
+    index = (index_url or locks.DEFAULT_INDEX).rstrip("/")
+    page = f"{index}/{src.index_name}/"
+    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            data = json.load(r)
+    except (OSError, ValueError) as e:
+        raise WheelError(f"{src.what}: cannot list {page} ({e})") from None
+    for f in data.get("files", []):
+        if f.get("hashes", {}).get("sha256") == src.sha256:
+            return urllib.request.urljoin(page, f["url"])
+    raise WheelError(f"{src.what}: {index} has no file with the lock's sha256 {src.sha256}")
+
+
+def _download(url: str, dest: Path, what: str) -> None:
+    import urllib.request
+
+    part = dest.with_name(dest.name + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=120) as r, open(part, "wb") as f:
+            shutil.copyfileobj(r, f, 1 << 20)
+    except OSError as e:
+        part.unlink(missing_ok=True)
+        raise WheelError(f"{what}: downloading {url} failed ({e})") from None
+    part.replace(dest)
+
+
+def unpack(src: Path, dest: Path) -> None:
+    """The source into build/src (its one top folder stripped), once: a resumed compile keeps its objects."""
+    marker = dest / ".dockerlaunch-source"
+    if marker.is_file() and marker.read_text().strip() == src.name:
+        return
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with tarfile.open(src, "r:*") as tar:
+        tar.extractall(tmp, filter="data")
+    tops = list(tmp.iterdir())
+    inner = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
+    inner.rename(dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    marker.write_text(src.name + "\n")
+
+
+# ---------------------------------------------------------------- compiling
+
+
+def default_jobs(gb_per_job: float, meminfo: str | None = None, cpus: int | None = None) -> tuple[int, str | None]:
+    """(MAX_JOBS, warning): one job per core, at most as many as the available memory holds; a warning when not
+    even one job fits, said before an hour of compiling ends in the OOM killer."""
+    cpus = cpus or os.cpu_count() or 1
+    if meminfo is None:
+        try:
+            meminfo = Path("/proc/meminfo").read_text()
+        except OSError:
+            return 1, None
+    m = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.M)
+    avail = int(m.group(1)) / 2**20 if m else 16.0
+    jobs = max(1, min(cpus, int(avail // gb_per_job)))
+    warn = None
+    if avail < gb_per_job:
+        warn = (f"one compile job needs ~{gb_per_job:.1f} GB and {avail:.1f} GB is available: it will likely be "
+                "killed for memory; free memory, or build on a bigger host (--on HOST)")
+    return jobs, warn
+
+
+def ninja_progress(build: Path) -> tuple[int, int]:
+    """(objects built, objects in build.ninja) of a setuptools/torch ninja build below `build`; (0, 0) before
+    build.ninja exists."""
+    done = total = 0
+    for ninja in build.glob("src/build/temp*/build.ninja"):
+        try:  # finished commands only: an object cut off mid-write is in the folder but not in the log
+            logged = {ln.split("\t")[3] for ln in (ninja.parent / ".ninja_log").read_text(errors="replace")
+                      .splitlines() if ln.count("\t") >= 4}
+        except OSError:
+            logged = set()
+        for line in ninja.read_text(errors="replace").splitlines():
+            m = re.match(r"^build (\S+\.o): ", line)
+            if m:
+                total += 1
+                target = m.group(1)
+                host = Path(str(build) + target[len(CONTAINER_DIR):]) if target.startswith(CONTAINER_DIR) else None
+                if target in logged and host is not None and host.exists():
+                    done += 1
+    return done, total
+
+
+def first_error(log: str) -> str:
+    """The failing file and its first error, out of thousands of warning lines."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("FAILED: "):
+            target = line[len("FAILED: "):].strip()
+            src = re.search(r"/src/(\S+?)\.o$", target)
+            errs = [ln.strip() for ln in lines[i + 1:i + 400] if re.search(r"\berror\b", ln) and "FAILED" not in ln]
+            what = errs[0] if errs else (lines[i + 2].strip() if len(lines) > i + 2 else "")
+            return f"{src.group(1) if src else target}: {what[:300]}"
+    errs = [ln.strip() for ln in lines if re.match(r"^\s*(error|ERROR|RuntimeError|OSError|\S+Error):", ln.strip())]
+    return (errs[-1] if errs else (lines[-1].strip() if lines else "no output"))[:300]
+
+
+@dataclass
+class Sample:
+    peak_rss: int = 0
+    cpu_ns: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def _cgroup_paths(cid: str) -> tuple[Path | None, Path | None]:
+    """(memory.stat, cpu usage) of a container: cgroup v1 (docker/<id>) or v2 (system.slice/docker-<id>.scope)."""
+    for mem, cpu in ((Path(f"/sys/fs/cgroup/memory/docker/{cid}/memory.stat"),
+                      Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")),
+                     (Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.stat"),
+                      Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"))):
+        if mem.exists():
+            return mem, cpu
+    return None, None
+
+
+def _sample(cid: str, s: Sample) -> None:
+    mem, cpu = _cgroup_paths(cid)
+    while mem is not None and not s.stop.is_set():
+        try:
+            stat = mem.read_text()
+            m = re.search(r"^(?:total_rss|anon) (\d+)$", stat, re.M)
+            if m:
+                s.peak_rss = max(s.peak_rss, int(m.group(1)))
+            text = cpu.read_text()
+            m = re.search(r"usage_usec (\d+)", text)
+            s.cpu_ns = int(m.group(1)) * 1000 if m else int(text.split()[0])
+        except (OSError, ValueError, IndexError):
+            break
+        s.stop.wait(2)
+
+
+def compile_command(pkg: Compiled, jobs: int) -> str:
+    env = " ".join(f"{k}={_sh(v)}" for k, v in (*pkg.env, ("MAX_JOBS", str(jobs))))
+    site = '"$(python -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')"'
+    extra = ""
+    if pkg.name == "transformer-engine-torch":  # cuDNN's frontend headers are in site-packages/include
+        extra = f"CPLUS_INCLUDE_PATH={site}/include CUDNN_PATH={site}/nvidia/cudnn "
+    return (f"cd {CONTAINER_DIR}/src && {extra}{env} pip wheel -v --no-build-isolation --no-deps --no-index "
+            f"-w {CONTAINER_DIR}/dist . > {CONTAINER_DIR}/log 2>&1")
+
+
+def _sh(v: str) -> str:
+    import shlex
+
+    return shlex.quote(v)
+
+
+def container_name(entry: Entry) -> str:
+    return "dockerlaunch-compile-" + entry.folder.name[-16:]
+
+
+def compile_wheel(pkg: Compiled, entry: Entry, builder: str, source: Path, jobs: int, docker: str = "docker",
+                  log: Callable[[str], None] | None = None, every: float = 30.0) -> dict:
+    """Compile `pkg` into a wheel in a container of `builder`, its build folder mounted from the cache; returns
+    wheel.json's record. A container of the same key still running (a launcher killed earlier) is waited for,
+    not doubled."""
+    log = log or (lambda msg: _LOG.info("%s", msg))
+    build = entry.folder / "build"
+    build.mkdir(exist_ok=True)
+    unpack(source, build / "src")
+    shutil.rmtree(build / "dist", ignore_errors=True)
+    (build / "dist").mkdir()
+    name = container_name(entry)
+    state = subprocess.run([docker, "inspect", "--format", "{{.State.Running}}", name], capture_output=True,
+                           text=True)
+    if state.returncode == 0 and state.stdout.strip() == "true":
+        log(f"{pkg.label}: a compile of this key is already running ({name}); waiting for it")
+    else:
+        subprocess.run([docker, "rm", "-f", name], capture_output=True)
+        done0, total0 = ninja_progress(build)
+        resumed = f", resuming at {done0}/{total0} objects" if done0 else ""
+        log(f"{pkg.label}: compiling in {builder} with MAX_JOBS={jobs} ({', '.join(f'{k}={v}' for k, v in pkg.env)})"
+            f"{resumed}; build folder {build}")
+        r = subprocess.run([docker, "run", "--detach", "--name", name, "--network", "none",
+                            "--label", "ai.dockerlaunch.compile=" + entry.folder.name,
+                            "-v", f"{build}:{CONTAINER_DIR}", "--entrypoint", "bash", builder, "-c",
+                            compile_command(pkg, jobs)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise WheelError(f"{pkg.label}: cannot start the compile container: {(r.stderr or r.stdout).strip()[:300]}")
+    cid = subprocess.run([docker, "inspect", "--format", "{{.Id}}", name], capture_output=True,
+                         text=True).stdout.strip()
+    sample = Sample()
+    threading.Thread(target=_sample, args=(cid, sample), daemon=True).start()
+    history = _history(pkg)
+    t0 = time.monotonic()
+    start_done = ninja_progress(build)[0]
+    try:
+        waiter = subprocess.Popen([docker, "wait", name], stdout=subprocess.PIPE, text=True)
+        while True:
+            try:
+                out, _ = waiter.communicate(timeout=every)
+                break
+            except subprocess.TimeoutExpired:
+                done, total = ninja_progress(build)
+                log(_progress_line(pkg, done, total, start_done, time.monotonic() - t0, history))
+        code = int((out or "1").strip() or 1)
+    except BaseException:
+        subprocess.run([docker, "rm", "-f", name], capture_output=True)  # objects stay: the next run resumes
+        raise
+    finally:
+        sample.stop.set()
+    wall = time.monotonic() - t0
+    text = (build / "log").read_text(errors="replace") if (build / "log").exists() else ""
+    subprocess.run([docker, "rm", "-f", name], capture_output=True)
+    wheels = sorted((build / "dist").glob("*.whl"))
+    if code != 0 or not wheels:
+        raise WheelError(f"compile of {pkg.label} failed (exit {code}) at {first_error(text)}; whole log: "
+                         f"{build / 'log'}; run again to resume from the {ninja_progress(build)[0]} objects built")
+    done, total = ninja_progress(build)
+    info = {"file": wheels[-1].name, "sha256": file_sha256(wheels[-1]), "size": wheels[-1].stat().st_size,
+            "wall_s": round(wall, 1), "cpu_s": round(sample.cpu_ns / 1e9, 1), "peak_rss": sample.peak_rss,
+            "objects": total, "objects_this_run": done - start_done, "jobs": jobs,
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (entry.folder / "wheel.json").write_text(json.dumps(info, indent=1) + "\n")
+    with open(cache_root() / "compiled" / "history.jsonl", "a") as f:
+        f.write(json.dumps({"package": pkg.name, "version": pkg.version, "archs": dict(pkg.env), **info}) + "\n")
+    log(f"{pkg.label}: {info['file']} ({info['size'] / 2**20:.0f} MB) in {wall / 60:.1f} min, "
+        f"{info['cpu_s'] / 60:.0f} CPU-min, peak {sample.peak_rss / 2**30:.1f} GB")
+    return info
+
+
+def _history(pkg: Compiled) -> dict | None:
+    """The last finished build of this package and version: its CPU time makes the first estimate."""
+    path = cache_root() / "compiled" / "history.jsonl"
+    last = None
+    try:
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("package") == pkg.name and rec.get("version") == pkg.version and rec.get("objects"):
+                last = rec
+    except (OSError, ValueError):
+        pass
+    return last
+
+
+def _progress_line(pkg: Compiled, done: int, total: int, start_done: int, elapsed: float,
+                   history: dict | None) -> str:
+    if not total:
+        return f"{pkg.label}: preparing the build ({elapsed / 60:.0f} min)"
+    left = ""
+    ran = done - start_done
+    if ran > 0:
+        left = f", ~{math.ceil(elapsed / ran * (total - done) / 60)} min left at this rate"
+    elif history and history.get("wall_s"):
+        left = f", ~{math.ceil(history['wall_s'] / history['objects'] * (total - done) / 60)} min left (last build)"
+    return f"{pkg.label}: {done}/{total} objects, {elapsed / 60:.0f} min{left}"
+
+
+def ensure_wheel(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock, builder: str, *, wheelhouse: Path | None,
+                 index_url: str | None, offline: bool, max_jobs: int | None, docker: str = "docker",
+                 log: Callable[[str], None] | None = None) -> tuple[Path, str]:
+    """(wheel, sha256) of `pkg` for this builder: the cached one when its key matches, else compiled now. A cached
+    wheel whose bytes no longer match its record is refused."""
+    log = log or (lambda msg: _LOG.info("%s", msg))
+    fields = key_fields(pkg, facts, lock)
+    entry = entry_for(pkg, fields)
+    info = entry.done
+    if info:
+        got = file_sha256(entry.wheel)
+        if got != info["sha256"]:
+            raise WheelError(f"{pkg.label}: the cached wheel {entry.wheel} changed since it was built (recorded "
+                             f"sha256 {info['sha256']}, now {got}); delete {entry.folder} to compile it again")
+        log(f"{pkg.label}: cached wheel {info['file']} (key {entry.folder.name[-16:]}, built {info.get('built')}): "
+            "nothing to compile")
+        return entry.wheel, info["sha256"]
+    for folder, why in other_entries(pkg, fields):
+        log(f"{pkg.label}: cached wheel {folder.name} not used: {why}")
+    source = get_source(source_of(pkg), wheelhouse, index_url, offline, log)
+    jobs, warn = (max_jobs, None) if max_jobs else default_jobs(pkg.gb_per_job)
+    if warn:
+        log(f"{pkg.label}: warning: {warn}")
+    info = compile_wheel(pkg, entry, builder, source, jobs, docker=docker, log=log)
+    return entry.wheel, info["sha256"]
