@@ -3,11 +3,11 @@
 # Layers run from least to most often changed, so an ms-swift bump rebuilds only the top layer. Each layer bind-mounts only its own part of the build
 # context's wheelhouse/ (filled by `dockerlaunch fetch`; empty dirs online), which keeps its cache key
 # independent of the layers above it. Needs BuildKit; no syntax directive, so offline builds pull nothing.
-# Two stages: `builder` (system, CUDA toolkit, torch, build tools, TE's prebuilt core) is where `dockerlaunch
-# wheels` compiles TE's torch binding, apex and flash-attn into cached wheels, outside BuildKit; `train` installs
-# those wheels with their hashes and compiles nothing.
+# Stages: `cuda` (system and, on a made base, the CUDA toolkit from PyPI), `builder` (+ torch, build tools, TE's
+# prebuilt core) where `dockerlaunch wheels` compiles TE's torch binding, apex and flash-attn into cached wheels,
+# outside BuildKit; `train` installs those wheels with their hashes and compiles nothing.
 ARG BASE_IMAGE=debian:bookworm-20251229-slim
-FROM ${BASE_IMAGE} AS builder
+FROM ${BASE_IMAGE} AS cuda
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -72,6 +72,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     fi
 ENV PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH
 
+FROM cuda AS builder
+ARG OFFLINE=0
 # 2. torch and what it pulls (the CUDA runtime wheels), from the registry or, for a local variant (+cpu, +cu128),
 #    from the PyTorch index.
 ARG TORCH_INDEX_URL=""

@@ -132,8 +132,11 @@ def _build_options(kw: dict):
               help="GPU architectures to compile for, e.g. 9.0 or '8.0;9.0;10.0' (default: this machine's GPUs, "
                    "else 9.0: H100/H200). Each one more multiplies the compile time.")
 @click.option("--force", is_flag=True, help="Build even if the stack violates a compatibility rule.")
+@click.option("--stage", type=click.Choice(["cuda", "builder", "train"]), default="train", show_default=True,
+              help="Stop at a stage: cuda (system + CUDA toolkit), builder (+ torch, build tools, TE's core), or "
+                   "the training image (compiled wheels installed, verified).")
 @click.option("--dry-run", is_flag=True, help="Print the docker build command; build nothing.")
-def build(stack_name: str, dry_run: bool, **kw) -> None:
+def build(stack_name: str, dry_run: bool, stage: str, **kw) -> None:
     """Build a stack's image, then verify it (imports, versions vs pins)."""
     from dockerlaunch.images import build as buildlib
     from dockerlaunch.images import lock as locks
@@ -150,7 +153,9 @@ def build(stack_name: str, dry_run: bool, **kw) -> None:
         archs = buildlib.cuda_archs(stack, opts, buildlib.local_gpu_archs() if stack.cuda else [])
         buildlib.check_archs(stack, archs)
         opts = replace(opts, cuda_archs=archs)
-        click.echo(format_argv(buildlib.render_build(stack, opts, lock), 0))
+        click.echo(format_argv(buildlib.render_build(stack, opts, lock, target=stage), 0))
+        if stage != "train":
+            return
         pkgs = wheels.compiled_packages(stack, lock, archs, flash_prebuilt=bool(buildlib.flash_attn_wheel(stack)))
         if pkgs:
             jobs = opts.max_jobs or "per package"
@@ -160,7 +165,7 @@ def build(stack_name: str, dry_run: bool, **kw) -> None:
             click.echo(format_argv(buildlib.render_build(stack, opts, lock, target="builder",
                                                          tag=buildlib.builder_tag(stack)), 0))
         return
-    code, _ = buildlib.build(stack, opts, out=sys.stdout)
+    code, _ = buildlib.build(stack, opts, out=sys.stdout, stage=stage)
     sys.exit(code)
 
 

@@ -33,10 +33,11 @@ MIRROR_ENV = "DOCKERLAUNCH_DEBIAN_MIRROR"
 REPO = "dockerlaunch/os"
 LABEL = "ai.dockerlaunch.base"
 # What train.Dockerfile's system layer installs on a registry base, here baked in by debootstrap: Python (venv,
-# headers for extensions), a compiler, RDMA userspace (without it NCCL silently falls back to TCP), network and
-# debug tools.
-SYSTEM_PACKAGES = ("build-essential", "ca-certificates", "git", "rdma-core", "libibverbs1", "ibverbs-providers",
-                   "infiniband-diags", "perftest", "iproute2", "netcat-openbsd", "openssh-client", "procps")
+# headers for extensions), a compiler and ninja (so the CUDA stage alone can compile), RDMA userspace (without it
+# NCCL silently falls back to TCP), network and debug tools.
+SYSTEM_PACKAGES = ("build-essential", "ninja-build", "ca-certificates", "git", "rdma-core", "libibverbs1",
+                   "ibverbs-providers", "infiniband-diags", "perftest", "iproute2", "netcat-openbsd", "openssh-client",
+                   "procps")
 # Packages whose versions change what a compile produces (the compilers themselves, gcc-14 not the gcc meta
 # package; glibc): recorded as labels, read by the wheel cache's key.
 RECORDED = re.compile(r"^(gcc-\d+|g\+\+-\d+|libc6)$")

@@ -665,13 +665,18 @@ def build_wheels(s: Session) -> list[tuple[Path, str]]:
 
 
 def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
-          builder: Builder | None = None) -> tuple[int, str]:
+          builder: Builder | None = None, stage: str = "train") -> tuple[int, str]:
     """Run the build; returns (exit code, full log). `out` (the CLI passes stdout) gets the log as it comes.
     `builder`: default `find_builder()`. Order: base (made or checked), the builder stage, each compiled package
-    from the wheel cache or compiled now, then the image, which installs those wheels; then verify."""
+    from the wheel cache or compiled now, then the image, which installs those wheels; then verify. `stage` cuda
+    or builder stops there (tagged --tag, else dockerlaunch/<stage>:<stack>; nothing compiled or verified)."""
     out = out or io.StringIO()
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-build-") as tmp:
         s = start(stack, opts, out, Path(tmp), builder)
+        if stage != "train":
+            tag = opts.tag or (builder_tag(stack) if stage == "builder" else f"dockerlaunch/cuda:{stack.name}")
+            code, text = s.run(s.argv(prepare_context(stack, s.opts, s.lock, s.work / stage), stage, tag))
+            return code, _fail(stack, opts, text) if code else text
         compiled = build_wheels(s)
         ctx = prepare_context(stack, s.opts, s.lock, s.work / "train", compiled, s.archives)
         code, text = s.run(s.argv(ctx, "train"))

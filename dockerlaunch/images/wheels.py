@@ -166,8 +166,8 @@ def probe_builder(image: str, docker: str = "docker") -> BuilderFacts:
         data = {}
     if r.returncode != 0 or not data:
         raise WheelError(f"cannot read the builder image {image}: {(r.stderr or r.stdout).strip()[-300:]}")
-    if data["torch"].startswith("unimportable"):
-        raise WheelError(f"torch does not import in the builder image {image}: {data['torch']}")
+    if data["torch"].startswith("unimportable"):  # a package that needs torch fails in its compile, saying so
+        data["torch"] = data["torch_cuda"] = ""
     if not data.get("nvcc"):
         raise WheelError(f"the builder image {image} has no nvcc on PATH: compiled packages need the CUDA toolkit")
     return BuilderFacts(image, **{k: data.get(k, "") for k in ("python", "glibc", "gcc", "nvcc", "torch",

@@ -1,0 +1,1 @@
+"""The tiny compiled package of the wheel-cache tests."""

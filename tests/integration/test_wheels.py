@@ -1,0 +1,205 @@
+"""The CI slice of the CUDA build, for real: the recommended stack's `cuda` stage (a Debian base made with
+debootstrap, the CUDA 13 toolkit from its locked PyPI wheels, no registry) compiles and links sm_90 code, and a
+compiled package goes through the wheel cache: built once, reused, refused for another key, resumed after a kill."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from dockerlaunch.images import lock as locks
+from dockerlaunch.images import wheels
+from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
+
+pytestmark = pytest.mark.integration
+
+STACK = "swift4.6-mcore0.19-cu13-py313"
+TINY = Path(__file__).parent / "data" / "tinycuda"
+
+
+def docker(*args, check=True, timeout=600, **kw):
+    r = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, **kw)
+    assert not check or r.returncode == 0, (args, r.stderr[-2000:])
+    return r
+
+
+@pytest.fixture(scope="module")
+def cuda_stage(engine):
+    """`dockerlaunch build --stack <recommended> --stage cuda`: what a user's first step of the build makes. A
+    failed download fails here (the test needs PyPI and a Debian mirror, as the build does)."""
+    tag = "dltest/cuda-stage:slice"
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "build", "--stack", STACK, "--stage", "cuda",
+                        "--tag", tag], capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-2000:])
+    assert "release 13.0" in r.stdout  # the layer's own nvcc --version
+    yield tag
+    docker("rmi", tag, check=False)
+
+
+def test_the_cuda_stage_compiles_and_links_sm90(cuda_stage, tmp_path):
+    """nvcc from PyPI's wheels, laid out as /usr/local/cuda: an executable (cudart_static from lib64) and a shared
+    library (-lcudart from lib), each with an sm_90 cubin; no GPU needed."""
+    (tmp_path / "k.cu").write_text(
+        '#include <cub/cub.cuh>\n#include <cstdio>\n'
+        '__global__ void twice(float *x) { x[threadIdx.x] *= 2; }\n'
+        'extern "C" int run(float *x) { twice<<<1, 32>>>(x); return cudaGetLastError(); }\n'
+        'int main() { printf("%d\\n", CUB_VERSION > 0); return 0; }\n')
+    script = ("cd /w && nvcc -arch=sm_90 -o app k.cu && nvcc -arch=sm_90 -shared -Xcompiler -fPIC -lcudart "
+              "-o libk.so k.cu && ./app && ls -l /usr/local/cuda/lib64/libcudart_static.a")
+    r = docker("run", "--rm", "--network", "none", "-v", f"{tmp_path}:/w", cuda_stage, "bash", "-c", script)
+    assert r.stdout.splitlines()[0] == "1"
+    for f in ("app", "libk.so"):
+        assert b"sm_90" in (tmp_path / f).read_bytes()  # the cubin's arch string is in the fatbin
+
+
+# ---------------------------------------------------------------- the wheel cache, on a tiny real package
+
+
+@pytest.fixture(scope="module")
+def tiny_builder(cuda_stage, tmp_path_factory):
+    """The cuda stage plus setuptools and wheel (what the builder stage's build layer has): enough to compile
+    the tiny package, without torch's 3 GB."""
+    ctx = tmp_path_factory.mktemp("tiny-builder")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--only-binary", ":all:",
+                    "-q", "-d", str(ctx), "setuptools==80.9.0", "wheel==0.45.1"], check=True, timeout=300)
+    (ctx / "Dockerfile").write_text(f"FROM {cuda_stage}\nCOPY *.whl /tmp/w/\n"
+                                    "RUN pip install --no-index /tmp/w/*.whl && rm -rf /tmp/w\n")
+    tag = "dltest/tiny-builder:slice"
+    docker("build", "--network", "host", "-t", tag, str(ctx), env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    yield tag
+    docker("rmi", tag, check=False)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def tiny_sdist(tmp_path_factory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("tiny") / "dltiny-0.1.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(TINY, arcname="dltiny-0.1", filter=lambda t: None if "__pycache__" in t.name else t)
+    return out, hashlib.sha256(out.read_bytes()).hexdigest()
+
+
+def tiny(sdist: tuple[Path, str], archs: str = "90", delay: str = "0") -> wheels.Compiled:
+    return wheels.Compiled("dltiny", "0.1", "5-flash", sdist[0].name, sdist[1], "sdist",
+                           (("TINY_CUDA_ARCHS", archs), ("TINY_DELAY", delay)), 1.0)
+
+
+def ensure(pkg, builder, sdist_dir, logs, **kw):
+    facts = wheels.probe_builder(builder)
+    lock = locks.read(load_matrix().get(STACK), default_dockerfiles_dir())
+    return wheels.ensure_wheel(pkg, facts, lock, builder, wheelhouse=sdist_dir, index_url=None, offline=True,
+                               max_jobs=1, log=logs.append, **kw)
+
+
+def wheelhouse_with(sdist, tmp_path) -> Path:
+    wh = tmp_path / "wh"
+    (wh / "5-flash").mkdir(parents=True)
+    shutil.copy(sdist[0], wh / "5-flash" / sdist[0].name)
+    return wh
+
+
+def test_a_compiled_wheel_is_built_once_and_reused(tiny_builder, tiny_sdist, cache, tmp_path):
+    wh = wheelhouse_with(tiny_sdist, tmp_path)
+    logs: list[str] = []
+    wheel, sha = ensure(tiny(tiny_sdist), tiny_builder, wh, logs)
+    assert wheel.name.startswith("dltiny-0.1-cp313-cp313-") and hashlib.sha256(wheel.read_bytes()).hexdigest() == sha
+    assert any("compiling in dltest/tiny-builder:slice with MAX_JOBS=1" in ln for ln in logs), logs
+    entry = wheels.Entry(wheel.parents[2])
+    assert entry.done["objects"] == 6 and entry.done["objects_this_run"] == 6 and entry.done["cpu_s"] > 0
+    logs.clear()
+    again, sha2 = ensure(tiny(tiny_sdist), tiny_builder, wh, logs)  # a second build: nothing compiles
+    assert (again, sha2) == (wheel, sha)
+    assert any("nothing to compile" in ln for ln in logs) and not any("compiling in" in ln for ln in logs), logs
+    # the cached wheel's bytes are checked against its record before use
+    wheel.write_bytes(wheel.read_bytes() + b"x")
+    with pytest.raises(wheels.WheelError, match=r"changed since it was built \(recorded sha256 "):
+        ensure(tiny(tiny_sdist), tiny_builder, wh, [])
+    # another architecture is another key: compiled again, and the log says why the cached wheel did not fit
+    logs.clear()
+    other, _ = ensure(tiny(tiny_sdist, archs="89"), tiny_builder, wh, logs)
+    assert other != wheel
+    assert any("not used: flags: TINY_CUDA_ARCHS=90 (want 89)" in ln for ln in logs), logs
+
+
+def test_every_part_of_the_key_changes_it(tiny_sdist):
+    """A wheel built for another torch, CUDA, Python, compiler, glibc, source or architecture is never used: each
+    part changes the key, and why_not names it."""
+    facts = wheels.BuilderFacts("img", "3.13.5", "2.41", "14.2.0", "V13.0.88", "2.11.0+cu130", "13.0")
+    lock = locks.read(load_matrix().get(STACK), default_dockerfiles_dir())
+    base = wheels.key_fields(tiny(tiny_sdist), facts, lock)
+    variants = {
+        "python": facts.__class__(**{**facts.__dict__, "python": "3.13.6"}),
+        "glibc": facts.__class__(**{**facts.__dict__, "glibc": "2.42"}),
+        "gcc": facts.__class__(**{**facts.__dict__, "gcc": "14.3.0"}),
+        "nvcc": facts.__class__(**{**facts.__dict__, "nvcc": "V13.0.90"}),
+        "torch": facts.__class__(**{**facts.__dict__, "torch": "2.12.0+cu130"}),
+        "torch-cuda": facts.__class__(**{**facts.__dict__, "torch_cuda": "13.2"}),
+    }
+    for part, other in variants.items():
+        fields = wheels.key_fields(tiny(tiny_sdist), other, lock)
+        assert wheels.key_digest(fields) != wheels.key_digest(base), part
+        assert wheels.why_not(base, fields).startswith(f"{part} "), (part, wheels.why_not(base, fields))
+    for part, pkg in {"source-sha256": tiny((tiny_sdist[0], "0" * 64)),
+                      "flags": tiny(tiny_sdist, archs="80;90")}.items():
+        fields = wheels.key_fields(pkg, facts, lock)
+        assert wheels.why_not(base, fields).startswith(f"{part}"), part
+    cpu_lock = locks.read(load_matrix().get("cpu"), default_dockerfiles_dir())  # no 0-cuda layer: the base's CUDA
+    assert wheels.why_not(base, wheels.key_fields(tiny(tiny_sdist), facts, cpu_lock)).startswith("cuda-toolkit ")
+    assert "MAX_JOBS" not in str(base)  # parallelism changes no byte
+
+
+def test_a_killed_compile_resumes_from_its_objects(tiny_builder, tiny_sdist, cache, tmp_path, engine):
+    wh = wheelhouse_with(tiny_sdist, tmp_path)
+    pkg = tiny(tiny_sdist, delay="3")  # 3 s before each of the 6 objects: time to kill it halfway
+    errors: list[BaseException] = []
+    logs: list[str] = []
+
+    def first():
+        try:
+            ensure(pkg, tiny_builder, wh, logs)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            errors.append(e)
+
+    t = threading.Thread(target=first)
+    t.start()
+    entry = None
+    for _ in range(600):
+        folders = list((cache / "compiled").glob("dltiny-0.1-*"))
+        if folders and wheels.ninja_progress(folders[0] / "build")[0] >= 2:
+            entry = wheels.Entry(folders[0])
+            break
+        t.join(0.2)
+    assert entry is not None, logs
+    docker("kill", wheels.container_name(entry))
+    t.join(120)
+    assert errors and isinstance(errors[0], wheels.WheelError), (errors, logs)
+    assert "run again to resume from the" in str(errors[0]) and "failed (exit 137)" in str(errors[0])
+    done_before = wheels.ninja_progress(entry.folder / "build")[0]
+    assert 2 <= done_before < 6
+    logs.clear()
+    wheel, _ = ensure(pkg, tiny_builder, wh, logs)
+    info = entry.done
+    assert wheel.is_file() and info["objects"] == 6 and info["objects_this_run"] == 6 - done_before, info
+    assert any(f"resuming at {done_before}/6 objects" in ln for ln in logs), logs
+
+
+def test_a_source_that_is_not_the_locked_one_stops_the_compile(tiny_builder, tiny_sdist, cache, tmp_path):
+    wh = wheelhouse_with(tiny_sdist, tmp_path)
+    swapped = wh / "5-flash" / tiny_sdist[0].name
+    swapped.write_bytes(swapped.read_bytes() + b"\0")
+    with pytest.raises(wheels.WheelError) as e:
+        ensure(tiny(tiny_sdist), tiny_builder, wh, [])
+    msg = str(e.value)
+    assert "does not match the lock (expected sha256 " + tiny_sdist[1] in msg and len(msg.splitlines()) == 1
+    assert not list((cache / "compiled").glob("*/build/dist/*.whl"))  # nothing compiled from it
