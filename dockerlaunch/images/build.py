@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,9 +32,6 @@ from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
 _LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use stays quiet
 
 FETCH_STAMPS = ".dockerlaunch-fetch.json"  # in the wheelhouse: each layer's requirements when last fetched
-# sdists that must compile against the image's torch/CUDA: fetched as sources, built in the image
-BUILD_IN_IMAGE = {"transformer-engine-torch", "transformer_engine_torch", "flash-attn", "flash_attn", "deepspeed",
-                  "apex"}
 LABEL_PREFIX = "ai.dockerlaunch"
 FREEZE_PATH = "/opt/dockerlaunch/pip-freeze.txt"
 DOCKERFILE = "train.Dockerfile"
@@ -427,8 +423,8 @@ def not_from_index(stack: Stack, lock: locks.Lock) -> frozenset[str]:
 
 def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir: Path,
                     compiled: list[tuple[Path, str]] = (), archives: list[Path] = ()) -> Path:
-    """wheelhouse/<layer>/ (hard links into the fetched wheelhouse offline, else empty) and lock/<layer>.txt:
-    the lock's part of each layer, or offline the wheelhouse's own (fetch hashed the wheels it built);
+    """wheelhouse/<layer>/ (hard links into the fetched wheelhouse, else empty) and lock/<layer>.txt: the committed
+    lock's part of each layer (pip checks each file against its hashes, online or off);
     wheelhouse/compiled/ and lock/compiled.txt: the compiled wheels with the sha256 the cache recorded;
     `archives`: source archives already checked against their pins (Megatron-LM), for the layer that bakes them."""
     ctx = workdir / "context"
@@ -437,13 +433,7 @@ def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir:
     for layer in LAYERS:
         dest = ctx / "wheelhouse" / layer
         dest.mkdir(parents=True, exist_ok=True)
-        if opts.offline and opts.wheelhouse:
-            part = Path(opts.wheelhouse) / f"{layer}.lock"
-            text = part.read_text() if part.is_file() else ""
-            text = "".join(ln + "\n" for ln in text.splitlines() if locks.normalize(ln.split("==")[0]) not in drop)
-        else:
-            text = lock.layer_text(layer, drop)
-        (ctx / "lock" / f"{layer}.txt").write_text(text)
+        (ctx / "lock" / f"{layer}.txt").write_text(lock.layer_text(layer, drop))
         if not opts.wheelhouse:
             continue
         src = Path(opts.wheelhouse) / layer
@@ -476,7 +466,9 @@ def _link(src: Path, dest: Path) -> None:
 
 
 def check_wheelhouse(stack: Stack, opts: BuildOptions, lock: locks.Lock) -> None:
-    """Offline: every locked distribution is in the wheelhouse, as fetch left it (one line naming what is not)."""
+    """Offline: every locked distribution is in the wheelhouse and is the locked file, its sha256 one of those the
+    committed lock lists (the wheelhouse's own `<layer>.lock` only says which file is which: a swapped file with
+    its line edited to match is still caught). One line naming the file, before anything is built."""
     if not opts.offline:
         return
     if not opts.wheelhouse:
@@ -484,7 +476,7 @@ def check_wheelhouse(stack: Stack, opts: BuildOptions, lock: locks.Lock) -> None
     wh = Path(opts.wheelhouse)
     fix = f"run: dockerlaunch fetch --stack {stack.name} -o {wh}"
     for layer in LAYERS:
-        want = {(e.name, e.version) for e in lock.layer(layer) if e.name not in not_from_index(stack, lock)}
+        want = [e for e in lock.layer(layer) if e.name not in flash_drop(stack)]
         if not want:
             continue
         part = wh / f"{layer}.lock"
@@ -495,14 +487,20 @@ def check_wheelhouse(stack: Stack, opts: BuildOptions, lock: locks.Lock) -> None
             m = re.match(r"^(\S+)==(\S+) --hash=sha256:[0-9a-f]{64}\s+# (\S+)$", line)
             if m:
                 have[(m.group(1), m.group(2))] = m.group(3)
-        missing = sorted(want - set(have))
-        if missing:
-            name, version = missing[0]
-            raise ConfigError(f"--wheelhouse {wh}: {name}=={version} (layer {layer}) is not in it; it was "
-                              f"fetched for other pins; {fix}")
-        for (name, version), filename in sorted(have.items()):
-            if not (wh / layer / filename).is_file():
-                raise ConfigError(f"--wheelhouse {wh}: {layer}/{filename} ({name}=={version}) is missing; {fix}")
+        for e in want:
+            filename = have.get((e.name, e.version))
+            if filename is None:
+                raise ConfigError(f"--wheelhouse {wh}: {e.name}=={e.version} (layer {layer}) is not in it; it was "
+                                  f"fetched for other pins; {fix}")
+            path = wh / layer / filename
+            if not path.is_file():
+                raise ConfigError(f"--wheelhouse {wh}: {layer}/{filename} ({e.name}=={e.version}) is missing; {fix}")
+            got = wheels.file_sha256(path)
+            if f"sha256:{got}" not in e.hashes:
+                raise BuildError(f"build of stack {stack.name}: {layer}/{filename} ({e.name}=={e.version}) does not "
+                                 f"match the lock's hash (got sha256 {got[:12]}..., not one of the lock's "
+                                 f"{len(e.hashes)}); a wheelhouse file was changed: fetch again (dockerlaunch fetch "
+                                 f"--stack {stack.name} -o {wh}); nothing was tagged")
 
 
 def hash_mismatch(log: str) -> str | None:
@@ -738,14 +736,14 @@ def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None
           find_links: Sequence[str] = ()) -> dict[str, int]:
     """Download exactly the stack's lock, layer by layer, and the source archives of git pins, for offline builds.
     Each file is found on the index (or a find-links folder) by the lock's sha256 for the stack's Python and
-    platform, whatever Python runs this, and checked as it arrives. Where this Python is the stack's, pure-Python
-    sdists become wheels here (the image's pip then needs no build backends). Each layer's `<layer>.lock` beside
-    its folder names every file with its sha256, for the offline build's --require-hashes."""
+    platform, whatever Python runs this, and checked as it arrives. Every file is the locked one, byte for byte:
+    the few sdists (crcmod, oss2...) stay sdists and the image's top layer builds them with the build layer's
+    setuptools, so the offline build can check each file against the committed lock, not against a list this
+    machine wrote. Each layer's `<layer>.lock` beside its folder names its files, for --require-hashes."""
     from dockerlaunch.images import index as idx
 
     log = log or (lambda msg: _LOG.info("[fetch] %s", msg))
     lock = locks.checked(stack, dockerfiles or default_dockerfiles_dir())
-    same_python = f"{sys.version_info.major}.{sys.version_info.minor}" == stack.python
     out_dir.mkdir(parents=True, exist_ok=True)
     indexes, folders = lock_sources(lock)
     if index_url:
@@ -785,8 +783,6 @@ def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None
         for e in lock.layer(layer):
             if e.name not in flash_drop(stack):
                 idx.download(idx.locate(e, indexes, folders, tags), dest)
-        if same_python:
-            _wheelify(dest)
         (out_dir / f"{layer}.lock").write_text(_hashed_files(lock, layer, dest, flash_drop(stack)))
         stamps[layer] = digest
         stamps_file.write_text(json.dumps(stamps, indent=1))
@@ -842,31 +838,6 @@ def _hashed_files(lock: locks.Lock, layer: str, dest: Path, drop: frozenset[str]
         digest = h.hexdigest()
         lines.append(f"{e.name}=={e.version} --hash=sha256:{digest}  # {f.name}")
     return "\n".join(lines) + "\n"
-
-
-def _pip(args: list[str]) -> None:
-    cmd = [sys.executable, "-m", "pip", *args[:1], "--quiet", "--disable-pip-version-check", *args[1:]]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        bad = hash_mismatch(proc.stderr)
-        if bad:
-            raise BuildError(f"pip {args[0]}: {bad} does not match the lock's hash: the index served another file "
-                             "than the lock was resolved from (another mirror?); lock again (dockerlaunch stacks "
-                             "lock) if that file is the one you trust")
-        errs = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")] or proc.stderr.splitlines()[-2:]
-        raise BuildError(f"pip {args[0]} failed: {' '.join(errs)[:400]}")
-
-
-def _wheelify(dest: Path) -> None:
-    """Turn pure-Python sdists into wheels here, so the image's pip needs no build backends offline."""
-    for sdist in sorted(dest.glob("*.tar.gz")) + sorted(dest.glob("*.zip")):
-        name = re.split(r"-\d", sdist.name, maxsplit=1)[0].lower().replace("_", "-")
-        if name in {n.replace("_", "-") for n in BUILD_IN_IMAGE}:
-            continue
-        # --use-pep517: an isolated build env with setuptools and wheel, whatever this venv has (a plain
-        # Debian venv has no `wheel`, and old pips then fail with "invalid command 'bdist_wheel'")
-        _pip(["wheel", "--no-deps", "--use-pep517", "--wheel-dir", str(dest), str(sdist)])
-        sdist.unlink()
 
 
 def _download(url: str, target: Path) -> None:

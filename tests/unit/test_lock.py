@@ -166,8 +166,17 @@ def test_pips_hash_mismatch_becomes_the_package_name():
 
 
 def test_an_offline_build_names_the_locked_file_its_wheelhouse_lacks(matrix, tmp_path):
+    import dataclasses
+    import hashlib
+
+    from dockerlaunch.images.build import BuildError
+
     stack = matrix.get("cpu")
-    lock = locks.read(stack, default_dockerfiles_dir())
+    real = locks.read(stack, default_dockerfiles_dir())
+    # the committed lock, each entry's hash made that of a small stand-in file, so the wheelhouse below is "right"
+    lock = dataclasses.replace(real, entries=tuple(
+        dataclasses.replace(e, hashes=(f"sha256:{hashlib.sha256(e.name.encode()).hexdigest()}",))
+        for e in real.entries))
     wh = tmp_path / "wh"
     opts = BuildOptions(offline=True, wheelhouse=str(wh))
     with pytest.raises(ConfigError, match=r"layer 1-torch was never fetched; run: dockerlaunch fetch --stack cpu"):
@@ -177,16 +186,27 @@ def test_an_offline_build_names_the_locked_file_its_wheelhouse_lacks(matrix, tmp
         lines = []
         for e in lock.layer(layer):
             name = f"{e.name.replace('-', '_')}-{e.version}-py3-none-any.whl"
-            (wh / layer / name).write_text("x")
+            (wh / layer / name).write_bytes(e.name.encode())
             lines.append(f"{e.name}=={e.version} --hash=sha256:{'a' * 64}  # {name}")
         (wh / f"{layer}.lock").write_text("\n".join(lines) + "\n")
     check_wheelhouse(stack, opts, lock)
     peft = lock.get("peft")
-    (wh / peft.layer / f"peft-{peft.version}-py3-none-any.whl").unlink()
+    wheel = wh / peft.layer / f"peft-{peft.version}-py3-none-any.whl"
+    # a swapped file whose line in the wheelhouse's own list was edited to match: the committed lock decides
+    wheel.write_bytes(b"other bytes")
+    part = wh / "7-top.lock"
+    swapped = hashlib.sha256(b"other bytes").hexdigest()
+    part.write_text(part.read_text().replace(f"peft=={peft.version} --hash=sha256:{'a' * 64}",
+                                             f"peft=={peft.version} --hash=sha256:{swapped}"))
+    with pytest.raises(BuildError) as e:
+        check_wheelhouse(stack, opts, lock)
+    assert str(e.value).startswith(f"build of stack cpu: 7-top/peft-{peft.version}-py3-none-any.whl (peft=="
+                                   f"{peft.version}) does not match the lock's hash (got sha256 {swapped[:12]}...")
+    assert "dockerlaunch fetch --stack cpu" in str(e.value) and "nothing was tagged" in str(e.value)
+    wheel.unlink()
     with pytest.raises(ConfigError, match=rf"7-top/peft-{peft.version}-py3-none-any.whl \(peft=={peft.version}\) "
                                           r"is missing; run: dockerlaunch fetch"):
         check_wheelhouse(stack, opts, lock)
-    part = wh / "7-top.lock"
     part.write_text("\n".join(ln for ln in part.read_text().splitlines() if not ln.startswith("peft==")) + "\n")
     with pytest.raises(ConfigError, match=rf"peft=={peft.version} \(layer 7-top\) is not in it"):
         check_wheelhouse(stack, opts, lock)
