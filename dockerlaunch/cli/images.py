@@ -194,13 +194,26 @@ def fetch(stack_name: str, out_dir: str, index_url: str | None, find_links: tupl
 
 @cli.command()
 @click.argument("image")
-@click.option("--gpus", is_flag=True, help="Run the checks with --gpus all (CUDA images on a GPU host).")
-def verify(image: str, gpus: bool) -> None:
-    """Import every component the image's stack declares and compare versions with its pinned labels."""
-    from dockerlaunch.images import build as buildlib
+@click.option("--gpus", is_flag=True, help="Run the checks with --gpus all (CUDA images on a GPU host): a missing "
+                                           "driver is then a FAIL.")
+@click.option("--cuda-archs", metavar="LIST",
+              help="Architectures every library with device code must have a cubin for, e.g. 9.0 or '8.0;9.0' "
+                   "(default: the image's ai.dockerlaunch.cuda-archs label; without either, not checked).")
+@click.option("--checks", metavar="LIST", help="Only these checks, comma-separated: symbols, load, archs, pip, "
+                                               "imports, dists (default: all).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text for people, json for scripts")
+def verify(image: str, gpus: bool, cuda_archs: str | None, checks: str | None, output: str) -> None:
+    """Prove an image without a GPU: every library's symbols resolve (and each loads), cubins for every
+    architecture, pip check, imports of the stack's modules, versions against its pins. Exit 1 on any FAIL.
 
-    report = buildlib.verify(image, gpus=gpus)
-    click.echo(report.render())
+    The tools (pyelftools, cuobjdump from PyPI, hash-pinned) are mounted read-only beside the image, never
+    installed into it; an image without dockerlaunch labels gets every check that needs no pins."""
+    from dockerlaunch.images import verify as verifylib
+
+    wanted = tuple(c.strip() for c in checks.split(",") if c.strip()) if checks else None
+    report = verifylib.verify(image, gpus=gpus, cuda_archs=cuda_archs, checks=wanted)
+    click.echo(report.to_json() if output == "json" else report.render())
     sys.exit(0 if report.ok else 1)
 
 

