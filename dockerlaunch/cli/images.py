@@ -236,11 +236,11 @@ def wheels() -> None:
 def wheels_build(stack_name: str, out_dir: str | None, **kw) -> None:
     """Compile the stack's compiled packages into the wheel cache (the builder stage first); an interrupted
     compile resumes from the objects it finished. `build` runs this itself."""
-    import shutil
     import tempfile
     from pathlib import Path
 
     from dockerlaunch.images import build as buildlib
+    from dockerlaunch.images import wheels as wheelcache
     from dockerlaunch.images.stacks import load_matrix
 
     stack = load_matrix().get(stack_name)
@@ -253,11 +253,9 @@ def wheels_build(stack_name: str, out_dir: str | None, **kw) -> None:
     if not built:
         click.echo(f"stack {stack.name} compiles nothing")
     for wheel, sha in built:
+        if out_dir:  # with its key and record: an offline build elsewhere takes it only for the same key
+            wheel = wheelcache.export(wheelcache.Entry(wheel.parents[2]), Path(out_dir) / "compiled")
         click.echo(f"{wheel}  sha256:{sha}")
-        if out_dir:
-            dest = Path(out_dir) / "compiled"
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(wheel, dest / wheel.name)
 
 
 @wheels.command("list")

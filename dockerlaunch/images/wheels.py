@@ -598,6 +598,40 @@ def _progress_line(pkg: Compiled, done: int, total: int, start_done: int, elapse
     return f"{pkg.label}: {done}/{total} objects, {elapsed / 60:.0f} min{left}"
 
 
+def export(entry: Entry, dest: Path) -> Path:
+    """A finished key (its key, record and wheel) into `dest/<key folder>/`, for a wheelhouse carried elsewhere."""
+    out = dest / entry.folder.name
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("key.json", "wheel.json"):
+        shutil.copy2(entry.folder / name, out / name)
+    shutil.copy2(entry.wheel, out / entry.wheel.name)
+    return out / entry.wheel.name
+
+
+def adopt(entry: Entry, carried: Path, log: Callable[[str], None]) -> dict | None:
+    """A wheel that `wheels build -o` put in a wheelhouse: taken into the cache when its key is the one wanted and
+    its bytes are the ones its record names; otherwise not used, saying why."""
+    try:
+        key = json.loads((carried / "key.json").read_text())
+        info = json.loads((carried / "wheel.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if key != entry.key:
+        log(f"{carried}: not used: {why_not(entry.key, key)}")
+        return None
+    wheel = carried / info.get("file", "")
+    got = file_sha256(wheel) if wheel.is_file() else "missing"
+    if got != info.get("sha256"):
+        raise WheelError(f"{wheel}: does not match its record (sha256 {info.get('sha256')}, got {got}): the "
+                         "carried wheel was changed; build it again (dockerlaunch wheels build -o)")
+    dist = entry.folder / "build" / "dist"
+    dist.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(wheel, dist / wheel.name)
+    shutil.copy2(carried / "wheel.json", entry.folder / "wheel.json")
+    log(f"{info['file']}: taken from {carried.parent} (key {entry.folder.name[-16:]})")
+    return entry.done
+
+
 def ensure_wheel(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock, builder: str, *, wheelhouse: Path | None,
                  index_url: str | None, offline: bool, max_jobs: int | None, docker: str = "docker",
                  log: Callable[[str], None] | None = None) -> tuple[Path, str]:
@@ -607,6 +641,8 @@ def ensure_wheel(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock, builder: 
     fields = key_fields(pkg, facts, lock)
     entry = entry_for(pkg, fields)
     info = entry.done
+    if not info and wheelhouse is not None:
+        info = adopt(entry, wheelhouse / "compiled" / entry.folder.name, log)
     if info:
         got = file_sha256(entry.wheel)
         if got != info["sha256"]:

@@ -109,7 +109,7 @@ def wheelhouse_with(sdist, tmp_path) -> Path:
     return wh
 
 
-def test_a_compiled_wheel_is_built_once_and_reused(tiny_builder, tiny_sdist, cache, tmp_path):
+def test_a_compiled_wheel_is_built_once_and_reused(tiny_builder, tiny_sdist, cache, tmp_path, monkeypatch):
     wh = wheelhouse_with(tiny_sdist, tmp_path)
     logs: list[str] = []
     wheel, sha = ensure(tiny(tiny_sdist), tiny_builder, wh, logs)
@@ -130,6 +130,13 @@ def test_a_compiled_wheel_is_built_once_and_reused(tiny_builder, tiny_sdist, cac
     other, _ = ensure(tiny(tiny_sdist, archs="89"), tiny_builder, wh, logs)
     assert other != wheel
     assert any("not used: flags: TINY_CUDA_ARCHS=90 (want 89)" in ln for ln in logs), logs
+    # carried to another machine in the wheelhouse (`wheels build -o`): taken, with its key, compiling nothing
+    carried = wheels.export(wheels.Entry(other.parents[2]), wh / "compiled")
+    monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "other-machine"))
+    logs.clear()
+    taken, sha3 = ensure(tiny(tiny_sdist, archs="89"), tiny_builder, wh, logs)
+    assert sha3 == hashlib.sha256(carried.read_bytes()).hexdigest() and taken.is_file()
+    assert any(f"taken from {wh / 'compiled'}" in ln for ln in logs) and not any("compiling in" in ln for ln in logs)
 
 
 def test_every_part_of_the_key_changes_it(tiny_sdist):
