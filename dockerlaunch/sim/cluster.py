@@ -323,26 +323,16 @@ def ensure_base_image(client, requested: str | None = None, kind: EngineKind | N
 
 
 def debootstrap_base(client, tag: str = BASE_TAG, suite: str = "bookworm") -> str:
-    if shutil.which("debootstrap") is None:
-        raise SimError(
-            f"no Debian {suite} base image and no registry: install debootstrap (`apt-get install debootstrap`, "
-            f"or run scripts/install-docker) or load a debian:{suite} image"
-        )
-    if os.geteuid() != 0:
-        raise SimError(f"debootstrap needs root to make the base image; run once as root or load debian:{suite}")
-    mirror = os.environ.get("DOCKERLAUNCH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    from dockerlaunch.errors import DockerlaunchError
+    from dockerlaunch.images.base import debootstrap_rootfs
+
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-rootfs-") as tmp:
         root = Path(tmp) / "rootfs"
         t0 = time.monotonic()
-        proc = subprocess.run(
-            ["debootstrap", "--variant=minbase", suite, str(root), mirror],
-            capture_output=True, text=True,
-        )
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-            raise SimError(f"debootstrap {suite} from {mirror} failed: {tail[0]} (set DOCKERLAUNCH_DEBIAN_MIRROR?)")
-        shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
-        (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+        try:
+            debootstrap_rootfs(suite, root)
+        except DockerlaunchError as e:
+            raise SimError(f"no Debian {suite} base image and no registry: {e}") from None
         tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
         try:
             client.api.import_image_from_stream(tar.stdout, repository=tag.split(":")[0], tag=tag.split(":")[1])
