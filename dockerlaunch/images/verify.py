@@ -242,7 +242,7 @@ class VerifyReport:
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len(r[1]) for r in rows)
         lines = [f"{a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows]
-        return "\n".join(lines + [self.summary()])
+        return "\n".join(lines + [self.summary(), f"verify: {'PASS' if self.ok else 'FAIL'}"])
 
     def to_dict(self) -> dict:
         return {"image": self.image, "ok": self.ok, "counts": self.counts(),
@@ -349,10 +349,13 @@ def judge_symbols(report: VerifyReport, sym: dict | None, loads: dict | None, lo
     if sym and "error" not in sym and not broken:
         via = sym.get("via_global", 0)
         where = ", ".join(roots) if roots else "site-packages"
-        summary.append(Check("symbols", PASS, f"{libraries} libraries under {where}: every undefined symbol is "
-                                              "defined by a library they load or by the interpreter"
+        clean = sym.get("clean", libraries)
+        others = libraries - clean
+        summary.append(Check("symbols", PASS, f"{clean} of {libraries} libraries under {where}: every undefined "
+                                              "symbol is defined by a library they load or by the interpreter"
                                               + (f" ({via} symbols only by libraries their package loads first)"
-                                                 if via else "")))
+                                                 if via else "")
+                                              + (f"; the other {others} are in the rows below" if others else "")))
     failing = [lib for lib, v in loads.items() if not v.get("ok")]
     explained = {c.check.split(" ", 1)[1] for c in report.checks[head:] if c.verdict == FAIL and " " in c.check}
     if loads_ok is not None and not any(lib in explained for lib in failing) and \
@@ -397,6 +400,13 @@ def judge_archs(report: VerifyReport, cubins: dict | None, archs: list[str], dis
     for lib, c in sorted(cubins.items()):
         if "error" in c:
             report.add(f"archs {lib}", WARN, f"cuobjdump could not read it: {c['error']}")
+    if not holding:
+        if archs:
+            report.add("archs", FAIL, f"the image is for {';'.join(archs)} ({source}), but no library in it holds GPU "
+                                      "device code (a CPU build of torch?)")
+        else:
+            report.add("archs", SKIP, "no library holds GPU device code")
+        return
     if not archs:
         report.add("archs", SKIP, f"{len(holding)} libraries hold device code, but which architectures to require "
                                   "is unknown: the image has no ai.dockerlaunch.cuda-archs label; pass --cuda-archs "
@@ -564,12 +574,13 @@ def judge_versions(report: VerifyReport, labels: dict, dists: dict[str, str] | N
             continue
         names = PIN_DISTS.get(key, [canonical(key)])
         installed = {n: dists[n] for n in names if n in dists}
-        report.versions[key] = {"installed": ", ".join(f"{v}" for v in installed.values()) or None, "pinned": want}
+        shown = ", ".join(f"{n} {v}" for n, v in installed.items())
+        report.versions[key] = {"installed": (shown if len(names) > 1 else installed.get(names[0])) or None,
+                                "pinned": want}
         if not installed:
             report.add(f"version {key}", FAIL, f"pinned {want}, not installed ({' / '.join(names)})")
             continue
         bad = {n: v for n, v in installed.items() if not version_matches(want, v)}
-        shown = ", ".join(f"{n} {v}" for n, v in installed.items())
         report.add(f"version {key}", FAIL if bad else PASS, f"pinned {want}, installed {shown}")
     if isinstance(mcore_clone, dict):
         report.add("megatron-core pip vs clone", FAIL, mcore_clone.get("error", "unreadable"))

@@ -370,6 +370,18 @@ def test_the_cublas_case_names_symbol_library_and_provider_with_its_version():
     assert not report.ok
 
 
+def test_with_the_provider_fixed_symbols_and_loading_pass_and_say_what_the_notes_cover():
+    result = recorded()
+    del result["symbols"]["findings"][TE_LIB]
+    del result["loads"][TE_LIB]
+    result["symbols"]["clean"], result["loads_ok"] = 103, 103
+    r = rows(v.judge("img", LABELS, result, ["9.0"], "label"))
+    assert r["symbols"][0] == v.PASS and r["symbols"][1].startswith("103 of 105 libraries under /opt/venv")
+    assert r["symbols"][1].endswith("(16 symbols only by libraries their package loads first); the other 2 are in "
+                                    "the rows below")
+    assert r["load"][0] == v.PASS and f"symbols {TE_LIB}" not in r
+
+
 def test_with_gpus_a_missing_driver_is_a_failure():
     report = v.judge("img", LABELS, recorded(), ["9.0"], "label", gpus=True)
     assert rows(report)["symbols: driver"][0] == v.FAIL
@@ -385,6 +397,9 @@ def test_architectures_built_libraries_fail_nvidias_are_noted_and_none_is_json_o
     assert report.facts["archs"]["device_code_sections_without_code"] == ["nvidia/cu13/lib/libcufftw.so.12"]
     unknown = rows(v.judge("img", {}, recorded(), [], "label"))
     assert unknown["archs"][0] == v.SKIP and "--cuda-archs" in unknown["archs"][1]
+    cpu = rows(v.judge("img", {}, recorded(cubins={}), [], "label"))
+    assert cpu["archs"] == (v.SKIP, "no library holds GPU device code")
+    assert rows(v.judge("img", {}, recorded(cubins={}), ["9.0"], "label"))["archs"][0] == v.FAIL
 
 
 def test_versions_against_pins_and_the_override_as_a_pin():
@@ -432,5 +447,6 @@ def test_table_and_json():
     lines = report.render().splitlines()
     assert lines[0].split() == ["check", "verdict", "detail"]
     col = lines[0].index("verdict")
-    assert all(line[col:].split()[0] in v.VERDICTS for line in lines[1:-1])
-    assert lines[-1].startswith("verify img:1: ") and "FAIL" in lines[-1]
+    assert all(line[col:].split()[0] in v.VERDICTS for line in lines[1:-2])
+    assert lines[-2].startswith("verify img:1: ") and "FAIL" in lines[-2]
+    assert lines[-1] == "verify: FAIL"  # the last line, as build's log and scripts read it

@@ -1,0 +1,247 @@
+"""`dockerlaunch verify` on real images, no GPU: images built here FROM a CUDA image with torch and the PyPI CUDA
+toolkit, holding (a) a library built here that lost a symbol its dependent needs, (b) TransformerEngine 2.16.1's core
+wheel on torch 2.11.0's cuBLAS 13.1.0.3 (it needs cublasLtGroupedMatrixLayoutInit_internal, which cuBLAS first
+exports in 13.2), then on cuBLAS 13.3.0.5 recorded as an override. Images are shared per module and removed."""
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import docker
+import pytest
+
+from dockerlaunch.engine import cache_root
+from tests.integration.helpers import dl
+from tests.unit.test_verify import gcc, version_script
+
+pytestmark = pytest.mark.integration
+
+CUDA_IMAGE_ENV = "DL_TEST_CUDA_IMAGE"
+HAND_BUILT = "dl-hand/builder:1"
+TE_LIB = "transformer_engine/wheel_lib/libtransformer_engine.so"
+SYMBOL = "cublasLtGroupedMatrixLayoutInit_internal"
+# what the TE images install, pinned by hash (pure Python or manylinux, so any Python 3 base takes them)
+WHEELS = """\
+transformer-engine==2.16.1 --hash=sha256:1da67b1b8629bd4439711161957be656dc0cd3e0e4e47cbe7a21a40430b23c67
+transformer-engine-cu13==2.16.1 --hash=sha256:e8bbfe2ef39795932c594c9e0f657599b021b8054f6cf41cea15ac66e7ca0cd1
+nvidia-cublas==13.3.0.5 --hash=sha256:366568e2dc59e6fe71ffd179f9f2a38b8b2772aed626320a64008651b1e72974
+pydantic==1.10.27 --hash=sha256:d714c3df0db634a6720abdc204d7b3bfc6c62d4ef7b4f9dcd64b37c29187a058
+importlib-metadata==8.7.1 --hash=sha256:5a1f80bf1daa489495071efbb095d75a634cf28a8bc299581244063b53176151
+zipp==3.23.1 --hash=sha256:0b3596c50a5c700c9cb40ba8d86d9f2cc4807e9bedb06bcdf7fac85633e444dc
+packaging==25.0 --hash=sha256:29572ef2b1f17581046b3a2227d5c611fb25ec70ca1ba8554b24b0e69331a484
+"""
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+@pytest.fixture(scope="module")
+def cuda_base(engine):
+    """A CUDA image with Python, torch and the CUDA libraries from PyPI (torch 2.11.0 pins cuBLAS 13.1.0.3)."""
+    name = os.environ.get(CUDA_IMAGE_ENV) or HAND_BUILT
+    try:
+        engine.images.get(name)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"verify's integration tests need a CUDA image with torch 2.11.0 and CUDA 13 from PyPI: "
+                    f"{name} is not on this machine; set {CUDA_IMAGE_ENV}=<image> (e.g. the toolkit stage of "
+                    "`dockerlaunch build`) or build dl-hand/builder:1")
+    return name
+
+
+def docker_build(tag: str, context: Path, dockerfile: str) -> str:
+    (context / "Dockerfile").write_text(dockerfile)
+    r = subprocess.run(["docker", "build", "--network", "host", "-q", "-t", tag, str(context)], capture_output=True,
+                       text=True, timeout=900, env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return tag
+
+
+@pytest.fixture(scope="module")
+def images(engine):
+    """Tags built by this module, removed at its end (newest first: later ones are FROM earlier ones)."""
+    made: list[str] = []
+    yield made
+    for tag in reversed(made):
+        try:
+            engine.images.remove(tag, force=True)
+        except docker.errors.APIError:
+            pass
+
+
+def new_tag(images: list[str], what: str) -> str:
+    tag = f"dlt-verify/{what}:{secrets.token_hex(3)}"
+    images.append(tag)
+    return tag
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    """The TE images' wheels, downloaded once per machine (the cache folder's test-wheels/) and checked by hash."""
+    dest = cache_root() / "test-wheels"
+    dest.mkdir(parents=True, exist_ok=True)
+    req = tmp_path_factory.mktemp("req") / "requirements.txt"
+    req.write_text(WHEELS)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--require-hashes",
+                        "--only-binary=:all:", *[a for p in PLATFORMS for a in ("--platform", p)], "-d", str(dest),
+                        "-r", str(req)],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    ctx = tmp_path_factory.mktemp("wheels")
+    for line in WHEELS.splitlines():
+        name = line.split("==")[0].replace("-", "_")
+        [whl] = [p for p in dest.glob("*.whl") if p.name.lower().startswith(name + "-" + line.split("==")[1]
+                                                                               .split()[0])]
+        if whl.stat().st_dev == ctx.stat().st_dev:
+            os.link(whl, ctx / whl.name)
+        else:
+            shutil.copy(whl, ctx)
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def te_cublas131(cuda_base, wheels, images):
+    """TE 2.16.1 (metadata + core wheel) on the base's cuBLAS 13.1.0.3, labelled as a dockerlaunch image."""
+    return docker_build(new_tag(images, "te-cublas131"), wheels, f"""\
+FROM {cuda_base}
+RUN --mount=type=bind,source=.,target=/w pip install --no-cache-dir --no-index --find-links /w \\
+    transformer-engine==2.16.1 transformer-engine-cu13==2.16.1 pydantic==1.10.27
+LABEL ai.dockerlaunch.stack=dlt-verify ai.dockerlaunch.components=torch,transformer_engine.common \\
+      ai.dockerlaunch.cuda-archs=9.0 ai.dockerlaunch.pin.transformer_engine=2.16.1
+""")
+
+
+@pytest.fixture(scope="module")
+def te_cublas133(te_cublas131, wheels, images):
+    """The same with nvidia-cublas 13.3.0.5 over torch's pin, recorded as the stack's override. A distribution that
+    pins cuBLAS exactly stands for cuda-toolkit[cublas]==13.0.2 (pip check does not evaluate its extras, so the
+    toolkit's own pin is never reported)."""
+    pin = "Metadata-Version: 2.1\\nName: dlt-cublas-pin\\nVersion: 1.0\\nRequires-Dist: nvidia-cublas==13.1.0.3\\n"
+    return docker_build(new_tag(images, "te-cublas133"), wheels, f"""\
+FROM {te_cublas131}
+RUN --mount=type=bind,source=.,target=/w \\
+    pip install --no-cache-dir --no-index --no-deps /w/nvidia_cublas-13.3.0.5-*.whl \\
+ && d="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/dlt_cublas_pin-1.0.dist-info" \\
+ && mkdir "$d" && printf '{pin}' > "$d/METADATA" && printf 'pip\\n' > "$d/INSTALLER" && : > "$d/RECORD"
+LABEL ai.dockerlaunch.overrides=nvidia-cublas==13.3.0.5 ai.dockerlaunch.pin.nvidia-cublas=13.3.0.5
+""")
+
+
+@pytest.fixture(scope="module")
+def lost_symbol(cuda_base, images, tmp_path_factory):
+    """A package with two libraries built here: libdlvcons.so was linked against a libdlvprov.so.1 that had
+    dlv_absent@DLVPROV_1; the one installed beside it no longer has it. No dockerlaunch labels."""
+    t = tmp_path_factory.mktemp("lost")
+    old, pkg = t / "old", t / "ctx" / "dlt_lost_symbol"
+    gcc(old / "libdlvprov.so.1", "int dlv_present(void){return 1;} int dlv_absent(void){return 2;}",
+        "-Wl,-soname,libdlvprov.so.1",
+        version_script(t / "v1.map", "DLVPROV_1 { global: dlv_present; dlv_absent; local: *; };"))
+    gcc(pkg / "libdlvcons.so", "extern int dlv_present(void); extern int dlv_absent(void);\n"
+        "int use(void){return dlv_present() + dlv_absent();}", f"-L{old}", "-l:libdlvprov.so.1",
+        "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags")
+    gcc(pkg / "libdlvprov.so.1", "int dlv_present(void){return 1;}", "-Wl,-soname,libdlvprov.so.1",
+        version_script(t / "v2.map", "DLVPROV_1 { global: dlv_present; local: *; };"))
+    for c in pkg.glob("*.c"):
+        c.unlink()
+    return docker_build(new_tag(images, "lost-symbol"), t / "ctx", f"""\
+FROM {cuda_base}
+COPY dlt_lost_symbol /tmp/dlt_lost_symbol
+RUN cp -r /tmp/dlt_lost_symbol "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/" \\
+ && rm -r /tmp/dlt_lost_symbol
+""")
+
+
+def rows(stdout: str) -> dict[str, tuple[str, str]]:
+    """The table's rows by check name (the columns are two spaces apart; details may hold single spaces)."""
+    lines = stdout.splitlines()
+    col_v, col_d = lines[0].index("verdict"), lines[0].index("detail")
+    out = {}
+    for line in lines[1:]:
+        if line.startswith("verify"):
+            continue
+        out[line[:col_v].strip()] = (line[col_v:col_d].strip(), line[col_d:])
+    return out
+
+
+def test_a_library_that_lost_a_symbol_is_named_with_its_provider_and_the_image_fails(lost_symbol):
+    r = dl("verify", lost_symbol, "--cuda-archs", "9.0", timeout=900)
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = rows(r.stdout)
+    verdict, detail = out["symbols dlt_lost_symbol/libdlvcons.so"]
+    assert verdict == "FAIL"
+    assert "needs dlv_absent@DLVPROV_1, which libdlvprov.so.1 (dlt_lost_symbol/libdlvprov.so.1) does not define" \
+        in detail
+    assert "the loader says:" in detail and "undefined symbol: dlv_absent" in detail
+    assert [k for k, (verdict, _) in out.items() if verdict == "FAIL"] == ["symbols dlt_lost_symbol/libdlvcons.so"]
+    # no labels: what needs no pins still runs (archs from --cuda-archs, pip check), versions are listed
+    assert out["archs"][0] == "PASS" and "from --cuda-archs" in out["archs"][1]
+    assert out["pip check"] == ("PASS", "no broken requirements")
+    assert out["versions"][0] == "NOTE" and "torch 2.11.0" in out["versions"][1]
+    assert out["symbols: driver"][0] == "NEEDS-DRIVER"  # torch's libcaffe2_nvrtc.so links libcuda.so.1
+
+
+def test_te_2_16_on_torch_2_11s_cublas_fails_naming_symbol_library_and_cublas_version(te_cublas131):
+    r = dl("verify", te_cublas131, "--output", "json", timeout=900)
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    fails = {c["check"]: c["detail"] for c in report["checks"] if c["verdict"] == "FAIL"}
+    detail = fails[f"symbols {TE_LIB}"]
+    assert f"needs {SYMBOL}@libcublasLt.so.13, which libcublasLt.so.13 (nvidia-cublas 13.1.0.3, " \
+           "nvidia/cu13/lib/libcublasLt.so.13) does not define" in detail
+    assert "transformer-engine-cu13 2.16.1" in detail
+    # the import fails for the same reason, in the loader's words; nothing else fails
+    assert SYMBOL in fails["import transformer_engine.common"]
+    assert set(fails) == {f"symbols {TE_LIB}", "import transformer_engine.common"}
+    assert report["ok"] is False and report["counts"]["FAIL"] == 2
+    assert report["versions"]["transformer_engine"] == {
+        "installed": "transformer-engine 2.16.1, transformer-engine-cu13 2.16.1", "pinned": "2.16.1"}
+    assert report["facts"]["cuda_archs"] == ["9.0"]
+    assert "cublasLt" not in r.stderr
+
+
+def test_te_2_16_on_cublas_13_3_passes_and_the_override_is_shown_as_recorded(te_cublas133):
+    r = dl("verify", te_cublas133, timeout=900)
+    out = rows(r.stdout)
+    assert not [k for k in out if k.startswith("symbols transformer_engine")], r.stdout
+    assert out["symbols"][0] == "PASS"
+    assert out["import transformer_engine.common"] == ("PASS", "imported")
+    assert out["version nvidia-cublas"] == ("PASS", "pinned 13.3.0.5, installed nvidia-cublas 13.3.0.5")
+    pip_rows = [line for line in r.stdout.splitlines() if line.startswith("pip check")]
+    assert any(" NOTE " in line and "recorded override nvidia-cublas==13.3.0.5" in line and
+               "dlt-cublas-pin 1.0 has requirement nvidia-cublas==13.1.0.3, but you have nvidia-cublas 13.3.0.5"
+               in line for line in pip_rows), r.stdout
+    # TE's core wheel says cp310 in its WHEEL file although it holds no extension: a warning with the proof
+    assert any(" WARN " in line and "transformer_engine_cu13 2.16.1 is not supported" in line for line in pip_rows)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.rstrip().endswith("verify: PASS")
+
+
+def test_the_same_pip_line_without_the_override_label_fails(te_cublas133, images, tmp_path):
+    tag = docker_build(new_tag(images, "no-override"), tmp_path,
+                       f"FROM {te_cublas133}\nLABEL ai.dockerlaunch.overrides=\"\"\n")
+    r = dl("verify", tag, "--checks", "pip", timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    [line] = [ln for ln in r.stdout.splitlines() if "dlt-cublas-pin 1.0 has requirement" in ln]
+    assert line.split()[:3] == ["pip", "check", "FAIL"] and "recorded" not in line
+
+
+def test_bad_input_is_one_line_with_the_fix(cuda_base, images, tmp_path):
+    missing = dl("verify", "dlt-verify/not-here:404")
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert missing.stderr.strip() == ("error: image dlt-verify/not-here:404 is not on this machine: build it "
+                                      "(dockerlaunch build), pull it, or load it (docker load -i FILE)")
+    (tmp_path / "f").write_text("x")
+    bare = docker_build(new_tag(images, "no-python"), tmp_path, "FROM scratch\nCOPY f /f\n")
+    nopy = dl("verify", bare)
+    assert nopy.returncode == 1 and len(nopy.stderr.strip().splitlines()) == 1, nopy.stderr
+    assert nopy.stderr.startswith(f"error: image {bare} has no python (neither python3 nor python on its PATH)")
+    stopped = subprocess.run([sys.executable, "-m", "dockerlaunch", "verify", cuda_base], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    assert stopped.returncode == 1 and len(stopped.stderr.strip().splitlines()) == 1, stopped.stderr
+    assert stopped.stderr.startswith(f"error: verify {cuda_base}: the Docker engine is not usable")
+    assert "scripts/install-docker" in stopped.stderr
+    archs = dl("verify", cuda_base, "--cuda-archs", "hopper")
+    assert archs.returncode == 2 and "is not a compute capability" in archs.stderr
+    for r in (missing, nopy, stopped, archs):
+        assert "Traceback" not in r.stderr
