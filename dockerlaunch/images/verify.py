@@ -495,31 +495,42 @@ def judge_pip(report: VerifyReport, pip: dict | None, overrides: dict[str, str],
         report.add("pip check", PASS, "no broken requirements")
 
 
-DRIVER_ERRORS = re.compile(
-    r"libcuda\.so|libnvidia-ml\.so|Found no NVIDIA driver|NVIDIA driver on your system|no CUDA-capable device|"
-    r"No CUDA GPUs are available|CUDA driver initialization failed|cudaErrorNoDevice|cudaErrorInsufficientDriver|"
-    r"CUDA_ERROR_NO_DEVICE|NVML Shared Library Not Found|nvmlInit|CUDA driver version is insufficient", re.I)
+# the driver's user-space libraries that could not be opened (the image must then really lack them)
+DRIVER_LIB_ERROR = re.compile(r"(libcuda\.so[.\d]*|libnvidia-ml\.so[.\d]*): cannot open shared object file")
+# what CUDA, torch and NVML say when there is no GPU or no kernel driver (a GPU host has both)
+NO_GPU_ERROR = re.compile(
+    r"Found no NVIDIA driver|NVIDIA driver on your system|no CUDA-capable device|No CUDA GPUs are available|"
+    r"CUDA driver initialization failed|cudaErrorNoDevice|cudaErrorInsufficientDriver|CUDA_ERROR_NO_DEVICE|"
+    r"NVML Shared Library Not Found|NVMLError_DriverNotLoaded|Driver Not Loaded|"
+    r"CUDA driver version is insufficient", re.I)
 
 
 def judge_imports(report: VerifyReport, imports: dict | None, driver: dict | None, gpus: bool,
                   broken_libs: list[str]) -> None:
-    """An import failing only for want of the driver is NEEDS-DRIVER when: its error (or an error it chains from)
-    names the driver (libcuda.so.1, NVML, 'no NVIDIA driver'), it names no undefined symbol, the image really has no
-    libcuda.so.1, and this run has no GPUs (--gpus makes it a FAIL)."""
+    """An import failing only for want of a GPU is NEEDS-DRIVER, never with --gpus (then it is a FAIL), and only when
+    no error in its chain names an undefined symbol and either: the loader could not open libcuda.so.1 or
+    libnvidia-ml.so.1 and the image really has no such file (searched as the loader does), or CUDA/torch/NVML say
+    there is no GPU or no kernel driver (true of every container started without GPUs)."""
     for mod, r in (imports or {}).items():
         if r.get("ok"):
             report.add(f"import {mod}", PASS, "imported")
             continue
         chain = r.get("chain") or [r.get("error", "")]
         text = " | ".join(chain)
-        driver_known = driver is not None
-        no_libcuda = driver_known and not driver.get("libcuda.so.1")
-        if DRIVER_ERRORS.search(text) and "undefined symbol" not in text and not gpus and (no_libcuda or
-                                                                                            not driver_known):
-            checked = ("the image has no libcuda.so.1 (searched as the loader does)" if no_libcuda else
-                       "whether the image has libcuda.so.1 is unknown (the symbol scan did not run)")
-            report.add(f"import {mod}", NEEDS_DRIVER, f"{r.get('error')} — checked: the error names the GPU driver, "
-                                                      f"names no undefined symbol, {checked}")
+        why = None
+        if not gpus and "undefined symbol" not in text:
+            lib = DRIVER_LIB_ERROR.search(text)
+            if lib:
+                name = lib.group(1) if lib.group(1).count(".so.") else lib.group(1).replace(".so", ".so.1")
+                present = (driver or {}).get(name)
+                if driver is None:
+                    why = f"the loader found no {name}; whether the image has one is unknown (no symbol scan)"
+                elif not present:
+                    why = f"the loader found no {name} and the image has none (searched as the loader does)"
+            elif NO_GPU_ERROR.search(text):
+                why = "the error says there is no GPU or no kernel driver, as in any container started without GPUs"
+        if why:
+            report.add(f"import {mod}", NEEDS_DRIVER, f"{r.get('error')} — checked: {why}; no undefined symbol")
         else:
             hint = ""
             if "undefined symbol" in text:
@@ -598,6 +609,10 @@ def judge(image: str, labels: dict, result: dict, archs: list[str], archs_source
     roots = result.get("roots", [])
     judge_symbols(report, sym, result.get("loads"), result.get("loads_ok"), result.get("libraries", 0), roots,
                   gpus=gpus)
+    if result.get("load_torch_error"):
+        for c in report.checks:
+            if c.check == "load":
+                c.detail += f" (import torch itself failed there: {result['load_torch_error'][:200]})"
     judge_archs(report, result.get("cubins"), archs, result.get("device_dists", {}), archs_source)
     judge_pip(report, result.get("pip_check"), parse_pins(labels.get(OVERRIDES_LABEL)),
               (labels.get(DROP_LABEL) or "").split())

@@ -419,18 +419,25 @@ def test_an_image_without_labels_lists_its_key_packages():
     assert report.versions["python"]["installed"] == "3.13.5"
 
 
+NO_LIBCUDA = "OSError: libcuda.so.1: cannot open shared object file: No such file or directory"
+
+
 @pytest.mark.parametrize("error, driver, gpus, verdict", [
-    ("OSError: libcuda.so.1: cannot open shared object file: No such file or directory", None, False,
-     v.NEEDS_DRIVER),
+    (NO_LIBCUDA, {"libcuda.so.1": None}, False, v.NEEDS_DRIVER),
+    (NO_LIBCUDA, None, False, v.NEEDS_DRIVER),  # no scan: said so in the row
+    (NO_LIBCUDA, {"libcuda.so.1": "/usr/local/cuda/compat/libcuda.so.1"}, False, v.FAIL),  # it is there: why not?
+    (NO_LIBCUDA, {"libcuda.so.1": None}, True, v.FAIL),
     ("RuntimeError: Found no NVIDIA driver on your system.", {"libcuda.so.1": None}, False, v.NEEDS_DRIVER),
-    ("RuntimeError: Found no NVIDIA driver on your system.", {"libcuda.so.1": "/usr/lib/libcuda.so.1"}, False, v.FAIL),
-    ("RuntimeError: Found no NVIDIA driver on your system.", {"libcuda.so.1": None}, True, v.FAIL),
-    ("OSError: x.so: undefined symbol: cuFoo (libcuda.so.1)", {"libcuda.so.1": None}, False, v.FAIL),
+    ("RuntimeError: Found no NVIDIA driver on your system.", {"libcuda.so.1": "/compat/libcuda.so.1"}, False,
+     v.NEEDS_DRIVER),  # a forward-compat libcuda in the image, no kernel driver: still only the GPU host's part
+    ("RuntimeError: No CUDA GPUs are available", {"libcuda.so.1": None}, True, v.FAIL),
+    ("OSError: x.so: undefined symbol: cuFoo | OSError: libcuda.so.1: cannot open shared object file", None, False,
+     v.FAIL),
     ("ModuleNotFoundError: No module named 'swift'", {"libcuda.so.1": None}, False, v.FAIL),
 ])
 def test_an_import_needs_a_driver_only_when_that_is_all_it_says(error, driver, gpus, verdict):
     report = v.VerifyReport("img")
-    v.judge_imports(report, {"m": {"ok": False, "error": error, "chain": [error]}}, driver, gpus, [])
+    v.judge_imports(report, {"m": {"ok": False, "error": error, "chain": error.split(" | ")}}, driver, gpus, [])
     assert report.checks[0].verdict == verdict
     if verdict == v.NEEDS_DRIVER:
         assert "checked:" in report.checks[0].detail

@@ -120,6 +120,18 @@ def read_elf(path: str) -> Obj:
     return obj
 
 
+def has_device_code(path: str) -> bool:
+    """Whether the file has a non-empty CUDA fatbin section (section headers only: cheap)."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                return False
+            fh.seek(0)
+            return any(sec.name in DEVICE_SECTIONS and sec["sh_size"] > 0 for sec in ELFFile(fh).iter_sections())
+    except (ELFError, OSError, ValueError, struct.error):
+        return False
+
+
 def provides(obj: Obj, name: str, version: str | None) -> bool:
     """Whether `obj` satisfies a reference to `name` (of `version`), as glibc's check_match decides."""
     for def_version, hidden in obj.defined.get(name, ()):

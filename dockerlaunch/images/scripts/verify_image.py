@@ -105,14 +105,29 @@ def run_child(code, args, timeout, env=None):
 # ---------------------------------------------------------------- symbols (elfscan, with pyelftools)
 
 
+def import_elfscan():
+    """elfscan.py (beside this file) with the mounted pyelftools; raises ImportError where it cannot run."""
+    for path in (os.environ.get("DL_PYELFTOOLS"), HERE):
+        if path and path not in sys.path:
+            sys.path.insert(0, path)
+    import elfscan
+
+    return elfscan
+
+
+def is_extension(path):
+    """A Python extension module (imported, so never an unused plugin): a tagged name, or an untagged foo.so."""
+    base = os.path.basename(path)
+    return bool(EXT.search(base)) or base.endswith(".abi3.so") or (base.endswith(".so") and not base.startswith("lib"))
+
+
 def scan_symbols(roots, libs, dist_of):
-    sys.path.insert(0, os.environ["DL_PYELFTOOLS"]) if os.environ.get("DL_PYELFTOOLS") else None
-    sys.path.insert(0, HERE)
-    try:
-        import elfscan
-    except ImportError as e:
-        return {"error": f"pyelftools could not be imported here ({e}): needs Python >= 3.8"}
     import glob
+
+    try:
+        elfscan = import_elfscan()
+    except ImportError as e:
+        return {"error": f"pyelftools could not be imported here ({e})"}
 
     package_dirs = []
     for r in roots:
@@ -142,13 +157,13 @@ def scan_symbols(roots, libs, dist_of):
         for m in f["missing_libraries"]:
             m["needed_by"] = rel(m["needed_by"], roots)
         for m in f["missing_versions"]:
+            m["dist"] = dist_of.get(os.path.realpath(m["path"]))
             m["needed_by"], m["path"] = rel(m["needed_by"], roots), rel(m["path"], roots)
-            m["dist"] = dist_of.get(os.path.realpath(os.path.join(roots[0], m["path"]))) if roots else None
         if f["missing_symbols"] or f["missing_libraries"] or f["missing_versions"]:
             findings[key] = {k: f[k] for k in ("missing_symbols", "missing_libraries", "missing_versions")}
             findings[key]["dist"] = dist_of.get(os.path.realpath(p))
             findings[key]["linked_by"] = [rel(q, roots) for q in res.linked_by(p)[:3]]
-            findings[key]["extension"] = bool(EXT.search(p)) or p.endswith(".abi3.so")
+            findings[key]["extension"] = is_extension(p)
             findings[key]["global_providers"] = {rel(k, roots): v for k, v in f["global_providers"].items()}
         else:
             clean += 1
@@ -390,12 +405,9 @@ def main():
     scan_roots = roots + ([os.path.realpath(extra)] if extra and os.path.isdir(extra) else [])
     res = {"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable, "roots": scan_roots,
            "timings": {}}
-    sys.path.insert(0, os.environ["DL_PYELFTOOLS"]) if os.environ.get("DL_PYELFTOOLS") else None
-    sys.path.insert(0, HERE)
     libs, skipped = [], []
     try:
-        import elfscan
-
+        elfscan = import_elfscan()
         suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
         for p in elfscan.walk_libraries(scan_roots):
             if EXT.search(p) and not p.endswith(suffixes):
@@ -416,7 +428,13 @@ def main():
         res["timings"]["symbols"] = round(time.time() - t, 1)
     if "archs" in CHECKS:
         t = time.time()
-        device = res.get("symbols", {}).get("device", [])
+        if "symbols" in res and "error" not in res["symbols"]:
+            device = res["symbols"].get("device", [])
+        else:
+            try:
+                device = [p for p in libs if import_elfscan().has_device_code(p)]
+            except ImportError:
+                device = []
         res["cubin_cache_new"] = {}
         res["cubins"] = list_cubins(device, scan_roots, res["cubin_cache_new"])
         res["device_dists"] = {rel(p, scan_roots): dist_of.get(os.path.realpath(p)) for p in device}
