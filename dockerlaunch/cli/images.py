@@ -19,12 +19,18 @@ def stacks() -> None:
 
 @stacks.command("list")
 def stacks_list() -> None:
-    """One line per stack: name, image tag, key pins."""
+    """One line per stack: name, image tag, key pins, where it builds."""
+    from dockerlaunch.images.constraints import flash_attn_wheel
     from dockerlaunch.images.stacks import load_matrix
 
     for s in load_matrix().stacks.values():
         te = f" te {s.transformer_engine}" if s.transformer_engine else ""
-        click.echo(f"{s.name:<26} torch {s.torch}{te} mcore {s.megatron_core} swift {s.ms_swift}  {s.tag}")
+        notes = ["no registry needed (made base, CUDA from PyPI)"] if s.base else []
+        if flash_attn_wheel(s) and not s.flash_attn_wheel_sha256:
+            notes.append("flash-attn's prebuilt GitHub wheel is not pinned by hash: build refuses it until "
+                         "flash_attn_wheel_sha256 is set")
+        more = f"  [{'; '.join(notes)}]" if notes else ""
+        click.echo(f"{s.name:<30} torch {s.torch}{te} mcore {s.megatron_core} swift {s.ms_swift}  {s.tag}{more}")
 
 
 @stacks.command("show")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dockerlaunch import __version__, shipped
+from dockerlaunch import __version__
 from dockerlaunch.errors import ConfigError, DockerlaunchError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
@@ -159,8 +159,8 @@ def build_args(stack: Stack, opts: BuildOptions, torch_from_index: bool | None =
         "PIP_CHECK_ALLOW": pip_check_allow(stack),
     }
     wheel = flash_attn_wheel(stack)
-    if wheel:
-        args["FLASH_ATTN_WHEEL"] = f"/wheelhouse/5-flash/{wheel}" if opts.offline else flash_attn_wheel_url(stack)
+    if wheel:  # put there by `build` after its sha256 was checked (flash_attn_prebuilt)
+        args["FLASH_ATTN_WHEEL"] = f"/wheelhouse/5-flash/{wheel}"
     return args
 
 
@@ -422,7 +422,8 @@ def not_from_index(stack: Stack, lock: locks.Lock) -> frozenset[str]:
 
 
 def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir: Path,
-                    compiled: list[tuple[Path, str]] = (), archives: list[Path] = ()) -> Path:
+                    compiled: list[tuple[Path, str]] = (), archives: list[Path] = (),
+                    prebuilt: list[Path] = ()) -> Path:
     """wheelhouse/<layer>/ (hard links into the fetched wheelhouse, else empty) and lock/<layer>.txt: the committed
     lock's part of each layer (pip checks each file against its hashes, online or off);
     wheelhouse/compiled/ and lock/compiled.txt: the compiled wheels with the sha256 the cache recorded;
@@ -453,6 +454,8 @@ def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir:
     (ctx / "lock" / "compiled.txt").write_text("".join(lines))
     for archive in archives:
         _link(archive, ctx / "wheelhouse" / "6-megatron" / archive.name)
+    for wheel in prebuilt:
+        _link(wheel, ctx / "wheelhouse" / "5-flash" / wheel.name)
     return ctx
 
 
@@ -545,6 +548,18 @@ def ensure_registry_base(docker: str, ref: str) -> None:
                          "e.g. swift4.6-mcore0.19-cu13-py313)")
 
 
+def flash_attn_prebuilt(stack: Stack, opts: BuildOptions, log, dest_dir: Path | None = None) -> list[Path]:
+    """flash-attn's prebuilt GitHub wheel, where the stack uses one, checked against its pinned sha256 (a stack
+    without one is refused: GitHub's release files are not in any lock)."""
+    name = flash_attn_wheel(stack)
+    if not name:
+        return []
+    src = wheels.Source(f"stack {stack.name}: flash-attn {stack.flash_attn}'s prebuilt wheel", "5-flash", name,
+                        stack.flash_attn_wheel_sha256 or "", "file", flash_attn_wheel_url(stack))
+    wh = Path(opts.wheelhouse) if opts.wheelhouse else None
+    return [wheels.get_source(src, wh, None, opts.offline, log, dest_dir=dest_dir)]
+
+
 def megatron_archive(stack: Stack, opts: BuildOptions, log) -> list[Path]:
     """Megatron-LM's pinned source, checked against its tree hash, for the layer that bakes it."""
     pin = stack.megatron_lm
@@ -583,6 +598,7 @@ class Session:
     out: object
     work: Path
     archives: list[Path] = field(default_factory=list)
+    prebuilt: list[Path] = field(default_factory=list)  # flash-attn's checked prebuilt wheel
 
     def say(self, msg: str) -> None:
         self.out.write(f"[dockerlaunch] {msg}\n")
@@ -636,6 +652,7 @@ def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | 
     else:
         ensure_registry_base(s.builder.docker, opts.base_image or stack.base_image)
     s.archives = megatron_archive(stack, s.opts, s.say)
+    s.prebuilt = flash_attn_prebuilt(stack, s.opts, s.say)
     return s
 
 
@@ -676,12 +693,14 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
             code, text = s.run(s.argv(prepare_context(stack, s.opts, s.lock, s.work / stage), stage, tag))
             return code, _fail(stack, opts, text) if code else text
         compiled = build_wheels(s)
-        ctx = prepare_context(stack, s.opts, s.lock, s.work / "train", compiled, s.archives)
+        ctx = prepare_context(stack, s.opts, s.lock, s.work / "train", compiled, s.archives, s.prebuilt)
         code, text = s.run(s.argv(ctx, "train"))
     if code != 0:
         return code, _fail(stack, opts, text)
     if verify_after:
-        report = verify(opts.tag or stack.tag, docker=s.builder.docker)
+        from dockerlaunch.images.verify import verify
+
+        report = verify(opts.tag or stack.tag, docker=s.builder.docker, cuda_archs=s.opts.cuda_archs or None)
         out.write(report.render() + "\n")
         if not report.ok:
             return 1, text
@@ -794,10 +813,9 @@ def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None
             got = wheels.get_source(src, None, index_url, False, log, dest_dir=out_dir / layer)
             if got.parent != out_dir / layer:
                 shutil.copy2(got, out_dir / layer / got.name)
-    if flash_attn_wheel(stack):
-        target = out_dir / "5-flash" / flash_attn_wheel(stack)
-        if not target.exists():
-            _download(flash_attn_wheel_url(stack), target)
+    for got in flash_attn_prebuilt(stack, BuildOptions(), log, dest_dir=out_dir / "5-flash"):
+        if got.parent != out_dir / "5-flash":
+            shutil.copy2(got, out_dir / "5-flash" / got.name)
     return {layer: len(list((out_dir / layer).iterdir())) for layer in LAYERS}
 
 
@@ -838,78 +856,3 @@ def _hashed_files(lock: locks.Lock, layer: str, dest: Path, drop: frozenset[str]
         digest = h.hexdigest()
         lines.append(f"{e.name}=={e.version} --hash=sha256:{digest}  # {f.name}")
     return "\n".join(lines) + "\n"
-
-
-def _download(url: str, target: Path) -> None:
-    import urllib.request
-
-    tmp = target.with_suffix(target.suffix + ".part")
-    try:
-        urllib.request.urlretrieve(url, tmp)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise BuildError(f"downloading {url} failed: {e}") from None
-    tmp.rename(target)
-
-
-# ---------------------------------------------------------------- verify
-
-
-
-@dataclass
-class VerifyReport:
-    image: str
-    lines: list[tuple[str, bool, str]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(ok for _, ok, _ in self.lines)
-
-    def render(self) -> str:
-        out = [f"verify {self.image}:"]
-        out += [f"  {'PASS' if ok else 'FAIL'}  {what}: {detail}" for what, ok, detail in self.lines]
-        out.append(f"verify: {'PASS' if self.ok else 'FAIL'}")
-        return "\n".join(out)
-
-
-def version_matches(want: str, got: str | None) -> bool:
-    """torch 2.13.0 matches 2.13.0+cpu; otherwise exact."""
-    return got is not None and (got == want or got.split("+")[0] == want.split("+")[0] and "+" in got)
-
-
-def parse_verify(image: str, result: dict) -> VerifyReport:
-    report = VerifyReport(image)
-    for mod, status in result.get("imports", {}).items():
-        report.lines.append((f"import {mod}", status == "ok", status))
-    for key, (want, got) in result.get("versions", {}).items():
-        report.lines.append((f"{key} version", version_matches(want, got), f"pinned {want}, installed {got}"))
-    if "mcore-clone" in result.get("checks", {}):
-        pip_mm, clone_mm = result["checks"]["mcore-clone"]
-        report.lines.append(("megatron-core pip vs clone", pip_mm == clone_mm,
-                             f"pip {pip_mm[0]}.{pip_mm[1]}, clone package_info {clone_mm[0]}.{clone_mm[1]}"))
-    return report
-
-
-def verify(image: str, gpus: bool = False, docker: str = "docker") -> VerifyReport:
-    """Import every declared component inside the image and compare versions with the pins in its labels."""
-    r = subprocess.run([docker, "image", "inspect", "--format", "{{json .Config.Labels}}", image],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise BuildError(f"image {image} not found locally: {r.stderr.strip()[:200]}")
-    labels = json.loads(r.stdout or "{}") or {}
-    if f"{LABEL_PREFIX}.stack" not in labels:
-        raise BuildError(f"image {image} has no {LABEL_PREFIX} labels: was it built by dockerlaunch build?")
-    argv = [docker, "run", "--rm", "--network", "none", "-e", "DL_LABELS"]
-    if gpus:
-        argv += ["--gpus", "all"]
-    argv += ["--entrypoint", "python", image, "-c", shipped.script("dockerlaunch.images", "verify_image.py")]
-    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "DL_LABELS": json.dumps(labels)},
-                          timeout=900)
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
-    try:
-        result = json.loads(last)
-    except json.JSONDecodeError:
-        raise BuildError(
-            f"verify could not run python in {image}: {(proc.stderr or proc.stdout).strip()[-300:]}"
-        ) from None
-    return parse_verify(image, result)

@@ -131,6 +131,8 @@ class Stack(_Model):
     transformer_engine: str | None = None
     apex: GitPin | None = None
     flash_attn: str | None = None
+    flash_attn_wheel_sha256: str | None = Field(None, description="sha256 of flash-attn's prebuilt GitHub wheel, "
+                                                                   "where the stack uses one")
     megatron_core: str
     megatron_lm: GitPin | None = Field(None, description="Cloned and baked at /opt/Megatron-LM (ms-swift 3.x)")
     ms_swift: str
@@ -177,6 +179,13 @@ class Stack(_Model):
             if not m:
                 raise ValueError(f"{info.field_name} {pin!r}: write name==version")
             _exact(m.group(3), f"{info.field_name} {m.group(1)}")
+        return v
+
+    @field_validator("flash_attn_wheel_sha256")
+    @classmethod
+    def _fa_sha(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+            raise ValueError(f"flash_attn_wheel_sha256 {v!r} is not 64 lowercase hex digits")
         return v
 
     @field_validator("drop")

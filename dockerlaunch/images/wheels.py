@@ -285,8 +285,8 @@ class Source:
     layer: str  # the wheelhouse folder that `fetch` puts it in
     filename: str
     sha256: str
-    kind: str  # "sdist" | "archive"
-    url: str | None = None  # an archive's upstream URL; sdists are found on the index by their hash
+    kind: str  # "sdist" | "file" (sha256 of the file) | "archive" (sha256 of the unpacked tree)
+    url: str | None = None  # an archive's or file's upstream URL; sdists are found on the index by their hash
     index_name: str = ""  # the distribution's name on the index (sdists)
 
 
@@ -309,6 +309,10 @@ def get_source(src: Source, wheelhouse: Path | None, index_url: str | None, offl
         if cand.is_file():
             check_source(src, cand)
             return cand
+    if src.kind == "file" and not src.sha256:
+        raise WheelError(f"{src.what} {src.url} is not pinned by hash: download it once where you trust the "
+                         "network, check it, and put its sha256 in stacks.yaml (flash_attn_wheel_sha256); nothing "
+                         "unverified is installed")
     if offline:
         where = ", ".join(str(c.parent) for c in source_candidates(src, wheelhouse))
         raise WheelError(f"{src.what} {src.filename} is in none of {where}: fetch it on a connected machine "
@@ -333,9 +337,13 @@ def check_source(src: Source, path: Path) -> None:
                              f"add sha256: {sources.tree_sha256(path)} if this file is the one you trust")
         sources.check_archive(path, src.what, src.sha256)
         return
+    if not src.sha256:
+        raise WheelError(f"{src.what} {src.filename} is not pinned by hash, so it cannot be checked; pin it "
+                         f"(sha256 {file_sha256(path)} is what {path} holds, if that file is the one you trust)")
     got = file_sha256(path)
     if got != src.sha256:
-        raise WheelError(f"{src.what}: {path} does not match the lock (expected sha256 {src.sha256}, got {got}); "
+        pin = "the lock" if src.kind == "sdist" else "its pin"
+        raise WheelError(f"{src.what}: {path} does not match {pin} (expected sha256 {src.sha256}, got {got}); "
                          "delete it and fetch again")
 
 

@@ -1,0 +1,121 @@
+"""Sources pinned by content: the tree hash of apex and Megatron-LM archives (the vendored ones, and the same trees
+in other archive bytes), refusals in one line, and flash-attn's prebuilt wheel refused until pinned."""
+
+import gzip
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from dockerlaunch.images import build, wheels
+from dockerlaunch.images.sources import SourceError, check_archive, tree_sha256
+from dockerlaunch.images.stacks import load_matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+VENDOR = ROOT.parent / "shared" / "vendor"  # CI clones next to shared/; the archives GitHub has, made by git archive
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return load_matrix()
+
+
+def vendored(name: str) -> Path:
+    path = VENDOR / name
+    assert path.is_file(), f"{path} is missing: shared/vendor/ holds the pinned apex and Megatron-LM sources"
+    return path
+
+
+def test_every_archive_pin_in_the_matrix_is_the_vendored_tree(matrix):
+    pins = {(p.archive_name, p.sha256) for s in matrix.stacks.values() for p in (s.apex, s.megatron_lm) if p}
+    assert len(pins) == 5 and all(sha for _, sha in pins)  # 3 apex commits, 2 Megatron-LM commits, each hashed
+    for name, sha in sorted(pins):
+        assert tree_sha256(vendored(name)) == sha, name
+        assert check_archive(vendored(name), name, sha) == sha
+
+
+def repack(src: Path, dest: Path, change=None, github_style: bool = True) -> Path:
+    """The same tree in other archive bytes, as GitHub's codeload gives it (another top folder name, a pax global
+    header carrying the commit, other mtimes, another order, other gzip settings), optionally with one change."""
+    members = []
+    with tarfile.open(src, "r:gz") as tar:
+        for m in tar:
+            data = tar.extractfile(m).read() if m.isfile() else None
+            members.append((m, data))
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT,
+                      pax_headers={"comment": "0" * 40} if github_style else None) as tar:
+        for m, data in reversed(members):
+            m.name = "apex-renamed/" + m.name.split("/", 1)[1] if "/" in m.name else "apex-renamed"
+            m.mtime = 1_700_000_000
+            m.uname = m.gname = "github"
+            if change:
+                m, data = change(m, data)
+            tar.addfile(m, io.BytesIO(data) if data is not None else None)
+    dest.write_bytes(gzip.compress(out.getvalue(), compresslevel=1, mtime=123))
+    return dest
+
+
+def test_the_tree_hash_is_the_same_for_other_archive_bytes_and_differs_for_one_changed_byte_or_mode(tmp_path):
+    src = vendored("apex-6424da3b4faa6c8f062da4a48c424fff3f02d42d.tar.gz")
+    want = tree_sha256(src)
+    other = repack(src, tmp_path / "github.tar.gz")
+    assert other.read_bytes() != src.read_bytes() and tree_sha256(other) == want
+
+    def one_byte(m, data):
+        if m.name.endswith("/setup.py"):
+            data = data.replace(b"import", b"imporT", 1)
+        return m, data
+
+    def exec_bit(m, data):
+        if m.name.endswith("/setup.py"):
+            m.mode ^= 0o100
+        return m, data
+
+    for change in (one_byte, exec_bit):
+        assert tree_sha256(repack(src, tmp_path / f"{change.__name__}.tar.gz", change)) != want, change.__name__
+    with pytest.raises(SourceError) as e:
+        check_archive(repack(src, tmp_path / "x.tar.gz", one_byte), "apex 6424da3b4faa source", want)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith("apex 6424da3b4faa source: x.tar.gz does not match its pin")
+    assert f"expected sha256 {want}, got " in msg
+    (tmp_path / "garbage.tar.gz").write_bytes(b"not an archive")
+    with pytest.raises(SourceError, match="not a readable source archive"):
+        tree_sha256(tmp_path / "garbage.tar.gz")
+
+
+def test_a_wrong_sha256_in_stacks_yaml_stops_the_build_in_one_line(matrix, monkeypatch, tmp_path):
+    """A changed Megatron-LM archive (or a wrong pin): `build` refuses before anything runs, naming the source,
+    the expected and the actual hash."""
+    monkeypatch.setenv(wheels.SOURCE_DIRS_ENV, str(VENDOR))
+    monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
+    s = matrix.stacks["swift3.12-mcore0.15"]
+    wrong = s.model_copy(update={"megatron_lm": s.megatron_lm.model_copy(update={"sha256": "0" * 64})})
+    with pytest.raises(SourceError) as e:
+        build.megatron_archive(wrong, build.BuildOptions(), print)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith("Megatron-LM 309ffca6a405 source: ")
+    assert f"expected sha256 {'0' * 64}, got {s.megatron_lm.sha256}" in msg
+    assert build.megatron_archive(s, build.BuildOptions(), print)[0].name == s.megatron_lm.archive_name
+
+
+def test_flash_attns_prebuilt_wheel_is_refused_until_pinned_by_hash(matrix, tmp_path, monkeypatch):
+    monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
+    s = matrix.stacks["swift4.6-mcore0.19-cu128"]
+    assert s.flash_attn_wheel_sha256 is None
+    with pytest.raises(wheels.WheelError) as e:
+        build.flash_attn_prebuilt(s, build.BuildOptions(), print)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and "flash_attn_wheel_sha256" in msg and "is not pinned by hash" in msg
+    assert "github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/" in msg
+    # pinned, and a wheelhouse file with other bytes: refused, naming both hashes
+    pinned = s.model_copy(update={"flash_attn_wheel_sha256": "1" * 64})
+    wh = tmp_path / "wh"
+    (wh / "5-flash").mkdir(parents=True)
+    (wh / "5-flash" / build.flash_attn_wheel(s)).write_bytes(b"a wheel from somewhere")
+    with pytest.raises(wheels.WheelError, match=r"does not match its pin \(expected sha256 1{64}, got "):
+        build.flash_attn_prebuilt(pinned, build.BuildOptions(wheelhouse=str(wh), offline=True), print)
+    assert build.flash_attn_prebuilt(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], build.BuildOptions(), print) == []
+    assert os.environ[wheels.CACHE_ENV].startswith(str(tmp_path))
