@@ -13,10 +13,10 @@ from dockerlaunch.images.build import (
     cached_steps,
     components,
 )
-from dockerlaunch.images.verify import version_matches
 from dockerlaunch.images.constraints import RULES, check_stack, flash_attn_wheel, te_flash_attn_ceiling
 from dockerlaunch.images.layers import te_extras
 from dockerlaunch.images.stacks import GitPin, Stack, load_matrix
+from dockerlaunch.images.verify import version_matches
 from tests.conftest import venv_tool
 
 ROOT = Path(__file__).resolve().parents[2]
