@@ -422,9 +422,10 @@ def default_jobs(gb_per_job: float, meminfo: str | None = None, cpus: int | None
 
 def ninja_progress(build: Path) -> tuple[int, int]:
     """(objects built, objects in build.ninja) of a setuptools/torch ninja build below `build`; (0, 0) before
-    build.ninja exists."""
+    build.ninja exists. Packages with several extensions (apex) write one build.ninja per extension as they reach
+    it, so their total grows as the build goes."""
     done = total = 0
-    for ninja in build.glob("src/build/temp*/build.ninja"):
+    for ninja in sorted(build.glob("src/build/temp*/**/build.ninja")):
         try:  # finished commands only: an object cut off mid-write is in the folder but not in the log
             logged = {ln.split("\t")[3] for ln in (ninja.parent / ".ninja_log").read_text(errors="replace")
                       .splitlines() if ln.count("\t") >= 4}
