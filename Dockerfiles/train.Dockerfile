@@ -118,6 +118,11 @@ RUN --mount=type=cache,target=/root/.cache/pip \
       pip install --no-index --find-links /wheelhouse/compiled --no-deps --require-hashes -r /lock/compiled.txt; \
     fi
 
+# On a made base the CUDA libraries live in the toolkit's prefix (torch's cuBLAS, cuDNN, NCCL wheels install
+# there too): the loader's cache knows that folder, so TE's core library loads whether or not torch was
+# imported first (nvidia/cuda images have the same through /usr/local/cuda/lib64 in ld.so.conf).
+RUN if [ -d /usr/local/cuda/lib ]; then echo /usr/local/cuda/lib > /etc/ld.so.conf.d/dockerlaunch-cuda.conf && ldconfig; fi
+
 # 6. flash-attn's prebuilt wheel where one matches torch/CUDA/Python (else it is one of the compiled wheels), and
 #    what the flash layer pulls (einops) from the lock.
 ARG FLASH_ATTN_WHEEL=""

@@ -170,6 +170,11 @@ def pip_check_allow(stack: Stack) -> str:
     lines = [f"but you have {' '.join(o.split('=='))}." for o in stack.overrides]
     lines += [f"requires {n}, which is not installed." for n in stack.drop]
     lines += [f"requires {n.replace('-', '_')}, which is not installed." for n in stack.drop]
+    if stack.transformer_engine and stack.python != "3.10" and stack.cuda:
+        # TE's core wheel says cp310 in its WHEEL file but holds no Python extension (verify shows it as WARN)
+        core = f"transformer_engine_cu{stack.cuda.split('.')[0]}"
+        lines += [f"{name} {stack.transformer_engine} is not supported on this platform"
+                  for name in (core, core.replace("_", "-"))]
     return "\n".join(lines)
 
 
