@@ -142,6 +142,7 @@ def ensure_base(suite: str, docker: str = "docker", log: Callable[[str], None] |
             tar.wait()
         if r.returncode != 0:
             raise BaseError(f"docker import of base {tag} failed: {(r.stderr or r.stdout).strip()[:300]}")
-    log(f"base {tag} made in {time.monotonic() - t0:.0f} s (gcc {versions.get('gcc')}, glibc "
-        f"{versions.get('libc6')}, Python {versions.get('python')})")
+    gcc = next((v for k, v in sorted(versions.items()) if k.startswith("gcc-")), "?")
+    log(f"base {tag} made in {time.monotonic() - t0:.0f} s (gcc {gcc}, glibc {versions.get('libc6')}, Python "
+        f"{versions.get('python')})")
     return tag, versions
