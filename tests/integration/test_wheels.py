@@ -210,3 +210,17 @@ def test_a_source_that_is_not_the_locked_one_stops_the_compile(tiny_builder, tin
     msg = str(e.value)
     assert "does not match the lock (expected sha256 " + tiny_sdist[1] in msg and len(msg.splitlines()) == 1
     assert not list((cache / "compiled").glob("*/build/dist/*.whl"))  # nothing compiled from it
+
+
+def test_a_registry_base_that_cannot_be_had_is_one_line_before_anything_runs(engine):
+    """No registry here: a stack FROM nvidia/cuda fails before BuildKit (whose error is 18 lines of `failed to
+    solve`), naming the image and the way out."""
+    s = load_matrix().get("swift4.6-mcore0.19-cu13")
+    if docker("image", "inspect", s.base_image, check=False).returncode == 0:
+        pytest.fail(f"{s.base_image} is on this engine: this test needs an engine without it")
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "build", "--stack", s.name, "--cuda-archs", "9.0"],
+                       capture_output=True, text=True, timeout=900)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(err) == 1, r.stderr
+    assert err[0].startswith(f"error: base image {s.base_image} is not on this engine and cannot be pulled (")
+    assert "swift4.6-mcore0.19-cu13-py313" in err[0] and "failed to solve" not in r.stdout + r.stderr
