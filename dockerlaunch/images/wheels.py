@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import sources
@@ -34,17 +35,13 @@ from dockerlaunch.images.stacks import Stack
 _LOG = logging.getLogger(__name__)
 
 FORMAT = 1
-CACHE_ENV = "DOCKERLAUNCH_CACHE"
+CACHE_ENV = "DOCKERLAUNCH_CACHE_DIR"  # engine.cache_root's: one cache folder for everything dockerlaunch rebuilds
 SOURCE_DIRS_ENV = "DOCKERLAUNCH_SOURCE_DIRS"  # folders holding source archives (e.g. a vendored apex), ':'-separated
 CONTAINER_DIR = "/dl/build"  # where a key's build folder is mounted: the same path every time, so ninja resumes
 
 
 class WheelError(DockerlaunchError):
     pass
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dockerlaunch")
 
 
 # ---------------------------------------------------------------- what compiles, and with which settings

@@ -169,3 +169,25 @@ def cpu_stack(engine, tmp_path_factory):
         engine.images.remove(tag, force=True)
     except Exception:
         pass
+
+
+CUDA_STACK = "swift4.6-mcore0.19-cu13-py313"  # the recommended stack: its cuda stage needs no registry
+
+
+@dataclass
+class CudaStage:
+    tag: str
+    log: str
+
+
+@pytest.fixture(scope="session")
+def cuda_stage(engine):
+    """`dockerlaunch build --stack <recommended> --stage cuda`, as a user's first step: a Debian base made with
+    debootstrap and the CUDA 13 toolkit from its locked PyPI wheels. A failed download fails here (the build needs
+    PyPI and a Debian mirror)."""
+    tag = "dltest/cuda-stage:slice"
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "build", "--stack", CUDA_STACK, "--stage", "cuda",
+                        "--tag", tag], capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-2000:])
+    yield CudaStage(tag, r.stdout)
+    subprocess.run(["docker", "rmi", tag], capture_output=True)

@@ -21,7 +21,6 @@ from tests.unit.test_verify import gcc, version_script
 pytestmark = pytest.mark.integration
 
 CUDA_IMAGE_ENV = "DL_TEST_CUDA_IMAGE"
-HAND_BUILT = "dl-hand/builder:1"
 TE_LIB = "transformer_engine/wheel_lib/libtransformer_engine.so"
 SYMBOL = "cublasLtGroupedMatrixLayoutInit_internal"
 # what the TE images install, pinned by hash (pure Python or manylinux, so any Python 3 base takes them)
@@ -37,17 +36,28 @@ packaging==25.0 --hash=sha256:29572ef2b1f17581046b3a2227d5c611fb25ec70ca1ba8554b
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
+TORCH_PLATFORMS = tuple(f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)) + ("manylinux2014_x86_64",
+                                                                                  "manylinux1_x86_64", "linux_x86_64")
+
+
 @pytest.fixture(scope="module")
-def cuda_base(engine):
-    """A CUDA image with Python, torch and the CUDA libraries from PyPI (torch 2.11.0 pins cuBLAS 13.1.0.3)."""
-    name = os.environ.get(CUDA_IMAGE_ENV) or HAND_BUILT
-    try:
-        engine.images.get(name)
-    except docker.errors.ImageNotFound:
-        pytest.fail(f"verify's integration tests need a CUDA image with torch 2.11.0 and CUDA 13 from PyPI: "
-                    f"{name} is not on this machine; set {CUDA_IMAGE_ENV}=<image> (e.g. the toolkit stage of "
-                    "`dockerlaunch build`) or build dl-hand/builder:1")
-    return name
+def cuda_base(engine, cuda_stage, images):
+    """A CUDA image with Python, torch and the CUDA libraries from PyPI (torch 2.11.0 pins cuBLAS 13.1.0.3): the
+    recommended stack's `cuda` stage plus torch 2.11.0 as pip resolves it (its wheels downloaded once per machine
+    into the cache's test-wheels/torch-2.11.0/). DL_TEST_CUDA_IMAGE names another such image to use instead."""
+    if os.environ.get(CUDA_IMAGE_ENV):
+        engine.images.get(os.environ[CUDA_IMAGE_ENV])  # fails, naming it, when it is not here
+        return os.environ[CUDA_IMAGE_ENV]
+    dest = cache_root() / "test-wheels" / "torch-2.11.0"
+    dest.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--only-binary=:all:",
+                        "--python-version", "3.13", *[a for p in TORCH_PLATFORMS for a in ("--platform", p)],
+                        "-q", "-d", str(dest), "torch==2.11.0"], capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return docker_build(new_tag(images, "cuda-base"), dest, f"""\
+FROM {cuda_stage.tag}
+RUN --mount=type=bind,source=.,target=/w pip install --no-cache-dir --no-index --find-links /w torch==2.11.0
+""")
 
 
 def docker_build(tag: str, context: Path, dockerfile: str) -> str:
