@@ -26,6 +26,7 @@ from dockerlaunch.errors import ConfigError, DockerlaunchError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
+from dockerlaunch.images.index import file_sha256
 from dockerlaunch.images.layers import LAYERS
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
 
@@ -503,7 +504,7 @@ def check_wheelhouse(stack: Stack, opts: BuildOptions, lock: locks.Lock) -> None
             path = wh / layer / filename
             if not path.is_file():
                 raise ConfigError(f"--wheelhouse {wh}: {layer}/{filename} ({e.name}=={e.version}) is missing; {fix}")
-            got = wheels.file_sha256(path)
+            got = file_sha256(path)
             if f"sha256:{got}" not in e.hashes:
                 raise BuildError(f"build of stack {stack.name}: {layer}/{filename} ({e.name}=={e.version}) does not "
                                  f"match the lock's hash (got sha256 {got[:12]}..., not one of the lock's "
@@ -854,10 +855,6 @@ def _hashed_files(lock: locks.Lock, layer: str, dest: Path, drop: frozenset[str]
         f = files.get((e.name, Version(e.version)))
         if f is None:
             raise BuildError(f"fetch: pip downloaded no file for {e.name}=={e.version} (layer {layer})")
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:  # in chunks: the torch wheel alone is 0.5-0.9 GB
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-        digest = h.hexdigest()
+        digest = file_sha256(f)  # in chunks: the torch wheel alone is 0.5-0.9 GB
         lines.append(f"{e.name}=={e.version} --hash=sha256:{digest}  # {f.name}")
     return "\n".join(lines) + "\n"

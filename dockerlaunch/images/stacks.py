@@ -51,6 +51,12 @@ def _exact(v: str | None, what: str) -> str | None:
     return v
 
 
+def _sha256(v: str | None, what: str) -> str | None:
+    if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
+        raise ValueError(f"{what} {v!r} is not 64 lowercase hex digits")
+    return v
+
+
 class GitPin(_Model):
     """A source archive at a tag or commit: fetched as a tarball, so offline builds need no git. `sha256` pins its
     content (`sources.tree_sha256`: the unpacked files, so GitHub's archive and a `git archive` of the same commit
@@ -63,10 +69,8 @@ class GitPin(_Model):
 
     @field_validator("sha256")
     @classmethod
-    def _sha(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
-            raise ValueError(f"sha256 {v!r} is not 64 lowercase hex digits")
-        return v
+    def _sha(cls, v: str | None, info) -> str | None:
+        return _sha256(v, info.field_name)
 
     @field_validator("ref")
     @classmethod
@@ -183,10 +187,8 @@ class Stack(_Model):
 
     @field_validator("flash_attn_wheel_sha256")
     @classmethod
-    def _fa_sha(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v):
-            raise ValueError(f"flash_attn_wheel_sha256 {v!r} is not 64 lowercase hex digits")
-        return v
+    def _fa_sha(cls, v: str | None, info) -> str | None:
+        return _sha256(v, info.field_name)
 
     @field_validator("drop")
     @classmethod

@@ -30,6 +30,7 @@ from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import sources
+from dockerlaunch.images.index import file_sha256
 from dockerlaunch.images.stacks import Stack
 
 _LOG = logging.getLogger(__name__)
@@ -260,14 +261,6 @@ def other_entries(pkg: Compiled, fields: dict, root: Path | None = None) -> list
         except (OSError, ValueError):
             continue
     return out
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- sources

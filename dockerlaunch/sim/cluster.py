@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from dockerlaunch.engine import cache_root as engine_cache_root
 from dockerlaunch.engine import engine
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.images.index import file_sha256
 from dockerlaunch.job.spec import NOFILE
 
 SIM_LABEL = "dockerlaunch.sim"
@@ -359,7 +360,7 @@ def _build(
         digest.update(name.encode() + b"\0" + files[name])
     for name in sorted(disk):
         st = disk[name].stat()
-        digest.update(f"{name}\0{st.st_size}\0{_file_sha256(disk[name])}".encode())
+        digest.update(f"{name}\0{st.st_size}\0{file_sha256(disk[name])}".encode())
     for k, v in sorted((buildargs or {}).items()):
         digest.update(f"{k}={v}".encode())
     tag = f"{repo}:{digest.hexdigest()[:12]}"
@@ -390,14 +391,6 @@ def _build(
         except Exception as e:
             raise SimError(f"building {repo} failed: {str(e)[:200]}") from None
     return tag
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 DEMO_TORCH = "2.13.0"
