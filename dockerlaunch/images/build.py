@@ -228,9 +228,9 @@ def render_build(stack: Stack, opts: BuildOptions, lock: locks.Lock, context: st
     labels = {**image_labels(stack, build_date), f"{LABEL_PREFIX}.lock-sha256": lock.header.get("body-sha256", "")}
     if stack.cuda:
         labels[f"{LABEL_PREFIX}.cuda-archs"] = ";".join(cuda_archs(stack, opts))
-    if target == "builder":
-        labels = {f"{LABEL_PREFIX}.builder": stack.name, f"{LABEL_PREFIX}.lock-sha256": labels[
-            f"{LABEL_PREFIX}.lock-sha256"]}
+    if target != "train":  # a stage is not the stack's image: no pins or components for verify to expect
+        labels = {f"{LABEL_PREFIX}.stage": f"{target} of {stack.name}",
+                  f"{LABEL_PREFIX}.lock-sha256": labels[f"{LABEL_PREFIX}.lock-sha256"]}
     for k, v in labels.items():
         argv += ["--label", f"{k}={v}"]
     if opts.ca_cert:
@@ -706,11 +706,32 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
     if verify_after:
         from dockerlaunch.images.verify import verify
 
-        report = verify(opts.tag or stack.tag, docker=s.builder.docker, cuda_archs=s.opts.cuda_archs or None)
+        tag = opts.tag or stack.tag
+        report = verify(tag, docker=s.builder.docker, cuda_archs=s.opts.cuda_archs or None)
         out.write(report.render() + "\n")
         if not report.ok:
             return 1, text
+        with tempfile.TemporaryDirectory(prefix="dockerlaunch-report-") as tmp:
+            stamp_report(s, tag, report, Path(tmp))
     return 0, text
+
+
+REPORT_DIR = "/opt/dockerlaunch"
+
+
+def stamp_report(s: Session, tag: str, report, ctx: Path) -> None:
+    """The verify report into the image it describes (/opt/dockerlaunch/verify.txt and .json, a small top layer),
+    so whoever runs the image later can read what was proven when it was built."""
+    (ctx / "verify.txt").write_text(report.render() + "\n")
+    (ctx / "verify.json").write_text(report.to_json() + "\n")
+    (ctx / "Dockerfile").write_text(f"FROM {tag}\nCOPY verify.txt verify.json {REPORT_DIR}/\n"
+                                    f"LABEL {LABEL_PREFIX}.verify={REPORT_DIR}/verify.json\n")
+    r = subprocess.run([*s.builder.prefix, "--network", "none", "-t", tag, str(ctx)], capture_output=True, text=True,
+                       env={**os.environ, **s.builder.env})
+    if r.returncode != 0:
+        raise BuildError(f"{tag} built and verified, but its report could not be added to it: "
+                         f"{_one_line(r.stderr or r.stdout, 300)}")
+    s.say(f"verify report in the image: {REPORT_DIR}/verify.txt and verify.json")
 
 
 def _fail(stack: Stack, opts: BuildOptions, text: str) -> str:

@@ -83,6 +83,9 @@ def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, cpu_stack, bumpe
         assert "Looking in indexes" not in log  # pip never asked an index: the build was offline
         labels = engine.images.get(stack.tag).labels
         assert labels["ai.dockerlaunch.stack"] == "cpu" and labels["ai.dockerlaunch.pin.torch"] == stack.torch
+        assert labels["ai.dockerlaunch.verify"] == "/opt/dockerlaunch/verify.json"  # the report is in the image
+        report = engine.containers.run(stack.tag, ["cat", "/opt/dockerlaunch/verify.txt"], remove=True).decode()
+        assert report.rstrip().endswith("verify: PASS") and re.search(r"^import swift\s+PASS", report, re.M)
         freeze = engine.containers.run(stack.tag, ["cat", "/opt/dockerlaunch/pip-freeze.txt"], remove=True).decode()
         assert re.search(rf"^ms[-_]swift=={re.escape(stack.ms_swift)}$", freeze, re.M | re.I), freeze[:500]
 
