@@ -46,6 +46,12 @@ def te_build_pins(stack: Stack) -> list[str]:
     return []
 
 
+def apex_build_pins(stack: Stack) -> list[str]:
+    """apex's megatron kernels include cuda_profiler_api.h, which the toolkit's `profiler` part holds (nvidia/cuda
+    devel images have it; a made base asks for it, at the toolkit's own release)."""
+    return [f"cuda-toolkit[profiler]=={stack.cuda_toolkit}"] if stack.cuda_toolkit and stack.apex else []
+
+
 def toolkit_pin(stack: Stack) -> str | None:
     return f"cuda-toolkit[{CUDA_TOOLKIT_EXTRAS}]=={stack.cuda_toolkit}" if stack.cuda_toolkit else None
 
@@ -55,7 +61,7 @@ def layer_roots(stack: Stack) -> dict[str, list[str]]:
     roots = {
         "0-cuda": [toolkit_pin(stack)] if stack.cuda_toolkit else [],
         "1-torch": [f"torch=={stack.torch}"],
-        "2-build": BUILD_TOOLS + ([f"numpy=={stack.numpy}"] if stack.numpy else []),
+        "2-build": BUILD_TOOLS + ([f"numpy=={stack.numpy}"] if stack.numpy else []) + apex_build_pins(stack),
         "3-te": [f"transformer_engine[{te_extras(stack)}]=={stack.transformer_engine}", *te_build_pins(stack)]
         if stack.transformer_engine else [],
         "5-flash": [f"flash-attn=={stack.flash_attn}"] if stack.flash_attn else [],

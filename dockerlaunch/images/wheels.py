@@ -189,6 +189,8 @@ def key_fields(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock) -> dict:
     if pkg.name == "transformer-engine-torch":  # links TE's core library and compiles against cuDNN's frontend
         fields["te-core"] = hashes(f"transformer-engine-cu{facts.torch_cuda.split('.')[0]}")
         fields["cudnn-frontend"] = hashes("nvidia-cudnn-frontend")
+    if pkg.name == "apex" and lock.get("nvidia-cuda-profiler-api"):  # its megatron kernels include the header
+        fields["cuda-profiler-api"] = hashes("nvidia-cuda-profiler-api")
     return fields
 
 
@@ -436,12 +438,12 @@ def first_error(log: str) -> str:
     """The failing file and its first error, out of thousands of warning lines."""
     lines = log.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith("FAILED: "):
-            target = line[len("FAILED: "):].strip()
-            src = re.search(r"/src/(\S+?)\.o$", target)
+        m = re.match(r"^\s*FAILED: (?:\[code=\d+\] )?(\S+)", line)
+        if m:
+            target = re.sub(r"^.*/build/temp[^/]*/", "", m.group(1))  # the object, below the build's temp folder
             errs = [ln.strip() for ln in lines[i + 1:i + 400] if re.search(r"\berror\b", ln) and "FAILED" not in ln]
             what = errs[0] if errs else (lines[i + 2].strip() if len(lines) > i + 2 else "")
-            return f"{src.group(1) if src else target}: {what[:300]}"
+            return f"{target}: {what.replace(CONTAINER_DIR + '/src/', '')[:300]}"
     errs = [ln.strip() for ln in lines if re.match(r"^\s*(error|ERROR|RuntimeError|OSError|\S+Error):", ln.strip())]
     return (errs[-1] if errs else (lines[-1].strip() if lines else "no output"))[:300]
 

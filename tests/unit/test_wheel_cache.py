@@ -1,0 +1,74 @@
+"""The wheel cache's pure parts: the failing file out of a compile log, progress from ninja's files, the progress
+line, and why a cached wheel does not fit."""
+
+from pathlib import Path
+
+from dockerlaunch.images import wheels
+
+# a real log excerpt: apex 6424da3b on the PyPI toolkit without its profiler part
+APEX_LOG = """\
+  /opt/venv/lib/python3.13/site-packages/torch/include/c10/cuda/CUDAEvent.h:362:23: warning: use of 'std::hardware_destructive_interference_size' [-Winterference-size]
+  [3/15] /usr/local/cuda/bin/nvcc -c /dl/build/src/csrc/megatron/fused.cu -o /dl/build/src/build/temp.linux-x86_64-cpython-313/x/fused.o
+  FAILED: [code=1] /dl/build/src/build/temp.linux-x86_64-cpython-313/scaled_upper_triang_masked_softmax_cuda/csrc/megatron/scaled_upper_triang_masked_softmax_cuda.o
+  /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile -c /dl/build/src/csrc/megatron/scaled_upper_triang_masked_softmax_cuda.cu
+  /dl/build/src/csrc/megatron/scaled_upper_triang_masked_softmax_cuda.cu:21:10: fatal error: cuda_profiler_api.h: No such file or directory
+     21 | #include <cuda_profiler_api.h>
+  compilation terminated.
+  RuntimeError: Error compiling objects for extension
+  error: subprocess-exited-with-error
+ERROR: Failed to build one or more wheels
+"""  # noqa: E501
+
+
+def test_a_failed_compile_is_its_file_and_first_error_not_the_warnings():
+    assert wheels.first_error(APEX_LOG) == (
+        "scaled_upper_triang_masked_softmax_cuda/csrc/megatron/scaled_upper_triang_masked_softmax_cuda.o: "
+        "csrc/megatron/scaled_upper_triang_masked_softmax_cuda.cu:21:10: fatal error: cuda_profiler_api.h: No such "
+        "file or directory")
+    old_ninja = APEX_LOG.replace("FAILED: [code=1] ", "FAILED: ")
+    assert wheels.first_error(old_ninja).startswith("scaled_upper_triang_masked_softmax_cuda/csrc/megatron/")
+    assert wheels.first_error("running bdist_wheel\nOSError: CUDA_HOME not set\n") == "OSError: CUDA_HOME not set"
+
+
+def ninja_tree(tmp_path: Path, objects: dict[str, bool], ext: str = "") -> Path:
+    """A build folder as torch's BuildExtension leaves it: build.ninja with container paths, .ninja_log of the
+    finished commands, the objects (True: finished; False: cut off mid-write, in the folder but not in the log)."""
+    build = tmp_path / "build"
+    temp = build / "src" / "build" / "temp.linux-x86_64-cpython-313" / ext
+    temp.mkdir(parents=True, exist_ok=True)
+    rel = f"src/build/temp.linux-x86_64-cpython-313/{ext + '/' if ext else ''}"
+    lines, log = ["rule compile", "  command = nvcc $in"], ["# ninja log v7"]
+    for name, finished in objects.items():
+        target = f"{wheels.CONTAINER_DIR}/{rel}{name}.o"
+        lines.append(f"build {target}: compile {wheels.CONTAINER_DIR}/src/{name}.cu")
+        (temp / f"{name}.o").write_bytes(b"\x7fELF")
+        if finished:
+            log.append(f"0\t10\t1\t{target}\tabc")
+    (temp / "build.ninja").write_text("\n".join(lines) + "\n")
+    (temp / ".ninja_log").write_text("\n".join(log) + "\n")
+    return build
+
+
+def test_progress_counts_finished_objects_of_every_extension(tmp_path):
+    assert wheels.ninja_progress(tmp_path / "nothing") == (0, 0)
+    build = ninja_tree(tmp_path, {"a": True, "b": True, "c": False, "d": False})
+    assert wheels.ninja_progress(build) == (2, 4)  # c was cut off mid-write: in the folder, not in ninja's log
+    ninja_tree(tmp_path, {"e": True}, ext="amp_C")  # apex: one build.ninja per extension, as it reaches them
+    assert wheels.ninja_progress(build) == (3, 5)
+
+
+def test_progress_lines():
+    pkg = wheels.Compiled("flash-attn", "2.8.3", "5-flash", "f.tar.gz", "0" * 64, "sdist", (), 6.5)
+    assert wheels._progress_line(pkg, 0, 0, 0, 90, None) == "flash-attn 2.8.3: preparing the build (2 min)"
+    assert wheels._progress_line(pkg, 30, 73, 20, 600, None) == \
+        "flash-attn 2.8.3: 30/73 objects, 10 min, ~43 min left at this rate"
+    last = {"wall_s": 7300, "objects": 73}
+    assert wheels._progress_line(pkg, 20, 73, 20, 30, last) == \
+        "flash-attn 2.8.3: 20/73 objects, 0 min, ~89 min left (last build)"
+
+
+def test_why_a_cached_wheel_does_not_fit():
+    want = {"package": "flash-attn", "torch": "2.11.0+cu130", "flags": {"FLASH_ATTN_CUDA_ARCHS": "90"}}
+    have = {"package": "flash-attn", "torch": "2.12.0+cu130", "flags": {"FLASH_ATTN_CUDA_ARCHS": "80;90"}}
+    assert wheels.why_not(want, have) == ("flags: FLASH_ATTN_CUDA_ARCHS=80;90 (want 90); "
+                                          "torch 2.12.0+cu130 (want 2.11.0+cu130)")
