@@ -106,9 +106,12 @@ def test_cpu_stack_offline_build_verify_and_layer_reuse(engine, cpu_stack, bumpe
         log2 = r2.stdout + r2.stderr
         assert r2.returncode == 0, log2[-4000:]
         cached, ran = cached_steps(log2)
-        assert len(ran) == 1 and "/lock/7-top.txt" in log2 and re.search(rf"ms[-_]swift-{OTHER_SWIFT}", log2), ran
-        assert len(cached) >= 8, cached  # system, pip env, torch, build tools, TE, apex, flash-attn, megatron
-        assert f"PASS  ms_swift version: pinned {OTHER_SWIFT}, installed {OTHER_SWIFT}" in log2
+        # at most the top layer ran (the last step of the train stage; it is cached too when an earlier run of this
+        # test on this machine built the same bump): every layer below it came from the cache
+        assert all(step.split()[0].split("/")[0] == step.split()[0].split("/")[1] for step in ran), ran
+        assert len(ran) <= 1 and len(cached) >= 8, (cached, ran)  # system, pip env, toolkit, torch, build, TE, ...
+        assert re.search(rf"^version ms_swift\s+PASS\s+pinned {OTHER_SWIFT}, installed ms-swift {OTHER_SWIFT}", log2,
+                         re.M), log2[-3000:]
     finally:
         try:
             engine.images.remove(bumped_tag, force=True)  # the cpu stack itself stays for the ms-swift tests

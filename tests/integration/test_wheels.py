@@ -29,8 +29,11 @@ def docker(*args, check=True, timeout=600, **kw):
     return r
 
 
-def test_the_cuda_stage_says_its_nvcc(cuda_stage):
-    assert "release 13.0" in cuda_stage.log  # the toolkit layer's own nvcc --version
+def test_the_cuda_stage_has_nvcc_13_0_as_cuda_home(cuda_stage):
+    r = docker("run", "--rm", "--network", "none", cuda_stage.tag, "bash", "-c",
+               "nvcc --version && echo CUDA_HOME=$CUDA_HOME && readlink -f /usr/local/cuda")
+    assert "release 13.0, V13.0.88" in r.stdout and "CUDA_HOME=/usr/local/cuda" in r.stdout
+    assert r.stdout.rstrip().endswith("/opt/venv/lib/python3.13/site-packages/nvidia/cu13")
 
 
 def test_the_cuda_stage_compiles_and_links_sm90(cuda_stage, tmp_path):
