@@ -19,11 +19,11 @@ from dockerlaunch.sim import cluster as sim
 
 pytestmark = pytest.mark.integration
 
-# The first RUN of train.Dockerfile, minus pip: the same mounts, and what it saw written into the image (hashes
-# of the secrets, never their values).
+# The first RUN of train.Dockerfile, minus pip, in a stage named as `build` targets it: the same mounts, and what
+# it saw written into the image (hashes of the secrets, never their values).
 TINY_DOCKERFILE = """\
 ARG BASE_IMAGE
-FROM ${BASE_IMAGE}
+FROM ${BASE_IMAGE} AS train
 ARG PYTHON_VERSION
 ARG OFFLINE=0
 RUN --mount=type=cache,target=/root/.cache/pip \\
