@@ -123,17 +123,18 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 # imported first (nvidia/cuda images have the same through /usr/local/cuda/lib64 in ld.so.conf).
 RUN if [ -d /usr/local/cuda/lib ]; then echo /usr/local/cuda/lib > /etc/ld.so.conf.d/dockerlaunch-cuda.conf && ldconfig; fi
 
-# 6. flash-attn's prebuilt wheel where one matches torch/CUDA/Python (else it is one of the compiled wheels), and
-#    what the flash layer pulls (einops) from the lock.
-ARG FLASH_ATTN_WHEEL=""
-# hadolint ignore=DL3013
+# 6. flash-attn's prebuilt wheel where one matches torch/CUDA/Python (else it is one of the compiled wheels), with
+#    the sha256 stacks.yaml pins for it, and what the flash layer pulls (einops) from the lock.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \
     --mount=type=bind,source=wheelhouse/5-flash,target=/wheelhouse/5-flash \
     --mount=type=bind,source=lock/5-flash.txt,target=/lock/5-flash.txt \
+    --mount=type=bind,source=lock/flash-prebuilt.txt,target=/lock/flash-prebuilt.txt \
     . /opt/dockerlaunch/pip-env.sh \
  && if [ -s /lock/5-flash.txt ]; then pip install --no-deps --require-hashes -r /lock/5-flash.txt; fi \
- && if [ -n "$FLASH_ATTN_WHEEL" ]; then pip install --no-deps "$FLASH_ATTN_WHEEL"; fi
+ && if [ -s /lock/flash-prebuilt.txt ]; then \
+      pip install --no-index --find-links /wheelhouse/5-flash --no-deps --require-hashes -r /lock/flash-prebuilt.txt; \
+    fi
 
 # 7. megatron-core and, for stacks whose ms-swift imports megatron.training, Megatron-LM at its pinned commit baked
 #    at a fixed path (so ms-swift never clones at run time). `build` puts the archive into the context after

@@ -118,7 +118,8 @@ def _build_options(kw: dict):
     return BuildOptions(tag=kw["tag"], base_image=kw["base_image"], ca_cert=kw["ca_cert"],
                         pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"], offline=kw["offline"],
                         no_cache=kw["no_cache"], max_jobs=kw["max_jobs"],
-                        cuda_archs=parse_cuda_archs(kw["cuda_archs"]), force=kw["force"])
+                        cuda_archs=parse_cuda_archs(kw["cuda_archs"]), force=kw["force"],
+                        trust_carried_wheels=kw["trust_carried_wheels"])
 
 
 @cli.command()
@@ -138,6 +139,8 @@ def _build_options(kw: dict):
               help="GPU architectures to compile for, e.g. 9.0 or '8.0;9.0;10.0' (default: this machine's GPUs, "
                    "else 9.0: H100/H200). Each one more multiplies the compile time.")
 @click.option("--force", is_flag=True, help="Build even if the stack violates a compatibility rule.")
+@click.option("--trust-carried-wheels", is_flag=True,
+              help="Take compiled wheels that `wheels build -o` put in --wheelhouse (their records travel with them).")
 @click.option("--stage", type=click.Choice(["cuda", "builder", "train"]), default="train", show_default=True,
               help="Stop at a stage: cuda (system + CUDA toolkit), builder (+ torch, build tools, TE's core), or "
                    "the training image (compiled wheels installed, verified).")
@@ -237,6 +240,8 @@ def wheels() -> None:
 @click.option("--offline", is_flag=True, help="Download nothing: sources from --wheelhouse or the cache.")
 @click.option("--pip-index-url", metavar="URL", help="Package index for the builder stage and sdists.")
 @click.option("--ca-cert", metavar="PATH", help="CA bundle for pip behind an intercepting proxy.")
+@click.option("--trust-carried-wheels", is_flag=True,
+              help="Take compiled wheels that `wheels build -o` put in --wheelhouse (their records travel with them).")
 @click.option("-o", "--output", "out_dir", metavar="DIR",
               help="Also copy the wheels into DIR/compiled/ (e.g. the wheelhouse you carry to an offline site).")
 def wheels_build(stack_name: str, out_dir: str | None, **kw) -> None:
@@ -252,7 +257,8 @@ def wheels_build(stack_name: str, out_dir: str | None, **kw) -> None:
     stack = load_matrix().get(stack_name)
     opts = buildlib.BuildOptions(ca_cert=kw["ca_cert"], pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"],
                                  offline=kw["offline"], max_jobs=kw["max_jobs"],
-                                 cuda_archs=buildlib.parse_cuda_archs(kw["cuda_archs"]))
+                                 cuda_archs=buildlib.parse_cuda_archs(kw["cuda_archs"]),
+                                 trust_carried_wheels=kw["trust_carried_wheels"])
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-wheels-") as tmp:
         s = buildlib.start(stack, opts, sys.stdout, Path(tmp))
         built = buildlib.build_wheels(s)

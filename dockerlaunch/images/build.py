@@ -53,6 +53,7 @@ class BuildOptions:
     no_cache: bool = False
     max_jobs: int | None = None  # compile jobs; None: per package, from the cores and the memory one job needs
     cuda_archs: list[str] = field(default_factory=list)  # e.g. ["9.0"]; empty: cuda_archs()'s default
+    trust_carried_wheels: bool = False  # take compiled wheels that `wheels build -o` put in --wheelhouse
     force: bool = False
     dockerfiles: Path = field(default_factory=default_dockerfiles_dir)
 
@@ -154,14 +155,10 @@ def build_args(stack: Stack, opts: BuildOptions, torch_from_index: bool | None =
         "SYSTEM_PACKAGES": "0" if stack.base and not opts.base_image else "1",
         "OFFLINE": "1" if opts.offline else "0",
         "TORCH_INDEX_URL": "" if opts.offline or not torch_from_index else (stack.torch_index_url or ""),
-        "FLASH_ATTN_WHEEL": "",
         "MEGATRON_LM_ARCHIVE": stack.megatron_lm.archive_name if stack.megatron_lm else "",
         "MEGATRON_LM_PATH": "/opt/Megatron-LM" if stack.megatron_lm else "",
         "PIP_CHECK_ALLOW": pip_check_allow(stack),
     }
-    wheel = flash_attn_wheel(stack)
-    if wheel:  # put there by `build` after its sha256 was checked (flash_attn_prebuilt)
-        args["FLASH_ATTN_WHEEL"] = f"/wheelhouse/5-flash/{wheel}"
     return args
 
 
@@ -460,8 +457,11 @@ def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir:
     (ctx / "lock" / "compiled.txt").write_text("".join(lines))
     for archive in archives:
         _link(archive, ctx / "wheelhouse" / "6-megatron" / archive.name)
-    for wheel in prebuilt:
+    lines = []
+    for wheel in prebuilt:  # installed --require-hashes like every other file (checked on this machine before)
         _link(wheel, ctx / "wheelhouse" / "5-flash" / wheel.name)
+        lines.append(f"flash-attn=={stack.flash_attn} --hash=sha256:{stack.flash_attn_wheel_sha256}\n")
+    (ctx / "lock" / "flash-prebuilt.txt").write_text("".join(lines))
     return ctx
 
 
@@ -657,8 +657,6 @@ def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | 
               f"{found.get('python', '?')}")
     else:
         ensure_registry_base(s.builder.docker, opts.base_image or stack.base_image)
-    s.archives = megatron_archive(stack, s.opts, s.say)
-    s.prebuilt = flash_attn_prebuilt(stack, s.opts, s.say)
     return s
 
 
@@ -682,7 +680,7 @@ def build_wheels(s: Session) -> list[tuple[Path, str]]:
     wh = Path(s.opts.wheelhouse) if s.opts.wheelhouse else None
     return [wheels.ensure_wheel(pkg, facts, s.lock, tag, wheelhouse=wh, index_url=s.opts.pip_index_url,
                                 offline=s.opts.offline, max_jobs=s.opts.max_jobs, docker=s.builder.docker,
-                                log=s.say) for pkg in pkgs]
+                                log=s.say, trust_carried=s.opts.trust_carried_wheels) for pkg in pkgs]
 
 
 def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
@@ -698,6 +696,8 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
             tag = opts.tag or (builder_tag(stack) if stage == "builder" else f"dockerlaunch/cuda:{stack.name}")
             code, text = s.run(s.argv(prepare_context(stack, s.opts, s.lock, s.work / stage), stage, tag))
             return code, _fail(stack, opts, text) if code else text
+        s.archives = megatron_archive(stack, s.opts, s.say)  # checked before the compiles: a wrong pin fails now
+        s.prebuilt = flash_attn_prebuilt(stack, s.opts, s.say)
         compiled = build_wheels(s)
         ctx = prepare_context(stack, s.opts, s.lock, s.work / "train", compiled, s.archives, s.prebuilt)
         code, text = s.run(s.argv(ctx, "train"))
@@ -814,7 +814,8 @@ def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None
         part = lock.layer_text(layer, flash_drop(stack))
         if not part:
             continue
-        digest = hashlib.sha256(part.encode()).hexdigest()
+        # a lock entry lists every Python's files: the same part fetched for another Python is other files
+        digest = hashlib.sha256(f"{stack.python} {locks.PLATFORM}\n{part}".encode()).hexdigest()
         pins = " ".join(f"{e.name}=={e.version}" for e in lock.layer(layer)
                         if e.name in {locks.pin_name(p) for p in locks.flat_pins(stack)})
         if stamps.get(layer) == digest and (out_dir / f"{layer}.lock").is_file():

@@ -9,9 +9,12 @@ and the bytes are checked as they arrive.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import http.client
 import os
 import shutil
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -28,6 +31,30 @@ from dockerlaunch.images import lock as locks
 
 class FetchError(DockerlaunchError):
     pass
+
+
+NET_ERRORS = (OSError, http.client.HTTPException, ValueError)  # what urllib raises besides URLError
+_AUTH: dict[str, str] = {}  # host -> Authorization header, from an index URL's user:password@ (never printed)
+
+
+def redact(url: str) -> str:
+    """The URL without its user:password@, for every message and log line."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+
+
+def request(url: str, **headers: str) -> urllib.request.Request:
+    """A request for `url` with its credentials, if any, as a Basic Authorization header (urllib does not read
+    user:password@ from a URL), also for later URLs on the same host (files an index page links to)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is not None:
+        cred = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        _AUTH[parts.hostname or ""] = "Basic " + base64.b64encode(cred.encode()).decode()
+    auth = _AUTH.get(parts.hostname or "")
+    return urllib.request.Request(redact(url), headers={**headers, **({"Authorization": auth} if auth else {})})
 
 
 @dataclass(frozen=True)
@@ -73,15 +100,16 @@ def index_files(index_url: str, project: str) -> tuple[IndexFile, ...]:
     """The project's files on a PEP 503 index, with the sha256 each link carries."""
     page = f"{index_url.rstrip('/')}/{project}/"
     try:
-        with urllib.request.urlopen(urllib.request.Request(page, headers={"Accept": "text/html"}), timeout=60) as r:
+        with urllib.request.urlopen(request(page, Accept="text/html"), timeout=60) as r:
             text = r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return ()
-        raise FetchError(f"index {index_url}: {project}: HTTP {e.code}") from None
-    except OSError as e:
-        raise FetchError(f"index {index_url} is not reachable ({getattr(e, 'reason', e)}): fetch on a machine that "
-                         "reaches it, or give --index-url / --find-links") from None
+        raise FetchError(f"index {redact(index_url)}: {project}: HTTP {e.code}") from None
+    except NET_ERRORS as e:
+        raise FetchError(f"index {redact(index_url)} is not reachable ({getattr(e, 'reason', e)}): fetch on a "
+                         "machine that reaches it, or give --index-url / --find-links") from None
+    page = redact(page)
     parser = _Links()
     parser.feed(text)
     out = []
@@ -167,14 +195,14 @@ def download(f: IndexFile, dest: Path) -> Path:
     h = hashlib.sha256()
     try:
         if f.url.startswith(("http:", "https:")):
-            src = urllib.request.urlopen(f.url, timeout=300)
+            src = urllib.request.urlopen(request(f.url), timeout=300)
         else:
             src = open(f.url, "rb")
         with src, open(part, "wb") as out:
             while chunk := src.read(1 << 20):
                 h.update(chunk)
                 out.write(chunk)
-    except OSError as e:
+    except NET_ERRORS as e:
         part.unlink(missing_ok=True)
         raise FetchError(f"downloading {f.filename} failed ({getattr(e, 'reason', e)})") from None
     if h.hexdigest() != f.sha256:
@@ -195,7 +223,7 @@ def locate(entry: locks.Entry, indexes: list[str], folders: list[str], tags: lis
         f = choose(entry, list(index_files(index, entry.name)), tags)
         if f:
             return f
-    where = ", ".join([*indexes, *(f"find-links {d}" for d in folders)])
+    where = ", ".join([*map(redact, indexes), *(f"find-links {d}" for d in folders)])
     raise FetchError(f"{entry.name}=={entry.version}: no file with one of the lock's hashes for this Python and "
                      f"platform in {where}; lock again against the index you fetch from (dockerlaunch stacks lock)")
 

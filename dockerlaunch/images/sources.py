@@ -26,12 +26,19 @@ def tree_sha256(archive: Path) -> str:
     """The content hash of a .tar.gz source archive (see the module's docstring); a SourceError for a file that
     is not one."""
     entries: list[tuple[str, str, bytes]] = []
+    tops: set[str] = set()
     try:
         with tarfile.open(archive, "r:*") as tar:
             for m in tar:
-                parts = m.name.split("/", 1)
+                if m.name == "pax_global_header" or m.type in (tarfile.XGLTYPE, tarfile.XHDTYPE):
+                    continue
+                parts = m.name.lstrip("./").split("/", 1)
+                tops.add(parts[0])
+                if len(parts) == 1 and not m.isdir():  # a file beside the top folder: not part of any hash
+                    raise SourceError(f"{archive}: {m.name} is outside the archive's top folder; a source archive "
+                                      "holds one folder")
                 rel = parts[1] if len(parts) > 1 else ""
-                if not rel or m.isdir() or m.name == "pax_global_header":
+                if not rel or m.isdir():
                     continue
                 if m.issym():
                     entries.append((rel, "l", m.linkname.encode()))
@@ -48,6 +55,9 @@ def tree_sha256(archive: Path) -> str:
         raise SourceError(f"{archive}: not a readable source archive ({e})") from None
     if not entries:
         raise SourceError(f"{archive}: the archive holds no files")
+    if len(tops) != 1:
+        raise SourceError(f"{archive}: holds {len(tops)} top-level entries ({', '.join(sorted(tops)[:3])}); a "
+                          "source archive holds one folder")
     total = hashlib.sha256()
     for rel, kind, data in sorted(entries):
         total.update(rel.encode() + b"\0" + kind.encode() + b"\0" + data + b"\n")

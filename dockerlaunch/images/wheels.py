@@ -11,6 +11,7 @@ container, so a compile that is killed resumes from the objects it finished (nin
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -22,12 +23,14 @@ import subprocess
 import tarfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.images import index as idx
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import sources
 from dockerlaunch.images.index import file_sha256
@@ -156,8 +159,11 @@ class BuilderFacts:
 
 
 def probe_builder(image: str, docker: str = "docker") -> BuilderFacts:
-    r = subprocess.run([docker, "run", "--rm", "--network", "none", "--entrypoint", "python", image, "-c",
-                        FACTS_PROBE], capture_output=True, text=True, timeout=300)
+    try:
+        r = subprocess.run([docker, "run", "--rm", "--network", "none", "--entrypoint", "python", image, "-c",
+                            FACTS_PROBE], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise WheelError(f"the builder image {image} did not answer in 300 s (is the engine overloaded?)") from None
     try:
         data = json.loads((r.stdout.strip().splitlines() or ["{}"])[-1])
     except json.JSONDecodeError:
@@ -311,9 +317,15 @@ def get_source(src: Source, wheelhouse: Path | None, index_url: str | None, offl
                          f"(dockerlaunch fetch), or put it in one of those folders ({SOURCE_DIRS_ENV})")
     dest = (dest_dir or cache_root() / "sources") / src.filename
     dest.parent.mkdir(parents=True, exist_ok=True)
-    url = src.url or sdist_url(src, index_url)
     log(f"{src.what}: downloading {src.filename}")
-    _download(url, dest, src.what)
+    if src.kind == "archive":  # its pin is the unpacked tree's hash: checked below, after the download
+        _download(src.url, dest, src.what)
+    else:  # the file's own hash: checked as it arrives
+        try:
+            f = sdist_file(src, index_url) if src.url is None else idx.IndexFile(src.filename, src.url, src.sha256)
+            idx.download(idx.IndexFile(src.filename, f.url, src.sha256), dest.parent)
+        except idx.FetchError as e:
+            raise WheelError(f"{src.what}: {e}") from None
     try:
         check_source(src, dest)
     except DockerlaunchError:
@@ -339,35 +351,25 @@ def check_source(src: Source, path: Path) -> None:
                          "delete it and fetch again")
 
 
-def sdist_url(src: Source, index_url: str | None) -> str:
-    """The sdist's URL from the index's JSON simple API (PEP 691), found by the lock's hash: `pip download` cannot
-    fetch these sdists (their setup.py imports torch to make metadata)."""
-    import urllib.request
-
-    index = (index_url or locks.DEFAULT_INDEX).rstrip("/")
-    page = f"{index}/{src.index_name}/"
-    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            data = json.load(r)
-    except (OSError, ValueError) as e:
-        raise WheelError(f"{src.what}: cannot list {page} ({e})") from None
-    for f in data.get("files", []):
-        if f.get("hashes", {}).get("sha256") == src.sha256:
-            return urllib.request.urljoin(page, f["url"])
-    raise WheelError(f"{src.what}: {index} has no file with the lock's sha256 {src.sha256}")
+def sdist_file(src: Source, index_url: str | None) -> idx.IndexFile:
+    """The sdist on the index's simple page, found by the lock's hash (`pip download` cannot fetch these sdists:
+    their setup.py imports torch to make metadata)."""
+    index = index_url or locks.DEFAULT_INDEX
+    for f in idx.index_files(index, src.index_name):
+        if f.sha256 == src.sha256:
+            return f
+    raise WheelError(f"{src.what}: {idx.redact(index)} has no file with the lock's sha256 {src.sha256}")
 
 
 def _download(url: str, dest: Path, what: str) -> None:
-    import urllib.request
-
     part = dest.with_name(dest.name + ".part")
     try:
-        with urllib.request.urlopen(url, timeout=120) as r, open(part, "wb") as f:
+        with urllib.request.urlopen(idx.request(url), timeout=120) as r, open(part, "wb") as f:
             shutil.copyfileobj(r, f, 1 << 20)
-    except OSError as e:
+    except idx.NET_ERRORS as e:
         part.unlink(missing_ok=True)
-        raise WheelError(f"{what}: downloading {url} failed ({e})") from None
+        raise WheelError(f"{what}: downloading {idx.redact(url)} failed ({getattr(e, 'reason', e)}); put the file "
+                         f"in a folder of {SOURCE_DIRS_ENV} if this machine cannot reach it") from None
     part.replace(dest)
 
 
@@ -381,11 +383,24 @@ def unpack(src: Path, dest: Path) -> None:
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    with tarfile.open(src, "r:*") as tar:
-        tar.extractall(tmp, filter="data")
+    try:
+        with tarfile.open(src, "r:*") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, filter="data")
+            else:  # Pythons before the extraction filters (3.11.3, 3.10.11): the same refusals, by hand
+                for m in tar.getmembers():
+                    if m.name.startswith("/") or ".." in Path(m.name).parts or m.islnk() or m.isdev() or (
+                            m.issym() and (m.linkname.startswith("/") or ".." in Path(m.linkname).parts)):
+                        raise tarfile.TarError(f"member {m.name} would leave the source folder")
+                tar.extractall(tmp)
+    except (OSError, tarfile.TarError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WheelError(f"cannot unpack {src}: {e}") from None
     tops = list(tmp.iterdir())
-    inner = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
-    inner.rename(dest)
+    if len(tops) != 1 or not tops[0].is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WheelError(f"{src}: a source archive holds one top folder, this one {len(tops)} entries")
+    tops[0].rename(dest)
     shutil.rmtree(tmp, ignore_errors=True)
     marker.write_text(src.name + "\n")
 
@@ -408,7 +423,7 @@ def default_jobs(gb_per_job: float, meminfo: str | None = None, cpus: int | None
     warn = None
     if avail < gb_per_job:
         warn = (f"one compile job needs ~{gb_per_job:.1f} GB and {avail:.1f} GB is available: it will likely be "
-                "killed for memory; free memory, or build on a bigger host (--on HOST)")
+                "killed for memory; free memory, or build on a bigger machine")
     return jobs, warn
 
 
@@ -460,7 +475,8 @@ def _cgroup_paths(cid: str) -> tuple[Path | None, Path | None]:
     for mem, cpu in ((Path(f"/sys/fs/cgroup/memory/docker/{cid}/memory.stat"),
                       Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")),
                      (Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.stat"),
-                      Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"))):
+                      Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat")),
+                     (Path(f"/sys/fs/cgroup/docker/{cid}/memory.stat"), Path(f"/sys/fs/cgroup/docker/{cid}/cpu.stat"))):
         if mem.exists():
             return mem, cpu
     return None, None
@@ -487,7 +503,7 @@ def compile_command(pkg: Compiled, jobs: int) -> str:
     site = '"$(python -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')"'
     extra = ""
     if pkg.name == "transformer-engine-torch":  # cuDNN's frontend headers are in site-packages/include
-        extra = f"CPLUS_INCLUDE_PATH={site}/include CUDNN_PATH={site}/nvidia/cudnn "
+        extra = f"CPLUS_INCLUDE_PATH={site}/include "
     return (f"cd {CONTAINER_DIR}/src && {extra}{env} pip wheel -v --no-build-isolation --no-deps --no-index "
             f"-w {CONTAINER_DIR}/dist . > {CONTAINER_DIR}/log 2>&1")
 
@@ -499,27 +515,48 @@ def _sh(v: str) -> str:
 
 
 def container_name(entry: Entry) -> str:
-    return "dockerlaunch-compile-" + entry.folder.name[-16:]
+    """One name per key folder: two caches on one engine (two users, the test suite) never share a container."""
+    return "dockerlaunch-compile-" + hashlib.sha256(str(entry.folder.resolve()).encode()).hexdigest()[:16]
 
 
 def compile_wheel(pkg: Compiled, entry: Entry, builder: str, source: Path, jobs: int, docker: str = "docker",
                   log: Callable[[str], None] | None = None, every: float = 30.0) -> dict:
     """Compile `pkg` into a wheel in a container of `builder`, its build folder mounted from the cache; returns
-    wheel.json's record. A container of the same key still running (a launcher killed earlier) is waited for,
-    not doubled."""
+    wheel.json's record. One compile per key folder at a time (a lock file: a second launcher waits for the
+    first); a container of the folder still running (a launcher killed earlier) is waited for, not doubled."""
     log = log or (lambda msg: _LOG.info("%s", msg))
+    fd = os.open(entry.folder / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"{pkg.label}: another dockerlaunch is compiling this key ({entry.folder}); waiting for it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if entry.done:
+                return entry.done
+        return _compile_locked(pkg, entry, builder, source, jobs, docker, log, every)
+    finally:
+        os.close(fd)
+
+
+def _compile_locked(pkg: Compiled, entry: Entry, builder: str, source: Path, jobs: int, docker: str,
+                    log: Callable[[str], None], every: float) -> dict:
     build = entry.folder / "build"
     build.mkdir(exist_ok=True)
     unpack(source, build / "src")
-    shutil.rmtree(build / "dist", ignore_errors=True)
-    (build / "dist").mkdir()
     name = container_name(entry)
-    state = subprocess.run([docker, "inspect", "--format", "{{.State.Running}}", name], capture_output=True,
-                           text=True)
-    if state.returncode == 0 and state.stdout.strip() == "true":
+    state = subprocess.run([docker, "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", name],
+                           capture_output=True, text=True)
+    running, _, exit_code = state.stdout.strip().partition(" ") if state.returncode == 0 else ("", "", "")
+    if running == "true":
         log(f"{pkg.label}: a compile of this key is already running ({name}); waiting for it")
     else:
         subprocess.run([docker, "rm", "-f", name], capture_output=True)
+        if exit_code == "0" and list((build / "dist").glob("*.whl")):
+            log(f"{pkg.label}: the compile of an earlier, stopped launcher finished; taking its wheel")
+            return _record(pkg, entry, build, 0.0, Sample(), jobs, ninja_progress(build)[0], log)
+        shutil.rmtree(build / "dist", ignore_errors=True)
+        (build / "dist").mkdir()
         done0, total0 = ninja_progress(build)
         resumed = f", resuming at {done0}/{total0} objects" if done0 else ""
         log(f"{pkg.label}: compiling in {builder} with MAX_JOBS={jobs} ({', '.join(f'{k}={v}' for k, v in pkg.env)})"
@@ -559,6 +596,13 @@ def compile_wheel(pkg: Compiled, entry: Entry, builder: str, source: Path, jobs:
     if code != 0 or not wheels:
         raise WheelError(f"compile of {pkg.label} failed (exit {code}) at {first_error(text)}; whole log: "
                          f"{build / 'log'}; run again to resume from the {ninja_progress(build)[0]} objects built")
+    return _record(pkg, entry, build, wall, sample, jobs, start_done, log)
+
+
+def _record(pkg: Compiled, entry: Entry, build: Path, wall: float, sample: Sample, jobs: int, start_done: int,
+            log: Callable[[str], None]) -> dict:
+    """wheel.json (the cache's record: the wheel's sha256 and the compile's figures) and a line in history.jsonl."""
+    wheels = sorted((build / "dist").glob("*.whl"))
     done, total = ninja_progress(build)
     info = {"file": wheels[-1].name, "sha256": file_sha256(wheels[-1]), "size": wheels[-1].stat().st_size,
             "wall_s": round(wall, 1), "cpu_s": round(sample.cpu_ns / 1e9, 1), "peak_rss": sample.peak_rss,
@@ -609,9 +653,10 @@ def export(entry: Entry, dest: Path) -> Path:
     return out / entry.wheel.name
 
 
-def adopt(entry: Entry, carried: Path, log: Callable[[str], None]) -> dict | None:
-    """A wheel that `wheels build -o` put in a wheelhouse: taken into the cache when its key is the one wanted and
-    its bytes are the ones its record names; otherwise not used, saying why."""
+def adopt(entry: Entry, carried: Path, log: Callable[[str], None], trusted: bool) -> dict | None:
+    """A wheel that `wheels build -o` put in a wheelhouse: taken into the cache when its key is the one wanted, its
+    bytes are the ones its record names, and the user said to trust the wheelhouse's records (they travel with the
+    wheels, so they are no independent anchor: whoever could swap a wheel could edit its record)."""
     try:
         key = json.loads((carried / "key.json").read_text())
         info = json.loads((carried / "wheel.json").read_text())
@@ -620,7 +665,14 @@ def adopt(entry: Entry, carried: Path, log: Callable[[str], None]) -> dict | Non
     if key != entry.key:
         log(f"{carried}: not used: {why_not(entry.key, key)}")
         return None
-    wheel = carried / info.get("file", "")
+    name = str(info.get("file", ""))
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+\.whl", name):
+        raise WheelError(f"{carried / 'wheel.json'}: names {name!r}, not a wheel file beside it")
+    if not trusted:
+        log(f"{carried / name}: a compiled wheel carried in the wheelhouse (sha256 {info.get('sha256')}), not used: "
+            "its record came with it; pass --trust-carried-wheels if you made that wheelhouse")
+        return None
+    wheel = carried / name
     got = file_sha256(wheel) if wheel.is_file() else "missing"
     if got != info.get("sha256"):
         raise WheelError(f"{wheel}: does not match its record (sha256 {info.get('sha256')}, got {got}): the "
@@ -629,13 +681,13 @@ def adopt(entry: Entry, carried: Path, log: Callable[[str], None]) -> dict | Non
     dist.mkdir(parents=True, exist_ok=True)
     shutil.copy2(wheel, dist / wheel.name)
     shutil.copy2(carried / "wheel.json", entry.folder / "wheel.json")
-    log(f"{info['file']}: taken from {carried.parent} (key {entry.folder.name[-16:]})")
+    log(f"{info['file']}: taken from {carried.parent} (key {entry.folder.name[-16:]}, sha256 {got})")
     return entry.done
 
 
 def ensure_wheel(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock, builder: str, *, wheelhouse: Path | None,
                  index_url: str | None, offline: bool, max_jobs: int | None, docker: str = "docker",
-                 log: Callable[[str], None] | None = None) -> tuple[Path, str]:
+                 log: Callable[[str], None] | None = None, trust_carried: bool = False) -> tuple[Path, str]:
     """(wheel, sha256) of `pkg` for this builder: the cached one when its key matches, else compiled now. A cached
     wheel whose bytes no longer match its record is refused."""
     log = log or (lambda msg: _LOG.info("%s", msg))
@@ -643,7 +695,7 @@ def ensure_wheel(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock, builder: 
     entry = entry_for(pkg, fields)
     info = entry.done
     if not info and wheelhouse is not None:
-        info = adopt(entry, wheelhouse / "compiled" / entry.folder.name, log)
+        info = adopt(entry, wheelhouse / "compiled" / entry.folder.name, log, trust_carried)
     if info:
         got = file_sha256(entry.wheel)
         if got != info["sha256"]:

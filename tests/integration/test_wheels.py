@@ -127,8 +127,14 @@ def test_a_compiled_wheel_is_built_once_and_reused(tiny_builder, tiny_sdist, cac
     # carried to another machine in the wheelhouse (`wheels build -o`): taken, with its key, compiling nothing
     carried = wheels.export(wheels.Entry(other.parents[2]), wh / "compiled")
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "other-machine"))
+    facts = wheels.probe_builder(tiny_builder)
+    lock = locks.read(load_matrix().get(STACK), default_dockerfiles_dir())
+    entry = wheels.entry_for(tiny(tiny_sdist, archs="89"), wheels.key_fields(tiny(tiny_sdist, archs="89"), facts, lock))
+    untrusted: list[str] = []  # its record came with it: not an anchor unless the user says so
+    assert wheels.adopt(entry, wh / "compiled" / entry.folder.name, untrusted.append, trusted=False) is None
+    assert "pass --trust-carried-wheels if you made that wheelhouse" in untrusted[0]
     logs.clear()
-    taken, sha3 = ensure(tiny(tiny_sdist, archs="89"), tiny_builder, wh, logs)
+    taken, sha3 = ensure(tiny(tiny_sdist, archs="89"), tiny_builder, wh, logs, trust_carried=True)
     assert sha3 == hashlib.sha256(carried.read_bytes()).hexdigest() and taken.is_file()
     assert any(f"taken from {wh / 'compiled'}" in ln for ln in logs) and not any("compiling in" in ln for ln in logs)
 
