@@ -190,6 +190,10 @@ def key_fields(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock) -> dict:
         "python": facts.python, "glibc": facts.glibc, "gcc": facts.gcc, "nvcc": facts.nvcc,
         "torch": f"{facts.torch} ({hashes('torch')})", "torch-cuda": facts.torch_cuda,
         "cuda-toolkit": " ".join(f"{e.name}=={e.version}" for e in lock.layer("0-cuda")) or "the base image's",
+        # what else the compile reads: the CUDA libraries' headers torch's pulls (on a made base they land in the
+        # toolkit's include folder), and what writes the wheel (setuptools, wheel) or binds it (pybind11)
+        "build-env": " ".join(f"{e.name}=={e.version}" for e in lock.entries if e.layer in ("1-torch", "2-build")
+                              and (e.name.startswith("nvidia-") or e.name in ("setuptools", "wheel", "pybind11"))),
         "flags": dict(pkg.env),
     }
     if pkg.name == "transformer-engine-torch":  # links TE's core library and compiles against cuDNN's frontend

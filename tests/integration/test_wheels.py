@@ -2,6 +2,7 @@
 debootstrap, the CUDA 13 toolkit from its locked PyPI wheels, no registry) compiles and links sm_90 code, and a
 compiled package goes through the wheel cache: built once, reused, refused for another key, resumed after a kill."""
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -162,7 +163,12 @@ def test_every_part_of_the_key_changes_it(tiny_sdist):
         fields = wheels.key_fields(pkg, facts, lock)
         assert wheels.why_not(base, fields).startswith(f"{part}"), part
     cpu_lock = locks.read(load_matrix().get("cpu"), default_dockerfiles_dir())  # no 0-cuda layer: the base's CUDA
-    assert wheels.why_not(base, wheels.key_fields(tiny(tiny_sdist), facts, cpu_lock)).startswith("cuda-toolkit ")
+    assert "cuda-toolkit the base image's (want cuda-toolkit==13.0.2 " in wheels.why_not(
+        base, wheels.key_fields(tiny(tiny_sdist), facts, cpu_lock))
+    # another cuBLAS (its headers are in the toolkit's include folder on a made base) is another key
+    other_cublas = dataclasses.replace(lock, entries=tuple(
+        dataclasses.replace(e, version="13.4.1.3") if e.name == "nvidia-cublas" else e for e in lock.entries))
+    assert wheels.why_not(base, wheels.key_fields(tiny(tiny_sdist), facts, other_cublas)).startswith("build-env ")
     assert "MAX_JOBS" not in str(base)  # parallelism changes no byte
 
 
