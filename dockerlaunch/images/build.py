@@ -726,11 +726,15 @@ def stamp_report(s: Session, tag: str, report, ctx: Path) -> None:
     (ctx / "verify.json").write_text(report.to_json() + "\n")
     (ctx / "Dockerfile").write_text(f"FROM {tag}\nCOPY verify.txt verify.json {REPORT_DIR}/\n"
                                     f"LABEL {LABEL_PREFIX}.verify={REPORT_DIR}/verify.json\n")
+    before = subprocess.run([s.builder.docker, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
+                            text=True).stdout.strip()
     r = subprocess.run([*s.builder.prefix, "--network", "none", "-t", tag, str(ctx)], capture_output=True, text=True,
                        env={**os.environ, **s.builder.env})
     if r.returncode != 0:
         raise BuildError(f"{tag} built and verified, but its report could not be added to it: "
                          f"{_one_line(r.stderr or r.stdout, 300)}")
+    if before:  # the unstamped image, now untagged: its layers live on in the stamped one; no dangling copy
+        subprocess.run([s.builder.docker, "rmi", before], capture_output=True)
     s.say(f"verify report in the image: {REPORT_DIR}/verify.txt and verify.json")
 
 
