@@ -13,7 +13,6 @@ import base64
 import hashlib
 import http.client
 import os
-import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -226,10 +225,3 @@ def locate(entry: locks.Entry, indexes: list[str], folders: list[str], tags: lis
     where = ", ".join([*map(redact, indexes), *(f"find-links {d}" for d in folders)])
     raise FetchError(f"{entry.name}=={entry.version}: no file with one of the lock's hashes for this Python and "
                      f"platform in {where}; lock again against the index you fetch from (dockerlaunch stacks lock)")
-
-
-def copy_tree_files(src: Path, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.is_file():
-            shutil.copy2(f, dest / f.name)
