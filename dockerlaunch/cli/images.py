@@ -77,12 +77,15 @@ def stacks_check() -> None:
               help="Where a local torch variant (+cpu, +cu128) comes from (default: the stack's torch_index_url; "
                    "none: only --index-url and --find-links).")
 @click.option("--ca-cert", metavar="PATH", help="CA bundle for a TLS-intercepting proxy (default: the system's).")
+@click.option("--upgrade", is_flag=True,
+              help="Resolve every package afresh (default: keep the current lock's versions where the pins allow).")
 def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple[str, ...],
-                torch_index: str | None, ca_cert: str | None) -> None:
+                torch_index: str | None, ca_cert: str | None, upgrade: bool) -> None:
     """Resolve each stack's pins together and write Dockerfiles/locks/<stack>.lock (network).
 
     Everything the image installs, at one version each and with sha256 hashes, for the stack's Python and
-    manylinux x86-64; builds install it with --require-hashes and `fetch` downloads exactly it."""
+    manylinux x86-64; builds install it with --require-hashes and `fetch` downloads exactly it. A changed pin
+    moves only what it must: the current lock's other versions are kept unless --upgrade."""
     from dockerlaunch.images import lock as locks
     from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
@@ -93,16 +96,23 @@ def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple
     dockerfiles = default_dockerfiles_dir()
     failed = 0
     for s in chosen:
+        path = locks.lock_path(s, dockerfiles)
+        prefer = None
+        if not upgrade and path.is_file():
+            try:
+                prefer = {e.name: e.version for e in locks.parse(path.read_text(), path).entries}
+            except locks.LockError:
+                prefer = None  # an unreadable lock is replaced, not kept
         try:
             text = locks.resolve(s, index_url=index_url, find_links=find_links,
-                                 torch_index="" if torch_index == "none" else torch_index, ca_cert=ca_cert)
+                                 torch_index="" if torch_index == "none" else torch_index, ca_cert=ca_cert,
+                                 prefer=prefer)
         except locks.LockError as e:
             if len(chosen) == 1:
                 raise
             failed += 1
             click.echo(f"FAIL  {e}", err=True)
             continue
-        path = locks.lock_path(s, dockerfiles)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".lock.part")
         tmp.write_text(text)

@@ -52,6 +52,12 @@ def apex_build_pins(stack: Stack) -> list[str]:
     return [f"cuda-toolkit[profiler]=={stack.cuda_toolkit}"] if stack.cuda_toolkit and stack.apex else []
 
 
+def flash_build_pins(stack: Stack) -> list[str]:
+    """flash-attn's setup.py asks for psutil at setup time (setup_requires) and fetches it if missing; the compile
+    container has no network, so the builder has it."""
+    return ["psutil==7.2.2"] if stack.flash_attn else []
+
+
 def toolkit_pin(stack: Stack) -> str | None:
     return f"cuda-toolkit[{CUDA_TOOLKIT_EXTRAS}]=={stack.cuda_toolkit}" if stack.cuda_toolkit else None
 
@@ -61,7 +67,8 @@ def layer_roots(stack: Stack) -> dict[str, list[str]]:
     roots = {
         "0-cuda": [toolkit_pin(stack)] if stack.cuda_toolkit else [],
         "1-torch": [f"torch=={stack.torch}"],
-        "2-build": BUILD_TOOLS + ([f"numpy=={stack.numpy}"] if stack.numpy else []) + apex_build_pins(stack),
+        "2-build": BUILD_TOOLS + ([f"numpy=={stack.numpy}"] if stack.numpy else []) + apex_build_pins(stack)
+                   + flash_build_pins(stack),
         "3-te": [f"transformer_engine[{te_extras(stack)}]=={stack.transformer_engine}", *te_build_pins(stack)]
         if stack.transformer_engine else [],
         "5-flash": [f"flash-attn=={stack.flash_attn}"] if stack.flash_attn else [],

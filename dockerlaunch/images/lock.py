@@ -323,8 +323,11 @@ def torch_index_for(stack: Stack, torch_index: str | None) -> str | None:
 
 
 def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, ...] = (),
-            torch_index: str | None = None, ca_cert: str | None = None, timeout: float = 900) -> str:
-    """The lock file's text for `stack`, resolved now (network)."""
+            torch_index: str | None = None, ca_cert: str | None = None, timeout: float = 900,
+            prefer: dict[str, str] | None = None) -> str:
+    """The lock file's text for `stack`, resolved now (network). `prefer` (name -> version, the committed lock's)
+    keeps those versions where the pins still allow them, so adding one pin does not move every other package
+    (uv's preference for an existing output file)."""
     uv = uv_binary()
     index = index_url or DEFAULT_INDEX
     extra = torch_index_for(stack, torch_index)
@@ -357,7 +360,11 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
         for layer, pins in roots.items():
             Path(tmp, f"{layer}.in").write_text("\n".join(pins) + "\n")
         files = [f"{layer}.in" for layer in roots]
-        resolved = parse_compiled(compile_(tmp, files, ["--generate-hashes", "--no-annotate"]))
+        keep: list[str] = []
+        if prefer:
+            Path(tmp, "prefer.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
+            keep = ["--output-file", "prefer.txt"]
+        resolved = parse_compiled(compile_(tmp, files, ["--generate-hashes", "--no-annotate", *keep]))
         problem = cuda_problem(stack, {n: v for n, (v, _) in resolved.items()})
         if problem:
             raise LockError(problem)

@@ -54,6 +54,12 @@ def bumped_dockerfiles(tmp_path_factory):
     assert locked.returncode == 0 and "locked cpu:" in locked.stdout, locked.stderr[-2000:]
     fresh = dl("stacks", "check", env=env)
     assert fresh.returncode == 0, fresh.stdout
+    # the relock keeps the committed lock's versions: below ms-swift's layer nothing moved, hashes included
+    from dockerlaunch.images import lock as locks
+    before = locks.parse((src / "locks" / "cpu.lock").read_text(), src / "locks" / "cpu.lock")
+    after = locks.parse((d / "locks" / "cpu.lock").read_text(), d / "locks" / "cpu.lock")
+    lower = [e for e in before.entries if e.layer != "7-top"]
+    assert lower and lower == [e for e in after.entries if e.layer != "7-top"]
     return d
 
 

@@ -153,6 +153,9 @@ def test_a_layer_pins_every_build_tool_and_numpy_in_the_build_layer(matrix):
     roots = layer_roots(matrix.get("swift4.5-mcore0.18-cu13"))
     assert roots["3-te"] == ["transformer_engine[pytorch,core_cu13]==2.16.1", "nvidia-cudnn-frontend==1.26.0"]
     assert "4-apex" not in roots  # a git archive, pinned by its commit
+    # flash-attn's setup_requires, which its compile (no network) would otherwise try to download
+    assert "psutil==7.2.2" in roots["2-build"]
+    assert not any(p.startswith("psutil") for p in layer_roots(matrix.get("cpu"))["2-build"])
 
 
 def test_pips_hash_mismatch_becomes_the_package_name():
