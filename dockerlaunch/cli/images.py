@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -122,6 +123,25 @@ def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple
     sys.exit(1 if failed else 0)
 
 
+ON_HOST_HELP = ("Compile on this cluster host (its cores; the architectures default to its GPUs), over the SSH "
+                "settings of --config; the wheels come back into this machine's cache.")
+
+
+@contextlib.contextmanager
+def compile_place(host: str | None, config_path: str | None):
+    """None (compile here), or an OnHost over one SSH connection made the way `up` makes it (known_hosts)."""
+    if not host:
+        yield None
+        return
+    from dockerlaunch.hosts.session import Cluster
+    from dockerlaunch.job.config import Overrides, load_config
+    from dockerlaunch.transfer.host_compile import OnHost
+
+    cfg = load_config(config_path, Overrides(hosts=[host]))
+    with Cluster.connect(cfg) as cluster:
+        yield OnHost(cluster.live[0].remote, log=lambda msg: click.echo(f"[dockerlaunch] {msg}"))
+
+
 def _build_options(kw: dict):
     from dockerlaunch.images.build import BuildOptions, parse_cuda_archs
 
@@ -154,8 +174,11 @@ def _build_options(kw: dict):
 @click.option("--stage", type=click.Choice(["cuda", "builder", "train"]), default="train", show_default=True,
               help="Stop at a stage: cuda (system + CUDA toolkit), builder (+ torch, build tools, TE's core), or "
                    "the training image (compiled wheels installed, verified).")
+@click.option("--on", "on_host", metavar="HOST", help=ON_HOST_HELP + " The image is put together here (no compile: "
+              "minutes); `push` sends it to the hosts.")
+@click.option("--config", "config_path", metavar="PATH", help="Cluster config for --on's SSH settings.")
 @click.option("--dry-run", is_flag=True, help="Print the docker build command; build nothing.")
-def build(stack_name: str, dry_run: bool, stage: str, **kw) -> None:
+def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, config_path: str | None, **kw) -> None:
     """Build a stack's image, then verify it (imports, versions vs pins)."""
     from dockerlaunch.images import build as buildlib
     from dockerlaunch.images import lock as locks
@@ -184,7 +207,8 @@ def build(stack_name: str, dry_run: bool, stage: str, **kw) -> None:
             click.echo(format_argv(buildlib.render_build(stack, opts, lock, target="builder",
                                                          tag=buildlib.builder_tag(stack)), 0))
         return
-    code, _ = buildlib.build(stack, opts, out=sys.stdout, stage=stage)
+    with compile_place(on_host, config_path) as where:
+        code, _ = buildlib.build(stack, opts, out=sys.stdout, stage=stage, where=where)
     sys.exit(code)
 
 
@@ -254,7 +278,9 @@ def wheels() -> None:
               help="Take compiled wheels that `wheels build -o` put in --wheelhouse (their records travel with them).")
 @click.option("-o", "--output", "out_dir", metavar="DIR",
               help="Also copy the wheels into DIR/compiled/ (e.g. the wheelhouse you carry to an offline site).")
-def wheels_build(stack_name: str, out_dir: str | None, **kw) -> None:
+@click.option("--on", "on_host", metavar="HOST", help=ON_HOST_HELP)
+@click.option("--config", "config_path", metavar="PATH", help="Cluster config for --on's SSH settings.")
+def wheels_build(stack_name: str, out_dir: str | None, on_host: str | None, config_path: str | None, **kw) -> None:
     """Compile the stack's compiled packages into the wheel cache (the builder stage first); an interrupted
     compile resumes from the objects it finished. `build` runs this itself."""
     import tempfile
@@ -269,8 +295,9 @@ def wheels_build(stack_name: str, out_dir: str | None, **kw) -> None:
                                  offline=kw["offline"], max_jobs=kw["max_jobs"],
                                  cuda_archs=buildlib.parse_cuda_archs(kw["cuda_archs"]),
                                  trust_carried_wheels=kw["trust_carried_wheels"])
-    with tempfile.TemporaryDirectory(prefix="dockerlaunch-wheels-") as tmp:
-        s = buildlib.start(stack, opts, sys.stdout, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="dockerlaunch-wheels-") as tmp, \
+            compile_place(on_host, config_path) as where:
+        s = buildlib.start(stack, opts, sys.stdout, Path(tmp), where=where)
         built = buildlib.build_wheels(s)
     if not built:
         click.echo(f"stack {stack.name} compiles nothing")

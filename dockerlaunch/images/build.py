@@ -29,6 +29,7 @@ from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash
 from dockerlaunch.images.index import file_sha256
 from dockerlaunch.images.layers import LAYERS
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
+from dockerlaunch.images.wheels import local_gpu_archs
 
 _LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use stays quiet
 
@@ -98,19 +99,6 @@ def arch_problem(stack: Stack, arch: str) -> str | None:
         return None
     return (f"--cuda-archs {arch}: CUDA {stack.cuda}'s nvcc cannot target compute capability {arch} (it can: "
             f"{', '.join(sorted(known, key=lambda a: tuple(int(x) for x in a.split('.'))))})")
-
-
-def local_gpu_archs(run=subprocess.run) -> list[str]:
-    """The compute capabilities of this machine's GPUs (nvidia-smi), [] where it has none."""
-    try:
-        r = run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True,
-                timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if r.returncode != 0:
-        return []
-    return sorted({ln.strip() for ln in r.stdout.splitlines() if re.fullmatch(r"\d+\.\d", ln.strip())},
-                  key=lambda a: tuple(int(x) for x in a.split(".")))
 
 
 def cuda_archs(stack: Stack, opts: BuildOptions, gpus: list[str] | None = None) -> list[str]:
@@ -605,6 +593,7 @@ class Session:
     work: Path
     archives: list[Path] = field(default_factory=list)
     prebuilt: list[Path] = field(default_factory=list)  # flash-attn's checked prebuilt wheel
+    where: wheels.Here | None = None  # where packages compile: here (None) or a cluster host (--on HOST)
 
     def say(self, msg: str) -> None:
         self.out.write(f"[dockerlaunch] {msg}\n")
@@ -624,9 +613,11 @@ class Session:
         return _stream(argv, {**os.environ, **self.builder.env}, self.out)
 
 
-def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | None = None) -> Session:
+def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | None = None,
+          where: wheels.Here | None = None) -> Session:
     """Everything checked before anything runs (rules, lock, wheelhouse, architectures), then the base (made, or
-    a registry image that must be here or pullable) and the pinned source archives."""
+    a registry image that must be here or pullable) and the pinned source archives. `where` compiles elsewhere
+    (`--on HOST`): its GPUs set the default architectures."""
     from dockerlaunch.images import base as bases
 
     lock = locks.checked(stack, opts.dockerfiles)
@@ -641,12 +632,13 @@ def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | 
         raise ConfigError(f"--ca-cert {opts.ca_cert}: no such file")
     if not opts.ca_cert and not opts.offline:
         opts = replace(opts, ca_cert=system_ca())
-    gpus = local_gpu_archs() if stack.cuda and not opts.cuda_archs else []
+    gpus = (where.gpu_archs() if where else local_gpu_archs()) if stack.cuda and not opts.cuda_archs else []
     archs = cuda_archs(stack, opts, gpus)
     check_archs(stack, archs)
-    s = Session(stack, replace(opts, cuda_archs=archs), lock, builder or find_builder(), out, work)
+    s = Session(stack, replace(opts, cuda_archs=archs), lock, builder or find_builder(), out, work, where=where)
     if stack.cuda and not opts.cuda_archs:
-        why = "this machine's GPUs" if gpus else "H100/H200; no GPU here to ask"
+        what = where.what if where else "this machine"
+        why = f"{what}'s GPUs" if gpus else f"H100/H200; no GPU on {what} to ask"
         s.say(f"compiling for compute capability {';'.join(archs)} ({why}); --cuda-archs '8.0;9.0;10.0' adds A100 "
               "and B200 (each architecture more multiplies the compile time)")
     s.say(f"building with {s.builder.what}")
@@ -680,18 +672,19 @@ def build_wheels(s: Session) -> list[tuple[Path, str]]:
     wh = Path(s.opts.wheelhouse) if s.opts.wheelhouse else None
     return [wheels.ensure_wheel(pkg, facts, s.lock, tag, wheelhouse=wh, index_url=s.opts.pip_index_url,
                                 offline=s.opts.offline, max_jobs=s.opts.max_jobs, docker=s.builder.docker,
-                                log=s.say, trust_carried=s.opts.trust_carried_wheels) for pkg in pkgs]
+                                log=s.say, trust_carried=s.opts.trust_carried_wheels, where=s.where)
+            for pkg in pkgs]
 
 
 def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
-          builder: Builder | None = None, stage: str = "train") -> tuple[int, str]:
+          builder: Builder | None = None, stage: str = "train", where: wheels.Here | None = None) -> tuple[int, str]:
     """Run the build; returns (exit code, full log). `out` (the CLI passes stdout) gets the log as it comes.
     `builder`: default `find_builder()`. Order: base (made or checked), the builder stage, each compiled package
     from the wheel cache or compiled now, then the image, which installs those wheels; then verify. `stage` cuda
     or builder stops there (tagged --tag, else dockerlaunch/<stage>:<stack>; nothing compiled or verified)."""
     out = out or io.StringIO()
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-build-") as tmp:
-        s = start(stack, opts, out, Path(tmp), builder)
+        s = start(stack, opts, out, Path(tmp), builder, where)
         if stage != "train":
             tag = opts.tag or (builder_tag(stack) if stage == "builder" else f"dockerlaunch/cuda:{stack.name}")
             code, text = s.run(s.argv(prepare_context(stack, s.opts, s.lock, s.work / stage), stage, tag))

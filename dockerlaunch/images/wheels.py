@@ -435,20 +435,31 @@ def ninja_progress(build: Path) -> tuple[int, int]:
     """(objects built, objects in build.ninja) of a setuptools/torch ninja build below `build`; (0, 0) before
     build.ninja exists. Packages with several extensions (apex) write one build.ninja per extension as they reach
     it, so their total grows as the build goes."""
-    done = total = 0
+    files = []
     for ninja in sorted(build.glob("src/build/temp*/**/build.ninja")):
-        try:  # finished commands only: an object cut off mid-write is in the folder but not in the log
-            logged = {ln.split("\t")[3] for ln in (ninja.parent / ".ninja_log").read_text(errors="replace")
-                      .splitlines() if ln.count("\t") >= 4}
+        try:
+            log_text = (ninja.parent / ".ninja_log").read_text(errors="replace")
         except OSError:
-            logged = set()
-        for line in ninja.read_text(errors="replace").splitlines():
+            log_text = ""
+        files.append((ninja.read_text(errors="replace"), log_text))
+
+    def exists(target: str) -> bool:
+        return target.startswith(CONTAINER_DIR) and Path(str(build) + target[len(CONTAINER_DIR):]).exists()
+
+    return count_objects(files, exists)
+
+
+def count_objects(files: list[tuple[str, str]], exists: Callable[[str], bool] = lambda _: True) -> tuple[int, int]:
+    """(done, total) over (build.ninja, .ninja_log) texts: an object counts once ninja logged its command as
+    finished (one cut off mid-write is in the folder but not in the log) and, where it can be seen, it exists."""
+    done = total = 0
+    for ninja, log_text in files:
+        logged = {ln.split("\t")[3] for ln in log_text.splitlines() if ln.count("\t") >= 4}
+        for line in ninja.splitlines():
             m = re.match(r"^build (\S+\.o): ", line)
             if m:
                 total += 1
-                target = m.group(1)
-                host = Path(str(build) + target[len(CONTAINER_DIR):]) if target.startswith(CONTAINER_DIR) else None
-                if target in logged and host is not None and host.exists():
+                if m.group(1) in logged and exists(m.group(1)):
                     done += 1
     return done, total
 
@@ -473,30 +484,31 @@ class Sample:
     cpu_ns: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
 
+    def take(self, memory_stat: str, cpu: str) -> None:
+        """One reading of a container's cgroup: memory.stat (v1 total_rss, v2 anon) and cpuacct.usage (ns) or
+        cpu.stat (usage_usec)."""
+        m = re.search(r"^(?:total_rss|anon) (\d+)$", memory_stat, re.M)
+        if m:
+            self.peak_rss = max(self.peak_rss, int(m.group(1)))
+        m = re.search(r"usage_usec (\d+)", cpu)
+        if m:
+            self.cpu_ns = int(m.group(1)) * 1000
+        elif cpu.split() and cpu.split()[0].isdigit():
+            self.cpu_ns = int(cpu.split()[0])
 
-def _cgroup_paths(cid: str) -> tuple[Path | None, Path | None]:
-    """(memory.stat, cpu usage) of a container: cgroup v1 (docker/<id>) or v2 (system.slice/docker-<id>.scope)."""
-    for mem, cpu in ((Path(f"/sys/fs/cgroup/memory/docker/{cid}/memory.stat"),
-                      Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")),
-                     (Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.stat"),
-                      Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat")),
-                     (Path(f"/sys/fs/cgroup/docker/{cid}/memory.stat"), Path(f"/sys/fs/cgroup/docker/{cid}/cpu.stat"))):
-        if mem.exists():
-            return mem, cpu
-    return None, None
+
+# cgroup v1 (docker/<id>) or v2 (system.slice/docker-<id>.scope, or docker/<id> with the cgroupfs driver)
+CGROUP_FILES = (("memory/docker/{id}/memory.stat", "cpuacct/docker/{id}/cpuacct.usage"),
+                ("system.slice/docker-{id}.scope/memory.stat", "system.slice/docker-{id}.scope/cpu.stat"),
+                ("docker/{id}/memory.stat", "docker/{id}/cpu.stat"))
 
 
 def _sample(cid: str, s: Sample) -> None:
-    mem, cpu = _cgroup_paths(cid)
-    while mem is not None and not s.stop.is_set():
+    paths = next(((Path("/sys/fs/cgroup", m.format(id=cid)), Path("/sys/fs/cgroup", c.format(id=cid)))
+                  for m, c in CGROUP_FILES if Path("/sys/fs/cgroup", m.format(id=cid)).exists()), None)
+    while paths is not None and not s.stop.is_set():
         try:
-            stat = mem.read_text()
-            m = re.search(r"^(?:total_rss|anon) (\d+)$", stat, re.M)
-            if m:
-                s.peak_rss = max(s.peak_rss, int(m.group(1)))
-            text = cpu.read_text()
-            m = re.search(r"usage_usec (\d+)", text)
-            s.cpu_ns = int(m.group(1)) * 1000 if m else int(text.split()[0])
+            s.take(paths[0].read_text(), paths[1].read_text())
         except (OSError, ValueError, IndexError):
             break
         s.stop.wait(2)
@@ -518,17 +530,111 @@ def _sh(v: str) -> str:
     return shlex.quote(v)
 
 
-def container_name(entry: Entry) -> str:
-    """One name per key folder: two caches on one engine (two users, the test suite) never share a container."""
-    return "dockerlaunch-compile-" + hashlib.sha256(str(entry.folder.resolve()).encode()).hexdigest()[:16]
+def container_name(entry: Entry, where: str = "") -> str:
+    """One name per key folder (and host): two caches on one engine (two users, the test suite) never share a
+    container."""
+    return "dockerlaunch-compile-" + hashlib.sha256((where + str(entry.folder.resolve())).encode()).hexdigest()[:16]
+
+
+class Place:
+    """Where a compile runs: this machine's engine (here), or a cluster host's over SSH (images/host_compile.py).
+    The compile is the same; what differs is how docker is called and where the build folder lives."""
+
+    where = ""  # " on HOST", for messages
+    host: str | None = None  # recorded in wheel.json when the compile ran on a cluster host
+
+    def __init__(self, entry: Entry, docker: str = "docker"):
+        self.entry, self.docker_cli = entry, docker
+        self.build = entry.folder / "build"
+        self.name = container_name(entry)
+
+    def docker(self, *args: str, timeout: float = 120) -> tuple[int, str]:
+        r = subprocess.run([self.docker_cli, *args], capture_output=True, text=True, timeout=timeout)
+        return r.returncode, (r.stdout if r.returncode == 0 else r.stderr or r.stdout)
+
+    @property
+    def mount(self) -> str:
+        return str(self.build)
+
+    def prepare(self, source: Path) -> None:
+        self.build.mkdir(exist_ok=True)
+        unpack(source, self.build / "src")
+
+    def clear_dist(self) -> None:
+        shutil.rmtree(self.build / "dist", ignore_errors=True)
+        (self.build / "dist").mkdir()
+
+    def progress(self) -> tuple[int, int]:
+        return ninja_progress(self.build)
+
+    def log_text(self) -> str:
+        return (self.build / "log").read_text(errors="replace") if (self.build / "log").exists() else ""
+
+    def wheel_names(self) -> list[str]:
+        return sorted(w.name for w in (self.build / "dist").glob("*.whl"))
+
+    def take_wheel(self, name: str) -> Path:
+        return self.build / "dist" / name
+
+    def sampler(self, cid: str) -> Sample:
+        sample = Sample()
+        threading.Thread(target=_sample, args=(cid, sample), daemon=True).start()
+        return sample
+
+    def wait(self, every: float, tick: Callable[[], None]) -> int:
+        waiter = subprocess.Popen([self.docker_cli, "wait", self.name], stdout=subprocess.PIPE, text=True)
+        while True:
+            try:
+                out, _ = waiter.communicate(timeout=every)
+                return int((out or "1").strip() or 1)
+            except subprocess.TimeoutExpired:
+                tick()
+
+    def log_path(self) -> str:
+        return str(self.build / "log")
+
+
+def parse_compute_caps(text: str) -> list[str]:
+    """`nvidia-smi --query-gpu=compute_cap --format=csv,noheader` -> ["8.0", "9.0"]: each architecture once."""
+    return sorted({ln.strip() for ln in text.splitlines() if re.fullmatch(r"\d+\.\d", ln.strip())},
+                  key=lambda a: tuple(int(x) for x in a.split(".")))
+
+
+def local_gpu_archs(run=subprocess.run) -> list[str]:
+    """The compute capabilities of this machine's GPUs (nvidia-smi), [] where it has none."""
+    try:
+        r = run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True,
+                timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return parse_compute_caps(r.stdout) if r.returncode == 0 else []
+
+
+class Here:
+    """Compiles on this machine's engine. The other place is a cluster host (transfer/host_compile.py's OnHost)."""
+
+    what = "this machine"
+
+    def __init__(self, docker: str = "docker"):
+        self.docker = docker
+
+    def gpu_archs(self) -> list[str]:
+        return local_gpu_archs()
+
+    def place(self, entry: Entry, builder: str) -> Place:
+        return Place(entry, self.docker)
+
+    def default_jobs(self, gb_per_job: float) -> tuple[int, str | None]:
+        return default_jobs(gb_per_job)
 
 
 def compile_wheel(pkg: Compiled, entry: Entry, builder: str, source: Path, jobs: int, docker: str = "docker",
-                  log: Callable[[str], None] | None = None, every: float = 30.0) -> dict:
+                  log: Callable[[str], None] | None = None, every: float = 30.0, place: Place | None = None) -> dict:
     """Compile `pkg` into a wheel in a container of `builder`, its build folder mounted from the cache; returns
     wheel.json's record. One compile per key folder at a time (a lock file: a second launcher waits for the
     first); a container of the folder still running (a launcher killed earlier) is waited for, not doubled."""
     log = log or (lambda msg: _LOG.info("%s", msg))
+    place = place or Place(entry, docker)
     fd = os.open(entry.folder / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
     try:
         try:
@@ -538,80 +644,73 @@ def compile_wheel(pkg: Compiled, entry: Entry, builder: str, source: Path, jobs:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if entry.done:
                 return entry.done
-        return _compile_locked(pkg, entry, builder, source, jobs, docker, log, every)
+        return _compile_locked(pkg, entry, builder, source, jobs, place, log, every)
     finally:
         os.close(fd)
 
 
-def _compile_locked(pkg: Compiled, entry: Entry, builder: str, source: Path, jobs: int, docker: str,
+def _compile_locked(pkg: Compiled, entry: Entry, builder: str, source: Path, jobs: int, place: Place,
                     log: Callable[[str], None], every: float) -> dict:
-    build = entry.folder / "build"
-    build.mkdir(exist_ok=True)
-    unpack(source, build / "src")
-    name = container_name(entry)
-    state = subprocess.run([docker, "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", name],
-                           capture_output=True, text=True)
-    running, _, exit_code = state.stdout.strip().partition(" ") if state.returncode == 0 else ("", "", "")
+    place.prepare(source)
+    name = place.name
+    code, state = place.docker("inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", name)
+    running, _, exit_code = state.strip().partition(" ") if code == 0 else ("", "", "")
     if running == "true":
-        log(f"{pkg.label}: a compile of this key is already running ({name}); waiting for it")
+        log(f"{pkg.label}: a compile of this key is already running{place.where} ({name}); waiting for it")
     else:
-        subprocess.run([docker, "rm", "-f", name], capture_output=True)
-        if exit_code == "0" and list((build / "dist").glob("*.whl")):
-            log(f"{pkg.label}: the compile of an earlier, stopped launcher finished; taking its wheel")
-            return _record(pkg, entry, build, 0.0, Sample(), jobs, ninja_progress(build)[0], log)
-        shutil.rmtree(build / "dist", ignore_errors=True)
-        (build / "dist").mkdir()
-        done0, total0 = ninja_progress(build)
+        place.docker("rm", "-f", name)
+        if exit_code == "0" and place.wheel_names():
+            log(f"{pkg.label}: the compile of an earlier, stopped launcher finished{place.where}; taking its wheel")
+            done = place.progress()
+            return _record(pkg, entry, place.take_wheel(place.wheel_names()[-1]), 0.0, Sample(), jobs, done,
+                           done[0], log, place.host)
+        place.clear_dist()
+        done0, total0 = place.progress()
         resumed = f", resuming at {done0}/{total0} objects" if done0 else ""
-        log(f"{pkg.label}: compiling in {builder} with MAX_JOBS={jobs} ({', '.join(f'{k}={v}' for k, v in pkg.env)})"
-            f"{resumed}; build folder {build}")
-        r = subprocess.run([docker, "run", "--detach", "--name", name, "--network", "none",
-                            "--label", "ai.dockerlaunch.compile=" + entry.folder.name,
-                            "-v", f"{build}:{CONTAINER_DIR}", "--entrypoint", "bash", builder, "-c",
-                            compile_command(pkg, jobs)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise WheelError(f"{pkg.label}: cannot start the compile container: {(r.stderr or r.stdout).strip()[:300]}")
-    cid = subprocess.run([docker, "inspect", "--format", "{{.Id}}", name], capture_output=True,
-                         text=True).stdout.strip()
-    sample = Sample()
-    threading.Thread(target=_sample, args=(cid, sample), daemon=True).start()
+        log(f"{pkg.label}: compiling{place.where} in {builder} with MAX_JOBS={jobs} "
+            f"({', '.join(f'{k}={v}' for k, v in pkg.env)}){resumed}; build folder {place.mount}")
+        code, out = place.docker("run", "--detach", "--name", name, "--network", "none",
+                                 "--label", "ai.dockerlaunch.compile=" + entry.folder.name,
+                                 "-v", f"{place.mount}:{CONTAINER_DIR}", "--entrypoint", "bash", builder, "-c",
+                                 compile_command(pkg, jobs))
+        if code != 0:
+            raise WheelError(f"{pkg.label}: cannot start the compile container{place.where}: {out.strip()[:300]}")
+    cid = place.docker("inspect", "--format", "{{.Id}}", name)[1].strip()
+    sample = place.sampler(cid)
     history = _history(pkg)
     t0 = time.monotonic()
-    start_done = ninja_progress(build)[0]
+    start_done = place.progress()[0]
+
+    def tick() -> None:
+        done, total = place.progress()
+        log(_progress_line(pkg, done, total, start_done, time.monotonic() - t0, history))
+
     try:
-        waiter = subprocess.Popen([docker, "wait", name], stdout=subprocess.PIPE, text=True)
-        while True:
-            try:
-                out, _ = waiter.communicate(timeout=every)
-                break
-            except subprocess.TimeoutExpired:
-                done, total = ninja_progress(build)
-                log(_progress_line(pkg, done, total, start_done, time.monotonic() - t0, history))
-        code = int((out or "1").strip() or 1)
+        code = place.wait(every, tick)
     except BaseException:
-        subprocess.run([docker, "rm", "-f", name], capture_output=True)  # objects stay: the next run resumes
+        place.docker("rm", "-f", name)  # objects stay: the next run resumes
         raise
     finally:
         sample.stop.set()
     wall = time.monotonic() - t0
-    text = (build / "log").read_text(errors="replace") if (build / "log").exists() else ""
-    subprocess.run([docker, "rm", "-f", name], capture_output=True)
-    wheels = sorted((build / "dist").glob("*.whl"))
-    if code != 0 or not wheels:
-        raise WheelError(f"compile of {pkg.label} failed (exit {code}) at {first_error(text)}; whole log: "
-                         f"{build / 'log'}; run again to resume from the {ninja_progress(build)[0]} objects built")
-    return _record(pkg, entry, build, wall, sample, jobs, start_done, log)
+    text = place.log_text()
+    place.docker("rm", "-f", name)
+    names = place.wheel_names()
+    done = place.progress()
+    if code != 0 or not names:
+        raise WheelError(f"compile of {pkg.label}{place.where} failed (exit {code}) at {first_error(text)}; whole "
+                         f"log: {place.log_path()}; run again to resume from the {done[0]} objects built")
+    return _record(pkg, entry, place.take_wheel(names[-1]), wall, sample, jobs, done, start_done, log, place.host)
 
 
-def _record(pkg: Compiled, entry: Entry, build: Path, wall: float, sample: Sample, jobs: int, start_done: int,
-            log: Callable[[str], None]) -> dict:
+def _record(pkg: Compiled, entry: Entry, wheel: Path, wall: float, sample: Sample, jobs: int,
+            progress: tuple[int, int], start_done: int, log: Callable[[str], None], host: str | None = None) -> dict:
     """wheel.json (the cache's record: the wheel's sha256 and the compile's figures) and a line in history.jsonl."""
-    wheels = sorted((build / "dist").glob("*.whl"))
-    done, total = ninja_progress(build)
-    info = {"file": wheels[-1].name, "sha256": file_sha256(wheels[-1]), "size": wheels[-1].stat().st_size,
+    done, total = progress
+    info = {"file": wheel.name, "sha256": file_sha256(wheel), "size": wheel.stat().st_size,
             "wall_s": round(wall, 1), "cpu_s": round(sample.cpu_ns / 1e9, 1), "peak_rss": sample.peak_rss,
             "objects": total, "objects_this_run": done - start_done, "jobs": jobs,
-            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **({"host": host} if host else {})}
     (entry.folder / "wheel.json").write_text(json.dumps(info, indent=1) + "\n")
     with open(cache_root() / "compiled" / "history.jsonl", "a") as f:
         f.write(json.dumps({"package": pkg.name, "version": pkg.version, "archs": dict(pkg.env), **info}) + "\n")
@@ -691,9 +790,10 @@ def adopt(entry: Entry, carried: Path, log: Callable[[str], None], trusted: bool
 
 def ensure_wheel(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock, builder: str, *, wheelhouse: Path | None,
                  index_url: str | None, offline: bool, max_jobs: int | None, docker: str = "docker",
-                 log: Callable[[str], None] | None = None, trust_carried: bool = False) -> tuple[Path, str]:
-    """(wheel, sha256) of `pkg` for this builder: the cached one when its key matches, else compiled now. A cached
-    wheel whose bytes no longer match its record is refused."""
+                 log: Callable[[str], None] | None = None, trust_carried: bool = False,
+                 where: Here | None = None) -> tuple[Path, str]:
+    """(wheel, sha256) of `pkg` for this builder: the cached one when its key matches, else compiled now (here, or
+    where `where` says: a cluster host). A cached wheel whose bytes no longer match its record is refused."""
     log = log or (lambda msg: _LOG.info("%s", msg))
     fields = key_fields(pkg, facts, lock)
     entry = entry_for(pkg, fields)
@@ -711,8 +811,9 @@ def ensure_wheel(pkg: Compiled, facts: BuilderFacts, lock: locks.Lock, builder: 
     for folder, why in other_entries(pkg, fields):
         log(f"{pkg.label}: cached wheel {folder.name} not used: {why}")
     source = get_source(source_of(pkg), wheelhouse, index_url, offline, log)
-    jobs, warn = (max_jobs, None) if max_jobs else default_jobs(pkg.gb_per_job)
+    where = where or Here(docker)
+    jobs, warn = (max_jobs, None) if max_jobs else where.default_jobs(pkg.gb_per_job)
     if warn:
         log(f"{pkg.label}: warning: {warn}")
-    info = compile_wheel(pkg, entry, builder, source, jobs, docker=docker, log=log)
+    info = compile_wheel(pkg, entry, builder, source, jobs, docker=docker, log=log, place=where.place(entry, builder))
     return entry.wheel, info["sha256"]

@@ -230,3 +230,55 @@ def test_a_registry_base_that_cannot_be_had_is_one_line_before_anything_runs(eng
     assert r.returncode == 1 and len(err) == 1, r.stderr
     assert err[0].startswith(f"error: base image {s.base_image} is not on this engine and cannot be pulled (")
     assert "swift4.6-mcore0.19-cu13-py313" in err[0] and "failed to solve" not in r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- --on HOST: where the cores are
+
+
+def test_a_wheel_compiled_on_a_host_serves_local_builds_and_other_hosts(tiny_builder, tiny_sdist, cache, tmp_path,
+                                                                         cluster_config, remotes):
+    """`wheels build --on HOST`, on the sim's nodes (real sshd, real engines): the builder image goes to node 0,
+    the compile runs there, the wheel comes back into this machine's cache with its sha256; this machine and
+    node 1 then compile nothing (the key is the builder's and the stack's, not the host's)."""
+    from dockerlaunch.transfer.host_compile import OnHost
+
+    wh = wheelhouse_with(tiny_sdist, tmp_path)
+    logs: list[str] = []
+    node0 = OnHost(remotes[0], log=logs.append)
+    assert node0.gpu_archs() == []  # the sim has no GPUs: `build` then says 9.0 and why
+    wheel, sha = ensure(tiny(tiny_sdist), tiny_builder, wh, logs, where=node0)
+    assert any(f"compiling on host {remotes[0].name} in {tiny_builder}" in ln for ln in logs), logs
+    assert any(ln.startswith(f"{wheel.name}: fetched from host {remotes[0].name}") for ln in logs), logs
+    info = wheels.Entry(wheel.parents[2]).done
+    assert info["host"] == remotes[0].name and info["objects"] == 6 and info["sha256"] == sha
+    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == sha
+    # the container is gone from the host; its build folder stays there (a later run resumes from it)
+    ps = remotes[0].run(["docker", "ps", "-aq", "--filter", "label=ai.dockerlaunch.compile"])
+    assert ps.ok and ps.stdout.strip() == ""
+    # this machine: the same key, nothing to compile
+    logs.clear()
+    assert ensure(tiny(tiny_sdist), tiny_builder, wh, logs) == (wheel, sha)
+    assert any("nothing to compile" in ln for ln in logs) and not any("compiling" in ln for ln in logs), logs
+    # node 1: nothing to compile, and no builder image sent there
+    logs.clear()
+    assert ensure(tiny(tiny_sdist), tiny_builder, wh, logs, where=OnHost(remotes[1], log=logs.append)) == (wheel, sha)
+    assert any("nothing to compile" in ln for ln in logs) and not any("builder image" in ln for ln in logs), logs
+    # another architecture on node 0: the builder is there already (nothing sent), a new key compiles
+    logs.clear()
+    other, _ = ensure(tiny(tiny_sdist, archs="89"), tiny_builder, wh, logs, where=node0)
+    assert other != wheel and any("compiling on host" in ln for ln in logs), logs
+    assert not any("sending the layers" in ln for ln in logs), logs
+    # the host-side build folders are root's (the compile's): removed through a container, as they were made
+    r = remotes[0].run(["docker", "run", "--rm", "-v", f"{node0.home}/.cache/dockerlaunch:/c", "--entrypoint", "rm",
+                        tiny_builder, "-rf", "/c/compiled"])
+    assert r.ok, r.stderr
+    remotes[0].run(["docker", "rmi", tiny_builder])
+
+
+def test_on_an_unreachable_host_is_one_line_before_anything_builds(engine, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "wheels", "build", "--stack", STACK, "--cuda-archs",
+                        "9.0", "--on", "127.0.0.1:9"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env={**os.environ, wheels.CACHE_ENV: str(tmp_path / "cache")})
+    err = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(err) == 1 and "127.0.0.1" in err[0], (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "builder stage" not in r.stdout
