@@ -251,6 +251,8 @@ class DockerClient:
     version: str | None = None  # `docker --version`: "28.2.2", "20.10.24+dfsg1"
     buildx: str | None = None  # `docker buildx version`, when it ran: "github.com/docker/buildx 0.29.1 ..."
     error: str | None = None  # why the CLI did not run, or is not Docker's
+    driver: str | None = None  # the current buildx builder's driver (`docker buildx inspect`): docker, docker-container
+    context: str | None = None  # `docker context show`: the name of that context's own (docker-driver) builder
 
     @property
     def release(self) -> tuple[int, int] | None:
@@ -287,8 +289,14 @@ def choose_builder(clients: Sequence[DockerClient], plugins: Sequence[BuildxFile
     line that says what to install (`plugins`: docker-buildx files found, to tell a broken plugin from none)."""
     for c in clients:
         if c.buildx and not c.error:
-            return Builder((c.path, "buildx", "build", "--load"), {},
-                           f"buildx {_buildx_release(c.buildx)} with the docker CLI at {c.path} ({c.version})")
+            what = f"buildx {_buildx_release(c.buildx)} with the docker CLI at {c.path} ({c.version})"
+            if c.driver and c.driver != "docker" and c.context:
+                # a docker-container (or kubernetes, remote) builder cannot see the engine's images: the made
+                # base and the builder stage are local images, so the build uses the engine's own builder
+                return Builder((c.path, "buildx", "build", "--builder", c.context, "--load"), {},
+                               f"{what}, builder {c.context} (the engine's own: the current builder's driver "
+                               f"{c.driver} cannot see local images such as the made base)")
+            return Builder((c.path, "buildx", "build", "--load"), {}, what)
     lo, hi = BUILDKIT_BUILT_IN
     for c in clients:
         if not c.error and c.release and lo <= c.release < hi:
@@ -350,7 +358,13 @@ def probe_client(path: str) -> DockerClient:
     if not m:
         return DockerClient(path, error=f"not Docker's CLI: {_one_line(text, 80)}")
     code, text = _run([path, "buildx", "version"])
-    return DockerClient(path, m.group(1), buildx=_one_line(text) if code == 0 and text.strip() else None)
+    if code != 0 or not text.strip():
+        return DockerClient(path, m.group(1))
+    _, inspect = _run([path, "buildx", "inspect"])
+    driver = re.search(r"^Driver:\s+(\S+)", inspect, re.M)
+    code, context = _run([path, "context", "show"])
+    return DockerClient(path, m.group(1), buildx=_one_line(text), driver=driver.group(1) if driver else None,
+                        context=context.strip() if code == 0 and context.strip() else None)
 
 
 def plugin_dirs(env: Mapping[str, str] | None = None) -> list[str]:

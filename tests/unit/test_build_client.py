@@ -180,3 +180,16 @@ def test_build_command_prints_the_line_not_a_traceback(tmp_path):
         f"error: the docker CLI at {d} (28.5.2) needs the buildx plugin for BuildKit: {buildlib.BUILDX_FIX}"
     ], r.stderr
     assert r.stdout == "" and os.listdir(tmp_path) == ["docker"]
+
+
+def test_a_docker_container_builder_is_passed_over_for_the_engines_own():
+    """A current buildx builder with the docker-container driver builds in its own BuildKit container, which
+    cannot see the engine's images (the made base, the builder stage): the build names the context's builder."""
+    current = DockerClient("/usr/local/bin/docker", "28.5.2", buildx=NEW_BUILDX.buildx, driver="docker-container",
+                           context="default")
+    b = choose_builder([current])
+    assert b.prefix == ("/usr/local/bin/docker", "buildx", "build", "--builder", "default", "--load")
+    assert "driver docker-container cannot see local images" in b.what
+    same = DockerClient("/usr/local/bin/docker", "28.5.2", buildx=NEW_BUILDX.buildx, driver="docker",
+                        context="default")
+    assert choose_builder([same]).prefix == ("/usr/local/bin/docker", "buildx", "build", "--load")
