@@ -8,6 +8,7 @@ whatever it cannot express, so a rendered job is never silently different from t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dockerlaunch.errors import ConfigError
@@ -25,4 +26,33 @@ class Unsupported(ConfigError):
 
     def __init__(self, target: str, field: str, why: str):
         super().__init__(f"render --to {target}: {field}: {why}")
-        self.target, self.field = target, field
+        self.target, self.field, self.why = target, field, why
+
+
+class Refused(Unsupported):
+    """Several things the target cannot express, one line each, all at once: fixed in one go, not one per run."""
+
+    def __init__(self, found: list[Unsupported]):
+        ConfigError.__init__(self, "\n".join(str(e) for e in found))
+        self.target, self.field, self.why = found[0].target, found[0].field, found[0].why
+        self.found = found
+
+
+def refuse_all(found: Iterable[Unsupported]) -> None:
+    """Raise every refusal (each once, in order), or nothing: a renderer checks everything before writing."""
+    unique: dict[str, Unsupported] = {}
+    for e in found:
+        unique.setdefault(str(e), e)
+    if len(unique) == 1:
+        raise next(iter(unique.values()))
+    if unique:
+        raise Refused(list(unique.values()))
+
+
+def caught(check: Callable[[], object]) -> list[Unsupported]:
+    """A check that raises Unsupported (a helper the renderer also uses while writing), as a list of refusals."""
+    try:
+        check()
+    except Unsupported as e:
+        return [e]
+    return []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from dockerlaunch.backends import Unsupported
 from dockerlaunch.job.plan import LABEL_HOST, LABEL_RANK, LABEL_RUN, JobPlan
 from dockerlaunch.job.spec import ContainerSpec, Deferred
@@ -9,37 +11,37 @@ from dockerlaunch.job.spec import ContainerSpec, Deferred
 RESTARTS = ("jobset",)  # targets whose own controller restarts every node of a failed job (job.max_restarts)
 
 
-def refuse_common(plan: JobPlan, target: str) -> None:
+def common_refusals(plan: JobPlan, target: str) -> Iterator[Unsupported]:
     """What no rendered file can carry: a `local` host (this machine through dockerlaunch) and literal docker
     flags (they would be dropped without a word)."""
     for i, h in enumerate(plan.config.hosts):
         if h.local:
-            raise Unsupported(target, f"hosts[{i}] local", "`local` is this machine through dockerlaunch's own "
+            yield Unsupported(target, f"hosts[{i}] local", "`local` is this machine through dockerlaunch's own "
                               "engine; list the nodes by address")
     job = plan.config.job
     if job.hang_timeout is not None:
-        raise Unsupported(target, "job.hang_timeout", "only `dockerlaunch up` watches a job's output for hangs; "
+        yield Unsupported(target, "job.hang_timeout", "only `dockerlaunch up` watches a job's output for hangs; "
                           "drop it (and job.progress_regex) for render")
     if plan.config.spares:
-        raise Unsupported(target, "spares", f"only `dockerlaunch up` swaps hosts; {target} places the job on nodes "
+        yield Unsupported(target, "spares", f"only `dockerlaunch up` swaps hosts; {target} places the job on nodes "
                           "itself: drop spares for render")
     if job.max_restarts and target not in RESTARTS:
-        raise Unsupported(target, f"job.max_restarts {job.max_restarts}", f"{target} restarts one failed container, "
+        yield Unsupported(target, f"job.max_restarts {job.max_restarts}", f"{target} restarts one failed container, "
                           "not the whole job, and a lone restarted rank cannot rejoin the others: use --to jobset "
                           "(failurePolicy.maxRestarts) or `dockerlaunch up`, or set 0")
     for hp in plan.hosts:
         if hp.container.docker_args:
-            raise Unsupported(target, "container.extra_args", f"literal docker run flags "
+            yield Unsupported(target, "container.extra_args", f"literal docker run flags "
                               f"({' '.join(hp.container.docker_args)[:60]}) have no {target} form; use the "
                               "config's own fields (mounts, env, cap_add, ulimits, ...) or drop them")
 
 
-def refuse_per_host(plan: JobPlan, target: str, why: str) -> None:
+def per_host_refusals(plan: JobPlan, target: str, why: str) -> Iterator[Unsupported]:
     """Where one template serves every node (a pod template, an sbatch script), per-host GPU settings cannot be."""
     for i, h in enumerate(plan.config.hosts):
         for field in ("gpus", "nproc_per_node"):
             if getattr(h, field) is not None:
-                raise Unsupported(target, f"hosts[{i}].{field}", f"{why}; set it for all nodes (container.gpus / "
+                yield Unsupported(target, f"hosts[{i}].{field}", f"{why}; set it for all nodes (container.gpus / "
                                   "job.nproc_per_node)")
 
 

@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="dockerlaunch", standalone_mode=False)
     except DockerlaunchError as e:
-        click.echo(f"error: {e}", err=True)
+        for line in str(e).splitlines() or [""]:  # several refusals at once: each its own `error:` line
+            click.echo(f"error: {line}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

@@ -151,3 +151,31 @@ def test_rendered_sbatch_runs_the_two_node_demo(slurm_cluster, tmp_path):
     ok = [line for line in log.splitlines() if "all_reduce sum=10 expected=10 OK" in line]
     assert sorted(line.split("rank ")[1].split("/")[0] for line in ok) == ["0", "1", "2", "3"], log[-3000:]
     assert "NODE_RANK=0" in log and "NODE_RANK=1" in log, log[-3000:]
+
+
+def test_rendered_sbatch_keeps_template_markers_in_values_byte_exact(slurm_cluster, tmp_path):
+    """Values that read like the templates' own markers (`@@COMMAND@@`, `@@IMAGE@@`, the name token) reach the
+    container as those bytes under the real Slurm: the render fills its markers once and never rescans a value."""
+    _, _, _, node1 = slurm_cluster
+    config = tmp_path / "job.yaml"
+    data = yaml.safe_load(RENDER_CONFIG)
+    data["container"]["env"] = {"A": "@@COMMAND@@", "B": "x@@CONTAINER_NAME@@y"}
+    limit = sim.engine_nofile(node1)  # as in the demo above: Docker in a container gives fewer open files
+    if limit is not None and limit < 1048576:
+        data["container"]["ulimits"] = {"nofile": str(limit)}
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "slurm"
+    r = _dl("render", "--to", "slurm", "--config", str(config), "--nodes", "2", "--image", sim.build_demo_image(),
+            "--nproc-per-node", "1", "--name", "markers", "--out", str(out), "--",
+            "sh", "-c", 'printf "values:%s|%s|%s|%s\\n" "$A" "$B" "$1" "$2"', "sh", "@@IMAGE@@", "@@CONTAINER_NAME@@")
+    assert r.returncode == 0, r.stderr
+    _put(node1, f"{sim.SHARED_DIR}/markers.docker.sbatch", (out / "markers.docker.sbatch").read_text())
+    code, out_text = node1.exec_run(["timeout", "120", "sbatch", "--wait", "--chdir", sim.SHARED_DIR,
+                                     f"{sim.SHARED_DIR}/markers.docker.sbatch"])
+    m = re.search(r"Submitted batch job (\d+)", out_text.decode())
+    assert m, out_text
+    log = node1.exec_run(["cat", f"{sim.SHARED_DIR}/markers-{m.group(1)}.out"])[1].decode(errors="replace")
+    assert code == 0, log[-3000:]
+    lines = [ln for ln in log.splitlines() if "values:" in ln]
+    assert len(lines) == 2 and all(ln.endswith("values:@@COMMAND@@|x@@CONTAINER_NAME@@y|@@IMAGE@@|"
+                                                "@@CONTAINER_NAME@@") for ln in lines), log[-3000:]

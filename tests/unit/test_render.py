@@ -172,8 +172,9 @@ def test_host_network_sets_the_dns_policy_kubernetes_needs():
 def test_k8s_refuses_what_it_cannot_express(target, changes, field):
     with pytest.raises(Unsupported) as e:
         rendered(target, plan_of(**changes))
-    msg = str(e.value)
-    assert msg.startswith(f"render --to {target}: {field}") and "\n" not in msg
+    lines = str(e.value).splitlines()
+    assert lines[0].startswith(f"render --to {target}: {field}"), lines
+    assert all(ln.startswith(f"render --to {target}: ") for ln in lines) and len(set(lines)) == len(lines), lines
 
 
 # ---------------------------------------------------------------- compose
@@ -339,12 +340,32 @@ def test_render_writes_into_a_new_folder_and_refuses_a_full_one(cli, tmp_path):
 
 def test_render_refusals_are_one_line_and_write_nothing(cli, tmp_path):
     out = tmp_path / "out"
-    one_line_error(cli("render", "--to", "k8s", "--nodes", "2", "--image", "i", "--out", str(out), "--", "x"),
+    one_line_error(cli("render", "--to", "k8s", "--nodes", "2", "--image", "i", "--nproc-per-node", "8", "--out",
+                       str(out), "--", "x"),
                    "render --to k8s: container.infiniband auto", "--infiniband on|off")
     assert not out.exists()
     one_line_error(cli("render", "--to", "compose", "--nodes", "2", "--image", "i", "--", "x"), "--hosts")
     one_line_error(cli("render", "--to", "k8s", "--probe", "--nodes", "2", "--image", "i", "--", "x"), "--probe")
     one_line_error(cli("render", "--to", "slurm", "--hosts", "local", "--image", "i", "--", "x"), "hosts[0] local")
+
+
+def test_render_lists_every_refusal_at_once_one_line_each(cli, tmp_path):
+    """A default config for k8s cannot say `infiniband: auto` nor `gpus: all`: both in one run, each its own
+    `error:` line, nothing written (not one refusal per run)."""
+    out = tmp_path / "out"
+    r = cli("render", "--to", "k8s", "--nodes", "2", "--image", "i", "--out", str(out), "--", "x")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 2 and not out.exists(), r.stderr
+    assert lines[0].startswith("error: render --to k8s: container.infiniband auto")
+    assert lines[1].startswith("error: render --to k8s: container.gpus all")
+    config = tmp_path / "job.yaml"
+    config.write_text("hosts: [10.0.0.1, 10.0.0.2]\nimage: i\ncontainer: {extra_args: [--pids-limit, '-1']}\n"
+                      "job: {command: x, max_restarts: 2}\n")
+    r = cli("render", "--to", "compose", "--config", str(config), "--out", str(out))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and not out.exists(), r.stderr
+    assert [ln.split(": ")[2] for ln in lines] == ["job.max_restarts 2", "container.extra_args",
+                                                    "container.infiniband auto"], r.stderr
 
 
 def test_a_file_is_validated_as_written_even_where_a_flag_replaces_the_value(cli, tmp_path):
@@ -432,11 +453,15 @@ def test_kubernetes_options_are_checked(cli, flag, value, words):
 
 
 NASTY = "it's \"quoted\" $HOME `id` $(id) ; rm -rf / \\ back\\slash\nnew line\ttab"
+# the templates' own markers as values: filled in one pass, never scanned again (they once became the command)
+MARKERS = "@@COMMAND@@ @@IMAGE@@ @@JOB@@ @@DOCKER_RUN@@ @@EXPORTS@@"
+HOSTILE = [NASTY, MARKERS, "@@CONTAINER_NAME@@"]
 
 
-def test_slurm_node_script_passes_hostile_values_byte_exact(tmp_path):
+@pytest.mark.parametrize("NASTY", HOSTILE)
+def test_slurm_node_script_passes_hostile_values_byte_exact(tmp_path, NASTY):
     """The node's part of the sbatch script, run by bash with a stand-in `docker` that records its argv: every
-    value arrives as written (quotes, $(), backquotes, newlines), and nothing of it ran."""
+    value arrives as written (quotes, $(), backquotes, newlines, template markers), and nothing of it ran."""
     text = rendered("slurm", plan_of(container__env={"NASTY": NASTY}, container__infiniband="auto",
                                      job__command=["python", "-c", NASTY]))["sft-qwen.docker.sbatch"]
     node = text.split("<<'NODE_SCRIPT' || true\n", 1)[1].split("\nNODE_SCRIPT\n", 1)[0]
@@ -461,7 +486,8 @@ def test_a_value_that_would_end_the_node_script_is_refused():
         rendered("slurm", plan_of(container__env={"X": "a\nNODE_SCRIPT\nreboot"}))
 
 
-def test_pyxis_script_passes_hostile_values_byte_exact(tmp_path):
+@pytest.mark.parametrize("NASTY", HOSTILE)
+def test_pyxis_script_passes_hostile_values_byte_exact(tmp_path, NASTY):
     """The whole pyxis script under bash, with stand-ins for scontrol and srun: srun gets the command and the
     environment as written."""
     text = rendered("slurm", plan_of(container__env={"NASTY": NASTY}, job__command=["python", "-c", NASTY]))[
@@ -482,5 +508,75 @@ def test_pyxis_script_passes_hostile_values_byte_exact(tmp_path):
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     argv = (tmp_path / "argv").read_text().split("\0")[:-1]
-    assert argv[-3:] == ["python", "-c", NASTY] and "--container-image=registry.local/train:1" in argv
+    assert argv[-3:] == ["python", "-c", NASTY] and "--container-image=registry.local#train:1" in argv
     assert (tmp_path / "nasty").read_text() == NASTY and (tmp_path / "master").read_text() == "gpu07"
+
+
+def k8s_expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' variable expansion as its documentation states it (Define Dependent Environment Variables;
+    container command and args): `$(VAR)` becomes VAR's value where VAR is defined, else stays as written; `$$`
+    becomes `$` (so `$$(VAR)` gives `$(VAR)`); a `$` before anything else stays with that character."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "(":
+                end = text.find(")", i + 2)
+                if end != -1:
+                    name = text[i + 2:end]
+                    out.append(env.get(name, text[i:end + 1]))
+                    i = end + 1
+                    continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def test_k8s_expand_follows_the_documented_cases():
+    env = {"VAR": "v"}
+    assert k8s_expand("$(VAR)", env) == "v" and k8s_expand("$$(VAR)", env) == "$(VAR)"
+    assert k8s_expand("$(UNDEFINED)", env) == "$(UNDEFINED)" and k8s_expand("a$$b", env) == "a$b"
+    assert k8s_expand("$HOME", env) == "$HOME" and k8s_expand("$(VAR", env) == "$(VAR"
+
+
+DOLLARS = ["x$$y$(HOME)z", "$(NNODES)", "$$(NODE_RANK)", "cost $5 $", NASTY]
+
+
+@pytest.mark.parametrize("target", ["k8s", "jobset"])
+def test_k8s_env_and_args_reach_the_pod_byte_exact(target):
+    """What the pod sees after Kubernetes' expansion is what `up` passes: env values (expanded against the env
+    defined before them) and args (against the whole env)."""
+    plan = plan_of(container__env={f"Q{i}": v for i, v in enumerate(DOLLARS)},
+                   job__command=["python", "-c", *DOLLARS])
+    pod = next(d for d in k8s_docs(target, plan) if d["kind"] in ("Job", "JobSet"))
+    spec = pod["spec"]["replicatedJobs"][0]["template"]["spec"] if target == "jobset" else pod["spec"]
+    container = spec["template"]["spec"]["containers"][0]
+    seen: dict[str, str] = {}
+    for e in container["env"]:
+        if "value" in e:
+            seen[e["name"]] = k8s_expand(e["value"], seen)
+    assert [seen[f"Q{i}"] for i in range(len(DOLLARS))] == DOLLARS
+    assert [k8s_expand(a, seen) for a in container["args"]] == ["python", "-c", *DOLLARS]
+
+
+@pytest.mark.parametrize("ref, enroot", [
+    ("reg.example.com/team/train:1", "reg.example.com#team/train:1"),
+    ("reg.example.com:5000/team/train:1", "reg.example.com:5000#team/train:1"),
+    ("localhost:5000/train", "localhost:5000#train"),
+    ("localhost/train:1", "localhost#train:1"),
+    ("nvcr.io/nvidia/pytorch@sha256:" + "a" * 64, "nvcr.io#nvidia/pytorch@sha256:" + "a" * 64),
+    ("ubuntu:22.04", "ubuntu:22.04"),  # Docker Hub: enroot's default registry
+    ("library/ubuntu", "library/ubuntu"),
+    ("modelscope/ms-swift:v4", "modelscope/ms-swift:v4"),
+    ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),  # already enroot's form
+    ("dockerd://train:1", "dockerd://train:1"),
+    ("/shared/images/train.sqsh", "/shared/images/train.sqsh"),
+])
+def test_pyxis_gets_registry_images_in_enroots_form(ref, enroot):
+    assert slurm.enroot_image(ref) == enroot
+    text = rendered("slurm", plan_of(image=ref))["sft-qwen.pyxis.sbatch"]
+    assert f"--container-image={enroot} " in text or f"--container-image='{enroot}' " in text

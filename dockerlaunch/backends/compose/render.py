@@ -7,10 +7,12 @@ environment of whoever runs `docker compose` there; `render --probe` asks the ho
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import yaml
 
-from dockerlaunch.backends import RenderedFile, Unsupported
-from dockerlaunch.backends.common import env_file_paths, plain_labels, refuse_common
+from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
+from dockerlaunch.backends.common import common_refusals, env_file_paths, plain_labels
 from dockerlaunch.job.plan import HostPlan, JobPlan
 from dockerlaunch.job.spec import Deferred, GpuAccess
 
@@ -26,6 +28,11 @@ LEFT_TO_NCCL = {  # not set at all unless known: NCCL's own choice is better tha
            "or render with --probe)",
     "ib_hca": "NCCL uses every InfiniBand port it finds (render with --probe for the ACTIVE ones)",
 }
+
+
+IB_AUTO = Unsupported(TARGET, "container.infiniband auto", "whether a host has InfiniBand is decided there at "
+                      "launch, and a compose file cannot; pass --infiniband on|off (container.infiniband), or "
+                      "--probe to ask the hosts")
 
 
 def _gpus(plan: JobPlan, hp: HostPlan) -> tuple[dict, list[str], list[str], dict[str, str]]:
@@ -65,9 +72,7 @@ def service(plan: JobPlan, hp: HostPlan) -> tuple[dict, list[str]]:
     c = hp.container
     notes: list[str] = []
     if isinstance(c.infiniband, Deferred):
-        raise Unsupported(TARGET, "container.infiniband auto", "whether a host has InfiniBand is decided there at "
-                          "launch, and a compose file cannot; pass --infiniband on|off (container.infiniband), or "
-                          "--probe to ask the hosts")
+        raise IB_AUTO
     deploy, gpu_devices, gpu_volumes, gpu_env = _gpus(plan, hp)
     env: dict[str, str] = {}
     substituted: set[str] = set()  # compose's own ${VAR:?why}: not escaped
@@ -138,8 +143,20 @@ def _escape(value):
     return value
 
 
+def refusals(plan: JobPlan) -> Iterator[Unsupported]:
+    """Everything a compose file cannot express, each once (the caller raises them together)."""
+    yield from common_refusals(plan, TARGET)
+    for hp in plan.hosts:
+        if isinstance(hp.container.infiniband, Deferred):
+            yield IB_AUTO
+        yield from caught(lambda hp=hp: _gpus(plan, hp))
+        for k, v in hp.container.env.items():
+            if isinstance(v, Deferred) and v.key not in SUBSTITUTED and v.key not in LEFT_TO_NCCL:
+                yield Unsupported(TARGET, f"env {k}", f"{v.what}: no compose form")
+
+
 def render(plan: JobPlan) -> list[RenderedFile]:
-    refuse_common(plan, TARGET)
+    refuse_all(refusals(plan))
     files = []
     for hp in plan.hosts:
         svc, notes = service(plan, hp)

@@ -11,12 +11,13 @@ rank 0's pod has a stable DNS name through the headless Service, which is MASTER
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import yaml
 
-from dockerlaunch.backends import RenderedFile, Unsupported
-from dockerlaunch.backends.common import plain_labels, refuse_common, refuse_per_host
+from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
+from dockerlaunch.backends.common import common_refusals, per_host_refusals, plain_labels
 from dockerlaunch.job.plan import RESTART_ENV, JobPlan
 from dockerlaunch.job.spec import IB_DEVICE, IB_MEMLOCK, NOFILE, Deferred, GpuAccess
 
@@ -39,18 +40,19 @@ class Options:
     namespace: str | None = None
 
 
-def _refuse(plan: JobPlan, target: str) -> None:
-    refuse_common(plan, target)
+def refusals(plan: JobPlan, target: str) -> Iterator[Unsupported]:
+    """Everything this target cannot express, each once (the caller raises them together)."""
+    yield from common_refusals(plan, target)
     if not DNS_LABEL.match(plan.job) or len(plan.job) > 40:
-        raise Unsupported(target, f"job.name {plan.job!r}", "Kubernetes names pods <name>-<index> as DNS labels: use "
+        yield Unsupported(target, f"job.name {plan.job!r}", "Kubernetes names pods <name>-<index> as DNS labels: use "
                           "lowercase letters, digits and '-', at most 40 characters (--name)")
     c = plan.config.container
-    refuse_per_host(plan, target, "an Indexed Job runs one pod template for every index")
+    yield from per_host_refusals(plan, target, "an Indexed Job runs one pod template for every index")
     if c.gpu_mode in ("devices", "cdi"):
-        raise Unsupported(target, f"container.gpu_mode {c.gpu_mode}", f"pods get GPUs from the device plugin as "
+        yield Unsupported(target, f"container.gpu_mode {c.gpu_mode}", f"pods get GPUs from the device plugin as "
                           f"{GPU_RESOURCE}; use gpu_mode auto or gpus")
     if any(isinstance(hp.container.infiniband, Deferred) for hp in plan.hosts):
-        raise Unsupported(target, "container.infiniband auto", "a pod template cannot look at the node it lands "
+        yield Unsupported(target, "container.infiniband auto", "a pod template cannot look at the node it lands "
                           "on; set infiniband: on (asks for the RDMA resource) or off (--infiniband on|off)")
     for hp in plan.hosts:
         s = hp.container
@@ -59,16 +61,20 @@ def _refuse(plan: JobPlan, target: str) -> None:
         ours = {"nofile": NOFILE, **({"memlock": IB_MEMLOCK} if s.infiniband else {})}
         extra = {k: u for k, u in s.ulimits.items() if ours.get(k) != u}
         if c.ulimits or extra:
-            raise Unsupported(target, "container.ulimits", "pods have no ulimits (the nodes' container runtime sets "
+            yield Unsupported(target, "container.ulimits", "pods have no ulimits (the nodes' container runtime sets "
                               "them; InfiniBand's memlock is covered by IPC_LOCK); drop them for this target")
-        if isinstance(s.gpu, GpuAccess) and s.gpu.mode != "gpus":
-            raise Unsupported(target, f"gpu_mode {s.gpu.mode}", f"pods get GPUs from the device plugin as "
+        if isinstance(s.gpu, GpuAccess) and s.gpu.mode != "gpus" and c.gpu_mode not in ("devices", "cdi"):
+            yield Unsupported(target, f"gpu_mode {s.gpu.mode}", f"pods get GPUs from the device plugin as "
                               f"{GPU_RESOURCE}; use gpu_mode auto or gpus")
         if not s.host_network:
-            raise Unsupported(target, "network", "a pod always has a network")
+            yield Unsupported(target, "network", "a pod always has a network")
     if c.user and not all(p.isdigit() for p in c.user.split(":")):
-        raise Unsupported(target, "container.user", f"{c.user!r}: a pod runs as numeric ids (runAsUser); "
+        yield Unsupported(target, "container.user", f"{c.user!r}: a pod runs as numeric ids (runAsUser); "
                           "use uid[:gid]")
+    yield from caught(lambda: _gpu_count(plan, target))
+    other = [d for d in plan.hosts[0].container.devices if d != IB_DEVICE]
+    if other:
+        yield Unsupported(target, "devices", f"{other[0]}: a pod gets devices from device plugins, not paths")
 
 
 def _gpu_count(plan: JobPlan, target: str) -> int | None:
@@ -85,6 +91,12 @@ def _gpu_count(plan: JobPlan, target: str) -> int | None:
         return nproc
     raise Unsupported(target, "container.gpus all", "a pod asks for a number of GPUs; pass --nproc-per-node N "
                       "(job.nproc_per_node) or set container.gpus: N")
+
+
+def k8s_literal(value: str) -> str:
+    """Kubernetes expands `$(VAR)` in env values, command and args and turns `$$` into `$`; every `$` doubled
+    makes the pod see exactly the bytes `up` passes (`$(HOME)`, `$$`, a shell's `$NNODES` alike)."""
+    return value.replace("$", "$$")
 
 
 def pod_template(plan: JobPlan, target: str, master_addr: str, opts: Options) -> dict:
@@ -107,7 +119,7 @@ def pod_template(plan: JobPlan, target: str, master_addr: str, opts: Options) ->
         elif isinstance(v, Deferred):
             continue  # NIC and HCAs: NCCL finds them in the pod (see the header)
         else:
-            env.append({"name": k, "value": v})
+            env.append({"name": k, "value": k8s_literal(v)})
     limits: dict[str, str | int] = {}
     if gpus:
         limits[GPU_RESOURCE] = gpus
@@ -116,7 +128,7 @@ def pod_template(plan: JobPlan, target: str, master_addr: str, opts: Options) ->
     caps = [c for c in spec.cap_add]
     container: dict = {"name": CONTAINER, "image": spec.image}
     if spec.command:
-        container["args"] = list(spec.command)  # docker's CMD: the image's entrypoint stays
+        container["args"] = [k8s_literal(a) for a in spec.command]  # docker's CMD: the image's entrypoint stays
     container["env"] = env
     if spec.env_files:
         container["envFrom"] = [{"secretRef": {"name": f"{plan.job}-env"}}]
@@ -216,7 +228,7 @@ def _header(plan: JobPlan, target: str, master_addr: str, opts: Options) -> list
 
 def render(plan: JobPlan, target: str = "k8s", opts: Options | None = None) -> list[RenderedFile]:
     opts = opts or Options()
-    _refuse(plan, target)
+    refuse_all(refusals(plan, target))
     name = plan.job
     meta = {"name": name, **({"namespace": opts.namespace} if opts.namespace else {})}
     if target == "jobset":

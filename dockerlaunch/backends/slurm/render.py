@@ -9,12 +9,14 @@ own argv (backends/docker/docker.py), so it cannot drift from what `up` runs.
 
 from __future__ import annotations
 
+import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import replace
 from importlib import resources
 
-from dockerlaunch.backends import RenderedFile, Unsupported
-from dockerlaunch.backends.common import env_file_paths, plain_labels, refuse_common, refuse_per_host
+from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
+from dockerlaunch.backends.common import common_refusals, env_file_paths, per_host_refusals, plain_labels
 from dockerlaunch.backends.docker.docker import argv as docker_argv
 from dockerlaunch.backends.docker.docker import ib_flags
 from dockerlaunch.job.plan import DEFAULT_ENV, JobPlan
@@ -32,18 +34,36 @@ def _template(name: str) -> str:
 
 
 def _fill(text: str, values: dict[str, str]) -> str:
-    for k, v in values.items():
-        text = text.replace(f"@@{k}@@", v)
-    assert "@@" not in text.replace(NAME_TOKEN, ""), "a template value was left unfilled"
-    return text
+    """One pass over the template's own markers: a value is never scanned again, so a user's `@@COMMAND@@` stays
+    those bytes."""
+    wanted = set(re.findall(r"@@([A-Z_]+)@@", text))
+    if wanted != set(values):
+        raise ValueError(f"slurm template markers {sorted(wanted)} != values {sorted(values)}")  # a template bug
+    return re.sub(r"@@([A-Z_]+)@@", lambda m: values[m.group(1)], text)
 
 
-def _refuse(plan: JobPlan) -> None:
-    refuse_common(plan, TARGET)
-    refuse_per_host(plan, TARGET, "Slurm picks the nodes, so every node runs the same container")
+def enroot_image(ref: str) -> str:
+    """pyxis hands --container-image to enroot, which reads `reg.example.com/team/train:1` as a Docker Hub path:
+    a registry is written `registry#path` (enroot's docker:// form). Docker's rule for what is a registry: the
+    first component holds a `.` or a `:`, or is `localhost`. Hub images, enroot's own forms (`#`, `docker://`,
+    `dockerd://`) and squashfs files stay as they are."""
+    if "#" in ref or "://" in ref or ref.startswith(("/", "./", "../")) or ref.endswith((".sqsh", ".squashfs")):
+        return ref
+    first, slash, rest = ref.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return ref
+
+
+def refusals(plan: JobPlan) -> Iterator[Unsupported]:
+    """Everything the sbatch scripts cannot express, each once (the caller raises them together)."""
+    yield from common_refusals(plan, TARGET)
+    yield from per_host_refusals(plan, TARGET, "Slurm picks the nodes, so every node runs the same container")
     if plan.config.container.gpu_mode == "devices":
-        raise Unsupported(TARGET, "container.gpu_mode devices", "device nodes and driver libraries differ per "
+        yield Unsupported(TARGET, "container.gpu_mode devices", "device nodes and driver libraries differ per "
                           "node; use gpu_mode gpus (the toolkit) or cdi")
+    yield from caught(lambda: docker_script(plan, "x"))
+    yield from caught(lambda: pyxis_script(plan, "x"))
 
 
 def docker_script(plan: JobPlan, file: str) -> str:
@@ -68,9 +88,9 @@ def docker_script(plan: JobPlan, file: str) -> str:
     )
     argv = docker_argv(node, inherit=inherit)
     words = []
-    for a in argv:
-        if a == NAME_TOKEN:
-            words.append('"$name"')
+    for i, a in enumerate(argv):
+        if a == NAME_TOKEN and i and argv[i - 1] == "--name":  # only the name's own place: a value that reads
+            words.append('"$name"')                             # like the token stays as it is
         elif isinstance(a, Deferred) and a.key == "infiniband":
             words.append('"$@"')  # the InfiniBand flags, where the node has /dev/infiniband
         else:
@@ -105,7 +125,7 @@ def pyxis_script(plan: JobPlan, file: str) -> str:
         names.append(k)
     for path in env_file_paths(spec, plan):
         exports.append(f"set -a; . {shlex.quote(path)}; set +a  # secrets: never on a command line")
-    flags = [f"--container-image={shlex.quote(spec.image)}", "--no-container-mount-home"]
+    flags = [f"--container-image={shlex.quote(enroot_image(spec.image))}", "--no-container-mount-home"]
     if spec.mounts:
         mounts = [f"{m.source}:{m.target}" + (":ro" if m.read_only else "") for m in spec.mounts]
         flags.append(f"--container-mounts={shlex.quote(','.join(mounts))}")
@@ -130,7 +150,7 @@ def pyxis_script(plan: JobPlan, file: str) -> str:
 
 
 def render(plan: JobPlan) -> list[RenderedFile]:
-    _refuse(plan)
+    refuse_all(refusals(plan))
     docker_file, pyxis_file = f"{plan.job}.docker.sbatch", f"{plan.job}.pyxis.sbatch"
     return [RenderedFile(docker_file, docker_script(plan, docker_file), executable=True),
             RenderedFile(pyxis_file, pyxis_script(plan, pyxis_file), executable=True)]
