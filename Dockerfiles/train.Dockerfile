@@ -34,7 +34,10 @@ RUN if [ "$SYSTEM_PACKAGES" = 1 ]; then \
  && mkdir -p /opt/dockerlaunch
 
 # pip settings for every layer: offline -> only the mounted wheelhouse; online -> the index, with the CA and
-# index URL read from BuildKit secrets at run time (never written into a layer).
+# index URL read from BuildKit secrets at run time (never written into a layer). `settle`: what a builder layer
+# installed gets one fixed mtime (1980, the zip epoch; .py/.pyc keep theirs for Python's bytecode check), so a
+# builder stage rebuilt from the same lock has the same header mtimes and a resumed compile's objects stay valid
+# (ninja rebuilds every object whose headers look newer than its log entry).
 ARG OFFLINE=0
 # hadolint ignore=SC2016
 RUN printf '%s\n' \
@@ -44,7 +47,10 @@ RUN printf '%s\n' \
       'else' \
       '  if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca SSL_CERT_FILE=/run/secrets/pip_ca; fi' \
       '  if [ -s /run/secrets/pip_index_url ]; then PIP_INDEX_URL="$(cat /run/secrets/pip_index_url)"; export PIP_INDEX_URL; fi' \
-      'fi' > /opt/dockerlaunch/pip-env.sh
+      'fi' \
+      'settle() {' \
+      '  find /opt/venv /usr/local -newer /opt/dockerlaunch/pip-env.sh ! -type d ! -name "*.py" ! -name "*.pyc" -exec touch -h -d @315532800 {} +' \
+      '}' > /opt/dockerlaunch/pip-env.sh
 
 # Layers 2-8 install the stack's lock (Dockerfiles/locks/<stack>.lock, `dockerlaunch stacks lock`): each mounts
 # only its own part, lock/<layer>.txt, and installs it with --no-deps --require-hashes, so every distribution is
@@ -68,6 +74,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
       && ln -s lib "$cu/lib64" \
       && ln -s "$(basename "$(find "$cu/lib" -maxdepth 1 -name 'libcudart.so.[0-9]*' | head -n 1)")" "$cu/lib/libcudart.so" \
       && ln -sfn "$cu" /usr/local/cuda \
+      && settle \
       && /usr/local/cuda/bin/nvcc --version | tail -n 2; \
     fi
 ENV PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH
@@ -83,7 +90,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=lock/1-torch.txt,target=/lock/1-torch.txt \
     . /opt/dockerlaunch/pip-env.sh \
  && pip install --no-deps --require-hashes ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
-      -r /lock/1-torch.txt
+      -r /lock/1-torch.txt \
+ && settle
 
 # 3. What the compiled extensions build with, numpy, and py-spy (dump the stacks of a hung rank).
 RUN --mount=type=cache,target=/root/.cache/pip \
@@ -91,7 +99,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse/2-build,target=/wheelhouse/2-build \
     --mount=type=bind,source=lock/2-build.txt,target=/lock/2-build.txt \
     . /opt/dockerlaunch/pip-env.sh \
- && pip install --no-deps --require-hashes -r /lock/2-build.txt
+ && pip install --no-deps --require-hashes -r /lock/2-build.txt \
+ && settle
 
 # 4. TransformerEngine's prebuilt parts: the core wheel (all of TE's CUDA kernels) and what it pulls. Its torch
 #    binding is compiled against the torch above by `dockerlaunch wheels` in this stage, so the lock part here
@@ -101,7 +110,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse/3-te,target=/wheelhouse/3-te \
     --mount=type=bind,source=lock/3-te.txt,target=/lock/3-te.txt \
     if [ -s /lock/3-te.txt ]; then \
-      . /opt/dockerlaunch/pip-env.sh && pip install --no-deps --require-hashes -r /lock/3-te.txt; \
+      . /opt/dockerlaunch/pip-env.sh && pip install --no-deps --require-hashes -r /lock/3-te.txt && settle; \
     fi
 
 FROM builder AS train

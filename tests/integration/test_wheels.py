@@ -37,6 +37,18 @@ def test_the_cuda_stage_has_nvcc_13_0_as_cuda_home(cuda_stage):
     assert r.stdout.rstrip().endswith("/opt/venv/lib/python3.13/site-packages/nvidia/cu13")
 
 
+def test_the_toolkits_headers_have_one_fixed_mtime(cuda_stage):
+    """What a builder layer installs gets the zip epoch as mtime (`settle`): a builder stage rebuilt from the same
+    lock then has the same header times, so a resumed compile keeps its objects (ninja rebuilds every object
+    whose headers look newer than its log entry: a rebuilt builder once cost flash-attn 34 objects, ~50 min)."""
+    r = docker("run", "--rm", "--network", "none", cuda_stage.tag, "bash", "-c",
+               "stat -c '%Y %n' /usr/local/cuda/include/cuda.h /usr/local/cuda/include/cub/cub.cuh "
+               "/usr/local/cuda/bin/nvcc; find /opt/venv -name '*.py' -newer /opt/dockerlaunch/pip-env.sh | wc -l")
+    lines = r.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines[:3]] == ["315532800"] * 3, r.stdout
+    assert int(lines[3]) > 0  # .py files keep pip's times (their .pyc record them)
+
+
 def test_the_cuda_stage_compiles_and_links_sm90(cuda_stage, tmp_path):
     """nvcc from PyPI's wheels, laid out as /usr/local/cuda: an executable (cudart_static from lib64) and a shared
     library (-lcudart from lib), each with an sm_90 cubin; no GPU needed."""
