@@ -12,6 +12,19 @@ import yaml
 from dockerlaunch.cli.console import format_argv
 from dockerlaunch.cli.main import CONTEXT, cli
 
+INDEX_ENV = "DOCKERLAUNCH_INDEX_URL"  # an index URL with a token: from the environment, never the command line
+
+
+def _secret_url(ctx, param, value: str | None) -> str | None:
+    """A URL with a password given as a flag still works, with one warning: `ps` shows argv to every user."""
+    if value and param.name and ctx.get_parameter_source(param.name) == click.core.ParameterSource.COMMANDLINE:
+        from dockerlaunch.images.index import redact
+
+        if redact(value) != value:
+            click.echo(f"warning: {param.opts[0]} holds credentials, which `ps` shows to every user of this "
+                       f"machine: set {INDEX_ENV} instead", err=True)
+    return value
+
 
 @cli.group(context_settings=CONTEXT)
 def stacks() -> None:
@@ -71,7 +84,8 @@ def stacks_check() -> None:
 
 @stacks.command("lock")
 @click.option("--stack", "names", multiple=True, metavar="NAME", help="Only this stack (repeatable); default all.")
-@click.option("--index-url", metavar="URL", help="The package index to resolve against (default: PyPI).")
+@click.option("--index-url", metavar="URL", envvar=INDEX_ENV, callback=_secret_url,
+              help=f"The package index to resolve against (default: PyPI; ${INDEX_ENV}: keeps a token out of `ps`).")
 @click.option("--find-links", multiple=True, metavar="DIR|URL",
               help="Also look here for distributions (a folder of wheels; repeatable).")
 @click.option("--torch-index", metavar="URL|none",
@@ -158,7 +172,8 @@ def _build_options(kw: dict):
 @click.option("--base-image", metavar="REF", help="Override the stack's base image (e.g. a local mirror).")
 @click.option("--ca-cert", metavar="PATH",
               help="CA bundle for pip behind an intercepting proxy, a build secret (default: this machine's bundle).")
-@click.option("--pip-index-url", metavar="URL", help="Package index (a build secret: may hold credentials).")
+@click.option("--pip-index-url", metavar="URL", envvar=INDEX_ENV, callback=_secret_url,
+              help=f"Package index (a build secret: may hold credentials; ${INDEX_ENV} keeps them out of `ps`).")
 @click.option("--wheelhouse", metavar="DIR", help="Wheels from `dockerlaunch fetch`.")
 @click.option("--offline", is_flag=True, help="No network for Python packages: install from --wheelhouse only.")
 @click.option("--no-cache", is_flag=True)
@@ -216,7 +231,8 @@ def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, confi
 @click.option("--stack", "stack_name", required=True)
 @click.option("-o", "--output", "out_dir", required=True, metavar="DIR",
               help="Wheelhouse folder (one subfolder per layer).")
-@click.option("--index-url", metavar="URL", help="The index to download from (default: the one the lock names).")
+@click.option("--index-url", metavar="URL", envvar=INDEX_ENV, callback=_secret_url,
+              help=f"The index to download from (default: the one the lock names; ${INDEX_ENV}).")
 @click.option("--find-links", multiple=True, metavar="DIR", help="A folder of distributions, asked first.")
 def fetch(stack_name: str, out_dir: str, index_url: str | None, find_links: tuple[str, ...]) -> None:
     """Download exactly the stack's lock (hashes checked) and its source archives, for `build --wheelhouse DIR
@@ -272,7 +288,8 @@ def wheels() -> None:
               help="Parallel compile jobs (default: per package, from the cores and the available memory).")
 @click.option("--wheelhouse", metavar="DIR", help="Sources from `dockerlaunch fetch` (needed with --offline).")
 @click.option("--offline", is_flag=True, help="Download nothing: sources from --wheelhouse or the cache.")
-@click.option("--pip-index-url", metavar="URL", help="Package index for the builder stage and sdists.")
+@click.option("--pip-index-url", metavar="URL", envvar=INDEX_ENV, callback=_secret_url,
+              help=f"Package index for the builder stage and sdists (${INDEX_ENV}).")
 @click.option("--ca-cert", metavar="PATH", help="CA bundle for pip behind an intercepting proxy.")
 @click.option("--trust-carried-wheels", is_flag=True,
               help="Take compiled wheels that `wheels build -o` put in --wheelhouse (their records travel with them).")

@@ -17,11 +17,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from dockerlaunch.errors import ConfigError
+from dockerlaunch.images import index as idx
 from dockerlaunch.images.layers import LAYERS, layer_roots
 from dockerlaunch.images.stacks import PIN, Stack
 
@@ -331,9 +333,16 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
     uv = uv_binary()
     index = index_url or DEFAULT_INDEX
     extra = torch_index_for(stack, torch_index)
-    sources = ["--index-url", index, *(["--extra-index-url", extra] if extra else []),
-               *(a for d in find_links for a in ("--find-links", d))]
+    # the sources go to uv through its environment, never its argv (an index URL may hold a token: `ps` shows
+    # argv to every user, /proc/<pid>/environ only to the owner)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
+    env["UV_INDEX_URL"] = index
+    if extra:
+        env["UV_EXTRA_INDEX_URL"] = extra
+    if find_links:
+        env["UV_FIND_LINKS"] = ",".join(find_links)
+    secret_urls = [u for u in (index, extra, *find_links) if u and idx.redact(u) != u]
+    sources: list[str] = []
     if ca_cert:  # a TLS-intercepting proxy's CA, as pip's --cert; else the system's store (pip's default too)
         env["SSL_CERT_FILE"] = ca_cert
     common = ["--python-version", stack.python, "--python-platform", PLATFORM, "--no-header", "--no-config",
@@ -344,10 +353,10 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
             r = subprocess.run([uv, "pip", "compile", *files, *common, *more], cwd=tmp, capture_output=True,
                                text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
-            raise LockError(f"stack {stack.name}: uv did not resolve in {timeout:.0f} s (is {index} reachable?)") \
-                from None
+            raise LockError(f"stack {stack.name}: uv did not resolve in {timeout:.0f} s (is {idx.redact(index)} "
+                            "reachable?)") from None
         if r.returncode != 0:
-            raise LockError(f"stack {stack.name}: {explain(r.stderr)}")
+            raise LockError(f"stack {stack.name}: {scrub(explain(r.stderr), secret_urls)}")
         return r.stdout
 
     roots = layer_roots(stack)
@@ -377,10 +386,22 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
                 break
             subsets[layer] = set(parse_compiled(compile_(tmp, files[: i + 1], ["-c", "final.txt", "--no-annotate"])))
         version = subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.strip()
-    shown = [index, *([extra] if extra else []), *(f"find-links {d}" for d in find_links)]
+    shown = [idx.redact(u) for u in (index, *([extra] if extra else []))] + [
+        f"find-links {idx.redact(d)}" for d in find_links]
     meta = {"resolver": version, "sources": "; ".join(shown),
             "resolved": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
     return render(stack, resolved, assign_layers(resolved, subsets), meta)
+
+
+def scrub(text: str, urls: list[str]) -> str:
+    """`text` with every credential of `urls` taken out (uv may quote a URL it could not reach)."""
+    for url in urls:
+        parts = urllib.parse.urlsplit(url)
+        userinfo = parts.netloc.rpartition("@")[0]
+        text = text.replace(url, idx.redact(url))
+        for secret in {userinfo, parts.password or "", urllib.parse.unquote(parts.password or "")} - {""}:
+            text = text.replace(secret, "***")
+    return text
 
 
 def explain(stderr: str) -> str:

@@ -113,10 +113,11 @@ def stop_up(p: subprocess.Popen) -> None:
 
 
 def env_files_on(remote) -> list[str]:
-    """dockerlaunch's secret files in the host's /tmp (ls' own failure fails the test)."""
+    """dockerlaunch's secret folders in the host's /tmp (ls' own failure fails the test)."""
     r = remote.run(["sh", "-c", "ls -a /tmp"])
     assert r.ok, r.stderr
-    return [f for f in r.stdout.split() if f.startswith("dockerlaunch-") and f.endswith(".env")]
+    return [f for f in r.stdout.split() if f.startswith("dockerlaunch-") and (f.endswith(".env.d") or
+                                                                              f.endswith(".env"))]
 
 
 def probe_containers_on(remote) -> list[str]:

@@ -101,12 +101,24 @@ def test_secret_files_are_0600_on_the_host_and_gone_when_the_command_returns(clu
                                   stdin=b"TOKEN=x\n").stdout.split()
             assert seen == ["600", "root", "TOKEN=x"], seen
             assert not h.remote.run(["test", "-e", path]).ok
-            # a file already there (a link planted in /tmp) is never written through; the command does not run
-            h.remote.check(["ln", "-s", "/tmp/dlt-victim", path], "ln")
-            r = h.remote.run(with_env_file(path, ["echo", "ran"]), stdin=b"TOKEN=x\n")
-            assert r.exit_status == 125 and "ran" not in r.stdout, r
-            assert not h.remote.run(["test", "-e", "/tmp/dlt-victim"]).ok
-            assert not h.remote.run(["test", "-L", path]).ok  # removed on the way out
+            assert not h.remote.run(["test", "-e", path.rsplit("/", 1)[0]]).ok  # its folder too
+            # anything already at the folder's name (a link, a FIFO, a world-writable folder with a FIFO planted
+            # where the file goes) is never written through or into; the command does not run
+            folder = path.rsplit("/", 1)[0]
+            plants = [["ln", "-s", "/tmp/dlt-victim", folder], ["mkfifo", folder],
+                      ["sh", "-c", 'mkdir -m 0777 "$0" && mkfifo "$0/env"', folder]]
+            for plant in plants:
+                h.remote.check(plant, "planting")
+                # a reader on the FIFO (as the attacker would run), for 3 s: it must get no byte
+                h.remote.check(["sh", "-c", 'f="$0"; [ -d "$0" ] && f="$0/env"; [ -p "$f" ] || exit 0; '
+                                '(timeout 3 cat "$f" > /tmp/dlt-fifo-got 2>/dev/null &) ; exit 0', folder], "reader")
+                r = h.remote.run(with_env_file(path, ["echo", "ran"]), stdin=b"TOKEN=x\n")
+                assert r.exit_status == 125 and "ran" not in r.stdout, (plant, r)
+                assert not h.remote.run(["test", "-e", "/tmp/dlt-victim"]).ok
+                time.sleep(3.5)
+                got = h.remote.run(["sh", "-c", "cat /tmp/dlt-fifo-got 2>/dev/null; rm -f /tmp/dlt-fifo-got"])
+                assert "TOKEN" not in got.stdout, plant
+                h.remote.check(["rm", "-rf", folder], "cleaning up")
     finally:
         launch.remove_env_files(session, paths)
         session.close()

@@ -146,7 +146,8 @@ def test_leftovers_of_an_earlier_run_are_removed_by_the_next_up(sim_cluster, rem
     assert first.returncode == 0, first.stderr
     assert sorted(c.split(":")[2] for c in job_containers(job)) == ["exited", "exited"]  # --keep kept them
     for rm in remotes:  # and a secret file an earlier launcher could not remove
-        rm.check(["sh", "-c", f"umask 077; echo X=1 > /tmp/dockerlaunch-{job}-0-dead.env"], "planting")
+        rm.check(["sh", "-c", f"umask 077; mkdir /tmp/dockerlaunch-{job}-0-dead.env.d && "
+                              f"echo X=1 > /tmp/dockerlaunch-{job}-0-dead.env.d/env"], "planting")
     again = dl("up", "--skip-preflight", "--config", cfg, "--name", job, "--", "true")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "removed 2 leftover container(s)" in again.stdout

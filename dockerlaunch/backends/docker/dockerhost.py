@@ -81,9 +81,12 @@ def parse_listing(host: str, job: str, r: Result) -> list[ContainerState]:
     return parse_inspect(r.stdout)
 
 
-# stdin -> a new 0600 file at $1 (noclobber: never through a link planted in /tmp), then the command, then the file
-# is removed, also when the command is cut off
-WITH_ENV_FILE = ("p=$1; shift; trap 'rm -f \"$p\"' EXIT; trap 'exit 129' HUP INT TERM\n"
+# stdin -> $1, a file in its own new folder (mkdir: fails if anything, a planted FIFO, link or folder, is at that
+# name; 0700, so nothing can be put beside the file or opened in its place), then the command, then the folder is
+# removed, also when the command is cut off. `set -C` alone still opens a FIFO planted at the file's name.
+WITH_ENV_FILE = ("p=$1; d=${p%/*}; shift\n"
+                 "(umask 077 && mkdir \"$d\") || exit 125\n"
+                 "trap 'rm -rf \"$d\"' EXIT; trap 'exit 129' HUP INT TERM\n"
                  '(umask 077 && set -C && cat >"$p") || exit 125\n"$@"')
 
 

@@ -217,13 +217,14 @@ def read_env_files(config: ClusterConfig) -> bytes:
 
 
 def env_file_glob(job: str) -> str:
-    return f"/tmp/dockerlaunch-{job}-*.env"  # job names are [A-Za-z0-9_.-]: no shell metacharacters
+    return f"dockerlaunch-{job}-*.env.d"  # job names are [A-Za-z0-9_.-]: no shell metacharacters
 
 
 def stale_env_files_argv(job: str) -> list[str]:
-    """Removes secret files an earlier run left behind (its launcher was killed before it could); another
-    login's files (sticky /tmp) are not ours to remove and are no failure."""
-    return ["sh", "-c", f"rm -f {env_file_glob(job)}; exit 0"]
+    """Removes secret folders an earlier run left behind (its launcher was killed before it could): only this
+    login's own (another user's name-alike in /tmp is not ours, even for root), never following a link."""
+    return ["sh", "-c", 'find /tmp -maxdepth 1 -name "$1" -type d -user "$(id -u)" -exec rm -rf {} +; exit 0', "sh",
+            env_file_glob(job)]
 
 
 def remove_stale_env_files(session: Session, job: str) -> None:
@@ -231,15 +232,16 @@ def remove_stale_env_files(session: Session, job: str) -> None:
 
 
 def env_file_paths(session: Session, job: str) -> dict[int, tuple[str, ...]]:
-    """Where each host's secret file goes; known before the start, so an interrupted start is cleaned up."""
-    token = secrets.token_hex(6)
-    return {hp.rank: (f"/tmp/dockerlaunch-{job}-{hp.rank}-{token}.env",) for hp in session.plan.hosts}
+    """Where each host's secret file goes (in a folder of its own, made by the same command that writes it);
+    known before the start, so an interrupted start is cleaned up."""
+    token = secrets.token_hex(8)
+    return {hp.rank: (f"/tmp/dockerlaunch-{job}-{hp.rank}-{token}.env.d/env",) for hp in session.plan.hosts}
 
 
 def remove_env_files(session: Session, paths: dict[int, tuple[str, ...]]) -> None:
     def rm(h):
         if paths.get(h.rank):
-            h.remote.run(["rm", "-f", *paths[h.rank]], timeout=30)
+            h.remote.run(["rm", "-rf", *(p.rsplit("/", 1)[0] for p in paths[h.rank])], timeout=30)
 
     session.cluster.each(rm)
 
