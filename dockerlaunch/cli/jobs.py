@@ -18,6 +18,7 @@ from dockerlaunch.cli.main import (
     offline_option,
     output_option,
     split_hosts,
+    warn_secret_env,
 )
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.targets import resolve_all
@@ -78,6 +79,7 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     from dockerlaunch.transfer.push import copy_between
 
     cfg = load(kw, command)
+    warn_secret_env(cfg)
     launch.read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
     targets = resolve_all(cfg)
     plan = launch.plan_job(cfg, targets)  # the one plan: printed here, applied (placeholders filled) by up

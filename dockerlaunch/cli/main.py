@@ -62,6 +62,18 @@ def offline_option(f):
                         help="No model hub on the hosts: set the hubs' offline switches in the job (job.offline).")(f)
 
 
+def warn_secret_env(config) -> None:
+    """Once per command that shows or applies the env (up, render): a secret in plain env is everywhere."""
+    from dockerlaunch.job.config import secret_looking_env
+
+    names = secret_looking_env(config)
+    if names:
+        click.echo(f"warning: container.env {', '.join(names)} look{'s' if len(names) == 1 else ''} like secrets: a "
+                   "plain value shows in `docker run`'s argv (ps on every host), --dry-run, renders and the run's "
+                   "attempts.jsonl; put them in a file named by container.env_files (its lines go through "
+                   "--env-file; renders refer to the file, or use the target's secrets)", err=True)
+
+
 def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None):
     ov = Overrides(
         hosts=kw.pop("hosts"), image=kw.pop("image"), nproc_per_node=kw.pop("nproc_per_node"),

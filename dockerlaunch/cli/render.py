@@ -6,7 +6,15 @@ from pathlib import Path
 
 import click
 
-from dockerlaunch.cli.main import CONTEXT, cli, config_options, diagnostics_option, load, offline_option
+from dockerlaunch.cli.main import (
+    CONTEXT,
+    cli,
+    config_options,
+    diagnostics_option,
+    load,
+    offline_option,
+    warn_secret_env,
+)
 from dockerlaunch.errors import ConfigError
 
 TARGETS = ("compose", "k8s", "jobset", "slurm")
@@ -69,6 +77,7 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
     if probe and target != "compose":
         raise ConfigError(f"render --to {target}: --probe is for compose (the scheduler picks {target}'s nodes)")
     cfg = load(kw, command, infiniband=infiniband)
+    warn_secret_env(cfg)
     launch.read_env_files(cfg)  # a missing secret file fails here as in `up` (its contents are never rendered)
     plan = launch.plan_job(cfg)
     if probe:

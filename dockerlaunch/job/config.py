@@ -720,3 +720,12 @@ def load_config(path: str | None = None, overrides: Overrides | None = None) -> 
 
 def config_schema() -> dict[str, Any]:
     return ClusterConfig.model_json_schema()
+
+
+SECRET_NAME = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
+
+
+def secret_looking_env(config: ClusterConfig) -> list[str]:
+    """Names in container.env that look like secrets (HF_TOKEN, WANDB_API_KEY, ..._SECRET, ...PASSWORD...): a
+    plain value shows in `docker run`'s argv on every host, in --dry-run, renders and attempts.jsonl."""
+    return [k for k in config.container.env if SECRET_NAME.search(k)]

@@ -327,3 +327,35 @@ def test_a_signal_whose_exception_threading_turned_into_another_still_ends_as_th
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
+
+
+def test_a_runs_folder_and_files_are_the_launching_users_only(tmp_path):
+    """Rank logs and attempts.jsonl may hold what a rank printed of its environment: 0700 folders, 0600 files,
+    whatever the umask."""
+    from dockerlaunch.reporting import Reporter
+
+    old = os.umask(0)
+    try:
+        run = RunFolder.create(str(tmp_path / "logs"), "job")
+        d = run.attempt_dir(1)
+        sink = LogSink(Reporter(), 0, "h", d / "rank0-h.log")
+        sink(b"HF_TOKEN=x\n")
+        sink.close()
+        run.record(AttemptRecord(1, "exited", 0, "2026-11-25T09:00:00", 1.0))
+    finally:
+        os.umask(old)
+    assert (run.root.stat().st_mode & 0o777, d.stat().st_mode & 0o777) == (0o700, 0o700)
+    assert (d / "rank0-h.log").stat().st_mode & 0o777 == 0o600
+    assert (run.root / "attempts.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "GH_TOKEN"])
+def test_a_secret_looking_env_name_warns_once_with_the_fix(cli, name):
+    r = cli("up", "--dry-run", "--hosts", "10.0.0.1", "--image", "i", "--env", f"{name}=x", "--env", "FOO=1", "--",
+            "true")
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and name in warnings[0] and "container.env_files" in warnings[0], r.stderr
+    assert "FOO" not in warnings[0]
+    assert not [ln for ln in cli("up", "--dry-run", "--hosts", "10.0.0.1", "--image", "i", "--env", "FOO=1", "--",
+                                 "true").stderr.splitlines() if ln.startswith("warning:")]

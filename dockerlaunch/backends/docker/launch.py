@@ -256,7 +256,7 @@ class LogSink:
 
     PARTIAL_AFTER = 1.0
 
-    def __init__(self, reporter: Reporter, rank: int, host: str, path: Path | None, private: bool = False,
+    def __init__(self, reporter: Reporter, rank: int, host: str, path: Path | None,
                  progress: re.Pattern | None = None):
         self.reporter, self.rank, self.host = reporter, rank, host
         self.progress = progress  # lines that count as progress (job.progress_regex); None: every line
@@ -265,9 +265,8 @@ class LogSink:
         self.since = 0.0  # when the unfinished line in buf began
         self.lock = threading.Lock()
         self.file = None
-        if path:  # 0600 when the job has secrets: a rank may print its environment
-            self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600 if private else 0o644),
-                                  "ab")
+        if path:  # 0600: a rank may print its environment (and the run folder is 0700 anyway)
+            self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "ab")
 
     def __call__(self, data: bytes) -> None:
         with self.lock:
@@ -613,12 +612,11 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
             except Exception as e:  # noqa: BLE001 - reported to the main thread
                 exits.put((i, e))
 
-        private = bool(config.container.env_files)
         hang_after = config.job.hang_timeout
         progress = re.compile(config.job.progress_regex) if config.job.progress_regex else None
         for hp in plan.hosts:
             path = run_dir / f"rank{hp.rank}-{safe_host(hp.address)}.log" if run_dir else None
-            sinks.append(LogSink(reporter, hp.rank, hp.address, path, private=private, progress=progress))
+            sinks.append(LogSink(reporter, hp.rank, hp.address, path, progress=progress))
         threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(len(plan.hosts))]
         for t in threads:
             t.start()

@@ -6,6 +6,7 @@ The evidence of why each attempt ended stays after the containers are gone: `sta
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,14 +37,22 @@ class RunFolder:
             root = base.with_name(f"{base.name}.{n}")
         return cls(root)  # made with its first attempt: a launch refused before any start leaves no folder
 
+    def _make_root(self) -> None:
+        """The run's folder, 0700: rank logs and attempts.jsonl may hold what a rank printed of its environment."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.root, 0o700)  # whatever the umask
+
     def attempt_dir(self, attempt: int) -> Path:
+        self._make_root()
         d = self.root / f"attempt-{attempt}"
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, exist_ok=True)
         return d
 
     def record(self, rec: AttemptRecord) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ATTEMPTS, "a") as f:
+        self._make_root()
+        fd = os.open(self.root / ATTEMPTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a") as f:
             f.write(rec.to_json() + "\n")
 
     def attempts(self) -> list[AttemptRecord]:
