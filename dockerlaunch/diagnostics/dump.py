@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -239,17 +240,57 @@ class _HostDumper:
             (self.result.folder / "nvidia-smi.txt").write_text(res.stdout)
 
     def _fetch_files(self) -> None:
-        data = bytearray()
-        status = self.h.remote.stream(["sh", "-c", 'cd "$1" 2>/dev/null && tar -cf - fr nccl 2>/dev/null; exit 0',
-                                       "sh", self.where], data.extend, timeout=300)
-        if status != 0 or not data:
-            return
-        try:
-            names = safe_extract(bytes(data), self.result.folder)
-        except tarfile.TarError as e:
-            self.result.notes.append(f"could not read the diagnostics folder's files: {e}")
-            return
-        self.result.fr_files = sum(1 for n in names if n.startswith("fr/"))
+        uid = DockerHost.on(self.h).docker("exec", self.name, "id", "-u", timeout=30)
+        owner = uid.stdout.strip() if uid.ok and uid.stdout.strip().isdigit() else None
+        self.result.fr_files = fetch_diag_files(self.h.remote, self.where, owner, self.result.folder,
+                                                self.result.notes)
+
+
+# What `dump` takes from a host's diagnostics folder: files of the ranks' own uid only (a file another local user
+# planted there, which fr_trace would unpickle, is left), none over FILE_LIMIT, at most TOTAL_LIMIT in all
+# (read into memory: a 10 GB file must not take the launcher with it).
+FILE_LIMIT = 256 * 2**20
+TOTAL_LIMIT = 1024 * 2**20
+FETCH = r"""cd "$1" 2>/dev/null || exit 0
+set -- "$2" "$3"
+n=$(find fr nccl -type f ! -user "$1" 2>/dev/null | wc -l)
+b=$(find fr nccl -type f -user "$1" -size +"$2"c 2>/dev/null | wc -l)
+printf '%s %s\n' "$n" "$b" >&2
+find fr nccl -type f -user "$1" -size -"$2"c -print0 2>/dev/null | tar --null -T - -cf - 2>/dev/null; exit 0"""
+
+
+def fetch_diag_files(remote, where: str, owner: str | None, dest: Path, notes: list[str]) -> int:
+    """The host's fr/ and nccl/ files into dest; the number of flight-recorder files taken."""
+    if owner is None:
+        notes.append("the ranks' uid is unknown (no container to ask): diagnostics files not fetched")
+        return 0
+    data, err = bytearray(), bytearray()
+    over = threading.Event()
+
+    def take(chunk: bytes) -> None:
+        data.extend(chunk)
+        if len(data) > TOTAL_LIMIT:
+            over.set()
+
+    status = remote.stream(["sh", "-c", FETCH, "sh", where, owner, str(FILE_LIMIT)], take, err.extend,
+                           timeout=300, stop=over)
+    counts = err.decode(errors="replace").split()
+    if len(counts) >= 2 and counts[0].isdigit() and int(counts[0]):
+        notes.append(f"{counts[0]} file(s) in {where} not of the ranks' uid {owner}: left there, not read")
+    if len(counts) >= 2 and counts[1].isdigit() and int(counts[1]):
+        notes.append(f"{counts[1]} file(s) in {where} over {FILE_LIMIT // 2**20} MB: left on the host")
+    if over.is_set():
+        notes.append(f"the diagnostics files of {where} are over {TOTAL_LIMIT // 2**20} MB together: not fetched; "
+                     "copy them from the host")
+        return 0
+    if status != 0 or not data:
+        return 0
+    try:
+        names = safe_extract(bytes(data), dest)
+    except tarfile.TarError as e:
+        notes.append(f"could not read the diagnostics folder's files: {e}")
+        return 0
+    return sum(1 for n in names if n.startswith("fr/"))
 
 
 @dataclass

@@ -6,12 +6,15 @@ accepts, on stdout, so the launcher follows the chain without polling over SSH. 
 start with the push's random token (sent to each relay over SSH stdin): a stranger who connects to a
 chain port feeds nothing into `docker load`. A link that never receives data within RECEIVE_TIMEOUT
 of its upstream finishing is given up (its host and those behind it get a star push), and a closed SSH
-channel does not end `nc -l`, so every listener is killed when the chain ends, whatever happened.
+channel does not end `nc -l`, so every listener is killed, by the pid its relay reported, when the chain ends,
+whatever happened. Links carry the image as plain TCP (the first hop is SSH): where that matters, push with
+`--strategy star` (every byte over SSH).
 """
 
 from __future__ import annotations
 
 import io
+import re
 import secrets
 import threading
 import time
@@ -45,8 +48,15 @@ class _Prefixed(io.RawIOBase):
         return self.reader.read(n)
 
 
-def kill_listener(remote: Remote, port: int) -> None:
-    remote.run(["sh", "-c", r'pkill -f "^nc -l [^ ]+ $1\$" || true', "sh", str(port)], timeout=30)
+# The relay's own `nc -l`, by the pid it reported: only if that process is still ours and still `nc -l` (never a
+# pattern match, which as root would also end another user's nc).
+KILL_LISTENER = ('p=$1; [ -r "/proc/$p/cmdline" ] || exit 0; [ "$(stat -c %u "/proc/$p")" = "$(id -u)" ] || exit 0\n'
+                 'case "$(tr "\\0" " " < "/proc/$p/cmdline")" in "nc -l "*) kill "$p" 2>/dev/null;; esac; exit 0')
+
+
+def kill_listener(remote: Remote, pid: int | None) -> None:
+    if pid:
+        remote.run(["sh", "-c", KILL_LISTENER, "sh", str(pid)], timeout=30)
 
 
 def push_chain(
@@ -70,6 +80,7 @@ def push_chain(
     stop = threading.Event()
     reader = CountingReader(chunks, on_bytes)
     listening = [threading.Event() for _ in remotes]
+    listeners: list[int | None] = [None] * n  # each relay's `nc -l` pid, as it reported it
     receiving = [threading.Event() for _ in remotes]
     relay = script("relay.sh")
     token = secrets.token_hex(16).encode() + b"\n"  # never on a command line: SSH stdin only
@@ -81,6 +92,9 @@ def push_chain(
 
         def on_out(data: bytes) -> None:
             out.extend(data)
+            m = re.search(rb"^listener (\d+)$", bytes(out), re.M)
+            if m:
+                listeners[i] = int(m.group(1))
             if b"listening\n" in out:
                 listening[i].set()
             if b"receiving\n" in out:
@@ -114,7 +128,7 @@ def push_chain(
                 pass
             if not listening[i].is_set():
                 stop.set()
-                _kill_listeners(remotes[i:], port)
+                _kill_listeners(remotes[i:], listeners[i:])
                 for t in by_rank.values():
                     t.join(timeout=10)
                 why = results[i].detail if results[i] else f"no listener on port {port} after {LISTEN_TIMEOUT:g} s"
@@ -133,7 +147,7 @@ def push_chain(
                 t.join(0.2)
             if t.is_alive():  # the link is dead: give it (and those behind it) up, so they get a star push
                 stop.set()
-                _kill_listeners(remotes[i:], port)
+                _kill_listeners(remotes[i:], listeners[i:])
                 why = (f"no data from {remotes[i - 1].name} within {RECEIVE_TIMEOUT:g}s after it finished "
                        "(can it reach this host?)" if not receiving[i].is_set()
                        else f"not finished {LINK_GRACE:g}s after {remotes[i - 1].name}")
@@ -145,9 +159,9 @@ def push_chain(
             upstream_done = time.monotonic()
     finally:
         stop.set()
-        _kill_listeners(remotes[1:], port)  # a closed SSH channel does not end `nc -l`
+        _kill_listeners(remotes[1:], listeners[1:])  # a closed SSH channel does not end `nc -l`
     return [r or HostResult(remotes[i].name, PushState.FAILED, "no result") for i, r in enumerate(results)]
 
 
-def _kill_listeners(remotes: list[Remote], port: int) -> None:
-    each(lambda r: kill_listener(r, port), remotes)
+def _kill_listeners(remotes: list[Remote], pids: list[int | None]) -> None:
+    each(lambda k: kill_listener(remotes[k], pids[k]), list(range(len(remotes))))

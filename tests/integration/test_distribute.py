@@ -237,25 +237,30 @@ def tcp_listening(remote) -> set[int]:
     return listening_ports(remote.check(["cat", "/proc/net/tcp", "/proc/net/tcp6"], "reading /proc/net/tcp").stdout)
 
 
-def test_kill_listener_ends_only_the_chain_port(sim_cluster, remotes):
-    """A closed SSH channel does not end `nc -l`; the chain's cleanup kills its own port's listener only."""
+def test_kill_listener_ends_only_the_relays_own_listener(sim_cluster, remotes):
+    """A closed SSH channel does not end `nc -l`; the chain's cleanup kills its relay's listener by the pid the
+    relay reported: another `nc -l` on the same port pattern lives, and a pid that is no `nc -l` is left alone."""
     node, ip = remotes[1], sim_cluster[2][1].ip
     port = 40000 + secrets.randbelow(20000)
-    node.check(["sh", "-c", f"nohup nc -l {ip} {port} >/dev/null 2>&1 & nohup nc -l {ip} {port + 1} >/dev/null 2>&1 &"],
-               "starting listeners")
+    pids = node.check(["sh", "-c", f"nohup nc -l {ip} {port} >/dev/null 2>&1 & echo $!; "
+                                   f"nohup nc -l {ip} {port + 1} >/dev/null 2>&1 & echo $!; "
+                                   "nohup sleep 60 >/dev/null 2>&1 & echo $!"], "starting listeners").stdout.split()
+    mine, other, sleeper = (int(x) for x in pids)
     try:
         deadline = time.monotonic() + 10
         while not {port, port + 1} <= tcp_listening(node) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert {port, port + 1} <= tcp_listening(node)
-        chain.kill_listener(node, port)
+        chain.kill_listener(node, mine)
+        chain.kill_listener(node, sleeper)  # not an `nc -l`: untouched
+        chain.kill_listener(node, None)  # a relay that never reported one
         deadline = time.monotonic() + 10
         while port in tcp_listening(node) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert port not in tcp_listening(node) and port + 1 in tcp_listening(node)
+        assert node.run(["kill", "-0", str(sleeper)]).ok
     finally:
-        chain.kill_listener(node, port)
-        chain.kill_listener(node, port + 1)
+        node.run(["kill", str(mine), str(other), str(sleeper)])
 
 
 def test_a_chain_that_fails_after_a_listener_is_up_kills_it(sim_cluster, engine, remotes, fresh_image):
@@ -297,7 +302,7 @@ def test_a_chain_that_fails_after_a_listener_is_up_kills_it(sim_cluster, engine,
         assert ids_on_nodes(remotes, ref) == [None, None]  # nothing loaded, nothing tagged
     finally:
         for rm in remotes:
-            chain.kill_listener(rm, port)
+            rm.run(["sh", "-c", f"pkill -f '^nc -l [^ ]+ {port}$' || true"])  # the test's own port, if any is left
             rm.run(["docker", "rmi", "-f", ref, image.id])
 
 

@@ -479,8 +479,12 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
     master = master_addr_of(session) if probe else ""
     diag_argv = None
     if diag and session.plan.diag_dir is not None:
-        mode = "0777" if config.container.user else "0755"  # a container user other than root may not own it
-        diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, job, mode, *DIAG_SUBDIRS]
+        user = config.container.user
+        uid = user.split(":")[0] if user else ""
+        # a container user other than root: its own folders where it is a uid (chown), else sticky like /tmp
+        mode, owner = ("0755", "-") if not user else ("1777", uid if uid.isdigit() else "-")
+        diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, job, mode, owner,
+                     *DIAG_SUBDIRS]
     locals_ = [h.rank for h in session.cluster.hosts if h.target.local]
     diag_ranks = {h.rank for h in session.cluster.hosts if not h.target.local} | set(locals_[:1])  # one folder
 

@@ -27,8 +27,12 @@ auth() {  # pass the stream on only if it starts with the token
   echo receiving >&3
   cat
 }
-recv() {
-  if [ "$listen" = - ]; then : > "$dir/receiving"; cat; else nc -l "$listen" "$port" | auth; fi
+recv() {  # the listener's pid goes to the launcher, which ends it by that pid (a closed SSH channel does not)
+  if [ "$listen" = - ]; then : > "$dir/receiving"; cat; return; fi
+  mkfifo "$dir/in" || exit 6
+  nc -l "$listen" "$port" > "$dir/in" &
+  echo "listener $!" >&3
+  auth < "$dir/in"
 }
 send() {  # connect onward only once this host receives: a relay that got nothing passes nothing on
   until [ -e "$dir/receiving" ]; do
