@@ -108,14 +108,18 @@ def push(ref: str, compress: str, thin: bool, strategy: str, dry_run: bool, outp
 @cli.command()
 @click.argument("images", nargs=-1, required=True)
 @click.option("-o", "--output", "out", required=True, metavar="FILE", help="Bundle file (zstd tar).")
-def save(images: tuple[str, ...], out: str) -> None:
+@click.option("--base", metavar="IMAGE|BUNDLE",
+              help="Write only the layers this image (or the images of this bundle) lacks: a delta for hosts that "
+                   "have it, e.g. after an ms-swift bump. `load` checks the target has the base's layers first.")
+def save(images: tuple[str, ...], out: str, base: str | None) -> None:
     """Write local images to one bundle file (zstd tar + manifest with Image IDs and sha256)."""
     from dockerlaunch.engine import engine
     from dockerlaunch.transfer import bundle as bundlelib
 
-    bundle = bundlelib.save_bundle(engine(), list(images), Path(out))
+    bundle = bundlelib.save_bundle(engine(), list(images), Path(out), base=base)
     for e in bundle.images:
-        click.echo(f"{e.ref}  {e.id[7:19]}  {e.bytes / 1e6:.0f} MB  sha256 {e.sha256[:12]}")
+        delta = f"  delta on {e.base}" if e.needs else ""
+        click.echo(f"{e.ref}  {e.id[7:19]}  {e.bytes / 1e6:.0f} MB  sha256 {e.sha256[:12]}{delta}")
     click.echo(f"wrote {out} ({Path(out).stat().st_size / 1e6:.0f} MB)")
 
 

@@ -2,6 +2,9 @@
 
 A bundle is zstd(tar(images/<id>.tar ..., manifest.json)); the manifest comes last and holds each
 tar's sha256 and size, so `load` reads to the end and checks every image before it sets any tag.
+A delta bundle (`save --base OLD`) leaves out the layers OLD has: after an ms-swift bump, the top layers only.
+Its manifest names the layer stack (chain ID) the target must already hold, and `load` checks that before it
+loads anything; every entry records its own chain IDs, so a bundle's manifest can be the next delta's base.
 Each image tar is the stream `push` sends (streams.image_chunks): any engine loads it, and the manifest
 holds both IDs it can get -- `id` (config digest, the classic store's) and `manifest_id` (containerd's).
 """
@@ -35,7 +38,7 @@ from dockerlaunch.transfer.streams import (
     untagged_chunks,
 )
 
-BUNDLE_FORMAT = "dockerlaunch-bundle/1"
+BUNDLE_FORMAT = "dockerlaunch-bundle/1"  # delta entries add fields; a reader that predates them refuses them
 
 
 @dataclass
@@ -47,6 +50,9 @@ class BundleEntry:
     sha256: str = ""
     bytes: int = 0
     manifest_id: str = ""  # its Image ID in containerd's store ("" in bundles of dockerlaunch before 0.x)
+    chain_ids: list[str] = field(default_factory=list)  # its layer stack, prefix by prefix (a later delta's base)
+    needs: str = ""  # a delta: the chain ID of the layers left out, which the target must have
+    base: str = ""  # a delta: what --base named, for messages
 
     def expected_id(self, store: str) -> str:
         return self.manifest_id if store == CONTAINERD else self.id
@@ -57,20 +63,56 @@ class Bundle:
     images: list[BundleEntry] = field(default_factory=list)
 
 
-def save_bundle(client, refs: list[str], path: Path, level: int = 3) -> Bundle:
-    """zstd(tar(images/<id>.tar ..., manifest.json)). The manifest comes last: it holds each tar's sha256."""
+def base_chains(client, base: str) -> tuple[str, frozenset[str]]:
+    """What `save --base` names: a local image, or a bundle (or its manifest.json) whose images the target
+    holds. (label, every chain ID the target then has)."""
+    path = Path(base)
+    if path.is_file():
+        if path.suffix == ".json":
+            entries = _parse_manifest(path, path.read_bytes()[:MAX_MANIFEST + 1])
+        else:
+            entries = read_manifest(path)
+        chains = {c for e in entries for c in e.chain_ids}
+        if not chains:
+            raise TransferError(f"--base {base}: its manifest records no layers (a bundle of an older dockerlaunch): "
+                                "give the base image instead")
+        return ", ".join(e.ref for e in entries), frozenset(chains)
+    from dockerlaunch.transfer.streams import chain_ids
+
+    try:
+        img = local_image(client, base)
+    except TransferError:
+        raise TransferError(f"--base {base}: neither a local image nor a bundle file") from None
+    return base, frozenset(chain_ids(list(img.diff_ids)))
+
+
+def save_bundle(client, refs: list[str], path: Path, level: int = 3, base: str | None = None) -> Bundle:
+    """zstd(tar(images/<id>.tar ..., manifest.json)). The manifest comes last: it holds each tar's sha256.
+    With `base`, each image leaves out the layers the base has (a delta)."""
     import zstandard
 
+    from dockerlaunch.transfer.plan import thin_layers
+    from dockerlaunch.transfer.streams import chain_ids, layer_map, with_facts
+
     images = [local_image(client, r) for r in refs]
+    label, have = base_chains(client, base) if base else ("", frozenset())
     bundle = Bundle()
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as raw:
         with zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True).stream_writer(raw) as zout:
             with tarfile.open(fileobj=zout, mode="w|") as tar:
                 for img in images:
+                    chains = chain_ids(list(img.diff_ids))
+                    skip: list[str] = []
+                    if have and set(chains) & have:
+                        img = with_facts(client, img)
+                        skip, _ = thin_layers(img, have, layer_map(client, img))
                     cfg = img.config_digest or img.id  # a containerd-store launcher knows it from the save's facts
-                    entry = BundleEntry(ref=img.ref, id=cfg, size=img.size, file=f"images/{cfg[7:]}.tar")
-                    chunks = image_chunks(save_stream(client, img.id), img,
+                    shared = [c for c in chains if c in have]
+                    entry = BundleEntry(ref=img.ref, id=cfg, size=img.size, file=f"images/{cfg[7:]}.tar",
+                                        chain_ids=chains, needs=shared[-1] if skip else "",
+                                        base=label if skip else "")
+                    chunks = image_chunks(save_stream(client, img.id), img, set(skip),
                                           on_facts=lambda f, e=entry: setattr(e, "manifest_id", f.manifest_digest))
                     _add_stream(tar, entry, chunks)
                     bundle.images.append(entry)
@@ -81,6 +123,11 @@ def save_bundle(client, refs: list[str], path: Path, level: int = 3) -> Bundle:
                 tar.addfile(info, io.BytesIO(manifest))
     tmp.rename(path)
     return bundle
+
+
+def read_manifest(path: Path) -> list[BundleEntry]:
+    """A bundle's manifest (checked: the whole bundle is read)."""
+    return verify_bundle(path)
 
 
 def _add_stream(tar: tarfile.TarFile, entry: BundleEntry, chunks: Iterator[bytes]) -> None:
@@ -161,6 +208,9 @@ class _Entry(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     bytes: int = Field(ge=0)
     manifest_id: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
+    chain_ids: list[str] = Field(default_factory=list, max_length=1000)
+    needs: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
+    base: str = Field(default="", max_length=4096)
 
 
 class _Manifest(BaseModel):
@@ -272,6 +322,13 @@ def load_bundle(
         raise TransferError(f"{where}: the engine keeps images in containerd's store, and the bundle (made by an "
                             f"older dockerlaunch) does not say which ID {old[0]} gets there; save it again with "
                             "this version; nothing was loaded")
+    deltas = [e for e in entries if e.needs]
+    if deltas:
+        have = engine_chains(run)
+        for e in deltas:
+            if e.needs not in have:
+                raise TransferError(f"{where}: {e.ref} in bundle {path} is a delta on {e.base}, whose layers this "
+                                    f"engine lacks (chain {e.needs[7:19]}): load {e.base} first; nothing was loaded")
     with _damaged_is_one_line(path):
         _load_verified(path, entries, load, where)
     for e in entries:
@@ -308,6 +365,26 @@ def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: 
         if status != 0 or unpack:  # containerd's store reports a layer it could not unpack and exits 0
             raise TransferError(f"{where}: docker load of {e.ref} ({e.file}) failed: "
                                 f"{(unpack.group(0) if unpack else out.strip())[-200:]}")
+
+
+ENGINE_LAYERS = ("docker image ls -q --no-trunc | sort -u | xargs -r docker image inspect "
+                 "--format '{{json .RootFS.Layers}}'")
+
+
+def engine_chains(run: Callable[[list[str]], tuple[int, str]]) -> set[str]:
+    """Every layer stack (chain ID) the engine's images hold: what a delta bundle can be loaded on."""
+    from dockerlaunch.transfer.streams import chain_ids
+
+    status, out = run(["sh", "-c", ENGINE_LAYERS])
+    chains: set[str] = set()
+    for line in out.splitlines():
+        try:
+            layers = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(layers, list):
+            chains.update(chain_ids([str(x) for x in layers]))
+    return chains
 
 
 def local_runner(argv: list[str]) -> tuple[int, str]:

@@ -125,7 +125,7 @@ def _compression(choice: str, views: list[HostView]) -> str:
     return "zstd" if all(v.zstd for v in views) else "none"
 
 
-def _thin(image: LocalImage, have: frozenset[str] | None, layers: list[tuple[str, int]] | None
+def thin_layers(image: LocalImage, have: frozenset[str] | None, layers: list[tuple[str, int]] | None
           ) -> tuple[list[str], int]:
     """(layer files to leave out, bytes to send) given the chain IDs the receivers all have.
 
@@ -201,7 +201,7 @@ def plan_push(
         mode = _compression(compress, senders)
         common = (frozenset.intersection(*[v.chain_ids for v in senders])
                   if thin and all(v.chain_ids is not None for v in senders) else None)
-        skip, size = _thin(image, common, layers)
+        skip, size = thin_layers(image, common, layers)
         for i, v in enumerate(senders):
             by_host[v.host].__dict__.update(
                 strategy=Strategy.CHAIN, compression=mode, link=i, address=v.address,
@@ -210,7 +210,7 @@ def plan_push(
                 reason=f"chain ({why})" if i == 0 else f"chain, relayed from {senders[i - 1].host}")
     else:
         for v in senders:
-            skip, size = _thin(image, v.chain_ids if thin else None, layers)
+            skip, size = thin_layers(image, v.chain_ids if thin else None, layers)
             by_host[v.host].__dict__.update(
                 strategy=Strategy.STAR, compression=_compression(compress, [v]), layers=len(image.diff_ids),
                 layers_skipped=len(skip), skip_files=skip, bytes_to_send=size, reason=f"star ({why})")

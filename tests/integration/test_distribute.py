@@ -398,3 +398,37 @@ def test_a_bundle_image_cannot_retag_anything(engine, fresh_image, tmp_path):
             engine.images.remove(good, force=True)
         except Exception:
             pass
+
+
+def test_a_delta_bundle_carries_only_the_new_layers_and_needs_its_base(sim_cluster, engine, remotes, fresh_image,
+                                                                      tmp_path):
+    """`save NEW --base OLD` after a top-layer change (an ms-swift bump's shape): the bundle holds only the new
+    layer; it loads onto a host that has OLD (Image ID checked, tag set), and is refused in one line, with
+    nothing loaded, where OLD's layers are missing. The bundle's own manifest serves as the next base."""
+    old = fresh_image(mb=16)
+    new_tag = f"dlt-dist/{secrets.token_hex(4)}:2"
+    engine.images.build(fileobj=io.BytesIO(f"FROM {old}\nRUN echo {secrets.token_hex(8)} > /bump\n".encode()),
+                        tag=new_tag, network_mode="host", rm=True)
+    full, delta = tmp_path / "old.bundle", tmp_path / "new.delta"
+    try:
+        assert dl("save", old, "-o", str(full)).returncode == 0
+        r = dl("save", new_tag, "--base", old, "-o", str(delta))
+        assert r.returncode == 0 and f"delta on {old}" in r.stdout, r.stdout + r.stderr
+        assert delta.stat().st_size < full.stat().st_size / 20, (delta.stat().st_size, full.stat().st_size)
+        # a host without OLD: refused before anything is loaded
+        r = dl("load", str(delta), "--config", str(sim_cluster[1]), "--hosts", remotes[0].name)
+        assert r.returncode == 1 and f"delta on {old}" in r.stdout and "load " + old in r.stdout, r.stdout
+        assert not remotes[0].run(["docker", "image", "inspect", new_tag]).ok
+        # with OLD loaded first: the delta loads, with the right Image ID
+        assert dl("load", str(full), "--config", str(sim_cluster[1]), "--hosts", remotes[0].name).returncode == 0
+        r = dl("load", str(delta), "--config", str(sim_cluster[1]), "--hosts", remotes[0].name)
+        assert r.returncode == 0, r.stdout + r.stderr
+        got = remotes[0].run(["docker", "image", "inspect", "--format", "{{.Id}}", new_tag]).stdout.strip()
+        assert got == engine.images.get(new_tag).id
+        # the full bundle as the base of the next delta: the same size as against the image
+        again = tmp_path / "again.delta"
+        assert dl("save", new_tag, "--base", str(full), "-o", str(again)).returncode == 0
+        assert abs(again.stat().st_size - delta.stat().st_size) < 4096
+    finally:
+        remotes[0].run(["docker", "rmi", "-f", new_tag, old])
+        engine.images.remove(new_tag, force=True)
