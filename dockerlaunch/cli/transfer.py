@@ -105,21 +105,37 @@ def push(ref: str, compress: str, thin: bool, strategy: str, dry_run: bool, outp
     sys.exit(_summary(results, output))
 
 
+def _size(text: str) -> int:
+    import re
+
+    m = re.fullmatch(r"(\d+)([KMGT]?)i?B?", text.strip(), re.I)
+    if not m or int(m.group(1)) == 0:
+        raise click.BadParameter(f"{text!r}: give a size like 4000M or 2G", param_hint="--split")
+    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+
+
 @cli.command()
 @click.argument("images", nargs=-1, required=True)
 @click.option("-o", "--output", "out", required=True, metavar="FILE", help="Bundle file (zstd tar).")
 @click.option("--base", metavar="IMAGE|BUNDLE",
               help="Write only the layers this image (or the images of this bundle) lacks: a delta for hosts that "
                    "have it, e.g. after an ms-swift bump. `load` checks the target has the base's layers first.")
-def save(images: tuple[str, ...], out: str, base: str | None) -> None:
+@click.option("--split", metavar="SIZE", help="Parts of at most SIZE (e.g. 4000M, 2G: FAT32 holds < 4 GiB) named "
+                                              "FILE.001..; FILE becomes their index. `load FILE` checks every part.")
+def save(images: tuple[str, ...], out: str, base: str | None, split: str | None) -> None:
     """Write local images to one bundle file (zstd tar + manifest with Image IDs and sha256)."""
     from dockerlaunch.engine import engine
     from dockerlaunch.transfer import bundle as bundlelib
 
+    size = _size(split) if split else None
     bundle = bundlelib.save_bundle(engine(), list(images), Path(out), base=base)
     for e in bundle.images:
         delta = f"  delta on {e.base}" if e.needs else ""
         click.echo(f"{e.ref}  {e.id[7:19]}  {e.bytes / 1e6:.0f} MB  sha256 {e.sha256[:12]}{delta}")
+    if size:
+        parts = bundlelib.split_bundle(Path(out), size)
+        click.echo(f"split into {len(parts)} part(s) of at most {split}: {parts[0].name} .. {parts[-1].name}; "
+                   f"{out} is their index (carry them all; `load {out}`)")
     click.echo(f"wrote {out} ({Path(out).stat().st_size / 1e6:.0f} MB)")
 
 
@@ -134,7 +150,7 @@ def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> N
     from dockerlaunch.transfer import bundle as bundlelib
     from dockerlaunch.transfer.plan import HostResult, PushState
 
-    path = Path(bundle)
+    path = bundlelib.bundle_path(bundle)
     if not path.is_file():
         raise DockerlaunchError(f"bundle {bundle} does not exist")
     if not hosts and not config_path:

@@ -134,3 +134,34 @@ def test_a_damaged_stream_is_a_one_line_error_before_any_load(tmp_path, damage):
         load_bundle(path, lambda stream: loads.append(stream) or (0, ""), lambda argv: (0, ""))
     assert "corrupted" in str(err.value) or "checksum" in str(err.value), str(err.value)
     assert loads == []
+
+
+def test_a_split_bundle_verifies_from_its_parts_and_names_a_missing_or_damaged_one(tmp_path):
+    """`save --split`: parts of at most SIZE bytes beside an index; `load` checks every part's size and sha256
+    before reading the bundle, and takes a part's name for the index (`load x.dlb.002`)."""
+    import os
+    import random
+
+    from dockerlaunch.transfer.bundle import bundle_path, split_bundle
+
+    noisy = (f"images/{ID[7:]}.tar", image_tar() + random.Random(1).randbytes(200_000))
+    path = bundle(tmp_path, [noisy], manifest={"format": BUNDLE_FORMAT, "images": [
+        {"ref": "app:1", "id": ID, "size": 1, "file": noisy[0], "sha256": hashlib.sha256(noisy[1]).hexdigest(),
+         "bytes": len(noisy[1])}]})
+    whole = path.read_bytes()
+    parts = split_bundle(path, 64 * 1024)
+    assert len(parts) == -(-len(whole) // (64 * 1024)) and all(p.stat().st_size <= 64 * 1024 for p in parts)
+    assert b"".join(p.read_bytes() for p in parts) == whole
+    [e] = verify_bundle(path)
+    assert e.ref == "app:1"
+    assert bundle_path(str(parts[1])) == path and bundle_path(str(path)) == path
+    damaged = bytearray(parts[1].read_bytes())
+    damaged[100] ^= 1
+    saved = parts[1].read_bytes()
+    parts[1].write_bytes(bytes(damaged))
+    with pytest.raises(TransferError, match=rf"part {parts[1].name} is damaged .* nothing was loaded"):
+        verify_bundle(path)
+    parts[1].write_bytes(saved)
+    os.rename(parts[-1], tmp_path / "elsewhere")
+    with pytest.raises(TransferError, match=rf"part {parts[-1].name} is missing \(of {len(parts)}\)"):
+        verify_bundle(path)
