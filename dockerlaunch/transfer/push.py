@@ -11,7 +11,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from dockerlaunch.errors import DockerlaunchError, HostError, TransferError
@@ -162,21 +162,105 @@ def _thin_note(t: HostTransfer) -> str:
     return f", thin: {t.layers_skipped} of {t.layers} layers already there" if t.layers_skipped else ""
 
 
+STAGE_MIN = 512 * 2**20  # images from this size are staged on the target as they arrive: a cut push resumes
+STAGE_MIN_ENV = "DOCKERLAUNCH_PUSH_STAGE_MIN"  # bytes; 0 stages every push (the tests' small images)
+# The staged prefix of a stream on the host (size and sha256) and the free space where it goes.
+STAGE_PROBE = r"""f=$HOME/.cache/dockerlaunch/push/$1.tar
+if [ -f "$f" ] && [ ! -L "$f" ]; then printf '%s ' "$(stat -c %s "$f")"; sha256sum < "$f" | cut -c1-64
+else echo "0 -"; fi
+mkdir -p "$HOME/.cache" 2>/dev/null; df -Pk "$HOME/.cache" | awk 'NR == 2 {print $4}'"""
+
+
+def stage_min() -> int:
+    import os
+
+    value = os.environ.get(STAGE_MIN_ENV, "")
+    return int(value) if value.isdigit() else STAGE_MIN
+
+
+def stage_key(t: HostTransfer) -> str:
+    """One staged file per stream: the image as this host gets it (its ID and the layers left out)."""
+    import hashlib
+
+    return hashlib.sha256(f"{t.expect_id} {' '.join(sorted(t.skip_files))}".encode()).hexdigest()[:32]
+
+
+def _resume_point(client, remote: Remote, image: LocalImage, t: HostTransfer, key: str):
+    """(offset, the stream's chunks after it): the host's staged prefix is used when its bytes are this
+    stream's own (sha256 of the same prefix, computed here from a fresh save), else the stream starts at 0."""
+    import hashlib
+
+    from dockerlaunch.transfer.streams import image_chunks, save_stream
+
+    r = remote.check(["sh", "-c", STAGE_PROBE, "sh", key], "looking for a staged push", timeout=600)
+    words = r.stdout.split()
+    size, digest = (int(words[0]), words[1]) if len(words) >= 2 and words[0].isdigit() else (0, "-")
+    free = int(words[2]) * 1024 if len(words) >= 3 and words[2].isdigit() else None
+    need = max(0, t.bytes_to_send - size) + (64 << 20)
+    if free is not None and free < need:
+        raise TransferError(f"host {remote.name}: {free / 2**30:.1f} GiB free in $HOME/.cache, the push stages "
+                            f"{need / 2**30:.1f} GiB there (then docker load copies it): free space, or push a "
+                            "smaller delta")
+    chunks = image_chunks(save_stream(client, image.id), image, set(t.skip_files))
+    if not size:
+        return 0, chunks
+    h, seen, rest = hashlib.sha256(), 0, b""
+    for chunk in chunks:
+        if seen + len(chunk) >= size:
+            h.update(chunk[: size - seen])
+            rest = chunk[size - seen:]
+            seen = size
+            break
+        h.update(chunk)
+        seen += len(chunk)
+    if seen < size or h.hexdigest() != digest:  # not this stream's bytes (or more of them than it has)
+        chunks.close()
+        return 0, image_chunks(save_stream(client, image.id), image, set(t.skip_files))
+
+    def after() -> Iterator[bytes]:
+        if rest:
+            yield rest
+        yield from chunks
+
+    return size, after()
+
+
 def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
               on_bytes: Callable[[int], None] | None = None, stop: threading.Event | None = None) -> HostResult:
-    """One star stream: save (thinned, compressed) -> SSH stdin -> load.sh (load, verify ID, tag)."""
+    """One star stream: save (thinned, compressed) -> SSH stdin -> load.sh (load, verify ID, tag). From
+    STAGE_MIN bytes the host stages the stream as it arrives, and a push cut off resumes where it stopped."""
     t0 = time.monotonic()
-    reader = CountingReader(outgoing(client, image, set(t.skip_files), t.compression or "none"), on_bytes)
+    mode = t.compression or "none"
+    staged = image.size >= stage_min()
+    extra: list[str] = []
+    offset = 0
+    if staged:
+        key = stage_key(t)
+        try:
+            offset, chunks = _resume_point(client, remote, image, t, key)
+        except DockerlaunchError as e:
+            return HostResult(remote.name, PushState.FAILED, str(e)[:300])
+        if mode == "zstd":
+            from dockerlaunch.transfer.streams import zstd_chunks
+
+            chunks = zstd_chunks(chunks)
+        extra = [key, str(offset)]
+    else:
+        chunks = outgoing(client, image, set(t.skip_files), mode)
+    reader = CountingReader(chunks, on_bytes)
     out, err = bytearray(), bytearray()
-    status = remote.stream(["sh", "-c", script("load.sh"), "sh", t.expect_id, image.ref, t.compression or "none"],
+    status = remote.stream(["sh", "-c", script("load.sh"), "sh", t.expect_id, image.ref, mode, *extra],
                            out.extend, err.extend, stdin=reader, stop=stop)
     took, streamed = time.monotonic() - t0, stream_seconds(reader, t0)
     if status != 0:
         reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
+        if staged and status in (3, 4) and reader.finished is not None:  # it all arrived and did not load:
+            remote.run(["sh", "-c", 'rm -f "$HOME/.cache/dockerlaunch/push/$1.tar"', "sh", extra[0]], timeout=60)
         return HostResult(remote.name, PushState.FAILED, reason[0][:300], reader.count, took, streamed)
+    resumed = f", resumed at {offset / 1e6:.0f} MB staged on the host" if offset else ""
     return HostResult(remote.name, PushState.PUSHED,
                       f"{t.compression}{_thin_note(t)}, image {image.size / 1e6:.0f} MB, "
-                      f"Image ID {t.expect_id[7:19]} verified",
+                      f"Image ID {t.expect_id[7:19]} verified{resumed}",
                       reader.count, took, streamed)
 
 

@@ -432,3 +432,63 @@ def test_a_delta_bundle_carries_only_the_new_layers_and_needs_its_base(sim_clust
     finally:
         remotes[0].run(["docker", "rmi", "-f", new_tag, old])
         engine.images.remove(new_tag, force=True)
+
+
+def staged_bytes(remote) -> int:
+    r = remote.run(["sh", "-c", 'cat "$HOME"/.cache/dockerlaunch/push/*.tar 2>/dev/null | wc -c'])
+    return int(r.stdout.strip() or 0)
+
+
+def test_a_push_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, engine, remotes, fresh_image,
+                                                                  monkeypatch):
+    """The connection is cut at 40% of the stream (the launcher's channel closed at a chosen byte): nothing is
+    tagged, the host keeps the prefix it received; the next push sends only the rest (<= 0.65 of the image),
+    the Image ID checks out, and the staged file is gone."""
+    import threading
+
+    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    ref = fresh_image(mb=48, scratch=True)
+    image = local_image(engine, ref)
+    plan, _, _ = push.make_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
+    [t] = plan.hosts
+    cut, sent = threading.Event(), [0]
+
+    def count(n: int) -> None:
+        sent[0] += n
+        if sent[0] >= 0.4 * image.size:
+            cut.set()
+
+    try:
+        first = push.send_star(engine, remotes[0], image, t, on_bytes=count, stop=cut)
+        assert first.status == "failed", first
+        assert not remotes[0].run(["docker", "image", "inspect", ref]).ok  # nothing tagged
+        assert 0.3 * image.size <= staged_bytes(remotes[0]) <= 0.6 * image.size
+        second = push_to_host(engine, remotes[0], image, compress="none", thin=False)
+        assert second.status == "pushed" and "resumed at" in second.detail, second
+        assert second.bytes_sent <= 0.65 * image.size, (second.bytes_sent, image.size)
+        got = remotes[0].run(["docker", "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
+        assert got == image.id and staged_bytes(remotes[0]) == 0
+    finally:
+        remotes[0].run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
+        remotes[0].run(["docker", "rmi", "-f", ref, image.id])
+
+
+def test_a_staged_prefix_that_is_not_the_streams_own_is_sent_again(sim_cluster, engine, remotes, fresh_image,
+                                                                   monkeypatch):
+    """A tampered staged file (same name, other bytes): its sha256 does not match this stream's prefix, so the
+    push starts from byte 0 and the image still checks out."""
+    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    ref = fresh_image(mb=8, scratch=True)
+    image = local_image(engine, ref)
+    plan, _, _ = push.make_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
+    key = push.stage_key(plan.hosts[0])
+    try:
+        remotes[0].check(["sh", "-c", 'mkdir -p "$HOME/.cache/dockerlaunch/push" && head -c 1000000 /dev/urandom '
+                          '> "$HOME/.cache/dockerlaunch/push/$1.tar"', "sh", key], "planting")
+        r = push_to_host(engine, remotes[0], image, compress="none", thin=False)
+        assert r.status == "pushed" and "resumed" not in r.detail and r.bytes_sent >= image.size * 0.9, r
+        got = remotes[0].run(["docker", "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
+        assert got == image.id and staged_bytes(remotes[0]) == 0
+    finally:
+        remotes[0].run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
+        remotes[0].run(["docker", "rmi", "-f", ref, image.id])

@@ -1,10 +1,33 @@
 #!/bin/sh
 # One host of a star push: SSH stdin (a `docker save <id>` tar, maybe zstd) -> docker load -> check the
 # Image ID -> only then set the tag. A broken stream never moves the tag.
-# usage: load.sh IMAGE_ID REF zstd|none
+# With KEY, the stream is also staged (uncompressed) in $HOME/.cache/dockerlaunch/push/KEY.tar as it arrives:
+# a push cut off (the link, the launcher killed) leaves its prefix there, and the next push of the same stream
+# sends only the rest (OFFSET: the bytes it found staged and checked); docker load reads the staged prefix,
+# then the new bytes. The staged file goes once the image is tagged; staged files older than 7 days go too.
+# usage: load.sh IMAGE_ID REF zstd|none [KEY OFFSET]
 set -u
-image_id=$1 ref=$2 compress=$3
-if [ "$compress" = zstd ]; then out=$(zstd -dc | docker load 2>&1); else out=$(docker load 2>&1); fi
+image_id=$1 ref=$2 compress=$3 key=${4:-} offset=${5:-0}
+dec() { if [ "$compress" = zstd ]; then zstd -dc; else cat; fi; }
+staged=
+if [ -n "$key" ]; then
+  dir=$HOME/.cache/dockerlaunch/push
+  (umask 077 && mkdir -p "$dir") || exit 8
+  if [ -L "$dir" ] || [ "$(stat -c %u "$dir")" != "$(id -u)" ]; then echo "$dir is not this user's own folder" >&2; exit 8; fi
+  chmod 700 "$dir" || exit 8
+  find "$dir" -maxdepth 1 -name '*.tar' -mtime +7 -exec rm -f {} + 2>/dev/null
+  staged=$dir/$key.tar
+  if [ "$offset" = 0 ]; then
+    rm -f "$staged" && (umask 077 && : > "$staged") || exit 8
+  elif [ -L "$staged" ] || [ "$(stat -c %s "$staged" 2>/dev/null || echo 0)" -lt "$offset" ]; then
+    echo "the staged part of this push is gone: push again" >&2; exit 8
+  else
+    truncate -s "$offset" "$staged" || exit 8
+  fi
+  out=$({ cat "$staged"; dec | tee -a "$staged"; } | docker load 2>&1)
+else
+  out=$(dec | docker load 2>&1)
+fi
 status=$?
 if [ $status -ne 0 ]; then echo "load failed: $out" >&2; exit 3; fi
 # containerd's store reports a layer it could not unpack (a thin stream whose layer it lacks) and exits 0:
@@ -16,4 +39,5 @@ esac
 got=$(docker image inspect --format '{{.Id}}' "$image_id" 2>/dev/null) || { echo "after load, $image_id is missing: $out" >&2; exit 4; }
 [ "$got" = "$image_id" ] || { echo "loaded $got, expected $image_id" >&2; exit 4; }
 docker tag "$image_id" "$ref" || exit 5
+[ -z "$staged" ] || rm -f "$staged"
 echo "ok $got"
