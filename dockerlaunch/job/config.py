@@ -186,9 +186,6 @@ class Mount(_Model):
             raise ValueError(f"{v!r}: ',' and ':' are not allowed in mount paths")
         return v
 
-    def render(self) -> str:
-        return f"{self.source}:{self.target}" + (":ro" if self.read_only else "")
-
 
 class ContainerSettings(_Model):
     mounts: list[Mount] = Field(default_factory=list)

@@ -49,8 +49,6 @@ ROLE_LABEL = "dockerlaunch.sim.role"
 SERVED_BY_LABEL = "dockerlaunch.sim.served-by"
 ENGINE_INDEX_LABEL = "dockerlaunch.sim.engine-index"
 BASE_TAG = "dockerlaunch/debian:bookworm"
-LOCAL_BASE_CANDIDATES = ("debian:bookworm-slim", "debian:bookworm", "debian:12", BASE_TAG)
-PULL_CANDIDATE = "debian:bookworm-slim"
 
 
 @dataclass(frozen=True)
