@@ -442,8 +442,8 @@ def staged_bytes(remote) -> int:
 def test_a_push_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, engine, remotes, fresh_image,
                                                                   monkeypatch):
     """The connection is cut at 40% of the stream (the launcher's channel closed at a chosen byte): nothing is
-    tagged, the host keeps the prefix it received; the next push sends only the rest (<= 0.65 of the image),
-    the Image ID checks out, and the staged file is gone."""
+    tagged, the host keeps the prefix it received; the next push sends only the rest (the image less what was
+    staged), the Image ID checks out, and the staged file is gone."""
     import threading
 
     monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
@@ -462,10 +462,11 @@ def test_a_push_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, en
         first = push.send_star(engine, remotes[0], image, t, on_bytes=count, stop=cut)
         assert first.status == "failed", first
         assert not remotes[0].run(["docker", "image", "inspect", ref]).ok  # nothing tagged
-        assert 0.3 * image.size <= staged_bytes(remotes[0]) <= 0.6 * image.size
+        staged = staged_bytes(remotes[0])  # what was in flight when the channel closed arrived too
+        assert 0.3 * image.size <= staged <= 0.9 * image.size, staged
         second = push_to_host(engine, remotes[0], image, compress="none", thin=False)
         assert second.status == "pushed" and "resumed at" in second.detail, second
-        assert second.bytes_sent <= 0.65 * image.size, (second.bytes_sent, image.size)
+        assert second.bytes_sent <= image.size - staged + (1 << 20), (second.bytes_sent, image.size, staged)
         got = remotes[0].run(["docker", "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
         assert got == image.id and staged_bytes(remotes[0]) == 0
     finally:
