@@ -118,6 +118,16 @@ def test_a_failing_task_fails_the_job(slurm_cluster):
     assert "JobState=FAILED" in state and "ExitCode=3:0" in state, state
 
 
+def _run_rendered(node1, out, job: str, timeout: int) -> tuple[int, str]:
+    """`render --to slurm`'s plain-Docker script, submitted as it is: (sbatch's exit code, the job's output)."""
+    _put(node1, f"{sim.SHARED_DIR}/{job}.docker.sbatch", (out / f"{job}.docker.sbatch").read_text())
+    code, out_text = node1.exec_run(["timeout", str(timeout), "sbatch", "--wait", "--chdir", sim.SHARED_DIR,
+                                     f"{sim.SHARED_DIR}/{job}.docker.sbatch"])
+    m = re.search(r"Submitted batch job (\d+)", out_text.decode())
+    assert m, out_text
+    return code, node1.exec_run(["cat", f"{sim.SHARED_DIR}/{job}-{m.group(1)}.out"])[1].decode(errors="replace")
+
+
 RENDER_CONFIG = """
 container: {gpus: none, infiniband: "off"}
 job: {offline: true}
@@ -140,13 +150,7 @@ def test_rendered_sbatch_runs_the_two_node_demo(slurm_cluster, tmp_path):
     r = _dl("render", "--to", "slurm", "--config", str(config), "--nodes", "2", "--image", sim.build_demo_image(),
             "--nproc-per-node", "2", "--name", "slurmdemo", "--out", str(out), "--", "sh", "-c", TORCHRUN)
     assert r.returncode == 0, r.stderr
-    script = (out / "slurmdemo.docker.sbatch").read_text()
-    _put(node1, f"{sim.SHARED_DIR}/slurmdemo.docker.sbatch", script)
-    code, out_text = node1.exec_run(["timeout", "240", "sbatch", "--wait", "--chdir", sim.SHARED_DIR,
-                                     f"{sim.SHARED_DIR}/slurmdemo.docker.sbatch"])
-    m = re.search(r"Submitted batch job (\d+)", out_text.decode())
-    assert m, out_text
-    log = node1.exec_run(["cat", f"{sim.SHARED_DIR}/slurmdemo-{m.group(1)}.out"])[1].decode(errors="replace")
+    code, log = _run_rendered(node1, out, "slurmdemo", 240)
     assert code == 0, log[-3000:]
     ok = [line for line in log.splitlines() if "all_reduce sum=10 expected=10 OK" in line]
     assert sorted(line.split("rank ")[1].split("/")[0] for line in ok) == ["0", "1", "2", "3"], log[-3000:]
@@ -169,12 +173,7 @@ def test_rendered_sbatch_keeps_template_markers_in_values_byte_exact(slurm_clust
             "--nproc-per-node", "1", "--name", "markers", "--out", str(out), "--",
             "sh", "-c", 'printf "values:%s|%s|%s|%s\\n" "$A" "$B" "$1" "$2"', "sh", "@@IMAGE@@", "@@CONTAINER_NAME@@")
     assert r.returncode == 0, r.stderr
-    _put(node1, f"{sim.SHARED_DIR}/markers.docker.sbatch", (out / "markers.docker.sbatch").read_text())
-    code, out_text = node1.exec_run(["timeout", "120", "sbatch", "--wait", "--chdir", sim.SHARED_DIR,
-                                     f"{sim.SHARED_DIR}/markers.docker.sbatch"])
-    m = re.search(r"Submitted batch job (\d+)", out_text.decode())
-    assert m, out_text
-    log = node1.exec_run(["cat", f"{sim.SHARED_DIR}/markers-{m.group(1)}.out"])[1].decode(errors="replace")
+    code, log = _run_rendered(node1, out, "markers", 120)
     assert code == 0, log[-3000:]
     lines = [ln for ln in log.splitlines() if "values:" in ln]
     assert len(lines) == 2 and all(ln.endswith("values:@@COMMAND@@|x@@CONTAINER_NAME@@y|@@IMAGE@@|"
