@@ -340,7 +340,8 @@ def wheels_list() -> None:
         info = entry.done
         archs = next((v for k, v in key.get("flags", {}).items() if k in ("TORCH_CUDA_ARCH_LIST",)), "?")
         if info:
-            state = (f"built {info.get('built', '?')}: {info['file']} ({info['size'] / 2**20:.0f} MB), "
+            where = f" on {info['host']}" if info.get("host") else ""
+            state = (f"built {info.get('built', '?')}{where}: {info['file']} ({info['size'] / 2**20:.0f} MB), "
                      f"{info.get('cpu_s', 0) / 60:.0f} CPU-min, peak {info.get('peak_rss', 0) / 2**30:.1f} GB")
         else:
             done, total = wheelcache.ninja_progress(folder / "build")
