@@ -60,15 +60,18 @@ def dl(*args: str, env: dict | None = None, log: Path | None = None,
 
 
 def step_times(log: str) -> dict[str, float]:
-    """`N/M RUN ...` -> seconds, for the BuildKit steps that ran (`#12 DONE 56.6s`)."""
-    names, done = {}, {}
+    """`stage N/M RUN ...` -> seconds, for the BuildKit steps that ran (`#12 DONE 56.6s`). A build's log holds
+    several BuildKit runs (the builder stage, then the image), each numbering its steps from #1."""
+    names, done, run = {}, {}, 0
     for line in log.splitlines():
+        if re.match(r"^#1 \[internal\] load build definition", line):
+            run += 1
         m = re.match(r"^#(\d+) \[(\S+\s+\d+/\d+)\] (RUN .*)$", line)
         if m:
-            names[m.group(1)] = f"{m.group(2)} {m.group(3)[:60]}"
+            names[(run, m.group(1))] = f"{m.group(2)} {m.group(3)[:60]}"
         m = re.match(r"^#(\d+) DONE ([\d.]+)s", line)
         if m:
-            done[m.group(1)] = float(m.group(2))
+            done[(run, m.group(1))] = float(m.group(2))
     return {names[k]: done[k] for k in names if k in done}
 
 
@@ -122,6 +125,8 @@ def copy_with(stack: str, name: str, changes: dict, env_dir: Path) -> Path:
     data = yaml.safe_load((d / "stacks.yaml").read_text())
     data["stacks"][name] = {**data["stacks"][stack], **changes}
     (d / "stacks.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    if name != stack:  # a stack derived from another starts from its lock's versions (`stacks lock` keeps them)
+        shutil.copy(d / "locks" / f"{stack}.lock", d / "locks" / f"{name}.lock")
     code, out, secs = dl("stacks", "lock", "--stack", name, env={"DOCKERLAUNCH_DOCKERFILES": str(d)})
     if code != 0:
         raise SystemExit(f"stacks lock of {name} failed: {out[-600:]}")

@@ -19,3 +19,15 @@ def test_distribution_benchmark_runs_and_prints_its_table(engine):
     assert {"star", "chain", "thin re-push"} <= set(rows), r.stdout
     assert "x S/B" in rows["chain"] and "x layer" in rows["thin re-push"]
     assert not [c.name for c in engine.containers.list(all=True) if c.name.startswith("dlbench")]  # torn down
+
+
+def test_ship_benchmark_runs_and_prints_its_table(engine):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ship.py"), "--size-mb", "16", "--top-mb", "2",
+                        "--subnet", "172.30.252.0/24"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line[:55].strip(): line for line in r.stdout.splitlines()[1:]}
+    assert {"ssh stream: paramiko / OpenSSH", "push / hand pipeline", "resume after a cut at 50%",
+            "delta bundle after a top-layer change", "load of a split bundle (4 parts) / of the whole file"} <= set(
+        rows), r.stdout
+    assert "resumed at" in rows["resume after a cut at 50%"]
+    assert not [c.name for c in engine.containers.list(all=True) if c.name.startswith("dlbench")]  # torn down

@@ -1,0 +1,169 @@
+"""Big images to one host, measured side by side in one run (issue: ship): the push against the hand pipeline,
+dockerlaunch's SSH stream against OpenSSH's, a push cut at 25/50/90% and resumed, a delta bundle after a
+top-layer change, and `load` of a split bundle.
+
+Topology: this machine (the launcher) and one sim node (real sshd, real dockerd) on the sim bridge, unshaped:
+every figure is a ratio of two transfers over the same link in the same run, so the link's speed cancels out.
+
+  hand pipeline   docker save IMG | zstd -T0 | ssh node 'zstd -dc | docker load'   (OpenSSH)
+  push            dockerlaunch push (star, zstd, staged on the host)                  goal <= 1.0 x hand
+  ssh stream      S bytes of zeros into `cat > /dev/null`: paramiko vs OpenSSH        goal >= 0.8 x OpenSSH
+  resume          the stream cut at 25/50/90% (its channel closed at that byte), pushed again: bytes sent
+                  by the second push / the image's bytes                             goal <= 0.55 at 50%
+  delta bundle    `save NEW --base OLD` where NEW adds a top layer: bundle bytes / full bundle bytes
+  split bundle    `save --split` in parts of 1/4 of the bundle, `load` of the index vs of the whole file
+
+Run (root, dockerd up, e.g. after scripts/install-docker):
+  .venv/bin/python benchmarks/ship.py [--size-mb 1024] [--top-mb 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from distribute import random_image, save_bytes  # noqa: E402
+
+from dockerlaunch.engine import engine  # noqa: E402
+from dockerlaunch.hosts.ssh import Remote  # noqa: E402
+from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
+from dockerlaunch.job.config import load_config  # noqa: E402
+from dockerlaunch.sim import cluster as sim  # noqa: E402
+from dockerlaunch.transfer import bundle as bundlelib  # noqa: E402
+from dockerlaunch.transfer import (
+    push,  # noqa: E402
+    streams,  # noqa: E402
+)
+
+
+def ssh_argv(cfg, remote: Remote) -> list[str]:
+    """OpenSSH to the node with the sim's key and known_hosts (the same host-key policy as paramiko's)."""
+    t = remote.target
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-p", str(t.port),
+            "-o", f"UserKnownHostsFile={os.path.expanduser(t.known_hosts)}"]
+    for k in t.identity_files:
+        argv += ["-i", os.path.expanduser(k)]
+    return argv + [f"{t.user}@{t.hostname}"]
+
+
+def drop(remote: Remote, *refs: str) -> None:
+    remote.run(["sh", "-c", 'docker rmi -f "$@" >/dev/null 2>&1; rm -rf "$HOME/.cache/dockerlaunch/push"; true',
+                "sh", *refs], timeout=300)
+
+
+def timed(fn) -> float:
+    t0 = time.monotonic()
+    fn()
+    return time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mb", type=int, default=1024, help="image size (random bytes, one layer)")
+    ap.add_argument("--top-mb", type=int, default=64, help="the top layer a bump adds (delta bundle)")
+    ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
+    ap.add_argument("--subnet", default="172.30.251.0/24")
+    args = ap.parse_args()
+    client = engine()
+    tag = secrets.token_hex(4)
+    old_ref, new_ref = f"dlbench/ship-{tag}:1", f"dlbench/ship-{tag}:2"
+    work = Path(tempfile.mkdtemp(prefix="dlbench-ship-"))
+    rows: list[tuple[str, str, str]] = []
+    remote = None
+    try:
+        random_image(client, old_ref, args.size_mb)
+        image = streams.local_image(client, old_ref)
+        s_bytes = save_bytes(client, image.id)
+        cfg = load_config(sim.up(nodes=1, cluster=args.cluster, subnet=args.subnet))
+        remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
+        ssh = ssh_argv(cfg, remote)
+
+        # the SSH stream itself: S bytes of zeros into cat, OpenSSH then paramiko
+        zeros = b"\0" * (1 << 20)
+        n = s_bytes >> 20
+
+        def openssh_raw() -> None:
+            p = subprocess.Popen([*ssh, "cat > /dev/null"], stdin=subprocess.PIPE)
+            for _ in range(n):
+                p.stdin.write(zeros)
+            p.stdin.close()
+            assert p.wait() == 0
+
+        t_ossh = timed(openssh_raw)
+        t_para = timed(lambda: remote.check(["sh", "-c", "cat > /dev/null"], "raw",
+                                            stdin=streams.CountingReader(iter([zeros] * n))))
+        rows.append(("ssh stream: paramiko / OpenSSH", f"{t_para:.1f} s / {t_ossh:.1f} s",
+                     f"{t_ossh / t_para:.2f} x OpenSSH's throughput (goal >= 0.8)"))
+
+        # the hand pipeline, then push (staged, zstd)
+        hand = (f"docker save {image.id} | zstd -q -T0 | {' '.join(ssh)} 'zstd -dc | docker load'")
+        drop(remote, old_ref, image.id)
+        t_hand = timed(lambda: subprocess.run(["sh", "-c", hand], check=True, capture_output=True))
+        drop(remote, old_ref, image.id)
+        os.environ[push.STAGE_MIN_ENV] = "0"
+        t_push = timed(lambda: push.push_to_host(client, remote, image, compress="zstd", thin=False))
+        rows.append(("push / hand pipeline", f"{t_push:.1f} s / {t_hand:.1f} s",
+                     f"{t_push / t_hand:.2f} x (goal <= 1.0)"))
+
+        # resume after a cut at 25/50/90%
+        plan, _, _ = push.make_plan(client, [remote], image, strategy="star", compress="none", thin=False)
+        for frac in (0.25, 0.5, 0.9):
+            drop(remote, old_ref, image.id)
+            cut, sent = threading.Event(), [0]
+
+            def count(k: int, frac=frac, cut=cut, sent=sent) -> None:
+                sent[0] += k
+                if sent[0] >= frac * image.size:
+                    cut.set()
+
+            first = push.send_star(client, remote, image, plan.hosts[0], on_bytes=count, stop=cut)
+            again = push.push_to_host(client, remote, image, compress="none", thin=False)
+            assert first.status == "failed" and again.status == "pushed", (first, again)
+            rows.append((f"resume after a cut at {frac:.0%}", f"{again.bytes_sent / 1e6:.0f} MB sent again",
+                         f"{again.bytes_sent / image.size:.2f} x the image ({again.detail.split(', ')[-1]})"))
+
+        # a delta bundle after a top-layer change, and a split bundle
+        random_image(client, new_ref, args.top_mb, base=old_ref)
+        full, delta = work / "old.dlb", work / "new.delta"
+        bundlelib.save_bundle(client, [old_ref], full)
+        bundlelib.save_bundle(client, [new_ref], delta, base=old_ref)
+        rows.append(("delta bundle after a top-layer change", f"{delta.stat().st_size / 1e6:.0f} MB "
+                     f"vs {full.stat().st_size / 1e6:.0f} MB", f"{delta.stat().st_size / full.stat().st_size:.3f} x "
+                     f"(the new layer: {args.top_mb} MiB)"))
+        whole = work / "whole.dlb"
+        shutil.copy(full, whole)
+        bundlelib.split_bundle(full, -(-full.stat().st_size // 4))
+        drop(remote, old_ref, image.id)
+        runner, loader = bundlelib.remote_runner(remote), bundlelib.remote_loader(remote)
+        t_whole = timed(lambda: bundlelib.load_bundle(whole, loader, runner))
+        drop(remote, old_ref, image.id)
+        t_split = timed(lambda: bundlelib.load_bundle(full, loader, runner))
+        rows.append(("load of a split bundle (4 parts) / of the whole file", f"{t_split:.1f} s / {t_whole:.1f} s",
+                     f"{t_split / t_whole:.2f} x"))
+    finally:
+        if remote is not None:
+            drop(remote, old_ref, new_ref)
+            remote.close()
+        sim.down(args.cluster, quiet=True)
+        for ref in (new_ref, old_ref):
+            subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"image: {args.size_mb} MiB of random bytes ({s_bytes / 1e6:.0f} MB saved); one sim node, unshaped")
+    for what, took, ratio in rows:
+        print(f"{what:<55} {took:<28} {ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
