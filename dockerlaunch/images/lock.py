@@ -384,7 +384,11 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
             if i == len(roots) - 1:
                 subsets[layer] = set(resolved)
                 break
-            subsets[layer] = set(parse_compiled(compile_(tmp, files[: i + 1], ["-c", "final.txt", "--no-annotate"])))
+            # the whole set's versions as preferences, not constraints: this pass only says which names each
+            # layer needs (uv can fail to find a version as a constraint that it chose in the whole pass)
+            shutil.copy(Path(tmp, "final.txt"), Path(tmp, f"subset-{i}.txt"))
+            subsets[layer] = set(parse_compiled(compile_(tmp, files[: i + 1], [
+                "--output-file", f"subset-{i}.txt", "--no-annotate"])))
         version = subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.strip()
     shown = [idx.redact(u) for u in (index, *([extra] if extra else []))] + [
         f"find-links {idx.redact(d)}" for d in find_links]
