@@ -22,7 +22,7 @@ def test_distribution_benchmark_runs_and_prints_its_table(engine):
 
 
 def test_ship_benchmark_runs_and_prints_its_table(engine):
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ship.py"), "--size-mb", "16", "--top-mb", "2",
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ship.py"), "--size-mb", "48", "--top-mb", "2",
                         "--subnet", "172.30.252.0/24"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {line[:55].strip(): line for line in r.stdout.splitlines()[1:]}
