@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from dockerlaunch.errors import DockerlaunchError, HostError, TransferError
 from dockerlaunch.hosts.session import each
@@ -164,11 +164,85 @@ def _thin_note(t: HostTransfer) -> str:
 
 STAGE_MIN = 512 * 2**20  # images from this size are staged on the target as they arrive: a cut push resumes
 STAGE_MIN_ENV = "DOCKERLAUNCH_PUSH_STAGE_MIN"  # bytes; 0 stages every push (the tests' small images)
-# The staged prefix of a stream on the host (size and sha256) and the free space where it goes.
-STAGE_PROBE = r"""f=$HOME/.cache/dockerlaunch/push/$1.tar
-if [ -f "$f" ] && [ ! -L "$f" ]; then printf '%s ' "$(stat -c %s "$f")"; sha256sum < "$f" | cut -c1-64
-else echo "0 -"; fi
-mkdir -p "$HOME/.cache" 2>/dev/null; df -Pk "$HOME/.cache" | awk 'NR == 2 {print $4}'"""
+STAGE_DIR = "$HOME/.cache/dockerlaunch/push"
+# What a staged push needs to know of the host, one line each: the staged prefix (size, sha256) once any
+# load of the same stream still running has finished (its lock), the Image ID the host has now, and the
+# filesystems of the staging folder and of docker's root (device, total KiB, free KiB).
+STAGE_PROBE = r"""d=$HOME/.cache/dockerlaunch/push f=$HOME/.cache/dockerlaunch/push/$1.tar
+if [ -f "$d/$1.lock" ] && command -v flock >/dev/null 2>&1; then flock -w 900 "$d/$1.lock" true; fi
+if [ -f "$f" ] && [ ! -L "$f" ]; then echo "staged=$(stat -c %s "$f") $(sha256sum < "$f" | cut -c1-64)"; fi
+echo "id=$(docker image inspect --format '{{.Id}}' "$2" 2>/dev/null | head -n 1)"
+fs() { echo "$1=$(stat -c %d "$2" 2>/dev/null) $(df -Pk "$2" 2>/dev/null | awk 'NR == 2 {print $2, $4}')"; }
+mkdir -p "$HOME/.cache" 2>/dev/null; fs cache "$HOME/.cache"
+root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null)
+if [ -n "$root" ]; then fs docker "$root"; echo "root=$root"; fi
+"""
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A filesystem as the probe saw it (sizes in bytes)."""
+
+    device: str
+    total: int
+    free: int
+
+    def shares(self, other: Disk | None) -> bool:
+        # the same device, or an overlay over it (a container's root reports the backing disk's sizes)
+        return other is not None and (self.device == other.device or self.total == other.total)
+
+
+@dataclass(frozen=True)
+class StageProbe:
+    staged: int
+    digest: str
+    present_id: str | None
+    cache: Disk | None
+    docker: Disk | None
+    docker_root: str = "docker's root"
+
+
+def _disk(words: list[str]) -> Disk | None:
+    if len(words) >= 3 and words[1].isdigit() and words[2].isdigit():
+        return Disk(words[0], int(words[1]) * 1024, int(words[2]) * 1024)
+    return None
+
+
+def parse_stage_probe(text: str) -> StageProbe:
+    """STAGE_PROBE's output (key=value lines) -> StageProbe (pure); what a host did not say stays None."""
+    kv = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+    w = kv.get("staged", "").split()
+    staged, digest = (int(w[0]), w[1]) if len(w) >= 2 and w[0].isdigit() else (0, "-")
+    present = kv.get("id", "").strip()
+    return StageProbe(staged, digest, present if present.startswith("sha256:") else None,
+                      _disk(kv.get("cache", "").split()), _disk(kv.get("docker", "").split()),
+                      kv.get("root", "").strip() or "docker's root")
+
+
+def reserve(d: Disk) -> int:
+    """What a push leaves free on a disk: a full root disk stops more than the push."""
+    return max(4 << 30, d.total // 20)
+
+
+def stage_choice(host: str, stream: int, probe: StageProbe) -> tuple[bool, str]:
+    """(stage?, why not): staging costs the stream's size again beside docker load's own copy and the
+    unpacked layers; a push stages only where all of it fits with a reserve left, and otherwise streams
+    straight into docker load (a cut push then starts over). An image that cannot fit at all is refused
+    before any byte is sent. (pure)"""
+    gib = 2**30
+    load = 2 * stream  # docker load's temporary copy of the tar, then the unpacked layers
+    if probe.docker is not None and probe.docker.free < stream:
+        raise TransferError(f"host {host}: {probe.docker.free / gib:.1f} GiB free in {probe.docker_root}, and "
+                            f"loading this image takes about {load / gib:.1f} GiB there: free space on the host "
+                            "(docker image prune, docker builder prune) and push again")
+    cache = probe.cache
+    if cache is None:
+        return False, "not staged (the host did not say how much space $HOME/.cache has)"
+    need = max(0, stream - probe.staged) + (load if cache.shares(probe.docker) else 0) + reserve(cache)
+    if cache.free < need:
+        return False, (f"not staged ({cache.free / gib:.1f} GiB free in $HOME/.cache, staging needs "
+                       f"{need / gib:.1f} GiB with the load and a reserve): a cut push starts over")
+    return True, ""
 
 
 def stage_min() -> int:
@@ -185,23 +259,17 @@ def stage_key(t: HostTransfer) -> str:
     return hashlib.sha256(f"{t.expect_id} {' '.join(sorted(t.skip_files))}".encode()).hexdigest()[:32]
 
 
-def _resume_point(client, remote: Remote, image: LocalImage, t: HostTransfer, key: str):
+def _resume_point(client, image: LocalImage, t: HostTransfer, probe: StageProbe) -> tuple[int, Iterator[bytes]]:
     """(offset, the stream's chunks after it): the host's staged prefix is used when its bytes are this
     stream's own (sha256 of the same prefix, computed here from a fresh save), else the stream starts at 0."""
     import hashlib
 
     from dockerlaunch.transfer.streams import image_chunks, save_stream
 
-    r = remote.check(["sh", "-c", STAGE_PROBE, "sh", key], "looking for a staged push", timeout=600)
-    words = r.stdout.split()
-    size, digest = (int(words[0]), words[1]) if len(words) >= 2 and words[0].isdigit() else (0, "-")
-    free = int(words[2]) * 1024 if len(words) >= 3 and words[2].isdigit() else None
-    need = max(0, t.bytes_to_send - size) + (64 << 20)
-    if free is not None and free < need:
-        raise TransferError(f"host {remote.name}: {free / 2**30:.1f} GiB free in $HOME/.cache, the push stages "
-                            f"{need / 2**30:.1f} GiB there (then docker load copies it): free space, or push a "
-                            "smaller delta")
-    chunks = image_chunks(save_stream(client, image.id), image, set(t.skip_files))
+    def fresh() -> Iterator[bytes]:
+        return image_chunks(save_stream(client, image.id), image, set(t.skip_files))
+
+    chunks, size = fresh(), probe.staged
     if not size:
         return 0, chunks
     h, seen, rest = hashlib.sha256(), 0, b""
@@ -213,9 +281,9 @@ def _resume_point(client, remote: Remote, image: LocalImage, t: HostTransfer, ke
             break
         h.update(chunk)
         seen += len(chunk)
-    if seen < size or h.hexdigest() != digest:  # not this stream's bytes (or more of them than it has)
+    if seen < size or h.hexdigest() != probe.digest:  # not this stream's bytes (or more of them than it has)
         chunks.close()
-        return 0, image_chunks(save_stream(client, image.id), image, set(t.skip_files))
+        return 0, fresh()
 
     def after() -> Iterator[bytes]:
         if rest:
@@ -233,19 +301,31 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
     mode = t.compression or "none"
     staged = image.size >= stage_min()
     extra: list[str] = []
-    offset = 0
+    offset, note = 0, ""
     if staged:
         key = stage_key(t)
         try:
-            offset, chunks = _resume_point(client, remote, image, t, key)
+            r = remote.check(["sh", "-c", STAGE_PROBE, "sh", key, t.expect_id], "looking for a staged push",
+                             timeout=1200)
+            probe = parse_stage_probe(r.stdout)
+            if probe.present_id == t.expect_id:  # an earlier push's load finished after it was cut off
+                state, detail = _tag(remote, image, t)
+                return HostResult(remote.name, state, f"{detail} (an earlier push had delivered it)")
+            staged, note = stage_choice(remote.name, t.bytes_to_send, probe)
         except DockerlaunchError as e:
             return HostResult(remote.name, PushState.FAILED, str(e)[:300])
-        if mode == "zstd":
-            from dockerlaunch.transfer.streams import zstd_chunks
+        if staged:
+            offset, chunks = _resume_point(client, image, t, probe)
+            if mode == "zstd":
+                from dockerlaunch.transfer.streams import zstd_chunks
 
-            chunks = zstd_chunks(chunks)
-        extra = [key, str(offset)]
-    else:
+                chunks = zstd_chunks(chunks)
+            extra = [key, str(offset)]
+        else:
+            if probe.staged:  # a prefix that will not be used: its space is the load's
+                remote.run(["sh", "-c", f'rm -f "{STAGE_DIR}/$1.tar"', "sh", key], timeout=60)
+            note = f"; {note}"
+    if not staged:
         chunks = outgoing(client, image, set(t.skip_files), mode)
     reader = CountingReader(chunks, on_bytes)
     out, err = bytearray(), bytearray()
@@ -254,13 +334,16 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
     took, streamed = time.monotonic() - t0, stream_seconds(reader, t0)
     if status != 0:
         reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
+        if "no space left" in reason[0]:
+            reason = [f"the host's disk filled up during docker load: free space there (docker image prune, "
+                      f"docker builder prune) and push again ({reason[0][-120:]})"]
         if staged and status in (3, 4) and reader.finished is not None:  # it all arrived and did not load:
-            remote.run(["sh", "-c", 'rm -f "$HOME/.cache/dockerlaunch/push/$1.tar"', "sh", extra[0]], timeout=60)
-        return HostResult(remote.name, PushState.FAILED, reason[0][:300], reader.count, took, streamed)
+            remote.run(["sh", "-c", f'rm -f "{STAGE_DIR}/$1.tar"', "sh", extra[0]], timeout=60)
+        return HostResult(remote.name, PushState.FAILED, reason[0][:300] + note, reader.count, took, streamed)
     resumed = f", resumed at {offset / 1e6:.0f} MB staged on the host" if offset else ""
     return HostResult(remote.name, PushState.PUSHED,
                       f"{t.compression}{_thin_note(t)}, image {image.size / 1e6:.0f} MB, "
-                      f"Image ID {t.expect_id[7:19]} verified{resumed}",
+                      f"Image ID {t.expect_id[7:19]} verified{resumed}{note}",
                       reader.count, took, streamed)
 
 
@@ -325,7 +408,8 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
         # An engine that refuses a thin stream (containerd's store wants every layer whose snapshot it
         # lacks) gets the whole image, once, by itself.
         refused = [t for t in star if t.skip_files and results[t.host].status == PushState.FAILED
-                   and results[t.host].detail.startswith("load failed")]
+                   and results[t.host].detail.startswith("load failed")
+                   and "no space left" not in results[t.host].detail]
         full = [replace(t, skip_files=[], layers_skipped=0, bytes_to_send=image.size) for t in refused]
         for t, o in zip(full, each(one, full, max_workers=STAR_WINDOW)):
             res = o.value if o.ok else HostResult(t.host, PushState.FAILED, str(o.error))

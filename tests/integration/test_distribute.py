@@ -70,7 +70,10 @@ def test_push_to_two_nodes_then_skip(sim_cluster, engine, remotes, fresh_image):
 
 
 def test_push_killed_mid_stream_leaves_tag_absent_or_unchanged(sim_cluster, engine, remotes, fresh_image,
-                                                               tools_image):
+                                                               tools_image, monkeypatch):
+    """The launcher SIGKILLed mid-stream: no tag moves, no load outlives it, and the next push resumes on each
+    host from the prefix it staged."""
+    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")  # stage this 400 MB image as if it were a big one
     ref = fresh_image(mb=400)
     local_id = engine.images.get(ref).id
     old_id = engine.images.get(tools_image).id
@@ -95,12 +98,18 @@ def test_push_killed_mid_stream_leaves_tag_absent_or_unchanged(sim_cluster, engi
         assert not any(load_bytes_read(rm) for rm in remotes), "a docker load outlived the killed push"
         assert ids_on_nodes(remotes, ref) == [old_id, None]  # unchanged on node1, absent on node2
 
-        r = dl("push", ref, "--config", str(sim_cluster[1]))
+        staged = [staged_bytes(rm) for rm in remotes]
+        assert all(n >= 20 << 20 for n in staged), staged
+        r = dl("push", ref, "--config", str(sim_cluster[1]), "--output", "json")
         assert r.returncode == 0, r.stdout + r.stderr
+        rows = json.loads(r.stdout)["hosts"]
+        assert all(h["status"] == "pushed" and "resumed at" in h["detail"] for h in rows), rows
         assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+        assert [staged_bytes(rm) for rm in remotes] == [0, 0]
     finally:
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", ref, local_id])
+            rm.run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
 
 
 def test_push_dry_run_inspects_and_plans_but_sends_and_tags_nothing(sim_cluster, engine, remotes, fresh_image):

@@ -548,3 +548,56 @@ def test_without_the_save_facts_a_containerd_host_is_never_taken_as_up_to_date()
     v = parse_host_view("c8d", "10.0.0.9", text, IMAGE)
     assert IMAGE.expected_id(CONTAINERD) == "" and v.has_id is False
     assert plan_push(IMAGE, [v]).hosts[0].action == Action.SEND
+
+
+# ---------------------------------------------------------------- staging a push (disk space)
+
+GIB = 2**30
+
+
+def probe_text(staged="", present="", cache="2049 262144000 41943040", docker="2049 262144000 41943040",
+               root="/var/lib/docker"):
+    """STAGE_PROBE's output as a host prints it (no staged file: no `staged=` line)."""
+    return (f"staged={staged}\n" if staged else "") + f"id={present}\ncache={cache}\ndocker={docker}\nroot={root}\n"
+
+
+def test_the_stage_probe_is_parsed_by_key():
+    from dockerlaunch.transfer.push import parse_stage_probe
+
+    p = parse_stage_probe(probe_text(staged=f"123 {'a' * 64}", present="sha256:" + "b" * 64))
+    assert (p.staged, p.digest, p.present_id) == (123, "a" * 64, "sha256:" + "b" * 64)
+    assert p.cache.free == 41943040 * 1024 and p.cache.total == 262144000 * 1024
+    assert p.cache.shares(p.docker) and p.docker_root == "/var/lib/docker"
+    bare = parse_stage_probe("id=\ncache= \n")  # no df, no docker info: nothing made up
+    assert (bare.staged, bare.present_id, bare.cache, bare.docker) == (0, None, None, None)
+
+
+def test_a_push_stages_only_where_the_stage_the_load_and_a_reserve_fit():
+    from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
+
+    # one 250 GiB disk with 40 GiB free: a 3 GiB image stages (3 + 6 + 12.5 reserve)
+    assert stage_choice("h", 3 * GIB, parse_stage_probe(probe_text())) == (True, "")
+    # 15 GiB free: the load fits, staging beside it would not -> streamed straight in, and the reason says why
+    tight = probe_text(cache="2049 262144000 15728640", docker="2049 262144000 15728640")
+    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(tight))
+    assert not ok and "not staged" in why and "15.0 GiB free" in why and "starts over" in why
+    # the staging folder on its own disk: the load does not count against it
+    apart = probe_text(cache="2050 10485760 8388608", docker="2049 262144000 15728640")
+    assert stage_choice("h", 3 * GIB, parse_stage_probe(apart)) == (True, "")
+    # an overlay root over the docker volume's disk (another device, the same sizes) is one disk
+    overlay = probe_text(cache="77 262144000 15728640", docker="2049 262144000 15728640")
+    assert not stage_choice("h", 3 * GIB, parse_stage_probe(overlay))[0]
+    # what is staged already need not fit again
+    half = probe_text(staged=f"{2 * GIB} {'a' * 64}", cache="2049 262144000 20971520",
+                      docker="2049 262144000 20971520")
+    assert stage_choice("h", 3 * GIB, parse_stage_probe(half))[0]
+    assert not stage_choice("h", 3 * GIB, parse_stage_probe(half.replace(str(2 * GIB), "1")))[0]
+
+
+def test_an_image_that_cannot_fit_where_docker_keeps_images_is_refused_before_a_byte_is_sent():
+    from dockerlaunch.errors import TransferError
+    from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
+
+    full = probe_text(docker="2049 262144000 1048576")  # 1 GiB free
+    with pytest.raises(TransferError, match=r"host gpu7: 1.0 GiB free in /var/lib/docker.*6.0 GiB.*docker image prune"):
+        stage_choice("gpu7", 3 * GIB, parse_stage_probe(full))

@@ -5,6 +5,7 @@
 # a push cut off (the link, the launcher killed) leaves its prefix there, and the next push of the same stream
 # sends only the rest (OFFSET: the bytes it found staged and checked); docker load reads the staged prefix,
 # then the new bytes. The staged file goes once the image is tagged; staged files older than 7 days go too.
+# Whether to stage at all (disk space) is the launcher's choice (push.stage_choice).
 # usage: load.sh IMAGE_ID REF zstd|none [KEY OFFSET]
 set -u
 image_id=$1 ref=$2 compress=$3 key=${4:-} offset=${5:-0}
@@ -15,7 +16,11 @@ if [ -n "$key" ]; then
   (umask 077 && mkdir -p "$dir") || exit 8
   if [ -L "$dir" ] || [ "$(stat -c %u "$dir")" != "$(id -u)" ]; then echo "$dir is not this user's own folder" >&2; exit 8; fi
   chmod 700 "$dir" || exit 8
-  find "$dir" -maxdepth 1 -name '*.tar' -mtime +7 -exec rm -f {} + 2>/dev/null
+  find "$dir" -maxdepth 1 \( -name '*.tar' -o -name '*.lock' \) -mtime +7 -exec rm -f {} + 2>/dev/null
+  # one load of a stream at a time: a cut push's host side may still be loading when the next push comes
+  if command -v flock >/dev/null 2>&1; then
+    exec 9>>"$dir/$key.lock" && flock -w 900 9 || { echo "another push of this image to this host is still loading" >&2; exit 8; }
+  fi
   staged=$dir/$key.tar
   if [ "$offset" = 0 ]; then
     rm -f "$staged" && (umask 077 && : > "$staged") || exit 8
