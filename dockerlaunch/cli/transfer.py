@@ -62,7 +62,7 @@ def _print_push_plan(plan, output: str) -> None:
 
 
 @cli.command()
-@click.argument("ref", metavar="IMAGE")
+@click.argument("ref", metavar="IMAGE", required=False)
 @config_options
 @click.option("--compress", type=click.Choice(["auto", "zstd", "none"]), default="auto", show_default=True,
               help="auto: zstd where the host has it.")
@@ -72,15 +72,26 @@ def _print_push_plan(plan, output: str) -> None:
               help="star: the launcher streams to each host; chain: each host relays to the next over TCP "
                    "(every link carries one copy); auto: chain for 3+ hosts.")
 @click.option("--dry-run", is_flag=True, help="Inspect the hosts and print the per-host plan; send and tag nothing.")
+@click.option("--clean", is_flag=True,
+              help="Send nothing: remove what cut pushes staged on the hosts (in $HOME/.cache/dockerlaunch/push; "
+                   "a push run again would have resumed from it). Staged files also go after 7 days.")
 @output_option()
-def push(ref: str, compress: str, thin: bool, strategy: str, dry_run: bool, output: str, **kw) -> None:
-    """Copy a local image to every host over SSH (no registry); skips hosts that already have it."""
+def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: bool, clean: bool, output: str,
+         **kw) -> None:
+    """Copy a local image to every host over SSH (no registry); skips hosts that already have it. A push cut
+    off (link, Ctrl-C, SIGKILL) resumes from what each host staged when run again."""
     from dockerlaunch.engine import engine
     from dockerlaunch.hosts.session import Cluster
     from dockerlaunch.transfer import push as pushlib
     from dockerlaunch.transfer.plan import HostResult, PushState
     from dockerlaunch.transfer.streams import local_image
 
+    if clean:
+        if ref:
+            raise click.UsageError("push --clean removes staged pushes and sends nothing: drop IMAGE")
+        sys.exit(_clean(load(kw), output))
+    if not ref:
+        raise click.UsageError("missing argument IMAGE (or --clean)")
     kw["image"] = ref
     cfg = load(kw)
     client = engine()
@@ -103,6 +114,24 @@ def push(ref: str, compress: str, thin: bool, strategy: str, dry_run: bool, outp
         results = [HostResult(h.address, PushState.FAILED, str(h.error)) for h in cluster.hosts
                    if not h.connected] + results
     sys.exit(_summary(results, output))
+
+
+def _clean(cfg, output: str) -> int:
+    from dockerlaunch.hosts.session import Cluster
+    from dockerlaunch.transfer.push import Cleaned, clean_staged
+
+    with Cluster.connect(cfg, require_all=False) as cluster:
+        done = clean_staged([h.remote for h in cluster.live])
+        done = [Cleaned(h.address, error=str(h.error)) for h in cluster.hosts if not h.connected] + done
+    failed = any(c.error for c in done)
+    if output == "json":
+        click.echo(json.dumps({"ok": not failed, "hosts": [c.__dict__ for c in done]}, indent=2))
+        return 1 if failed else 0
+    rows = [[c.host, "[bold red]failed[/]" if c.error else "[green]cleaned[/]", str(c.files),
+             f"{c.bytes / 1e6:.0f} MB", c.error or (f"{c.in_use} in use by a push now: kept" if c.in_use else "")]
+            for c in done]
+    print_table(["host", "result", "staged files removed", "freed", "detail"], rows)
+    return 1 if failed else 0
 
 
 def _size(text: str) -> int:

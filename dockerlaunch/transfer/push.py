@@ -227,14 +227,15 @@ def reserve(d: Disk) -> int:
 def stage_choice(host: str, stream: int, probe: StageProbe) -> tuple[bool, str]:
     """(stage?, why not): staging costs the stream's size again beside docker load's own copy and the
     unpacked layers; a push stages only where all of it fits with a reserve left, and otherwise streams
-    straight into docker load (a cut push then starts over). An image that cannot fit at all is refused
+    straight into docker load (a cut push then starts over). An image whose load cannot fit is refused
     before any byte is sent. (pure)"""
     gib = 2**30
     load = 2 * stream  # docker load's temporary copy of the tar, then the unpacked layers
-    if probe.docker is not None and probe.docker.free < stream:
+    if probe.docker is not None and probe.docker.free < load:
         raise TransferError(f"host {host}: {probe.docker.free / gib:.1f} GiB free in {probe.docker_root}, and "
-                            f"loading this image takes about {load / gib:.1f} GiB there: free space on the host "
-                            "(docker image prune, docker builder prune) and push again")
+                            f"loading this image needs about {load / gib:.1f} GiB there (the tar and its unpacked "
+                            "layers): free space on the host (docker image prune, docker builder prune) and push "
+                            "again; nothing was sent")
     cache = probe.cache
     if cache is None:
         return False, "not staged (the host did not say how much space $HOME/.cache has)"
@@ -345,6 +346,28 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
                       f"{t.compression}{_thin_note(t)}, image {image.size / 1e6:.0f} MB, "
                       f"Image ID {t.expect_id[7:19]} verified{resumed}{note}",
                       reader.count, took, streamed)
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    host: str
+    files: int = 0
+    bytes: int = 0
+    in_use: int = 0
+    error: str = ""
+
+
+def clean_staged(remotes: list[Remote]) -> list[Cleaned]:
+    """`push --clean`: each host's staged prefixes of cut pushes go (not one a push is loading now)."""
+
+    def one(remote: Remote) -> Cleaned:
+        r = remote.check(["sh", "-c", script("clean_staged.sh")], "removing staged pushes", timeout=300)
+        words = r.stdout.split()
+        if len(words) != 4 or words[0] != "removed" or not all(w.isdigit() for w in words[1:]):
+            raise TransferError(f"host {remote.name}: clean_staged.sh said {r.stdout.strip()[:200]!r}")
+        return Cleaned(remote.name, int(words[1]), int(words[2]), int(words[3]))
+
+    return [o.value if o.ok else Cleaned(r.name, error=str(o.error)) for r, o in zip(remotes, each(one, remotes))]
 
 
 def push_to_host(client, remote: Remote, image: LocalImage, compress: str = "auto", thin: bool = True,

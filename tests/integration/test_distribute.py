@@ -502,3 +502,32 @@ def test_a_staged_prefix_that_is_not_the_streams_own_is_sent_again(sim_cluster, 
     finally:
         remotes[0].run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
         remotes[0].run(["docker", "rmi", "-f", ref, image.id])
+
+
+def test_push_clean_removes_staged_pushes_but_not_one_a_push_is_loading(sim_cluster, remotes):
+    """`push --clean`: the staged prefixes go on every host; one whose lock a running load holds stays."""
+    plant = ('d="$HOME/.cache/dockerlaunch/push" && mkdir -p "$d" && chmod 700 "$d" && '
+             'head -c 3000000 /dev/zero > "$d/$1.tar" && head -c 1000000 /dev/zero > "$d/$2.tar"')
+    busy = "b" * 32
+    try:
+        for rm in remotes:
+            rm.check(["sh", "-c", plant, "sh", "a" * 32, busy], "planting")
+        # a load of `busy` under way on node 1: its lock held for 60 s
+        holder = remotes[0].check(["sh", "-c", 'd="$HOME/.cache/dockerlaunch/push"; '
+                                   '(flock "$d/$1.lock" sleep 60 >/dev/null 2>&1 &) ; sleep 0.5', "sh", busy],
+                                  "holding a lock")
+        assert holder.ok
+        r = dl("push", "--clean", "--config", str(sim_cluster[1]), "--output", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        rows = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+        first, second = (rows[rm.name] for rm in remotes)
+        assert (first["files"], first["bytes"], first["in_use"]) == (1, 3000000, 1), first
+        assert (second["files"], second["bytes"], second["in_use"]) == (2, 4000000, 0), second
+        assert staged_bytes(remotes[0]) == 1000000 and staged_bytes(remotes[1]) == 0
+        text = dl("push", "--clean", "--config", str(sim_cluster[1]))
+        assert text.returncode == 0 and "in use by a push now: kept" in text.stdout, text.stdout
+        bad = dl("push", "some/image:1", "--clean", "--config", str(sim_cluster[1]))
+        assert bad.returncode == 2 and "drop IMAGE" in bad.stderr and "Traceback" not in bad.stderr
+    finally:
+        for rm in remotes:
+            rm.run(["sh", "-c", 'pkill -f "sleep 60"; rm -rf "$HOME/.cache/dockerlaunch/push"'])

@@ -598,6 +598,6 @@ def test_an_image_that_cannot_fit_where_docker_keeps_images_is_refused_before_a_
     from dockerlaunch.errors import TransferError
     from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
 
-    full = probe_text(docker="2049 262144000 1048576")  # 1 GiB free
-    with pytest.raises(TransferError, match=r"host gpu7: 1.0 GiB free in /var/lib/docker.*6.0 GiB.*docker image prune"):
+    full = probe_text(docker="2049 262144000 5242880")  # 5 GiB free: the load takes 6
+    with pytest.raises(TransferError, match=r"host gpu7: 5.0 GiB free in /var/lib/docker.*6.0 GiB.*docker image prune"):
         stage_choice("gpu7", 3 * GIB, parse_stage_probe(full))

@@ -19,7 +19,8 @@ if [ -n "$key" ]; then
   find "$dir" -maxdepth 1 \( -name '*.tar' -o -name '*.lock' \) -mtime +7 -exec rm -f {} + 2>/dev/null
   # one load of a stream at a time: a cut push's host side may still be loading when the next push comes
   if command -v flock >/dev/null 2>&1; then
-    exec 9>>"$dir/$key.lock" && flock -w 900 9 || { echo "another push of this image to this host is still loading" >&2; exit 8; }
+    exec 9>>"$dir/$key.lock" || exit 8
+    flock -w 900 9 || { echo "another push of this image to this host is still loading" >&2; exit 8; }
   fi
   staged=$dir/$key.tar
   if [ "$offset" = 0 ]; then
