@@ -356,13 +356,20 @@ class Remote:
         stdin: bytes | BinaryIO | None = None,
         timeout: float | None = None,
         stop: threading.Event | None = None,
+        bulk: bool = False,
     ) -> int:
         """Run a command, handing its output to callbacks as it arrives; returns the exit status.
 
         `stdin` (bytes or a binary file) is written from a thread while output is read, so large
         streams cannot deadlock. `timeout` bounds the whole command; `stop` ends it early (-1).
+        `bulk`: stdin is many bytes (an image): the system's OpenSSH client carries it where it can (openssh.py).
         """
         cmd = _quote(command)
+        if bulk and stdin is not None and not isinstance(stdin, (bytes, bytearray)):
+            from dockerlaunch.hosts import openssh
+
+            if openssh.unusable(self.target) is None:
+                return openssh.stream(self.target, cmd, on_stdout, on_stderr, stdin, timeout, stop)
         chan = self._channel(cmd)
         writer = None
         write_error: list[BaseException] = []

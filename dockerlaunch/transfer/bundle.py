@@ -307,7 +307,7 @@ def local_loader(docker: str = "docker") -> Loader:
 def remote_loader(remote: Remote) -> Loader:
     def load(stream: BinaryIO) -> tuple[int, str]:
         out = bytearray()
-        status = remote.stream(["docker", "load"], out.extend, out.extend, stdin=stream)
+        status = remote.stream(["docker", "load"], out.extend, out.extend, stdin=stream, bulk=True)
         return status, out.decode(errors="replace")
 
     return load

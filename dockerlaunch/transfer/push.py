@@ -331,7 +331,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
     reader = CountingReader(chunks, on_bytes)
     out, err = bytearray(), bytearray()
     status = remote.stream(["sh", "-c", script("load.sh"), "sh", t.expect_id, image.ref, mode, *extra],
-                           out.extend, err.extend, stdin=reader, stop=stop)
+                           out.extend, err.extend, stdin=reader, stop=stop, bulk=True)
     took, streamed = time.monotonic() - t0, stream_seconds(reader, t0)
     if status != 0:
         reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
@@ -342,6 +342,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
             remote.run(["sh", "-c", f'rm -f "{STAGE_DIR}/$1.tar"', "sh", extra[0]], timeout=60)
         return HostResult(remote.name, PushState.FAILED, reason[0][:300] + note, reader.count, took, streamed)
     resumed = f", resumed at {offset / 1e6:.0f} MB staged on the host" if offset else ""
+    resumed += _carrier(remote)
     return HostResult(remote.name, PushState.PUSHED,
                       f"{t.compression}{_thin_note(t)}, image {image.size / 1e6:.0f} MB, "
                       f"Image ID {t.expect_id[7:19]} verified{resumed}{note}",
@@ -368,6 +369,13 @@ def clean_staged(remotes: list[Remote]) -> list[Cleaned]:
         return Cleaned(remote.name, int(words[1]), int(words[2]), int(words[3]))
 
     return [o.value if o.ok else Cleaned(r.name, error=str(o.error)) for r, o in zip(remotes, each(one, remotes))]
+
+
+def _carrier(remote: Remote) -> str:
+    from dockerlaunch.hosts import openssh
+
+    why = openssh.unusable(remote.target)
+    return ", over OpenSSH" if why is None else f", over paramiko ({why[:80]})"
 
 
 def push_to_host(client, remote: Remote, image: LocalImage, compress: str = "auto", thin: bool = True,

@@ -26,8 +26,10 @@ def test_ship_benchmark_runs_and_prints_its_table(engine):
                         "--subnet", "172.30.252.0/24"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {line[:55].strip(): line for line in r.stdout.splitlines()[1:]}
-    assert {"ssh stream: paramiko / OpenSSH", "push / hand pipeline", "resume after a cut at 50%",
+    assert {"ssh stream: bulk (OpenSSH) / OpenSSH", "ssh stream: paramiko / OpenSSH", "push / hand pipeline",
+            "push over paramiko / hand pipeline", "resume after a cut at 50%",
             "delta bundle after a top-layer change", "load of a split bundle (4 parts) / of the whole file"} <= set(
         rows), r.stdout
     assert "resumed at" in rows["resume after a cut at 50%"]
+    assert "over OpenSSH" in rows["push / hand pipeline"], rows["push / hand pipeline"]  # the sim's sshd: OpenSSH
     assert not [c.name for c in engine.containers.list(all=True) if c.name.startswith("dlbench")]  # torn down

@@ -76,3 +76,35 @@ def test_jump_host_keeps_the_configured_key_but_not_the_user():
     assert j.identity_files == ("/k",) and j.known_hosts == "/kh"
     assert j.user == "admin"  # from the ProxyJump spec, not ssh.user
     assert t.user == "root"
+
+
+# ---------------------------------------------------------------- OpenSSH for bulk bytes: the same trust, never weaker
+
+def test_the_openssh_argv_trusts_only_the_sessions_known_hosts_and_keys():
+    from dockerlaunch.hosts.openssh import argv
+    from dockerlaunch.hosts.targets import SSHTarget
+
+    t = SSHTarget(alias="gpu1", hostname="-oProxyCommand=evil", user="ops", port=2222,
+                  identity_files=("~/.ssh/id_train",), known_hosts="~/.ssh/known_hosts_dl",
+                  host_key_policy="accept-new")
+    a = argv(t, "docker load")
+    opts = {a[i + 1] for i, x in enumerate(a) if x == "-o"}
+    assert {"BatchMode=yes", "StrictHostKeyChecking=yes", "GlobalKnownHostsFile=/dev/null",
+            f"UserKnownHostsFile={os.path.expanduser('~/.ssh/known_hosts_dl')}", "IdentitiesOnly=yes"} <= opts
+    assert a[1:3] == ["-F", "/dev/null"]  # the user's ssh config was resolved already; none of it applies again
+    assert "-A" not in a and "-a" in a and "-x" in a  # no agent or X11 forwarding
+    assert a[a.index("-i") + 1] == os.path.expanduser("~/.ssh/id_train")
+    assert a[-3:] == ["--", "-oProxyCommand=evil", "docker load"]  # a hostname is never read as an option
+    assert a[a.index("-p") + 1] == "2222" and a[a.index("-l") + 1] == "ops"
+
+
+def test_openssh_is_not_used_where_it_cannot_reproduce_the_session():
+    from dockerlaunch.hosts.openssh import argv
+    from dockerlaunch.hosts.targets import SSHTarget
+
+    jump = SSHTarget(alias="bastion", hostname="10.0.0.1", user="ops")
+    assert argv(SSHTarget(alias="n", hostname="10.0.0.2", user="ops", jumps=(jump,)), "true") is None
+    assert argv(SSHTarget(alias="local", hostname="localhost", user="me", local=True), "true") is None
+    # no identity files: OpenSSH's default keys and agent, as paramiko's look_for_keys; IdentitiesOnly not forced
+    a = argv(SSHTarget(alias="n", hostname="10.0.0.2", user="ops"), "true")
+    assert "-i" not in a and "IdentitiesOnly=yes" not in a
