@@ -122,6 +122,33 @@ def test_push_chain_then_thin_star_to_every_engine(engine, mixed, image_pair):
     assert again.returncode == 0 and again.stdout.count("skipped") == 4, again.stdout
 
 
+def test_a_delta_bundle_loads_on_every_engine_that_has_its_base(engine, mixed, image_pair, tmp_path):
+    """`save CHILD --base PARENT` carries the changed layer only; every engine (20.10, 26, 28, containerd store)
+    that has PARENT loads it with the right Image ID and runs it; one that lacks PARENT refuses in one line."""
+    cfg = str(mixed[0])
+    parent, child = image_pair
+    r = dl("push", parent, "--config", cfg, "--strategy", "star", timeout=600)
+    assert r.returncode == 0 and r.stdout.count("verified") == 4, r.stdout[-3000:] + r.stderr[-2000:]
+    full, delta = tmp_path / "child.dlb", tmp_path / "child.delta"
+    assert dl("save", child, "-o", str(full)).returncode == 0
+    s = dl("save", child, "--base", parent, "-o", str(delta))
+    assert s.returncode == 0 and f"delta on {parent}" in s.stdout, s.stdout + s.stderr
+    assert delta.stat().st_size < full.stat().st_size / 10, (delta.stat().st_size, full.stat().st_size)
+    ld = dl("load", str(delta), "--config", cfg)
+    assert ld.returncode == 0 and ld.stdout.count("loaded") >= 4, ld.stdout + ld.stderr
+    for n in mixed[1]:
+        code, out = node_docker(engine, n, "run", "--rm", child, "cat", "/which")
+        assert (code, out.strip()) == (0, "two"), (n.name, out)
+    # an engine without the base (each store): one line naming it, nothing loaded
+    for i in (0, 3):
+        node_docker(engine, mixed[1][i], "rmi", "-f", child, parent)
+        bad = dl("load", str(delta), "--config", subset(mixed, tmp_path, [i]))
+        assert bad.returncode == 1 and f"delta on {parent}" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+        assert "Traceback" not in bad.stdout + bad.stderr
+        code, _ = node_docker(engine, mixed[1][i], "image", "inspect", child)
+        assert code != 0, mixed[1][i].name
+
+
 def _containerd_launcher(mixed, tmp_path) -> dict:
     """Environment for a CLI whose local engine is the containerd-store node's, over ssh:// (the docker SDK and
     CLI both honour DOCKER_HOST; the SDK reads ~/.ssh/config and ~/.ssh/known_hosts, so HOME is a scratch one)."""

@@ -13,10 +13,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dockerlaunch.backends import Unsupported
-from dockerlaunch.backends.compose import render as compose
-from dockerlaunch.backends.kubernetes import render as k8s
-from dockerlaunch.backends.slurm import render as slurm
+from dockerlaunch.backends import Unsupported, targets
+from dockerlaunch.backends.compose import files as compose
+from dockerlaunch.backends.kubernetes import objects as k8s
+from dockerlaunch.backends.slurm import sbatch as slurm
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan, make_plan
@@ -49,20 +49,16 @@ def plan_of(**changes) -> JobPlan:
 
 
 def rendered(target: str, plan: JobPlan | None = None) -> dict[str, str]:
-    plan = plan or plan_of()
-    if target == "compose":
-        files = compose.render(plan)
-    elif target == "slurm":
-        files = slurm.render(plan)
-    else:
-        files = k8s.render(plan, target)
+    """Through the registry, as the CLI renders: the target's options from no flags, then its render."""
+    to = targets.get(target)
+    files = to.render(plan or plan_of(), to.options({}))
     return {f.name: f.text for f in files}
 
 
 # ---------------------------------------------------------------- golden files
 
 
-@pytest.mark.parametrize("target", ["compose", "k8s", "jobset", "slurm"])
+@pytest.mark.parametrize("target", targets.names())
 def test_output_matches_the_golden_files(target):
     """A change of what a renderer writes shows here; DOCKERLAUNCH_UPDATE_GOLDEN=1 rewrites them (then review)."""
     files = rendered(target)
@@ -149,8 +145,8 @@ def test_jobset_passes_its_crd_schema_and_never_restarts():
 
 
 def test_host_network_sets_the_dns_policy_kubernetes_needs():
-    opts = k8s.Options(host_network=True, rdma_resource="rdma/hca_shared_devices_a")
-    [text] = [f.text for f in k8s.render(plan_of(), "k8s", opts)]
+    opts = k8s.Options(target="k8s", host_network=True, rdma_resource="rdma/hca_shared_devices_a")
+    [text] = [f.text for f in k8s.render(plan_of(), opts)]
     pod = list(yaml.safe_load_all(text))[1]["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert "rdma/hca_shared_devices_a" in pod["containers"][0]["resources"]["limits"]
@@ -296,7 +292,7 @@ def test_every_spec_field_has_a_changed_value_here():
 
 
 @pytest.mark.parametrize("target, field", [(t, f) for f in sorted(set(CHANGED) - LAUNCHER_ONLY)
-                                           for t in ("compose", "k8s", "jobset", "slurm")
+                                           for t in targets.names()
                                            if (f, t) not in NAMED_BY_SCHEDULER])
 def test_a_spec_field_is_rendered_or_refused(target, field):
     """Change one field of every node's spec: the output changes, or the renderer refuses in one line."""
@@ -580,3 +576,66 @@ def test_pyxis_gets_registry_images_in_enroots_form(ref, enroot):
     assert slurm.enroot_image(ref) == enroot
     text = rendered("slurm", plan_of(image=ref))["sft-qwen.pyxis.sbatch"]
     assert f"--container-image={enroot} " in text or f"--container-image='{enroot}' " in text
+
+
+# ---------------------------------------------------------------- a new target: a folder and one registry line
+
+TOY = '''"""A toy target: a plain shell script per host that runs the container (a test adds it, then it is gone)."""
+
+import shlex
+
+from dockerlaunch.backends.targets import Flag
+
+FLAGS = (Flag("shell", "script: the shell the scripts start with.", metavar="PATH"),)
+
+
+def options(target, values):
+    return values.get("shell") or "/bin/sh"
+
+
+def render(plan, options=None):
+    from dockerlaunch.backends import RenderedFile
+    from dockerlaunch.backends.common import common_refusals
+    from dockerlaunch.backends import refuse_all
+
+    refuse_all(common_refusals(plan, "script"))
+    return [RenderedFile(f"node-{hp.rank}.sh", f"#!{options}\\n# {hp.address}\\nexec docker run --rm "
+                         f"{shlex.quote(plan.image)} {shlex.join(hp.container.command)}\\n", executable=True)
+            for hp in plan.hosts]
+'''
+
+
+def test_a_target_is_a_folder_and_one_registry_line(tmp_path):
+    """Added as a real package beside the others plus one line in TARGETS (in a copy of the code), the toy target
+    is listed by `render --help`, renders through the CLI with its own flag, and its flag is refused elsewhere."""
+    import sys
+
+    src = Path(__file__).resolve().parents[2] / "dockerlaunch"
+    copy = tmp_path / "code"
+    shutil.copytree(src, copy / "dockerlaunch", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "dockerlaunch" / "backends" / "script").mkdir()
+    (copy / "dockerlaunch" / "backends" / "script" / "__init__.py").write_text(TOY)
+    registry = copy / "dockerlaunch" / "backends" / "targets.py"
+    last = [line for line in registry.read_text().splitlines() if line.startswith("    Target(")][-1]
+    registry.write_text(registry.read_text().replace(
+        last + "\n", last + '\n    Target("script", "dockerlaunch.backends.script", "a shell script per host", '
+        'per_host=True),\n'))
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path)
+
+    helped = cli("render", "--help")
+    assert helped.returncode == 0 and "script: a shell script per host" in helped.stdout, helped.stdout
+    assert "--shell PATH" in helped.stdout
+    job = ["--hosts", "a,b", "--image", "registry.local/t:1", "--infiniband", "off"]
+    r = cli("render", "--to", "script", *job, "--shell", "/bin/bash", "--", "python", "train.py")
+    assert r.returncode == 0, r.stderr
+    assert "# ---- node-1.sh" in r.stdout and "#!/bin/bash" in r.stdout
+    assert "exec docker run --rm registry.local/t:1 python train.py" in r.stdout
+    wrong = cli("render", "--to", "slurm", *job, "--shell", "/bin/bash", "--", "python", "train.py")
+    assert wrong.returncode == 2 and wrong.stderr.strip() == "error: render --to slurm: --shell is for script"
+    # the real package knows nothing of it
+    assert "script" not in targets.names()
+    assert not (src / "backends" / "script").exists()

@@ -35,6 +35,7 @@ RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-
 
 @dataclass(frozen=True)
 class Options:
+    target: str = "k8s"  # k8s (Indexed Job + Service) or jobset
     host_network: bool = False  # hostNetwork (+ dnsPolicy ClusterFirstWithHostNet): NCCL over the nodes' NICs
     rdma_resource: str = RDMA_RESOURCE
     namespace: str | None = None
@@ -226,8 +227,9 @@ def _header(plan: JobPlan, target: str, master_addr: str, opts: Options) -> list
     return lines
 
 
-def render(plan: JobPlan, target: str = "k8s", opts: Options | None = None) -> list[RenderedFile]:
+def render(plan: JobPlan, opts: Options | None = None) -> list[RenderedFile]:
     opts = opts or Options()
+    target = opts.target
     refuse_all(refusals(plan, target))
     name = plan.job
     meta = {"name": name, **({"namespace": opts.namespace} if opts.namespace else {})}
