@@ -23,6 +23,7 @@ from dockerlaunch.cli.main import (
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.targets import resolve_all
 from dockerlaunch.job.config import config_schema
+from dockerlaunch.job.plan import plan_job
 
 
 @cli.command()
@@ -73,16 +74,17 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     minute it prints NCCL's transport per host (see `transport`). With --max-restarts it starts every
     host again after a failure (a spare replaces a lost host); a job whose ranks all exit 0 is done.
     """
-    from dockerlaunch.backends.docker import launch
+    from dockerlaunch.backends.docker import up as launch
+    from dockerlaunch.backends.docker.secret_env import read_env_files
     from dockerlaunch.diagnostics.collect import watch_transport
     from dockerlaunch.diagnostics.dump import hang_dump
     from dockerlaunch.transfer.push import copy_between
 
     cfg = load(kw, command)
     warn_secret_env(cfg)
-    launch.read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
+    read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
     targets = resolve_all(cfg)
-    plan = launch.plan_job(cfg, targets)  # the one plan: printed here, applied (placeholders filled) by up
+    plan = plan_job(cfg, targets)  # the one plan: printed here, applied (placeholders filled) by up
     if dry_run:
         view = dry_run_view(plan, targets)
         click.echo(json.dumps(view, indent=2) if output == "json" else render_plan(plan, targets))
@@ -100,12 +102,11 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
 def doctor(output: str, **kw) -> None:
     """Pre-flight checks on every host; exits 1 if any check FAILs."""
     from dockerlaunch.backends.docker import doctor as doctorlib
-    from dockerlaunch.backends.docker.launch import plan_job
 
     cfg = load(kw)
     if not cfg.image:
         raise DockerlaunchError("doctor needs the job image: pass --image IMAGE or set image:")
-    report = doctorlib.doctor(cfg, plan_job(cfg))
+    report = doctorlib.doctor(cfg, plan_job(cfg, resolve_all(cfg)))
     if output == "json":
         click.echo(report.to_json())
     else:
@@ -117,9 +118,9 @@ def doctor(output: str, **kw) -> None:
 @config_options
 def down(**kw) -> None:
     """Stop and remove the job's containers on every host."""
-    from dockerlaunch.backends.docker import launch
+    from dockerlaunch.backends.docker import manage
 
-    sys.exit(launch.down(load(kw), RichReporter()))
+    sys.exit(manage.down(load(kw), RichReporter()))
 
 
 LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
@@ -132,11 +133,11 @@ LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_def
 @LOG_DIR_OPTION
 def status(output: str, log_dir: str, **kw) -> None:
     """The job's containers per host (state, exit code, since when), and the attempts of its latest run."""
-    from dockerlaunch.backends.docker import launch
+    from dockerlaunch.backends.docker import manage
 
     cfg = load(kw)
-    found = launch.status(cfg)
-    run, attempts = launch.attempts(cfg, log_dir)
+    found = manage.status(cfg)
+    run, attempts = manage.attempts(cfg, log_dir)
     if output == "json":
         click.echo(json.dumps({"job": cfg.job.name, "containers": [{"host": host, **s.to_dict()} for host, s in found],
                                "run": run, "attempts": [a.__dict__ for a in attempts]}, indent=2))
@@ -166,9 +167,9 @@ def status(output: str, log_dir: str, **kw) -> None:
 @LOG_DIR_OPTION
 def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir: str, **kw) -> None:
     """Show the job's logs, prefixed by rank and host; once its containers are gone, the logs `up` saved."""
-    from dockerlaunch.backends.docker import launch
+    from dockerlaunch.backends.docker import manage
 
-    sys.exit(launch.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=RichReporter(), attempt=attempt,
+    sys.exit(manage.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=RichReporter(), attempt=attempt,
                          log_dir=log_dir))
 
 
@@ -178,6 +179,6 @@ def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def exec_cmd(rank: int, command: tuple[str, ...], **kw) -> None:
     """Run a command in one rank's container, e.g. `exec --rank 1 -- py-spy dump --pid 1`."""
-    from dockerlaunch.backends.docker import launch
+    from dockerlaunch.backends.docker import manage
 
-    sys.exit(launch.exec_in(load(kw), rank, list(command), sys.stdout.buffer, sys.stderr.buffer))
+    sys.exit(manage.exec_in(load(kw), rank, list(command), sys.stdout.buffer, sys.stderr.buffer))

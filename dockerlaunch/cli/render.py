@@ -75,7 +75,10 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
     knows become the target's own mechanism (NODE_RANK from the Job's completion index or SLURM_NODEID, ...).
     Whatever the target cannot express is refused in one line, never silently dropped.
     """
-    from dockerlaunch.backends.docker import launch
+    from dockerlaunch.backends.docker.secret_env import read_env_files
+    from dockerlaunch.backends.docker.session import probed_plan
+    from dockerlaunch.hosts.targets import resolve_all
+    from dockerlaunch.job.plan import plan_job
 
     to = targets.get(target)
     values = {f.key: kw.pop(f.key) for f in targets.all_flags()}
@@ -93,10 +96,10 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
         raise ConfigError(f"render --to {target}: {foreign[0]}")
     cfg = load(kw, command, infiniband=infiniband)
     warn_secret_env(cfg)
-    launch.read_env_files(cfg)  # a missing secret file fails here as in `up` (its contents are never rendered)
-    plan = launch.plan_job(cfg)
+    read_env_files(cfg)  # a missing secret file fails here as in `up` (its contents are never rendered)
+    plan = plan_job(cfg, resolve_all(cfg))
     if probe:
-        plan = launch.probed_plan(cfg, plan)
+        plan = probed_plan(cfg, plan)
     files = to.render(plan, to.options(values))
     if out:
         for path in write_files(files, Path(out), force):

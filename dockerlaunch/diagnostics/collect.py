@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dockerlaunch.backends.docker.launch import Session, open_session
+from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.transport import Finding, HostTransport, describe, judge, parse_hosts
 from dockerlaunch.errors import DockerlaunchError
@@ -105,7 +105,7 @@ def unreadable(config: ClusterConfig) -> str | None:
 def transport(config: ClusterConfig) -> TransportReport:
     """`dockerlaunch transport`: the table for a running or finished job."""
     from dockerlaunch.backends.docker import facts as factslib
-    from dockerlaunch.backends.docker.launch import master_addr_of
+    from dockerlaunch.backends.docker.session import master_addr_of
 
     session = open_session(config)
     try:

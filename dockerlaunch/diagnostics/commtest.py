@@ -14,7 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from dockerlaunch.backends.docker import launch
+from dockerlaunch.backends.docker import up as launch
+from dockerlaunch.backends.docker.session import Session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.collect import TransportReport, read_transport
 from dockerlaunch.errors import ConfigError, DockerlaunchError
@@ -180,7 +181,7 @@ class _Capture(Reporter):
 def _links_and_transport(holder: dict):
     """A monitor for `up`: once the run ends, NCCL's transport and each host's link speeds."""
 
-    def monitor(session: launch.Session, plan: JobPlan, reporter: Reporter, stop: threading.Event) -> None:
+    def monitor(session: Session, plan: JobPlan, reporter: Reporter, stop: threading.Event) -> None:
         stop.wait()
         try:
             if plan.diag_dir and session.config.diagnostics.nccl_log:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dockerlaunch.backends.docker.docker import sidecar_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
-from dockerlaunch.backends.docker.launch import Session, open_session
+from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.stacks import Stack, parse_pyspy, summary
 from dockerlaunch.errors import DockerlaunchError, HostError

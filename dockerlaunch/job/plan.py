@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from dockerlaunch import __version__
 from dockerlaunch.errors import ConfigError
@@ -345,6 +347,17 @@ def _command(config: ClusterConfig) -> list[str]:
     if isinstance(cmd, str):
         return ["/bin/sh", "-c", cmd]
     return list(cmd)
+
+
+class Resolved(Protocol):
+    hostname: str  # where SSH connects (hosts/targets.SSHTarget)
+
+
+def plan_job(config: ClusterConfig, targets: Sequence[Resolved], require_image: bool = True) -> JobPlan:
+    """The job's one plan before any host was asked, with host 0's address as SSH resolves it (`targets`:
+    hosts/targets.resolve_all) as a candidate for MASTER_ADDR. Commands that only find the job's containers (down,
+    status, logs, exec, transport, dump) need no image: the plan then holds a placeholder no container starts with."""
+    return make_plan(config, master_hostname=targets[0].hostname, require_image=require_image)
 
 
 def make_plan(

@@ -1,6 +1,6 @@
 """Gang restarts as pure rules: how an attempt ended, whether another one starts, which spare takes which rank.
 
-The docker backend runs the attempts (backends/docker/launch.py `up`); what it decides between two attempts is
+The docker backend runs the attempts (backends/docker/up.py `up`); what it decides between two attempts is
 decided here, so it can be tested without a host. Restarts happen only on failure: a job whose ranks all exit 0
 is done (a Kubernetes StatefulSet that restarted finished jobs is the failure this avoids), and a person's Ctrl-C
 or SIGTERM ends the job without a new attempt.

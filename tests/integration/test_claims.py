@@ -88,11 +88,12 @@ def test_logs_follow_streams_until_the_containers_exit(sim_cluster):
 
 
 def test_secret_files_are_0600_on_the_host_and_gone_when_the_command_returns(cluster_config, tmp_path):
-    from dockerlaunch.backends.docker import launch
+    from dockerlaunch.backends.docker import secret_env
     from dockerlaunch.backends.docker.dockerhost import with_env_file
+    from dockerlaunch.backends.docker.session import open_session
 
-    session = launch.open_session(cluster_config)
-    paths = launch.env_file_paths(session, "dlt-perm")
+    session = open_session(cluster_config)
+    paths = secret_env.env_file_paths(session, "dlt-perm")
     try:
         for h in session.cluster.hosts:
             [path] = paths[h.rank]
@@ -120,7 +121,7 @@ def test_secret_files_are_0600_on_the_host_and_gone_when_the_command_returns(clu
                 assert "TOKEN" not in got.stdout, plant
                 h.remote.check(["rm", "-rf", folder], "cleaning up")
     finally:
-        launch.remove_env_files(session, paths)
+        secret_env.remove_env_files(session, paths)
         session.close()
 
 

@@ -108,7 +108,7 @@ def test_flight_recorder_dumps_are_read_by_pytorchs_analyzer_in_the_ranks_contai
     import shutil
     from pathlib import Path
 
-    from dockerlaunch.backends.docker.launch import open_session
+    from dockerlaunch.backends.docker.session import open_session
     from dockerlaunch.diagnostics.dump import HostDump, _analyze_flight_recorder
     from dockerlaunch.job.config import load_config
 

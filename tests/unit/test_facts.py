@@ -123,7 +123,7 @@ def test_parse_inspect():
 def test_hosts_sharing_an_engine_each_own_their_containers():
     """Several hosts of one engine (`local` entries, the sim's light hosts) all see every container: each is
     listed once, under the host its label names; a container no host of the config names goes to the first."""
-    from dockerlaunch.backends.docker.launch import own_containers
+    from dockerlaunch.backends.docker.session import own_containers
 
     def c(id_, rank, host):
         labels = {"dockerlaunch.rank": str(rank), **({"dockerlaunch.host": host} if host else {})}

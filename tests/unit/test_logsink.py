@@ -2,7 +2,7 @@ import io
 
 from rich.console import Console
 
-from dockerlaunch.backends.docker.launch import LogSink
+from dockerlaunch.backends.docker.logsink import LogSink
 from dockerlaunch.cli.console import RichReporter
 
 

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from dockerlaunch.backends import Unsupported
-from dockerlaunch.backends.docker.launch import LogSink
+from dockerlaunch.backends.docker.logsink import LogSink
 from dockerlaunch.backends.docker.runs import RunFolder, runs_of, saved_attempt, tail_lines
 from dockerlaunch.cli.console import RichReporter
 from dockerlaunch.errors import ConfigError

@@ -163,7 +163,7 @@ def test_parse_steps_stops_at_a_cut_frame():
 
 
 def test_up_says_where_its_time_went():
-    from dockerlaunch.backends.docker.launch import Phases
+    from dockerlaunch.backends.docker.session import Phases
 
     p = Phases()
     p.last -= 3.0

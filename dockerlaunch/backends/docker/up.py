@@ -1,0 +1,520 @@
+"""Apply: connect, check, probe, plan for real, start one container per host, stream, wait, tear down.
+
+Invariants: nothing starts until every host is connected, checked and planned without
+placeholders; once anything has started, every exit path (a failed start, a failed rank, Ctrl-C,
+SIGTERM, SIGHUP, a lost host) removes every job container on every reachable host, unless
+--detach/--keep; a host's own watchdog removes them when the launcher is gone (see watchdog.py).
+Secret env files live on a host only while its `docker run` runs: one command writes, starts and removes.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from dockerlaunch.backends.docker import facts as factslib
+from dockerlaunch.backends.docker import script
+from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost, listing_script, parse_listing
+from dockerlaunch.backends.docker.logsink import LogSink
+from dockerlaunch.backends.docker.runs import RunFolder, safe_host
+from dockerlaunch.backends.docker.secret_env import (
+    env_file_paths,
+    read_env_files,
+    remove_env_files,
+    stale_env_files_argv,
+)
+from dockerlaunch.backends.docker.session import Phases, Session, gather_facts, master_addr_of, own_containers
+from dockerlaunch.backends.docker.watchdog import Watchdogs
+from dockerlaunch.errors import ConfigError, DockerlaunchError, HostError, Terminated
+from dockerlaunch.hosts.session import Cluster, Host
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.plan import DIAG_SUBDIRS, JobPlan, plan_job, resolve
+from dockerlaunch.job.recovery import AttemptRecord, Cause, Ending, NoSpareLeft, should_restart, swap_hosts
+from dockerlaunch.reporting import Reporter
+
+MONITOR_JOIN = 15.0  # after the job ends, monitors get this long to say their last word
+
+
+EXIT_HOST_LOST = 75  # `up`'s exit code when a host stopped answering (EX_TEMPFAIL: try again later)
+
+
+EXIT_HANG = 124  # `up`'s exit code when the job hung (job.hang_timeout), as timeout(1)'s
+
+
+HANG_DUMP_DEADLINE = 180.0  # the hang dump's own limit: a hung host must not hang `up`
+
+
+PREPARE_TIMEOUT = 120.0  # seconds for a host's steps before its start (listing, diagnostics folder, probe) together
+
+
+START_SETTLE = 30.0  # on Ctrl-C during the start, wait this long for `docker run`s under way, then remove
+
+
+Monitor = Callable[[Session, JobPlan, Reporter, threading.Event], None]
+
+
+@dataclass
+class Recovery:
+    """What `up` needs from the layers above it (the CLI wires them in): a dump of every rank when the job hangs
+    (into the folder given; returns a one-line summary), and the image copied from a host that has it onto a
+    spare that lacks it (raises DockerlaunchError when it cannot)."""
+
+    dump: Callable[[Session, Path], str] | None = None
+    copy_image: Callable[[Host, Host, str], str] | None = None
+
+
+class _Replace(Exception):
+    """Before anything started: these ranks' hosts cannot take part ({rank: why}); spares may replace them."""
+
+    def __init__(self, bad: dict[int, str]):
+        super().__init__(bad)
+        self.bad = bad
+
+
+def up(
+    config: ClusterConfig,
+    *,
+    detach: bool = False,
+    keep: bool = False,
+    preflight: bool = True,
+    log_dir: str | None = "dockerlaunch-logs",
+    reporter: Reporter | None = None,
+    monitors: Sequence[Monitor] = (),
+    plan: JobPlan | None = None,
+    recovery: Recovery | None = None,
+) -> int:
+    """Start the job, and start it again after a failure while job.max_restarts allows; return the exit code
+    `dockerlaunch up` exits with (the last attempt's). `plan`: the one the caller showed or checked
+    (`plan_job(config)`), made here when not given (and again when a spare replaced a host).
+
+    `monitors` run in threads beside a started job (not --detach), until `stop` is set (e.g. the transport
+    watcher of `diagnostics`, which lives above this layer)."""
+    reporter = reporter or Reporter()
+    recovery = recovery or Recovery()
+    job = config.job
+    if detach and (job.max_restarts or job.hang_timeout):
+        raise ConfigError("--detach returns once the containers run, so nothing is left to restart the job or "
+                          "watch it for hangs: drop --detach, or job.max_restarts / job.hang_timeout")
+    secrets_blob = read_env_files(config) if config.container.env_files else b""
+    run = RunFolder.create(log_dir, job.name) if log_dir and not detach else None
+    attempt, swaps, fresh = 0, [], set()
+    while True:
+        t0, started = time.monotonic(), datetime.now().isoformat(timespec="seconds")
+        try:
+            ending = _attempt(config, plan, attempt, reporter, detach=detach, keep=keep, preflight=preflight,
+                              run=run, secrets_blob=secrets_blob, monitors=monitors, recovery=recovery,
+                              fresh=fresh)
+        except _Replace as r:
+            try:
+                config, new = swap_hosts(config, r.bad)
+            except NoSpareLeft as e:
+                raise DockerlaunchError(f"cannot start attempt {attempt}: {e}") from None
+            for sw in new:
+                reporter.say(f"replacing {sw}", "bold yellow")
+            swaps += [str(sw) for sw in new]
+            fresh |= {sw.rank for sw in new}
+            plan = None  # made again from the new host list (host 0 replaced: a new MASTER_ADDR)
+            continue
+        except DockerlaunchError as e:
+            if attempt == 0:
+                raise  # nothing ran yet: the one-line error, as without restarts
+            ending = Ending(1, Cause.START_FAILED, detail=str(e))
+        record = AttemptRecord.of(attempt, ending, started, time.monotonic() - t0,
+                                  [h.address for h in config.hosts], swaps)
+        if run is not None:
+            run.record(record)
+        if job.max_restarts or attempt:
+            reporter.say(record.line(), "bold green" if ending.cause == Cause.SUCCEEDED else "bold yellow")
+        if not should_restart(ending, attempt, job.max_restarts):
+            if ending.cause in (Cause.RANK_FAILED, Cause.HOST_LOST, Cause.HANG) and job.max_restarts:
+                reporter.say(f"no restart left (job.max_restarts {job.max_restarts}): the job failed", "bold red")
+            return ending.code
+        swaps = []
+        if ending.lost and config.spares:
+            try:
+                config, new = swap_hosts(config, dict.fromkeys(ending.lost, "host lost"))
+            except NoSpareLeft as e:
+                reporter.say(f"cannot restart: {e}", "bold red")
+                return ending.code
+            for sw in new:
+                reporter.say(f"replacing {sw}", "bold yellow")
+            swaps = [str(sw) for sw in new]
+            fresh |= {sw.rank for sw in new}
+            plan = None
+        attempt += 1
+        reporter.say(f"restarting every host in {job.restart_backoff:g}s: attempt {attempt} of at most "
+                     f"{job.max_restarts} restart(s) (DL_RESTART_COUNT={attempt})", "bold yellow")
+        time.sleep(job.restart_backoff)  # Ctrl-C / SIGTERM here: nothing runs, and no attempt starts
+
+
+def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter: Reporter, *, detach: bool,
+             keep: bool, preflight: bool, run: RunFolder | None, secrets_blob: bytes, monitors: Sequence[Monitor],
+             recovery: Recovery, fresh: set[int]) -> Ending:
+    """One start of every host: connect, prepare, check, plan for real, start, watch, tear down. Raises _Replace
+    (before anything started) for hosts a spare should replace."""
+    job = config.job.name
+    phases = Phases()
+    cluster = Cluster.connect(config, require_all=not config.spares)
+    unreachable = {h.rank: h.error.reason if h.error else "unreachable" for h in cluster.hosts if not h.connected}
+    if unreachable:
+        cluster.close()
+        raise _Replace(unreachable)
+    try:
+        # the image is required here: it starts containers
+        session = Session(cluster, plan or plan_job(config, cluster.targets))
+    except BaseException:
+        cluster.close()
+        raise
+    phases.done("connect")
+    try:
+        if fresh and recovery.copy_image is not None:
+            _image_onto_spares(session, sorted(fresh), recovery, reporter)
+            fresh.clear()
+            phases.done("image")
+        probes = prepare(session, reporter, diag=not preflight, probe=not preflight)
+        phases.done("prepare")
+        for note in session.plan.advice:
+            reporter.say(f"note: {note}", "yellow")
+        if preflight:
+            from dockerlaunch.backends.docker import doctor
+
+            report = doctor.check(session.cluster, session.plan)
+            phases.done("preflight")
+            reporter.checks(report)
+            if report.failed:
+                bad: dict[int, str] = {}
+                for c in report.failed:
+                    bad.setdefault(c.rank, f"doctor: {c.name}: {c.reason}"[:200])
+                # a failure on every host is the job's or the image's, not a host's: no spare would pass
+                if config.spares and -1 not in bad and len(bad) <= len(config.spares) and len(bad) < len(
+                        config.hosts):
+                    raise _Replace(bad)
+                reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
+                             "Fix the above or use --skip-preflight.", "bold red")
+                return Ending(1, Cause.PREFLIGHT_FAILED)
+            probes = prepare(session, reporter, listing=False)
+            phases.done("prepare")
+        env_paths = env_file_paths(session, job) if secrets_blob else {}
+        try:
+            run_id = secrets.token_hex(6)
+            applied = resolve(session.plan, gather_facts(session, env_paths, probes), run_id, attempt)
+            if applied.unresolved():
+                raise DockerlaunchError("internal: plan still has unresolved values: "
+                                        + "; ".join(applied.unresolved()))
+            return _start_and_watch(session, applied, reporter, detach=detach, keep=keep,
+                                    run_dir=run.attempt_dir(attempt) if run else None, env_paths=env_paths,
+                                    secrets_blob=secrets_blob, run_id=run_id, monitors=monitors, phases=phases,
+                                    on_hang=recovery.dump)
+        finally:
+            if env_paths:  # normally gone already (removed as each `docker run` returned): the safety net
+                remove_env_files(session, env_paths)
+    finally:
+        session.close()
+
+
+def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, reporter: Reporter) -> None:
+    """A spare that took a rank gets the job's image from a host that has it (no registry needed)."""
+    image = session.plan.image
+    argv = ["docker", "image", "inspect", "--format", "{{.Id}}", image]
+    has = session.cluster.each(lambda h: h.remote.run(argv, timeout=60).ok).raise_first()
+    sources = [h for h, ok in zip(session.cluster.hosts, has) if ok and h.rank not in ranks]
+    for r in ranks:
+        if has[r]:
+            continue
+        if not sources:
+            raise DockerlaunchError(f"spare {session.cluster.hosts[r].address} lacks {image} and no other host of "
+                                    f"the job has it: push it first (dockerlaunch push {image} --hosts ...)")
+        dst = session.cluster.hosts[r]
+        reporter.say(f"copying {image} from {sources[0].address} to spare {dst.address}")
+        reporter.say(recovery.copy_image(sources[0], dst, image))  # type: ignore[misc]
+
+
+def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag: bool = True, probe: bool = True
+            ) -> list[factslib.Probe | Exception] | None:
+    """Each host's steps before its start, in one round trip (`Remote.run_steps`; at 256 hosts every extra round
+    trip is a wait on the slowest): the job's containers of an earlier run, secret files it left, the emptied
+    diagnostics folder, the probe. A host where the job has any container stops its batch at the listing, so
+    nothing is touched beside a running job; running ones make `up` refuse, stopped ones are removed and that
+    host's remaining steps run again. Returns each host's probe when asked."""
+    config, job = session.config, session.config.job.name
+    master = master_addr_of(session) if probe else ""
+    diag_argv = None
+    if diag and session.plan.diag_dir is not None:
+        user = config.container.user
+        uid = user.split(":")[0] if user else ""
+        # a container user other than root: its own folders where it is a uid (chown), else sticky like /tmp
+        mode, owner = ("0755", "-") if not user else ("1777", uid if uid.isdigit() else "-")
+        diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, job, mode, owner,
+                     *DIAG_SUBDIRS]
+    locals_ = [h.rank for h in session.cluster.hosts if h.target.local]
+    diag_ranks = {h.rank for h in session.cluster.hosts if not h.target.local} | set(locals_[:1])  # one folder
+
+    def steps(h) -> list:
+        out: list = []
+        if listing:  # the listing stops the batch when the job has containers there (LEFTOVERS)
+            out += [listing_script(job), stale_env_files_argv(job)]
+        if diag_argv and h.rank in diag_ranks:
+            out.append(diag_argv)
+        if probe:
+            # the image's labels (its torch) from host 0 only: every host runs the same image, and each question
+            # is a docker CLI run on an engine that the sim's hosts share
+            gets_gpus = session.plan.hosts[h.rank].container.gpus is not None
+            out.append(factslib.probe_argv(master, config.image if h.rank == 0 else None, gpu=gets_gpus))
+        return out
+
+    hosts = session.cluster.hosts
+    done = session.cluster.each(lambda h: h.remote.run_steps(steps(h), timeout=PREPARE_TIMEOUT)).raise_first()
+    if listing:
+        found = [parse_listing(h.name, job, rs[0]) for h, rs in zip(hosts, done)]  # type: ignore[arg-type]
+        if any(found):
+            _clear_leftovers(session, own_containers([h.name for h in hosts], found), reporter)
+        again = [h for h, rs in zip(hosts, done) if rs[0].exit_status != 0]  # type: ignore[union-attr]
+        redo = session.cluster.each(lambda h: h.remote.run_steps(steps(h)[1:], timeout=PREPARE_TIMEOUT), again)
+        for h, rs in zip(again, redo.raise_first()):
+            done[h.rank] = [done[h.rank][0], *rs]
+        done = [rs[2:] for rs in done]
+    if diag_argv:
+        for h, rs in zip(hosts, done):
+            if h.rank in diag_ranks:
+                r = rs.pop(0)
+                if r is not None and not r.ok:
+                    raise DockerlaunchError(
+                        f"{HostError(h.name, r.last_line(), step='preparing the diagnostics folder')} "
+                        f"({session.plan.diag_dir}); make it writable for the SSH user, set diagnostics.dir, "
+                        "or start with --no-diagnostics")
+    if not probe:
+        return None
+    probes: list[factslib.Probe | Exception] = []
+    for h, rs in zip(hosts, done):
+        r = rs[0]
+        probes.append(factslib.parse_probe(r.stdout) if r is not None and r.ok else HostError(
+            h.name, r.last_line() if r is not None else "not run", step=factslib.PROBE_STEP,
+            exit_status=r.exit_status if r is not None else None))
+    return probes
+
+
+def _clear_leftovers(session: Session, existing: list[tuple[str, ContainerState]], reporter: Reporter) -> None:
+    """Containers of an earlier run that are not running are removed; running ones make `up` refuse."""
+    job = session.config.job.name
+    running = [(host, s) for host, s in existing if s.status in ("running", "restarting", "paused")]
+    if running:
+        what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in running)
+        raise DockerlaunchError(f"job {job} already has containers ({what}); "
+                                f"remove them: dockerlaunch down --name {job}")
+    by_host: dict[str, list[str]] = {}
+    for host, s in existing:
+        by_host.setdefault(host, []).append(s.name)
+    session.cluster.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []), grace=0)).raise_first()
+    reporter.say(f"removed {len(existing)} leftover container(s) of an earlier run of {job}")
+
+
+def _remove_everywhere(session: Session, plan: JobPlan, grace: int = 3, skip: tuple[int, ...] = ()):
+    names = {hp.rank: hp.container.name for hp in plan.hosts}
+    hosts = [h for h in session.cluster.hosts if h.rank not in skip]
+    return session.cluster.each(lambda h: DockerHost.on(h).remove([names[h.rank]], grace=grace), hosts)
+
+
+def _teardown(session: Session, plan: JobPlan, reporter: Reporter, why: str, skip: tuple[int, ...] = ()) -> None:
+    n = plan.nnodes - len(skip)
+    reporter.say(f"{why}: stopping and removing job containers on {n} host(s)", "bold yellow")
+    for o in _remove_everywhere(session, plan, skip=skip).failed:
+        reporter.say(f"host {o.item.address}: could not remove {plan.hosts[o.item.rank].container.name}: {o.error}",
+                     "bold red")
+
+
+def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, detach: bool, keep: bool,
+                     run_dir: Path | None, env_paths: dict[int, tuple[str, ...]], secrets_blob: bytes, run_id: str,
+                     monitors: Sequence[Monitor] = (), phases: Phases | None = None,
+                     on_hang: Callable[[Session, Path], str] | None = None) -> Ending:
+    """Start, watch, finish -- and on every way out of them (a failed start, Ctrl-C, SIGTERM, an error), tear
+    down whatever started: `run.started` says whether anything may be running."""
+    config = session.config
+    run = _Run(stop=threading.Event())
+    watchdogs = None if detach else Watchdogs(session.cluster.hosts, run_id, config.job.orphan_grace)
+    try:
+        if watchdogs is not None:
+            watchdogs.start()  # before any container: a launcher that dies mid-start leaves nothing running
+        reporter.say(f"starting {plan.job}: {plan.nnodes} host(s), image {plan.image}, "
+                     f"MASTER_ADDR={plan.master_addr}:{plan.master_port}")
+        run.started = True  # from here on, any exit path tears down (a partial start too)
+        phases = phases or Phases()
+        phases.done("watchdogs" if watchdogs is not None else "plan")
+        failed = _start(session, plan, reporter, env_paths, secrets_blob, phases)
+        if failed is not None:
+            run.started = False
+            return failed
+        if detach:
+            run.started = False
+            reporter.say(f"started {plan.nnodes} container(s) in {phases}; "
+                         f"follow with: dockerlaunch logs --follow --name {plan.job}")
+            return Ending(0, Cause.DETACHED)
+        reporter.say(f"started {plan.nnodes} container(s) in {phases}")
+        ending, watchers = _watch(session, plan, reporter, run, watchdogs, monitors, run_dir, on_hang)
+        run.stop.set()
+        _finish(session, plan, reporter, ending, watchers, watchdogs, keep)
+        run.started = False
+        return ending
+    except (KeyboardInterrupt, Terminated) as e:
+        run.stop.set()
+        if run.started:
+            _teardown(session, plan, reporter, "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated",
+                      skip=run.lost)
+            run.started = False
+        return Ending(130 if isinstance(e, KeyboardInterrupt) else e.exit_code, Cause.INTERRUPTED)
+    finally:
+        run.stop.set()
+        if run.started:  # an unexpected error: never leave containers behind
+            _teardown(session, plan, reporter, "error", skip=run.lost)
+        if watchdogs is not None:
+            watchdogs.stand_down()  # the launcher removed the containers (or keeps them: --keep)
+        for s in run.sinks:
+            s.close()
+
+
+@dataclass
+class _Run:
+    """What the start/watch/finish steps share with the teardown around them."""
+
+    stop: threading.Event
+    started: bool = False
+    lost: tuple[int, ...] = ()  # ranks whose host stopped answering: not waited for in the teardown
+    sinks: list[LogSink] = field(default_factory=list)
+
+
+def _start(session: Session, plan: JobPlan, reporter: Reporter, env_paths: dict[int, tuple[str, ...]],
+           secrets_blob: bytes, phases: Phases) -> Ending | None:
+    """One container per host, concurrently (each with its secrets file for the length of its `docker run`);
+    a host that fails to start: everything is torn down and the Ending says which (None: all started)."""
+
+    def start(h) -> str:
+        path = env_paths.get(h.rank)
+        result = DockerHost.on(h).run_container(plan.hosts[h.rank].container,
+                                                env_file=(path[0], secrets_blob) if path else None)
+        env_paths.pop(h.rank, None)  # written and removed by that one command
+        return result
+
+    results = session.cluster.each(start, settle=START_SETTLE)
+    phases.done("start")
+    if not results.failed:
+        return None
+    for o in results.failed:
+        reporter.say(str(o.error), "bold red")
+    _teardown(session, plan, reporter, "start failed")
+    o = results.failed[0]
+    return Ending(1, Cause.START_FAILED, o.item.rank, o.item.address, detail=str(o.error)[:300])
+
+
+def _watch(session: Session, plan: JobPlan, reporter: Reporter, run: _Run, watchdogs: Watchdogs | None,
+           monitors: Sequence[Monitor], run_dir: Path | None,
+           on_hang: Callable[[Session, Path], str] | None) -> tuple[Ending, list[threading.Thread]]:
+    """Follow every rank's logs and wait for its exit, until all ranks exit 0 or the first of: a rank fails, a host
+    is lost (watchdogs), the job hangs (job.hang_timeout). Monitors (NCCL transport, ...) run beside it."""
+    config, hosts = session.config, session.cluster.hosts
+    exits: queue.Queue[tuple[int, int | Exception]] = queue.Queue()
+
+    def follow(i: int) -> None:
+        hp = plan.hosts[i]
+        try:
+            DockerHost.on(hosts[i]).follow_logs(hp.container.name, run.sinks[i], stop=run.stop)
+            if run.stop.is_set():
+                return
+            exits.put((i, DockerHost.on(hosts[i]).wait(hp.container.name, timeout=120)))
+        except Exception as e:  # noqa: BLE001 - reported to the main thread
+            exits.put((i, e))
+
+    hang_after = config.job.hang_timeout
+    progress = re.compile(config.job.progress_regex) if config.job.progress_regex else None
+    for hp in plan.hosts:
+        path = run_dir / f"rank{hp.rank}-{safe_host(hp.address)}.log" if run_dir else None
+        run.sinks.append(LogSink(reporter, hp.rank, hp.address, path, progress=progress))
+    for i in range(len(plan.hosts)):
+        threading.Thread(target=follow, args=(i,), daemon=True).start()
+    watchers = [threading.Thread(target=m, args=(session, plan, reporter, run.stop), daemon=True) for m in monitors]
+    for t in watchers:
+        t.start()
+    if run_dir:
+        reporter.say(f"logs: {run_dir}/")
+
+    done: dict[int, int] = {}
+    while len(done) < len(plan.hosts):
+        gone = watchdogs.lost(config.job.host_timeout) if watchdogs else []
+        if gone:
+            run.lost = tuple(h.rank for h in gone)
+            names = ", ".join(f"rank {h.rank} ({h.address})" for h in gone)
+            reporter.say(f"{names} stopped answering for {config.job.host_timeout:g}s: host lost "
+                         f"(its own watchdog removes its container when it comes back)", "bold red")
+            return Ending(EXIT_HOST_LOST, Cause.HOST_LOST, gone[0].rank, gone[0].address, lost=run.lost), watchers
+        if hang_after is not None and time.monotonic() - max(s.progress_at for s in run.sinks) > hang_after:
+            return _hung(session, plan, reporter, run.sinks, hang_after, run_dir, on_hang), watchers
+        try:
+            i, result = exits.get(timeout=0.2)
+        except queue.Empty:
+            for sink in run.sinks:
+                sink.tick()
+            continue
+        hp = plan.hosts[i]
+        if isinstance(result, Exception):
+            reporter.say(f"rank {hp.rank} ({hp.address}): lost track of the container: {result}", "bold red")
+            return Ending(1, Cause.RANK_FAILED, hp.rank, hp.address, detail=f"lost track: {result}"[:300]), watchers
+        done[i] = result
+        if result != 0:
+            reporter.say(f"rank {hp.rank} ({hp.address}) exited with {result}", "bold red")
+            return Ending(result, Cause.RANK_FAILED, hp.rank, hp.address, exit_code=result), watchers
+        reporter.say(f"rank {hp.rank} ({hp.address}) finished")
+    return Ending(0, Cause.SUCCEEDED), watchers
+
+
+def _finish(session: Session, plan: JobPlan, reporter: Reporter, ending: Ending, watchers: list[threading.Thread],
+            watchdogs: Watchdogs | None, keep: bool) -> None:
+    """After the watch: monitors get their last word on success; a failure tears down every host but the lost
+    ones (their watchdogs do it there); a success removes the containers unless --keep."""
+    if ending.code == 0:
+        for t in watchers:
+            t.join(MONITOR_JOIN)
+    if ending.code != 0:
+        for r in ending.lost:
+            if watchdogs:
+                watchdogs.abandon(session.cluster.hosts[r])
+        why = {Cause.HOST_LOST: "host lost", Cause.HANG: "hang"}.get(ending.cause, f"rank failed (exit {ending.code})")
+        _teardown(session, plan, reporter, why, skip=ending.lost)
+    elif not keep:
+        _remove_everywhere(session, plan, grace=1)
+        reporter.say(f"job {plan.job} succeeded on all {plan.nnodes} host(s)", "bold green")
+
+
+def _hung(session: Session, plan: JobPlan, reporter: Reporter, sinks: list[LogSink], after: float,
+          run_dir: Path | None, on_hang: Callable[[Session, Path], str] | None) -> Ending:
+    """No rank made progress for job.hang_timeout: name the quietest rank, dump every rank (bounded by its own
+    deadline, so a hung host cannot hang `up`), then the attempt has failed."""
+    now = time.monotonic()
+    quiet = min(sinks, key=lambda s: s.progress_at)
+    what = "matched job.progress_regex" if sinks[0].progress is not None else "printed a line"
+    reporter.say(f"no rank {what} for {after:g}s: the job hangs (quietest: rank {quiet.rank} ({quiet.host}), "
+                 f"silent for {now - quiet.progress_at:.0f}s)", "bold red")
+    detail = f"quietest rank {quiet.rank}"
+    if on_hang is not None:
+        folder = (run_dir or Path("dockerlaunch-dumps") / f"{plan.job}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        folder = folder / "hang-dump"
+        said: list[str] = []
+
+        def dump() -> None:
+            try:
+                said.append(on_hang(session, folder))
+            except Exception as e:  # noqa: BLE001 - the dump is evidence, never a reason to stay
+                said.append(f"the dump failed: {e}")
+
+        reporter.say(f"dumping every rank into {folder}/ (at most {HANG_DUMP_DEADLINE:g}s)")
+        t = threading.Thread(target=dump, daemon=True, name="dl-hang-dump")
+        t.start()
+        t.join(HANG_DUMP_DEADLINE)
+        result = said[0] if said else f"the dump did not finish in {HANG_DUMP_DEADLINE:g}s (a host hangs?)"
+        reporter.say(f"dump: {result}")
+        detail += f"; dump in {folder}: {result}"
+    return Ending(EXIT_HANG, Cause.HANG, quiet.rank, quiet.host, detail=detail[:500])
