@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.hosts import session  # noqa: E402
+from dockerlaunch.hosts import fleet as session  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.sim import cluster as sim  # noqa: E402
@@ -132,7 +132,7 @@ def main() -> int:
 
         cfg_path = sim.up(nodes=args.nodes, cluster=args.cluster, subnet=args.subnet)
         cfg = load_config(cfg_path)
-        cluster = session.Cluster.connect(cfg)
+        cluster = session.Fleet.connect(cfg)
         remotes = [h.remote for h in cluster.hosts]
         addresses = [h.address for h in cfg.hosts]
 

@@ -147,12 +147,12 @@ def compile_place(host: str | None, config_path: str | None):
     if not host:
         yield None
         return
-    from dockerlaunch.hosts.session import Cluster
+    from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.job.config import Overrides, load_config
     from dockerlaunch.transfer.host_compile import OnHost
 
     cfg = load_config(config_path, Overrides(hosts=[host]))
-    with Cluster.connect(cfg) as cluster:
+    with Fleet.connect(cfg) as cluster:
         yield OnHost(cluster.live[0].remote, log=lambda msg: click.echo(f"[dockerlaunch] {msg}"))
 
 

@@ -81,7 +81,7 @@ def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: boo
     """Copy a local image to every host over SSH (no registry); skips hosts that already have it. A push cut
     off (link, Ctrl-C, SIGKILL) resumes from what each host staged when run again."""
     from dockerlaunch.engine import engine
-    from dockerlaunch.hosts.session import Cluster
+    from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.transfer import push as pushlib
     from dockerlaunch.transfer.plan import HostResult, PushState
     from dockerlaunch.transfer.streams import local_image
@@ -96,7 +96,7 @@ def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: boo
     cfg = load(kw)
     client = engine()
     image = local_image(client, ref)  # a clear error before any connection
-    with Cluster.connect(cfg, require_all=False) as cluster:
+    with Fleet.connect(cfg, require_all=False) as cluster:
         live = cluster.live
         remotes = [h.remote for h in live]
         addresses = [h.target.hostname for h in live]
@@ -117,10 +117,10 @@ def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: boo
 
 
 def _clean(cfg, output: str) -> int:
-    from dockerlaunch.hosts.session import Cluster
+    from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.transfer.push import Cleaned, clean_staged
 
-    with Cluster.connect(cfg, require_all=False) as cluster:
+    with Fleet.connect(cfg, require_all=False) as cluster:
         done = clean_staged([h.remote for h in cluster.live])
         done = [Cleaned(h.address, error=str(h.error)) for h in cluster.hosts if not h.connected] + done
     failed = any(c.error for c in done)
@@ -174,7 +174,7 @@ def save(images: tuple[str, ...], out: str, base: str | None, split: str | None)
 @click.option("--hosts", callback=split_hosts, metavar="H1,H2", help="Load onto these hosts (default: locally).")
 def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> None:
     """Load a bundle locally or onto hosts, checking sha256 and Image IDs before tagging."""
-    from dockerlaunch.hosts.session import Cluster
+    from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.job.config import Overrides, load_config
     from dockerlaunch.transfer import bundle as bundlelib
     from dockerlaunch.transfer.plan import HostResult, PushState
@@ -188,7 +188,7 @@ def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> N
         return
     cfg = load_config(config_path, Overrides(hosts=hosts))
     results = []
-    with Cluster.connect(cfg, require_all=False) as cluster:
+    with Fleet.connect(cfg, require_all=False) as cluster:
         for h in cluster.hosts:  # one at a time: each reads the whole bundle from local disk
             if not h.connected:
                 results.append(HostResult(h.address, PushState.FAILED, str(h.error)))

@@ -14,7 +14,7 @@ from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.transport import Finding, HostTransport, describe, judge, parse_hosts
 from dockerlaunch.errors import DockerlaunchError
-from dockerlaunch.hosts.session import Host, each
+from dockerlaunch.hosts.fleet import Host, each
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan, diag_dir
 from dockerlaunch.job.spec import Deferred
@@ -110,9 +110,9 @@ def transport(config: ClusterConfig) -> TransportReport:
     session = open_session(config)
     try:
         master = master_addr_of(session)
-        probes = session.cluster.each(lambda h: factslib.probe(h.remote, master))
-        ib = {h.rank: (o.value.ib_active if o.ok else None) for h, o in zip(session.cluster.hosts, probes)}
-        report = read_transport(session.cluster.hosts, session.plan, diag_dir(config), ib)
+        probes = session.fleet.each(lambda h: factslib.probe(h.remote, master))
+        ib = {h.rank: (o.value.ib_active if o.ok else None) for h, o in zip(session.fleet.hosts, probes)}
+        report = read_transport(session.fleet.hosts, session.plan, diag_dir(config), ib)
         why = unreadable(config)
         if why and not any(t and t.seen for _, _, t, _ in report.hosts):
             raise DockerlaunchError(f"no NCCL transport lines: {why}; then start the job again")
@@ -148,7 +148,7 @@ def watch_transport(session: Session, plan: JobPlan, reporter: Reporter, stop: t
     while True:
         last = stop.wait(every) or time.monotonic() >= deadline
         try:
-            report = read_transport(session.cluster.hosts, plan, plan.diag_dir)
+            report = read_transport(session.fleet.hosts, plan, plan.diag_dir)
         except Exception:  # noqa: BLE001 - a watcher must never disturb the job
             return
         seen = [t for _, _, t, _ in report.hosts if t is not None and t.seen]

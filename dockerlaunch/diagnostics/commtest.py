@@ -185,9 +185,9 @@ def _links_and_transport(holder: dict):
         stop.wait()
         try:
             if plan.diag_dir and session.config.diagnostics.nccl_log:
-                holder["transport"] = read_transport(session.cluster.hosts, plan, plan.diag_dir)
+                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir)
             links = []
-            for h, hp in zip(session.cluster.hosts, plan.hosts):
+            for h, hp in zip(session.fleet.hosts, plan.hosts):
                 nic = hp.container.env.get("NCCL_SOCKET_IFNAME")
                 nic = None if nic is None or isinstance(nic, Deferred) else nic
                 hca = hp.container.env.get("NCCL_IB_HCA")

@@ -27,7 +27,7 @@ from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.stacks import Stack, parse_pyspy, summary
 from dockerlaunch.errors import DockerlaunchError, HostError
-from dockerlaunch.hosts.session import Host
+from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import diag_dir
 from dockerlaunch.reporting import Reporter
@@ -311,7 +311,7 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
     merged.mkdir(exist_ok=True)
     for name, data in files:
         (merged / name).write_bytes(data)
-    h0 = session.cluster.hosts[0]
+    h0 = session.fleet.hosts[0]
     where = diag_dir(session.config)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -347,7 +347,7 @@ def dump(config: ClusterConfig, out_dir: str | None = None, native: bool = False
         raise DockerlaunchError(f"--out {base}: cannot create the folder: {e.strerror}") from None
     session = open_session(config)
     try:
-        reporter.say(f"dumping job {config.job.name} on {len(session.cluster.hosts)} host(s) into {base}/")
+        reporter.say(f"dumping job {config.job.name} on {len(session.fleet.hosts)} host(s) into {base}/")
         return dump_session(session, base, native)
     finally:
         session.close()
@@ -357,9 +357,9 @@ def dump_session(session: Session, base: Path, native: bool = False) -> DumpResu
     """Every rank of a connected job into `base` (also what `up` takes when the job hangs)."""
     base.mkdir(parents=True, exist_ok=True)
     pyspy = local_pyspy()
-    results = session.cluster.each(lambda h: _HostDumper(session, h, base, native, pyspy).run())
+    results = session.fleet.each(lambda h: _HostDumper(session, h, base, native, pyspy).run())
     hosts, errors = [], []
-    for h, o in zip(session.cluster.hosts, results):
+    for h, o in zip(session.fleet.hosts, results):
         if o.ok:
             hosts.append(o.value)
         else:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from dockerlaunch.errors import DockerlaunchError
-from dockerlaunch.hosts.session import each
+from dockerlaunch.hosts.fleet import each
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.transfer import script
 from dockerlaunch.transfer.plan import HostResult, HostTransfer, PushState

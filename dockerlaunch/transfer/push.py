@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from dockerlaunch.errors import DockerlaunchError, HostError, TransferError
-from dockerlaunch.hosts.session import each
+from dockerlaunch.hosts.fleet import each
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.reporting import Reporter
 from dockerlaunch.transfer import script

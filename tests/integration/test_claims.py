@@ -95,7 +95,7 @@ def test_secret_files_are_0600_on_the_host_and_gone_when_the_command_returns(clu
     session = open_session(cluster_config)
     paths = secret_env.env_file_paths(session, "dlt-perm")
     try:
-        for h in session.cluster.hosts:
+        for h in session.fleet.hosts:
             [path] = paths[h.rank]
             # what `docker run --env-file` would see while it runs: the file, 0600, the secret lines
             seen = h.remote.check(with_env_file(path, ["sh", "-c", 'stat -c "%a %U" "$0"; cat "$0"', path]), "stat",

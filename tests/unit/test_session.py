@@ -6,7 +6,7 @@ import time
 import pytest
 
 from dockerlaunch.errors import DockerlaunchError, HostError, SSHError
-from dockerlaunch.hosts.session import Outcomes, each
+from dockerlaunch.hosts.fleet import Outcomes, each
 
 
 def test_outcomes_keep_order_values_and_errors():
@@ -77,7 +77,7 @@ def test_open_files_are_raised_for_many_hosts_or_the_limit_is_named():
 
     code = """
 import resource, sys
-from dockerlaunch.hosts.session import ensure_open_files
+from dockerlaunch.hosts.fleet import ensure_open_files
 from dockerlaunch.errors import DockerlaunchError
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
 ensure_open_files(300)
@@ -96,7 +96,7 @@ except DockerlaunchError as e:
 
 
 def test_a_typo_among_300_hosts_or_one_host_listed_twice_is_one_line_before_any_connection():
-    from dockerlaunch.hosts.session import check_addresses
+    from dockerlaunch.hosts.fleet import check_addresses
     from dockerlaunch.hosts.targets import SSHTarget
 
     def t(alias, hostname=None, port=22, jumps=()):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dockerlaunch.backends.docker.docker import run_argv
 from dockerlaunch.errors import DockerError
-from dockerlaunch.hosts.session import Host
+from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.hosts.ssh import Remote, Result
 from dockerlaunch.job.plan import LABEL_HOST, LABEL_JOB, LABEL_RANK
 from dockerlaunch.job.spec import ContainerSpec

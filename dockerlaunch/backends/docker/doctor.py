@@ -21,7 +21,7 @@ from dockerlaunch.backends.docker.docker import run_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.enums import StrEnum
 from dockerlaunch.errors import ConfigError, HostError
-from dockerlaunch.hosts.session import Cluster, Host
+from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, gpu_access, infiniband_needs
@@ -408,7 +408,7 @@ def parse_container_facts(out: str) -> ContainerFacts:
     return facts
 
 
-def _observe_shared(cluster: Cluster, config: ClusterConfig, obs: list[HostObservation]) -> None:
+def _observe_shared(cluster: Fleet, config: ClusterConfig, obs: list[HostObservation]) -> None:
     """A token written under each `shared: true` mount on host 0 must be readable on every other host."""
     h0 = cluster.hosts[0]
     if not h0.connected:
@@ -500,7 +500,7 @@ def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int
     return f"{line[0]} on host 0's host ({why})", line[1], None
 
 
-def _observe_reach(cluster: Cluster, plan: JobPlan, observations: Observations) -> None:
+def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations) -> None:
     """Listeners on host 0 (master port + a random high port), then a connection to each from every other host.
 
     Both ends run reach.sh in a container of the job's image where it has nc or python3, else on the host itself:
@@ -572,7 +572,7 @@ def _observe_reach(cluster: Cluster, plan: JobPlan, observations: Observations) 
             h0.remote.run(["kill", handle], timeout=30)
 
 
-def observe(cluster: Cluster, plan: JobPlan) -> Observations:
+def observe(cluster: Fleet, plan: JobPlan) -> Observations:
     config = cluster.config
     master = plan.master_addr
     if isinstance(master, Deferred):
@@ -935,12 +935,12 @@ def host_labels(plan: JobPlan, targets: list[SSHTarget]) -> list[str]:
 # ---------------------------------------------------------------- entry points
 
 
-def check(cluster: Cluster, plan: JobPlan) -> Report:
+def check(cluster: Fleet, plan: JobPlan) -> Report:
     """Observe and judge a connected (maybe partly connected) cluster, for the job's one plan."""
     return judge(cluster.config, plan, cluster.targets, observe(cluster, plan))
 
 
 def doctor(config: ClusterConfig, plan: JobPlan) -> Report:
-    with Cluster.connect(config, require_all=False) as cluster:
+    with Fleet.connect(config, require_all=False) as cluster:
         return check(cluster, plan)
 

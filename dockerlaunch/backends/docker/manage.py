@@ -11,7 +11,7 @@ from dockerlaunch.backends.docker.runs import latest_run, saved_attempt, tail_li
 from dockerlaunch.backends.docker.secret_env import remove_stale_env_files
 from dockerlaunch.backends.docker.session import Session, existing_job_containers, open_session
 from dockerlaunch.errors import ConfigError, DockerlaunchError
-from dockerlaunch.hosts.session import each
+from dockerlaunch.hosts.fleet import each
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.recovery import AttemptRecord
 from dockerlaunch.reporting import Reporter
@@ -25,7 +25,7 @@ def down(config: ClusterConfig, reporter: Reporter | None = None) -> int:
         by_host: dict[str, list[str]] = {}
         for host, s in found:
             by_host.setdefault(host, []).append(s.name)
-        for o in session.cluster.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []))).failed:
+        for o in session.fleet.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []))).failed:
             raise DockerlaunchError(f"host {o.item.name}: removing containers failed: {o.error}")
         remove_stale_env_files(session, config.job.name)
         reporter.say(f"removed {len(found)} container(s) of job {config.job.name}")
@@ -44,7 +44,7 @@ def status(config: ClusterConfig) -> list[tuple[str, ContainerState]]:
 
 
 def _rank_hosts(session: Session, rank: int | None) -> list[int]:
-    n = len(session.cluster.hosts)
+    n = len(session.fleet.hosts)
     if rank is None:
         return list(range(n))
     if not 0 <= rank < n:
@@ -74,7 +74,7 @@ def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, t
             hp = session.plan.hosts[i]
             sink = LogSink(reporter, hp.rank, hp.address, None)
             sinks.append(sink)
-            docker = DockerHost.on(session.cluster.hosts[i])
+            docker = DockerHost.on(session.fleet.hosts[i])
             return docker.follow_logs(hp.container.name, sink, follow=follow, stop=stop, tail=tail)
 
         try:
@@ -125,7 +125,7 @@ def exec_in(config: ClusterConfig, rank: int, command: list[str], out: BinaryIO,
                 stream.flush()
             return write
 
-        return DockerHost.on(session.cluster.hosts[i]).remote.stream(["docker", "exec", name, *command], w(out),
+        return DockerHost.on(session.fleet.hosts[i]).remote.stream(["docker", "exec", name, *command], w(out),
                                                                     w(err))
     finally:
         session.close()

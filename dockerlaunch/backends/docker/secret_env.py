@@ -35,7 +35,7 @@ def stale_env_files_argv(job: str) -> list[str]:
 
 
 def remove_stale_env_files(session: Session, job: str) -> None:
-    session.cluster.each(lambda h: h.remote.run(stale_env_files_argv(job), timeout=30))
+    session.fleet.each(lambda h: h.remote.run(stale_env_files_argv(job), timeout=30))
 
 
 def env_file_paths(session: Session, job: str) -> dict[int, tuple[str, ...]]:
@@ -50,4 +50,4 @@ def remove_env_files(session: Session, paths: dict[int, tuple[str, ...]]) -> Non
         if paths.get(h.rank):
             h.remote.run(["rm", "-rf", *(p.rsplit("/", 1)[0] for p in paths[h.rank])], timeout=30)
 
-    session.cluster.each(rm)
+    session.fleet.each(rm)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from dockerlaunch.backends.docker import facts as factslib
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost
 from dockerlaunch.errors import DockerlaunchError
-from dockerlaunch.hosts.session import Cluster
+from dockerlaunch.hosts.fleet import Fleet
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.facts import HostFacts
 from dockerlaunch.job.plan import TORCH_LABEL, JobPlan, plan_job, resolve
@@ -36,22 +36,22 @@ class Phases:
 
 @dataclass
 class Session:
-    """A connected cluster and the job's plan (made once, before any host was asked); `resolve` fills its
+    """The connected hosts (a Fleet) and the job's plan (made once, before any host was asked); `resolve` fills its
     placeholders from `gather_facts`."""
 
-    cluster: Cluster
+    fleet: Fleet
     plan: JobPlan
 
     @property
     def config(self) -> ClusterConfig:
-        return self.cluster.config
+        return self.fleet.config
 
     def close(self) -> None:
-        self.cluster.close()
+        self.fleet.close()
 
 
 def open_session(config: ClusterConfig, plan: JobPlan | None = None) -> Session:
-    cluster = Cluster.connect(config)
+    cluster = Fleet.connect(config)
     try:
         return Session(cluster, plan or plan_job(config, cluster.targets, require_image=False))
     except BaseException:
@@ -71,7 +71,7 @@ def probed_plan(config: ClusterConfig, plan: JobPlan) -> JobPlan:
 def master_addr_of(session: Session) -> str:
     addr = session.plan.master_addr
     if isinstance(addr, Deferred):
-        peer = session.cluster.peer_ip(0)
+        peer = session.fleet.peer_ip(0)
         if not peer:
             raise DockerlaunchError(
                 f"host {session.plan.hosts[0].address}: cannot tell its IP; set hosts[0].advertise_addr"
@@ -88,7 +88,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
     if probes is None:
         image = session.config.image
         probes = [o.value if o.ok else o.error  # type: ignore[misc]
-                  for o in session.cluster.each(lambda h: factslib.probe(h.remote, master, image))]
+                  for o in session.fleet.each(lambda h: factslib.probe(h.remote, master, image))]
     user_env = session.config.container.env
     one_machine = session.config.one_machine
     out: dict[int, HostFacts] = {}
@@ -127,8 +127,8 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
 
 
 def existing_job_containers(session: Session, job: str) -> list[tuple[str, ContainerState]]:
-    found = session.cluster.each(lambda h: DockerHost.on(h).job_containers(job)).raise_first()
-    return own_containers([h.name for h in session.cluster.hosts], found)
+    found = session.fleet.each(lambda h: DockerHost.on(h).job_containers(job)).raise_first()
+    return own_containers([h.name for h in session.fleet.hosts], found)
 
 
 def own_containers(hosts: list[str], found: list[list[ContainerState]]) -> list[tuple[str, ContainerState]]:

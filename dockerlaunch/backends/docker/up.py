@@ -33,7 +33,7 @@ from dockerlaunch.backends.docker.secret_env import (
 from dockerlaunch.backends.docker.session import Phases, Session, gather_facts, master_addr_of, own_containers
 from dockerlaunch.backends.docker.watchdog import Watchdogs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, HostError, Terminated
-from dockerlaunch.hosts.session import Cluster, Host
+from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import DIAG_SUBDIRS, JobPlan, plan_job, resolve
 from dockerlaunch.job.recovery import AttemptRecord, Cause, Ending, NoSpareLeft, should_restart, swap_hosts
@@ -161,7 +161,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
     (before anything started) for hosts a spare should replace."""
     job = config.job.name
     phases = Phases()
-    cluster = Cluster.connect(config, require_all=not config.spares)
+    cluster = Fleet.connect(config, require_all=not config.spares)
     unreachable = {h.rank: h.error.reason if h.error else "unreachable" for h in cluster.hosts if not h.connected}
     if unreachable:
         cluster.close()
@@ -185,7 +185,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
         if preflight:
             from dockerlaunch.backends.docker import doctor
 
-            report = doctor.check(session.cluster, session.plan)
+            report = doctor.check(session.fleet, session.plan)
             phases.done("preflight")
             reporter.checks(report)
             if report.failed:
@@ -223,15 +223,15 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
     """A spare that took a rank gets the job's image from a host that has it (no registry needed)."""
     image = session.plan.image
     argv = ["docker", "image", "inspect", "--format", "{{.Id}}", image]
-    has = session.cluster.each(lambda h: h.remote.run(argv, timeout=60).ok).raise_first()
-    sources = [h for h, ok in zip(session.cluster.hosts, has) if ok and h.rank not in ranks]
+    has = session.fleet.each(lambda h: h.remote.run(argv, timeout=60).ok).raise_first()
+    sources = [h for h, ok in zip(session.fleet.hosts, has) if ok and h.rank not in ranks]
     for r in ranks:
         if has[r]:
             continue
         if not sources:
-            raise DockerlaunchError(f"spare {session.cluster.hosts[r].address} lacks {image} and no other host of "
+            raise DockerlaunchError(f"spare {session.fleet.hosts[r].address} lacks {image} and no other host of "
                                     f"the job has it: push it first (dockerlaunch push {image} --hosts ...)")
-        dst = session.cluster.hosts[r]
+        dst = session.fleet.hosts[r]
         reporter.say(f"copying {image} from {sources[0].address} to spare {dst.address}")
         reporter.say(recovery.copy_image(sources[0], dst, image))  # type: ignore[misc]
 
@@ -253,8 +253,8 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
         mode, owner = ("0755", "-") if not user else ("1777", uid if uid.isdigit() else "-")
         diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, job, mode, owner,
                      *DIAG_SUBDIRS]
-    locals_ = [h.rank for h in session.cluster.hosts if h.target.local]
-    diag_ranks = {h.rank for h in session.cluster.hosts if not h.target.local} | set(locals_[:1])  # one folder
+    locals_ = [h.rank for h in session.fleet.hosts if h.target.local]
+    diag_ranks = {h.rank for h in session.fleet.hosts if not h.target.local} | set(locals_[:1])  # one folder
 
     def steps(h) -> list:
         out: list = []
@@ -269,14 +269,14 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
             out.append(factslib.probe_argv(master, config.image if h.rank == 0 else None, gpu=gets_gpus))
         return out
 
-    hosts = session.cluster.hosts
-    done = session.cluster.each(lambda h: h.remote.run_steps(steps(h), timeout=PREPARE_TIMEOUT)).raise_first()
+    hosts = session.fleet.hosts
+    done = session.fleet.each(lambda h: h.remote.run_steps(steps(h), timeout=PREPARE_TIMEOUT)).raise_first()
     if listing:
         found = [parse_listing(h.name, job, rs[0]) for h, rs in zip(hosts, done)]  # type: ignore[arg-type]
         if any(found):
             _clear_leftovers(session, own_containers([h.name for h in hosts], found), reporter)
         again = [h for h, rs in zip(hosts, done) if rs[0].exit_status != 0]  # type: ignore[union-attr]
-        redo = session.cluster.each(lambda h: h.remote.run_steps(steps(h)[1:], timeout=PREPARE_TIMEOUT), again)
+        redo = session.fleet.each(lambda h: h.remote.run_steps(steps(h)[1:], timeout=PREPARE_TIMEOUT), again)
         for h, rs in zip(again, redo.raise_first()):
             done[h.rank] = [done[h.rank][0], *rs]
         done = [rs[2:] for rs in done]
@@ -311,14 +311,14 @@ def _clear_leftovers(session: Session, existing: list[tuple[str, ContainerState]
     by_host: dict[str, list[str]] = {}
     for host, s in existing:
         by_host.setdefault(host, []).append(s.name)
-    session.cluster.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []), grace=0)).raise_first()
+    session.fleet.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []), grace=0)).raise_first()
     reporter.say(f"removed {len(existing)} leftover container(s) of an earlier run of {job}")
 
 
 def _remove_everywhere(session: Session, plan: JobPlan, grace: int = 3, skip: tuple[int, ...] = ()):
     names = {hp.rank: hp.container.name for hp in plan.hosts}
-    hosts = [h for h in session.cluster.hosts if h.rank not in skip]
-    return session.cluster.each(lambda h: DockerHost.on(h).remove([names[h.rank]], grace=grace), hosts)
+    hosts = [h for h in session.fleet.hosts if h.rank not in skip]
+    return session.fleet.each(lambda h: DockerHost.on(h).remove([names[h.rank]], grace=grace), hosts)
 
 
 def _teardown(session: Session, plan: JobPlan, reporter: Reporter, why: str, skip: tuple[int, ...] = ()) -> None:
@@ -337,7 +337,7 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
     down whatever started: `run.started` says whether anything may be running."""
     config = session.config
     run = _Run(stop=threading.Event())
-    watchdogs = None if detach else Watchdogs(session.cluster.hosts, run_id, config.job.orphan_grace)
+    watchdogs = None if detach else Watchdogs(session.fleet.hosts, run_id, config.job.orphan_grace)
     try:
         if watchdogs is not None:
             watchdogs.start()  # before any container: a launcher that dies mid-start leaves nothing running
@@ -400,7 +400,7 @@ def _start(session: Session, plan: JobPlan, reporter: Reporter, env_paths: dict[
         env_paths.pop(h.rank, None)  # written and removed by that one command
         return result
 
-    results = session.cluster.each(start, settle=START_SETTLE)
+    results = session.fleet.each(start, settle=START_SETTLE)
     phases.done("start")
     if not results.failed:
         return None
@@ -416,7 +416,7 @@ def _watch(session: Session, plan: JobPlan, reporter: Reporter, run: _Run, watch
            on_hang: Callable[[Session, Path], str] | None) -> tuple[Ending, list[threading.Thread]]:
     """Follow every rank's logs and wait for its exit, until all ranks exit 0 or the first of: a rank fails, a host
     is lost (watchdogs), the job hangs (job.hang_timeout). Monitors (NCCL transport, ...) run beside it."""
-    config, hosts = session.config, session.cluster.hosts
+    config, hosts = session.config, session.fleet.hosts
     exits: queue.Queue[tuple[int, int | Exception]] = queue.Queue()
 
     def follow(i: int) -> None:
@@ -481,7 +481,7 @@ def _finish(session: Session, plan: JobPlan, reporter: Reporter, ending: Ending,
     if ending.code != 0:
         for r in ending.lost:
             if watchdogs:
-                watchdogs.abandon(session.cluster.hosts[r])
+                watchdogs.abandon(session.fleet.hosts[r])
         why = {Cause.HOST_LOST: "host lost", Cause.HANG: "hang"}.get(ending.cause, f"rank failed (exit {ending.code})")
         _teardown(session, plan, reporter, why, skip=ending.lost)
     elif not keep:

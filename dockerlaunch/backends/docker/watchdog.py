@@ -21,7 +21,7 @@ import paramiko
 
 from dockerlaunch.backends.docker import script
 from dockerlaunch.errors import DockerlaunchError
-from dockerlaunch.hosts.session import Host
+from dockerlaunch.hosts.fleet import Host
 
 INTERVAL = 2.0  # seconds between heartbeats
 READY_TIMEOUT = 15.0  # for the first answer of every watchdog

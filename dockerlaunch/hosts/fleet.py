@@ -1,6 +1,6 @@
-"""One cluster session: resolve every host once, connect concurrently, run per-host steps, close.
+"""The fleet: every host of one config resolved once, connected concurrently, per-host steps run on all, closed.
 
-`with Cluster.connect(config) as c:` owns the SSH config, the targets and the connections; `c.each(fn)`
+`with Fleet.connect(config) as c:` owns the SSH config, the targets and the connections; `c.each(fn)`
 runs `fn(host)` on every host at once and returns an `Outcomes` (per host: a value or the error).
 Only `Exception`s become outcomes: KeyboardInterrupt and SystemExit always reach the caller, so a
 Ctrl-C during any concurrent step stops the command instead of becoming one host's "result".
@@ -239,7 +239,7 @@ class Host:
         return self.address
 
 
-class Cluster:
+class Fleet:
     """The hosts of one config, connected; close with `close()` or a `with` block."""
 
     def __init__(self, config: ClusterConfig, hosts: list[Host]):
@@ -247,7 +247,7 @@ class Cluster:
         self.hosts = hosts
 
     @classmethod
-    def connect(cls, config: ClusterConfig, *, require_all: bool = True) -> Cluster:
+    def connect(cls, config: ClusterConfig, *, require_all: bool = True) -> Fleet:
         """Connect to every host concurrently. With `require_all`, one failure closes the rest and raises
         (naming every host that failed); without, failed hosts keep their error (`host.error`) for a report."""
         targets = resolve_all(config)
@@ -291,7 +291,7 @@ class Cluster:
             if h.remote is not None:
                 h.remote.close()
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc) -> None:
