@@ -145,7 +145,7 @@ def main() -> int:
         # resume after a cut at 25/50/90%
         for frac in (0.25, 0.5, 0.9):
             drop(remote, old_ref, image.id)
-            plan, _, _ = push.make_plan(client, [remote], image, strategy="star", compress="none", thin=False)
+            plan, _, _ = push.observe_and_plan(client, [remote], image, strategy="star", compress="none", thin=False)
             cut, sent = threading.Event(), [0]
 
             def count(k: int, frac=frac, cut=cut, sent=sent) -> None:

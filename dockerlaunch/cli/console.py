@@ -19,7 +19,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from dockerlaunch.backends.docker.docker import argv as docker_argv
+from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
 from dockerlaunch.backends.docker.doctor import Report, Verdict
 from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.plan import JobPlan

@@ -21,7 +21,7 @@ def _took(seconds: float, stream_seconds: float) -> str:
 
 
 def _summary(results, output: str = "text") -> int:
-    from dockerlaunch.transfer.plan import PushState
+    from dockerlaunch.transfer.push_plan import PushState
 
     failed = any(r.status == PushState.FAILED for r in results)
     if output == "json":
@@ -44,7 +44,7 @@ def _print_push_plan(plan, output: str) -> None:
     if output == "json":
         click.echo(plan.to_json())
         return
-    from dockerlaunch.transfer.plan import Action
+    from dockerlaunch.transfer.push_plan import Action
 
     image = plan.image
     click.echo(f"Push plan for {image.ref} ({image.id[7:19]}, {_mb(image.size)}): strategy {plan.strategy}")
@@ -83,7 +83,7 @@ def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: boo
     from dockerlaunch.engine import engine
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.transfer import push as pushlib
-    from dockerlaunch.transfer.plan import HostResult, PushState
+    from dockerlaunch.transfer.push_plan import HostResult, PushState
     from dockerlaunch.transfer.streams import local_image
 
     if clean:
@@ -100,10 +100,10 @@ def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: boo
         live = cluster.live
         remotes = [h.remote for h in live]
         addresses = [h.target.hostname for h in live]
-        plan, views, layers = pushlib.make_plan(client, remotes, image, addresses=addresses, strategy=strategy,
+        plan, views, layers = pushlib.observe_and_plan(client, remotes, image, addresses=addresses, strategy=strategy,
                                                 compress=compress, thin=thin)
         if dry_run:
-            from dockerlaunch.transfer.plan import Action, HostTransfer
+            from dockerlaunch.transfer.push_plan import Action, HostTransfer
 
             plan.hosts = [HostTransfer(h.address, Action.FAIL, reason=str(h.error)) for h in cluster.hosts
                           if not h.connected] + plan.hosts
@@ -177,7 +177,7 @@ def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> N
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.job.config import Overrides, load_config
     from dockerlaunch.transfer import bundle as bundlelib
-    from dockerlaunch.transfer.plan import HostResult, PushState
+    from dockerlaunch.transfer.push_plan import HostResult, PushState
 
     path = bundlelib.bundle_path(bundle)
     if not path.is_file():

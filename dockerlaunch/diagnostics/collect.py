@@ -104,13 +104,13 @@ def unreadable(config: ClusterConfig) -> str | None:
 
 def transport(config: ClusterConfig) -> TransportReport:
     """`dockerlaunch transport`: the table for a running or finished job."""
-    from dockerlaunch.backends.docker import facts as factslib
+    from dockerlaunch.backends.docker import probe as probelib
     from dockerlaunch.backends.docker.session import master_addr_of
 
     session = open_session(config)
     try:
         master = master_addr_of(session)
-        probes = session.fleet.each(lambda h: factslib.probe(h.remote, master))
+        probes = session.fleet.each(lambda h: probelib.probe(h.remote, master))
         ib = {h.rank: (o.value.ib_active if o.ok else None) for h, o in zip(session.fleet.hosts, probes)}
         report = read_transport(session.fleet.hosts, session.plan, diag_dir(config), ib)
         why = unreadable(config)

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from dockerlaunch.backends.docker.docker import sidecar_argv
+from dockerlaunch.backends.docker.docker_cli import sidecar_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
-from dockerlaunch.diagnostics.stacks import Stack, parse_pyspy, summary
+from dockerlaunch.diagnostics.callstacks import RankStack, parse_pyspy, summary
 from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.job.config import ClusterConfig
@@ -110,7 +110,7 @@ class HostDump:
     rank: int
     address: str
     folder: Path
-    stacks: list[Stack] = field(default_factory=list)
+    stacks: list[RankStack] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     fr_files: int = 0
 
@@ -179,7 +179,7 @@ class _HostDumper:
             (self.result.folder / f"rank{p.rank}.pyspy.txt").write_text(out)
             threads = parse_pyspy(out)
             err = None if threads else (out.strip().splitlines() or ["py-spy printed nothing"])[-1][:300]
-            self.result.stacks.append(Stack(p.rank, self.hp.address, threads, err))
+            self.result.stacks.append(RankStack(p.rank, self.hp.address, threads, err))
 
     def _sidecar(self, loop: str, pids: list[str], image: str) -> str:
         if self.pyspy is None:

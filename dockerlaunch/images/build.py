@@ -595,7 +595,7 @@ def _stream(argv: list[str], env: dict[str, str], out) -> tuple[int, str]:
 
 
 @dataclass
-class Session:
+class BuildSession:
     """What every phase of a build shares: the checked lock, the architectures, the builder CLI, where log lines
     go, and the secret file of --pip-index-url (written once, 0600, removed with the session)."""
 
@@ -628,7 +628,7 @@ class Session:
 
 
 def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | None = None,
-          where: wheels.Here | None = None) -> Session:
+          where: wheels.Here | None = None) -> BuildSession:
     """Everything checked before anything runs (rules, lock, wheelhouse, architectures), then the base (made, or
     a registry image that must be here or pullable) and the pinned source archives. `where` compiles elsewhere
     (`--on HOST`): its GPUs set the default architectures."""
@@ -649,7 +649,7 @@ def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | 
     gpus = (where.gpu_archs() if where else local_gpu_archs()) if stack.cuda and not opts.cuda_archs else []
     archs = cuda_archs(stack, opts, gpus)
     check_archs(stack, archs)
-    s = Session(stack, replace(opts, cuda_archs=archs), lock, builder or find_builder(), out, work, where=where)
+    s = BuildSession(stack, replace(opts, cuda_archs=archs), lock, builder or find_builder(), out, work, where=where)
     if stack.cuda and not opts.cuda_archs:
         what = where.what if where else "this machine"
         why = f"{what}'s GPUs" if gpus else f"H100/H200; no GPU on {what} to ask"
@@ -670,7 +670,7 @@ def builder_tag(stack: Stack) -> str:
     return f"dockerlaunch/builder:{stack.name}"
 
 
-def build_wheels(s: Session) -> list[tuple[Path, str]]:
+def build_wheels(s: BuildSession) -> list[tuple[Path, str]]:
     """The builder stage, then each compiled package from the wheel cache or compiled now: (wheel, sha256) each."""
     pkgs = wheels.compiled_packages(s.stack, s.lock, s.opts.cuda_archs, flash_prebuilt=bool(flash_attn_wheel(s.stack)))
     if not pkgs:
@@ -726,7 +726,7 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
 REPORT_DIR = "/opt/dockerlaunch"
 
 
-def stamp_report(s: Session, tag: str, report, ctx: Path) -> None:
+def stamp_report(s: BuildSession, tag: str, report, ctx: Path) -> None:
     """The verify report into the image it describes (/opt/dockerlaunch/verify.txt and .json, a small top layer),
     so whoever runs the image later can read what was proven when it was built."""
     (ctx / "verify.txt").write_text(report.render() + "\n")

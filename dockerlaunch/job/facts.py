@@ -1,4 +1,4 @@
-"""What a host tells the plan at launch, typed; gathered by the docker backend (backends/docker/facts.py)."""
+"""What a host tells the plan at launch, typed; gathered by the docker backend (backends/docker/probe.py)."""
 
 from __future__ import annotations
 

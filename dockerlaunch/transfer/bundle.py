@@ -91,7 +91,7 @@ def save_bundle(client, refs: list[str], path: Path, level: int = 3, base: str |
     With `base`, each image leaves out the layers the base has (a delta)."""
     import zstandard
 
-    from dockerlaunch.transfer.plan import thin_layers
+    from dockerlaunch.transfer.push_plan import thin_layers
     from dockerlaunch.transfer.streams import chain_ids, layer_map, with_facts
 
     images = [local_image(client, r) for r in refs]

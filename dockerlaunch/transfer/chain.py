@@ -24,7 +24,7 @@ from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.fleet import each
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.transfer import script
-from dockerlaunch.transfer.plan import HostResult, HostTransfer, PushState
+from dockerlaunch.transfer.push_plan import HostResult, HostTransfer, PushState
 from dockerlaunch.transfer.streams import CountingReader, LocalImage, outgoing, stream_seconds
 
 LISTEN_TIMEOUT = 15.0  # for a relay's listener to come up

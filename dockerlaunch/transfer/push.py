@@ -20,7 +20,7 @@ from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.reporting import Reporter
 from dockerlaunch.transfer import script
 from dockerlaunch.transfer.chain import push_chain
-from dockerlaunch.transfer.plan import (
+from dockerlaunch.transfer.push_plan import (
     Action,
     HostResult,
     HostTransfer,
@@ -87,7 +87,7 @@ def observe(remote: Remote, image: LocalImage, address: str, thin: bool = True) 
     return view
 
 
-def make_plan(client, remotes: list[Remote], image: LocalImage, *, addresses: list[str] | None = None,
+def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addresses: list[str] | None = None,
               strategy: str = "auto", compress: str = "auto", thin: bool = True
               ) -> tuple[PushPlan, list[HostView], list[tuple[str, int]] | None]:
     """Observe every host concurrently and plan. Sends nothing, tags nothing (`push --dry-run`).
@@ -381,7 +381,7 @@ def _carrier(remote: Remote) -> str:
 def push_to_host(client, remote: Remote, image: LocalImage, compress: str = "auto", thin: bool = True,
                  on_bytes: Callable[[int], None] | None = None) -> HostResult:
     """Observe, plan and push one host (star)."""
-    plan, _, _ = make_plan(client, [remote], image, strategy="star", compress=compress, thin=thin)
+    plan, _, _ = observe_and_plan(client, [remote], image, strategy="star", compress=compress, thin=thin)
     return apply(client, [remote], plan, [], None, compress, thin)[0]
 
 
@@ -455,7 +455,7 @@ def push(client, remotes: list[Remote], ref: str, compress: str = "auto", report
     """Observe, plan and apply: star (the launcher streams to every host) or chain (one copy leaves the
     launcher, each host relays it to the next); hosts a broken chain did not reach get a star push."""
     image = local_image(client, ref)
-    plan, views, layers = make_plan(client, remotes, image, addresses=addresses, strategy=strategy,
+    plan, views, layers = observe_and_plan(client, remotes, image, addresses=addresses, strategy=strategy,
                                     compress=compress, thin=thin)
     return apply(client, remotes, plan, views, layers, compress, thin, reporter)
 

@@ -276,7 +276,7 @@ def test_a_chain_that_fails_after_a_listener_is_up_kills_it(sim_cluster, engine,
     """Three links -- node1 (head), node2, node1 again (tail): the tail's listener comes up first (the test sees
     it), then node2 cannot listen and passes nothing on; the live listener on node1 must be killed and its port
     closed, and nothing loaded or tagged."""
-    from dockerlaunch.transfer.plan import Action, HostTransfer, Strategy
+    from dockerlaunch.transfer.push_plan import Action, HostTransfer, Strategy
 
     ref = fresh_image(mb=8)
     image = local_image(engine, ref)
@@ -458,7 +458,7 @@ def test_a_push_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, en
     monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=48, scratch=True)
     image = local_image(engine, ref)
-    plan, _, _ = push.make_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
+    plan, _, _ = push.observe_and_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
     [t] = plan.hosts
     cut, sent = threading.Event(), [0]
 
@@ -490,7 +490,7 @@ def test_a_staged_prefix_that_is_not_the_streams_own_is_sent_again(sim_cluster, 
     monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=8, scratch=True)
     image = local_image(engine, ref)
-    plan, _, _ = push.make_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
+    plan, _, _ = push.observe_and_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
     key = push.stage_key(plan.hosts[0])
     try:
         remotes[0].check(["sh", "-c", 'mkdir -p "$HOME/.cache/dockerlaunch/push" && head -c 1000000 /dev/urandom '

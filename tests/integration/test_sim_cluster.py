@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dockerlaunch.backends.docker.docker import shell_command
+from dockerlaunch.backends.docker.docker_cli import shell_command
 from dockerlaunch.errors import SSHError
 from dockerlaunch.hosts.ssh import Remote, connect
 from dockerlaunch.hosts.targets import resolve_target

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from dockerlaunch.diagnostics import commtest as ct
+from dockerlaunch.diagnostics.callstacks import RankStack, parse_pyspy, ranges, summary
 from dockerlaunch.diagnostics.collect import split_files
 from dockerlaunch.diagnostics.dump import parse_ranks, safe_extract, split_marked
-from dockerlaunch.diagnostics.stacks import Stack, parse_pyspy, ranges, summary
 from dockerlaunch.diagnostics.transport import describe, judge, parse_hosts, parse_log, path_kind
 from dockerlaunch.errors import ConfigError
 
@@ -170,9 +170,9 @@ def test_the_log_filter_keeps_every_line_the_parser_reads():
 # ---------------------------------------------------------------- stacks
 
 
-def gloo_stacks() -> list[Stack]:
+def gloo_stacks() -> list[RankStack]:
     d = DATA / "hang" / "gloo"
-    return [Stack(r, f"10.0.0.{r // 2 + 1}", parse_pyspy((d / f"rank{r}.pyspy.txt").read_text())) for r in range(6)]
+    return [RankStack(r, f"10.0.0.{r // 2 + 1}", parse_pyspy((d / f"rank{r}.pyspy.txt").read_text())) for r in range(6)]
 
 
 def test_the_odd_rank_is_named_with_its_host_and_line():
@@ -183,28 +183,28 @@ def test_the_odd_rank_is_named_with_its_host_and_line():
 
 def test_nccl_hang_recorded_on_gpus():
     d = DATA / "hang"
-    s0 = Stack(0, "gpu-a", parse_pyspy((d / "pyspy.866.txt").read_text()))
-    s1 = Stack(1, "gpu-a", parse_pyspy((d / "pyspy.867.txt").read_text()))
+    s0 = RankStack(0, "gpu-a", parse_pyspy((d / "pyspy.866.txt").read_text()))
+    s1 = RankStack(1, "gpu-a", parse_pyspy((d / "pyspy.867.txt").read_text()))
     assert s0.describe() == "synchronize at hang.py:7 (in step)"
     assert s1.describe() == "main at hang.py:17, idle"
-    native = Stack(1, "gpu-a", parse_pyspy((d / "pyspy-native.867.txt").read_text()))
+    native = RankStack(1, "gpu-a", parse_pyspy((d / "pyspy-native.867.txt").read_text()))
     assert native.describe() == "main at hang.py:17, idle"  # C frames are skipped when naming the place
     assert "missing ranks: {1}" in (d / "fr_trace.txt").read_text()  # what the analyzer itself said
 
 
 def test_native_frames_group_like_python_ones():
     d = DATA / "hang" / "gloo"
-    native = Stack(0, "h", parse_pyspy((d / "rank0.native.pyspy.txt").read_text()))
+    native = RankStack(0, "h", parse_pyspy((d / "rank0.native.pyspy.txt").read_text()))
     assert native.describe() == "all_reduce at hang.py:6 (in wait_for_peers), idle"
 
 
 def test_no_majority_lists_every_rank_and_errors_group():
     d = DATA / "hang"
-    a = Stack(0, "a", parse_pyspy((d / "pyspy.866.txt").read_text()))
-    b = Stack(1, "b", parse_pyspy((d / "pyspy.867.txt").read_text()))
+    a = RankStack(0, "a", parse_pyspy((d / "pyspy.866.txt").read_text()))
+    b = RankStack(1, "b", parse_pyspy((d / "pyspy.867.txt").read_text()))
     assert summary([a, b]) == ["rank 0 (a) in synchronize at hang.py:7 (in step)",
                                "rank 1 (b) in main at hang.py:17, idle"]
-    broken = Stack(2, "c", [], error="Permission denied")
+    broken = RankStack(2, "c", [], error="Permission denied")
     assert broken.describe() == "no stack (Permission denied)"
     assert summary([]) == ["no rank processes found"]
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dockerlaunch.backends.docker.docker import run_argv
+from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.backends.docker.doctor import (
     CHECK_ORDER,
     FAIL,
@@ -23,7 +23,7 @@ from dockerlaunch.backends.docker.doctor import (
     judge,
     parse_observation,
 )
-from dockerlaunch.backends.docker.facts import Probe, nic_problem
+from dockerlaunch.backends.docker.probe import Probe, nic_problem
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import make_plan

@@ -6,7 +6,7 @@ import pytest
 
 from dockerlaunch.backends.docker.dockerhost import parse_inspect
 from dockerlaunch.backends.docker.doctor import count_gpus, listening_ports, local_ports, parse_df_kb
-from dockerlaunch.backends.docker.facts import (
+from dockerlaunch.backends.docker.probe import (
     nic_problem,
     parse_addr_owner,
     parse_ib_ports,
@@ -142,7 +142,7 @@ def test_hosts_sharing_an_engine_each_own_their_containers():
 def test_one_docker_info_gives_the_engine_cdi_dirs_and_runtimes():
     """probe.sh asks the engine once (`docker info --format '{{json .}}'`): Docker 20.10 has no CDISpecDirs field
     (no CDI), 26.1 lists none (off), 28.5 its dirs; the toolkit shows as a runtime."""
-    from dockerlaunch.backends.docker.facts import parse_probe
+    from dockerlaunch.backends.docker.probe import parse_probe
 
     def gpu(info):
         return parse_probe("has_ip=0\ndocker_info=" + json.dumps(info) + "\n").gpu
@@ -162,7 +162,7 @@ def test_the_probe_asks_the_engine_for_gpu_facts_only_for_hosts_that_get_gpus(tm
     """`docker info` is the costliest question to an engine that many hosts may share: not asked for gpus: none."""
     import subprocess
 
-    from dockerlaunch.backends.docker.facts import parse_probe, probe_argv
+    from dockerlaunch.backends.docker.probe import parse_probe, probe_argv
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

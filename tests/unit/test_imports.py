@@ -33,7 +33,7 @@ def test_the_tree_keeps_every_import_rule():
     ("backends/docker/doctor.py", "from dockerlaunch.sim import cluster", "Only the CLI imports the simulator"),
     ("engine.py", "from dockerlaunch.hosts import fleet as session", "Layers"),
     ("hosts/fleet.py", "from dockerlaunch.backends.docker import dockerhost", "Layers"),
-    ("backends/compose/__init__.py", "from dockerlaunch.backends.docker import docker", "never import each other"),
+    ("backends/compose/__init__.py", "from dockerlaunch.backends.docker import docker_cli", "never import each other"),
     ("backends/kubernetes/__init__.py", "import paramiko", "Rendering is pure"),
     ("job/plan.py", "from dockerlaunch.hosts import targets", "The job spec is neutral"),
 ])

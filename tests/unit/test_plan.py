@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from dockerlaunch.backends.docker.docker import argv as docker_argv
-from dockerlaunch.backends.docker.docker import run_argv
+from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
+from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.hosts.targets import resolve_all, resolve_target
 from dockerlaunch.job.config import ClusterConfig
@@ -431,7 +431,7 @@ def test_flight_recorder_names_follow_the_images_torch(torch, old):
 
 
 def test_probe_reads_the_images_labels_and_gpu_facts():
-    from dockerlaunch.backends.docker.facts import parse_probe
+    from dockerlaunch.backends.docker.probe import parse_probe
 
     p = parse_probe('route=10.0.0.1 dev eth0 src 10.0.0.2 uid 0\nhas_ip=1\ngpus=2\n'
                     'image_labels={"ai.dockerlaunch.pin.torch":"2.11.0"}\n'
@@ -502,7 +502,7 @@ def test_offline_advice_reaches_the_plan_and_the_dry_run():
 def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container, ib):
     """`up --dry-run` prints the plan `up` applies: `resolve` may fill what was `<resolved at launch>` (and add what
     a deferred GPU or IB decision brings), never change a value the dry run showed."""
-    from dockerlaunch.backends.docker.docker import argv as docker_argv
+    from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
     from dockerlaunch.job.facts import GpuHost
     from dockerlaunch.job.plan import resolve
 
@@ -525,7 +525,7 @@ def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container
 
 def test_finding_a_job_needs_no_image_but_starting_one_does():
     """down/status/logs plan without an image; the placeholder they get can never start a container."""
-    from dockerlaunch.backends.docker.docker import run_argv
+    from dockerlaunch.backends.docker.docker_cli import run_argv
 
     config = ClusterConfig.model_validate({"hosts": ["10.0.0.1"], "ssh": {"config_file": None},
                                            "container": {"gpus": "none", "infiniband": "off"}})

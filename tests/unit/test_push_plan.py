@@ -1,4 +1,4 @@
-"""The push planner (transfer/plan.py) and inspect.sh's parser (push.parse_host_view), on hand-built inputs.
+"""The push planner (transfer/push_plan.py) and inspect.sh's parser (push.parse_host_view), on hand-built inputs.
 
 No SSH, no Docker, no mocks: `plan_push` is pure, so every decision is checked on `HostView`s built here.
 """
@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from dockerlaunch.transfer.plan import (
+from dockerlaunch.transfer.push import parse_host_view
+from dockerlaunch.transfer.push_plan import (
     Action,
     HostResult,
     HostTransfer,
@@ -22,7 +23,6 @@ from dockerlaunch.transfer.plan import (
     plan_push,
     star_fallback,
 )
-from dockerlaunch.transfer.push import parse_host_view
 from dockerlaunch.transfer.streams import CONTAINERD, GRAPHDRIVER, Blob, LocalImage, SaveFacts, chain_ids
 
 

@@ -6,7 +6,7 @@ import subprocess
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dockerlaunch.backends.docker.docker import run_argv, shell_command
+from dockerlaunch.backends.docker.docker_cli import run_argv, shell_command
 from dockerlaunch.job.spec import ContainerSpec
 
 NASTY = list("ab '\"$;\\\n\t`|&*?!#~{}()<>=-") + ["$(id)", "${HOME}", "'\"'", "\\n", "--rm", "-e"]

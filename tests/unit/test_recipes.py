@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dockerlaunch.backends.docker.docker import run_argv
+from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.backends.docker.doctor import CACHE_ENV, PASS, Report, _judge_caches
 from dockerlaunch.images.stacks import load_matrix
 from dockerlaunch.job.config import validate_config

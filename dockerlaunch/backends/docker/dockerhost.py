@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dockerlaunch.backends.docker.docker import run_argv
+from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.errors import DockerError
 from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.hosts.ssh import Remote, Result

@@ -15,9 +15,9 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 
-from dockerlaunch.backends.docker import facts as factslib
+from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker import script
-from dockerlaunch.backends.docker.docker import run_argv
+from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.enums import StrEnum
 from dockerlaunch.errors import ConfigError, HostError
@@ -213,7 +213,7 @@ class HostObservation:
     docker_error: str | None = None
     image_id: str | None = None  # "" when the image is missing
     image_content: str = ""  # its creation time and layer digests: the same image in either image store
-    probe: factslib.Probe | None = None
+    probe: probelib.Probe | None = None
     disk: tuple[int, int] | None = None  # (size, available) KiB under the docker root
     mounts_missing: list[str] | None = None
     listening: set[int] | None = None
@@ -255,7 +255,7 @@ def parse_observation(obs: HostObservation, text: str) -> HostObservation:
         obs.disk = parse_df_kb("\n".join(kv.get("disk", [])))
     obs.mounts_missing = kv.get("mount_missing", [])
     obs.listening = listening_ports("\n".join(kv.get("tcp", [])))
-    obs.probe = factslib.parse_probe(text)
+    obs.probe = probelib.parse_probe(text)
     return obs
 
 
@@ -286,7 +286,7 @@ def wants_gpus(hp: HostPlan) -> bool:
     return hp.gpu_mode != "none"
 
 
-def host_gpu_access(config: ClusterConfig, hp: HostPlan, probe: factslib.Probe | None) -> GpuAccess:
+def host_gpu_access(config: ClusterConfig, hp: HostPlan, probe: probelib.Probe | None) -> GpuAccess:
     """The job's GPU flags on this host, from what doctor observed there (raises ConfigError when impossible)."""
     gpus = hp.host.gpus if hp.host.gpus is not None else config.container.gpus
     access = gpu_access(gpus, config.container.gpu_mode, probe.gpu if probe else None, config.container.env,
@@ -296,7 +296,7 @@ def host_gpu_access(config: ClusterConfig, hp: HostPlan, probe: factslib.Probe |
     return access
 
 
-def uses_ib(mode: str, probe: factslib.Probe | None) -> bool:
+def uses_ib(mode: str, probe: probelib.Probe | None) -> bool:
     return mode == "on" or (mode == "auto" and probe is not None and probe.ib_device)
 
 
@@ -673,7 +673,7 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSH
             report.add(a, "gpus", PASS, f"{g.gpus} GPU(s) visible in the container" + (f" ({mode})" if mode else ""))
 
 
-def _judge_ib(report: Report, a: str, p: factslib.Probe, mode: str) -> None:
+def _judge_ib(report: Report, a: str, p: probelib.Probe, mode: str) -> None:
     if not p.ib_device:
         if mode == "on":
             report.add(a, "infiniband", FAIL, "infiniband: on but the host has no /dev/infiniband")

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dockerlaunch.backends.docker import facts as factslib
+from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.fleet import Fleet
@@ -81,14 +81,14 @@ def master_addr_of(session: Session) -> str:
 
 
 def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None = None,
-                 probes: Sequence[factslib.Probe | Exception] | None = None) -> dict[int, HostFacts]:
+                 probes: Sequence[probelib.Probe | Exception] | None = None) -> dict[int, HostFacts]:
     """Every host's probe (asked here, concurrently, unless `prepare` brought them) turned into HostFacts, or one
     line naming every host that cannot be planned."""
     master = master_addr_of(session)
     if probes is None:
         image = session.config.image
         probes = [o.value if o.ok else o.error  # type: ignore[misc]
-                  for o in session.fleet.each(lambda h: factslib.probe(h.remote, master, image))]
+                  for o in session.fleet.each(lambda h: probelib.probe(h.remote, master, image))]
     user_env = session.config.container.env
     one_machine = session.config.one_machine
     out: dict[int, HostFacts] = {}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from dockerlaunch.backends.docker import facts as factslib
+from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker import script
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost, listing_script, parse_listing
 from dockerlaunch.backends.docker.logsink import LogSink
@@ -237,7 +237,7 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
 
 
 def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag: bool = True, probe: bool = True
-            ) -> list[factslib.Probe | Exception] | None:
+            ) -> list[probelib.Probe | Exception] | None:
     """Each host's steps before its start, in one round trip (`Remote.run_steps`; at 256 hosts every extra round
     trip is a wait on the slowest): the job's containers of an earlier run, secret files it left, the emptied
     diagnostics folder, the probe. A host where the job has any container stops its batch at the listing, so
@@ -266,7 +266,7 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
             # the image's labels (its torch) from host 0 only: every host runs the same image, and each question
             # is a docker CLI run on an engine that the sim's hosts share
             gets_gpus = session.plan.hosts[h.rank].container.gpus is not None
-            out.append(factslib.probe_argv(master, config.image if h.rank == 0 else None, gpu=gets_gpus))
+            out.append(probelib.probe_argv(master, config.image if h.rank == 0 else None, gpu=gets_gpus))
         return out
 
     hosts = session.fleet.hosts
@@ -291,11 +291,11 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
                         "or start with --no-diagnostics")
     if not probe:
         return None
-    probes: list[factslib.Probe | Exception] = []
+    probes: list[probelib.Probe | Exception] = []
     for h, rs in zip(hosts, done):
         r = rs[0]
-        probes.append(factslib.parse_probe(r.stdout) if r is not None and r.ok else HostError(
-            h.name, r.last_line() if r is not None else "not run", step=factslib.PROBE_STEP,
+        probes.append(probelib.parse_probe(r.stdout) if r is not None and r.ok else HostError(
+            h.name, r.last_line() if r is not None else "not run", step=probelib.PROBE_STEP,
             exit_status=r.exit_status if r is not None else None))
     return probes
 

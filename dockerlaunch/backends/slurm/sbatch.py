@@ -4,7 +4,7 @@ Slurm decides the nodes, so the host list only gives their number; every value a
 (`<resolved at launch>` in the plan) is computed by the script on the node, as `up` computes it over SSH:
 NODE_RANK from SLURM_NODEID, MASTER_ADDR from the allocation's first node, the NIC from the route toward it,
 InfiniBand flags where /dev/infiniband exists. The Docker variant's `docker run` line is the docker backend's
-own argv (backends/docker/docker.py), so it cannot drift from what `up` runs.
+own argv (backends/docker/docker_cli.py), so it cannot drift from what `up` runs.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from importlib import resources
 
 from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
 from dockerlaunch.backends.common import common_refusals, env_file_paths, per_host_refusals, plain_labels
-from dockerlaunch.backends.docker.docker import argv as docker_argv
-from dockerlaunch.backends.docker.docker import ib_flags
+from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
+from dockerlaunch.backends.docker.docker_cli import ib_flags
 from dockerlaunch.job.plan import DEFAULT_ENV, JobPlan
 from dockerlaunch.job.spec import ContainerSpec, Deferred, GpuAccess
 

@@ -42,7 +42,7 @@ class Thread:
 
 
 @dataclass
-class Stack:
+class RankStack:
     """One rank's dump."""
 
     rank: int
@@ -101,22 +101,22 @@ def ranges(ranks: list[int]) -> str:
 
 @dataclass
 class Group:
-    stacks: list[Stack]
+    stacks: list[RankStack]
 
     @property
     def ranks(self) -> list[int]:
         return sorted(s.rank for s in self.stacks)
 
 
-def group(stacks: list[Stack]) -> list[Group]:
+def group(stacks: list[RankStack]) -> list[Group]:
     """Identical main-thread stacks together, the largest group first."""
-    by_key: dict[tuple, list[Stack]] = {}
+    by_key: dict[tuple, list[RankStack]] = {}
     for s in sorted(stacks, key=lambda s: s.rank):
         by_key.setdefault(s.key(), []).append(s)
     return sorted((Group(v) for v in by_key.values()), key=lambda g: (-len(g.stacks), g.ranks[0]))
 
 
-def summary(stacks: list[Stack]) -> list[str]:
+def summary(stacks: list[RankStack]) -> list[str]:
     """'7 ranks (0-4,6-7) in all_reduce at train.py:812 (step)', then each odd one out with its host."""
     groups = group(stacks)
     if not groups:
