@@ -36,7 +36,7 @@ class Reporter:
         """One line of a rank's output."""
 
     def checks(self, report) -> None:
-        """A doctor report (cluster.doctor.Report)."""
+        """A doctor report (backends/docker/doctor/report.Report)."""
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[Tasks]:

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
-from dockerlaunch.backends.docker.doctor import Report, Verdict
+from dockerlaunch.backends.docker.doctor.report import Report, Verdict
 from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.plan import JobPlan
 from dockerlaunch.reporting import Reporter, Task, Tasks

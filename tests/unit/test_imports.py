@@ -30,7 +30,7 @@ def test_the_tree_keeps_every_import_rule():
     ("images/stacks.py", "from dockerlaunch.job import config", "The image side never imports the job side"),
     ("job/plan.py", "from dockerlaunch.images import stacks", "The job side never imports the image side"),
     ("transfer/push.py", "import rich", "Only the CLI prints with rich"),
-    ("backends/docker/doctor.py", "from dockerlaunch.sim import cluster", "Only the CLI imports the simulator"),
+    ("backends/docker/doctor/observe.py", "from dockerlaunch.sim import cluster", "Only the CLI imports the simulator"),
     ("engine.py", "from dockerlaunch.hosts import fleet as session", "Layers"),
     ("hosts/fleet.py", "from dockerlaunch.backends.docker import dockerhost", "Layers"),
     ("backends/compose/__init__.py", "from dockerlaunch.backends.docker import docker_cli", "never import each other"),

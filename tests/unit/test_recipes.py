@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from dockerlaunch.backends.docker.docker_cli import run_argv
-from dockerlaunch.backends.docker.doctor import CACHE_ENV, PASS, Report, _judge_caches
+from dockerlaunch.backends.docker.doctor.judge import CACHE_ENV, _judge_caches
+from dockerlaunch.backends.docker.doctor.report import PASS, Report
 from dockerlaunch.images.stacks import load_matrix
 from dockerlaunch.job.config import validate_config
 from dockerlaunch.job.facts import GpuHost

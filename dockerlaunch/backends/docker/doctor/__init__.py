@@ -1,0 +1,27 @@
+"""Pre-flight checks: every failure users lose days to, caught before a container starts.
+
+Observe, then judge. `observe` gathers each host's raw facts (one round trip per host for what the
+host itself can say, then the few steps that need a container or two hosts: shm/memlock and GPUs in
+a container with the job's flags, shared storage, reachability); `judge` is pure and turns those facts
+into PASS/WARN/FAIL/SKIP rows, so every verdict is unit-tested on recorded facts. A step that raises
+or times out is recorded as such, and judged FAIL: doctor never passes what it could not check.
+"""
+
+from __future__ import annotations
+
+from dockerlaunch.backends.docker.doctor.judge import judge
+from dockerlaunch.backends.docker.doctor.observe import observe
+from dockerlaunch.backends.docker.doctor.report import Report
+from dockerlaunch.hosts.fleet import Fleet
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.plan import JobPlan
+
+
+def check(cluster: Fleet, plan: JobPlan) -> Report:
+    """Observe and judge a connected (maybe partly connected) cluster, for the job's one plan."""
+    return judge(cluster.config, plan, cluster.targets, observe(cluster, plan))
+
+
+def doctor(config: ClusterConfig, plan: JobPlan) -> Report:
+    with Fleet.connect(config, require_all=False) as cluster:
+        return check(cluster, plan)

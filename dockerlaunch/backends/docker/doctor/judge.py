@@ -1,0 +1,360 @@
+"""Judge (pure): observations -> PASS/WARN/FAIL/SKIP rows; every verdict unit-tested on recorded facts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dockerlaunch.backends.docker import probe as probelib
+from dockerlaunch.backends.docker.doctor.observe import (
+    ContainerFacts,
+    HostObservation,
+    Observations,
+    image_lacks,
+    refused_rlimit,
+    uses_ib,
+    wants_gpus,
+)
+from dockerlaunch.backends.docker.doctor.report import (
+    CHECK_ORDER,
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    Report,
+)
+from dockerlaunch.hosts.targets import SSHTarget
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.job.plan import HostPlan, JobPlan
+from dockerlaunch.job.spec import Ulimit
+
+SHM_DEFAULT_KB = 65536
+
+SKEW_WARN_S, SKEW_FAIL_S = 1.0, 10.0
+
+
+MIN_FREE_GB = 20
+
+
+# where ms-swift / transformers / torch keep downloads: on a multi-host job each belongs on shared storage
+CACHE_ENV = ("MODELSCOPE_CACHE", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE",
+             "HF_DATASETS_CACHE", "TORCH_HOME")
+
+
+def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSHTarget, o: HostObservation,
+                master: str) -> None:
+    a = o.address
+    if o.ssh_error:
+        report.add(a, "ssh", FAIL, o.ssh_error)
+        return
+    report.add(a, "ssh", PASS, o.ssh)
+    if o.error:
+        report.add(a, "docker", FAIL, f"could not check the host: {o.error}")
+        return
+    if o.docker is None:
+        why = o.docker_error or "no answer"
+        hint = " (add the user to the docker group)" if "permission denied" in why.lower() else ""
+        report.add(a, "docker", FAIL, f"docker not usable by {target.user}: {why}{hint}")
+    else:
+        report.add(a, "docker", PASS, f"engine {o.docker}")
+    p = o.probe
+    if p is not None:
+        if p.problem and config.one_machine:
+            report.add(a, "route", PASS, f"{master} via {p.interface or 'lo'}: every rank is on this machine")
+        elif p.problem:
+            if "NCCL_SOCKET_IFNAME" in config.container.env:
+                report.add(a, "route", WARN, f"toward {master}: {p.problem}; using your NCCL_SOCKET_IFNAME")
+            else:
+                report.add(a, "route", FAIL, f"toward {master}: {p.problem}")
+        else:
+            report.add(a, "route", PASS, f"{master} via {p.interface} (NCCL/GLOO_SOCKET_IFNAME)")
+        _judge_ib(report, a, p, config.container.infiniband)
+    if o.docker is None:
+        return
+    if o.disk is None:
+        report.add(a, "disk", WARN, "could not read free space under the docker root")
+    else:
+        free_gb = o.disk[1] / 1024 / 1024
+        report.add(a, "disk", PASS if free_gb >= MIN_FREE_GB else WARN, f"{free_gb:.0f} GB free under the docker root")
+    if config.container.mounts and o.mounts_missing is not None:
+        if o.mounts_missing:
+            report.add(a, "mounts", FAIL, f"missing on the host: {', '.join(o.mounts_missing)}")
+        else:
+            report.add(a, "mounts", PASS, f"{len(config.container.mounts)} host path(s) exist")
+    if not o.image_id:
+        return
+    _judge_shm(report, a, o.shm, uses_ib(config.container.infiniband, p), hp.container.ulimits.get("nofile"))
+    _judge_hubs(report, config, a, o.shm)
+    if not wants_gpus(hp):
+        report.add(a, "gpus", SKIP, "the job asks for no GPUs")
+    elif o.gpus is not None:
+        g = o.gpus
+        mode = f"mode {g.gpu_mode}: {g.gpu_why}" if g.gpu_mode else ""
+        if g.error is not None:
+            hint = {"gpus": "nvidia-container-toolkit", "cdi": "the CDI spec (nvidia-ctk cdi generate)",
+                    "devices": "device nodes and driver libraries"}.get(g.gpu_mode or "", "")
+            report.add(a, "gpus", FAIL, f"GPU container failed: {g.error}" + (f" ({mode}; check {hint})" if mode
+                                                                                  else ""))
+        elif isinstance(hp.nproc_per_node, int) and (g.gpus or 0) < hp.nproc_per_node:
+            report.add(a, "gpus", FAIL, f"{g.gpus} GPU(s) visible in the container, "
+                       f"nproc_per_node is {hp.nproc_per_node}" + (f" ({mode})" if mode else ""))
+        else:
+            report.add(a, "gpus", PASS, f"{g.gpus} GPU(s) visible in the container" + (f" ({mode})" if mode else ""))
+
+
+def _judge_ib(report: Report, a: str, p: probelib.Probe, mode: str) -> None:
+    if not p.ib_device:
+        if mode == "on":
+            report.add(a, "infiniband", FAIL, "infiniband: on but the host has no /dev/infiniband")
+        else:
+            report.add(a, "infiniband", SKIP, "no /dev/infiniband on the host")
+    elif mode == "off":
+        report.add(a, "infiniband", WARN, "the host has InfiniBand but infiniband: off: NCCL will use TCP")
+    elif not p.ib_active:
+        report.add(a, "infiniband", FAIL, f"no ACTIVE IB port ({', '.join(p.ib_seen) or 'none listed'})")
+    else:
+        report.add(a, "infiniband", PASS, f"NCCL_IB_HCA={','.join(p.ib_active)}")
+
+
+def _size(kb: int) -> str:
+    mb = kb // 1024
+    return f"{mb // 1024} GB" if mb >= 1024 else f"{mb} MB"
+
+
+def _judge_shm(report: Report, a: str, shm: ContainerFacts | None, ib: bool, nofile: Ulimit | None = None) -> None:
+    if shm is None:
+        report.add(a, "shm", FAIL, "could not check: no container was run")
+        return
+    if shm.missing:
+        _judge_no_shell(report, a, shm, ib)
+        return
+    if shm.error is not None:
+        report.add(a, "shm", FAIL, f"a container with the job's flags did not start: {shm.error}")
+        _judge_refused_rlimit(report, a, shm.error, ib, nofile)
+        return
+    if shm.shm_kb is None:
+        report.add(a, "shm", WARN, "could not read /dev/shm size")
+    elif shm.shm_kb <= SHM_DEFAULT_KB:
+        report.add(a, "shm", FAIL, f"/dev/shm is {shm.shm_kb // 1024} MB in the container: use ipc: host or shm_size")
+    else:
+        report.add(a, "shm", PASS, f"/dev/shm {_size(shm.shm_kb)}")
+    if ib:
+        if shm.memlock == "unlimited":
+            report.add(a, "memlock", PASS, "ulimit -l in the container: unlimited")
+        else:  # RDMA pins its buffers: NCCL's IB transport fails to register memory under a low limit
+            report.add(a, "memlock", FAIL, f"ulimit -l in the container: {shm.memlock} (KB): InfiniBand needs "
+                       "unlimited; drop container.ulimits.memlock (docker counts it in bytes) or use '-1'")
+    if nofile is not None:
+        _judge_nofile(report, a, shm.nofile, nofile)
+    if ib:
+        _judge_ib_container(report, a, shm)
+
+
+def _judge_nofile(report: Report, a: str, seen: str | None, want: Ulimit) -> None:
+    """Every DataLoader worker's shared tensors and every NCCL socket is an open file: at Docker 29's default of
+    1024 a job fails with 'Too many open files' (moby#51485), so the plan asks for more (container.ulimits.nofile)."""
+    if seen is None or not (seen.isdigit() or seen == "unlimited"):
+        report.add(a, "nofile", WARN, f"could not read ulimit -n in the container ({seen or 'no answer'})")
+    elif seen == "unlimited" or (want.soft != -1 and int(seen) >= want.soft):
+        report.add(a, "nofile", PASS, f"ulimit -n in the container: {seen}")
+    else:
+        report.add(a, "nofile", FAIL, f"ulimit -n in the container: {seen}, below the {want.soft} the job asks for "
+                   f"(--ulimit nofile={want.soft}:{want.hard}): something in the image (its entrypoint?) lowers it; "
+                   "ranks with many DataLoader workers and NCCL sockets fail with 'Too many open files'")
+
+
+def _judge_refused_rlimit(report: Report, a: str, error: str, ib: bool, nofile: Ulimit | None) -> None:
+    """The engine could not give the container a ulimit the job asks for: name the limit and the fix."""
+    name = refused_rlimit(error)
+    why = ("the engine cannot raise its own hard limit (rootless Docker, Docker inside a container: no "
+           "CAP_SYS_RESOURCE)")
+    if name == "nofile" and nofile is not None:
+        report.add(a, "nofile", FAIL, f"the engine refused --ulimit nofile={nofile.soft}:{nofile.hard}: {why}; set "
+                   "container.ulimits.nofile to at most the engine's hard limit (`ulimit -Hn` where dockerd runs), "
+                   "or raise dockerd's LimitNOFILE")
+    elif name == "memlock" and ib:
+        report.add(a, "memlock", FAIL, f"the engine refused the memlock ulimit InfiniBand needs: {why}; run the "
+                   "engine with LimitMEMLOCK=infinity, or set container.ulimits.memlock (in bytes) to what it allows")
+
+
+def _judge_no_shell(report: Report, a: str, shm: ContainerFacts, ib: bool) -> None:
+    """The probe's shell is not in the image (one static binary, a distroless image): nothing ran inside it. What
+    can be told from outside is said; the rest is a WARN naming the fix, never a FAIL for the image's choice."""
+    lacks = image_lacks(shm.missing or "sh")
+    # runc sets a container's ulimits before it looks for the command: a container that got as far as "not found"
+    # has the job's flags (a refused ulimit is a start error instead)
+    outside = "a container with the job's flags starts (docker applied its ulimits, then found no command)"
+    if shm.host_shm_kb is not None:
+        if shm.host_shm_kb <= SHM_DEFAULT_KB:
+            report.add(a, "shm", FAIL, f"/dev/shm is {shm.host_shm_kb // 1024} MB on the host, which the container "
+                       "shares (ipc: host): make the host's /dev/shm larger, or use ipc: private with shm_size")
+            return
+        outside += f"; its /dev/shm is the host's (ipc: host): {_size(shm.host_shm_kb)}"
+    report.add(a, "shm", WARN, f"{lacks}: shm/memlock/nofile not checked inside it; {outside}; to check inside, add "
+               "a shell to the image (e.g. COPY a static busybox as /bin/sh)")
+    if ib:
+        report.add(a, "ib in container", WARN, f"{lacks}: /dev/infiniband and libibverbs not checked inside it")
+
+
+def _judge_hubs(report: Report, config: ClusterConfig, a: str, c: ContainerFacts | None) -> None:
+    """Without a hub, every rank of an online job waits on the hubs' retries (ms-swift's ModelScope check: 25 s
+    to 2 minutes per rank, benchmarks/RESULTS.md) before failing or going on from local files."""
+    if config.job.offline:
+        report.add(a, "hubs", PASS, "job.offline: the job does not ask the hubs (HF_HUB_OFFLINE=1 ...)")
+        return
+    if c is not None and c.missing:
+        report.add(a, "hubs", SKIP, f"{image_lacks(c.missing)}: the hubs were not asked from a job container")
+        return
+    if c is None or c.error is not None or c.hubs is None:
+        return  # the shm row says why no container ran
+    if not c.hubs:
+        report.add(a, "hubs", SKIP, "the image has no python3: the hubs were not asked from a job container "
+                   "(the hubs' clients are Python; install python3 in the image to check)")
+        return
+    down = {name: why for name, why in c.hubs.items() if why != "ok"}
+    if not down:
+        report.add(a, "hubs", PASS, f"{' and '.join(c.hubs)} answer from a job container")
+        return
+    first = next(iter(down.values()))
+    report.add(a, "hubs", WARN, f"{', '.join(down)} unreachable from a job container ({first[:120]}): every rank "
+               "would wait on hub retries; if the hosts are air-gapped, set job.offline: true (up --offline) and "
+               "give local model and dataset paths")
+
+
+def _judge_ib_container(report: Report, a: str, c: ContainerFacts) -> None:
+    """Without both, NCCL says `NET/IB : No device found.` and quietly runs over TCP sockets."""
+    if c.ib_devices is None:
+        return
+    if c.ib_devices:
+        report.add(a, "ib in container", PASS, "/dev/infiniband: " + " ".join(c.ib_devices))
+    else:
+        report.add(a, "ib in container", FAIL, "the job's container sees no /dev/infiniband devices: NCCL would "
+                   "fall back to TCP sockets; check container.infiniband and the host's /dev/infiniband")
+    if not c.ibverbs:
+        report.add(a, "image ibverbs", FAIL, "the image has no libibverbs: NCCL would fall back to TCP sockets "
+                   "(10-100x slower); install rdma-core (libibverbs1, ibverbs-providers) in the image")
+    elif not c.ib_provider:
+        report.add(a, "image ibverbs", WARN, "libibverbs but no verbs provider (libmlx5...) in the image: "
+                   "install ibverbs-providers")
+    else:
+        report.add(a, "image ibverbs", PASS, "libibverbs and a verbs provider")
+
+
+def _judge_image(report: Report, plan: JobPlan, obs: list[HostObservation]) -> None:
+    checked = [o for o in obs if o.usable and o.image_id is not None]
+    # one image has two IDs (config digest in the classic store, manifest digest in containerd's): hosts
+    # compare what it holds, its layers and creation time, where they report it
+    reference = next((o for o in checked if o.image_id), None)
+    all_hosts = ",".join(h.address for h in plan.hosts)
+    for o in checked:
+        same = reference is not None and (o.image_id == reference.image_id or (
+            bool(o.image_content) and o.image_content == reference.image_content))
+        if not o.image_id:
+            report.add(o.address, "image", FAIL,
+                       f"{plan.image} is missing; copy it: dockerlaunch push {plan.image} --hosts {all_hosts}")
+        elif not same:
+            report.add(o.address, "image", FAIL, f"{plan.image} is {o.image_id[7:19]} here but "
+                       f"{reference.image_id[7:19]} on another host; "
+                       f"dockerlaunch push {plan.image} --hosts {all_hosts}")
+        else:
+            report.add(o.address, "image", PASS, o.image_id[7:19])
+
+
+def _judge_cluster(report: Report, config: ClusterConfig, plan: JobPlan, ob: Observations) -> None:
+    obs = ob.hosts
+    h0 = obs[0]
+    for o in obs:
+        for source, same in o.shared.items():
+            if isinstance(same, str):
+                report.add(o.address, "shared", FAIL, same)
+            else:
+                report.add(o.address, "shared", PASS if same else FAIL, f"{source} is shared with host 0" if same
+                           else f"{source} is not the same storage as on host 0 (marked shared: true)")
+    _judge_caches(report, config, h0.address)
+    port_free = None
+    if h0.usable and h0.listening is not None:
+        port_free = plan.master_port not in h0.listening
+        if port_free:
+            report.add(h0.address, "master port", PASS, f"{plan.master_port} is free")
+        else:
+            report.add(h0.address, "master port", FAIL,
+                       f"port {plan.master_port} is already in use on host 0: pick another with --master-port")
+    others = [o for o in obs[1:] if o.usable]
+    if port_free:
+        for o in others:
+            if not h0.image_id:
+                report.add(o.address, "reachability", SKIP, "the image is missing on host 0")
+            elif ob.reach_error is not None:
+                report.add(o.address, "reachability", FAIL, f"cannot start a listener on host 0: {ob.reach_error}")
+            elif ob.reach_missing is not None:  # a missing tool is not a network fault: said, never a FAIL
+                report.add(o.address, "reachability", WARN, ob.reach_missing)
+            elif o.reach == "image missing here" or not o.image_id:
+                report.add(o.address, "reachability", SKIP, "image missing here")
+            elif o.reach_missing is not None:
+                report.add(o.address, "reachability", WARN, o.reach_missing)
+            elif isinstance(o.reach, str):
+                report.add(o.address, "reachability", FAIL, o.reach)
+            elif o.reach is None:
+                report.add(o.address, "reachability", FAIL, "could not check: no probe ran")
+            elif o.reach:  # a tool ran and the connection failed, to a listener that was bound
+                report.add(o.address, "reachability", FAIL, "cannot reach " + "; ".join(o.reach) + " (firewall?)"
+                           + (f" ({o.reach_note})" if o.reach_note else ""))
+            else:
+                p0, p1 = ob.reach_ports or (plan.master_port, 0)
+                report.add(o.address, "reachability", PASS, f"reaches {ob.master}:{p0} and :{p1}"
+                           + (f" ({o.reach_note})" if o.reach_note else ""))
+    elif not h0.usable:
+        for o in others:
+            report.add(o.address, "reachability", SKIP, "host 0 is not usable")
+    timed = [o for o in obs if o.clock_offset is not None]
+    if len(timed) >= 2:
+        ref = next((o for o in timed if o.rank == 0), timed[0])  # host 0, unless it could not be timed
+        name = "host 0" if ref.rank == 0 else ref.address
+        for o in timed:
+            skew = abs(o.clock_offset - ref.clock_offset)
+            report.add(o.address, "clock", PASS if skew < SKEW_WARN_S else WARN if skew < SKEW_FAIL_S else FAIL,
+                       f"{skew:.2f}s from {name}")
+
+
+def _judge_caches(report: Report, config: ClusterConfig, where: str) -> None:
+    """On a multi-host job a download cache off shared storage means each host downloads its own copy (and one
+    inside the container is lost with it): the ms-swift docs' advice for multi-node training."""
+    if len(config.hosts) < 2:
+        return
+    for key in CACHE_ENV:
+        path = config.container.env.get(key)
+        if not path:
+            continue
+        mount = max((m for m in config.container.mounts
+                     if path == m.target or path.startswith(m.target.rstrip("/") + "/")),
+                    key=lambda m: len(m.target), default=None)
+        if mount is None:
+            report.add(where, "model cache", WARN, f"{key}={path} is inside the container: every host downloads its "
+                       "own copy, lost with the container; put it on a mount marked shared: true")
+        elif not mount.shared:
+            report.add(where, "model cache", WARN, f"{key}={path} is on {mount.source}, not marked shared: true: "
+                       "every host downloads its own copy unless that is shared storage (then mark it shared)")
+        else:
+            report.add(where, "model cache", PASS, f"{key}={path} is on shared storage ({mount.source})")
+
+
+def judge(config: ClusterConfig, plan: JobPlan, targets: list[SSHTarget], ob: Observations) -> Report:
+    """Facts -> verdicts (pure), sorted by host rank and CHECK_ORDER."""
+    labels = host_labels(plan, targets)
+    ob = replace(ob, hosts=[replace(o, address=labels[o.rank]) for o in ob.hosts])
+    report = Report()
+    for hp, target, o in zip(plan.hosts, targets, ob.hosts):
+        _judge_host(report, config, hp, target, o, ob.master)
+    _judge_image(report, plan, ob.hosts)
+    _judge_cluster(report, config, plan, ob)
+    rank_of = {label: i for i, label in enumerate(labels)}
+    for c in report.checks:
+        c.rank = rank_of[c.host]
+    report.checks.sort(key=lambda c: (c.rank, CHECK_ORDER.index(c.name)))
+    return report
+
+
+def host_labels(plan: JobPlan, targets: list[SSHTarget]) -> list[str]:
+    """How report rows name each host: its address, with the SSH port where two hosts share an address."""
+    addresses = [hp.address for hp in plan.hosts]
+    labels = [a if addresses.count(a) == 1 else f"{a}:{t.port}" for a, t in zip(addresses, targets)]
+    return [lb if labels.count(lb) == 1 else f"{lb}#{i}" for i, lb in enumerate(labels)]

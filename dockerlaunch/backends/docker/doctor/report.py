@@ -1,0 +1,64 @@
+"""What doctor says: one Check per host and check name (PASS/WARN/FAIL/SKIP, detail, fix), in a Report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from dockerlaunch.enums import StrEnum
+
+
+class Verdict(StrEnum):
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+
+
+PASS, WARN, FAIL, SKIP = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP
+
+
+
+
+CHECK_ORDER = ["ssh", "docker", "image", "route", "master port", "reachability", "shm", "memlock", "nofile", "gpus",
+               "infiniband", "ib in container", "image ibverbs", "mounts", "shared", "model cache", "hubs", "disk",
+               "clock"]
+
+
+@dataclass
+class Check:
+    host: str
+    name: str
+    status: Verdict
+    reason: str
+    rank: int = -1  # which host (two hosts may share an address behind one gateway, by port)
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    def add(self, host: str, name: str, status: Verdict, reason: str, rank: int = -1) -> None:
+        self.checks.append(Check(host, name, status, reason, rank))
+
+    def get(self, host: str, name: str) -> Check | None:
+        return next((c for c in self.checks if c.host == host and c.name == name), None)
+
+    def counts(self) -> dict[Verdict, int]:
+        return {v: sum(1 for c in self.checks if c.status == v) for v in Verdict}
+
+    def summary(self) -> str:
+        n = self.counts()
+        return f"doctor: {n[PASS]} PASS, {n[FAIL]} FAIL, {n[WARN]} WARN, {n[SKIP]} SKIP"
+
+    def to_dict(self) -> dict:
+        return {"ok": not self.failed, "counts": {str(k): v for k, v in self.counts().items()},
+                "checks": [{"host": c.host, "check": c.name, "verdict": str(c.status), "reason": c.reason}
+                           for c in self.checks]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
