@@ -34,11 +34,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dockerlaunch import sim  # noqa: E402
 from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts import fleet as session  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.sim import cluster as sim  # noqa: E402
 from dockerlaunch.transfer import push as distribute  # noqa: E402
 from dockerlaunch.transfer import streams  # noqa: E402
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dockerlaunch import sim  # noqa: E402
 from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.sim import cluster as sim  # noqa: E402
 from dockerlaunch.transfer import streams  # noqa: E402
 
 KINDS = ["20.10", "26", "28", "28-containerd"]

@@ -26,10 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dockerlaunch import sim  # noqa: E402
 from dockerlaunch.images import lock as locks  # noqa: E402
 from dockerlaunch.images.layers import LAYERS  # noqa: E402
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix  # noqa: E402
-from dockerlaunch.sim import cluster as sim  # noqa: E402
 
 NEEDS_NVCC = frozenset({"transformer-engine-torch", "flash-attn"})
 IMPORTS = ["torch", "transformer_engine", "megatron.core", "transformers", "peft", "trl", "deepspeed", "modelscope",

@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dockerlaunch import sim  # noqa: E402
 from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.images.stacks import load_matrix  # noqa: E402
-from dockerlaunch.sim import cluster as sim  # noqa: E402
 
 MAKER = ROOT / "tests" / "integration" / "data" / "swift"
 RETRY = re.compile(r"listing failed|retry in \d+s")

@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dockerlaunch.sim import cluster as sim  # noqa: E402
+from dockerlaunch import sim  # noqa: E402
 
 NAME = "dlbench-recovery"
 # attempt 0: rank 1 fails at once; any later attempt (or a second run by hand, DL_BY_HAND=1) says it started

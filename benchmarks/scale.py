@@ -58,7 +58,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dockerlaunch.sim import cluster as sim  # noqa: E402
+from dockerlaunch import sim  # noqa: E402
 
 DL = REPO / ".venv" / "bin" / "dockerlaunch"
 LAUNCHER = [str(DL)] if DL.exists() else [sys.executable, "-m", "dockerlaunch"]

@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from distribute import random_image, save_bytes  # noqa: E402
 
+from dockerlaunch import sim  # noqa: E402
 from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts import openssh  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.sim import cluster as sim  # noqa: E402
 from dockerlaunch.transfer import bundle as bundlelib  # noqa: E402
 from dockerlaunch.transfer import (
     push,  # noqa: E402

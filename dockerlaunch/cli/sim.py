@@ -38,7 +38,7 @@ def sim() -> None:
               help="Also run Slurm (Debian's slurm-wlm + munge): slurmctld on node1, slurmd on every node.")
 def sim_up(**kw) -> None:
     """Start N nodes; write a cluster config that `--config FILE` uses directly."""
-    from dockerlaunch.sim import cluster as simlib
+    from dockerlaunch import sim as simlib
 
     if kw["engines"] and kw["engine"]:
         raise click.UsageError("give --engines (one per node) or --engine (all nodes), not both")
@@ -63,7 +63,7 @@ def sim_demo_image(base_image: str | None, wheelhouse: str | None) -> None:
     """Build the demo job image (torch CPU + a gloo all_reduce) offline from a wheelhouse; print its tag."""
     from pathlib import Path
 
-    from dockerlaunch.sim import cluster as simlib
+    from dockerlaunch import sim as simlib
 
     click.echo(simlib.build_demo_image(base_image, Path(wheelhouse) if wheelhouse else None))
 
@@ -72,7 +72,7 @@ def sim_demo_image(base_image: str | None, wheelhouse: str | None) -> None:
 @click.option("--name", "cluster", default="dlsim", show_default=True)
 def sim_down(cluster: str) -> None:
     """Remove the nodes, their network and volumes."""
-    from dockerlaunch.sim import cluster as simlib
+    from dockerlaunch import sim as simlib
 
     simlib.down(cluster)
 
@@ -81,7 +81,7 @@ def sim_down(cluster: str) -> None:
 @click.option("--name", "cluster", default=None, help="Only this cluster (default: all).")
 def sim_status(cluster: str | None) -> None:
     """List sim nodes (and a light cluster's engines; a light host's engine column names the one serving it)."""
-    from dockerlaunch.sim import cluster as simlib
+    from dockerlaunch import sim as simlib
 
     rows = simlib.status(cluster)
     if not rows:
@@ -100,7 +100,7 @@ def sim_status(cluster: str | None) -> None:
 @click.option("--node", "nodes", multiple=True, type=int, help="Only these node numbers (1-based).")
 def sim_shape(cluster: str, rate: str | None, off: bool, nodes: tuple[int, ...]) -> None:
     """Shape each node's egress bandwidth (token bucket on eth0), for benchmarks."""
-    from dockerlaunch.sim import cluster as simlib
+    from dockerlaunch import sim as simlib
 
     if bool(rate) == off:
         raise click.UsageError("give exactly one of --rate RATE or --off")

@@ -11,469 +11,59 @@ Slurm (munged everywhere, slurmctld on node1, slurmd on every node), for rehears
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
-import io
-import ipaddress
-import logging
-import os
-import re
-import secrets
 import shutil
 import socket
-import subprocess
-import sys
-import tarfile
-import tempfile
 import time
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
-import yaml
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
-
-from dockerlaunch.engine import cache_root as engine_cache_root
 from dockerlaunch.engine import engine
-from dockerlaunch.errors import DockerlaunchError
-from dockerlaunch.images.index import file_sha256
-from dockerlaunch.job.spec import NOFILE
-
-SIM_LABEL = "dockerlaunch.sim"
-NODE_LABEL = "dockerlaunch.sim.node"
-ENGINE_LABEL = "dockerlaunch.sim.engine"  # the engine kind a node runs (ENGINES)
-SLURM_LABEL = "dockerlaunch.sim.slurm"  # on the nodes of a `--slurm` cluster: "slurmctld,slurmd" or "slurmd"
-# Light clusters (`sim up --light`): ROLE_LABEL is "engine" on an engine container and "light" on a light host;
-# SERVED_BY_LABEL on a light host names the engine container whose dockerd it uses; ENGINE_INDEX_LABEL is k.
-ROLE_LABEL = "dockerlaunch.sim.role"
-SERVED_BY_LABEL = "dockerlaunch.sim.served-by"
-ENGINE_INDEX_LABEL = "dockerlaunch.sim.engine-index"
-BASE_TAG = "dockerlaunch/debian:bookworm"
-
-
-@dataclass(frozen=True)
-class EngineKind:
-    """A Docker engine users run, as one Debian suite packages it (measured 2026-11-23, testbed.md)."""
-
-    name: str
-    suite: str  # the Debian suite whose docker.io the node image installs
-    major: int  # docker.io's major version in that suite: a node image with another one is refused
-    containerd_store: bool = False  # dockerd's "containerd-snapshotter" feature: images in containerd's store
-
-    @property
-    def base_tag(self) -> str:
-        return f"dockerlaunch/debian:{self.suite}"
-
-    @property
-    def base_candidates(self) -> tuple[str, ...]:
-        numbers = {"bookworm": ("debian:12",), "trixie": ("debian:13",)}.get(self.suite, ())
-        return (f"debian:{self.suite}-slim", f"debian:{self.suite}", *numbers, self.base_tag)
-
-
-# Debian 12 (bookworm): 20.10.24; Debian 13 (trixie): 26.1.5 + containerd 1.7; the development suite (sid):
-# 28.5.2 + containerd 2.1 + runc 1.3. 28-containerd: the image store Docker 29 makes the default.
-ENGINES = {
-    "20.10": EngineKind("20.10", "bookworm", 20),
-    "26": EngineKind("26", "trixie", 26),
-    "28": EngineKind("28", "sid", 28),
-    "28-containerd": EngineKind("28-containerd", "sid", 28, containerd_store=True),
-}
-DEFAULT_ENGINE = "20.10"
-CONTAINERD_STORE_DAEMON_JSON = b'{"features": {"containerd-snapshotter": true}}\n'
-
-
-def parse_engines(spec: str | None, nodes: int | None) -> list[EngineKind]:
-    """Pure: `--engines 20.10,26,28` (one per node) or one kind for all -> the kind of each node."""
-    names = [x.strip() for x in (spec or DEFAULT_ENGINE).split(",")]
-    bad = [x for x in names if x not in ENGINES]
-    if bad:
-        raise SimError(f"engine {bad[0]!r}: use one of {', '.join(ENGINES)} (e.g. --engines 20.10,26,28,28-containerd)")
-    if len(names) == 1 and nodes is not None:
-        names = names * nodes
-    elif nodes is not None and len(names) != nodes:
-        raise SimError(f"--engines names {len(names)} engine(s) for {nodes} node(s): give one per node, "
-                       "or leave --nodes out")
-    return [ENGINES[x] for x in names]
-DEFAULT_SUBNET = "172.30.0.0/24"
-DEFAULT_LIGHT_SUBNET = "172.28.0.0/22"  # 1022 addresses: room for 512 light hosts and their engines
-DEFAULT_NAME = "dlsim"
-FIRST_HOST_OFFSET = 11  # node1 = .11, node2 = .12, ...
-MAX_NODES = 64  # regular nodes: each runs a dockerd
-MAX_LIGHT_NODES = 512  # light hosts: sshd only
-MAX_LIGHT_ENGINES = 64
-LIGHT_HOSTS_PER_ENGINE = 32  # the default engine count: one per 32 light hosts, at most LIGHT_DEFAULT_ENGINES_MAX
-LIGHT_DEFAULT_ENGINES_MAX = 8
-LIGHT_POOL = 16  # light hosts created, started and waited for this many at a time
-LIGHT_SOCK_DIR = "/run/dlengine"  # where an engine's socket volume is mounted, in the engine and its hosts
-# Every capability except SYS_RESOURCE: --privileged fails on VMs whose bounding set lacks it (testbed.md).
-NODE_CAPS = (
-    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
-    "NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT "
-    "SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE "
-    "AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ"
-).split()
-SEED_DIR_IN_NODE = "/var/cache/dockerlaunch-seed"
-NODE_SHM = "2g"
-# One volume mounted into every node: the cluster's shared storage (what NFS or Lustre is on real hosts), for
-# models, datasets and checkpoints that every rank must see.
-SHARED_DIR = "/shared"
-SLURM_CONF = "/etc/slurm/slurm.conf"
-MUNGE_KEY = "/etc/munge/munge.key"
-SLURM_READY_TIMEOUT = 60.0
-
-
-class SimError(DockerlaunchError):
-    pass
-
-
-_LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use and tests stay quiet
-
-
-def _log(msg: str) -> None:
-    _LOG.info("[sim] %s", msg)
-
-
-def state_root() -> Path:
-    return Path(os.environ.get("DOCKERLAUNCH_STATE_DIR", "~/.local/share/dockerlaunch")).expanduser() / "sim"
-
-
-def cache_root() -> Path:
-    """The simulator's own cache (seed tars, the demo wheelhouse)."""
-    return engine_cache_root() / "sim"
-
-
-@dataclass(frozen=True)
-class SimNode:
-    index: int  # 1-based
-    name: str  # container name
-    ip: str
-    volume: str  # its /var/lib/docker ("" for a light host: it runs no dockerd)
-    served_by: str | None = None  # a light host: the engine container whose dockerd it uses
-    advertise_addr: str | None = None  # a light host: its engine's IP (job containers live in the engine's netns)
-
-
-@dataclass(frozen=True)
-class SimEngine:
-    """An engine container of a light cluster: a node image running dockerd (no host of the config), shared by
-    the light hosts it serves through its socket volume."""
-
-    index: int  # 1-based
-    name: str  # container name: {cluster}-engine{k}
-    ip: str
-    volume: str  # its /var/lib/docker
-    sock_volume: str  # its dockerd socket, mounted at LIGHT_SOCK_DIR in it and in its hosts
-    hosts: tuple[int, ...]  # the indexes of the light hosts it serves
-
-
-_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$")
-
-
-def check_name(cluster: str) -> str:
-    """A cluster name becomes container, network and volume names and a folder under the state dir."""
-    if not _NAME.match(cluster or "") or ".." in cluster:
-        raise SimError(f"--name {cluster!r}: use letters, digits, '_', '.', '-' (start with a letter or digit, "
-                       "at most 40)")
-    return cluster
-
-
-def node_layout(cluster: str, nodes: int, subnet: str) -> list[SimNode]:
-    """Pure: names and fixed IPs of the nodes."""
-    check_name(cluster)
-    net = ipaddress.ip_network(subnet)
-    hosts = list(net.hosts())
-    if nodes < 1:
-        raise SimError("--nodes must be at least 1")
-    if FIRST_HOST_OFFSET - 1 + nodes > len(hosts):
-        raise SimError(f"subnet {subnet} is too small for {nodes} nodes")
-    return [
-        SimNode(
-            index=i,
-            name=f"{cluster}-node{i}",
-            ip=str(hosts[FIRST_HOST_OFFSET - 2 + i]),
-            volume=f"{cluster}-node{i}-docker",
-        )
-        for i in range(1, nodes + 1)
-    ]
-
-
-def default_light_engines(nodes: int) -> int:
-    """Pure: one engine per LIGHT_HOSTS_PER_ENGINE light hosts, at least 1, at most LIGHT_DEFAULT_ENGINES_MAX."""
-    return max(1, min(LIGHT_DEFAULT_ENGINES_MAX, -(-nodes // LIGHT_HOSTS_PER_ENGINE)))
-
-
-def light_layout(cluster: str, nodes: int, subnet: str, engines: int | None = None
-                 ) -> tuple[list[SimNode], list[SimEngine]]:
-    """Pure: a light cluster's hosts and engines. Host i has the address a regular node i would (.11 for host 1);
-    the engines take the addresses right after the last host; host i is served by engine ((i-1) % E) + 1."""
-    check_name(cluster)
-    if nodes < 1:
-        raise SimError("--nodes must be at least 1")
-    if nodes > MAX_LIGHT_NODES:
-        raise SimError(f"--nodes {nodes}: a light cluster has at most {MAX_LIGHT_NODES} hosts")
-    count = default_light_engines(nodes) if engines is None else engines
-    if not 1 <= count <= min(nodes, MAX_LIGHT_ENGINES):
-        raise SimError(f"--light-engines {count}: give 1 to {min(nodes, MAX_LIGHT_ENGINES)} for {nodes} light "
-                       "host(s) (at most one engine per host)")
-    try:
-        net = ipaddress.ip_network(subnet)
-    except ValueError as e:
-        raise SimError(f"--subnet {subnet!r}: {e}") from None
-    addresses = list(net.hosts())
-    need = FIRST_HOST_OFFSET - 1 + nodes + count
-    if need > len(addresses):
-        raise SimError(f"subnet {subnet} is too small for {nodes} light hosts and {count} engine(s): they need "
-                       f"{need} addresses (host 1 is the {FIRST_HOST_OFFSET}th), it has {len(addresses)}; "
-                       f"give a larger one, e.g. --subnet {DEFAULT_LIGHT_SUBNET}")
-    engine_list = [
-        SimEngine(
-            index=k,
-            name=f"{cluster}-engine{k}",
-            ip=str(addresses[FIRST_HOST_OFFSET - 2 + nodes + k]),
-            volume=f"{cluster}-engine{k}-docker",
-            sock_volume=f"{cluster}-engine{k}-sock",
-            hosts=tuple(range(k, nodes + 1, count)),
-        )
-        for k in range(1, count + 1)
-    ]
-    hosts = []
-    for i in range(1, nodes + 1):
-        served = engine_list[(i - 1) % count]
-        hosts.append(SimNode(index=i, name=f"{cluster}-node{i}", ip=str(addresses[FIRST_HOST_OFFSET - 2 + i]),
-                             volume="", served_by=served.name, advertise_addr=served.ip))
-    return hosts, engine_list
-
-
-def network_name(cluster: str) -> str:
-    return f"{cluster}-net"
-
-
-# ---------------------------------------------------------------- keys
-
-
-def _new_ed25519() -> tuple[bytes, str]:
-    key = ed25519.Ed25519PrivateKey.generate()
-    private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-    )
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    return private, public.decode()
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def _add_bytes(
-    tar: tarfile.TarFile, name: str, data: bytes, mode: int, mtime: int = 0, uid: int = 0, gid: int = 0
-) -> None:
-    info = tarfile.TarInfo(name.lstrip("/"))
-    info.size, info.mode, info.mtime, info.uid, info.gid = len(data), mode, mtime, uid, gid
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _tar_of(files: dict[str, tuple[bytes, int] | tuple[bytes, int, int, int]]) -> bytes:
-    """A tar for put_archive: name -> (data, mode) or (data, mode, uid, gid); docker keeps the numeric owner."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, (data, mode, *owner) in files.items():
-            _add_bytes(tar, name, data, mode, int(time.time()), *owner)
-    return buf.getvalue()
-
-
-def _asset(name: str) -> bytes:
-    return resources.files("dockerlaunch.sim.assets").joinpath(name).read_bytes()
-
-
-def _image_exists(client, ref: str) -> bool:
-    import docker
-
-    try:
-        client.images.get(ref)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
-def ensure_base_image(client, requested: str | None = None, kind: EngineKind | None = None) -> str:
-    """A Debian image of the kind's suite (bookworm by default): the requested one, a local one, a pulled one,
-    or one made by debootstrap (cached as an image, so the next `sim up` does not debootstrap again)."""
-    kind = kind or ENGINES[DEFAULT_ENGINE]
-    if requested:
-        if _image_exists(client, requested):
-            return requested
-        try:
-            client.images.pull(requested)
-            return requested
-        except Exception as e:
-            raise SimError(f"base image {requested} is not local and cannot be pulled ({str(e)[:120]})") from None
-    for ref in kind.base_candidates:
-        if _image_exists(client, ref):
-            return ref
-    try:
-        _log(f"pulling {kind.base_candidates[0]}")
-        client.images.pull(kind.base_candidates[0])
-        return kind.base_candidates[0]
-    except Exception:
-        _log(f"no registry reachable; making a Debian {kind.suite} base image with debootstrap")
-    return debootstrap_base(client, kind.base_tag, kind.suite)
-
-
-def debootstrap_base(client, tag: str = BASE_TAG, suite: str = "bookworm") -> str:
-    from dockerlaunch.errors import DockerlaunchError
-    from dockerlaunch.images.base import debootstrap_rootfs
-
-    with tempfile.TemporaryDirectory(prefix="dockerlaunch-rootfs-") as tmp:
-        root = Path(tmp) / "rootfs"
-        t0 = time.monotonic()
-        try:
-            debootstrap_rootfs(suite, root)
-        except DockerlaunchError as e:
-            raise SimError(f"no Debian {suite} base image and no registry: {e}") from None
-        tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
-        try:
-            client.api.import_image_from_stream(tar.stdout, repository=tag.split(":")[0], tag=tag.split(":")[1])
-        finally:
-            tar.stdout.close()
-            tar.wait()
-        _log(f"base image {tag} made by debootstrap in {time.monotonic() - t0:.0f}s")
-    return tag
-
-
-def _build(
-    client, dockerfile: str, base: str, repo: str, extra: tuple[str, ...] = (),
-    disk: dict[str, Path] | None = None, buildargs: dict[str, str] | None = None,
-) -> str:
-    """Build a sim image once; its tag hashes every input, so a changed asset or wheel rebuilds.
-
-    `extra` are package assets; `disk` maps context names to local files (e.g. wheels/x.whl).
-    """
-    base_id = client.images.get(base).id
-    files = {dockerfile: _asset(dockerfile), **{n: _asset(n) for n in extra}}
-    disk = disk or {}
-    digest = hashlib.sha256(base_id.encode())
-    for name in sorted(files):
-        digest.update(name.encode() + b"\0" + files[name])
-    for name in sorted(disk):
-        st = disk[name].stat()
-        digest.update(f"{name}\0{st.st_size}\0{file_sha256(disk[name])}".encode())
-    for k, v in sorted((buildargs or {}).items()):
-        digest.update(f"{k}={v}".encode())
-    tag = f"{repo}:{digest.hexdigest()[:12]}"
-    if _image_exists(client, tag):
-        return tag
-    _log(f"building {tag} from {base}")
-    with tempfile.TemporaryFile() as context:
-        with tarfile.open(fileobj=context, mode="w") as tar:
-            for name, data in files.items():
-                _add_bytes(tar, name, data, 0o755 if name.endswith(".sh") else 0o644)
-            for name, path in disk.items():
-                tar.add(str(path), arcname=name)
-        context.seek(0)
-        try:
-            stream = client.api.build(
-                fileobj=context, custom_context=True, dockerfile=dockerfile, tag=tag,
-                buildargs={"BASE": base, **(buildargs or {})}, network_mode="host", rm=True, forcerm=True,
-                decode=True,
-            )
-            last: list[str] = []
-            for chunk in stream:
-                if "error" in chunk:
-                    raise SimError(f"building {repo} failed: {chunk['error'].strip()} ({' | '.join(last[-3:])})")
-                if chunk.get("stream", "").strip():
-                    last.append(chunk["stream"].strip())
-        except SimError:
-            raise
-        except Exception as e:
-            raise SimError(f"building {repo} failed: {str(e)[:200]}") from None
-    return tag
-
-
-DEMO_TORCH = "2.13.0"
-DEMO_PYTHON = "3.11"  # Debian bookworm's python3
-DEMO_NUMPY = "numpy>=1.26,<3"  # torch warns at import without it
-DEMO_PYSPY = "py-spy>=0.4,<0.5"  # `dockerlaunch dump` uses the image's own where there is one
-
-
-def fetch_demo_wheels(dest: Path | None = None) -> Path:
-    """torch (CPU) and its dependencies as wheels for the image's Python, via this machine's pip."""
-    dest = dest or cache_root() / "wheelhouse-demo"
-    dest.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
-        "--python-version", DEMO_PYTHON, "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "--platform", "manylinux1_x86_64",
-        "--platform", "any", "-d", str(dest), f"torch=={DEMO_TORCH}", DEMO_NUMPY, DEMO_PYSPY,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        errs = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")] or proc.stderr.splitlines()[-1:]
-        raise SimError(f"downloading torch=={DEMO_TORCH} wheels failed: {' '.join(errs)[:300]}")
-    return dest
-
-
-def build_demo_image(base: str | None = None, wheelhouse: Path | None = None) -> str:
-    """The demo job image (torch CPU, py-spy + all_reduce script), built with no network for pip."""
-    client = engine()
-    base_ref = ensure_base_image(client, base)
-    wheels = wheelhouse or fetch_demo_wheels()
-    disk = {f"wheels/{p.name}": p for p in sorted(Path(wheels).glob("*.whl"))}
-    if not any(name.startswith("wheels/torch-") for name in disk):
-        raise SimError(f"no torch wheel in {wheels}")
-    return _build(client, "demo.Dockerfile", base_ref, "dockerlaunch/demo-torch", ("allreduce.py",), disk,
-                  {"TORCH_VERSION": DEMO_TORCH, "NUMPY": DEMO_NUMPY, "PYSPY": DEMO_PYSPY})
-
-
-def ensure_images(client, base: str | None = None, kinds: list[EngineKind] | None = None
-                  ) -> tuple[dict[str, str], str]:
-    """The node image of each engine kind (`base` is the bookworm base, for 20.10 nodes) and the tools image.
-    Each suite's base and node image are made concurrently (debootstrap and apt wait on the network)."""
-    kinds = kinds or [ENGINES[DEFAULT_ENGINE]]
-    bookworm = ensure_base_image(client, base)
-    suites = {k.suite: k for k in kinds}
-
-    def node_image(kind: EngineKind) -> str:
-        base_ref = bookworm if kind.suite == "bookworm" else ensure_base_image(client, None, kind)
-        return _build(client, "node.Dockerfile", base_ref, "dockerlaunch/sim-node", ("entrypoint.sh", "sshd.conf"),
-                      buildargs={"DOCKER_MAJOR": str(kind.major)})
-
-    with cf.ThreadPoolExecutor(max_workers=len(suites)) as pool:
-        by_suite = dict(zip(suites, pool.map(node_image, suites.values())))
-    tools = _build(client, "tools.Dockerfile", bookworm, "dockerlaunch/sim-tools")
-    return {k.name: by_suite[k.suite] for k in kinds}, tools
-
-
-def ensure_slurm_image(client, node_image: str) -> str:
-    """The node image plus Slurm (slurmctld, slurmd, client commands) and munge; built only for `--slurm`."""
-    return _build(client, "slurm.Dockerfile", node_image, "dockerlaunch/sim-slurm", ("slurm-start.sh",))
-
-
-def _seed_tarball(client, image: str) -> Path:
-    """`docker save` of the image, cached on disk once, bind-mounted read-only into every node."""
-    cache = cache_root()
-    cache.mkdir(parents=True, exist_ok=True)
-    path = cache / (image.replace("/", "_").replace(":", "_") + ".tar")
-    if not path.exists():
-        tmp = path.with_suffix(".part")
-        with open(tmp, "wb") as f:
-            # named=image: the tag asked for (named=True would take the image's first tag, another one where
-            # two tags share an image ID, and the node would lack this one)
-            for chunk in client.images.get(image).save(named=image):
-                f.write(chunk)
-        tmp.rename(path)
-    return path
-
-
-# ---------------------------------------------------------------- lifecycle
-
-
-def _cluster_containers(client, cluster: str | None = None, sparse: bool = False):
-    """The cluster's containers (every cluster's with None); `sparse`: ids and names only, without one inspect
-    per container."""
-    label = SIM_LABEL if cluster is None else f"{SIM_LABEL}={cluster}"
-    return client.containers.list(all=True, filters={"label": label}, sparse=sparse)
+from dockerlaunch.sim.images import (
+    _new_ed25519,
+    _seed_tarball,
+    _tar_of,
+    _write_private,
+    ensure_images,
+    ensure_slurm_image,
+)
+from dockerlaunch.sim.layout import (
+    CONTAINERD_STORE_DAEMON_JSON,
+    DEFAULT_ENGINE,
+    DEFAULT_LIGHT_SUBNET,
+    DEFAULT_NAME,
+    DEFAULT_SUBNET,
+    ENGINE_INDEX_LABEL,
+    ENGINE_LABEL,
+    LIGHT_POOL,
+    LIGHT_SOCK_DIR,
+    MAX_LIGHT_NODES,
+    MAX_NODES,
+    NODE_CAPS,
+    NODE_LABEL,
+    NODE_SHM,
+    ROLE_LABEL,
+    SEED_DIR_IN_NODE,
+    SERVED_BY_LABEL,
+    SHARED_DIR,
+    SIM_LABEL,
+    SLURM_LABEL,
+    SLURM_READY_TIMEOUT,
+    SimEngine,
+    SimError,
+    SimNode,
+    _log,
+    cache_root,
+    check_name,
+    containers_of,
+    light_layout,
+    network_name,
+    node_layout,
+    parse_engine_info,
+    parse_engines,
+    render_cluster_config,
+    state_root,
+)
+from dockerlaunch.sim.shaping import parse_rate, shape
+from dockerlaunch.sim.slurm import slurm_node_states, start_slurm
 
 
 def up(
@@ -525,7 +115,7 @@ def up(
         raise SimError("--slurm needs the same engine on every node (one Slurm version across the cluster)")
     layout = node_layout(cluster, nodes, subnet)
     client = engine()
-    existing = _cluster_containers(client, cluster)
+    existing = containers_of(client, cluster)
     if existing:
         raise SimError(
             f"sim cluster {cluster!r} already exists ({len(existing)} node(s)); run `dockerlaunch sim down` first"
@@ -680,7 +270,7 @@ def up_light(
     hosts, engine_list = light_layout(cluster, nodes, subnet, light_engines)
     t0 = time.monotonic()
     client = _pooled_client()
-    existing = _cluster_containers(client, cluster, sparse=True)
+    existing = containers_of(client, cluster, sparse=True)
     if existing:
         raise SimError(
             f"sim cluster {cluster!r} already exists ({len(existing)} container(s)); run `dockerlaunch sim down` first"
@@ -785,7 +375,7 @@ def light_engines(cluster: str = DEFAULT_NAME) -> list[tuple[str, str, list[int]
     Run a container straight on engine k with `docker exec {cluster}-engine{k} docker run ...`."""
     check_name(cluster)
     client = engine()
-    containers = _cluster_containers(client, cluster)
+    containers = containers_of(client, cluster)
     served: dict[str, list[int]] = {}
     for c in containers:
         if c.labels.get(ROLE_LABEL) == "light":
@@ -809,155 +399,6 @@ def engine_nofile(container) -> int | None:
     code, out = container.exec_run(["sh", "-c", 'grep "^Max open files" "/proc/$(pidof dockerd)/limits"'])
     words = out.decode(errors="replace").split()
     return int(words[-2]) if code == 0 and len(words) >= 2 and words[-2].isdigit() else None
-
-
-def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, image: str,
-                          nofile: int | None = None) -> str:
-    data = {
-        # a light host: advertise_addr is its engine's IP, where its job containers (--network host) listen
-        "hosts": [{"address": n.ip, **({"advertise_addr": n.advertise_addr} if n.advertise_addr else {})}
-                  for n in layout],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(state / "id_ed25519"),
-            "known_hosts": str(state / "known_hosts"),
-            "host_key_policy": "strict",
-            "config_file": None,
-        },
-        "image": image,
-        # Sim nodes have no GPUs or InfiniBand, and these VMs refuse memlock=-1 (testbed.md); /shared is one
-        # volume in every node; no model hub answers from the nodes.
-        "container": {"gpus": "none", "infiniband": "off",
-                      "mounts": [{"source": SHARED_DIR, "target": SHARED_DIR, "shared": True}]},
-        "job": {"name": f"{cluster}-job", "offline": True},
-    }
-    if nofile is not None and nofile < NOFILE.hard:  # the nodes' dockerd cannot raise its own open-files limit
-        data["container"]["ulimits"] = {"nofile": str(nofile)}
-    header = f"# Written by `dockerlaunch sim up` for sim cluster {cluster!r}; host keys pinned at creation.\n"
-    engines = {n.served_by for n in layout if n.served_by}
-    if engines:
-        header += (f"# Light cluster: {len(layout)} hosts run sshd only; their docker CLI drives one of "
-                   f"{len(engines)} shared engine(s), whose IP is each host's advertise_addr.\n")
-    return header + yaml.safe_dump(data, sort_keys=False)
-
-
-# ---------------------------------------------------------------- slurm
-
-# What `slurmd -C` reports that slurm.conf takes for a node (RealMemory is left out: every node shares this
-# machine's memory, and nothing here is scheduled by memory).
-_HW_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
-
-
-def parse_slurmd_hw(text: str) -> dict[str, str]:
-    """The hardware fields of `slurmd -C` ("NodeName=x CPUs=2 Boards=1 ... RealMemory=...")."""
-    fields = dict(kv.split("=", 1) for kv in text.split() if "=" in kv)
-    hw = {k: fields[k] for k in _HW_KEYS if k in fields}
-    if not hw.get("CPUs", "").isdigit():
-        raise SimError(f"`slurmd -C` gave no CPU count: {text.strip()[:200]!r}")
-    return hw
-
-
-def render_slurm_conf(cluster: str, layout: list[SimNode], hw: dict[str, str]) -> str:
-    """Pure: slurm.conf for a sim cluster whose nodes are unprivileged containers on one machine."""
-    hw_text = " ".join(f"{k}={v}" for k, v in hw.items())
-    name = re.sub(r"[^a-z0-9]", "", cluster.lower())[:30] or "sim"
-    ctld = layout[0]
-    lines = [
-        f"# Written by `dockerlaunch sim up --slurm` for sim cluster {cluster!r}.",
-        f"ClusterName={name}",
-        f"SlurmctldHost=node{ctld.index}({ctld.ip})",
-        "AuthType=auth/munge",
-        "CryptoType=crypto/munge",
-        "SlurmUser=slurm",
-        "SlurmdUser=root",
-        "StateSaveLocation=/var/lib/slurm/slurmctld",
-        "SlurmdSpoolDir=/var/lib/slurm/slurmd",
-        "SlurmctldPidFile=/run/slurmctld.pid",
-        "SlurmdPidFile=/run/slurmd.pid",
-        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
-        "SlurmdLogFile=/var/log/slurm/slurmd.log",
-        # The nodes are containers without systemd or a delegated cgroup: track a job's processes by
-        # parentage, bind nothing, gather no accounting, keep no database.
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
-        "JobCompType=jobcomp/none",
-        "MpiDefault=none",
-        "SwitchType=switch/none",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
-        # The submitter's rlimits cannot all be raised in an unprivileged node (memlock: testbed.md)
-        "PropagateResourceLimits=NONE",
-        "ReturnToService=2",
-        "SlurmdTimeout=60",
-        "InactiveLimit=0",
-        "KillWait=5",
-        "MailProg=/bin/true",  # no mail here; the default (/usr/bin/mail) is absent and slurmctld logs an error
-    ]
-    lines += [f"NodeName=node{n.index} NodeAddr={n.ip} {hw_text} State=UNKNOWN" for n in layout]
-    lines.append("PartitionName=sim Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
-    return "\n".join(lines) + "\n"
-
-
-def _exec(container, cmd: list[str], what: str) -> str:
-    code, out = container.exec_run(cmd)
-    text = out.decode(errors="replace")
-    if code != 0:
-        raise SimError(f"node {container.name}: {what} failed ({code}): {text.strip()[-300:]}")
-    return text
-
-
-def start_slurm(client, cluster: str, layout: list[SimNode], timeout: float = SLURM_READY_TIMEOUT) -> None:
-    """One munge key and one slurm.conf into every node, then munged, slurmctld (node1) and slurmd; wait for idle."""
-    t0 = time.monotonic()
-    containers = [client.containers.get(n.name) for n in layout]
-    first = containers[0]
-    hw = parse_slurmd_hw(_exec(first, ["slurmd", "-C"], "slurmd -C").splitlines()[0])
-    uid, gid = (int(x) for x in _exec(first, ["sh", "-c", "id -u munge; id -g munge"], "id munge").split())
-    conf = render_slurm_conf(cluster, layout, hw).encode()
-    key = secrets.token_bytes(1024)  # what `mungekey` makes: 1024 random bytes
-    archive = _tar_of({SLURM_CONF: (conf, 0o644), MUNGE_KEY: (key, 0o400, uid, gid)})
-    for c in containers:
-        c.put_archive("/", archive)
-    _exec(first, ["sim-slurm-start", "ctld"], "starting munged and slurmctld")
-    with cf.ThreadPoolExecutor(max_workers=len(containers)) as pool:
-        list(pool.map(lambda c: _exec(c, ["sim-slurm-start", "slurmd"], "starting slurmd"), containers))
-    _wait_slurm_idle(containers, layout, timeout)
-    _log(f"Slurm: {len(layout)} node(s) idle in {time.monotonic() - t0:.1f}s (partition sim, slurmctld on node1)")
-
-
-def slurm_node_states(container) -> dict[str, str] | None:
-    """sinfo's state of each node, asked on a node of the cluster (None if sinfo does not answer in 3 s: it
-    retries for about 10 s when slurmctld is down)."""
-    code, out = container.exec_run(["timeout", "3", "sinfo", "--noheader", "--Node", "--format", "%N %T"])
-    if code != 0:
-        return None
-    states: dict[str, str] = {}
-    for line in out.decode(errors="replace").splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            states[parts[0]] = parts[1]
-    return states
-
-
-def _wait_slurm_idle(containers, layout: list[SimNode], timeout: float) -> None:
-    want = {f"node{n.index}" for n in layout}
-    deadline = time.monotonic() + timeout
-    states: dict[str, str] | None = None
-    while time.monotonic() < deadline:
-        states = slurm_node_states(containers[0])
-        if states is not None and set(states) == want and all(s == "idle" for s in states.values()):
-            return
-        time.sleep(0.5)
-    logs = []
-    for c, n in zip(containers, layout):
-        if states is None or states.get(f"node{n.index}") != "idle":
-            files = "/var/log/slurm/slurmd.log" + (" /var/log/slurm/slurmctld.log" if n.index == 1 else "")
-            tail = c.exec_run(["sh", "-c", f"tail -q -n 2 {files} 2>&1"])[1].decode(errors="replace")
-            logs.append(f"node{n.index}: " + " / ".join(line[:200] for line in tail.strip().splitlines()))
-    raise SimError(f"Slurm not ready after {timeout:.0f}s: sinfo says {states or 'nothing'}; "
-                   f"log tails (/var/log/slurm in the nodes): {' | '.join(logs)}")
 
 
 def _wait_ready(client, node: SimNode, timeout: float, dockerd: bool = True) -> None:
@@ -1002,43 +443,6 @@ def _seed(client, node: SimNode, seeds: list[Path]) -> None:
             )
 
 
-def parse_rate(rate: str) -> str:
-    import re
-
-    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)", rate):
-        raise SimError(f"egress rate {rate!r}: use tc units, e.g. 200mbit or 1gbit")
-    return rate
-
-
-def tbf_argv(dev: str, rate: str) -> list[str]:
-    """tc command limiting a device's egress to `rate` with a token bucket (netem is not available here)."""
-    return ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", parse_rate(rate),
-            "burst", "256kb", "latency", "50ms"]
-
-
-def shape(cluster: str = DEFAULT_NAME, rate: str | None = None, nodes: list[int] | None = None) -> None:
-    """Shape (or, with rate None, unshape) each node's egress on eth0 with a token bucket."""
-    check_name(cluster)
-    client = engine()
-    containers = _cluster_containers(client, cluster)
-    if not containers:
-        raise SimError(f"no sim cluster {cluster!r} (dockerlaunch sim up first)")
-    if any(c.labels.get(ROLE_LABEL) for c in containers):
-        raise SimError(f"sim cluster {cluster!r} is a light cluster: its hosts share engines, whose traffic "
-                       "cannot be shaped per host (use regular nodes)")
-    for c in containers:
-        idx = int(c.labels.get(NODE_LABEL, "0"))
-        if nodes and idx not in nodes:
-            continue
-        if rate:
-            cmd = tbf_argv("eth0", rate)
-        else:
-            cmd = ["sh", "-c", "tc qdisc del dev eth0 root 2>/dev/null || true"]
-        code, out = c.exec_run(cmd)
-        if code != 0:
-            raise SimError(f"node {c.name}: tc failed: {out.decode(errors='replace').strip()[:200]}")
-
-
 def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
     """Remove every container, network and volume of the cluster, and its state directory."""
     check_name(cluster)
@@ -1062,7 +466,7 @@ def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
         except docker.errors.NotFound:
             pass
 
-    containers = _cluster_containers(client, cluster, sparse=True)
+    containers = containers_of(client, cluster, sparse=True)
     with cf.ThreadPoolExecutor(max_workers=LIGHT_POOL) as pool:  # a light cluster has hundreds
         list(pool.map(remove, containers))
     removed["containers"] = len(containers)
@@ -1100,7 +504,7 @@ def status(cluster: str | None = None) -> list[dict[str, str]]:
     if cluster is not None:
         check_name(cluster)
     client = engine()
-    containers = sorted(_cluster_containers(client, cluster), key=_status_order)
+    containers = sorted(containers_of(client, cluster), key=_status_order)
     # Slurm clusters: sinfo, asked once per cluster on its slurmctld node
     sinfo: dict[str, dict[str, str] | None] = {}
     for c in containers:
@@ -1149,17 +553,6 @@ def _status_order(c) -> tuple:
         return labels.get(SIM_LABEL, ""), 0, int(labels.get(ENGINE_INDEX_LABEL, "0") or 0), c.name
     index = labels.get(NODE_LABEL, "")
     return labels.get(SIM_LABEL, ""), 1, int(index) if index.isdigit() else 0, c.name
-
-
-def parse_engine_info(text: str) -> tuple[str, str]:
-    """Pure: `docker info` "VERSION|DRIVER|DRIVERSTATUS-JSON" -> (version, image store)."""
-    version, _, rest = text.strip().partition("|")
-    if not version:
-        return "?", "?"
-    driver, _, status = rest.partition("|")
-    if "io.containerd.snapshotter" in status:  # the containerd image store reports its snapshotter as the driver
-        return version or "?", f"containerd ({driver or '?'})"
-    return version or "?", driver or "?"
 
 
 def node_engine(container) -> tuple[str, str]:

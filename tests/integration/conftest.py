@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from dockerlaunch import engine as enginelib
+from dockerlaunch import sim
 from dockerlaunch.job.config import load_config
-from dockerlaunch.sim import cluster as sim
 
 
 def _leftovers(client, cluster: str | None) -> list[str]:
@@ -28,7 +29,7 @@ def _leftovers(client, cluster: str | None) -> list[str]:
 def engine():
     if os.environ.get("DOCKERLAUNCH_SKIP_INTEGRATION") == "1":
         pytest.skip("DOCKERLAUNCH_SKIP_INTEGRATION=1")
-    return sim.engine()  # fails (not skips) with the fix when no engine runs: CI must have one
+    return enginelib.engine()  # fails (not skips) with the fix when no engine runs: CI must have one
 
 
 def _inside_nodes(client, cluster: str) -> list[str]:

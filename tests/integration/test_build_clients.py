@@ -11,11 +11,11 @@ import uuid
 
 import pytest
 
+from dockerlaunch import sim
 from dockerlaunch.images import build as buildlib
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images.build import BuildOptions, cached_steps, choose_builder, probe_client
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
-from dockerlaunch.sim import cluster as sim
 
 pytestmark = pytest.mark.integration
 

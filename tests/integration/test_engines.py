@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from dockerlaunch.sim import cluster as sim
+from dockerlaunch import sim
 from tests.integration.helpers import SCRATCH, dl, job_name, own_sim_state
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from dockerlaunch import sim
 from dockerlaunch.diagnostics.dump import local_pyspy
-from dockerlaunch.sim import cluster as sim
 from tests.integration.helpers import dl, probe_containers_on, variant
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dockerlaunch.sim import cluster as sim
+from dockerlaunch import sim
 from tests.integration.conftest import _leftovers
 from tests.integration.helpers import dl, job_name, own_sim_state
 

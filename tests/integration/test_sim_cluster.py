@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from dockerlaunch import sim
 from dockerlaunch.backends.docker.docker_cli import shell_command
 from dockerlaunch.errors import SSHError
 from dockerlaunch.hosts.ssh import Remote, connect
@@ -16,7 +17,6 @@ from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import load_config
 from dockerlaunch.job.plan import make_plan
 from dockerlaunch.job.spec import ContainerSpec
-from dockerlaunch.sim import cluster as sim
 
 from .conftest import _leftovers
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from dockerlaunch.sim import cluster as sim
+from dockerlaunch import sim
 
 from .conftest import _inside_nodes, _leftovers
 from .helpers import SCRATCH

@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dockerlaunch import sim
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import make_plan
-from dockerlaunch.sim import cluster as sim
-from dockerlaunch.sim.cluster import SimError, node_layout, parse_rate, render_cluster_config
+from dockerlaunch.sim import SimError, node_layout, parse_rate, render_cluster_config
 
 
 def test_layout_fixed_ips_and_names():
@@ -49,7 +49,7 @@ def test_rate_rejected(rate):
 
 
 def test_slurm_conf_names_every_node_with_its_address_and_the_real_cpus():
-    from dockerlaunch.sim.cluster import parse_slurmd_hw, render_slurm_conf
+    from dockerlaunch.sim import parse_slurmd_hw, render_slurm_conf
 
     hw = parse_slurmd_hw("NodeName=node1 CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 "
                          "RealMemory=24000\nUpTime=0-01:00:00\n")
