@@ -96,3 +96,7 @@ def describe_validation_error(err: ValidationError) -> str:
         if line not in seen:
             seen.append(line)
     return "; ".join(seen).replace("\n", " ")
+
+
+class BuildError(DockerlaunchError):
+    """An image build, fetch or compile that failed (exit 1, one line)."""

@@ -243,10 +243,10 @@ def fetch(stack_name: str, out_dir: str, index_url: str | None, find_links: tupl
     lock's hashes for the stack's own Python and platform, so any Python can fetch for any stack."""
     from pathlib import Path
 
-    from dockerlaunch.images import build as buildlib
+    from dockerlaunch.images import fetch as fetchlib
     from dockerlaunch.images.stacks import load_matrix
 
-    counts = buildlib.fetch(load_matrix().get(stack_name), Path(out_dir), index_url=index_url, find_links=find_links)
+    counts = fetchlib.fetch(load_matrix().get(stack_name), Path(out_dir), index_url=index_url, find_links=find_links)
     for layer, n in counts.items():
         click.echo(f"{layer:<12} {n} file(s)")
 

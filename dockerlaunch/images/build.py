@@ -7,24 +7,22 @@ folders (hard links, or empty folders online); CA and index URL go in as BuildKi
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import logging
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from dockerlaunch import __version__
-from dockerlaunch.errors import ConfigError, DockerlaunchError
+from dockerlaunch.errors import BuildError, ConfigError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
+from dockerlaunch.images.builder import Builder, _one_line, find_builder
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
 from dockerlaunch.images.index import file_sha256
 from dockerlaunch.images.layers import LAYERS
@@ -33,14 +31,17 @@ from dockerlaunch.images.wheels import local_gpu_archs
 
 _LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use stays quiet
 
+
 FETCH_STAMPS = ".dockerlaunch-fetch.json"  # in the wheelhouse: each layer's requirements when last fetched
+
+
 LABEL_PREFIX = "ai.dockerlaunch"
+
+
 FREEZE_PATH = "/opt/dockerlaunch/pip-freeze.txt"
+
+
 DOCKERFILE = "train.Dockerfile"
-
-
-class BuildError(DockerlaunchError):
-    pass
 
 
 @dataclass
@@ -59,9 +60,6 @@ class BuildOptions:
     dockerfiles: Path = field(default_factory=default_dockerfiles_dir)
 
 
-# ---------------------------------------------------------------- pure rendering
-
-
 def parse_cuda_archs(text: str | None) -> list[str]:
     """`8.0;9.0`, `80,90` or `9.0+PTX` -> ["8.0", "9.0"]; a one-line error for anything else."""
     if not text:
@@ -76,6 +74,8 @@ def parse_cuda_archs(text: str | None) -> list[str]:
 
 
 DEFAULT_ARCH = "9.0"  # H100/H200: one architecture, since each one more multiplies flash-attn's hours
+
+
 # What nvcc can target (sm_XY cubins), by CUDA release: 13.0 dropped Maxwell, Pascal and Volta; 12.8 added
 # Blackwell (10.0, 12.0). NVIDIA's CUDA toolkit release notes.
 ARCHS_BY_CUDA = [
@@ -228,193 +228,6 @@ def render_build(stack: Stack, opts: BuildOptions, lock: locks.Lock, context: st
     return argv
 
 
-# ---------------------------------------------------------------- builder detection
-# What `build` needs from BuildKit: train.Dockerfile's RUN --mount=type=cache|secret|bind (no syntax line, so the
-# engine's own Dockerfile frontend), `--secret` files, and the plain progress log (`cached_steps` reads it).
-# A Docker 23+ CLI builds with BuildKit only through the buildx plugin (without it: "BuildKit is enabled but the
-# buildx component is missing or broken"; its legacy builder has no secrets); an older CLI (18.09 to 22.x, e.g.
-# Debian 12's docker.io 20.10) has BuildKit built in under DOCKER_BUILDKIT=1. With buildx, `--load` puts the
-# image into the engine of the current docker context whatever the builder's driver (the default `docker`
-# driver builds in that engine itself).
-
-DOCKER_CANDIDATES = ("/usr/bin/docker", "/usr/local/bin/docker")  # after `docker` on PATH
-BUILDKIT_BUILT_IN = ((18, 9), (23, 0))  # CLI versions with BuildKit in the client itself: [from, to)
-BUILDX_FIX = ("apt-get install docker-buildx (from Docker's own apt repository: docker-buildx-plugin), "
-              "or put docker-buildx in ~/.docker/cli-plugins")
-
-
-@dataclass(frozen=True)
-class DockerClient:
-    """What one docker CLI said about itself (`probe_client`): the facts `choose_builder` decides on."""
-
-    path: str
-    version: str | None = None  # `docker --version`: "28.2.2", "20.10.24+dfsg1"
-    buildx: str | None = None  # `docker buildx version`, when it ran: "github.com/docker/buildx 0.29.1 ..."
-    error: str | None = None  # why the CLI did not run, or is not Docker's
-    driver: str | None = None  # the current buildx builder's driver (`docker buildx inspect`): docker, docker-container
-    context: str | None = None  # `docker context show`: the name of that context's own (docker-driver) builder
-
-    @property
-    def release(self) -> tuple[int, int] | None:
-        m = re.match(r"v?(\d+)\.(\d+)", self.version or "")
-        return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-@dataclass(frozen=True)
-class BuildxFile:
-    """A docker-buildx binary in one of the CLI's plugin folders; `error` says why it did not run."""
-
-    path: str
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Builder:
-    prefix: tuple[str, ...]  # the argv before the build flags
-    env: dict[str, str]  # added to the environment
-    what: str  # one line for the log
-
-    @property
-    def docker(self) -> str:
-        return self.prefix[0]
-
-
-def _buildx_release(line: str) -> str:
-    m = re.search(r"\s(v?\d+\.\d+\S*)", line)
-    return m.group(1) if m else line
-
-
-def choose_builder(clients: Sequence[DockerClient], plugins: Sequence[BuildxFile] = ()) -> Builder | str:
-    """Pure: the first client with a working buildx plugin, else the first with BuildKit built in; else the one
-    line that says what to install (`plugins`: docker-buildx files found, to tell a broken plugin from none)."""
-    for c in clients:
-        if c.buildx and not c.error:
-            what = f"buildx {_buildx_release(c.buildx)} with the docker CLI at {c.path} ({c.version})"
-            if c.driver and c.driver != "docker" and c.context:
-                # a docker-container (or kubernetes, remote) builder cannot see the engine's images: the made
-                # base and the builder stage are local images, so the build uses the engine's own builder
-                return Builder((c.path, "buildx", "build", "--builder", c.context, "--load"), {},
-                               f"{what}, builder {c.context} (the engine's own: the current builder's driver "
-                               f"{c.driver} cannot see local images such as the made base)")
-            return Builder((c.path, "buildx", "build", "--load"), {}, what)
-    lo, hi = BUILDKIT_BUILT_IN
-    for c in clients:
-        if not c.error and c.release and lo <= c.release < hi:
-            return Builder((c.path, "build"), {"DOCKER_BUILDKIT": "1"},
-                           f"the docker CLI at {c.path} ({c.version}, BuildKit built in)")
-    if not clients:
-        return ("no docker CLI found (looked for docker on PATH, " + ", ".join(DOCKER_CANDIDATES) + "): install "
-                "Debian's docker.io (20.10 on Debian 12: BuildKit built in), or a Docker CLI and its buildx plugin")
-    parts = []
-    need = [c for c in clients if not c.error and c.release and c.release >= hi]
-    if need:
-        names = " and ".join(f"{c.path} ({c.version})" for c in need)
-        clis = "CLIs" if len(need) > 1 else "CLI"
-        verb = "need" if len(need) > 1 else "needs"
-        broken = [p for p in plugins if p.error]
-        running = [p for p in plugins if not p.error]
-        if broken:
-            fix = f"{broken[0].path} does not run ({broken[0].error}), replace it: {BUILDX_FIX}"
-        elif running:
-            fix = (f"{running[0].path} runs on its own, but `docker buildx version` fails: replace it with a "
-                   f"buildx release that supports this CLI: {BUILDX_FIX}")
-        else:
-            fix = BUILDX_FIX
-        parts.append(f"the docker {clis} at {names} {verb} the buildx plugin for BuildKit: {fix}")
-    for c in clients:
-        if c.error:
-            parts.append(f"the docker CLI at {c.path} does not run ({c.error})")
-        elif not c.release:
-            parts.append(f"the docker CLI at {c.path} reports no version ({c.version})")
-        elif c.release < lo:
-            parts.append(f"the docker CLI at {c.path} ({c.version}) is too old for BuildKit: install Debian's "
-                         f"docker.io, or a Docker CLI with the buildx plugin")
-    return "; ".join(parts)
-
-
-def _one_line(text: str, limit: int = 160) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    line = lines[0] if lines else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _run(argv: list[str], timeout: float = 30) -> tuple[int, str]:
-    """(exit status, stdout or else stderr), never raising: a missing or broken binary is status -1."""
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return -1, f"no answer in {timeout:.0f} s"
-    except OSError as e:
-        return -1, e.strerror or str(e)
-    return r.returncode, r.stdout if r.returncode == 0 else (r.stderr or r.stdout or f"exit status {r.returncode}")
-
-
-def probe_client(path: str) -> DockerClient:
-    """`docker --version` (the client alone, no engine) and `docker buildx version` (~0.2 s)."""
-    code, text = _run([path, "--version"])
-    if code != 0:
-        return DockerClient(path, error=_one_line(text))
-    m = re.match(r"Docker version (\S+?),?(\s|$)", text.strip())
-    if not m:
-        return DockerClient(path, error=f"not Docker's CLI: {_one_line(text, 80)}")
-    code, text = _run([path, "buildx", "version"])
-    if code != 0 or not text.strip():
-        return DockerClient(path, m.group(1))
-    _, inspect = _run([path, "buildx", "inspect"])
-    driver = re.search(r"^Driver:\s+(\S+)", inspect, re.M)
-    code, context = _run([path, "context", "show"])
-    return DockerClient(path, m.group(1), buildx=_one_line(text), driver=driver.group(1) if driver else None,
-                        context=context.strip() if code == 0 and context.strip() else None)
-
-
-def plugin_dirs(env: Mapping[str, str] | None = None) -> list[str]:
-    """Where the docker CLI looks for plugins: $DOCKER_CONFIG/cli-plugins (~/.docker), the config's
-    cliPluginsExtraDirs, then the system folders."""
-    env = os.environ if env is None else env
-    config = env.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
-    dirs = [os.path.join(config, "cli-plugins")]
-    try:
-        extra = json.loads(Path(config, "config.json").read_text()).get("cliPluginsExtraDirs") or []
-        dirs += [d for d in extra if isinstance(d, str)]
-    except (OSError, ValueError, AttributeError):
-        pass
-    return dirs + ["/usr/local/lib/docker/cli-plugins", "/usr/local/libexec/docker/cli-plugins",
-                   "/usr/lib/docker/cli-plugins", "/usr/libexec/docker/cli-plugins"]
-
-
-def probe_buildx_files(dirs: list[str] | None = None) -> list[BuildxFile]:
-    out = []
-    for d in plugin_dirs() if dirs is None else dirs:
-        path = os.path.join(d, "docker-buildx")
-        if os.path.lexists(path):
-            code, text = _run([path, "version"])
-            out.append(BuildxFile(path, None if code == 0 else _one_line(text, 100)))
-    return out
-
-
-def docker_candidates() -> list[str]:
-    out: list[str] = []
-    seen: set[str] = set()
-    for path in (shutil.which("docker"), *DOCKER_CANDIDATES):
-        if path and os.path.exists(path) and os.path.realpath(path) not in seen:
-            seen.add(os.path.realpath(path))
-            out.append(path)
-    return out
-
-
-def find_builder(candidates: list[str] | None = None) -> Builder:
-    """A docker CLI that can run BuildKit builds (`choose_builder` on probed facts), or a one-line BuildError."""
-    clients = [probe_client(p) for p in (docker_candidates() if candidates is None else candidates)]
-    plugins = [] if any(c.buildx for c in clients) else probe_buildx_files()
-    choice = choose_builder(clients, plugins)
-    if isinstance(choice, str):
-        raise BuildError(choice)
-    return choice
-
-
-# ---------------------------------------------------------------- context and secrets
-
-
 def flash_drop(stack: Stack) -> frozenset[str]:
     """Where a prebuilt flash-attn wheel is used, the lock's flash-attn sdist is not installed."""
     return frozenset({"flash-attn"}) if flash_attn_wheel(stack) else frozenset()
@@ -526,9 +339,6 @@ def hash_mismatch(log: str) -> str | None:
     if want and got:
         return f"{what} (expected sha256 {want.group(1)[:12]}..., got {got.group(1)[:12]}...)"
     return what
-
-
-# ---------------------------------------------------------------- build
 
 
 SYSTEM_CA = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
@@ -773,91 +583,6 @@ def cached_steps(build_log: str) -> tuple[list[str], list[str]]:
     order = sorted(names, key=lambda i: int(names[i].split("/")[0]))
     return [names[i] for i in order if i in cached], [names[i] for i in order if i not in cached]
 
-
-# ---------------------------------------------------------------- fetch
-
-
-def lock_sources(lock: locks.Lock) -> tuple[list[str], list[str]]:
-    """(indexes, find-links folders) the lock was resolved from, as its `# sources:` line says."""
-    indexes, folders = [], []
-    for part in lock.header.get("sources", "").split(";"):
-        part = part.strip()
-        if part.startswith("find-links "):
-            folders.append(part[len("find-links "):])
-        elif part:
-            indexes.append(part)
-    return indexes, folders
-
-
-def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None, index_url: str | None = None,
-          find_links: Sequence[str] = ()) -> dict[str, int]:
-    """Download exactly the stack's lock, layer by layer, and the source archives of git pins, for offline builds.
-    Each file is found on the index (or a find-links folder) by the lock's sha256 for the stack's Python and
-    platform, whatever Python runs this, and checked as it arrives. Every file is the locked one, byte for byte:
-    the few sdists (crcmod, oss2...) stay sdists and the image's top layer builds them with the build layer's
-    setuptools, so the offline build can check each file against the committed lock, not against a list this
-    machine wrote. Each layer's `<layer>.lock` beside its folder names its files, for --require-hashes."""
-    from dockerlaunch.images import index as idx
-
-    log = log or (lambda msg: _LOG.info("[fetch] %s", msg))
-    lock = locks.checked(stack, dockerfiles or default_dockerfiles_dir())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    indexes, folders = lock_sources(lock)
-    if index_url:
-        indexes = [index_url, *indexes[1:]]
-    indexes = indexes or [locks.DEFAULT_INDEX]
-    torch = lock.get("torch")
-    if stack.torch_index_url and torch and "+" in torch.version:
-        indexes.append(stack.torch_index_url)
-    folders = [*find_links, *folders]
-    tags = idx.target_tags(stack.python)
-    archives = {p.archive_name for p in (stack.apex, stack.megatron_lm) if p}
-    # What each layer was last fetched with: after a pin bump only the layers whose locked part changed are
-    # asked of the index again (a whole fetch is minutes; one layer's is seconds when the rest is unchanged).
-    stamps_file = out_dir / FETCH_STAMPS
-    try:
-        stamps = json.loads(stamps_file.read_text()) if stamps_file.exists() else {}
-    except (OSError, ValueError):
-        stamps = {}
-    for layer in LAYERS:
-        dest = out_dir / layer
-        dest.mkdir(exist_ok=True)
-        part = lock.layer_text(layer, flash_drop(stack))
-        if not part:
-            continue
-        # a lock entry lists every Python's files: the same part fetched for another Python is other files
-        digest = hashlib.sha256(f"{stack.python} {locks.PLATFORM}\n{part}".encode()).hexdigest()
-        pins = " ".join(f"{e.name}=={e.version}" for e in lock.layer(layer)
-                        if e.name in {locks.pin_name(p) for p in locks.flat_pins(stack)})
-        if stamps.get(layer) == digest and (out_dir / f"{layer}.lock").is_file():
-            log(f"{layer}: up to date ({pins})")
-            continue
-        stamps.pop(layer, None)
-        stamps_file.write_text(json.dumps(stamps, indent=1))  # a fetch cut off here asks again next time
-        for f in dest.iterdir():  # another lock's files: the offline build must see only this one's
-            if f.is_file() and f.name not in archives:
-                f.unlink()
-        log(f"{layer}: downloading {len(lock.layer(layer))} locked distributions for Python {stack.python} ({pins})")
-        for e in lock.layer(layer):
-            if e.name not in flash_drop(stack):
-                idx.download(idx.locate(e, indexes, folders, tags), dest)
-        (out_dir / f"{layer}.lock").write_text(_hashed_files(lock, layer, dest, flash_drop(stack)))
-        stamps[layer] = digest
-        stamps_file.write_text(json.dumps(stamps, indent=1))
-    for pin, layer in ((stack.apex, "4-apex"), (stack.megatron_lm, "6-megatron")):
-        if pin:
-            name = "apex" if pin is stack.apex else "Megatron-LM"
-            src = wheels.Source(f"{name} {pin.ref[:12]} source", layer, pin.archive_name, pin.sha256 or "",
-                                "archive", pin.archive_url)
-            got = wheels.get_source(src, None, index_url, False, log, dest_dir=out_dir / layer)
-            if got.parent != out_dir / layer:
-                shutil.copy2(got, out_dir / layer / got.name)
-    for got in flash_attn_prebuilt(stack, BuildOptions(), log, dest_dir=out_dir / "5-flash"):
-        if got.parent != out_dir / "5-flash":
-            shutil.copy2(got, out_dir / "5-flash" / got.name)
-    return {layer: len(list((out_dir / layer).iterdir())) for layer in LAYERS}
-
-
 def _dist_of(filename: str) -> tuple[str, str] | None:
     """(normalized name, version) of a wheel or sdist file name."""
     from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
@@ -870,24 +595,3 @@ def _dist_of(filename: str) -> tuple[str, str] | None:
     except (InvalidWheelFilename, InvalidSdistFilename):
         return None
     return locks.normalize(name), str(version)
-
-
-def _hashed_files(lock: locks.Lock, layer: str, dest: Path, drop: frozenset[str]) -> str:
-    """`name==version --hash=sha256:H  # file` for each locked distribution of the layer, H the file's own."""
-    from packaging.version import Version
-
-    files = {}
-    for f in dest.iterdir():
-        dist = _dist_of(f.name) if f.is_file() else None
-        if dist:
-            files[(dist[0], Version(dist[1]))] = f
-    lines = []
-    for e in lock.layer(layer):
-        if e.name in drop:
-            continue
-        f = files.get((e.name, Version(e.version)))
-        if f is None:
-            raise BuildError(f"fetch: pip downloaded no file for {e.name}=={e.version} (layer {layer})")
-        digest = file_sha256(f)  # in chunks: the torch wheel alone is 0.5-0.9 GB
-        lines.append(f"{e.name}=={e.version} --hash=sha256:{digest}  # {f.name}")
-    return "\n".join(lines) + "\n"

@@ -13,8 +13,10 @@ import pytest
 
 from dockerlaunch import sim
 from dockerlaunch.images import build as buildlib
+from dockerlaunch.images import builder as builderlib
 from dockerlaunch.images import lock as locks
-from dockerlaunch.images.build import BuildOptions, cached_steps, choose_builder, probe_client
+from dockerlaunch.images.build import BuildOptions, cached_steps
+from dockerlaunch.images.builder import choose_builder, probe_client
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
 pytestmark = pytest.mark.integration
@@ -42,8 +44,8 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def clients() -> dict[str, buildlib.DockerClient]:
-    return {c.path: c for c in map(probe_client, buildlib.docker_candidates())}
+def clients() -> dict[str, builderlib.DockerClient]:
+    return {c.path: c for c in map(probe_client, builderlib.docker_candidates())}
 
 
 def buildx_builder():

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from dockerlaunch.images import build as buildlib
-from dockerlaunch.images.build import BuildError, BuildxFile, DockerClient, choose_builder
+from dockerlaunch.errors import BuildError
+from dockerlaunch.images import builder as builderlib
+from dockerlaunch.images.builder import BuildxFile, DockerClient, choose_builder
 
 NEW = DockerClient("/usr/local/bin/docker", "28.5.2")
 NEW_BUILDX = DockerClient("/usr/local/bin/docker", "28.5.2", buildx="github.com/docker/buildx 0.29.1+ds1 0.29.1+ds1-4")
@@ -112,30 +113,30 @@ def fake_docker(tmp_path, name: str, version_line: str, buildx: str | None) -> s
 
 def test_probe_reads_version_and_buildx(tmp_path):
     d = fake_docker(tmp_path, "docker28", "Docker version 28.5.2, build 1234567", None)
-    assert buildlib.probe_client(d) == DockerClient(d, "28.5.2")
+    assert builderlib.probe_client(d) == DockerClient(d, "28.5.2")
     d = fake_docker(tmp_path, "docker20", "Docker version 20.10.24+dfsg1, build 297e128",
                     "github.com/docker/buildx 0.29.1+ds1 0.29.1+ds1-4")
-    assert buildlib.probe_client(d) == DockerClient(d, "20.10.24+dfsg1",
+    assert builderlib.probe_client(d) == DockerClient(d, "20.10.24+dfsg1",
                                                     buildx="github.com/docker/buildx 0.29.1+ds1 0.29.1+ds1-4")
 
 
 def test_probe_of_what_is_not_a_docker_cli(tmp_path):
     podman = fake_docker(tmp_path, "podman", "podman version 4.3.1", None)
-    assert buildlib.probe_client(podman).error == "not Docker's CLI: podman version 4.3.1"
-    assert buildlib.probe_client(str(tmp_path / "absent")).error == "No such file or directory"
+    assert builderlib.probe_client(podman).error == "not Docker's CLI: podman version 4.3.1"
+    assert builderlib.probe_client(str(tmp_path / "absent")).error == "No such file or directory"
     noexec = tmp_path / "noexec"
     noexec.write_text("#!/bin/sh\n")
-    assert buildlib.probe_client(str(noexec)).error == "Permission denied"
+    assert builderlib.probe_client(str(noexec)).error == "Permission denied"
 
 
 def test_plugin_dirs_follow_the_cli(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"cliPluginsExtraDirs": ["/opt/plugins"]}))
-    dirs = buildlib.plugin_dirs({"DOCKER_CONFIG": str(tmp_path)})
+    dirs = builderlib.plugin_dirs({"DOCKER_CONFIG": str(tmp_path)})
     assert dirs == [str(tmp_path / "cli-plugins"), "/opt/plugins", "/usr/local/lib/docker/cli-plugins",
                     "/usr/local/libexec/docker/cli-plugins", "/usr/lib/docker/cli-plugins",
                     "/usr/libexec/docker/cli-plugins"]
     (tmp_path / "config.json").write_text("{not json")
-    assert buildlib.plugin_dirs({"DOCKER_CONFIG": str(tmp_path)})[1] == "/usr/local/lib/docker/cli-plugins"
+    assert builderlib.plugin_dirs({"DOCKER_CONFIG": str(tmp_path)})[1] == "/usr/local/lib/docker/cli-plugins"
 
 
 def test_probe_buildx_files_tells_broken_from_working(tmp_path):
@@ -146,18 +147,18 @@ def test_probe_buildx_files_tells_broken_from_working(tmp_path):
     (bad / "docker-buildx").write_bytes(b"\x7fELFgarbage")
     for f in (good / "docker-buildx", bad / "docker-buildx"):
         f.chmod(f.stat().st_mode | stat.S_IXUSR)
-    found = buildlib.probe_buildx_files([str(none), str(bad), str(good)])
+    found = builderlib.probe_buildx_files([str(none), str(bad), str(good)])
     assert found == [BuildxFile(str(bad / "docker-buildx"), "Exec format error"),
                      BuildxFile(str(good / "docker-buildx"))]
 
 
 def test_find_builder_raises_the_one_line(tmp_path, monkeypatch):
     d = fake_docker(tmp_path, "docker", "Docker version 28.5.2, build 1234567", None)
-    monkeypatch.setattr(buildlib, "plugin_dirs", lambda env=None: [str(tmp_path / "no-plugins")])
+    monkeypatch.setattr(builderlib, "plugin_dirs", lambda env=None: [str(tmp_path / "no-plugins")])
     with pytest.raises(BuildError) as e:
-        buildlib.find_builder([d])
+        builderlib.find_builder([d])
     assert str(e.value) == f"the docker CLI at {d} (28.5.2) needs the buildx plugin for BuildKit: " + \
-        buildlib.BUILDX_FIX
+        builderlib.BUILDX_FIX
 
 
 def test_build_command_prints_the_line_not_a_traceback(tmp_path):
@@ -166,18 +167,18 @@ def test_build_command_prints_the_line_not_a_traceback(tmp_path):
     d = fake_docker(tmp_path, "docker", "Docker version 28.5.2, build 1234567", None)
     program = (
         "import sys\n"
-        "from dockerlaunch.images import build as b\n"
-        f"b.docker_candidates = lambda: [{d!r}]\n"
-        "b.plugin_dirs = lambda env=None: []\n"
+        "from dockerlaunch.images import build, builder\n"
+        f"builder.docker_candidates = lambda: [{d!r}]\n"
+        "builder.plugin_dirs = lambda env=None: []\n"
         "def no_verify(*a, **k): raise SystemExit('nothing was built, nothing to verify')\n"
-        "b.verify = no_verify\n"
+        "build.verify = no_verify\n"
         "from dockerlaunch.cli.main import main\n"
         "main(['build', '--stack', 'cpu'])\n"
     )
     r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert r.stderr.strip().splitlines() == [
-        f"error: the docker CLI at {d} (28.5.2) needs the buildx plugin for BuildKit: {buildlib.BUILDX_FIX}"
+        f"error: the docker CLI at {d} (28.5.2) needs the buildx plugin for BuildKit: {builderlib.BUILDX_FIX}"
     ], r.stderr
     assert r.stdout == "" and os.listdir(tmp_path) == ["docker"]
 

@@ -172,7 +172,7 @@ def test_an_offline_build_names_the_locked_file_its_wheelhouse_lacks(matrix, tmp
     import dataclasses
     import hashlib
 
-    from dockerlaunch.images.build import BuildError
+    from dockerlaunch.errors import BuildError
 
     stack = matrix.get("cpu")
     real = locks.read(stack, default_dockerfiles_dir())

@@ -7,12 +7,7 @@ import yaml
 from pydantic import ValidationError
 
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.images.build import (
-    BuildOptions,
-    build_args,
-    cached_steps,
-    components,
-)
+from dockerlaunch.images.build import BuildOptions, build_args, cached_steps, components
 from dockerlaunch.images.constraints import RULES, check_stack, flash_attn_wheel, te_flash_attn_ceiling
 from dockerlaunch.images.layers import te_extras
 from dockerlaunch.images.stacks import GitPin, Stack, load_matrix
