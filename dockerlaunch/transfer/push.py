@@ -42,6 +42,7 @@ from dockerlaunch.transfer.streams import (
     layer_map,
     local_image,
     outgoing,
+    prefetched,
     stream_seconds,
     with_facts,
 )
@@ -328,6 +329,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
             note = f"; {note}"
     if not staged:
         chunks = outgoing(client, image, set(t.skip_files), mode)
+    chunks = prefetched(chunks)
     reader = CountingReader(chunks, on_bytes)
     out, err = bytearray(), bytearray()
     status = remote.stream(["sh", "-c", script("load.sh"), "sh", t.expect_id, image.ref, mode, *extra],

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import posixpath
+import queue
 import tarfile
 import threading
 import time
@@ -134,6 +135,52 @@ def zstd_chunks(chunks: Iterator[bytes], level: int = 3) -> Iterator[bytes]:
         if out:
             yield out
     yield comp.flush()
+
+
+def prefetched(chunks: Iterator[bytes], depth: int = 8) -> Iterator[bytes]:
+    """`chunks`, made by a thread of their own up to `depth` ahead, so that reading `docker save`, re-streaming its
+    tar and compressing overlap with the SSH write (each releases the GIL in its C parts). An error upstream is
+    raised here; closing this generator (a cut push) stops the thread and closes `chunks`."""
+    q: queue.Queue = queue.Queue(depth)
+    closed = threading.Event()
+    end = object()
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                while not closed.is_set():
+                    try:
+                        q.put(chunk, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if closed.is_set():
+                    break
+            item: object = end
+        except BaseException as e:  # noqa: BLE001 - raised in the consumer
+            item = e
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None and closed.is_set():
+                close()
+        while not closed.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    threading.Thread(target=produce, daemon=True, name="prefetch").start()
+    try:
+        while True:
+            item = q.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        closed.set()
 
 
 def chain_ids(diff_ids: list[str]) -> list[str]:

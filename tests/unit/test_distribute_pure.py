@@ -109,3 +109,39 @@ def test_a_thin_stream_leaves_the_layer_out_and_still_names_it_from_the_saves_fa
     assert len(out) < len(save_tar("legacy")) - 5000 + 3 * 1024  # the layer's bytes are gone; ours add ~2 KB
     with pytest.raises(TransferError, match="layer file aaa/layer.tar is missing"):  # no facts: refused, not guessed
         b"".join(image_chunks(chunked(save_tar("legacy")), IMAGE, {"aaa/layer.tar"}))
+
+
+def test_prefetched_keeps_order_raises_upstream_errors_and_stops_its_thread_when_closed():
+    import threading
+    import time
+
+    from dockerlaunch.transfer.streams import prefetched
+
+    chunks = [bytes([i]) * 1000 for i in range(200)]
+    assert list(prefetched(iter(chunks), depth=3)) == chunks
+
+    def broken():
+        yield b"x"
+        raise ValueError("docker save broke")
+
+    with pytest.raises(ValueError, match="docker save broke"):
+        list(prefetched(broken()))
+
+    closed = threading.Event()
+
+    def endless():
+        try:
+            while True:
+                yield b"y" * 10
+        finally:
+            closed.set()
+
+    before = threading.active_count()
+    g = prefetched(endless())
+    next(g)
+    g.close()  # a cut push: the producer stops and closes the upstream (the save's HTTP stream)
+    assert closed.wait(5)
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == before
