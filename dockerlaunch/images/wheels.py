@@ -7,6 +7,10 @@ kept in a local cache under a key of everything that changes its bytes (source h
 glibc, architectures, flags). The image then installs the wheel with its recorded sha256, so a rebuild or a second
 stack with the same torch/CUDA/Python compiles nothing. Each key has its own build folder that survives the
 container, so a compile that is killed resumes from the objects it finished (ninja skips them).
+
+Why one file of ~800 lines: the key, the cache, the compile container and its resumable build folder are one
+mechanism (`Place`: here or on a host through transfer/host_compile.py); each part is only correct with the
+others beside it.
 """
 
 from __future__ import annotations

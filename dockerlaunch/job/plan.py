@@ -417,6 +417,8 @@ def infiniband_needs(spec: ContainerSpec, user_ulimits: dict[str, Ulimit]) -> No
     spec.infiniband = True
 
 
+# long on purpose: every decision about one host's container in the order they depend on each other (env,
+# GPUs, IB, IPC, mounts, labels); each step is a call into a small rule above.
 def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, run_id: str | None) -> HostPlan:
     config, c = plan.config, plan.config.container
     master_addr = plan.master_addr

@@ -66,6 +66,8 @@ from dockerlaunch.sim.shaping import parse_rate, shape
 from dockerlaunch.sim.slurm import slurm_node_states, start_slurm
 
 
+# long: the regular cluster's steps in order (network, volumes, images, nodes, seeds, Slurm, config), each a call;
+# shares its node steps (_engine_options, _wait_ready, _seed, _write_config) with up_light.
 def up(
     nodes: int | None = None,
     cluster: str = DEFAULT_NAME,
@@ -246,6 +248,7 @@ def _fixed_ip(client, net, ip: str) -> dict:
             "networking_config": {net.name: client.api.create_endpoint_config(ipv4_address=ip)}}
 
 
+# long: like `up`, plus the shared engines and the pooled creation of hundreds of sshd-only hosts.
 def up_light(
     nodes: int,
     cluster: str = DEFAULT_NAME,

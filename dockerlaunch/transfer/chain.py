@@ -59,6 +59,8 @@ def kill_listener(remote: Remote, pid: int | None) -> None:
         remote.run(["sh", "-c", KILL_LISTENER, "sh", str(pid)], timeout=30)
 
 
+# long on purpose: start relays from the tail, then the head, then wait, with one cleanup for every way out; the
+# cleanup must see every listener started, which one function keeps in view.
 def push_chain(
     client, remotes: list[Remote], image: LocalImage, links: list[HostTransfer],
     on_bytes: Callable[[int], None] | None = None, port: int | None = None,
