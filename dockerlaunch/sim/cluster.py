@@ -66,8 +66,8 @@ from dockerlaunch.sim.shaping import parse_rate, shape
 from dockerlaunch.sim.slurm import slurm_node_states, start_slurm
 
 
-# long: the regular cluster's steps in order (network, volumes, images, nodes, seeds, Slurm, config), each a call;
-# shares its node steps (_engine_options, _wait_ready, _seed, _write_config) with up_light.
+# long: the regular cluster's steps in order (checks, images, network, volumes, nodes, seeds, Slurm, config);
+# every container is started by _start_node, which up_light shares, as it shares the steps around it.
 def up(
     nodes: int | None = None,
     cluster: str = DEFAULT_NAME,
@@ -130,6 +130,7 @@ def up(
     seeds = [_seed_tarball(client, tools_image)] + [_seed_tarball(client, s) for s in seed_images]
 
     state, public = _new_state(cluster)
+    authorized = public.encode() + b"\n"
     labels = {SIM_LABEL: cluster}
     net = _new_network(client, cluster, subnet, labels)
 
@@ -137,34 +138,16 @@ def up(
     try:
         shared = client.volumes.create(f"{cluster}-shared", labels=labels)
         for n, kind in zip(layout, kinds):
-            host_private, host_public = _new_ed25519()
-            known_hosts.append(f"{n.ip} {host_public}")
             client.volumes.create(n.volume, labels=labels)
             node_labels = {**labels, NODE_LABEL: str(n.index), ENGINE_LABEL: kind.name}
             if slurm:
                 node_labels[SLURM_LABEL] = "slurmctld,slurmd" if n.index == 1 else "slurmd"
-            container = client.containers.create(
-                node_images[kind.name],
-                name=n.name,
-                hostname=f"node{n.index}",
+            known_hosts.append(_start_node(
+                client, net, node_images[kind.name], n.name, f"node{n.index}", n.ip, node_labels, authorized,
+                daemon_json=kind.containerd_store,
                 # Slurm names nodes by hostname (srun, job output, node lists): every node resolves every other
                 extra_hosts={f"node{m.index}": m.ip for m in layout if m is not n} if slurm else None,
-                labels=node_labels,
-                **_engine_options(n.volume, shared.name),
-                network=net.name,
-                detach=True,
-            )
-            net.disconnect(container)
-            net.connect(container, ipv4_address=n.ip)
-            files = {
-                "etc/ssh/ssh_host_ed25519_key": (host_private, 0o600),
-                "etc/ssh/ssh_host_ed25519_key.pub": (host_public.encode() + b"\n", 0o644),
-                "root/.ssh/authorized_keys": (public.encode() + b"\n", 0o600),
-            }
-            if kind.containerd_store:  # what a user writes to turn it on (Docker 29 has it on by default)
-                files["etc/docker/daemon.json"] = (CONTAINERD_STORE_DAEMON_JSON, 0o644)
-            container.put_archive("/", _tar_of(files))
-            container.start()
+                **_engine_options(n.volume, shared.name)))
         (state / "known_hosts").write_text("\n".join(known_hosts) + "\n")
         with cf.ThreadPoolExecutor(max_workers=len(layout)) as pool:
             list(pool.map(lambda n: _wait_ready(client, n, ready_timeout), layout))
@@ -248,6 +231,26 @@ def _fixed_ip(client, net, ip: str) -> dict:
             "networking_config": {net.name: client.api.create_endpoint_config(ipv4_address=ip)}}
 
 
+def _start_node(client, net, image: str, name: str, hostname: str, ip: str, labels: dict, authorized: bytes, *,
+                daemon_json: bool, **create) -> str:
+    """One sim container -- a regular node, a light host or a light cluster's engine: created on the cluster's
+    network at its fixed IP, given a host key of its own and the cluster's user key (and the containerd image
+    store's daemon.json where asked), started. Returns its known_hosts line."""
+    container = client.containers.create(image, name=name, hostname=hostname, labels=labels, detach=True,
+                                         **create, **_fixed_ip(client, net, ip))
+    host_private, host_public = _new_ed25519()
+    files = {
+        "etc/ssh/ssh_host_ed25519_key": (host_private, 0o600),
+        "etc/ssh/ssh_host_ed25519_key.pub": (host_public.encode() + b"\n", 0o644),
+        "root/.ssh/authorized_keys": (authorized, 0o600),
+    }
+    if daemon_json:  # what a user writes to turn the containerd store on (Docker 29 has it on by default)
+        files["etc/docker/daemon.json"] = (CONTAINERD_STORE_DAEMON_JSON, 0o644)
+    container.put_archive("/", _tar_of(files))
+    container.start()
+    return f"{ip} {host_public}"
+
+
 # long: like `up`, plus the shared engines and the pooled creation of hundreds of sshd-only hosts.
 def up_light(
     nodes: int,
@@ -287,43 +290,22 @@ def up_light(
     labels = {SIM_LABEL: cluster}
     net = _new_network(client, cluster, subnet, labels)
 
-    def keyed(container, ip: str, is_engine: bool) -> str:
-        """Give the container its own host key and the cluster's user key; return its known_hosts line."""
-        host_private, host_public = _new_ed25519()
-        files = {
-            "etc/ssh/ssh_host_ed25519_key": (host_private, 0o600),
-            "etc/ssh/ssh_host_ed25519_key.pub": (host_public.encode() + b"\n", 0o644),
-            "root/.ssh/authorized_keys": (authorized, 0o600),
-        }
-        if kind.containerd_store and is_engine:
-            files["etc/docker/daemon.json"] = (CONTAINERD_STORE_DAEMON_JSON, 0o644)
-        container.put_archive("/", _tar_of(files))
-        return f"{ip} {host_public}"
-
     def start_engine(e: SimEngine) -> str:
         client.volumes.create(e.volume, labels=labels)
         client.volumes.create(e.sock_volume, labels=labels)
-        container = client.containers.create(
-            image,
-            name=e.name,
-            hostname=f"engine{e.index}",
-            labels={**labels, ROLE_LABEL: "engine", ENGINE_INDEX_LABEL: str(e.index), ENGINE_LABEL: kind.name},
+        return _start_node(
+            client, net, image, e.name, f"engine{e.index}", e.ip,
+            {**labels, ROLE_LABEL: "engine", ENGINE_INDEX_LABEL: str(e.index), ENGINE_LABEL: kind.name},
+            authorized, daemon_json=kind.containerd_store,
             environment={"DOCKERD_EXTRA_ARGS": f"-H unix:///var/run/docker.sock -H unix://{LIGHT_SOCK_DIR}/docker.sock"},
-            **_engine_options(e.volume, shared.name, {e.sock_volume: {"bind": LIGHT_SOCK_DIR, "mode": "rw"}}),
-            detach=True,
-            **_fixed_ip(client, net, e.ip),
-        )
-        line = keyed(container, e.ip, True)
-        container.start()
-        return line
+            **_engine_options(e.volume, shared.name, {e.sock_volume: {"bind": LIGHT_SOCK_DIR, "mode": "rw"}}))
 
     def start_host(n: SimNode) -> str:
-        container = client.containers.create(
-            image,
-            name=n.name,
-            hostname=f"node{n.index}",
-            labels={**labels, NODE_LABEL: str(n.index), ENGINE_LABEL: kind.name, ROLE_LABEL: "light",
-                    SERVED_BY_LABEL: n.served_by},
+        return _start_node(
+            client, net, image, n.name, f"node{n.index}", n.ip,
+            {**labels, NODE_LABEL: str(n.index), ENGINE_LABEL: kind.name, ROLE_LABEL: "light",
+             SERVED_BY_LABEL: n.served_by},
+            authorized, daemon_json=False,
             environment={"SIM_LIGHT": "1"},
             volumes={
                 f"{n.served_by}-sock": {"bind": LIGHT_SOCK_DIR, "mode": "rw"},
@@ -332,13 +314,7 @@ def up_light(
                 # gives the free space its engine really has
                 f"{n.served_by}-docker": {"bind": "/var/lib/docker", "mode": "ro"},
             },
-            init=True,
-            detach=True,
-            **_fixed_ip(client, net, n.ip),
-        )
-        line = keyed(container, n.ip, False)
-        container.start()
-        return line
+            init=True)
 
     try:
         shared = client.volumes.create(f"{cluster}-shared", labels=labels)
