@@ -401,7 +401,7 @@ def resolve(plan: JobPlan, facts: dict[int, HostFacts], run_id: str, attempt: in
     """The same plan with its placeholders filled from what the hosts said (the docker backend, at launch).
 
     The planning rules are the ones that made the dry plan, so what `up --dry-run` printed is what runs, with
-    host facts where it showed `<resolved at launch: ...>` (tests/unit/test_plan.py keeps that true)."""
+    host facts where it showed `<resolved at launch: ...>` (tests/unit/job/test_plan.py keeps that true)."""
     return make_plan(plan.config, facts, master_hostname=plan.master_hostname, run_id=run_id, attempt=attempt)
 
 

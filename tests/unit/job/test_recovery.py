@@ -205,7 +205,7 @@ def test_progress_is_any_line_or_only_lines_matching_the_regex():
 
 
 def test_render_gives_restarts_to_jobset_only_and_refuses_up_only_fields():
-    from tests.unit.test_render import plan_of, rendered
+    from tests.unit.backends.test_render import plan_of, rendered
 
     text = rendered("jobset", plan_of(job__max_restarts=3))["sft-qwen.jobset.yaml"]
     assert "maxRestarts: 3" in text and "up to 3 time(s)" in text

@@ -1,7 +1,7 @@
 """doctor's image row where hosts keep images in different stores (classic vs containerd's)."""
 
 from dockerlaunch.backends.docker.doctor.report import FAIL, PASS
-from tests.unit.test_doctor_judge import H0, H1, OTHER_ID, cfg, host, row, run
+from tests.unit.backends.docker.test_doctor_judge import H0, H1, OTHER_ID, cfg, host, row, run
 
 CONTENT = '2026-11-23T14:40:47.764912492Z ["sha256:9f6f...","sha256:e5b3..."]'
 

@@ -20,7 +20,7 @@ from dockerlaunch.diagnostics.dump import parse_ranks, safe_extract, split_marke
 from dockerlaunch.diagnostics.transport import describe, judge, parse_hosts, parse_log, path_kind
 from dockerlaunch.errors import ConfigError
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def recorded(variant: str) -> list[str]:

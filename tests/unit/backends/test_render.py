@@ -22,7 +22,7 @@ from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan, make_plan
 from dockerlaunch.job.spec import BindMount, ContainerSpec, Deferred, GpuAccess, Ulimit
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "render"
+DATA = Path(__file__).resolve().parents[2] / "data" / "render"
 GOLDEN = DATA / "golden"
 K8S_VERSION = "1.33"  # what kubernetes-validate checks against (it bundles 1.25 .. 1.37)
 
@@ -375,7 +375,7 @@ def test_a_file_is_validated_as_written_even_where_a_flag_replaces_the_value(cli
 
 # ---------------------------------------------------------------- compose/: the files for a start by hand
 
-COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
+COMPOSE_DIR = Path(__file__).resolve().parents[3] / "compose"
 HAND_ENV = {"IMAGE": "img:1", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1",
             "TRAIN_CMD": "torchrun --node_rank $NODE_RANK train.py"}
 
@@ -610,7 +610,7 @@ def test_a_target_is_a_folder_and_one_registry_line(tmp_path):
     is listed by `render --help`, renders through the CLI with its own flag, and its flag is refused elsewhere."""
     import sys
 
-    src = Path(__file__).resolve().parents[2] / "dockerlaunch"
+    src = Path(__file__).resolve().parents[3] / "dockerlaunch"
     copy = tmp_path / "code"
     shutil.copytree(src, copy / "dockerlaunch", ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "dockerlaunch" / "backends" / "script").mkdir()

@@ -225,7 +225,7 @@ def test_documented_example_config_is_valid():
 
     from dockerlaunch.job.plan import make_plan
 
-    path = Path(__file__).resolve().parents[2] / "docs" / "dockerlaunch.example.yaml"
+    path = Path(__file__).resolve().parents[3] / "docs" / "dockerlaunch.example.yaml"
     cfg = load_config(str(path))
     assert cfg.hosts[2].user == "ubuntu" and cfg.hosts[2].port == 2222
     plan = make_plan(cfg)

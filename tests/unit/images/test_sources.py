@@ -13,7 +13,7 @@ from dockerlaunch.images import build, wheels
 from dockerlaunch.images.sources import SourceError, check_archive, tree_sha256
 from dockerlaunch.images.stacks import load_matrix
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VENDOR = ROOT.parent / "shared" / "vendor"  # CI clones next to shared/; the archives GitHub has, made by git archive
 
 

@@ -14,7 +14,7 @@ from dockerlaunch.images.stacks import GitPin, Stack, load_matrix
 from dockerlaunch.images.verify import version_matches
 from tests.conftest import venv_tool
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILES = sorted(ROOT.glob("Dockerfiles/*Dockerfile")) + sorted(ROOT.glob("dockerlaunch/sim/assets/*Dockerfile"))
 
 
