@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dockerlaunch.backends.docker.doctor.observe import listening_ports, local_ports
+from dockerlaunch.backends.docker.doctor.observations import listening_ports, local_ports
 from dockerlaunch.transfer import chain, push
 from dockerlaunch.transfer.push import push_to_host
 from dockerlaunch.transfer.streams import chain_ids, local_image

@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from dockerlaunch.backends.docker.doctor.observe import listening_ports
+from dockerlaunch.backends.docker.doctor.observations import listening_ports
 from tests.conftest import venv_tool
 from tests.integration.helpers import dl, job_name, start_up, stop_up, variant, wait_for_ready
 

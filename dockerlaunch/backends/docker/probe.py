@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dockerlaunch.backends.docker import script
-from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.job.facts import GpuHost
+
+if TYPE_CHECKING:  # probe() only calls what it is given: the parsers stay free of SSH
+    from dockerlaunch.hosts.ssh import Remote
 
 BAD_IFACE = re.compile(r"^(lo|docker\d*|virbr\d*|br-[0-9a-f]+|veth.*)$")
 

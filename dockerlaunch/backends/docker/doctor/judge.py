@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dockerlaunch.backends.docker import probe as probelib
-from dockerlaunch.backends.docker.doctor.observe import (
+from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
     HostObservation,
     Observations,

@@ -1,193 +1,39 @@
 """Observe (I/O): each host's raw facts in one round trip, then the steps that need a container or two hosts
-(shm/memlock and GPUs with the job's flags, shared storage, reachability); and the pure parsers of what they print."""
+(shm/memlock and GPUs with the job's flags, shared storage, reachability). The facts and their pure parsers are in
+observations.py."""
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
-from dataclasses import dataclass, field
 
-from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker import script
 from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
+from dockerlaunch.backends.docker.doctor.observations import (
+    ContainerFacts,
+    HostObservation,
+    Observations,
+    can_connect,
+    can_listen,
+    count_gpus,
+    host_gpu_access,
+    image_lacks,
+    listening_ports,
+    missing_executable,
+    parse_container_facts,
+    parse_df_kb,
+    parse_observation,
+    parse_reach,
+    refused_rlimit,
+    uses_ib,
+    wants_gpus,
+)
 from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.job.config import ClusterConfig
-from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, gpu_access, infiniband_needs
+from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, infiniband_needs
 from dockerlaunch.job.spec import IB_CAP, BindMount, ContainerSpec, Deferred, GpuAccess
-
-
-def local_ports(proc_net_tcp: str, state: str) -> set[int]:
-    """Local ports of the sockets in `state` (0A listen, 01 established) from /proc/net/tcp and tcp6 text."""
-    ports = set()
-    for line in proc_net_tcp.splitlines():
-        parts = line.split()
-        if len(parts) > 3 and parts[3] == state and ":" in parts[1]:
-            try:
-                ports.add(int(parts[1].rsplit(":", 1)[1], 16))
-            except ValueError:
-                continue
-    return ports
-
-
-def listening_ports(proc_net_tcp: str) -> set[int]:
-    return local_ports(proc_net_tcp, "0A")
-
-
-def parse_df_kb(text: str) -> tuple[int, int] | None:
-    """`df -Pk PATH` -> (size KiB, available KiB)."""
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    if len(lines) < 2:
-        return None
-    parts = lines[-1].split()
-    try:
-        return int(parts[1]), int(parts[3])
-    except (IndexError, ValueError):
-        return None
-
-
-def count_gpus(nvidia_smi_l: str) -> int:
-    return sum(1 for line in nvidia_smi_l.splitlines() if line.startswith("GPU "))
-
-
-# How engines say that a container's command is not in the image: runc (Docker 20.10 to 28) and crun. Docker's own
-# exit status for it is 127; a shell inside the container that cannot find a command also exits 127, but says so in
-# its own words, so both are required.
-_NOT_FOUND = (re.compile(r'exec: "([^"]+)": (?:executable file not found|stat [^:]*: no such file or directory)'),
-              re.compile(r"executable file `([^`]+)` not found"))
-
-
-# runc: "error setting rlimit type 7: operation not permitted" (the numbers of <sys/resource.h> on Linux)
-_RLIMIT = re.compile(r"error setting rlimit type (\d+)")
-
-
-RLIMIT_NAMES = {"3": "stack", "4": "core", "6": "nproc", "7": "nofile", "8": "memlock"}
-
-
-def missing_executable(exit_status: int | None, text: str) -> str | None:
-    """The executable a `docker run` could not start because the image lacks it, else None (a real failure)."""
-    if exit_status != 127:
-        return None
-    for pattern in _NOT_FOUND:
-        m = pattern.search(text)
-        if m:
-            return m.group(1)
-    return None
-
-
-def refused_rlimit(text: str) -> str | None:
-    """The ulimit (nofile, memlock, ...) an engine could not give a container, from its start error."""
-    m = _RLIMIT.search(text)
-    return RLIMIT_NAMES.get(m.group(1), f"rlimit type {m.group(1)}") if m else None
-
-
-def image_lacks(executable: str) -> str:
-    return "the image has no /bin/sh" if executable in ("sh", "/bin/sh") else f"the image has no {executable}"
-
-
-# reach.sh's tools, as the probe container lists them (tools=)
-def can_connect(tools: list[str] | None) -> bool:
-    return tools is not None and ("nc" in tools or "python3" in tools or {"bash", "timeout"} <= set(tools))
-
-
-def can_listen(tools: list[str] | None) -> bool:
-    return tools is not None and ("nc" in tools or "python3" in tools)
-
-
-def parse_reach(text: str) -> dict[str, tuple[str, str, str]] | None:
-    """reach.sh connect -> {port: (ok|fail|error, tool, why)}; {} for `reach=none` (no tool); None: no answer."""
-    out: dict[str, tuple[str, str, str]] = {}
-    seen = False
-    for line in text.splitlines():
-        if not line.startswith("reach="):
-            continue
-        seen = True
-        parts = line[6:].split(" ", 3)
-        if len(parts) >= 3 and parts[1] in ("ok", "fail", "error"):
-            out[parts[0]] = (parts[1], parts[2], parts[3] if len(parts) > 3 else "")
-    return out if seen else None
-
-
-@dataclass
-class ContainerFacts:
-    """What a short-lived container with the job's flags saw (or why it did not run)."""
-
-    error: str | None = None
-    shm_kb: int | None = None  # /dev/shm size; None: unreadable
-    memlock: str | None = None  # `ulimit -l`
-    nofile: str | None = None  # `ulimit -n`
-    tools: list[str] | None = None  # which of nc, python3, bash, timeout the image has (reach.sh can use them)
-    missing: str | None = None  # the probe's command is not in the image ("sh"): nothing ran inside it
-    host_shm_kb: int | None = None  # with `missing` and ipc host: the host's /dev/shm, which the container shares
-    gpus: int | None = None  # GPUs nvidia-smi -L listed
-    ib_devices: list[str] | None = None  # /dev/infiniband in the container (probed where IB is used)
-    ibverbs: bool | None = None  # the image has libibverbs
-    ib_provider: bool | None = None  # ... and a verbs provider (libmlx5 & co.)
-    gpu_mode: str | None = None  # how the GPU probe reached the GPUs (gpus / cdi / devices), and why
-    gpu_why: str | None = None
-    hubs: dict[str, str] | None = None  # hub -> "ok" or why the job's container could not reach it; {} no python3
-
-
-@dataclass
-class HostObservation:
-    """Raw facts about one host. `None` means not observed (a step before it failed or did not apply);
-    `*_error` fields say why a step failed."""
-
-    rank: int
-    address: str
-    ssh: str = ""  # user@host:port, when connected
-    ssh_error: str | None = None
-    error: str | None = None  # the observation round trip itself failed
-    docker: str | None = None  # engine version
-    docker_error: str | None = None
-    image_id: str | None = None  # "" when the image is missing
-    image_content: str = ""  # its creation time and layer digests: the same image in either image store
-    probe: probelib.Probe | None = None
-    disk: tuple[int, int] | None = None  # (size, available) KiB under the docker root
-    mounts_missing: list[str] | None = None
-    listening: set[int] | None = None
-    clock_offset: float | None = None  # host clock minus ours, seconds
-    shm: ContainerFacts | None = None
-    gpus: ContainerFacts | None = None
-    shared: dict[str, bool | str] = field(default_factory=dict)  # mount source -> same storage as host 0 / error
-    reach: list[str] | str | None = None  # unreachable listeners on host 0, or why it was not tried
-    reach_note: str = ""  # where the check ran when not in a job container ("checked from the host: ...")
-    reach_missing: str | None = None  # not checked: the tool that is missing here, and how to add it
-
-    @property
-    def usable(self) -> bool:
-        """Connected, observed, and docker works: the checks that need docker can run."""
-        return not self.ssh_error and not self.error and self.docker is not None
-
-
-@dataclass
-class Observations:
-    master: str
-    hosts: list[HostObservation]
-    reach_ports: tuple[int, int] | None = None  # (master port, a random high port) when tried
-    reach_error: str | None = None  # the listener on host 0 did not start
-    reach_missing: str | None = None  # no listener on host 0: the tool that is missing there, and how to add it
-
-
-def parse_observation(obs: HostObservation, text: str) -> HostObservation:
-    """observe.sh + probe.sh output -> the fields of `obs` (pure; tested on recorded output)."""
-    kv: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        k, sep, v = line.partition("=")
-        if sep:
-            kv.setdefault(k, []).append(v)
-    one = lambda k: (kv.get(k) or [None])[0]  # noqa: E731
-    obs.docker, obs.docker_error = one("docker"), one("docker_error")
-    if obs.docker is not None:
-        obs.image_id = one("image") or ""
-        obs.image_content = one("image_content") or ""
-        obs.disk = parse_df_kb("\n".join(kv.get("disk", [])))
-    obs.mounts_missing = kv.get("mount_missing", [])
-    obs.listening = listening_ports("\n".join(kv.get("tcp", [])))
-    obs.probe = probelib.parse_probe(text)
-    return obs
 
 
 def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,
@@ -208,24 +54,6 @@ def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu:
     if ib:  # what the job gets where IB is used, even when the dry plan left it to the host (infiniband: auto)
         infiniband_needs(spec, spec.ulimits)  # a memlock the job has (the user's own) wins, as in the plan
     return spec
-
-
-def wants_gpus(hp: HostPlan) -> bool:
-    return hp.gpu_mode != "none"
-
-
-def host_gpu_access(config: ClusterConfig, hp: HostPlan, probe: probelib.Probe | None) -> GpuAccess:
-    """The job's GPU flags on this host, from what doctor observed there (raises ConfigError when impossible)."""
-    gpus = hp.host.gpus if hp.host.gpus is not None else config.container.gpus
-    access = gpu_access(gpus, config.container.gpu_mode, probe.gpu if probe else None, config.container.env,
-                        hp.address)
-    if not isinstance(access, GpuAccess):
-        raise ConfigError("could not check: the host's GPU facts were not gathered")
-    return access
-
-
-def uses_ib(mode: str, probe: probelib.Probe | None) -> bool:
-    return mode == "on" or (mode == "auto" and probe is not None and probe.ib_device)
 
 
 def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> HostObservation:
@@ -322,24 +150,6 @@ def container_probe(hubs: bool, ib: bool) -> list[str]:
     InfiniBand where asked."""
     return ["sh", "-c", CONTAINER_PROBE, "sh", "1" if hubs else "0", "1" if ib else "0", HUB_CHECK if hubs else "",
             str(HUB_WAIT_S)]
-
-
-def parse_container_facts(out: str) -> ContainerFacts:
-    """The probe container's output (SHM_AND_MEMLOCK, after IN_CONTAINER_IB where IB is used)."""
-    head, _, memlock = out.rpartition("memlock=")
-    kv = dict(line.split("=", 1) for line in head.splitlines() if "=" in line and not line.startswith("/"))
-    df = parse_df_kb("\n".join(line for line in head.splitlines() if "=" not in line))
-    facts = ContainerFacts(shm_kb=df[0] if df else None, memlock=memlock.strip() or None,
-                           nofile=kv["nofile"].strip() or None if "nofile" in kv else None,
-                           tools=kv["tools"].split() if "tools" in kv else None)
-    if "ibdev" in kv:
-        facts.ib_devices = kv["ibdev"].split()
-        facts.ibverbs = kv.get("ibverbs", "0").strip() not in ("", "0")
-        facts.ib_provider = kv.get("ibprovider", "0").strip() not in ("", "0")
-    hubs = {k[4:]: v.strip() for k, v in kv.items() if k.startswith("hub.")}
-    if hubs or "hub" in kv:
-        facts.hubs = hubs
-    return facts
 
 
 def _observe_shared(cluster: Fleet, config: ClusterConfig, obs: list[HostObservation]) -> None:

@@ -9,13 +9,13 @@ import pytest
 
 from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.backends.docker.doctor.judge import judge
-from dockerlaunch.backends.docker.doctor.observe import (
+from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
     HostObservation,
     Observations,
-    _probe_spec,
     parse_observation,
 )
+from dockerlaunch.backends.docker.doctor.observe import _probe_spec
 from dockerlaunch.backends.docker.doctor.report import CHECK_ORDER, FAIL, PASS, SKIP, WARN, Check, Report
 from dockerlaunch.backends.docker.probe import Probe, nic_problem
 from dockerlaunch.hosts.targets import resolve_target
@@ -625,7 +625,7 @@ IB_NO_VERBS = IB_OK.replace("ibverbs=2", "ibverbs=0").replace("ibprovider=1", "i
 
 
 def test_parse_container_facts_reads_ib_shm_and_memlock():
-    from dockerlaunch.backends.docker.doctor.observe import parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observations import parse_container_facts
 
     f = parse_container_facts(IB_OK)
     assert f.ib_devices == ["rdma_cm", "uverbs0", "uverbs1"] and f.ibverbs and f.ib_provider
@@ -638,7 +638,8 @@ def test_parse_container_facts_reads_ib_shm_and_memlock():
 def test_in_container_probe_finds_libibverbs_in_ldconfig_output():
     import subprocess
 
-    from dockerlaunch.backends.docker.doctor.observe import container_probe, parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observations import parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observe import container_probe
 
     # the probe's own program (hubs not asked, IB looked at), with `ldconfig -p` answering as on an image with
     # rdma-core, then as on one without
@@ -662,7 +663,7 @@ def test_in_container_probe_finds_libibverbs_in_ldconfig_output():
      (PASS, "libibverbs")),
 ])
 def test_infiniband_inside_the_job_container(out, dev, verbs):
-    from dockerlaunch.backends.docker.doctor.observe import parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observations import parse_container_facts
 
     ib = probe(ib=True, active=["mlx5_0:1"])
     report = run(cfg(infiniband="on"), host(0, probe=ib), host(1, probe=ib, shm=parse_container_facts(out)))
@@ -698,7 +699,7 @@ def test_model_cache_is_not_judged_on_one_host_or_when_unset():
 
 def test_gpu_access_the_host_cannot_give_is_a_fail_with_the_reason():
     """The GPU probe is planned from what the host reported; an impossible request never reaches docker."""
-    from dockerlaunch.backends.docker.doctor.observe import host_gpu_access
+    from dockerlaunch.backends.docker.doctor.observations import host_gpu_access
     from dockerlaunch.errors import ConfigError
     from dockerlaunch.job.facts import GpuHost
 
@@ -723,7 +724,7 @@ HUBS_DOWN = ("hub.huggingface.co=ConnectionError: Failed to resolve 'huggingface
 
 
 def test_parse_container_facts_reads_the_hub_lines():
-    from dockerlaunch.backends.docker.doctor.observe import parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observations import parse_container_facts
 
     f = parse_container_facts(HUBS_DOWN)
     assert f.hubs == {"huggingface.co": "ConnectionError: Failed to resolve 'huggingface.co' ([Errno -2] Name or "
@@ -760,7 +761,8 @@ def test_hub_probe_asks_for_real_and_names_the_failure(tmp_path):
     import sys
     import threading
 
-    from dockerlaunch.backends.docker.doctor.observe import HUB_CHECK, parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observations import parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observe import HUB_CHECK
 
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -799,13 +801,13 @@ RLIMIT_7 = ("docker: Error response from daemon: failed to create shim task: OCI
     (1, RUNC_NO_SH, None),  # only docker's own 127 says "not found"
 ])
 def test_missing_executable_is_told_from_a_real_failure(status, text, missing):
-    from dockerlaunch.backends.docker.doctor.observe import missing_executable
+    from dockerlaunch.backends.docker.doctor.observations import missing_executable
 
     assert missing_executable(status, text) == missing
 
 
 def test_refused_rlimit_names_the_limit():
-    from dockerlaunch.backends.docker.doctor.observe import refused_rlimit
+    from dockerlaunch.backends.docker.doctor.observations import refused_rlimit
 
     assert refused_rlimit(RLIMIT_7) == "nofile"
     assert refused_rlimit(RLIMIT_7.replace("type 7", "type 8")) == "memlock"
@@ -814,7 +816,7 @@ def test_refused_rlimit_names_the_limit():
 
 
 def test_parse_container_facts_reads_the_tools_and_nofile():
-    from dockerlaunch.backends.docker.doctor.observe import can_connect, can_listen, parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observations import can_connect, can_listen, parse_container_facts
 
     out = ("tools=bash timeout\nFilesystem 1024-blocks Used Available Capacity Mounted on\n"
            "shm 65536 0 65536 0% /dev/shm\nnofile=1048576\nmemlock=8192\n")
@@ -833,7 +835,8 @@ def test_container_probe_needs_only_a_shell_and_lists_the_tools(tmp_path):
     import shutil
     import subprocess
 
-    from dockerlaunch.backends.docker.doctor.observe import container_probe, parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observations import parse_container_facts
+    from dockerlaunch.backends.docker.doctor.observe import container_probe
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -855,7 +858,7 @@ def test_container_probe_needs_only_a_shell_and_lists_the_tools(tmp_path):
     ("docker: Error response from daemon: ...\n", None),
 ])
 def test_parse_reach(text, want):
-    from dockerlaunch.backends.docker.doctor.observe import parse_reach
+    from dockerlaunch.backends.docker.doctor.observations import parse_reach
 
     assert parse_reach(text) == want
 

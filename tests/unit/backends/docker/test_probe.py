@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dockerlaunch.backends.docker.dockerhost import parse_inspect
-from dockerlaunch.backends.docker.doctor.observe import count_gpus, listening_ports, local_ports, parse_df_kb
+from dockerlaunch.backends.docker.doctor.observations import count_gpus, listening_ports, local_ports, parse_df_kb
 from dockerlaunch.backends.docker.probe import (
     nic_problem,
     parse_addr_owner,

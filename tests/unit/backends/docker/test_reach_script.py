@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from dockerlaunch.backends.docker.doctor.observe import REACH, parse_reach
+from dockerlaunch.backends.docker.doctor.observations import parse_reach
+from dockerlaunch.backends.docker.doctor.observe import REACH
 
 
 def tools(tmp_path, *names: str, fake: dict[str, str] | None = None) -> dict[str, str]:
