@@ -145,30 +145,29 @@ def prefetched(chunks: Iterator[bytes], depth: int = 8) -> Iterator[bytes]:
     closed = threading.Event()
     end = object()
 
+    def put(item: object) -> bool:
+        """Into the queue, unless the consumer is gone (False)."""
+        while not closed.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for chunk in chunks:
-                while not closed.is_set():
-                    try:
-                        q.put(chunk, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-                if closed.is_set():
+                if not put(chunk):
                     break
-            item: object = end
+            last: object = end
         except BaseException as e:  # noqa: BLE001 - raised in the consumer
-            item = e
+            last = e
         finally:
             close = getattr(chunks, "close", None)
             if close is not None and closed.is_set():
                 close()
-        while not closed.is_set():
-            try:
-                q.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
+        put(last)
 
     threading.Thread(target=produce, daemon=True, name="prefetch").start()
     try:
