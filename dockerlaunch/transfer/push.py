@@ -376,6 +376,8 @@ def clean_staged(remotes: list[Remote]) -> list[Cleaned]:
 def _carrier(remote: Remote) -> str:
     from dockerlaunch.hosts import openssh
 
+    if remote.target.local:
+        return ""  # this machine: a local process, no SSH at all
     why = openssh.unusable(remote.target)
     return ", over OpenSSH" if why is None else f", over paramiko ({why[:80]})"
 
