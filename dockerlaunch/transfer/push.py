@@ -337,10 +337,12 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
     took, streamed = time.monotonic() - t0, stream_seconds(reader, t0)
     if status != 0:
         reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
-        if "no space left" in reason[0]:
+        disk_full = "no space left" in reason[0]
+        if disk_full:
             reason = [f"the host's disk filled up during docker load: free space there (docker image prune, "
                       f"docker builder prune) and push again ({reason[0][-120:]})"]
-        if staged and status in (3, 4) and reader.finished is not None:  # it all arrived and did not load:
+        # it all arrived and did not load, or the stage took space the load needed: the stage goes
+        if staged and (disk_full or (status in (3, 4) and reader.finished is not None)):
             remote.run(["sh", "-c", f'rm -f "{STAGE_DIR}/$1.tar"', "sh", extra[0]], timeout=60)
         return HostResult(remote.name, PushState.FAILED, reason[0][:300] + note, reader.count, took, streamed)
     resumed = f", resumed at {offset / 1e6:.0f} MB staged on the host" if offset else ""
