@@ -444,9 +444,9 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
 
         # An engine that refuses a thin stream (containerd's store wants every layer whose snapshot it
         # lacks) gets the whole image, once, by itself.
+        # (a disk that filled up reads "the host's disk filled up ...": never a reason to send everything)
         refused = [t for t in star if t.skip_files and results[t.host].status == PushState.FAILED
-                   and results[t.host].detail.startswith("load failed")
-                   and "no space left" not in results[t.host].detail]
+                   and results[t.host].detail.startswith("load failed")]
         full = [replace(t, skip_files=[], layers_skipped=0, bytes_to_send=image.size) for t in refused]
         for t, o in zip(full, each(one, full, max_workers=STAR_WINDOW)):
             res = o.value if o.ok else HostResult(t.host, PushState.FAILED, str(o.error))
