@@ -130,7 +130,7 @@ def main() -> int:
         s_bytes = save_bytes(client, image.id)
         floor = s_bytes / bps
 
-        cfg_path = sim.up(nodes=args.nodes, cluster=args.cluster, subnet=args.subnet)
+        cfg_path = sim.create(nodes=args.nodes, cluster=args.cluster, subnet=args.subnet)
         cfg = load_config(cfg_path)
         cluster = session.Fleet.connect(cfg)
         remotes = [h.remote for h in cluster.hosts]
@@ -192,7 +192,7 @@ def main() -> int:
             r.close()
         if bridge:
             tc(bridge, None)
-        sim.down(args.cluster, quiet=True)
+        sim.remove(args.cluster, quiet=True)
         for ref in (top_ref, img_ref):
             try:
                 client.images.remove(ref, force=True)

@@ -76,7 +76,7 @@ def main() -> int:
     cfg = scratch / "cluster.yaml"
     rows, failures = [], 0
     try:
-        cfg = sim.up(cluster=args.cluster, subnet=args.subnet, config_out=str(cfg), engines=",".join(KINDS))
+        cfg = sim.create(cluster=args.cluster, subnet=args.subnet, config_out=str(cfg), engines=",".join(KINDS))
         layout = sim.node_layout(args.cluster, len(KINDS), args.subnet)
         state = sim.state_root() / args.cluster
         tools = client.images.list(name="dockerlaunch/sim-tools")[0].tags[0]
@@ -122,7 +122,7 @@ def main() -> int:
         worst = max(r[2] for r in rows)
         print(f"\nworst ratio {worst:.3f} x layer over {len(rows)} pairs; {failures} pair(s) failed a check")
     finally:
-        sim.down(args.cluster, quiet=True)
+        sim.remove(args.cluster, quiet=True)
         for ref in (child, parent):
             try:
                 client.images.remove(ref, force=True)

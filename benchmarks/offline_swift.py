@@ -47,7 +47,7 @@ def main() -> None:
     client.images.get(a.image)  # fails here, not after the cluster is up, when the stack was not built
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "cluster.yaml"
-        sim.up(nodes=2, cluster=NAME, subnet=a.subnet, config_out=str(config))
+        sim.create(nodes=2, cluster=NAME, subnet=a.subnet, config_out=str(config))
         try:
             push = dl("push", a.image, "--config", str(config))
             if push.returncode:
@@ -75,7 +75,7 @@ def main() -> None:
                 rank0 = next(logs.rglob("rank0-*.log")).read_text(errors="replace")
                 rows.append((label, took, sum(1 for line in rank0.splitlines() if RETRY.search(line))))
         finally:
-            sim.down(NAME, quiet=True)
+            sim.remove(NAME, quiet=True)
     print(f"2-host swift sft (LoRA, 4 steps, tiny Qwen2) on the sim, image {a.image}\n")
     print("| run | up wall s | hub retry lines (rank 0) | x online |")
     print("|---|---|---|---|")

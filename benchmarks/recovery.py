@@ -83,7 +83,7 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "cluster.yaml"
-        sim.up(nodes=2, cluster=NAME, subnet=a.subnet, config_out=str(config))
+        sim.create(nodes=2, cluster=NAME, subnet=a.subnet, config_out=str(config))
         try:
             data = yaml.safe_load(config.read_text())
             data.setdefault("job", {})["restart_backoff"] = a.backoff
@@ -102,7 +102,7 @@ def main() -> None:
                   f"by hand {mh:.2f} s, ratio {ma / mh:.3f}, dockerlaunch's overhead {ma - mh:+.2f} s "
                   f"(target <= 2 s); teardown alone {statistics.median(teardowns):.2f} s")
         finally:
-            sim.down(cluster=NAME)
+            sim.remove(cluster=NAME)
 
 
 if __name__ == "__main__":

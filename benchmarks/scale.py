@@ -1,6 +1,6 @@
 """Scale: the launcher against 8, 64, 256 hosts, each step the real CLI, against floors measured in the same run.
 
-Hosts come from a light sim cluster (`sim.up(light=True)`: every host a container with only sshd -- its own IP,
+Hosts come from a light sim cluster (`sim.create(light=True)`: every host a container with only sshd -- its own IP,
 its own host key, OpenSSH's default limits -- whose `docker` talks to one of E shared Docker-in-Docker engines),
 or from a cluster given with --config FILE --cluster NAME (a regular sim: every node its own engine).
 
@@ -932,9 +932,9 @@ def start_cluster(n: int, args, index: int) -> tuple[Cluster, float]:
     log(f"sim up --light --nodes {n} --name {name} --subnet {subnet}")
     t0 = time.monotonic()
     try:
-        cfg = sim.up(nodes=n, cluster=name, **kw)
+        cfg = sim.create(nodes=n, cluster=name, **kw)
     except BaseException:
-        sim.down(name, quiet=True)
+        sim.remove(name, quiet=True)
         raise
     took = time.monotonic() - t0
     return discover(name, Path(cfg), owned=True), took

@@ -88,7 +88,7 @@ def main() -> int:
         random_image(client, old_ref, args.size_mb)
         image = streams.local_image(client, old_ref)
         s_bytes = save_bytes(client, image.id)
-        cfg = load_config(sim.up(nodes=1, cluster=args.cluster, subnet=args.subnet))
+        cfg = load_config(sim.create(nodes=1, cluster=args.cluster, subnet=args.subnet))
         remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
         ssh = ssh_argv(cfg, remote)
 
@@ -192,7 +192,7 @@ def main() -> int:
         if remote is not None:
             drop(remote, old_ref, new_ref)
             remote.close()
-        sim.down(args.cluster, quiet=True)
+        sim.remove(args.cluster, quiet=True)
         for ref in (new_ref, old_ref):
             subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)

@@ -55,7 +55,7 @@ def main() -> int:
     rows: list[tuple[str, str, str]] = []
     remote = None
     try:
-        cfg = load_config(sim.up(nodes=1, cluster=args.cluster, subnet=args.subnet))
+        cfg = load_config(sim.create(nodes=1, cluster=args.cluster, subnet=args.subnet))
         remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
         ssh = ssh_argv(cfg, remote)
         hand = f"docker save {old.id} | zstd -q -T0 | {' '.join(ssh)} 'zstd -dc | docker load'"
@@ -86,7 +86,7 @@ def main() -> int:
         if remote is not None:
             drop(remote, args.old, args.new)
             remote.close()
-        sim.down(args.cluster, quiet=True)
+        sim.remove(args.cluster, quiet=True)
         shutil.rmtree(work, ignore_errors=True)
     print(f"OLD {args.old} ({old.size / 1e9:.2f} GB), NEW {args.new} ({new.size / 1e9:.2f} GB); one sim node")
     for what, took, ratio in rows:

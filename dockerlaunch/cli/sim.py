@@ -47,7 +47,7 @@ def sim_up(**kw) -> None:
                                f"dockerd); --light gives up to {simlib.MAX_LIGHT_NODES} hosts")
     if kw["light_engines"] is not None and not kw["light"]:
         raise click.UsageError("--light-engines is for light clusters: add --light")
-    path = simlib.up(
+    path = simlib.create(
         nodes=kw["nodes"], cluster=kw["cluster"], subnet=kw["subnet"], config_out=kw["config_out"],
         base_image=kw["base_image"], egress_rate=kw["egress_rate"], seed_images=kw["seed_images"],
         slurm=kw["slurm"], engines=kw["engines"] or kw["engine"], light=kw["light"],
@@ -74,7 +74,7 @@ def sim_down(cluster: str) -> None:
     """Remove the nodes, their network and volumes."""
     from dockerlaunch import sim as simlib
 
-    simlib.down(cluster)
+    simlib.remove(cluster)
 
 
 @sim.command("status")
@@ -83,7 +83,7 @@ def sim_status(cluster: str | None) -> None:
     """List sim nodes (and a light cluster's engines; a light host's engine column names the one serving it)."""
     from dockerlaunch import sim as simlib
 
-    rows = simlib.status(cluster)
+    rows = simlib.inventory(cluster)
     if not rows:
         click.echo("no sim nodes")
         return

@@ -2,10 +2,11 @@
 
 Only the CLI and the tests import this package; product code never depends on the simulator. Its rooms: `layout`
 (pure: names, addresses, labels, engine kinds, the written config), `images` (node, demo and Slurm images without
-a registry), `slurm`, `shaping`, and `cluster` (up / light up / down / status). What callers use is named here.
+a registry), `slurm`, `shaping`, and `cluster`: `create` (`sim up`), `create_light` (`sim up --light`), `remove`
+(`sim down`), `inventory` (`sim status`). What callers use is named here.
 """
 
-from dockerlaunch.sim.cluster import down, engine_nofile, light_engines, node_engine, status, up, up_light
+from dockerlaunch.sim.cluster import create, create_light, engine_nofile, inventory, light_engines, node_engine, remove
 from dockerlaunch.sim.images import _add_bytes, build_demo_image, ensure_base_image, fetch_demo_wheels
 from dockerlaunch.sim.layout import (
     BASE_TAG,
@@ -33,9 +34,9 @@ from dockerlaunch.sim.slurm import parse_slurmd_hw, render_slurm_conf, slurm_nod
 
 __all__ = [
     "BASE_TAG", "DEFAULT_LIGHT_SUBNET", "DEFAULT_NAME", "DEFAULT_SUBNET", "ENGINES", "MAX_LIGHT_NODES", "MAX_NODES",
-    "SHARED_DIR", "SIM_LABEL", "SimError", "SimNode", "_add_bytes", "build_demo_image", "default_light_engines",
-    "down", "engine_nofile", "ensure_base_image", "fetch_demo_wheels", "light_engines", "light_layout",
-    "network_name", "node_engine", "node_layout", "parse_engine_info", "parse_engines", "parse_rate",
-    "parse_slurmd_hw", "render_cluster_config", "render_slurm_conf", "shape", "slurm_node_states", "state_root",
-    "status", "tbf_argv", "up", "up_light",
+    "SHARED_DIR", "SIM_LABEL", "SimError", "SimNode", "_add_bytes", "build_demo_image", "create", "create_light",
+    "default_light_engines", "engine_nofile", "ensure_base_image", "fetch_demo_wheels", "inventory",
+    "light_engines", "light_layout", "network_name", "node_engine", "node_layout", "parse_engine_info",
+    "parse_engines", "parse_rate", "parse_slurmd_hw", "remove", "render_cluster_config", "render_slurm_conf",
+    "shape", "slurm_node_states", "state_root", "tbf_argv",
 ]

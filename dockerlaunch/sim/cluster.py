@@ -67,8 +67,8 @@ from dockerlaunch.sim.slurm import slurm_node_states, start_slurm
 
 
 # long: the regular cluster's steps in order (checks, images, network, volumes, nodes, seeds, Slurm, config);
-# every container is started by _start_node, which up_light shares, as it shares the steps around it.
-def up(
+# every container is started by _start_node, which create_light shares, as it shares the steps around it.
+def create(
     nodes: int | None = None,
     cluster: str = DEFAULT_NAME,
     subnet: str | None = None,
@@ -91,7 +91,7 @@ def up(
     once sinfo says every node is idle. `subnet` defaults to DEFAULT_SUBNET (DEFAULT_LIGHT_SUBNET with `light`).
 
     With `light`, the hosts are light hosts (sshd only, up to MAX_LIGHT_NODES) served by `light_engines` engine
-    containers (default: default_light_engines), each running one dockerd that several hosts share: see up_light.
+    containers (default: default_light_engines), each running one dockerd that several hosts share: see create_light.
     """
     if light:
         if slurm:
@@ -99,7 +99,7 @@ def up(
         if egress_rate:
             raise SimError("--light cannot shape egress (job traffic leaves from the engines, shared by several "
                            "hosts): use regular nodes for --egress-rate")
-        return up_light(nodes=nodes if nodes is not None else 2, cluster=cluster,
+        return create_light(nodes=nodes if nodes is not None else 2, cluster=cluster,
                         subnet=subnet or DEFAULT_LIGHT_SUBNET, config_out=config_out, base_image=base_image,
                         seed_images=seed_images, ready_timeout=ready_timeout, engine_kind=engines,
                         light_engines=light_engines)
@@ -158,7 +158,7 @@ def up(
             shape(cluster, egress_rate)
     except BaseException:
         _log("start failed; removing what was created")
-        down(cluster, quiet=True)
+        remove(cluster, quiet=True)
         raise
 
     out = _write_config(client, cluster, layout, layout[0].name, state, tools_image, config_out)
@@ -252,7 +252,7 @@ def _start_node(client, net, image: str, name: str, hostname: str, ip: str, labe
 
 
 # long: like `up`, plus the shared engines and the pooled creation of hundreds of sshd-only hosts.
-def up_light(
+def create_light(
     nodes: int,
     cluster: str = DEFAULT_NAME,
     subnet: str = DEFAULT_LIGHT_SUBNET,
@@ -332,7 +332,7 @@ def up_light(
             list(pool.map(lambda e: _check_served(client, hosts[e.hosts[0] - 1], e), engine_list))
     except BaseException:
         _log("start failed; removing what was created")
-        down(cluster, quiet=True)
+        remove(cluster, quiet=True)
         raise
 
     out = _write_config(client, cluster, hosts, engine_list[0].name, state, tools_image, config_out)
@@ -422,7 +422,7 @@ def _seed(client, node: SimNode, seeds: list[Path]) -> None:
             )
 
 
-def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
+def remove(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
     """Remove every container, network and volume of the cluster, and its state directory."""
     check_name(cluster)
     import docker
@@ -479,7 +479,7 @@ def down(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
     return removed
 
 
-def status(cluster: str | None = None) -> list[dict[str, str]]:
+def inventory(cluster: str | None = None) -> list[dict[str, str]]:
     if cluster is not None:
         check_name(cluster)
     client = engine()

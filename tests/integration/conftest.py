@@ -53,12 +53,12 @@ def sim_cluster(engine, tmp_path_factory):
     subnet = f"172.30.{100 + os.getpid() % 100}.0/24"
     config_path = state / "cluster.yaml"
     demo = sim.build_demo_image()  # cached by content hash: built once per machine
-    sim.up(nodes=2, cluster=name, subnet=subnet, config_out=str(config_path), seed_images=(demo,))
+    sim.create(nodes=2, cluster=name, subnet=subnet, config_out=str(config_path), seed_images=(demo,))
     try:
         yield name, config_path, sim.node_layout(name, 2, subnet)
         assert _inside_nodes(engine, name) == []
     finally:
-        sim.down(name)
+        sim.remove(name)
         if previous is None:
             os.environ.pop("DOCKERLAUNCH_STATE_DIR", None)
         else:

@@ -59,7 +59,7 @@ def trio(sim_cluster, engine, demo_image, tmp_path_factory):
     name = f"dld{os.getpid()}"
     subnet = f"172.31.{100 + os.getpid() % 100}.0/24"
     config_path = tmp_path_factory.mktemp("trio") / "cluster.yaml"
-    sim.up(nodes=3, cluster=name, subnet=subnet, config_out=str(config_path), seed_images=(demo_image,))
+    sim.create(nodes=3, cluster=name, subnet=subnet, config_out=str(config_path), seed_images=(demo_image,))
     cfg = load_config(str(config_path))
     remotes = [Remote(resolve_target(h, cfg.ssh)) for h in cfg.hosts]
     try:
@@ -68,7 +68,7 @@ def trio(sim_cluster, engine, demo_image, tmp_path_factory):
     finally:
         for r in remotes:
             r.close()
-        sim.down(name)
+        sim.remove(name)
         assert _leftovers(engine, name) == []
 
 

@@ -28,10 +28,10 @@ def mixed(engine, tmp_path_factory):
     with own_sim_state(tmp_path_factory, "engines-state") as state:
         config = state / "cluster.yaml"
         try:
-            sim.up(cluster=name, subnet=subnet, config_out=str(config), engines=ENGINES)
+            sim.create(cluster=name, subnet=subnet, config_out=str(config), engines=ENGINES)
             yield config, sim.node_layout(name, 4, subnet), sim.state_root() / name
         finally:
-            sim.down(name, quiet=True)
+            sim.remove(name, quiet=True)
 
 
 def node_docker(engine, node, *argv) -> tuple[int, str]:
@@ -63,7 +63,7 @@ def image_pair(engine, mixed):
 
 
 def test_each_node_runs_the_engine_it_was_asked_for(mixed):
-    rows = {r["node"]: r for r in sim.status(mixed[1][0].name.rsplit("-", 1)[0])}
+    rows = {r["node"]: r for r in sim.inventory(mixed[1][0].name.rsplit("-", 1)[0])}
     got = [(rows[n.name]["engine"].split(".")[0], rows[n.name]["store"]) for n in mixed[1]]
     assert got == [("20", "overlay2"), ("26", "overlay2"), ("28", "overlay2"), ("28", "containerd (overlayfs)")]
     st = dl("sim", "status", "--name", mixed[1][0].name.rsplit("-", 1)[0])

@@ -24,11 +24,11 @@ def light(engine, tmp_path_factory):
     subnet = f"172.28.{4 * (os.getpid() % 60)}.0/22"
     with own_sim_state(tmp_path_factory, "light") as state:
         try:
-            config = sim.up(nodes=HOSTS, cluster=name, subnet=subnet, light=True, light_engines=2,
+            config = sim.create(nodes=HOSTS, cluster=name, subnet=subnet, light=True, light_engines=2,
                             config_out=str(state / "cluster.yaml"))
             yield name, str(config), [e for e, _, _ in sim.light_engines(name)]
         finally:
-            sim.down(name, quiet=True)
+            sim.remove(name, quiet=True)
     assert _leftovers(engine, name) == []
 
 

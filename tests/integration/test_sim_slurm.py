@@ -45,7 +45,7 @@ def slurm_cluster(engine, tmp_path_factory):
             yield name, sim.node_layout(name, NODES, subnet), tools, engine.containers.get(f"{name}-node1")
             assert _inside_nodes(engine, name) == []
         finally:
-            sim.down(name)
+            sim.remove(name)
     assert _leftovers(engine, name) == []
     assert not (state / "sim" / name).exists()
 

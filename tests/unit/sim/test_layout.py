@@ -175,15 +175,15 @@ def test_light_config_advertises_each_hosts_engine():
 
 def test_light_refuses_what_it_cannot_simulate():
     with pytest.raises(SimError, match="--light cannot run Slurm"):
-        sim.up(nodes=2, cluster="lt", light=True, slurm=True)
+        sim.create(nodes=2, cluster="lt", light=True, slurm=True)
     with pytest.raises(SimError, match="--light cannot shape egress"):
-        sim.up(nodes=2, cluster="lt", light=True, egress_rate="1gbit")
+        sim.create(nodes=2, cluster="lt", light=True, egress_rate="1gbit")
     with pytest.raises(SimError, match="add --light"):
-        sim.up(nodes=2, cluster="lt", light_engines=2)
+        sim.create(nodes=2, cluster="lt", light_engines=2)
     with pytest.raises(SimError, match="at most 64 regular nodes"):
-        sim.up(nodes=65, cluster="lt")
+        sim.create(nodes=65, cluster="lt")
     with pytest.raises(SimError, match="one engine kind for the whole cluster"):
-        sim.up(nodes=2, cluster="lt", light=True, engines="20.10,26")
+        sim.create(nodes=2, cluster="lt", light=True, engines="20.10,26")
 
 
 @pytest.mark.parametrize("args, needle", [
