@@ -16,7 +16,7 @@ import pytest
 
 from dockerlaunch.engine import cache_root
 from tests.integration.helpers import dl
-from tests.unit.test_verify import gcc, version_script
+from tests.unit.images.test_verify import gcc, version_script
 
 pytestmark = pytest.mark.integration
 
