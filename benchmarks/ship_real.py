@@ -2,8 +2,9 @@
 
   hand pipeline   docker save OLD | zstd -T0 | ssh node 'zstd -dc | docker load'   (OpenSSH)
   push            dockerlaunch's star push of OLD (zstd, staged on the host, over OpenSSH)  goal <= 1.0 x hand
+  delta bundle    `save NEW --base OLD` / `save NEW`: bytes; the delta loaded onto the host that has OLD
   thin push       NEW (OLD + an ms-swift bump) onto the host that has OLD: bytes sent / NEW's bytes
-  delta bundle    `save NEW --base OLD` / `save NEW`: bytes
+  resume          a push of OLD cut at 50% of its bytes, pushed again: bytes sent again / OLD's
 
 NEW is what `benchmarks/build_cuda.py --scenarios bump` builds (the stack with ms-swift 4.5.3, transformers 5.16.1,
 peft 0.20.0, locked again and built: only the top layers change). One sim node on the sim bridge, unshaped; the
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -69,12 +71,6 @@ def main() -> int:
         rows.append(("push of OLD / hand pipeline", f"{t_push:.0f} s / {t_hand:.0f} s",
                      f"{t_push / t_hand:.2f} x (goal <= 1.0); {r.bytes_sent / 1e9:.2f} GB sent for a "
                      f"{old.size / 1e9:.2f} GB image; {r.detail}"))
-        thin = []
-        t_thin = timed(lambda: thin.append(push.push_to_host(client, remote, new, compress="zstd", thin=True)))
-        r = thin[0]
-        assert r.status == "pushed", r
-        rows.append(("thin push of NEW onto OLD", f"{r.bytes_sent / 1e6:.0f} MB in {t_thin:.0f} s",
-                     f"{r.bytes_sent / new.size:.3f} x NEW's {new.size / 1e9:.2f} GB; {r.detail}"))
         full, delta = work / "new.dlb", work / "new.delta"
         t_full = timed(lambda: bundlelib.save_bundle(client, [args.new], full))
         t_delta = timed(lambda: bundlelib.save_bundle(client, [args.new], delta, base=args.old))
@@ -82,6 +78,39 @@ def main() -> int:
                      f"{delta.stat().st_size / 1e6:.0f} MB / {full.stat().st_size / 1e6:.0f} MB",
                      f"{delta.stat().st_size / full.stat().st_size:.3f} x (written in {t_delta:.0f} s / "
                      f"{t_full:.0f} s)"))
+        loader, runner = bundlelib.remote_loader(remote), bundlelib.remote_runner(remote)
+        t_load = timed(lambda: bundlelib.load_bundle(delta, loader, runner))
+        got = remote.run(["docker", "image", "inspect", "--format", "{{.Id}}", args.new]).stdout.strip()
+        assert got == new.id, (got, new.id)
+        rows.append(("load of the delta onto the host that has OLD", f"{t_load:.0f} s",
+                     f"NEW's Image ID {new.id[7:19]} checked on the host"))
+        remote.run(["docker", "rmi", args.new], timeout=300)  # OLD keeps the shared layers
+        thin = []
+        t_thin = timed(lambda: thin.append(push.push_to_host(client, remote, new, compress="zstd", thin=True)))
+        r = thin[0]
+        assert r.status == "pushed", r
+        rows.append(("thin push of NEW onto OLD", f"{r.bytes_sent / 1e6:.0f} MB in {t_thin:.0f} s",
+                     f"{r.bytes_sent / new.size:.3f} x NEW's {new.size / 1e9:.2f} GB; {r.detail}"))
+        # a push of OLD cut at 50% of its bytes (uncompressed, so the fraction is the image's), then again
+        drop(remote, args.old, args.new, old.id, new.id)
+        plan, _, _ = push.observe_and_plan(client, [remote], old, strategy="star", compress="none", thin=False)
+        cut, sent = threading.Event(), [0]
+
+        def count(k: int) -> None:
+            sent[0] += k
+            if sent[0] >= 0.5 * old.size:
+                cut.set()
+
+        first = push.send_star(client, remote, old, plan.hosts[0], on_bytes=count, stop=cut)
+        tagged = remote.run(["docker", "image", "inspect", args.old]).ok
+        again = push.push_to_host(client, remote, old, compress="none", thin=False)
+        got = remote.run(["docker", "image", "inspect", "--format", "{{.Id}}", args.old]).stdout.strip()
+        assert first.status == "failed" and not tagged and again.status == "pushed" and got == old.id, \
+            (first, tagged, again, got)
+        how = next((x for x in again.detail.split(", ") if x.startswith("resumed")), "not resumed")
+        rows.append(("push of OLD cut at 50%, then again", f"{again.bytes_sent / 1e9:.2f} GB sent again",
+                     f"{again.bytes_sent / old.size:.2f} x the image ({how}; nothing tagged after the cut; "
+                     f"Image ID checked)"))
     finally:
         if remote is not None:
             drop(remote, args.old, args.new)
