@@ -85,6 +85,8 @@ def main() -> int:
         rows.append(("load of the delta onto the host that has OLD", f"{t_load:.0f} s",
                      f"NEW's Image ID {new.id[7:19]} checked on the host"))
         remote.run(["docker", "rmi", args.new], timeout=300)  # OLD keeps the shared layers
+        full.unlink()
+        delta.unlink()  # their GBs are the stage's, below
         thin = []
         t_thin = timed(lambda: thin.append(push.push_to_host(client, remote, new, compress="zstd", thin=True)))
         r = thin[0]
