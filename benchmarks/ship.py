@@ -71,6 +71,22 @@ def timed(fn) -> float:
     return time.monotonic() - t0
 
 
+def cut_then_push(client, remote: Remote, image: streams.LocalImage, frac: float):
+    """(the push cut when `frac` of the image's bytes were sent -- uncompressed, so the fraction is the image's --,
+    whether the host had the image tagged right after the cut, the push run again)."""
+    plan, _, _ = push.observe_and_plan(client, [remote], image, strategy="star", compress="none", thin=False)
+    cut, sent = threading.Event(), [0]
+
+    def count(k: int) -> None:
+        sent[0] += k
+        if sent[0] >= frac * image.size:
+            cut.set()
+
+    first = push.send_star(client, remote, image, plan.hosts[0], on_bytes=count, stop=cut)
+    tagged = remote.run(["docker", "image", "inspect", image.ref]).ok
+    return first, tagged, push.push_to_host(client, remote, image, compress="none", thin=False)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=int, default=1024, help="image size (random bytes, one layer)")
@@ -153,16 +169,7 @@ def main() -> int:
         # resume after a cut at 25/50/90%
         for frac in (0.25, 0.5, 0.9):
             drop(remote, old_ref, image.id)
-            plan, _, _ = push.observe_and_plan(client, [remote], image, strategy="star", compress="none", thin=False)
-            cut, sent = threading.Event(), [0]
-
-            def count(k: int, frac=frac, cut=cut, sent=sent) -> None:
-                sent[0] += k
-                if sent[0] >= frac * image.size:
-                    cut.set()
-
-            first = push.send_star(client, remote, image, plan.hosts[0], on_bytes=count, stop=cut)
-            again = push.push_to_host(client, remote, image, compress="none", thin=False)
+            first, _, again = cut_then_push(client, remote, image, frac)  # a small image may finish loading
             assert first.status == "failed" and again.status in ("pushed", "tagged"), (first, again)
             how = next((x for x in again.detail.split(", ") if x.startswith("resumed")), "not resumed") \
                 if again.status == "pushed" else \

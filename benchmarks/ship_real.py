@@ -23,13 +23,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ship import drop, ssh_argv, timed  # noqa: E402
+from ship import cut_then_push, drop, ssh_argv, timed  # noqa: E402
 
 from dockerlaunch import sim  # noqa: E402
 from dockerlaunch.engine import engine  # noqa: E402
@@ -95,17 +94,7 @@ def main() -> int:
                      f"{r.bytes_sent / new.size:.3f} x NEW's {new.size / 1e9:.2f} GB; {r.detail}"))
         # a push of OLD cut at 50% of its bytes (uncompressed, so the fraction is the image's), then again
         drop(remote, args.old, args.new, old.id, new.id)
-        plan, _, _ = push.observe_and_plan(client, [remote], old, strategy="star", compress="none", thin=False)
-        cut, sent = threading.Event(), [0]
-
-        def count(k: int) -> None:
-            sent[0] += k
-            if sent[0] >= 0.5 * old.size:
-                cut.set()
-
-        first = push.send_star(client, remote, old, plan.hosts[0], on_bytes=count, stop=cut)
-        tagged = remote.run(["docker", "image", "inspect", args.old]).ok
-        again = push.push_to_host(client, remote, old, compress="none", thin=False)
+        first, tagged, again = cut_then_push(client, remote, old, 0.5)
         got = remote.run(["docker", "image", "inspect", "--format", "{{.Id}}", args.old]).stdout.strip()
         assert first.status == "failed" and not tagged and again.status == "pushed" and got == old.id, \
             (first, tagged, again, got)
