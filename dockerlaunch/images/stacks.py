@@ -28,6 +28,12 @@ def default_dockerfiles_dir() -> Path:
     env = os.environ.get("DOCKERLAUNCH_DOCKERFILES")
     if env:
         return Path(env)
+    return shipped_dockerfiles_dir()
+
+
+def shipped_dockerfiles_dir() -> Path:
+    """The Dockerfiles/ that came with this dockerlaunch: the checkout's own folder in an editable install, the copy
+    inside site-packages otherwise."""
     checkout = Path(__file__).resolve().parents[2] / "Dockerfiles"
     if (checkout / "stacks.yaml").is_file():
         return checkout

@@ -38,7 +38,7 @@ from dockerlaunch.images import index as idx
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import sources
 from dockerlaunch.images.index import file_sha256
-from dockerlaunch.images.stacks import Stack
+from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir, shipped_dockerfiles_dir
 
 _LOG = logging.getLogger(__name__)
 
@@ -301,10 +301,20 @@ def source_of(pkg: Compiled) -> Source:
 
 
 def source_candidates(src: Source, wheelhouse: Path | None) -> list[Path]:
+    """Where a pinned source may already be: the wheelhouse, the download cache, the site's own folders
+    (DOCKERLAUNCH_SOURCE_DIRS), then the copies vendored with dockerlaunch (Dockerfiles/sources: every archive in a
+    checkout, the recommended stack's in the wheel). Each is checked against the pin before use."""
     dirs = [wheelhouse / src.layer] if wheelhouse else []
     dirs += [cache_root() / "sources"]
     dirs += [Path(d) for d in os.environ.get(SOURCE_DIRS_ENV, "").split(":") if d]
-    return [d / src.filename for d in dirs]
+    dirs += vendored_dirs()
+    return [d / src.filename for d in dict.fromkeys(dirs)]
+
+
+def vendored_dirs() -> list[Path]:
+    """The Dockerfiles/sources folders: of the matrix in use (DOCKERLAUNCH_DOCKERFILES or the shipped one) and,
+    where that is a site's own matrix, the one shipped with dockerlaunch too."""
+    return list(dict.fromkeys([default_dockerfiles_dir() / "sources", shipped_dockerfiles_dir() / "sources"]))
 
 
 def get_source(src: Source, wheelhouse: Path | None, index_url: str | None, offline: bool,
@@ -320,14 +330,13 @@ def get_source(src: Source, wheelhouse: Path | None, index_url: str | None, offl
                          "network, check it, and put its sha256 in stacks.yaml (flash_attn_wheel_sha256); nothing "
                          "unverified is installed")
     if offline:
-        where = ", ".join(str(c.parent) for c in source_candidates(src, wheelhouse))
-        raise WheelError(f"{src.what} {src.filename} is in none of {where}: fetch it on a connected machine "
-                         f"(dockerlaunch fetch), or put it in one of those folders ({SOURCE_DIRS_ENV})")
+        raise WheelError(f"{src.what} {src.filename} ({_pin_words(src)}) is not vendored with dockerlaunch and "
+                         f"--offline forbids a download: {_put_it_words(src)}")
     dest = (dest_dir or cache_root() / "sources") / src.filename
     dest.parent.mkdir(parents=True, exist_ok=True)
     log(f"{src.what}: downloading {src.filename}")
     if src.kind == "archive":  # its pin is the unpacked tree's hash: checked below, after the download
-        _download(src.url, dest, src.what)
+        _download(src, dest)
     else:  # the file's own hash: checked as it arrives
         try:
             f = sdist_file(src, index_url) if src.url is None else idx.IndexFile(src.filename, src.url, src.sha256)
@@ -369,16 +378,28 @@ def sdist_file(src: Source, index_url: str | None) -> idx.IndexFile:
     raise WheelError(f"{src.what}: {idx.redact(index)} has no file with the lock's sha256 {src.sha256}")
 
 
-def _download(url: str, dest: Path, what: str) -> None:
+def _download(src: Source, dest: Path) -> None:
     part = dest.with_name(dest.name + ".part")
     try:
-        with urllib.request.urlopen(idx.request(url), timeout=120) as r, open(part, "wb") as f:
+        with urllib.request.urlopen(idx.request(src.url), timeout=120) as r, open(part, "wb") as f:
             shutil.copyfileobj(r, f, 1 << 20)
     except idx.NET_ERRORS as e:
         part.unlink(missing_ok=True)
-        raise WheelError(f"{what}: downloading {idx.redact(url)} failed ({getattr(e, 'reason', e)}); put the file "
-                         f"in a folder of {SOURCE_DIRS_ENV} if this machine cannot reach it") from None
+        raise WheelError(f"{src.what} {src.filename} ({_pin_words(src)}) is not vendored with dockerlaunch and "
+                         f"{idx.redact(src.url)} cannot be reached ({getattr(e, 'reason', e)}): "
+                         f"{_put_it_words(src)}") from None
     part.replace(dest)
+
+
+def _pin_words(src: Source) -> str:
+    return f"{'tree ' if src.kind == 'archive' else ''}sha256 {src.sha256 or 'not pinned'}"
+
+
+def _put_it_words(src: Source) -> str:
+    """The one fix for a source that is neither here nor reachable: where to put the file."""
+    where = f"from {idx.redact(src.url)} " if src.url else ""
+    return (f"download it {where}on a machine that can, and put it in {cache_root() / 'sources'} (or in a "
+            f"folder named by {SOURCE_DIRS_ENV}); it is checked against that sha256 before use")
 
 
 def unpack(src: Path, dest: Path) -> None:

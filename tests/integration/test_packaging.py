@@ -1,6 +1,7 @@
 """A plain (non-editable) `pip install .` into a new venv works outside the checkout: the stack matrix, the
-Dockerfile and the shell programs ship inside the wheel."""
+Dockerfile, the shell programs and the recommended stack's vendored sources ship inside the wheel."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,16 @@ def test_a_wheel_install_lists_and_plans_stacks_from_any_directory(tmp_path):
     assert shipped.returncode == 0, shipped.stderr
     relay, observe, where = shipped.stdout.split()
     assert int(relay) > 500 and int(observe) > 300 and "site-packages" in where
+
+    # the recommended stack's non-PyPI source (apex) from the wheel: offline, no DOCKERLAUNCH_SOURCE_DIRS, no cache
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKERLAUNCH_")}
+    env["DOCKERLAUNCH_CACHE_DIR"] = str(tmp_path / "empty-cache")
+    found = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "from dockerlaunch.images import wheels; from dockerlaunch.images.stacks import load_matrix;"
+         "s = load_matrix().stacks['swift4.6-mcore0.19-cu13-py313'];"
+         "p = s.apex; src = wheels.Source('apex', '4-apex', p.archive_name, p.sha256, 'archive', p.archive_url);"
+         "print(wheels.get_source(src, None, None, True, print))"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr
+    assert "site-packages" in found.stdout and "apex-6424da3b" in found.stdout

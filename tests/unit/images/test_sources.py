@@ -14,7 +14,7 @@ from dockerlaunch.images.sources import SourceError, check_archive, tree_sha256
 from dockerlaunch.images.stacks import load_matrix
 
 ROOT = Path(__file__).resolve().parents[3]
-VENDOR = ROOT.parent / "shared" / "vendor"  # CI clones next to shared/; the archives GitHub has, made by git archive
+VENDOR = ROOT / "Dockerfiles" / "sources"  # the archives GitHub has, made by git archive (its README says how)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def matrix():
 
 def vendored(name: str) -> Path:
     path = VENDOR / name
-    assert path.is_file(), f"{path} is missing: shared/vendor/ holds the pinned apex and Megatron-LM sources"
+    assert path.is_file(), f"{path} is missing: Dockerfiles/sources/ holds the pinned apex and Megatron-LM sources"
     return path
 
 
@@ -88,8 +88,9 @@ def test_the_tree_hash_is_the_same_for_other_archive_bytes_and_differs_for_one_c
 
 def test_a_wrong_sha256_in_stacks_yaml_stops_the_build_in_one_line(matrix, monkeypatch, tmp_path):
     """A changed Megatron-LM archive (or a wrong pin): `build` refuses before anything runs, naming the source,
-    the expected and the actual hash."""
-    monkeypatch.setenv(wheels.SOURCE_DIRS_ENV, str(VENDOR))
+    the expected and the actual hash. The archive is the one vendored in Dockerfiles/sources: found with no
+    environment variable."""
+    monkeypatch.delenv(wheels.SOURCE_DIRS_ENV, raising=False)
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
     s = matrix.stacks["swift3.12-mcore0.15"]
     wrong = s.model_copy(update={"megatron_lm": s.megatron_lm.model_copy(update={"sha256": "0" * 64})})
@@ -119,3 +120,39 @@ def test_flash_attns_prebuilt_wheel_is_refused_until_pinned_by_hash(matrix, tmp_
         build.flash_attn_prebuilt(pinned, build.BuildOptions(wheelhouse=str(wh), offline=True), print)
     assert build.flash_attn_prebuilt(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], build.BuildOptions(), print) == []
     assert os.environ[wheels.CACHE_ENV].startswith(str(tmp_path))
+
+
+def test_every_vendored_source_is_found_with_no_environment_and_no_network(matrix, monkeypatch, tmp_path):
+    """Each stack's apex and Megatron-LM archive comes from Dockerfiles/sources offline, checked against its pin."""
+    monkeypatch.delenv(wheels.SOURCE_DIRS_ENV, raising=False)
+    monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
+    for s in matrix.stacks.values():
+        for pin, layer in ((s.apex, "4-apex"), (s.megatron_lm, "6-megatron")):
+            if pin:
+                src = wheels.Source(f"{pin.repo} source", layer, pin.archive_name, pin.sha256, "archive",
+                                    pin.archive_url)
+                got = wheels.get_source(src, None, None, True, print)
+                assert got == VENDOR / pin.archive_name, s.name
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.tar.gz"))
+
+
+def test_a_source_neither_vendored_nor_reachable_names_the_archive_its_sha256_and_where_to_put_it(
+        monkeypatch, tmp_path):
+    monkeypatch.delenv(wheels.SOURCE_DIRS_ENV, raising=False)
+    monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
+    name, sha = f"apex-{'f' * 40}.tar.gz", "ab" * 32
+    offline = wheels.Source("apex ffffffffffff source", "4-apex", name, sha, "archive",
+                            f"https://github.com/NVIDIA/apex/archive/{'f' * 40}.tar.gz")
+    unreachable = wheels.Source("apex ffffffffffff source", "4-apex", name, sha, "archive",
+                                "http://127.0.0.1:9/apex.tar.gz")  # the discard port: nothing listens
+    for src, offline_flag, why in ((offline, True, "--offline forbids a download"),
+                                   (unreachable, False, "http://127.0.0.1:9/apex.tar.gz cannot be reached")):
+        with pytest.raises(wheels.WheelError) as e:
+            wheels.get_source(src, None, None, offline_flag, print)
+        msg = str(e.value)
+        assert len(msg.splitlines()) == 1, msg
+        assert msg.startswith(f"apex ffffffffffff source {name} (tree sha256 {sha}) is not vendored with "
+                              "dockerlaunch and "), msg
+        assert why in msg
+        assert f"put it in {tmp_path / 'cache' / 'sources'} (or in a folder named by DOCKERLAUNCH_SOURCE_DIRS)" in msg
+    assert not list((tmp_path / "cache").rglob("*.part"))  # nothing half-downloaded left behind
