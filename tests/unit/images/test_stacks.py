@@ -299,6 +299,7 @@ BUILD_LOG = """#4 [stage-0  2/10] RUN apt-get update
 #12 DONE 33.7s
 """
 
+import re
 
 def test_cached_steps_parses_buildkit_plain_progress():
     cached, ran = cached_steps(BUILD_LOG)
@@ -315,8 +316,19 @@ def test_stacks_doc_names_every_stack_and_rule(matrix):
     doc = (ROOT / "docs" / "STACKS.md").read_text()
     for name, s in matrix.stacks.items():
         assert f"`{name}`" in doc and s.tag.split(":")[1] in doc and s.ms_swift in doc
-    for rule in RULES:
-        assert f"| `{rule.id}` |" in doc
+    for rule in RULES:  # the table is the rules as the code has them, sources included
+        assert f"| `{rule.id}` | {rule.severity} | {rule.rule} | {rule.source} |" in doc, rule.id
+        assert "../" not in rule.source and "research/" not in rule.source, rule.id  # nothing outside the project
+
+
+def test_every_fact_section_a_rule_or_stack_points_to_is_in_the_stacks_doc(matrix):
+    doc = (ROOT / "docs" / "STACKS.md").read_text()
+    pointers = [r.source for r in RULES] + [src for s in matrix.stacks.values() for src in s.sources]
+    cited = {m for p in pointers for m in re.findall(r"docs/STACKS\.md, Facts: ([^()\";]+?)(?: \(|\)|\"|;|$)", p)}
+    assert cited, "no rule points at docs/STACKS.md's facts"
+    headings = [h.lower() for h in re.findall(r"^### (.+)$", doc, re.M)]
+    for section in cited:
+        assert any(section.strip().lower() in h for h in headings), section
 
 
 def test_compile_jobs_follow_the_available_memory():
