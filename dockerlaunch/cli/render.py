@@ -17,6 +17,7 @@ from dockerlaunch.cli.main import (
     warn_secret_env,
 )
 from dockerlaunch.errors import ConfigError
+from dockerlaunch.job.config import NoHostsError
 
 
 def _per_host() -> list[str]:
@@ -94,7 +95,13 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
     foreign = targets.foreign_flags(to, values)
     if foreign:
         raise ConfigError(f"render --to {target}: {foreign[0]}")
-    cfg = load(kw, command, infiniband=infiniband)
+    try:
+        cfg = load(kw, command, infiniband=infiniband)
+    except NoHostsError as e:
+        if to.per_host:
+            raise
+        where = f" ({e.source} lists no hosts)" if e.source else ""
+        raise ConfigError(f"render --to {target} needs the number of nodes{where}: pass --nodes N") from None
     warn_secret_env(cfg)
     read_env_files(cfg)  # a missing secret file fails here as in `up` (its contents are never rendered)
     plan = plan_job(cfg, resolve_all(cfg))

@@ -487,8 +487,8 @@ def _toolkit_torch(s: Stack, lock: Lock) -> str | None:
 
 TORCH_CXX20 = (2, 15)  # its ATen headers: `#error C++20 or later compatible compiler is required to use ATen.`
 FLASH_ATTN_CXX17_LAST = "2.8.3.post2"  # setup.py forces -std=c++17; no release after it yet
-# apex commits compiled against torch 2.15 (docs/STACKS.md, Facts: the C++ standard): before f199212d (#1985, lerp) and 1bcf66dc (#2006,
-# group norm's forced C++17) they fail.
+# apex commits compiled against torch 2.15 (docs/STACKS.md, Facts: the C++ standard): before f199212d (#1985,
+# lerp) and 1bcf66dc (#2006, group norm's forced C++17) they fail.
 APEX_CXX17 = {"e13873debc4699d39c6861074b9a3b2a02327f92", "10417aceddd7d5d05d7cbf7b0fc2daad1105f8b4"}
 APEX_CXX20 = {"6424da3b4faa6c8f062da4a48c424fff3f02d42d"}
 
@@ -532,7 +532,8 @@ RULES: list[Rule] = [
     Rule("swift-mcore", "megatron-core within the range that the ms-swift release documents",
          "modelscope/ms-swift docs Megatron-SWIFT Quick-start (v3.7.3 .. v4.5.2)", _mcore_range),
     Rule("mcore-clone", "pip megatron-core major.minor == the baked Megatron-LM clone's",
-         "ms-swift 3.x reads importlib.metadata.version('megatron-core') for gates (docs/STACKS.md, Facts: ms-swift 3.x and Megatron-LM)", _pip_vs_clone),
+         "ms-swift 3.x reads importlib.metadata.version('megatron-core') for gates (docs/STACKS.md, Facts: "
+         "ms-swift 3.x and Megatron-LM)", _pip_vs_clone),
     Rule("apex-cuda", "apex's nvcc major.minor == torch.version.cuda",
          "NVIDIA/apex setup.py check_cuda_torch_binary_vs_bare_metal; ms-swift #4414", _apex_cuda, lock=USES_LOCK),
     Rule("te-cuda", "TE needs CUDA >= 12.1", "NVIDIA/TransformerEngine v2.10 docs/installation.rst", _te_cuda),

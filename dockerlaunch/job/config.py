@@ -697,11 +697,23 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
     return data
 
 
+class NoHostsError(ConfigError):
+    """Neither the flags nor the config file name a host; `source` is the file read, if any (render turns this
+    into "pass --nodes N" for a scheduler, which wants a count, not hosts)."""
+
+    def __init__(self, source: str | None):
+        self.source = source
+        if source:
+            super().__init__(f"no hosts to run on: list them under `hosts:` in {source}")
+        else:
+            super().__init__(f"no hosts to run on: pass --hosts h1,h2 (no ./{DEFAULT_CONFIG_FILE} here to read "
+                             "them from)")
+
+
 def validate_config(data: dict[str, Any], source: str | None = None) -> ClusterConfig:
     check_shape(data, source or "config")
     if not data.get("hosts"):
-        where = f" in {source}" if source else ""
-        raise ConfigError(f"no hosts: pass --hosts h1,h2 or list hosts:{where}")
+        raise NoHostsError(source)
     try:
         return ClusterConfig.model_validate(data)
     except ValidationError as e:

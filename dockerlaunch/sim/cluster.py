@@ -167,7 +167,8 @@ def create(
 
 
 def _engine_options(data_volume: str, shared_volume: str, more_volumes: dict | None = None) -> dict:
-    """What a Docker-in-Docker engine container needs from the local engine (docs/ARCHITECTURE.md, simulated cluster)."""
+    """What a Docker-in-Docker engine container needs from the local engine (docs/ARCHITECTURE.md, simulated
+    cluster)."""
     return {
         "cap_add": NODE_CAPS,
         "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],

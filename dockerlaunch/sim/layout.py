@@ -44,7 +44,7 @@ BASE_TAG = "dockerlaunch/debian:bookworm"
 
 @dataclass(frozen=True)
 class EngineKind:
-    """A Docker engine users run, as one Debian suite packages it (measured 2026-11-23; the versions in README, Docker engines)."""
+    """A Docker engine users run, as one Debian suite packages it (measured 2026-11-23; README, Docker engines)."""
 
     name: str
     suite: str  # the Debian suite whose docker.io the node image installs
@@ -124,7 +124,8 @@ LIGHT_POOL = 16  # light hosts created, started and waited for this many at a ti
 LIGHT_SOCK_DIR = "/run/dlengine"  # where an engine's socket volume is mounted, in the engine and its hosts
 
 
-# Every capability except SYS_RESOURCE: --privileged fails on VMs whose bounding set lacks it (docs/ARCHITECTURE.md, simulated cluster).
+# Every capability except SYS_RESOURCE: --privileged fails on VMs whose bounding set lacks it (docs/ARCHITECTURE.md,
+# simulated cluster).
 NODE_CAPS = (
     "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
     "NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT "

@@ -55,7 +55,8 @@ def render_slurm_conf(cluster: str, layout: list[SimNode], hw: dict[str, str]) -
         "SwitchType=switch/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
-        # The submitter's rlimits cannot all be raised in an unprivileged node (memlock: these VMs cap it at 8 MB, docs/ARCHITECTURE.md)
+        # The submitter's rlimits cannot all be raised in an unprivileged node (memlock: these VMs cap it at 8 MB,
+        # docs/ARCHITECTURE.md)
         "PropagateResourceLimits=NONE",
         "ReturnToService=2",
         "SlurmdTimeout=60",

@@ -308,8 +308,9 @@ def test_doctor_hubs_asks_from_a_job_container_with_the_jobs_endpoints(sim_clust
 def test_doctor_memlock_fails_where_infiniband_is_used(sim_cluster, engine, remotes, demo_image, tmp_path):
     """The memlock verdict needs a job that uses InfiniBand: each node gets the device node the uverbs driver would
     create (/dev/infiniband/uverbs0, char 231:192), so `--device /dev/infiniband` works; these VMs cannot raise
-    memlock (hard limit 8 MB on these VMs, docs/ARCHITECTURE.md), so the user's own 8 MB memlock (which wins over the IB profile's -1)
-    is what the container gets, and doctor must FAIL it. With the profile's -1 the container cannot start at all."""
+    memlock (hard limit 8 MB on these VMs, docs/ARCHITECTURE.md), so the user's own 8 MB memlock (which wins over
+    the IB profile's -1) is what the container gets, and doctor must FAIL it. With the profile's -1 the container
+    cannot start at all."""
     nodes = [engine.containers.get(n.name) for n in sim_cluster[2]]
     for node in nodes:
         code, out = node.exec_run(["sh", "-c", "mkdir -p /dev/infiniband && mknod /dev/infiniband/uverbs0 c 231 192"])

@@ -111,3 +111,26 @@ def test_a_failed_docker_command_is_reported_by_its_error_line_not_the_usage_hin
 ])
 def test_a_flag_merged_into_a_section_that_is_not_a_mapping(cli, tmp_path, yaml_text, flags, words):
     one_line_error(cli("up", "--dry-run", "--config", write(tmp_path, yaml_text), *flags, "--", "true"), *words)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["up", "--", "python", "train.py"],
+     "error: no hosts to run on: pass --hosts h1,h2 (no ./dockerlaunch.yaml here to read them from)"),
+    (["doctor"], "error: no hosts to run on: pass --hosts h1,h2 (no ./dockerlaunch.yaml here to read them from)"),
+    (["render", "--to", "compose", "--", "true"],
+     "error: no hosts to run on: pass --hosts h1,h2 (no ./dockerlaunch.yaml here to read them from)"),
+    (["render", "--to", "k8s", "--", "true"], "error: render --to k8s needs the number of nodes: pass --nodes N"),
+    (["render", "--to", "jobset", "--", "true"], "error: render --to jobset needs the number of nodes: pass --nodes N"),
+    (["render", "--to", "slurm", "--", "true"], "error: render --to slurm needs the number of nodes: pass --nodes N"),
+])
+def test_no_hosts_in_an_empty_folder_is_a_whole_sentence_with_one_fix(cli, tmp_path, args, expected):
+    """The first command a newcomer types, in a folder with no config: the line ends in the fix, not mid-way."""
+    assert one_line_error(cli(*args, cwd=tmp_path)) == expected
+
+
+def test_a_config_file_without_hosts_names_the_file(cli, tmp_path):
+    cfg = write(tmp_path, "image: i:1\n")
+    assert one_line_error(cli("up", "--config", cfg, "--", "true")) == \
+        f"error: no hosts to run on: list them under `hosts:` in {cfg}"
+    assert one_line_error(cli("render", "--to", "k8s", "--config", cfg, "--", "true")) == \
+        f"error: render --to k8s needs the number of nodes ({cfg} lists no hosts): pass --nodes N"

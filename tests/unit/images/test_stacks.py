@@ -299,7 +299,6 @@ BUILD_LOG = """#4 [stage-0  2/10] RUN apt-get update
 #12 DONE 33.7s
 """
 
-import re
 
 def test_cached_steps_parses_buildkit_plain_progress():
     cached, ran = cached_steps(BUILD_LOG)

@@ -147,7 +147,7 @@ def test_override_errors_name_the_flag():
 
 def test_no_hosts_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="no hosts: pass --hosts"):
+    with pytest.raises(ConfigError, match="no hosts to run on: pass --hosts h1,h2"):
         load_config(None, Overrides())
 
 
