@@ -68,10 +68,18 @@ class Compiled:
     env: tuple[tuple[str, str], ...]  # build settings that change the wheel's bytes
     gb_per_job: float  # peak memory of one compile job (measured; see benchmarks/RESULTS.md)
     url: str | None = None  # where an archive comes from when no local copy has it
+    lists_grow: bool = False  # its build writes one build.ninja per extension as it reaches it (apex)
 
     @property
     def label(self) -> str:
         return f"{self.name} {self.version}"
+
+
+# Whole object counts measured on finished builds, for packages whose build lists its objects one extension at a
+# time (the count seen mid-build is not the total): apex 6424da3b with APEX_CPP_EXT=1 APEX_CUDA_EXT=1, 12
+# extensions (benchmarks/RESULTS.md, "CUDA build"). A finished build of the same package and version in this
+# cache's history wins over this table.
+KNOWN_OBJECTS = {("apex", "6424da3b4faa"): 37}
 
 
 def arch_numbers(archs: list[str]) -> str:
@@ -97,7 +105,7 @@ def compiled_packages(stack: Stack, lock: locks.Lock, archs: list[str], flash_pr
             "apex", stack.apex.ref[:12], "4-apex", stack.apex.archive_name, stack.apex.sha256 or "", "archive",
             (("APEX_CPP_EXT", "1"), ("APEX_CUDA_EXT", "1"), ("TORCH_CUDA_ARCH_LIST", arch_list),
              ("NVCC_APPEND_FLAGS", f"--threads {min(len(archs), 4)}")),
-            3.0, url=stack.apex.archive_url))
+            3.0, url=stack.apex.archive_url, lists_grow=True))
     fa = lock.get("flash-attn")
     if stack.flash_attn and fa and not flash_prebuilt:
         out.append(Compiled(
@@ -691,7 +699,8 @@ def _compile_locked(pkg: Compiled, entry: Entry, builder: str, source: Path, job
                            done[0], log, place.host)
         place.clear_dist()
         done0, total0 = place.progress()
-        resumed = f", resuming at {done0}/{total0} objects" if done0 else ""
+        of = "" if pkg.lists_grow else f"/{total0}"  # a total that grows is no total (see _progress_line)
+        resumed = f", resuming at {done0}{of} objects" if done0 else ""
         log(f"{pkg.label}: compiling{place.where} in {builder} with MAX_JOBS={jobs} "
             f"({', '.join(f'{k}={v}' for k, v in pkg.env)}){resumed}; build folder {place.mount}")
         code, out = place.docker("run", "--detach", "--name", name, "--network", "none",
@@ -760,6 +769,15 @@ def _history(pkg: Compiled) -> dict | None:
 
 def _progress_line(pkg: Compiled, done: int, total: int, start_done: int, elapsed: float,
                    history: dict | None) -> str:
+    """`done/total objects, time, ~left`; where the build lists its objects one extension at a time, the total is
+    a finished build's (history, else KNOWN_OBJECTS), or said to be unknown, with no estimate on a moving total."""
+    if pkg.lists_grow:
+        whole = (history or {}).get("objects") or KNOWN_OBJECTS.get((pkg.name, pkg.version))
+        if whole and whole >= total:
+            total = whole
+        elif done or total:
+            return (f"{pkg.label}: {done} objects built, {elapsed / 60:.0f} min (the total is not known until "
+                    "the build reaches its last extension: no estimate yet)")
     if not total:
         return f"{pkg.label}: preparing the build ({elapsed / 60:.0f} min)"
     left = ""

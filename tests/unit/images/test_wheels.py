@@ -67,6 +67,26 @@ def test_progress_lines():
         "flash-attn 2.8.3: 20/73 objects, 0 min, ~89 min left (last build)"
 
 
+def test_a_build_that_lists_its_objects_as_it_goes_never_shows_an_eta_on_a_moving_total():
+    """apex writes one build.ninja per extension as it reaches it: 2/16 then 16/18 ... 31/32 objects with "~1 min
+    left" for eight minutes was an estimate on a moving total. The whole count comes from a finished build."""
+    known = wheels.Compiled("apex", "6424da3b4faa", "4-apex", "a.tar.gz", "0" * 64, "archive", (), 3.0,
+                            lists_grow=True)
+    assert wheels._progress_line(known, 2, 16, 0, 120, None) == \
+        "apex 6424da3b4faa: 2/37 objects, 2 min, ~35 min left at this rate"  # KNOWN_OBJECTS: measured, 37
+    assert wheels._progress_line(known, 31, 32, 0, 1800, None).startswith("apex 6424da3b4faa: 31/37 objects, 30 min")
+    other = wheels.Compiled("apex", "10417aceddd7", "4-apex", "a.tar.gz", "0" * 64, "archive", (), 3.0,
+                            lists_grow=True)
+    for done, seen in ((2, 16), (31, 32)):
+        assert wheels._progress_line(other, done, seen, 0, 600, None) == (
+            f"apex 10417aceddd7: {done} objects built, 10 min (the total is not known until the build reaches its "
+            "last extension: no estimate yet)")
+    assert wheels._progress_line(other, 0, 0, 0, 60, None) == "apex 10417aceddd7: preparing the build (1 min)"
+    finished = {"wall_s": 2000, "objects": 40}  # a finished build of this version in the cache's history
+    assert wheels._progress_line(other, 10, 16, 10, 30, finished) == \
+        "apex 10417aceddd7: 10/40 objects, 0 min, ~25 min left (last build)"
+
+
 def test_why_a_cached_wheel_does_not_fit():
     want = {"package": "flash-attn", "torch": "2.11.0+cu130", "flags": {"FLASH_ATTN_CUDA_ARCHS": "90"}}
     have = {"package": "flash-attn", "torch": "2.12.0+cu130", "flags": {"FLASH_ATTN_CUDA_ARCHS": "80;90"}}
