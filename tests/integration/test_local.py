@@ -66,6 +66,26 @@ def test_local_beside_ssh_hosts_without_advertise_addr_is_refused(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_a_diagnostics_folder_another_user_made_is_refused_in_one_sentence_with_one_fix(demo_image, tmp_path):
+    """Another login made the shared diagnostics parent first: `up` refuses in one line that says what is wrong and
+    one fix, a folder beside it (never inside the folder it refuses), and starts nothing."""
+    import getpass
+    import os
+
+    job = job_name()
+    cfg = config(tmp_path, demo_image, name=job)
+    diag = tmp_path / "diag"
+    diag.mkdir()
+    os.chown(diag, 65534, 65534)  # the suite runs as root (scripts/test installs as root; CI is root)
+    r = dl("up", "--config", cfg, "--skip-preflight", "--", "true")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0] == (f"error: host local: preparing the diagnostics folder failed: {diag} belongs to uid 65534, "
+                        "another user, who could swap the job's folder in it; set diagnostics.dir to a folder of the "
+                        f"SSH user's own, e.g. {diag}-{getpass.getuser()}"), lines[0]
+    assert local_containers(job) == [] and list(diag.iterdir()) == []
+
+
 def test_a_killed_launcher_leaves_no_local_container(demo_image, tmp_path):
     """The local watchdog is a child of the launcher's own; SIGKILL closes its input, as a dropped SSH session
     would, and it removes the run's container after job.orphan_grace."""

@@ -254,6 +254,10 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
         diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, job, mode, owner,
                      *DIAG_SUBDIRS]
     locals_ = [h.rank for h in session.fleet.hosts if h.target.local]
+
+    def elsewhere(user: str) -> str:  # beside the refused folder, never inside it
+        return f"{config.diagnostics.dir}-{user}" if not config.diagnostics.dir.endswith(f"-{user}") else \
+            f"{config.diagnostics.dir}-{job}"
     diag_ranks = {h.rank for h in session.fleet.hosts if not h.target.local} | set(locals_[:1])  # one folder
 
     def steps(h) -> list:
@@ -285,10 +289,9 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
             if h.rank in diag_ranks:
                 r = rs.pop(0)
                 if r is not None and not r.ok:
-                    raise DockerlaunchError(
-                        f"{HostError(h.name, r.last_line(), step='preparing the diagnostics folder')} "
-                        f"({session.plan.diag_dir}); make it writable for the SSH user, set diagnostics.dir, "
-                        "or start with --no-diagnostics")
+                    fix = f"set diagnostics.dir to a folder of the SSH user's own, e.g. {elsewhere(h.target.user)}"
+                    raise DockerlaunchError(str(HostError(h.name, f"{r.last_line()}; {fix}",
+                                                          step="preparing the diagnostics folder")))
     if not probe:
         return None
     probes: list[probelib.Probe | Exception] = []
