@@ -264,7 +264,8 @@ def fetch(stack_name: str, out_dir: str, index_url: str | None, find_links: tupl
               help="text for people, json for scripts")
 def verify(image: str, gpus: bool, cuda_archs: str | None, checks: str | None, output: str) -> None:
     """Prove an image without a GPU: every library's symbols resolve (and each loads), cubins for every
-    architecture, pip check, imports of the stack's modules, versions against its pins. Exit 1 on any FAIL.
+    architecture, pip check, imports of the stack's modules, versions against its pins. Exit 1 on any FAIL, and on
+    any ERROR (a check that could not run: it proves nothing).
 
     The tools (pyelftools, cuobjdump from PyPI, hash-pinned) are mounted read-only beside the image, never
     installed into it; an image without dockerlaunch labels gets every check that needs no pins."""

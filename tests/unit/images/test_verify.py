@@ -276,7 +276,9 @@ def test_a_recorded_drop_is_a_note_and_a_clean_check_passes():
     assert pip_rows("No broken requirements found.\n") == [(v.PASS, "no broken requirements")]
     report = v.VerifyReport("img")
     v.judge_pip(report, {"error": "pip is not installed in the image"}, {}, [])
-    assert [(c.verdict, c.detail) for c in report.checks] == [(v.SKIP, "pip is not installed in the image")]
+    assert [(c.verdict, c.detail) for c in report.checks] == [(v.ERROR, "did not run: pip is not installed in the "
+                                                                        "image")]
+    assert not report.ok
 
 
 def test_a_wrong_wheel_tag_is_a_warning_only_when_no_extension_is_for_another_python():
@@ -446,7 +448,7 @@ def test_an_import_needs_a_driver_only_when_that_is_all_it_says(error, driver, g
 def test_table_and_json():
     report = v.judge("img:1", LABELS, recorded(), ["9.0"], "label")
     d = json.loads(report.to_json())
-    assert set(d) == {"image", "ok", "counts", "checks", "versions", "facts"}
+    assert set(d) == {"image", "ok", "outcome", "counts", "checks", "versions", "facts"}
     assert d["ok"] is False and d["counts"]["FAIL"] == len(report.failed) > 0
     assert set(d["counts"]) == set(v.VERDICTS)
     assert all(set(c) == {"check", "verdict", "detail"} for c in d["checks"])
@@ -457,3 +459,67 @@ def test_table_and_json():
     assert all(line[col:].split()[0] in v.VERDICTS for line in lines[1:-2])
     assert lines[-2].startswith("verify img:1: ") and "FAIL" in lines[-2]
     assert lines[-1] == "verify: FAIL"  # the last line, as build's log and scripts read it
+
+
+# ---- a check that could not run is ERROR, never a pass (issue 40): each cause turns a passing report into one
+# that is not ok, whose last line says ERROR, and which `build` therefore never stamps into the image
+
+
+def passing(**changes) -> dict:
+    """A recorded result of a clean image: every check ran and passed."""
+    clean = recorded(
+        symbols={"findings": {}, "clean": 105, "via_global": 0, "driver": {"libcuda.so.1": None}},
+        loads={}, loads_ok=105,
+        cubins={TE_LIB: {"elf": ["sm_90"], "ptx": []}}, device_dists={TE_LIB: "transformer-engine-cu13 2.16.1"},
+        pip_check={"rc": 0, "output": "No broken requirements found.\n", "unsupported": {}},
+        imports={"torch": {"ok": True}},
+        dists={"torch": "2.11.0+cu130"})
+    clean.update(changes)
+    return clean
+
+
+def test_a_clean_result_passes():
+    report = v.judge("img", {}, passing(), ["9.0"], "label")
+    assert report.ok and report.outcome == v.PASS and report.render().endswith("verify: PASS"), report.render()
+
+
+@pytest.mark.parametrize("cause, changes, row, words", [
+    ("the symbol scan failed", {"symbols": {"error": "pyelftools could not be imported here (No module named x)"}},
+     "symbols", "the symbol scan did not run: pyelftools could not be imported"),
+    ("a library the scan could not read", {"symbols": {"findings": {"libbroken.so": {"error": "Magic number does "
+                                                                                               "not match"}},
+                                                       "clean": 104, "driver": {}}},
+     "symbols libbroken.so", "not checked: it could not be read as ELF (Magic number does not match)"),
+    ("cuobjdump failed on a library", {"cubins": {TE_LIB: {"elf": [], "ptx": [], "error": "cuobjdump fatal: ..."}}},
+     f"archs {TE_LIB}", "not checked: cuobjdump could not read it (cuobjdump fatal: ...)"),
+    ("no cuobjdump", {"cubins": {"error": "cuobjdump was not mounted"}}, "archs", "not checked: cuobjdump was not"),
+    ("no pip", {"pip_check": {"error": "pip is not installed in the image"}}, "pip check",
+     "did not run: pip is not installed in the image"),
+    ("no result at all", {"pip_check": None}, "pip check", "did not run: the image's verify script returned no"),
+])
+def test_a_check_that_could_not_run_is_an_error_and_never_a_pass(cause, changes, row, words):
+    result = passing(**changes)
+    if changes.get("pip_check", 1) is None:
+        del result["pip_check"]
+    report = v.judge("img", {}, result, ["9.0"], "label")
+    errors = {c.check: c.detail for c in report.checks if c.verdict == v.ERROR}
+    assert row in errors and words in errors[row], (cause, errors)
+    assert not report.ok and report.outcome == v.ERROR, cause
+    assert report.render().splitlines()[-1] == "verify: ERROR" and "1 ERROR" in report.render().splitlines()[-2]
+    assert json.loads(report.to_json())["ok"] is False
+    # the row that could not run is not also reported as passing
+    if row.startswith("archs"):
+        assert not any(c.check == "archs" and c.verdict == v.PASS for c in report.checks), cause
+
+
+def test_a_failure_beside_an_error_reads_fail():
+    result = passing(pip_check={"error": "pip is not installed in the image"})
+    result["imports"] = {"torch": {"ok": False, "error": "ImportError: boom", "chain": []}}
+    report = v.judge("img", {}, result, ["9.0"], "label")
+    assert report.outcome == v.FAIL and report.render().endswith("verify: FAIL")
+
+
+def test_checks_not_asked_for_are_not_errors():
+    result = {k: val for k, val in passing().items() if k not in ("pip_check", "cubins", "imports")}
+    report = v.judge("img", {}, result, ["9.0"], "label", wanted=("symbols", "load", "dists"))
+    assert report.ok, report.render()
