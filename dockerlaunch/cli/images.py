@@ -41,8 +41,8 @@ def stacks_list() -> None:
         te = f" te {s.transformer_engine}" if s.transformer_engine else ""
         notes = ["no registry needed (made base, CUDA from PyPI)"] if s.base else []
         if flash_attn_wheel(s) and not s.flash_attn_wheel_sha256:
-            notes.append("flash-attn's prebuilt GitHub wheel is not pinned by hash: build refuses it until "
-                         "flash_attn_wheel_sha256 is set")
+            notes.append("flash-attn compiles from its PyPI sdist: set flash_attn_wheel_sha256 to use its prebuilt "
+                         "GitHub wheel instead")
         more = f"  [{'; '.join(notes)}]" if notes else ""
         click.echo(f"{s.name:<30} torch {s.torch}{te} mcore {s.megatron_core} swift {s.ms_swift}  {s.tag}{more}")
 
@@ -213,7 +213,11 @@ def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, confi
         click.echo(format_argv(buildlib.render_build(stack, opts, lock, target=stage), 0))
         if stage != "train":
             return
-        pkgs = wheels.compiled_packages(stack, lock, archs, flash_prebuilt=bool(buildlib.flash_attn_wheel(stack)))
+        pkgs = wheels.compiled_packages(stack, lock, archs, flash_prebuilt=bool(buildlib.prebuilt_flash(stack)))
+        if buildlib.flash_attn_wheel(stack) and not buildlib.prebuilt_flash(stack):
+            click.echo(f"# flash-attn {stack.flash_attn}: a prebuilt GitHub wheel exists for this torch, but "
+                       "stacks.yaml pins no sha256 for it (flash_attn_wheel_sha256), so it compiles from the lock's "
+                       "PyPI sdist")
         if pkgs:
             jobs = opts.max_jobs or "per package"
             click.echo(f"# compiled in the builder stage (MAX_JOBS={jobs}): " + "; ".join(

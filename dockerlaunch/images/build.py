@@ -228,9 +228,18 @@ def render_build(stack: Stack, opts: BuildOptions, lock: locks.Lock, context: st
     return argv
 
 
+def prebuilt_flash(stack: Stack) -> str | None:
+    """The prebuilt flash-attn wheel the build uses: one that exists for the stack's torch/CUDA/Python and whose
+    sha256 the stack pins (flash_attn_wheel_sha256). Without the pin, flash-attn compiles from the lock's
+    hash-checked PyPI sdist through the compiled-wheel cache, as the recommended stack's does: every stack builds
+    as shipped, and nothing unverified is installed."""
+    name = flash_attn_wheel(stack)
+    return name if name and stack.flash_attn_wheel_sha256 else None
+
+
 def flash_drop(stack: Stack) -> frozenset[str]:
     """Where a prebuilt flash-attn wheel is used, the lock's flash-attn sdist is not installed."""
-    return frozenset({"flash-attn"}) if flash_attn_wheel(stack) else frozenset()
+    return frozenset({"flash-attn"}) if prebuilt_flash(stack) else frozenset()
 
 
 def not_from_index(stack: Stack, lock: locks.Lock) -> frozenset[str]:
@@ -369,7 +378,7 @@ def ensure_registry_base(docker: str, ref: str) -> None:
 def flash_attn_prebuilt(stack: Stack, opts: BuildOptions, log, dest_dir: Path | None = None) -> list[Path]:
     """flash-attn's prebuilt GitHub wheel, where the stack uses one, checked against its pinned sha256 (a stack
     without one is refused: GitHub's release files are not in any lock)."""
-    name = flash_attn_wheel(stack)
+    name = prebuilt_flash(stack)
     if not name:
         return []
     src = wheels.Source(f"stack {stack.name}: flash-attn {stack.flash_attn}'s prebuilt wheel", "5-flash", name,
@@ -482,7 +491,7 @@ def builder_tag(stack: Stack) -> str:
 
 def build_wheels(s: BuildSession) -> list[tuple[Path, str]]:
     """The builder stage, then each compiled package from the wheel cache or compiled now: (wheel, sha256) each."""
-    pkgs = wheels.compiled_packages(s.stack, s.lock, s.opts.cuda_archs, flash_prebuilt=bool(flash_attn_wheel(s.stack)))
+    pkgs = wheels.compiled_packages(s.stack, s.lock, s.opts.cuda_archs, flash_prebuilt=bool(prebuilt_flash(s.stack)))
     if not pkgs:
         return []
     tag = builder_tag(s.stack)

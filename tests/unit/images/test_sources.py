@@ -102,17 +102,30 @@ def test_a_wrong_sha256_in_stacks_yaml_stops_the_build_in_one_line(matrix, monke
     assert build.megatron_archive(s, build.BuildOptions(), print)[0].name == s.megatron_lm.archive_name
 
 
-def test_flash_attns_prebuilt_wheel_is_refused_until_pinned_by_hash(matrix, tmp_path, monkeypatch):
+def test_flash_attns_prebuilt_wheel_is_used_only_when_pinned_by_hash_else_flash_attn_compiles(matrix, tmp_path,
+                                                                                               monkeypatch):
+    """The cu128 stack builds as shipped: with no flash_attn_wheel_sha256 its flash-attn compiles from the lock's
+    PyPI sdist (the compiled-wheel cache), and the unpinned GitHub wheel is never fetched."""
+    from dockerlaunch.images import lock as locks
+
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
     s = matrix.stacks["swift4.6-mcore0.19-cu128"]
-    assert s.flash_attn_wheel_sha256 is None
-    with pytest.raises(wheels.WheelError) as e:
-        build.flash_attn_prebuilt(s, build.BuildOptions(), print)
-    msg = str(e.value)
-    assert len(msg.splitlines()) == 1 and "flash_attn_wheel_sha256" in msg and "is not pinned by hash" in msg
-    assert "github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/" in msg
+    assert s.flash_attn_wheel_sha256 is None and build.flash_attn_wheel(s)  # a wheel exists, unpinned
+    assert build.prebuilt_flash(s) is None and build.flash_attn_prebuilt(s, build.BuildOptions(), print) == []
+    assert build.flash_drop(s) == frozenset()  # the lock's sdist stays in
+    lock = locks.checked(s, build.default_dockerfiles_dir())
+    compiled = wheels.compiled_packages(s, lock, ["9.0"], flash_prebuilt=bool(build.prebuilt_flash(s)))
+    [fa] = [p for p in compiled if p.name == "flash-attn"]
+    assert (fa.version, fa.kind, fa.source) == ("2.8.3", "sdist", "flash_attn-2.8.3.tar.gz")
+    assert [f"sha256:{fa.source_sha256}"] == list(lock.get("flash-attn").hashes)  # the sdist, the only file
+    # an unpinned file is still refused wherever it would be read (no path reaches here from build any more)
+    unpinned = wheels.Source("flash-attn's prebuilt wheel", "5-flash", build.flash_attn_wheel(s), "", "file",
+                             build.flash_attn_wheel_url(s))
+    with pytest.raises(wheels.WheelError, match="is not pinned by hash"):
+        wheels.get_source(unpinned, None, None, False, print)
     # pinned, and a wheelhouse file with other bytes: refused, naming both hashes
     pinned = s.model_copy(update={"flash_attn_wheel_sha256": "1" * 64})
+    assert build.prebuilt_flash(pinned) and build.flash_drop(pinned) == {"flash-attn"}
     wh = tmp_path / "wh"
     (wh / "5-flash").mkdir(parents=True)
     (wh / "5-flash" / build.flash_attn_wheel(s)).write_bytes(b"a wheel from somewhere")
