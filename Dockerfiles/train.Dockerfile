@@ -164,15 +164,21 @@ ARG MEGATRON_LM_PATH=""
 ENV MEGATRON_LM_PATH=${MEGATRON_LM_PATH}
 
 ARG PIP_CHECK_ALLOW=""
-# 8. ms-swift and its framework pins, last: the layer that changes most often. `pip check` proves the whole
-#    locked set consistent inside the image, except for the stack's recorded overrides and drops (PIP_CHECK_ALLOW:
-#    the fixed strings of the lines they cause, e.g. TE's cuBLAS over torch's exact pin), which verify lists.
+# 8. ms-swift and its framework pins, last: the layer that changes most often. Then the image keeps its pins: the
+#    binary core's versions (torch, TE, flash-attn, the CUDA libraries) and the stack's overrides go to
+#    /etc/dockerlaunch/constraints.txt, which PIP_CONSTRAINT names, and installed metadata is made to agree with the
+#    overrides (keep_pins.py says why). `pip check` then proves the whole locked set consistent inside the image,
+#    except for the stack's recorded drops (PIP_CHECK_ALLOW: the fixed strings of the lines they cause).
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_index_url \
     --mount=type=bind,source=wheelhouse/7-top,target=/wheelhouse/7-top \
     --mount=type=bind,source=lock/7-top.txt,target=/lock/7-top.txt \
+    --mount=type=bind,source=lock/keep-pins.txt,target=/lock/keep-pins.txt \
+    --mount=type=bind,source=lock/keep_pins.py,target=/lock/keep_pins.py \
     . /opt/dockerlaunch/pip-env.sh \
  && DS_BUILD_OPS=0 pip install --no-deps --require-hashes --no-build-isolation -r /lock/7-top.txt \
+ && mkdir -p /etc/dockerlaunch && cp /lock/keep-pins.txt /etc/dockerlaunch/constraints.txt \
+ && python /lock/keep_pins.py /etc/dockerlaunch/constraints.txt /opt/dockerlaunch/overrides-applied.txt \
  && { pip check > /tmp/pip-check.txt || true; } \
  && printf '%s\n' "$PIP_CHECK_ALLOW" | sed '/^$/d' > /tmp/allow.txt \
  && if grep -v -F -f /tmp/allow.txt /tmp/pip-check.txt | grep -v '^No broken requirements found' | grep .; then \
@@ -180,3 +186,4 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     fi \
  && rm -f /tmp/pip-check.txt /tmp/allow.txt \
  && pip freeze > /opt/dockerlaunch/pip-freeze.txt
+ENV PIP_CONSTRAINT=/etc/dockerlaunch/constraints.txt

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dockerlaunch import __version__
+from dockerlaunch import __version__, shipped
 from dockerlaunch.errors import BuildError, ConfigError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
@@ -242,6 +242,30 @@ def flash_drop(stack: Stack) -> frozenset[str]:
     return frozenset({"flash-attn"}) if prebuilt_flash(stack) else frozenset()
 
 
+# What an image's PIP_CONSTRAINT holds still: what is compiled against torch or CUDA, and the CUDA libraries, whose
+# versions must move together or the binaries break (TE's core needs the cuBLAS it was built for, TE's binding and
+# flash-attn the torch they were compiled against). Pure-Python framework packages (transformers, peft, ms-swift)
+# stay free: users update them for a new model, and build tools (setuptools) too, since pip hands PIP_CONSTRAINT to
+# the isolated build environments of whatever a user installs.
+KEPT_NAMES = re.compile(r"^(torch|triton|flash-attn|transformer-engine(-.*)?|nvidia-.*|cuda-.*)$")
+
+
+def keep_pins_text(stack: Stack, lock: locks.Lock) -> str:
+    """The image's /etc/dockerlaunch/constraints.txt: the lock's versions of the binary core (KEPT_NAMES) and the
+    stack's overrides, marked `# override` (scripts/keep_pins.py makes installed metadata agree with them)."""
+    overrides = {locks.pin_name(o): o.split("==", 1)[1] for o in stack.overrides}
+    drop = {locks.normalize(d) for d in stack.drop}
+    lines = [f"# dockerlaunch: stack {stack.name}; PIP_CONSTRAINT names this file: pip keeps these versions. To "
+             "move one on purpose: PIP_CONSTRAINT= pip install ...\n"]
+    for e in sorted(lock.entries, key=lambda e: e.name):
+        if e.name in overrides:  # the lock already holds the override's version (uv's override)
+            lines.append(f"{e.name}=={overrides.pop(e.name)}  # override\n")
+        elif KEPT_NAMES.match(e.name) and e.name not in drop:
+            lines.append(f"{e.name}=={e.version}\n")
+    lines += [f"{name}=={version}  # override\n" for name, version in sorted(overrides.items())]
+    return "".join(lines)
+
+
 def not_from_index(stack: Stack, lock: locks.Lock) -> frozenset[str]:
     """The lock's distributions that no layer installs from the index or wheelhouse: a prebuilt flash-attn wheel
     replaces the sdist, and the compiled packages come as wheels from the compiled-wheel cache."""
@@ -286,6 +310,8 @@ def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir:
         _link(wheel, ctx / "wheelhouse" / "5-flash" / wheel.name)
         lines.append(f"flash-attn=={stack.flash_attn} --hash=sha256:{stack.flash_attn_wheel_sha256}\n")
     (ctx / "lock" / "flash-prebuilt.txt").write_text("".join(lines))
+    (ctx / "lock" / "keep-pins.txt").write_text(keep_pins_text(stack, lock))
+    (ctx / "lock" / "keep_pins.py").write_text(shipped.script("dockerlaunch.images", "keep_pins.py"))
     return ctx
 
 

@@ -480,7 +480,8 @@ def parse_pip_check(output: str) -> list[dict]:
     return out
 
 
-def judge_pip(report: VerifyReport, pip: dict | None, overrides: dict[str, str], drop: list[str]) -> None:
+def judge_pip(report: VerifyReport, pip: dict | None, overrides: dict[str, str], drop: list[str],
+              dockerlaunch_built: bool = False) -> None:
     if pip is None:
         return
     if "error" in pip:
@@ -510,6 +511,25 @@ def judge_pip(report: VerifyReport, pip: dict | None, overrides: dict[str, str],
             report.add("pip check", FAIL, item["line"])
     if not lines:
         report.add("pip check", PASS, "no broken requirements")
+    judge_kept_pins(report, pip.get("constraint"), dockerlaunch_built)
+
+
+def judge_kept_pins(report: VerifyReport, constraint: dict | None, dockerlaunch_built: bool) -> None:
+    """PIP_CONSTRAINT keeps the binary core where the lock put it (train.Dockerfile's top layer): a file pip cannot
+    read breaks every install in the image; an image dockerlaunch built without one (older builds) is named."""
+    if constraint is None:
+        if dockerlaunch_built:
+            report.add("pins kept", WARN, "no PIP_CONSTRAINT: a later `pip install` in the image may move torch, TE or "
+                                          "the CUDA libraries (built before dockerlaunch kept pins; build it again)")
+        return
+    if "error" in constraint:
+        report.add("pins kept", FAIL, f"PIP_CONSTRAINT={constraint['path']} cannot be read ({constraint['error']}): "
+                                      "every `pip install` in the image fails")
+        return
+    applied = constraint.get("applied") or []
+    report.add("pins kept", PASS, f"PIP_CONSTRAINT={constraint['path']} keeps {constraint['pins']} pins"
+                                  + (f"; recorded overrides made true in installed metadata: {_first(applied)}"
+                                     if applied else ""))
 
 
 # the driver's user-space libraries that could not be opened (the image must then really lack them)
@@ -642,7 +662,7 @@ def judge(image: str, labels: dict, result: dict, archs: list[str], archs_source
                 c.detail += f" (import torch itself failed there: {result['load_torch_error'][:200]})"
     judge_archs(report, result.get("cubins"), archs, result.get("device_dists", {}), archs_source)
     judge_pip(report, result.get("pip_check"), parse_pins(labels.get(OVERRIDES_LABEL)),
-              (labels.get(DROP_LABEL) or "").split())
+              (labels.get(DROP_LABEL) or "").split(), dockerlaunch_built=STACK_LABEL in labels)
     broken = [c.check.split(" ", 1)[1] for c in report.checks if c.verdict == FAIL and c.check.startswith("symbols ")]
     judge_imports(report, result.get("imports"), (sym or {}).get("driver") if sym and "error" not in sym else None,
                   gpus, broken)

@@ -320,3 +320,107 @@ def test_an_image_without_pip_is_an_error_not_a_skip(cuda_base, images, tmp_path
     assert errors_of(report) == {"pip check": "did not run: pip is not installed in the image"}
     text = dl("verify", tag, "--checks", "pip", timeout=300)
     assert text.returncode == 1 and text.stdout.rstrip().endswith("verify: ERROR"), text.stdout
+
+
+# ---- an image keeps its pins (issue 40): PIP_CONSTRAINT and the override made true in installed metadata
+
+
+def tiny_wheel(folder: Path, name: str, requires: list[str]) -> Path:
+    """A pure wheel with no files but its metadata: a package that needs what `requires` says."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name.replace('-', '_')}-1.0"
+    files = {f"{dist}.dist-info/METADATA": "Metadata-Version: 2.1\nName: " + name + "\nVersion: 1.0\n" +
+             "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                        "Tag: py3-none-any\n"}
+
+    def digest(t: str) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{p},sha256={digest(t)},{len(t.encode())}\n" for p, t in files.items()) + \
+        f"{dist}.dist-info/RECORD,,\n"
+    path = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, t in {**files, f"{dist}.dist-info/RECORD": record}.items():
+            z.writestr(p, t)
+    return path
+
+
+@pytest.fixture(scope="module")
+def find_links(cuda_base, tmp_path_factory) -> Path:
+    """What a user's offline `pip install --find-links` would see: torch 2.11.0 and everything it pins (cuBLAS
+    13.1.0.3 among them), a package that only needs torch (like another peft), one that needs torch's cuBLAS."""
+    folder = tmp_path_factory.mktemp("find-links")
+    for whl in (cache_root() / "test-wheels" / "torch-2.11.0").glob("*.whl"):
+        os.link(whl, folder / whl.name) if whl.stat().st_dev == folder.stat().st_dev else shutil.copy(whl, folder)
+    assert list(folder.glob("nvidia_cublas-13.1.0.3-*.whl")), "torch 2.11.0's download lacks cuBLAS 13.1.0.3"
+    tiny_wheel(folder, "dlt-needs-torch", ["torch>=2.0"])
+    tiny_wheel(folder, "dlt-wants-old-cublas", ["nvidia-cublas==13.1.0.3"])
+    folder.chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cublas133(cuda_base, wheels, images):
+    """The base with TE's cuBLAS (13.3.0.5) over torch's exact 13.1.0.3, as the recommended stack installs it."""
+    return docker_build(new_tag(images, "cublas133"), wheels, f"""\
+FROM {cuda_base}
+RUN --mount=type=bind,source=.,target=/w pip install --no-cache-dir --no-index --no-deps /w/nvidia_cublas-13.3.0.5-*.whl
+""")
+
+
+@pytest.fixture(scope="module")
+def kept(cublas133, images, tmp_path_factory):
+    """cublas133 made to keep its pins by what train.Dockerfile's top layer runs: keep_pins.py over a constraint
+    file in build.keep_pins_text's format, and PIP_CONSTRAINT."""
+    from dockerlaunch.images import build
+
+    ctx = tmp_path_factory.mktemp("kept")
+    (ctx / "keep_pins.py").write_text((Path(build.__file__).parent / "scripts" / "keep_pins.py").read_text())
+    (ctx / "constraints.txt").write_text("# dockerlaunch\ntorch==2.11.0\nnvidia-nccl-cu13==2.28.9\n"
+                                         "nvidia-cublas==13.3.0.5  # override\n")
+    return docker_build(new_tag(images, "kept"), ctx, f"""\
+FROM {cublas133}
+COPY keep_pins.py constraints.txt /tmp/
+RUN mkdir -p /etc/dockerlaunch && cp /tmp/constraints.txt /etc/dockerlaunch/constraints.txt \\
+ && python /tmp/keep_pins.py /etc/dockerlaunch/constraints.txt /opt/dockerlaunch/overrides-applied.txt && pip check
+ENV PIP_CONSTRAINT=/etc/dockerlaunch/constraints.txt
+""")
+
+
+def pip_install_then_versions(image: str, folder: Path, package: str) -> tuple[int, str, dict[str, str]]:
+    script = (f"pip install --no-cache-dir --no-index --find-links /w {package} > /tmp/out 2>&1; rc=$?; cat /tmp/out; "
+              "echo RC=$rc; python -c 'import importlib.metadata as m; "
+              "print(\"V\", *(n + \"=\" + m.version(n) for n in "
+              "(\"nvidia-cublas\", \"torch\", \"nvidia-nccl-cu13\")))'")
+    r = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{folder}:/w:ro", "--entrypoint", "sh",
+                        image, "-c", script], capture_output=True, text=True, timeout=900)
+    out = r.stdout
+    rc = int(out.split("RC=")[-1].split()[0])
+    versions = dict(kv.split("=") for kv in out.split("\nV ")[-1].split())
+    return rc, out, versions
+
+
+KEPT = {"nvidia-cublas": "13.3.0.5", "torch": "2.11.0", "nvidia-nccl-cu13": "2.28.9"}
+
+
+def test_without_the_constraint_an_ordinary_install_puts_torchs_cublas_back(cublas133, find_links):
+    """The control: what every image without kept pins does to TE's cuBLAS."""
+    rc, out, versions = pip_install_then_versions(cublas133, find_links, "dlt-needs-torch")
+    assert rc == 0, out
+    assert versions["nvidia-cublas"] == "13.1.0.3", out  # moved back: TE's core would fail to load now
+
+
+def test_an_install_that_needs_nothing_new_of_torch_succeeds_and_moves_nothing(kept, find_links):
+    rc, out, versions = pip_install_then_versions(kept, find_links, "dlt-needs-torch")
+    assert rc == 0, out
+    assert versions == KEPT, out
+
+
+def test_an_install_that_would_move_cublas_fails_naming_the_constraint(kept, find_links):
+    rc, out, versions = pip_install_then_versions(kept, find_links, "dlt-wants-old-cublas")
+    assert rc != 0 and "nvidia-cublas==13.3.0.5" in out and "constraint" in out, out
+    assert versions == KEPT, out

@@ -382,7 +382,28 @@ def pip_check():
         exts = [f for f in files if EXT.search(f) or f.endswith(".abi3.so")]
         unsupported[m.group(1)] = {"tags": tags, "extensions": exts[:20],
                                    "foreign": [f for f in exts if not f.endswith(suffixes)][:20]}
-    return {"rc": code, "output": stdout + (stderr if code not in (0, 1) else ""), "unsupported": unsupported}
+    return {"rc": code, "output": stdout + (stderr if code not in (0, 1) else ""), "unsupported": unsupported,
+            "constraint": constraint_file()}
+
+
+def constraint_file():
+    """The image's PIP_CONSTRAINT (how many pins it keeps, whether pip can read it) and the overrides keep_pins.py
+    made true in installed metadata; None when the image sets none."""
+    path = os.environ.get("PIP_CONSTRAINT")
+    if not path:
+        return None
+    out = {"path": path, "pins": None, "applied": []}
+    try:
+        with open(path) as f:
+            out["pins"] = sum(1 for line in f if line.split("#")[0].strip())
+    except OSError as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    try:
+        with open("/opt/dockerlaunch/overrides-applied.txt") as f:
+            out["applied"] = [line.strip() for line in f if line.strip()]
+    except OSError:
+        pass
+    return out
 
 
 def megatron_clone():

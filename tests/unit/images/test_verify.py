@@ -523,3 +523,20 @@ def test_checks_not_asked_for_are_not_errors():
     result = {k: val for k, val in passing().items() if k not in ("pip_check", "cubins", "imports")}
     report = v.judge("img", {}, result, ["9.0"], "label", wanted=("symbols", "load", "dists"))
     assert report.ok, report.render()
+
+
+def test_kept_pins_are_shown_and_a_constraint_pip_cannot_read_fails():
+    def kept(constraint, built=True):
+        report = v.VerifyReport("img")
+        v.judge_kept_pins(report, constraint, built)
+        return [(c.check, c.verdict, c.detail) for c in report.checks]
+
+    assert kept({"path": "/etc/dockerlaunch/constraints.txt", "pins": 30,
+                 "applied": ["cuda-toolkit 13.0.2: nvidia-cublas==13.1.0.3 -> ==13.3.0.5"]}) == [
+        ("pins kept", v.PASS, "PIP_CONSTRAINT=/etc/dockerlaunch/constraints.txt keeps 30 pins; recorded overrides "
+                              "made true in installed metadata: cuda-toolkit 13.0.2: nvidia-cublas==13.1.0.3 -> "
+                              "==13.3.0.5")]
+    [(_, verdict, detail)] = kept({"path": "/x", "pins": None, "applied": [], "error": "FileNotFoundError: /x"})
+    assert verdict == v.FAIL and "every `pip install` in the image fails" in detail
+    assert kept(None)[0][1] == v.WARN and "build it again" in kept(None)[0][2]
+    assert kept(None, built=False) == []  # an image dockerlaunch did not build: nothing to say
