@@ -187,3 +187,8 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && rm -f /tmp/pip-check.txt /tmp/allow.txt \
  && pip freeze > /opt/dockerlaunch/pip-freeze.txt
 ENV PIP_CONSTRAINT=/etc/dockerlaunch/constraints.txt
+# 9. What the image needs of a host's driver, where its base does not say it (a made base): the NVIDIA container
+#    toolkit refuses to start it on a driver too old for its CUDA. An nvidia/cuda base's own value is kept (an ARG
+#    of the same name would replace it, even empty: measured on BuildKit).
+ARG REQUIRE_CUDA=""
+ENV NVIDIA_REQUIRE_CUDA=${REQUIRE_CUDA:-$NVIDIA_REQUIRE_CUDA}

@@ -146,6 +146,9 @@ def build_args(stack: Stack, opts: BuildOptions, torch_from_index: bool | None =
         "MEGATRON_LM_ARCHIVE": stack.megatron_lm.archive_name if stack.megatron_lm else "",
         "MEGATRON_LM_PATH": "/opt/Megatron-LM" if stack.megatron_lm else "",
         "PIP_CHECK_ALLOW": pip_check_allow(stack),
+        # NVIDIA_REQUIRE_CUDA for a made base's image (nvidia/cuda bases set their own, which is kept), so the
+        # NVIDIA container toolkit refuses it on a driver too old for its CUDA
+        "REQUIRE_CUDA": f"cuda>={stack.cuda}" if stack.base and stack.cuda else "",
     }
     return args
 
@@ -164,6 +167,23 @@ def pip_check_allow(stack: Stack) -> str:
     return "\n".join(lines)
 
 
+# What an image of a CUDA version needs of the host's driver (docs/STACKS.md, Facts: driver minimums): the
+# major's minimum (13.x from 13.0 GA's driver; 12.x from R525 through minor-version compatibility), and the
+# driver the toolkit release itself shipped with (below it, minor-version compatibility holds short of PTX JIT of
+# newer code and new APIs). doctor compares them with each host's driver.
+DRIVER_MIN = {"13": "580.65.06", "12": "525.60.13"}
+TOOLKIT_DRIVER = {"12.6": "560.28.03", "12.8": "570.26", "13.0": "580.65.06"}
+
+
+def driver_labels(stack: Stack) -> dict[str, str]:
+    if not stack.cuda:
+        return {}
+    out = {f"{LABEL_PREFIX}.driver-min": DRIVER_MIN.get(stack.cuda.split(".")[0], "")}
+    if stack.cuda in TOOLKIT_DRIVER:
+        out[f"{LABEL_PREFIX}.driver-toolkit"] = TOOLKIT_DRIVER[stack.cuda]
+    return {k: v for k, v in out.items() if v}
+
+
 def image_labels(stack: Stack, build_date: str | None = None) -> dict[str, str]:
     labels = {
         "org.opencontainers.image.title": f"dockerlaunch {stack.name}",
@@ -180,7 +200,7 @@ def image_labels(stack: Stack, build_date: str | None = None) -> dict[str, str]:
         labels[f"{LABEL_PREFIX}.drop"] = " ".join(stack.drop)
     for key, value in stack.pins().items():
         labels[f"{LABEL_PREFIX}.pin.{key}"] = value
-    return labels
+    return {**labels, **driver_labels(stack)}
 
 
 def components(stack: Stack) -> list[str]:

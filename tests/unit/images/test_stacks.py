@@ -355,3 +355,20 @@ def test_cuda_archs_option(cli):
     r = cli("build", "--stack", "swift4.6-mcore0.19-cu13-py313", "--dry-run", "--cuda-archs", "7.0")
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
     assert "CUDA 13.0's nvcc cannot target compute capability 7.0" in r.stderr
+
+
+def test_an_image_says_what_it_needs_of_the_hosts_driver(matrix):
+    """Labels for doctor (the major's minimum, the toolkit release's own driver: docs/STACKS.md, Facts: driver
+    minimums), and NVIDIA_REQUIRE_CUDA for a made base's image only (an nvidia/cuda base sets its own)."""
+    from dockerlaunch.images import build
+
+    def argv(name):
+        s = matrix.stacks[name]
+        return " ".join(build.render_build(s, BuildOptions(cuda_archs=["9.0"]), build.locks.checked(
+            s, build.default_dockerfiles_dir())))
+
+    made, registry, cpu = argv("swift4.6-mcore0.19-cu13-py313"), argv("swift4.6-mcore0.19-cu128"), argv("cpu")
+    assert "--build-arg REQUIRE_CUDA=cuda>=13.0 " in made and "--label ai.dockerlaunch.driver-min=580.65.06 " in made
+    assert "--build-arg REQUIRE_CUDA= " in registry and "--label ai.dockerlaunch.driver-min=525.60.13 " in registry
+    assert "--label ai.dockerlaunch.driver-toolkit=570.26 " in registry
+    assert "driver-min" not in cpu and "--build-arg REQUIRE_CUDA= " in cpu
