@@ -542,6 +542,85 @@ NO_GPU_ERROR = re.compile(
     r"CUDA driver version is insufficient", re.I)
 
 
+def only_the_driver(text: str, driver: dict | None, gpus: bool) -> str | None:
+    """Why an import error means only that this container has no GPU driver (then NEEDS-DRIVER), else None."""
+    if gpus or "undefined symbol" in text:
+        return None
+    lib = DRIVER_LIB_ERROR.search(text)
+    if lib:
+        name = lib.group(1) if lib.group(1).count(".so.") else lib.group(1).replace(".so", ".so.1")
+        if driver is None:
+            return f"the loader found no {name}; whether the image has one is unknown (no symbol scan)"
+        if not driver.get(name):
+            return f"the loader found no {name} and the image has none (searched as the loader does)"
+        return None
+    if NO_GPU_ERROR.search(text):
+        return "the error says there is no GPU or no kernel driver, as in any container started without GPUs"
+    return None
+
+
+def _file_version(path: str) -> str:
+    m = re.search(r"\.so\.(\d+(?:\.\d+)+)$", path)
+    return m.group(1) if m else "version unknown"
+
+
+def judge_import_orders(report: VerifyReport, runs: list[dict] | None, copies: dict | None, driver: dict | None,
+                        gpus: bool, failed_main: dict[str, str]) -> None:
+    """Each component alone, TE before torch and torch before TE: an import that fails only in some order, and a
+    CUDA library loaded from a copy that is not the lock's (a system copy beside the pip wheel's: an nvidia/cuda
+    base's /usr/local/cuda, ld.so.cache) are FAILs naming the order and both files; copies that exist twice but
+    were never taken from the system are a NOTE (nvidia/cuda devel bases duplicate most CUDA libraries)."""
+    if runs is None:
+        return
+    copies = copies or {}
+    head = len(report.checks)
+    shadowed: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        order = " before ".join(run["order"]) if len(run["order"]) > 1 else f"{run['order'][0]} alone"
+        if run.get("died"):
+            report.add(f"import order: {order}", FAIL, f"the import process died ({run['died']})")
+            continue
+        failed = run.get("failed")
+        if failed and failed_main.get(failed[0], "")[:300] != failed[1][:300]:
+            why = only_the_driver(failed[1], driver, gpus)
+            # a failed dlopen unmaps what it loaded: name the copy the loader takes for each library the error names
+            taken = []
+            for so in dict.fromkeys(re.findall(r"\blib[\w+-]+\.so\.\d+\b", failed[1])):
+                files = copies.get(so, [])
+                mine = next((f for f in files if f["where"] == "pip"), None)
+                theirs = next((f for f in files if f.get("loader") and f["where"] != "pip"), None)
+                if mine and theirs:
+                    taken.append(f"the loader resolves {so} through ld.so.cache to {theirs['path']} "
+                                 f"({_file_version(theirs['path'])}), not the lock's {mine['path']} "
+                                 f"({mine.get('dist') or _file_version(mine['path'])})")
+            report.add(f"import order: {order}", NEEDS_DRIVER if why and not taken else FAIL,
+                       f"import {failed[0]} fails in this order: {failed[1]}" + "".join(f"; {t}" for t in taken)
+                       + (f" — checked: {why}" if why and not taken else ""))
+        for so, path in sorted(run.get("loaded", {}).items()):
+            files = copies.get(so, [])
+            if any(f["where"] == "pip" for f in files) and not any(f["path"] == path and f["where"] == "pip"
+                                                                    for f in files):
+                shadowed.setdefault((so, path), []).append(order)
+    for (so, path), orders in sorted(shadowed.items()):
+        files = copies[so]
+        mine = next(f for f in files if f["where"] == "pip")
+        theirs = next((f for f in files if f["path"] == path), {"where": "elsewhere"})
+        report.add(f"import order: {so}", FAIL,
+                   f"{_first(orders, 4)} loads {path} ({theirs['where']}, {_file_version(path)}), not the lock's "
+                   f"{mine['path']} ({mine.get('dist') or _file_version(mine['path'])}): the library it then runs "
+                   "with is not the one the stack was checked with")
+    twice = sorted(so for so, files in copies.items() if any(f["where"] == "pip" for f in files)
+                   and not any(k[0] == so for k in shadowed))
+    if twice:
+        report.add("import orders: duplicates", NOTE,
+                   f"{len(twice)} CUDA libraries exist both in the lock's wheels and in the system, and no import "
+                   f"order took the system's copy: {_first(twice, 6)}")
+    if not shadowed and not any(run.get("failed") or run.get("died") for run in runs):
+        both = ", TE before torch and torch before TE" if any(len(r["order"]) > 1 for r in runs) else ""
+        report.checks.insert(head, Check("import orders", PASS, f"{len(runs)} runs (each component alone{both}): "
+                                                                "every CUDA library came from the lock's wheels"))
+
+
 def judge_imports(report: VerifyReport, imports: dict | None, driver: dict | None, gpus: bool,
                   broken_libs: list[str]) -> None:
     """An import failing only for want of a GPU is NEEDS-DRIVER, never with --gpus (then it is a FAIL), and only when
@@ -554,18 +633,7 @@ def judge_imports(report: VerifyReport, imports: dict | None, driver: dict | Non
             continue
         chain = r.get("chain") or [r.get("error", "")]
         text = " | ".join(chain)
-        why = None
-        if not gpus and "undefined symbol" not in text:
-            lib = DRIVER_LIB_ERROR.search(text)
-            if lib:
-                name = lib.group(1) if lib.group(1).count(".so.") else lib.group(1).replace(".so", ".so.1")
-                present = (driver or {}).get(name)
-                if driver is None:
-                    why = f"the loader found no {name}; whether the image has one is unknown (no symbol scan)"
-                elif not present:
-                    why = f"the loader found no {name} and the image has none (searched as the loader does)"
-            elif NO_GPU_ERROR.search(text):
-                why = "the error says there is no GPU or no kernel driver, as in any container started without GPUs"
+        why = only_the_driver(text, driver, gpus)
         if why:
             report.add(f"import {mod}", NEEDS_DRIVER, f"{r.get('error')} — checked: {why}; no undefined symbol")
         else:
@@ -664,8 +732,10 @@ def judge(image: str, labels: dict, result: dict, archs: list[str], archs_source
     judge_pip(report, result.get("pip_check"), parse_pins(labels.get(OVERRIDES_LABEL)),
               (labels.get(DROP_LABEL) or "").split(), dockerlaunch_built=STACK_LABEL in labels)
     broken = [c.check.split(" ", 1)[1] for c in report.checks if c.verdict == FAIL and c.check.startswith("symbols ")]
-    judge_imports(report, result.get("imports"), (sym or {}).get("driver") if sym and "error" not in sym else None,
-                  gpus, broken)
+    driver = (sym or {}).get("driver") if sym and "error" not in sym else None
+    judge_imports(report, result.get("imports"), driver, gpus, broken)
+    judge_import_orders(report, result.get("import_orders"), result.get("cuda_copies"), driver, gpus,
+                        {m: r.get("error", "") for m, r in (result.get("imports") or {}).items() if not r.get("ok")})
     judge_versions(report, labels, result.get("dists"), result.get("python"), result.get("mcore_clone"))
     report.facts = {**report.facts, "python": result.get("python"), "roots": roots,
                     "libraries": result.get("libraries"), "skipped": result.get("skipped", []),

@@ -7,6 +7,7 @@ next to this file, pyelftools (DL_PYELFTOOLS) and cuobjdump (DL_CUOBJDUMP). Envi
 Every step runs in its own child process or catches its own errors, so one broken piece never hides the others.
 """
 
+import glob
 import importlib.machinery
 import importlib.metadata as md
 import json
@@ -362,6 +363,96 @@ def import_modules(mods, timeout=900):
     return {m: out[m] for m in mods}
 
 
+# ---------------------------------------------------------------- every import order, and which copy each loads
+
+# CUDA's user-space libraries: the ones a pip wheel and the system (an nvidia/cuda base) may both carry
+CUDA_SONAME = re.compile(r"^lib(cublas|cublasLt|cudart|cudnn[\w]*|nccl|nvrtc[\w-]*|curand|cusparse|cusparseLt|cufft|"
+                         r"cufftw|cusolver|cusolverMg|nvJitLink|cupti|nvToolsExt|nvshmem_host|cufile)\.so\.\d+$")
+
+ORDER_CHILD = r"""
+import importlib, json, sys
+out = {"imports": []}
+for mod in sys.argv[1:]:
+    try:
+        importlib.import_module(mod)
+        out["imports"].append([mod, None])
+    except BaseException as e:
+        out["imports"].append([mod, f"{type(e).__name__}: {e}"[:500]])
+        break
+with open("/proc/self/maps") as f:
+    out["maps"] = sorted({line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6
+                          and ".so" in line.split(None, 5)[5]})
+print("O " + json.dumps(out), flush=True)
+"""
+
+
+def soname_of(path):
+    """libcublasLt.so.13.3.0.5 -> libcublasLt.so.13 (the name the loader asks for), None for other files."""
+    m = re.match(r"^(lib[\w.+-]*?\.so\.\d+)(\.[\d.]+)?$", os.path.basename(path))
+    return m.group(1) if m and CUDA_SONAME.match(m.group(1)) else None
+
+
+def cuda_copies(roots, dist_of):
+    """soname -> each distinct file (by realpath) that a loader could take for it: pip wheels under site-packages,
+    and the system's (ld.so.cache, LD_LIBRARY_PATH, /usr/local/cuda*), with the distribution or version of each."""
+    cands, first = [], {}
+    for r in roots:
+        for pattern in ("nvidia/*/lib/lib*.so.*", "nvidia/*/*/lib/lib*.so.*", "torch/lib/lib*.so.*"):
+            cands += [(p, "pip") for p in glob.glob(os.path.join(r, pattern))]
+    for line in ldcache().splitlines():
+        m = re.match(r"^\s*(\S+) \(.*\) => (\S+)$", line)
+        if m:
+            cands.append((m.group(2), "ld.so.cache"))
+            first.setdefault(m.group(1), os.path.realpath(m.group(2)))  # what the loader takes for that name
+    dirs = [("LD_LIBRARY_PATH", d) for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    dirs += [("/usr/local/cuda", d) for d in CUDA_DIRS] + \
+        [("/usr/local/cuda", d) for d in glob.glob("/usr/local/cuda-*/lib64") + glob.glob("/usr/local/cuda-*/lib")]
+    for where, d in dirs:
+        cands += [(p, where) for p in glob.glob(os.path.join(d, "lib*.so.*"))]
+    out = {}
+    for path, where in cands:
+        so = soname_of(path)
+        if not so or not os.path.exists(path):
+            continue
+        real = os.path.realpath(path)
+        pip = any(real.startswith(r + os.sep) for r in roots)
+        entry = out.setdefault(so, {}).setdefault(real, {"path": real, "where": "pip" if pip else where,
+                                                         "dist": dist_of.get(real)})
+        if not pip and entry["where"] != "pip":
+            entry["where"] = entry["where"] if entry["where"] == "ld.so.cache" else where
+    for so, files in out.items():
+        if so in first and first[so] in files:
+            files[first[so]]["loader"] = True  # a process that has not loaded the soname yet gets this copy
+    return {so: sorted(files.values(), key=lambda e: e["path"]) for so, files in out.items() if len(files) > 1}
+
+
+def import_orders(comps, timeout=900):
+    """Each component imported alone in a fresh process, then TE before torch and torch before TE (where the stack
+    has TE), each with the image's own environment; per run, what failed and which file of each CUDA soname the
+    process mapped (/proc/self/maps)."""
+    te = next((c for c in comps if c.startswith("transformer_engine")), None)
+    orders = [[c] for c in comps]
+    if te and "torch" in comps:
+        orders += [[te, "torch"], ["torch", te]]
+    runs = []
+    for order in orders:
+        code, stdout, stderr = run_child(ORDER_CHILD, order, timeout=timeout)
+        line = next((ln for ln in stdout.splitlines() if ln.startswith("O ")), None)
+        if line is None:
+            tail = (stderr.strip().splitlines() or [f"exit {code}"])[-1]
+            runs.append({"order": order, "died": f"exit {code}: {tail}"[:400], "loaded": {}})
+            continue
+        res = json.loads(line[2:])
+        failed = next(([m, e] for m, e in res["imports"] if e), None)
+        loaded = {}
+        for p in res["maps"]:
+            so = soname_of(p)
+            if so:
+                loaded[so] = os.path.realpath(p)
+        runs.append({"order": order, "failed": failed, "loaded": loaded})
+    return runs
+
+
 def pip_check():
     """pip check's output; for each distribution it calls 'not supported on this platform', the tags its WHEEL file
     claims and the Python extensions it really holds (a wrong tag in a wheel's metadata is not a wrong binary)."""
@@ -477,6 +568,10 @@ def main():
         comps = [c for c in re.split(r"[,\s]+", LABELS.get("ai.dockerlaunch.components", "")) if c]
         res["imports"] = import_modules(comps)
         res["timings"]["imports"] = round(time.time() - t, 1)
+        t = time.time()
+        res["import_orders"] = import_orders(comps)
+        res["cuda_copies"] = cuda_copies(scan_roots, dist_of)
+        res["timings"]["import_orders"] = round(time.time() - t, 1)
     res["timings"]["total"] = round(time.time() - t0, 1)
     print(json.dumps(res))
 

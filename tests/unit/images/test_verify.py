@@ -540,3 +540,74 @@ def test_kept_pins_are_shown_and_a_constraint_pip_cannot_read_fails():
     assert verdict == v.FAIL and "every `pip install` in the image fails" in detail
     assert kept(None)[0][1] == v.WARN and "build it again" in kept(None)[0][2]
     assert kept(None, built=False) == []  # an image dockerlaunch did not build: nothing to say
+
+
+# ---- every import order (issue 40): which copy of each CUDA library each order loads
+
+SITE = "/opt/venv/lib/python3.13/site-packages"
+PIP_LT = f"{SITE}/nvidia/cu13/lib/libcublasLt.so.13"
+SYS_LT = "/usr/local/cuda-13.1/lib64/libcublasLt.so.13.1.0.3"
+COPIES = {"libcublasLt.so.13": [{"path": SYS_LT, "where": "ld.so.cache", "dist": None, "loader": True},
+                                {"path": PIP_LT, "where": "pip", "dist": "nvidia-cublas 13.3.0.5"}],
+          "libcufft.so.12": [{"path": "/usr/local/cuda/lib64/libcufft.so.12.0.0.61", "where": "ld.so.cache",
+                              "dist": None, "loader": True},
+                             {"path": f"{SITE}/nvidia/cu13/lib/libcufft.so.12", "where": "pip",
+                              "dist": "nvidia-cufft 12.0.0.61"}]}
+TE = "transformer_engine.pytorch"
+UNDEFINED = (f"OSError: {SITE}/transformer_engine/wheel_lib/libtransformer_engine.so: undefined symbol: "
+             "cublasLtGroupedMatrixLayoutInit_internal, version libcublasLt.so.13")
+
+
+def orders(te_first_loaded=None, te_first_failed=None):
+    return [{"order": ["torch"], "failed": None, "loaded": {"libcublasLt.so.13": PIP_LT}},
+            {"order": [TE], "failed": te_first_failed, "loaded": {}},
+            {"order": [TE, "torch"], "failed": te_first_failed, "loaded": te_first_loaded or {}},
+            {"order": ["torch", TE], "failed": None, "loaded": {"libcublasLt.so.13": PIP_LT}}]
+
+
+def order_rows(runs, copies=COPIES):
+    report = v.VerifyReport("img")
+    v.judge_import_orders(report, runs, copies, {"libcuda.so.1": None}, False, {})
+    return {c.check: (c.verdict, c.detail) for c in report.checks}
+
+
+def test_every_order_loading_the_locks_copies_passes_and_the_duplicates_are_a_note():
+    rows = order_rows(orders())
+    assert rows["import orders"] == (v.PASS, "4 runs (each component alone, TE before torch and torch before TE): "
+                                             "every CUDA library came from the lock's wheels")
+    assert rows["import orders: duplicates"][0] == v.NOTE
+    assert "libcublasLt.so.13" in rows["import orders: duplicates"][1] and "libcufft.so.12" in \
+        rows["import orders: duplicates"][1]
+
+
+def test_an_order_that_loads_the_systems_copy_fails_naming_the_library_both_files_and_the_order():
+    rows = order_rows(orders(te_first_loaded={"libcublasLt.so.13": SYS_LT}))
+    verdict, detail = rows["import order: libcublasLt.so.13"]
+    assert verdict == v.FAIL and "import orders" not in rows
+    assert detail == (f"{TE} before torch loads {SYS_LT} (ld.so.cache, 13.1.0.3), not the lock's {PIP_LT} "
+                      "(nvidia-cublas 13.3.0.5): the library it then runs with is not the one the stack was checked "
+                      "with")
+
+
+def test_an_order_that_fails_on_the_systems_copy_names_the_copy_the_loader_takes():
+    """TE imported before torch on an nvidia/cuda base: the failed dlopen unmaps the system cuBLAS, so the row
+    names it from ld.so.cache, and the order; torch first takes the lock's copy and passes."""
+    rows = order_rows(orders(te_first_failed=[TE, UNDEFINED]))
+    for order in (f"{TE} alone", f"{TE} before torch"):
+        verdict, detail = rows[f"import order: {order}"]
+        assert verdict == v.FAIL and "cublasLtGroupedMatrixLayoutInit_internal" in detail
+        assert f"the loader resolves libcublasLt.so.13 through ld.so.cache to {SYS_LT} (13.1.0.3), not the lock's " \
+               f"{PIP_LT} (nvidia-cublas 13.3.0.5)" in detail
+    assert "import order: torch before " + TE not in rows
+
+
+def test_a_failure_only_for_want_of_a_driver_is_needs_driver_and_one_the_imports_row_has_is_not_repeated():
+    no_gpu = [TE, "RuntimeError: Found no NVIDIA driver on your system"]
+    runs = [{"order": [TE], "failed": no_gpu, "loaded": {}}, {"order": [TE, "torch"], "failed": no_gpu, "loaded": {}}]
+    report = v.VerifyReport("img")
+    v.judge_import_orders(report, runs, {}, {"libcuda.so.1": None}, False, {})
+    assert [(c.check, c.verdict) for c in report.checks] == [(f"import order: {TE} alone", v.NEEDS_DRIVER),
+                                                             (f"import order: {TE} before torch", v.NEEDS_DRIVER)]
+    report = v.VerifyReport("img")  # the imports row already says it (the same error): nothing to add
+    v.judge_import_orders(report, runs, {}, {"libcuda.so.1": None}, False, {TE: no_gpu[1]})
+    assert report.checks == []
