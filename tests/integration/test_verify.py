@@ -112,9 +112,12 @@ def wheels(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def te_cublas131(cuda_base, wheels, images):
-    """TE 2.16.1 (metadata + core wheel) on the base's cuBLAS 13.1.0.3, labelled as a dockerlaunch image."""
+    """TE 2.16.1 (metadata + core wheel) on the base's cuBLAS 13.1.0.3, labelled as a dockerlaunch image; the pip CUDA
+    folder registered with the loader as train.Dockerfile does on a made base (without it, importing TE before torch
+    finds no libcublas.so.13 at all: verify's import orders show that)."""
     return docker_build(new_tag(images, "te-cublas131"), wheels, f"""\
 FROM {cuda_base}
+RUN echo /usr/local/cuda/lib > /etc/ld.so.conf.d/dockerlaunch-cuda.conf && ldconfig
 RUN --mount=type=bind,source=.,target=/w pip install --no-cache-dir --no-index --find-links /w \\
     transformer-engine==2.16.1 transformer-engine-cu13==2.16.1 pydantic==1.10.27
 LABEL ai.dockerlaunch.stack=dlt-verify ai.dockerlaunch.components=torch,transformer_engine.common \\
@@ -424,3 +427,41 @@ def test_an_install_that_would_move_cublas_fails_naming_the_constraint(kept, fin
     rc, out, versions = pip_install_then_versions(kept, find_links, "dlt-wants-old-cublas")
     assert rc != 0 and "nvidia-cublas==13.3.0.5" in out and "constraint" in out, out
     assert versions == KEPT, out
+
+
+# ---- every import order (issue 40) on a real image: an older cuBLAS registered with the loader beside the lock's
+
+
+@pytest.fixture(scope="module")
+def shadowed(te_cublas133, find_links, images, tmp_path_factory):
+    """TE 2.16.1's core on the lock's cuBLAS 13.3.0.5 (pip), plus torch's cuBLAS 13.1.0.3 unpacked into
+    /usr/local/cuda-13.1/lib64 and registered through ld.so.conf, as an nvidia/cuda base registers its own toolkit
+    (the pip CUDA folder is registered too, as train.Dockerfile does on a made base; the older one sorts first)."""
+    ctx = tmp_path_factory.mktemp("shadowed")
+    [old] = find_links.glob("nvidia_cublas-13.1.0.3-*.whl")
+    shutil.copy(old, ctx / "old-cublas.whl")
+    unpack = ("import zipfile; z = zipfile.ZipFile('/w/old-cublas.whl'); "
+              "[open('/usr/local/cuda-13.1/lib64/' + n.rsplit('/', 1)[1] + '.1.0.3', 'wb').write(z.read(n)) "
+              "for n in z.namelist() if n.endswith(('/libcublas.so.13', '/libcublasLt.so.13'))]")
+    return docker_build(new_tag(images, "shadowed"), ctx, f"""\
+FROM {te_cublas133}
+RUN --mount=type=bind,source=.,target=/w mkdir -p /usr/local/cuda-13.1/lib64 && python -c "{unpack}" \\
+ && echo /usr/local/cuda-13.1/lib64 > /etc/ld.so.conf.d/00-cuda-13-1.conf && ldconfig \\
+ && ldconfig -p | grep -q '/usr/local/cuda-13.1/lib64/libcublasLt.so.13$'
+""")
+
+
+def test_an_older_cublas_the_loader_prefers_fails_the_order_that_takes_it(shadowed):
+    code, report = verify_json(shadowed, "--checks", "imports")
+    assert code == 1, report
+    rows = {c["check"]: (c["verdict"], c["detail"]) for c in report["checks"]}
+    assert rows["import transformer_engine.common"][0] == "PASS"  # the stack's order (torch first) hides it
+    te_first = [d for k, (verdict, d) in rows.items() if k.startswith("import order: transformer_engine.common")
+                and "torch before" not in k and verdict == "FAIL"]
+    assert te_first, rows
+    for detail in te_first:
+        assert SYMBOL in detail, detail
+        assert "/usr/local/cuda-13.1/lib64/libcublasLt.so.13" in detail and "13.1.0.3" in detail, detail
+        assert "nvidia/cu13/lib/libcublasLt.so.13 (nvidia-cublas 13.3.0.5)" in detail, detail
+    assert "import order: torch before transformer_engine.common" not in rows  # torch first takes the lock's copy
+    assert report["outcome"] == "FAIL"
