@@ -416,10 +416,11 @@ def cuda_copies(roots, dist_of):
             continue
         real = os.path.realpath(path)
         pip = any(real.startswith(r + os.sep) for r in roots)
-        entry = out.setdefault(so, {}).setdefault(real, {"path": real, "where": "pip" if pip else where,
-                                                         "dist": dist_of.get(real)})
-        if not pip and entry["where"] != "pip":
-            entry["where"] = entry["where"] if entry["where"] == "ld.so.cache" else where
+        entry = out.setdefault(so, {}).setdefault(real, {"path": real, "where": where, "dist": dist_of.get(real)})
+        if pip:
+            entry["where"] = "pip"
+        elif where == "ld.so.cache" and entry["where"] != "pip":
+            entry["where"] = where  # found several ways: name the loader's own
     for so, files in out.items():
         if so in first and first[so] in files:
             files[first[so]]["loader"] = True  # a process that has not loaded the soname yet gets this copy
