@@ -332,6 +332,8 @@ def get_source(src: Source, wheelhouse: Path | None, index_url: str | None, offl
     for cand in source_candidates(src, wheelhouse) + ([dest_dir / src.filename] if dest_dir else []):
         if cand.is_file():
             check_source(src, cand)
+            if src.kind == "archive":  # where a non-PyPI source came from is worth a line (vendored, a site's own)
+                log(f"{src.what}: {cand} (its tree matches the pin)")
             return cand
     if src.kind == "file" and not src.sha256:
         raise WheelError(f"{src.what} {src.url} is not pinned by hash: download it once where you trust the "

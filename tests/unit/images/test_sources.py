@@ -144,8 +144,10 @@ def test_every_vendored_source_is_found_with_no_environment_and_no_network(matri
             if pin:
                 src = wheels.Source(f"{pin.repo} source", layer, pin.archive_name, pin.sha256, "archive",
                                     pin.archive_url)
-                got = wheels.get_source(src, None, None, True, print)
+                said: list[str] = []
+                got = wheels.get_source(src, None, None, True, said.append)
                 assert got == VENDOR / pin.archive_name, s.name
+                assert said == [f"{pin.repo} source: {got} (its tree matches the pin)"]
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.tar.gz"))
 
 
