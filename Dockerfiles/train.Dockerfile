@@ -127,10 +127,19 @@ RUN --mount=type=cache,target=/root/.cache/pip \
       pip install --no-index --find-links /wheelhouse/compiled --no-deps --require-hashes -r /lock/compiled.txt; \
     fi
 
-# On a made base the CUDA libraries live in the toolkit's prefix (torch's cuBLAS, cuDNN, NCCL wheels install
-# there too): the loader's cache knows that folder, so TE's core library loads whether or not torch was
-# imported first (nvidia/cuda images have the same through /usr/local/cuda/lib64 in ld.so.conf).
-RUN if [ -d /usr/local/cuda/lib ]; then echo /usr/local/cuda/lib > /etc/ld.so.conf.d/dockerlaunch-cuda.conf && ldconfig; fi
+# The lock's CUDA libraries win in every import order (verify imports each component alone, TE before torch and
+# torch before TE, and names the file each library came from): wheels_first.sh puts the wheels' library folders
+# first in /etc/ld.so.conf, so TE's core finds the lock's cuBLAS even before torch has loaded it, and TE's loader,
+# which opens cuDNN, NVRTC and cuRAND by path from <LIB>_HOME before CUDA_HOME and /usr/local/cuda, is pointed at
+# the wheels. Without this an nvidia/cuda base's own, older copies win when TE is imported first (its cuBLAS 13.1
+# lacks the symbol TE's core needs); a made base's CUDA_HOME is the wheels' prefix already.
+ARG NVRTC_HOME_WHEELS=""
+ARG CURAND_HOME_WHEELS=""
+ARG CUDNN_HOME_WHEELS=""
+RUN --mount=type=bind,source=lock/wheels_first.sh,target=/lock/wheels_first.sh sh /lock/wheels_first.sh
+ENV NVRTC_HOME=${NVRTC_HOME_WHEELS:-$NVRTC_HOME} \
+    CURAND_HOME=${CURAND_HOME_WHEELS:-$CURAND_HOME} \
+    CUDNN_HOME=${CUDNN_HOME_WHEELS:-$CUDNN_HOME}
 
 # 6. flash-attn's prebuilt wheel where one matches torch/CUDA/Python (else it is one of the compiled wheels), with
 #    the sha256 stacks.yaml pins for it, and what the flash layer pulls (einops) from the lock.

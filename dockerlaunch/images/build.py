@@ -149,8 +149,21 @@ def build_args(stack: Stack, opts: BuildOptions, torch_from_index: bool | None =
         # NVIDIA_REQUIRE_CUDA for a made base's image (nvidia/cuda bases set their own, which is kept), so the
         # NVIDIA container toolkit refuses it on a driver too old for its CUDA
         "REQUIRE_CUDA": f"cuda>={stack.cuda}" if stack.base and stack.cuda else "",
+        **te_wheel_homes(stack),
     }
     return args
+
+
+def te_wheel_homes(stack: Stack) -> dict[str, str]:
+    """Where TE's loader should open cuDNN, NVRTC and cuRAND (it reads <LIB>_HOME before CUDA_HOME): the wheels'
+    folders in the image's venv, as each CUDA major's wheels lay them out (scripts/wheels_first.sh says why)."""
+    if not (stack.transformer_engine and stack.cuda):
+        return {}
+    nvidia = f"/opt/venv/lib/python{stack.python}/site-packages/nvidia"
+    major = stack.cuda.split(".")[0]
+    nvrtc, curand = (f"{nvidia}/cu{major}", f"{nvidia}/cu{major}") if int(major) >= 13 else \
+        (f"{nvidia}/cuda_nvrtc", f"{nvidia}/curand")
+    return {"NVRTC_HOME_WHEELS": nvrtc, "CURAND_HOME_WHEELS": curand, "CUDNN_HOME_WHEELS": f"{nvidia}/cudnn"}
 
 
 def pip_check_allow(stack: Stack) -> str:
@@ -332,6 +345,7 @@ def prepare_context(stack: Stack, opts: BuildOptions, lock: locks.Lock, workdir:
     (ctx / "lock" / "flash-prebuilt.txt").write_text("".join(lines))
     (ctx / "lock" / "keep-pins.txt").write_text(keep_pins_text(stack, lock))
     (ctx / "lock" / "keep_pins.py").write_text(shipped.script("dockerlaunch.images", "keep_pins.py"))
+    (ctx / "lock" / "wheels_first.sh").write_text(shipped.script("dockerlaunch.images", "wheels_first.sh"))
     return ctx
 
 

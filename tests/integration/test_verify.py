@@ -465,3 +465,33 @@ def test_an_older_cublas_the_loader_prefers_fails_the_order_that_takes_it(shadow
         assert "nvidia/cu13/lib/libcublasLt.so.13 (nvidia-cublas 13.3.0.5)" in detail, detail
     assert "import order: torch before transformer_engine.common" not in rows  # torch first takes the lock's copy
     assert report["outcome"] == "FAIL"
+
+
+WHEELS_FIRST = "dockerlaunch/images/scripts/wheels_first.sh"
+
+
+@pytest.fixture(scope="module")
+def shadowed_fixed(shadowed, images, tmp_path_factory):
+    """The shadowed image with what train.Dockerfile does for every image: scripts/wheels_first.sh puts the wheels'
+    library folders first for the loader, and TE's loader is pointed at the wheels (the recommended stack's values,
+    whose Python, 3.13, is this base's)."""
+    from dockerlaunch.images import build
+    from dockerlaunch.images.stacks import load_matrix
+
+    ctx = tmp_path_factory.mktemp("fixed")
+    shutil.copy(Path(__file__).resolve().parents[2] / WHEELS_FIRST, ctx / "wheels_first.sh")
+    homes = build.te_wheel_homes(load_matrix().stacks["swift4.6-mcore0.19-cu13-py313"])
+    env = " ".join(f"{k.removesuffix('_WHEELS')}={v}" for k, v in homes.items())
+    return docker_build(new_tag(images, "shadowed-fixed"), ctx, f"""\
+FROM {shadowed}
+RUN --mount=type=bind,source=wheels_first.sh,target=/tmp/wheels_first.sh sh /tmp/wheels_first.sh
+ENV {env}
+""")
+
+
+def test_with_the_wheels_first_every_order_takes_the_locks_copies(shadowed_fixed):
+    code, report = verify_json(shadowed_fixed, "--checks", "imports")
+    rows = {c["check"]: (c["verdict"], c["detail"]) for c in report["checks"]}
+    assert code == 0 and report["outcome"] == "PASS", rows
+    assert rows["import orders"][0] == "PASS", rows
+    assert "libcublasLt.so.13" in rows["import orders: duplicates"][1]  # still there, never taken

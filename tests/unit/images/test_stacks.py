@@ -372,3 +372,16 @@ def test_an_image_says_what_it_needs_of_the_hosts_driver(matrix):
     assert "--build-arg REQUIRE_CUDA= " in registry and "--label ai.dockerlaunch.driver-min=525.60.13 " in registry
     assert "--label ai.dockerlaunch.driver-toolkit=570.26 " in registry
     assert "driver-min" not in cpu and "--build-arg REQUIRE_CUDA= " in cpu
+
+
+def test_tes_loader_is_pointed_at_the_wheels_of_each_cuda_layout(matrix):
+    from dockerlaunch.images import build
+
+    cu13 = build.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu13-py313"])
+    site = "/opt/venv/lib/python3.13/site-packages/nvidia"
+    assert cu13 == {"NVRTC_HOME_WHEELS": f"{site}/cu13", "CURAND_HOME_WHEELS": f"{site}/cu13",
+                    "CUDNN_HOME_WHEELS": f"{site}/cudnn"}
+    cu12 = build.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu128"])
+    assert cu12["NVRTC_HOME_WHEELS"].endswith("python3.12/site-packages/nvidia/cuda_nvrtc")
+    assert cu12["CURAND_HOME_WHEELS"].endswith("/nvidia/curand")
+    assert build.te_wheel_homes(matrix.stacks["cpu"]) == {}  # no TE: nothing to point
