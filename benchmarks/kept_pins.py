@@ -44,14 +44,14 @@ def wheels() -> Path:
 def run(image: str, folder: Path, req: str, constraint: bool = True) -> tuple[int, str, dict[str, str]]:
     unset = "" if constraint else "PIP_CONSTRAINT= "
     script = (f"{unset}pip install --no-cache-dir --no-index --find-links /w '{req}' > /tmp/out 2>&1; rc=$?; "
-              "tail -n 4 /tmp/out; echo RC=$rc; python -c 'import importlib.metadata as m; "
-              f"print(\"V\", *(n + \"=\" + m.version(n) for n in {WATCH!r}))'")
+              "tail -n 12 /tmp/out; echo RC=$rc; pip list --format=freeze 2>/dev/null | sed 's/^/V /'")
     r = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{folder}:/w:ro", "--entrypoint", "bash",
                         image, "-c", script], capture_output=True, text=True, timeout=1800)
     out = r.stdout
     rc = int(out.split("RC=")[-1].split()[0])
-    versions = dict(kv.split("=", 1) for kv in out.split("\nV ")[-1].split())
-    return rc, out.split("RC=")[0].strip(), versions
+    listed = dict(ln[2:].split("==", 1) for ln in out.splitlines() if ln.startswith("V ") and "==" in ln)
+    canon = {k.lower().replace("_", "-"): v for k, v in listed.items()}
+    return rc, out.split("RC=")[0].strip(), {n: canon.get(n, "absent") for n in WATCH}
 
 
 def main() -> int:
