@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 
@@ -10,7 +11,7 @@ import click
 import yaml
 
 from dockerlaunch.cli.console import format_argv
-from dockerlaunch.cli.main import CONTEXT, cli
+from dockerlaunch.cli.main import CONTEXT, cli, output_option
 
 INDEX_ENV = "DOCKERLAUNCH_INDEX_URL"  # an index URL with a token: from the environment, never the command line
 
@@ -59,27 +60,105 @@ def stacks_show(name: str) -> None:
 
 
 @stacks.command("check")
-def stacks_check() -> None:
+@click.option("--stack", "names", multiple=True, metavar="NAME", help="Only this stack (repeatable); default all.")
+@click.option("--skip-rule", "skip", multiple=True, metavar="ID",
+              help="Leave out this rule (repeatable): to see what the other checks find without it.")
+@click.option("--binaries", is_flag=True,
+              help="Also check the lock's binaries (network: each binary wheel is downloaded once, hash-checked, "
+                   "read and deleted; its tables are kept in the cache): every undefined symbol resolved and every "
+                   "cubin listed, as verify does in an image. A CUDA stack's wheels are 3-5 GB.")
+@click.option("--cuda-archs", metavar="LIST",
+              help="With --binaries: architectures every library with device code must have a cubin for "
+                   "(default: 9.0, what build compiles for without a GPU or --cuda-archs).")
+@click.option("--index-url", metavar="URL", envvar=INDEX_ENV, callback=_secret_url,
+              help=f"With --binaries: where the wheels come from (default: the lock's sources; ${INDEX_ENV}).")
+@click.option("--find-links", multiple=True, metavar="DIR",
+              help="With --binaries: a folder of wheels to read before any download (repeatable).")
+@click.option("--offline", is_flag=True, help="With --binaries: no download; only cached tables and --find-links.")
+@output_option()
+def stacks_check(names: tuple[str, ...], skip: tuple[str, ...], binaries: bool, cuda_archs: str | None,
+                 index_url: str | None, find_links: tuple[str, ...], offline: bool, output: str) -> None:
     """Every compatibility rule on every stack, and every stack's lock against its pins (no network); exit 1 on
-    any error."""
+    any error. With --binaries, the lock's wheels too: FAIL or ERROR there also exits 1."""
     from dockerlaunch.images import lock as locks
+    from dockerlaunch.images.build import DEFAULT_ARCH, check_archs, parse_cuda_archs
     from dockerlaunch.images.constraints import RULES, check_stack
     from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
+    known = {r.id for r in RULES}
+    for rule in skip:
+        if rule not in known:
+            raise click.BadParameter(f"no rule {rule!r} (the rules: {', '.join(sorted(known))})",
+                                     param_hint="--skip-rule")
+    if not binaries:
+        for flag, given in (("--cuda-archs", cuda_archs), ("--find-links", find_links), ("--offline", offline),
+                            ("--index-url", index_url and "cli")):
+            if given:
+                raise click.UsageError(f"{flag} goes with --binaries")
+    for d in find_links:
+        if not os.path.isdir(d):
+            raise click.BadParameter(f"{d}: no such folder", param_hint="--find-links")
     matrix = load_matrix()
-    errors = 0
-    for s in matrix.stacks.values():
-        problems = locks.check(s, default_dockerfiles_dir())
+    chosen = [matrix.get(n) for n in names] if names else list(matrix.stacks.values())
+    dockerfiles = default_dockerfiles_dir()
+    errors, reports = 0, []
+    for s in chosen:
+        problems = locks.check(s, dockerfiles)
         # rules that read the lock (what its binaries need) run on a lock that is the stack's own
-        lock = None if problems else locks.read(s, default_dockerfiles_dir())
-        for v in check_stack(s, lock=lock):
-            errors += v.rule.severity == "error"
-            click.echo(f"{v.rule.severity.upper():5} {v.line()}")
+        lock = None if problems else locks.read(s, dockerfiles)
+        for found in check_stack(s, lock=lock):
+            if found.rule.id in skip:
+                continue
+            errors += found.rule.severity == "error"
+            click.echo(f"{found.rule.severity.upper():5} {found.line()}")
         for problem in problems:
             errors += 1
             click.echo(f"ERROR {problem}")
-    click.echo(f"stacks check: {len(matrix.stacks)} stacks x {len(RULES)} rules and their locks, {errors} error(s)")
-    sys.exit(1 if errors else 0)
+        if binaries and lock is not None and s.cuda:
+            reports.append(_check_binaries(s, lock, dockerfiles, cuda_archs, index_url, find_links, offline,
+                                           output, DEFAULT_ARCH, check_archs, parse_cuda_archs))
+        elif binaries and lock is not None:
+            click.echo(f"NOTE  {s.name}: a CPU stack: no binaries of CUDA libraries to check")
+    rules = len(RULES) - len(skip)
+    click.echo(f"stacks check: {len(chosen)} stacks x {rules} rules and their locks, {errors} error(s)"
+               + (f" (rules left out: {', '.join(skip)})" if skip else ""))
+    if output == "json" and reports:
+        click.echo(json.dumps([{**r.to_dict(), "costs": r.costs} for r in reports], indent=2))
+    sys.exit(1 if errors or any(not r.ok for r in reports) else 0)
+
+
+def _check_binaries(s, lock, dockerfiles, cuda_archs, index_url, find_links, offline, output, default_arch,
+                    check_archs, parse_cuda_archs):
+    from dockerlaunch.images import binaries
+
+    archs = parse_cuda_archs(cuda_archs) if cuda_archs else [default_arch]
+    check_archs(s, archs)
+
+    def log(msg: str) -> None:
+        click.echo(f"  {msg}", err=True)
+
+    report = binaries.check(s, lock, dockerfiles, archs=archs,
+                            archs_source="--cuda-archs" if cuda_archs else "build's default without a GPU",
+                            find_links=find_links, index_url=index_url, offline=offline, log=log)
+    if output == "text":
+        click.echo(report.render())
+        c = report.costs
+        click.echo(f"binaries {s.name}: {c['downloaded_gb']} GB downloaded, {c['wheels_read']} wheels read now, "
+                   f"{c['minutes']} min; tables cache {c['tables_mb']} MB")
+    return report
+
+
+@stacks.command("base-tables")
+@click.option("--stack", "name", required=True, metavar="NAME", help="A stack on a made base (base: {debian: ...}).")
+def stacks_base_tables(name: str) -> None:
+    """Record what the stack's made base supplies to its wheels' libraries (Dockerfiles/bases/<suite>-amd64.json.gz,
+    read by stacks check --binaries). Needs Docker; makes the base with debootstrap if it is not here."""
+    from dockerlaunch.images import binaries
+    from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
+
+    path = binaries.record_base(load_matrix().get(name), default_dockerfiles_dir(),
+                                log=lambda msg: click.echo(msg, err=True))
+    click.echo(f"recorded {path}")
 
 
 @stacks.command("lock")

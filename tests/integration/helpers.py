@@ -11,9 +11,12 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
+
+from dockerlaunch.engine import cache_root
 
 # The CLI runs in a scratch folder, so what it writes by default (`up`'s dockerlaunch-logs/) stays out of the checkout.
 SCRATCH = tempfile.mkdtemp(prefix="dlt-cwd-")
@@ -138,3 +141,20 @@ def nc_listeners(remote) -> list[str]:
     r = remote.run(["pgrep", "-f", "^nc -l"])
     assert r.exit_status in (0, 1), f"pgrep failed on {remote.name}: {r.stderr}"
     return r.stdout.split()
+
+
+TORCH_PLATFORMS = tuple(f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)) + ("manylinux2014_x86_64",
+                                                                                  "manylinux1_x86_64", "linux_x86_64")
+
+
+def torch_wheels() -> Path:
+    """torch 2.11.0 and its CUDA 13 wheels for Python 3.13 as pip resolves them (torch pins cuBLAS 13.1.0.3),
+    downloaded once per machine into the cache's test-wheels/torch-2.11.0/ (~2.6 GB)."""
+
+    dest = cache_root() / "test-wheels" / "torch-2.11.0"
+    dest.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--only-binary=:all:",
+                        "--python-version", "3.13", *[a for p in TORCH_PLATFORMS for a in ("--platform", p)],
+                        "-q", "-d", str(dest), "torch==2.11.0"], capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return dest

@@ -1,5 +1,6 @@
 """A plain (non-editable) `pip install .` into a new venv works outside the checkout: the stack matrix, the
-Dockerfile, the shell programs and the recommended stack's vendored sources ship inside the wheel."""
+Dockerfile, the shell programs, the made base's recorded tables and the recommended stack's vendored sources ship
+inside the wheel."""
 
 import os
 import subprocess
@@ -33,11 +34,16 @@ def test_a_wheel_install_lists_and_plans_stacks_from_any_directory(tmp_path):
         [str(venv / "bin" / "python"), "-c",
          "from dockerlaunch import transfer; from dockerlaunch.backends import docker;"
          "from dockerlaunch.images.stacks import default_dockerfiles_dir;"
-         "print(len(transfer.script('relay.sh')), len(docker.script('observe.sh')), default_dockerfiles_dir())"],
+         "from dockerlaunch.images import binaries; from dockerlaunch.images.stacks import load_matrix;"
+         "s = load_matrix().stacks['swift4.6-mcore0.19-cu13-py313'];"
+         "base = binaries.read_base(binaries.base_tables_path(s, default_dockerfiles_dir()));"
+         "print(len(transfer.script('relay.sh')), len(docker.script('observe.sh')), default_dockerfiles_dir(),"
+         "len(base['objects']))"],
         cwd=work, capture_output=True, text=True, timeout=120)
     assert shipped.returncode == 0, shipped.stderr
-    relay, observe, where = shipped.stdout.split()
+    relay, observe, where, base_objects = shipped.stdout.split()
     assert int(relay) > 500 and int(observe) > 300 and "site-packages" in where
+    assert int(base_objects) > 100  # the made base's recorded tables (stacks check --binaries)
 
     # the recommended stack's non-PyPI source (apex) from the wheel: offline, no DOCKERLAUNCH_SOURCE_DIRS, no cache
     env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKERLAUNCH_")}

@@ -15,7 +15,7 @@ import docker
 import pytest
 
 from dockerlaunch.engine import cache_root
-from tests.integration.helpers import dl
+from tests.integration.helpers import dl, torch_wheels
 from tests.unit.images.test_verify import gcc, version_script
 
 pytestmark = pytest.mark.integration
@@ -36,10 +36,6 @@ packaging==25.0 --hash=sha256:29572ef2b1f17581046b3a2227d5c611fb25ec70ca1ba8554b
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
-TORCH_PLATFORMS = tuple(f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)) + ("manylinux2014_x86_64",
-                                                                                  "manylinux1_x86_64", "linux_x86_64")
-
-
 @pytest.fixture(scope="module")
 def cuda_base(engine, cuda_stage, images):
     """A CUDA image with Python, torch and the CUDA libraries from PyPI (torch 2.11.0 pins cuBLAS 13.1.0.3): the
@@ -48,12 +44,7 @@ def cuda_base(engine, cuda_stage, images):
     if os.environ.get(CUDA_IMAGE_ENV):
         engine.images.get(os.environ[CUDA_IMAGE_ENV])  # fails, naming it, when it is not here
         return os.environ[CUDA_IMAGE_ENV]
-    dest = cache_root() / "test-wheels" / "torch-2.11.0"
-    dest.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--only-binary=:all:",
-                        "--python-version", "3.13", *[a for p in TORCH_PLATFORMS for a in ("--platform", p)],
-                        "-q", "-d", str(dest), "torch==2.11.0"], capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    dest = torch_wheels()
     return docker_build(new_tag(images, "cuda-base"), dest, f"""\
 FROM {cuda_stage.tag}
 RUN --mount=type=bind,source=.,target=/w pip install --no-cache-dir --no-index --find-links /w torch==2.11.0

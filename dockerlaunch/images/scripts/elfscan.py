@@ -27,6 +27,9 @@ DRIVER_LIB = re.compile(r"^lib(cuda|nvidia-[\w.-]+|nvcuvid|nvoptix)\.so(\.\d+)*$
 DRIVER_PREFIXES = {"libcuda.so": ("cu",), "libnvidia-ml.so": ("nvml",)}
 EXPORT_BINDS = {"STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE", "STB_LOOS"}
 DEVICE_SECTIONS = (".nv_fatbin", "__nv_relfatbin", ".nvFatBinSegment")
+# The folders torch and the nvidia-* wheels keep their libraries in, under site-packages (searched by soname)
+PACKAGE_LIB_GLOBS = ("torch/lib", "nvidia/*/lib", "nvidia/*/lib64", "nvidia/cu13/lib", "nvidia/cu12/lib")
+EXT = re.compile(r"\.(cpython|pypy)[-\w.]*\.so$")
 
 
 @dataclass
@@ -47,6 +50,12 @@ class Obj:
 
 def is_shared_object_name(name: str) -> bool:
     return bool(SO_NAME.search(name))
+
+
+def is_extension(path: str) -> bool:
+    """A Python extension module (imported, so never an unused plugin): a tagged name, or an untagged foo.so."""
+    base = os.path.basename(path)
+    return bool(EXT.search(base)) or base.endswith(".abi3.so") or (base.endswith(".so") and not base.startswith("lib"))
 
 
 def read_elf(path: str) -> Obj:
@@ -221,7 +230,7 @@ class Resolver:
         self._closures: dict[str, list[str]] = {}
         self._index: dict[str, list[str]] | None = None
         self._linked: dict[str, list[str]] | None = None
-        self.scanned = [os.path.realpath(p) for p in scanned]
+        self.scanned = [self._real(p) for p in scanned]
         self._by_soname: dict[str, str] = {}
         for p in self.scanned:
             o = self.load(p)
@@ -230,23 +239,35 @@ class Resolver:
                 self._by_soname.setdefault(os.path.basename(p), p)
         self.global_scope: list[str] = []
         for p in global_objects:
-            real = os.path.realpath(p)
+            real = self._real(p)
             if self.load(real) is not None:
                 self.global_scope += [x for x in self.closure(real) if x not in self.global_scope]
 
+    # ---- the file system (TableResolver answers these from recorded tables instead)
+    @staticmethod
+    def _real(path: str) -> str:
+        return os.path.realpath(path)
+
+    @staticmethod
+    def _is_file(path: str) -> bool:
+        return os.path.isfile(path)
+
+    def _read(self, real: str) -> Obj:
+        return read_elf(real)
+
     # ---- objects
     def load(self, path: str) -> Obj | None:
-        real = os.path.realpath(path)
+        real = self._real(path)
         if real not in self.objects:
             try:
-                self.objects[real] = read_elf(real)
+                self.objects[real] = self._read(real)
             except (ELFError, OSError, ValueError, struct.error, KeyError, AttributeError, TypeError) as e:
                 self.objects[real] = None
                 self.errors[real] = f"{type(e).__name__}: {e}"
         return self.objects[real]
 
     def _fits(self, path: str, like: Obj) -> Obj | None:
-        if not os.path.isfile(path):
+        if not self._is_file(path):
             return None
         o = self.load(path)
         if o is None or (like.machine and (o.machine != like.machine or o.elfclass != like.elfclass)):
@@ -265,7 +286,7 @@ class Resolver:
 
     def find(self, name: str, requester: str, root: str | None = None) -> Found:
         """Where the loader would find DT_NEEDED `name` of `requester` (whose load chain starts at `root`)."""
-        req = self.objects.get(os.path.realpath(requester))
+        req = self.objects.get(self._real(requester))
         if req is None:
             return Found(None, "requester unreadable")
         if "/" in name:
@@ -274,7 +295,7 @@ class Resolver:
         candidates: list[tuple[str, str]] = []
         if not req.runpath:  # DT_RPATH counts only where DT_RUNPATH is absent; the chain's root's too
             for p in ([requester] + ([root] if root and root != requester else [])):
-                o = self.objects.get(os.path.realpath(p))
+                o = self.objects.get(self._real(p))
                 if o is not None and not o.runpath:
                     candidates += [(d, "rpath") for d in self._expand(o.rpath, os.path.dirname(p))]
         candidates += [(d, "LD_LIBRARY_PATH") for d in self.ld_library_path]
@@ -296,7 +317,7 @@ class Resolver:
 
     def closure(self, path: str) -> list[str]:
         """The object and every library it loads (breadth first, as the loader orders its search scope)."""
-        real = os.path.realpath(path)
+        real = self._real(path)
         cached = self._closures.get(real)
         if cached is not None:
             return cached
@@ -310,7 +331,7 @@ class Resolver:
                 f = self.find(name, as_named, root=path)
                 if f.path is None:
                     continue
-                r = os.path.realpath(f.path)
+                r = self._real(f.path)
                 if r not in seen:
                     seen.add(r)
                     order.append(r)
@@ -325,7 +346,7 @@ class Resolver:
             for p in self.scanned:
                 for q in self.closure(p)[1:]:
                     self._linked.setdefault(q, []).append(p)
-        return self._linked.get(os.path.realpath(path), [])
+        return self._linked.get(self._real(path), [])
 
     def missing_libraries(self, path: str) -> list[tuple[str, str]]:
         """(needed name, needed by) for every library of the closure the loader cannot find."""
@@ -349,7 +370,7 @@ class Resolver:
     def check(self, path: str) -> dict:
         """Findings for one scanned library: missing symbols (with the library expected to define each), missing
         libraries, missing version nodes, and what only a global preload provides."""
-        real = os.path.realpath(path)
+        real = self._real(path)
         obj = self.objects.get(real)
         if obj is None:
             return {"error": self.errors.get(real, "unreadable")}
@@ -378,7 +399,7 @@ class Resolver:
             o = self.objects.get(p)
             for file, versions in (o.verneed.items() if o else ()):
                 f = self.find(file, p, root=path)
-                dep = self.objects.get(os.path.realpath(f.path)) if f.path else None
+                dep = self.objects.get(self._real(f.path)) if f.path else None
                 if dep is None:
                     continue
                 for v in sorted(versions - dep.verdef):
@@ -387,6 +408,101 @@ class Resolver:
                 "missing_versions": bad_versions, "via_global": via_global,
                 "global_providers": dict(sorted(providers.items(), key=lambda kv: -kv[1])),
                 "device_code": obj.device_code}
+
+
+def findings(res: Resolver, libs: list[str], rel, dist_of: dict[str, str], is_extension) -> dict:
+    """The scan's result for `libs` as verify judges it (an image's site-packages, or a lock's wheels laid out the
+    same way by TableResolver): per broken library what is missing and who would have provided it."""
+    out, device, clean, via_global, preloads = {}, [], 0, 0, {}
+    for p in libs:
+        f = res.check(p)
+        key = rel(p)
+        if "error" in f:
+            out[key] = {"error": f["error"]}
+            continue
+        if f["device_code"]:
+            device.append(p)
+        via_global += f["via_global"]
+        if f["global_providers"]:
+            preloads[p] = list(f["global_providers"])
+        for m in f["missing_symbols"]:
+            m["expected_dist"] = dist_of.get(res._real(m["expected_path"])) if m["expected_path"] else None
+            m["expected_path"] = rel(m["expected_path"]) if m["expected_path"] else None
+        for m in f["missing_libraries"]:
+            m["needed_by"] = rel(m["needed_by"])
+        for m in f["missing_versions"]:
+            m["dist"] = dist_of.get(res._real(m["path"]))
+            m["needed_by"], m["path"] = rel(m["needed_by"]), rel(m["path"])
+        if f["missing_symbols"] or f["missing_libraries"] or f["missing_versions"]:
+            out[key] = {k: f[k] for k in ("missing_symbols", "missing_libraries", "missing_versions")}
+            out[key]["dist"] = dist_of.get(res._real(p))
+            out[key]["linked_by"] = [rel(q) for q in res.linked_by(p)[:3]]
+            out[key]["extension"] = is_extension(p)
+            out[key]["global_providers"] = {rel(k): v for k, v in f["global_providers"].items()}
+        else:
+            clean += 1
+    return {"findings": out, "clean": clean, "via_global": via_global, "device": device, "preloads": preloads,
+            "unreadable": {rel(k): v for k, v in res.errors.items() if k in {res._real(p) for p in libs}}}
+
+
+# ---------------------------------------------------------------- recorded tables (stacks check --binaries)
+
+
+def obj_to_dict(obj: Obj, undefined: bool = True) -> dict:
+    """An Obj as JSON (what a wheel's or a base's table keeps: kilobytes instead of the library)."""
+    d = {"machine": obj.machine, "elfclass": obj.elfclass, "soname": obj.soname, "needed": obj.needed,
+         "rpath": obj.rpath, "runpath": obj.runpath,
+         "defined": {k: [[ver, hidden] for ver, hidden in v] for k, v in sorted(obj.defined.items())},
+         "verneed": {k: sorted(v) for k, v in sorted(obj.verneed.items())}, "verdef": sorted(obj.verdef),
+         "device_code": obj.device_code}
+    if undefined:
+        d["undefined"] = [list(u) for u in obj.undefined]
+    return d
+
+
+def obj_from_dict(path: str, d: dict) -> Obj:
+    return Obj(path, machine=d.get("machine", ""), elfclass=d.get("elfclass", 64), soname=d.get("soname"),
+               needed=list(d.get("needed", ())), rpath=list(d.get("rpath", ())), runpath=list(d.get("runpath", ())),
+               undefined=[tuple(u) for u in d.get("undefined", ())],
+               defined={k: [(ver, bool(hidden)) for ver, hidden in v] for k, v in d.get("defined", {}).items()},
+               verneed={k: set(v) for k, v in d.get("verneed", {}).items()}, verdef=set(d.get("verdef", ())),
+               device_code=bool(d.get("device_code")))
+
+
+class TableResolver(Resolver):
+    """The same resolution over recorded tables instead of files: `objects` maps each absolute path of a virtual
+    tree (the image's site-packages as the lock's wheels would fill it, and the base's system folders) to its
+    table, `links` each symbolic link of that tree to its target. Nothing on this machine's disk is read."""
+
+    def __init__(self, objects: dict[str, Obj], links: dict[str, str] | None = None, **kw):
+        self.table = dict(objects)
+        self.links = dict(links or {})
+        super().__init__(**kw)
+
+    def _real(self, path: str) -> str:
+        parts = [p for p in os.path.normpath(path).split("/") if p]
+        out: list[str] = []
+        hops = 0
+        while parts:
+            out.append(parts.pop(0))
+            cur = "/" + "/".join(out)
+            target = self.links.get(cur)
+            if target is not None and hops < 40:
+                hops += 1
+                out.pop()
+                base = "/" if target.startswith("/") else "/" + "/".join(out)
+                parts = [p for p in os.path.normpath(os.path.join(base, target)).split("/") if p] + parts
+                out = []
+        return "/" + "/".join(out)
+
+    def _is_file(self, path: str) -> bool:
+        return self._real(path) in self.table
+
+    def _read(self, real: str) -> Obj:
+        try:
+            return self.table[real]
+        except KeyError:
+            raise OSError(f"{real}: not in the recorded tables") from None
 
 
 def walk_libraries(roots: list[str]) -> list[str]:

@@ -26,7 +26,6 @@ CHECKS = set((os.environ.get("DL_CHECKS") or "symbols,load,archs,pip,imports,dis
 EXT = re.compile(r"\.(cpython|pypy)[-\w.]*\.so$")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("DL_")}
 # where a Python package keeps the libraries it loads before its extensions (the loader then finds them by soname)
-PACKAGE_LIB_GLOBS = ("torch/lib", "nvidia/*/lib", "nvidia/*/lib64", "nvidia/cu13/lib", "nvidia/cu12/lib")
 CUDA_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/local/cuda/targets/x86_64-linux/lib",
              "/usr/local/cuda/targets/sbsa-linux/lib")
 
@@ -116,12 +115,6 @@ def import_elfscan():
     return elfscan
 
 
-def is_extension(path):
-    """A Python extension module (imported, so never an unused plugin): a tagged name, or an untagged foo.so."""
-    base = os.path.basename(path)
-    return bool(EXT.search(base)) or base.endswith(".abi3.so") or (base.endswith(".so") and not base.startswith("lib"))
-
-
 def scan_symbols(roots, libs, dist_of):
     import glob
 
@@ -132,7 +125,7 @@ def scan_symbols(roots, libs, dist_of):
 
     package_dirs = []
     for r in roots:
-        for g in PACKAGE_LIB_GLOBS:
+        for g in elfscan.PACKAGE_LIB_GLOBS:
             package_dirs += [d for d in sorted(glob.glob(os.path.join(r, g))) if d not in package_dirs]
     package_dirs += [d for d in CUDA_DIRS if os.path.isdir(d)]
     global_objs = [sys.executable] + [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split() if p]
@@ -140,41 +133,12 @@ def scan_symbols(roots, libs, dist_of):
     res = elfscan.Resolver(ld_library_path=[p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p],
                            package_dirs=package_dirs, ldcache=elfscan.parse_ldconfig(ldcache()),
                            global_objects=global_objs, scanned=libs)
-    findings, device, clean, via_global, preloads = {}, [], 0, 0, {}
-    for p in libs:
-        f = res.check(p)
-        key = rel(p, roots)
-        if "error" in f:
-            findings[key] = {"error": f["error"]}
-            continue
-        if f["device_code"]:
-            device.append(p)
-        via_global += f["via_global"]
-        if f["global_providers"]:
-            preloads[p] = list(f["global_providers"])
-        for m in f["missing_symbols"]:
-            m["expected_dist"] = dist_of.get(os.path.realpath(m["expected_path"])) if m["expected_path"] else None
-            m["expected_path"] = rel(m["expected_path"], roots) if m["expected_path"] else None
-        for m in f["missing_libraries"]:
-            m["needed_by"] = rel(m["needed_by"], roots)
-        for m in f["missing_versions"]:
-            m["dist"] = dist_of.get(os.path.realpath(m["path"]))
-            m["needed_by"], m["path"] = rel(m["needed_by"], roots), rel(m["path"], roots)
-        if f["missing_symbols"] or f["missing_libraries"] or f["missing_versions"]:
-            findings[key] = {k: f[k] for k in ("missing_symbols", "missing_libraries", "missing_versions")}
-            findings[key]["dist"] = dist_of.get(os.path.realpath(p))
-            findings[key]["linked_by"] = [rel(q, roots) for q in res.linked_by(p)[:3]]
-            findings[key]["extension"] = is_extension(p)
-            findings[key]["global_providers"] = {rel(k, roots): v for k, v in f["global_providers"].items()}
-        else:
-            clean += 1
+    out = elfscan.findings(res, libs, lambda p: rel(p, roots), dist_of, elfscan.is_extension)
     probe = os.path.realpath(sys.executable)
     res.load(probe)
     driver = {name: res.find(name, probe).path for name in ("libcuda.so.1", "libnvidia-ml.so.1")}
-    return {"findings": findings, "clean": clean, "via_global": via_global, "device": device, "driver": driver,
-            "preloads": preloads,
-            "unreadable": {rel(k, roots): v for k, v in res.errors.items() if k in set(map(os.path.realpath, libs))},
-            "seconds": round(time.time() - t0, 1)}
+    out["driver"] = driver
+    return {**out, "seconds": round(time.time() - t0, 1)}
 
 
 # ---------------------------------------------------------------- machine code (cuobjdump)
