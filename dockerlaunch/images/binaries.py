@@ -173,15 +173,23 @@ def read_wheel(wheel: Path, entry: locks.Entry, sha256: str, elfscan, cuobjdump:
             "sha256": sha256, "objects": objects, "cubins": cubins, "errors": errors}
 
 
+def cached_choice(entry: locks.Entry, tags) -> dict | None:
+    """The cached table of the file the stack's Python and platform would install, if one is cached (a lock lists
+    every Python's files: a table made for another Python's wheel is not this one's)."""
+    cached = [t for h in entry.hashes if (t := cached_table(h.removeprefix("sha256:")))]
+    if not cached:
+        return None
+    best = idx.choose(entry, [idx.IndexFile(t["filename"], t["filename"], t["sha256"]) for t in cached], tags)
+    return next(t for t in cached if t["sha256"] == best.sha256) if best is not None else None
+
+
 def wheel_table(entry: locks.Entry, files: list[idx.IndexFile], tags, elfscan, cuobjdump: str | None,
                 costs: Costs, log: Callable[[str], None]) -> dict:
     """The entry's table: from the cache (by one of the lock's hashes), else made from the file chosen for the
     stack's Python and platform (downloaded, hash-checked, read, deleted)."""
-    cached = [t for h in entry.hashes if (t := cached_table(h.removeprefix("sha256:")))]
-    if cached:
-        best = idx.choose(entry, [idx.IndexFile(t["filename"], t["filename"], t["sha256"]) for t in cached], tags)
-        if best is not None:
-            return next(t for t in cached if t["sha256"] == best.sha256)
+    cached = cached_choice(entry, tags)
+    if cached is not None:
+        return cached
     f = idx.choose(entry, files, tags)
     if f is None:
         raise idx.FetchError(f"{entry.name}=={entry.version}: no file with one of the lock's hashes for this Python "
@@ -334,7 +342,7 @@ def check(stack: Stack, lock: locks.Lock, dockerfiles: Path, *, archs: list[str]
             continue
         try:
             listing = [f for d in folders for f in idx.folder_files(d, e.name)]
-            if not any(cached_table(h.removeprefix("sha256:")) for h in e.hashes) and not idx.choose(e, listing, tags):
+            if cached_choice(e, tags) is None and not idx.choose(e, listing, tags):
                 if offline:
                     not_cached.append(f"{e.name}=={e.version}")
                     continue
@@ -439,7 +447,8 @@ def _registry_base(sym: dict, in_wheels: set[str]) -> set[str]:
     for info in sym["findings"].values():
         if "error" in info:
             continue
-        base_libs = {m["name"] for m in info["missing_libraries"] if m["name"] not in in_wheels}
+        base_libs = {m["name"] for m in info["missing_libraries"]
+                     if m["name"] not in in_wheels and not v._is_driver_lib(m["name"])}  # the driver: its own row
         if not base_libs:
             continue
         from_base |= base_libs

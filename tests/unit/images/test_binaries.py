@@ -81,13 +81,17 @@ def test_on_a_registry_base_what_its_libraries_answer_is_left_out_and_named():
                  "missing_symbols": [{"symbol": "cublasLtX", "expected": "libcublasLt.so.13"}],
                  "missing_versions": []},
         "c.so": {"missing_libraries": [{"name": "libcublasLt.so.13", "needed_by": "c.so"}],
-                 "missing_symbols": [], "missing_versions": []}}}
+                 "missing_symbols": [], "missing_versions": []},
+        "d.so": {"missing_libraries": [{"name": "libcuda.so.1", "needed_by": "d.so"}],
+                 "missing_symbols": [{"symbol": "cuInit", "expected": "libcuda.so.1"}], "missing_versions": []}}}
     base = binaries._registry_base(sym, {"libcublasLt.so.13", "a.so", "b.so", "c.so"})
     assert base == {"libc.so.6", "libstdc++.so.6"}
     assert "a.so" not in sym["findings"] and sym["clean"] == 4
     # a wheel's own library and its symbols stay findings
     assert sym["findings"]["b.so"]["missing_symbols"] == [{"symbol": "cublasLtX", "expected": "libcublasLt.so.13"}]
     assert sym["findings"]["c.so"]["missing_libraries"] == [{"name": "libcublasLt.so.13", "needed_by": "c.so"}]
+    # the driver is not the base's: verify's NEEDS-DRIVER row says it
+    assert sym["findings"]["d.so"]["missing_libraries"] == [{"name": "libcuda.so.1", "needed_by": "d.so"}]
 
 
 def test_package_folders_follow_verifys_order(elfscan):  # noqa: F811
