@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dockerlaunch import __version__, shipped
+from dockerlaunch.cuda import DRIVER_MIN, TOOLKIT_DRIVER
 from dockerlaunch.errors import BuildError, ConfigError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
@@ -178,14 +179,6 @@ def pip_check_allow(stack: Stack) -> str:
         lines += [f"{name} {stack.transformer_engine} is not supported on this platform"
                   for name in (core, core.replace("_", "-"))]
     return "\n".join(lines)
-
-
-# What an image of a CUDA version needs of the host's driver (docs/STACKS.md, Facts: driver minimums): the
-# major's minimum (13.x from 13.0 GA's driver; 12.x from R525 through minor-version compatibility), and the
-# driver the toolkit release itself shipped with (below it, minor-version compatibility holds short of PTX JIT of
-# newer code and new APIs). For doctor to compare with each host's driver (issue 41: not done yet).
-DRIVER_MIN = {"13": "580.65.06", "12": "525.60.13"}
-TOOLKIT_DRIVER = {"12.6": "560.28.03", "12.8": "570.26", "13.0": "580.65.06"}
 
 
 def driver_labels(stack: Stack) -> dict[str, str]:

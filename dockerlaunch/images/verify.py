@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockerlaunch import shipped
+from dockerlaunch.cuda import cubin_covers
 from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import ConfigError, DockerlaunchError, EngineError
 
@@ -377,27 +378,6 @@ def judge_symbols(report: VerifyReport, sym: dict | None, loads: dict | None, lo
                                            "import torch" + ("" if loads_ok == libraries else
                                                              "; the others are in the rows below")))
     report.checks[head:head] = summary
-
-
-def cubin_covers(cubins: list[str], arch: str) -> bool:
-    """Whether one of `cubins` (sm_90, sm_90a, sm_100f, ...) runs on compute capability `arch` ('9.0'): a plain or
-    family cubin of the same major and a minor not above it; an arch-specific (a) cubin only on exactly its own."""
-    major, minor = arch.split(".")
-    minor_n, want_suffix = int(re.match(r"\d+", minor).group()), minor[len(re.match(r"\d+", minor).group()):]
-    for c in cubins:
-        m = re.match(r"^sm_(\d+)(\d)([af]?)$", c)
-        if not m or m.group(1) != major:
-            continue
-        c_minor, suffix = int(m.group(2)), m.group(3)
-        if want_suffix == "a":
-            if c_minor == minor_n and suffix == "a":
-                return True
-        elif suffix == "a":
-            if c_minor == minor_n:
-                return True
-        elif c_minor <= minor_n:
-            return True
-    return False
 
 
 def judge_archs(report: VerifyReport, cubins: dict | None, archs: list[str], dists: dict[str, str | None],

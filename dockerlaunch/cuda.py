@@ -1,0 +1,97 @@
+"""What CUDA code needs of a GPU and its driver: one place for the rules verify (an image's cubins against the
+architectures asked for), build (the driver labels) and doctor (an image against each host's GPUs and driver)
+all apply. Sources: docs/STACKS.md, Facts: Driver minimums; NVIDIA's CUDA C++ Programming Guide, "Binary
+Compatibility" and "PTX Compatibility", and the CUDA Compatibility guide."""
+
+from __future__ import annotations
+
+import re
+
+# What an image of a CUDA major needs of the host's driver (the major's minimum: 13.x from 13.0 GA's driver; 12.x
+# from R525 through minor-version compatibility), and the driver each toolkit release shipped with (below it,
+# minor-version compatibility holds short of PTX JIT of newer code and new APIs).
+DRIVER_MIN = {"13": "580.65.06", "12": "525.60.13"}
+TOOLKIT_DRIVER = {"12.6": "560.28.03", "12.8": "570.26", "13.0": "580.65.06"}
+# The newest CUDA each driver branch runs without forward compatibility (NVIDIA's CUDA Toolkit release notes, table
+# "CUDA Toolkit and Corresponding Driver Versions"): what nvidia-smi's "CUDA Version" says for that branch.
+BRANCH_CUDA = ((580, "13.0"), (575, "12.9"), (570, "12.8"), (560, "12.6"), (555, "12.5"), (550, "12.4"),
+               (545, "12.3"), (535, "12.2"), (530, "12.1"), (525, "12.0"))
+
+
+def version_tuple(text: str | None) -> tuple[int, ...]:
+    """'580.65.06' -> (580, 65, 6); '' -> ()."""
+    return tuple(int(x) for x in re.findall(r"\d+", text or ""))
+
+
+def cubin_covers(cubins: list[str], arch: str) -> bool:
+    """Whether one of `cubins` (sm_90, sm_90a, sm_100f, ...) runs on compute capability `arch` ('9.0'): a plain or
+    family cubin of the same major and a minor not above it; an arch-specific (a) cubin only on exactly its own."""
+    major, minor = arch.split(".")
+    minor_n, want_suffix = int(re.match(r"\d+", minor).group()), minor[len(re.match(r"\d+", minor).group()):]
+    for c in cubins:
+        m = re.match(r"^sm_(\d+)(\d)([af]?)$", c)
+        if not m or m.group(1) != major:
+            continue
+        c_minor, suffix = int(m.group(2)), m.group(3)
+        if want_suffix == "a":
+            if c_minor == minor_n and suffix == "a":
+                return True
+        elif suffix == "a":
+            if c_minor == minor_n:
+                return True
+        elif c_minor <= minor_n:
+            return True
+    return False
+
+
+def ptx_covers(ptx: list[str], arch: str) -> bool:
+    """Whether PTX for one of `ptx` (compute_80, sm_80 as cuobjdump names it) can be compiled by the driver for
+    `arch`: PTX of an architecture not newer than the GPU's (an arch-specific one only for its own); the driver must
+    also be at least as new as the toolkit that wrote the PTX, which `driver_problem` judges."""
+    want = tuple(int(x) for x in re.findall(r"\d+", arch))
+    for p in ptx:
+        m = re.match(r"^(?:sm|compute)_(\d+)(\d)([af]?)$", p)
+        if not m:
+            continue
+        have = (int(m.group(1)), int(m.group(2)))
+        if m.group(3) == "a" and have != want:
+            continue
+        if have <= want:
+            return True
+    return False
+
+
+def archs_as_cubins(archs: list[str]) -> tuple[list[str], list[str]]:
+    """An image's cuda-archs label ('8.0;9.0', '9.0+PTX', '9.0a') as the (cubins, ptx) its compiled packages hold."""
+    cubins, ptx = [], []
+    for a in archs:
+        a = a.strip()
+        m = re.match(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$", a, re.I)
+        if not m:
+            continue
+        cubins.append(f"sm_{m.group(1)}{m.group(2)}{m.group(3)}")
+        if m.group(4):
+            ptx.append(f"compute_{m.group(1)}{m.group(2)}")
+    return cubins, ptx
+
+
+def driver_problem(driver: str, cuda: str, has_compat: bool = False) -> tuple[str, str] | None:
+    """(verdict, why) when a host's driver cannot run (FAIL) or may not fully run (WARN) an image of CUDA `cuda`
+    ('13.0'); None when it runs it. `has_compat`: the image ships cuda-compat (forward compatibility, data-center GPUs
+    only), which lets an older branch run a newer CUDA."""
+    have = version_tuple(driver)
+    major = cuda.split(".")[0]
+    need = DRIVER_MIN.get(major)
+    if not have or need is None:
+        return None
+    runs = next((c for branch, c in BRANCH_CUDA if have[0] >= branch), None)
+    if have < version_tuple(need):
+        if has_compat:
+            return ("WARN", f"runs CUDA <= {runs or '?'}; the image needs {cuda} (R{need.split('.')[0]}+) and ships "
+                            "cuda-compat: forward compatibility holds only on data-center GPUs of a supported branch")
+        return ("FAIL", f"runs CUDA <= {runs or 'none of 12.x/13.x'}; the image needs {cuda} (R{need.split('.')[0]}+)")
+    own = TOOLKIT_DRIVER.get(cuda)
+    if own and have < version_tuple(own):
+        return ("WARN", f"runs {cuda} through minor-version compatibility (the toolkit's own driver is {own}+): "
+                        "PTX JIT of newer code and the newest APIs may not work")
+    return None
