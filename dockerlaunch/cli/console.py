@@ -26,7 +26,8 @@ from dockerlaunch.job.plan import JobPlan
 from dockerlaunch.reporting import Reporter, Task, Tasks
 
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
-VERDICT_STYLE = {Verdict.PASS: "green", Verdict.WARN: "yellow", Verdict.FAIL: "bold red", Verdict.SKIP: "dim"}
+VERDICT_STYLE = {Verdict.PASS: "green", Verdict.WARN: "yellow", Verdict.FAIL: "bold red", Verdict.SKIP: "dim",
+                 Verdict.ERROR: "bold magenta"}
 
 
 def console(stderr: bool = False) -> Console:

@@ -239,6 +239,9 @@ def render_build(stack: Stack, opts: BuildOptions, lock: locks.Lock, context: st
     labels = {**image_labels(stack, build_date), f"{LABEL_PREFIX}.lock-sha256": lock.header.get("body-sha256", "")}
     if stack.cuda:
         labels[f"{LABEL_PREFIX}.cuda-archs"] = ";".join(cuda_archs(stack, opts))
+        # what holds code for exactly those architectures (doctor names them when a host's GPU is not among them)
+        labels[f"{LABEL_PREFIX}.compiled"] = ",".join(p.name for p in wheels.compiled_packages(
+            stack, lock, cuda_archs(stack, opts), flash_prebuilt=bool(prebuilt_flash(stack))))
     if target != "train":  # a stage is not the stack's image: no pins or components for verify to expect
         labels = {f"{LABEL_PREFIX}.stage": f"{target} of {stack.name}",
                   f"{LABEL_PREFIX}.lock-sha256": labels[f"{LABEL_PREFIX}.lock-sha256"]}

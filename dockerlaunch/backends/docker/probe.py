@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dockerlaunch.backends.docker import script
+from dockerlaunch.backends.docker import nvsmi, script
 from dockerlaunch.job.facts import GpuHost
 
 if TYPE_CHECKING:  # probe() only calls what it is given: the parsers stay free of SSH
@@ -82,6 +82,7 @@ class Probe:
     gpu_count: int | None  # None: no nvidia-smi on the host
     gpu: GpuHost = field(default_factory=lambda: GpuHost())
     image_labels: dict[str, str] | None = None  # the job image's labels there (None: not asked or no image)
+    smi: nvsmi.SmiFacts | None = None  # driver and per-GPU facts (None: no nvidia-smi, or not asked)
 
 
 def parse_ldconfig(lines: list[str]) -> tuple[tuple[str, str], ...]:
@@ -167,6 +168,7 @@ def parse_probe(text: str) -> Probe:
         gpu_count=int(gpus) if gpus.isdigit() else None,
         gpu=_gpu_host(kv),
         image_labels=_labels(get("image_labels")),
+        smi=nvsmi.parse(kv),
     )
 
 

@@ -13,16 +13,17 @@ class Verdict(StrEnum):
     WARN = "WARN"
     FAIL = "FAIL"
     SKIP = "SKIP"
+    ERROR = "ERROR"  # the check could not run (a tool failed): not a pass, and it stops `up` as a FAIL does
 
 
-PASS, WARN, FAIL, SKIP = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP
+PASS, WARN, FAIL, SKIP, ERROR = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP, Verdict.ERROR
 
 
 
 
 CHECK_ORDER = ["ssh", "docker", "image", "route", "master port", "reachability", "shm", "memlock", "nofile", "gpus",
-               "infiniband", "ib in container", "image ibverbs", "mounts", "shared", "model cache", "hubs", "disk",
-               "clock"]
+               "driver", "archs", "gpu health", "gpu models", "infiniband", "ib in container", "image ibverbs",
+               "mounts", "shared", "model cache", "hubs", "disk", "clock"]
 
 
 @dataclass
@@ -40,7 +41,8 @@ class Report:
 
     @property
     def failed(self) -> list[Check]:
-        return [c for c in self.checks if c.status == FAIL]
+        """FAIL and ERROR rows: a check that could not run proves nothing."""
+        return [c for c in self.checks if c.status in (FAIL, ERROR)]
 
     def add(self, host: str, name: str, status: Verdict, reason: str, rank: int = -1) -> None:
         self.checks.append(Check(host, name, status, reason, rank))
@@ -53,7 +55,8 @@ class Report:
 
     def summary(self) -> str:
         n = self.counts()
-        return f"doctor: {n[PASS]} PASS, {n[FAIL]} FAIL, {n[WARN]} WARN, {n[SKIP]} SKIP"
+        return f"doctor: {n[PASS]} PASS, {n[FAIL]} FAIL, {n[WARN]} WARN, {n[SKIP]} SKIP" + \
+            (f", {n[ERROR]} ERROR" if n[ERROR] else "")
 
     def to_dict(self) -> dict:
         return {"ok": not self.failed, "counts": {str(k): v for k, v in self.counts().items()},

@@ -4,6 +4,36 @@
 # container can reach the GPUs (toolkit runtime, CDI specs, else device nodes + the driver's libraries).
 # usage: probe.sh MASTER_ADDR [IMAGE]
 m=$1
+SMI_GPU=index,pci.bus_id,name,compute_cap,driver_version,memory.used,memory.total,persistence_mode,mig.mode.current,ecc.errors.uncorrected.volatile.total,ecc.errors.uncorrected.aggregate.total,remapped_rows.pending
+SMI_APPS=gpu_bus_id,pid,used_memory,process_name
+why() {  # the line of a failed command's output that says why (NVML's error comes first, its version after it)
+  printf '%s\n' "$1" | grep -m 1 -iE 'fail|error|unable|not found|permission' || printf '%s\n' "$1" | tail -n 1
+}
+gpu_facts() {
+  if out=$(nvidia-smi --query-gpu="$SMI_GPU" --format=csv,noheader,nounits 2>&1); then
+    printf '%s\n' "$out" | sed 's/^/smi_gpu=/'
+  else
+    echo "smi_error=nvidia-smi --query-gpu=$SMI_GPU --format=csv,noheader,nounits: $(why "$out")"
+    d=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null) && echo "smi_driver=${d%%
+*}"
+  fi
+  # the CUDA version the driver runs and, on NVSwitch systems, each GPU's fabric state (State/Status)
+  nvidia-smi -q 2>/dev/null | awk '/^(CUDA Version|Driver Version) /{print; next} /^GPU [0-9A-Fa-f]/{print; next}
+    /^    Fabric *$/{f=1; next} f && /^        (State|Status) /{print; next} /^    [^ ]/{f=0}' | sed 's/^/smi_q=/'
+  if out=$(nvidia-smi --query-compute-apps="$SMI_APPS" --format=csv,noheader,nounits 2>&1); then
+    printf '%s\n' "$out" | grep ',' | while IFS=, read -r bus pid rest; do
+      pid=$(echo "$pid" | tr -d ' ')
+      echo "smi_app=$bus,$pid,$(ps -o user= -p "$pid" 2>/dev/null | tr -d ' '),$rest"
+    done
+  else
+    echo "smi_error=nvidia-smi --query-compute-apps=$SMI_APPS --format=csv,noheader,nounits: $(why "$out")"
+  fi
+  # XID errors since boot, where the kernel log is readable (dmesg_restrict may hide it from this user)
+  if log=$(dmesg 2>/dev/null); then
+    echo "xid_readable=1"
+    printf '%s\n' "$log" | grep -o 'Xid (PCI:[^)]*): [0-9]*' | sort | uniq -c | sed 's/^ */xid=/'
+  fi
+}
 echo "route=$(ip -o route get "$m" 2>&1 | head -n1)"
 echo "owner=$(ip -o addr show to "$m" 2>/dev/null | head -n1)"
 if [ -e /dev/infiniband ]; then echo ib_dev=1; else echo ib_dev=0; fi
@@ -13,6 +43,9 @@ done
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')"
   echo "nvidia_smi=$(command -v nvidia-smi)"
+  # what doctor compares with the image and judges the GPUs' health by (backends/docker/nvsmi.py parses it);
+  # a command that fails says so (smi_error=), it is never read as "nothing to report"
+  [ "${DL_PROBE_GPU:-1}" = 0 ] || gpu_facts
 else
   echo gpus=none
 fi

@@ -471,7 +471,7 @@ def test_report_dict_json_and_summary():
     report = run(cfg(), host(0, disk=(200 * GB, 5 * GB)), host(1, image_id=OTHER_ID))
     d = report.to_dict()
     assert d["ok"] is False
-    assert d["counts"] == {"PASS": 16, "WARN": 1, "FAIL": 1, "SKIP": 4}
+    assert d["counts"] == {"PASS": 16, "WARN": 1, "FAIL": 1, "SKIP": 4, "ERROR": 0}
     assert sum(d["counts"].values()) == len(d["checks"]) == len(report.checks)
     assert d["checks"][0] == {"host": H0, "check": "ssh", "verdict": "PASS", "reason": "root@10.0.0.1:22"}
     failed = [c for c in d["checks"] if c["verdict"] == "FAIL"]
@@ -485,7 +485,7 @@ def test_report_of_warnings_only_is_ok():
     report = run(cfg(), host(0, disk=None), host(1))
     assert report.to_dict()["ok"] is True and report.counts()[WARN] == 1
     assert Report().summary() == "doctor: 0 PASS, 0 FAIL, 0 WARN, 0 SKIP"
-    assert Report().to_dict() == {"ok": True, "counts": {"PASS": 0, "WARN": 0, "FAIL": 0, "SKIP": 0}, "checks": []}
+    assert Report().to_dict() == {"ok": True, "counts": {"PASS": 0, "WARN": 0, "FAIL": 0, "SKIP": 0, "ERROR": 0}, "checks": []}
 
 
 # ---------------------------------------------------------------- parse_observation on recorded output

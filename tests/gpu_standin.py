@@ -1,0 +1,43 @@
+"""A stand-in `nvidia-smi` made from one case of tests/data/nvidia-smi/ (the only stand-in the project allows, while
+no GPU is lent): a shell script with the case's outputs inside it, so that it also answers where it is bind-mounted
+alone (doctor's GPU container in device mode mounts the host's nvidia-smi under /usr/local/nvidia/bin)."""
+
+from pathlib import Path
+
+CASES = Path(__file__).parent / "data" / "nvidia-smi"
+
+
+def _heredoc(text: str) -> str:
+    return f"cat <<'DL_SMI_EOF'\n{text}{'' if text.endswith(chr(10)) or not text else chr(10)}DL_SMI_EOF\n"
+
+
+def script(case: str) -> str:
+    d = CASES / case
+    status = (d / "exit").read_text().strip() if (d / "exit").exists() else "0"
+    out = "\n".join([
+        "#!/bin/sh",
+        f"# stand-in nvidia-smi (tests only): case {case} of tests/data/nvidia-smi, written from NVIDIA's formats",
+        'case "$1" in',
+        "  -L)", _heredoc((d / "L.txt").read_text()), "    ;;",
+        "  -q)", _heredoc((d / "q.txt").read_text()), "    ;;",
+        "  --query-compute-apps=*)", _heredoc((d / "compute-apps.csv").read_text()), "    ;;",
+        "  --query-gpu=driver_version)",
+        # the probe's fallback when its whole query fails: the driver column of the same lines
+        _heredoc((d / "query-gpu.csv").read_text()).replace(
+            "cat <<'DL_SMI_EOF'", "cat <<'DL_SMI_EOF' | awk -F', ' 'NF > 4 {print $5; next} {print}'", 1), "    ;;",
+        "  --query-gpu=*)", _heredoc((d / "query-gpu.csv").read_text()), "    ;;",
+        '  *) echo "stand-in nvidia-smi: $* is not recorded" >&2; exit 2 ;;',
+        "esac",
+        f"exit {status}",
+        "",
+    ])
+    return out
+
+
+def install(directory: Path, case: str) -> Path:
+    """The stand-in as `directory/nvidia-smi`, executable."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "nvidia-smi"
+    path.write_text(script(case))
+    path.chmod(0o755)
+    return path

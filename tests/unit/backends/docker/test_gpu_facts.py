@@ -1,0 +1,148 @@
+"""doctor's GPU rows (driver, archs, gpu health, gpu models) from what the real probe.sh prints when a stand-in
+nvidia-smi of tests/data/nvidia-smi/ is on its PATH (no SSH, no engine: the probe runs in a local sh)."""
+
+import os
+import subprocess
+
+import pytest
+
+from dockerlaunch.backends.docker import nvsmi, script
+from dockerlaunch.backends.docker.doctor.judge import judge_gpu_facts
+from dockerlaunch.backends.docker.doctor.report import ERROR, FAIL, PASS, WARN, Report
+from dockerlaunch.backends.docker.probe import parse_probe
+from tests import gpu_standin
+from tests.unit.backends.docker.test_doctor_judge import H0, H1, cfg, host, run
+
+# the recommended image's labels (docker image inspect), with the compiled packages it holds code for
+LABELS = {"ai.dockerlaunch.pin.cuda": "13.0", "ai.dockerlaunch.cuda-archs": "9.0",
+          "ai.dockerlaunch.stack": "swift4.6-mcore0.19-cu13-py313",
+          "ai.dockerlaunch.compiled": "transformer-engine-torch,apex,flash-attn"}
+
+
+def probed(tmp_path, case: str):
+    gpu_standin.install(tmp_path / "bin", case)
+    r = subprocess.run(["sh", "-c", script("probe.sh"), "sh", "127.0.0.1"], capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return parse_probe(r.stdout)
+
+
+def rows(smi, labels=LABELS) -> dict[str, tuple[str, str]]:
+    report = Report()
+    judge_gpu_facts(report, "h1", smi, labels)
+    return {c.name: (c.status, c.reason) for c in report.checks}
+
+
+def test_a_healthy_h100_host_passes_every_gpu_row(tmp_path):
+    p = probed(tmp_path, "h100-healthy")
+    smi = p.smi
+    assert p.gpu_count == 2
+    assert (smi.driver, smi.cuda) == ("580.95.05", "13.0")
+    assert [(g.index, g.name, g.compute_cap, g.persistence, g.mig, g.ecc_volatile, g.remap_pending, g.fabric_state,
+             g.fabric_status) for g in smi.gpus] == [
+        (0, "NVIDIA H100 80GB HBM3", "9.0", "Enabled", "Disabled", 0, False, "Completed", "Success"),
+        (1, "NVIDIA H100 80GB HBM3", "9.0", "Enabled", "Disabled", 0, False, "Completed", "Success")]
+    assert smi.apps == () and smi.errors == ()
+    got = rows(smi)
+    assert {k: v[0] for k, v in got.items()} == {"driver": PASS, "archs": PASS, "gpu health": PASS}, got
+    assert got["driver"][1] == "driver 580.95.05 (CUDA 13.0) runs the image's CUDA 13.0"
+
+
+def test_a_driver_too_old_for_the_images_cuda_is_the_one_failure(tmp_path):
+    got = rows(probed(tmp_path, "driver-570").smi)
+    assert [k for k, v in got.items() if v[0] != PASS] == ["driver"]
+    assert got["driver"] == (FAIL, "driver 570.86.15 runs CUDA <= 12.8; the image needs 13.0 (R580+): upgrade the "
+                                   "driver, or build a stack of CUDA <= 12.8 (dockerlaunch stacks list; this image "
+                                   "is swift4.6-mcore0.19-cu13-py313)")
+
+
+def test_a_gpu_the_image_has_no_code_for_names_the_packages_and_the_fix(tmp_path):
+    got = rows(probed(tmp_path, "a100").smi)
+    assert [k for k, v in got.items() if v[0] != PASS] == ["archs"]
+    assert got["archs"] == (FAIL, "GPUs 0,1 NVIDIA A100-SXM4-80GB (8.0, sm_80): the image's transformer-engine-torch, "
+                                  "apex, flash-attn hold code only for 9.0 (ai.dockerlaunch.cuda-archs): no kernel "
+                                  "would run there; dockerlaunch build --stack swift4.6-mcore0.19-cu13-py313 "
+                                  "--cuda-archs '8.0;9.0'")
+    # an image built with PTX for 8.0 runs there (the driver compiles it), and so does one with 8.0 cubins
+    assert rows(probed(tmp_path, "a100").smi, {**LABELS, "ai.dockerlaunch.cuda-archs": "8.0+PTX"})["archs"][0] == PASS
+    # an image from before the `compiled` label: its pins say what was compiled
+    older = {k: v for k, v in LABELS.items() if k != "ai.dockerlaunch.compiled"}
+    older.update({"ai.dockerlaunch.pin.transformer_engine": "2.16.1", "ai.dockerlaunch.pin.flash_attn": "2.8.3"})
+    assert "the image's transformer-engine-torch, flash-attn hold" in rows(probed(tmp_path, "a100").smi, older)[
+        "archs"][1]
+
+
+def test_a_gpu_held_by_a_leftover_process_names_gpu_pid_and_command(tmp_path):
+    got = rows(probed(tmp_path, "leftover").smi)
+    assert [k for k, v in got.items() if v[0] != PASS] == ["gpu health"]
+    assert got["gpu health"] == (FAIL, "GPU 0 holds 71234 MiB of pid 4242 (/usr/bin/python3), not this job's: a "
+                                       "leftover of another job? stop it (kill 4242) or give the job other GPUs")
+
+
+def test_nvidia_smi_that_fails_is_an_error_naming_the_command_never_a_pass(tmp_path):
+    p = probed(tmp_path, "nvml-mismatch")
+    assert p.smi.driver is None and p.smi.gpus == ()
+    got = rows(p.smi)
+    assert got["driver"][0] == ERROR
+    assert "nvidia-smi --query-gpu=index,pci.bus_id,name,compute_cap" in got["driver"][1]
+    assert "Failed to initialize NVML: Driver/library version mismatch" in got["driver"][1]
+    assert got["gpu health"][0] == ERROR and "nvidia-smi --query-compute-apps" in got["gpu health"][1]
+    assert "archs" not in got  # no GPU was listed: nothing to compare, and the driver row already says why
+
+
+def _gpu(**kw) -> nvsmi.Gpu:
+    base = dict(index=0, bus_id="00000000:18:00.0", name="NVIDIA H100 80GB HBM3", compute_cap="9.0",
+                memory_used_mib=0, memory_total_mib=81559, persistence="Enabled", mig="Disabled", ecc_volatile=0,
+                ecc_aggregate=0, remap_pending=False)
+    return nvsmi.Gpu(**{**base, **kw})
+
+
+@pytest.mark.parametrize("gpu, apps, xids, verdict, words", [
+    (_gpu(ecc_volatile=3), (), (), FAIL, "3 uncorrectable ECC errors since the driver loaded"),
+    (_gpu(remap_pending=True), (), (), FAIL, "a row remap is pending"),
+    (_gpu(fabric_state="In Progress", fabric_status="N/A"), (), (), FAIL, "start the fabric manager"),
+    (_gpu(fabric_state="Completed", fabric_status="NVML_ERROR_INSUFFICIENT_RESOURCES"), (), (), FAIL,
+     "fabric Completed/NVML_ERROR_INSUFFICIENT_RESOURCES"),
+    (_gpu(ecc_aggregate=2), (), (), WARN, "2 uncorrectable ECC errors over its life"),
+    (_gpu(persistence="Disabled"), (), (), WARN, "persistence mode off on GPU 0"),
+    (_gpu(mig="Enabled"), (), (), WARN, "MIG is on for GPU 0"),
+    (_gpu(), (), (("79", 2), ("48", 1)), WARN, "XID errors since boot (dmesg): 79 x2, 48 x1"),
+    (_gpu(), (nvsmi.App("00000000:18:00.0", 77, "root", 30000, "nvidia-cuda-mps-server"),), (), PASS, "MPS"),
+    (_gpu(), (nvsmi.App("0000:18:00.0", 77, "bob", 512, "python"),), (), PASS, "no memory held"),
+    (_gpu(), (nvsmi.App("0000:18:00.0", 77, "bob", 2048, "python"),), (), FAIL, "pid 77 (python, user bob)"),
+])
+def test_gpu_health_verdicts(gpu, apps, xids, verdict, words):
+    smi = nvsmi.SmiFacts(driver="580.95.05", cuda="13.0", gpus=(gpu,), apps=apps, xids=xids)
+    status, reason = rows(smi)["gpu health"]
+    assert status == verdict and words in reason, reason
+
+
+def test_an_image_that_does_not_say_what_it_needs_is_not_judged_on_it():
+    smi = nvsmi.SmiFacts(driver="570.86.15", cuda="12.8", gpus=(_gpu(),))
+    got = rows(smi, {})
+    assert got["driver"][0] == got["archs"][0] == "SKIP"
+
+
+def test_xid_lines_and_unsupported_fields_parse():
+    kv = {"gpus": ["1"], "smi_gpu": ["0, 0000:18:00.0, Tesla V100, [N/A], 535.54.03, [N/A], 16384, [Not Supported], "
+                                     "[N/A], [N/A], [N/A], [N/A]"],
+          "xid_readable": ["1"], "xid": ["      2 Xid (PCI:0000:18:00): 79", "      1 Xid (PCI:0000:3b:00): 79",
+                                        "      1 Xid (PCI:0000:18:00): 13"]}
+    smi = nvsmi.parse(kv)
+    g = smi.gpus[0]
+    assert (g.compute_cap, g.memory_used_mib, g.persistence, g.ecc_volatile, g.remap_pending) == \
+        (None, None, None, None, None)
+    assert smi.driver == "535.54.03" and smi.xids == (("13", 1), ("79", 3))
+    assert nvsmi.parse({"gpus": ["none"]}) is None
+
+
+def test_different_gpu_models_across_hosts_are_a_warning():
+    config = cfg(gpus="all")
+    a100 = nvsmi.SmiFacts("580.95.05", "13.0", (_gpu(name="NVIDIA A100-SXM4-80GB", compute_cap="8.0"),))
+    h100 = nvsmi.SmiFacts("580.95.05", "13.0", (_gpu(),))
+    o0, o1 = host(0), host(1)
+    o0.probe = o0.probe.__class__(**{**o0.probe.__dict__, "smi": h100})
+    o1.probe = o1.probe.__class__(**{**o1.probe.__dict__, "smi": a100})
+    report = run(config, o0, o1)
+    row = report.get(H0, "gpu models")
+    assert row.status == WARN and f"{H1}: NVIDIA A100-SXM4-80GB" in row.reason
