@@ -11,7 +11,9 @@ def _heredoc(text: str) -> str:
     return f"cat <<'DL_SMI_EOF'\n{text}{'' if text.endswith(chr(10)) or not text else chr(10)}DL_SMI_EOF\n"
 
 
-def script(case: str) -> str:
+def script(case: str, pid: int | None = None) -> str:
+    """`pid`: the process the case's compute-apps line names instead of its recorded 4242 (a real one, so that the
+    probe's `ps` finds its owner)."""
     d = CASES / case
     status = (d / "exit").read_text().strip() if (d / "exit").exists() else "0"
     out = "\n".join([
@@ -20,7 +22,9 @@ def script(case: str) -> str:
         'case "$1" in',
         "  -L)", _heredoc((d / "L.txt").read_text()), "    ;;",
         "  -q)", _heredoc((d / "q.txt").read_text()), "    ;;",
-        "  --query-compute-apps=*)", _heredoc((d / "compute-apps.csv").read_text()), "    ;;",
+        "  --query-compute-apps=*)",
+        _heredoc((d / "compute-apps.csv").read_text().replace(", 4242,", f", {pid}," if pid else ", 4242,")),
+        "    ;;",
         "  --query-gpu=driver_version)",
         # the probe's fallback when its whole query fails: the driver column of the same lines
         _heredoc((d / "query-gpu.csv").read_text()).replace(
@@ -34,10 +38,10 @@ def script(case: str) -> str:
     return out
 
 
-def install(directory: Path, case: str) -> Path:
+def install(directory: Path, case: str, pid: int | None = None) -> Path:
     """The stand-in as `directory/nvidia-smi`, executable."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "nvidia-smi"
-    path.write_text(script(case))
+    path.write_text(script(case, pid))
     path.chmod(0o755)
     return path

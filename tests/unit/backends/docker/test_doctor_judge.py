@@ -485,7 +485,8 @@ def test_report_of_warnings_only_is_ok():
     report = run(cfg(), host(0, disk=None), host(1))
     assert report.to_dict()["ok"] is True and report.counts()[WARN] == 1
     assert Report().summary() == "doctor: 0 PASS, 0 FAIL, 0 WARN, 0 SKIP"
-    assert Report().to_dict() == {"ok": True, "counts": {"PASS": 0, "WARN": 0, "FAIL": 0, "SKIP": 0, "ERROR": 0}, "checks": []}
+    assert Report().to_dict() == {"ok": True, "counts": {"PASS": 0, "WARN": 0, "FAIL": 0, "SKIP": 0, "ERROR": 0},
+                                  "checks": []}
 
 
 # ---------------------------------------------------------------- parse_observation on recorded output
