@@ -146,3 +146,15 @@ def test_different_gpu_models_across_hosts_are_a_warning():
     report = run(config, o0, o1)
     row = report.get(H0, "gpu models")
     assert row.status == WARN and f"{H1}: NVIDIA A100-SXM4-80GB" in row.reason
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in gpu_standin.CASES.iterdir() if p.is_dir()))
+def test_every_case_parses_through_the_probe(tmp_path, case):
+    """Written or recorded (scripts/record-nvidia-smi), every case reads as its -L listing says."""
+    p = probed(tmp_path, case)
+    listed = (gpu_standin.CASES / case / "L.txt").read_text()
+    if (gpu_standin.CASES / case / "exit").exists():
+        assert p.smi.errors and p.smi.driver is None
+    else:
+        assert p.smi.driver and len(p.smi.gpus) == listed.count("\nGPU ") + listed.startswith("GPU ")
+        assert all(g.compute_cap for g in p.smi.gpus)
