@@ -5,6 +5,9 @@ alone (doctor's GPU container in device mode mounts the host's nvidia-smi under 
 from pathlib import Path
 
 CASES = Path(__file__).parent / "data" / "nvidia-smi"
+QUERY_GPU = ("index", "pci.bus_id", "name", "compute_cap", "driver_version", "memory.used", "memory.total",
+             "persistence_mode", "mig.mode.current", "ecc.errors.uncorrected.volatile.total",
+             "ecc.errors.uncorrected.aggregate.total", "remapped_rows.pending")
 
 
 def _heredoc(text: str) -> str:
@@ -25,11 +28,17 @@ def script(case: str, pid: int | None = None) -> str:
         "  --query-compute-apps=*)",
         _heredoc((d / "compute-apps.csv").read_text().replace(", 4242,", f", {pid}," if pid else ", 4242,")),
         "    ;;",
-        "  --query-gpu=driver_version)",
-        # the probe's fallback when its whole query fails: the driver column of the same lines
-        _heredoc((d / "query-gpu.csv").read_text()).replace(
-            "cat <<'DL_SMI_EOF'", "cat <<'DL_SMI_EOF' | awk -F', ' 'NF > 4 {print $5; next} {print}'", 1), "    ;;",
-        "  --query-gpu=*)", _heredoc((d / "query-gpu.csv").read_text()), "    ;;",
+        # the columns asked for, by name, from the case's columns (in probe.sh's SMI_GPU order)
+        "  --query-gpu=*)",
+        f"    cols='{','.join(QUERY_GPU)}'",
+        "    want=${1#--query-gpu=}",
+        "    " + _heredoc((d / "query-gpu.csv").read_text()).replace(
+            "cat <<'DL_SMI_EOF'", "cat <<'DL_SMI_EOF' | awk -F', ' -v cols=\"$cols\" -v want=\"$want\" "
+            "'BEGIN {n = split(cols, c, \",\"); m = split(want, w, \",\"); for (i = 1; i <= m; i++) {k[i] = 0; "
+            "for (j = 1; j <= n; j++) if (c[j] == w[i]) k[i] = j; if (!k[i]) {print \"Field \\\"\" w[i] "
+            "\"\\\" is not a valid field to query.\"; exit 2}}} NF < n {print; next} "
+            "{s = \"\"; for (i = 1; i <= m; i++) s = s (i > 1 ? \", \" : \"\") $k[i]; print s}' || exit 2", 1),
+        "    ;;",
         '  *) echo "stand-in nvidia-smi: $* is not recorded" >&2; exit 2 ;;',
         "esac",
         f"exit {status}",

@@ -11,7 +11,7 @@ import click
 import yaml
 
 from dockerlaunch.cli.console import format_argv
-from dockerlaunch.cli.main import CONTEXT, cli, output_option
+from dockerlaunch.cli.main import CONTEXT, cli, output_option, split_hosts
 
 INDEX_ENV = "DOCKERLAUNCH_INDEX_URL"  # an index URL with a token: from the environment, never the command line
 
@@ -235,6 +235,24 @@ def compile_place(host: str | None, config_path: str | None):
         yield OnHost(cluster.live[0].remote, log=lambda msg: click.echo(f"[dockerlaunch] {msg}"))
 
 
+def _cluster_archs(hosts: list[str] | None, config_path: str | None) -> tuple[list[str], str]:
+    """The union of the compute capabilities of the cluster's GPUs, asked of every host at once, and how to say
+    it: `the GPUs of h1 (9.0 x8), h2 (8.0 x8)`."""
+    from dockerlaunch.backends.docker.probe import gpu_compute_caps
+    from dockerlaunch.cuda import version_tuple
+    from dockerlaunch.hosts.fleet import Fleet
+    from dockerlaunch.job.config import Overrides, load_config
+
+    cfg = load_config(config_path, Overrides(hosts=hosts) if hosts else Overrides())
+    with Fleet.connect(cfg) as cluster:
+        caps = cluster.each(lambda h: gpu_compute_caps(h.remote, h.address)).raise_first()
+    union = sorted({c for host in caps for c in host}, key=version_tuple)
+    per_host = ", ".join(
+        f"{h.address} ({', '.join(f'{c} x{host.count(c)}' for c in sorted(set(host), key=version_tuple))})"
+        for h, host in zip(cfg.hosts, caps))
+    return union, f"the GPUs of {per_host}"
+
+
 def _build_options(kw: dict):
     from dockerlaunch.images.build import BuildOptions, parse_cuda_archs
 
@@ -270,25 +288,37 @@ def _build_options(kw: dict):
                    "the training image (compiled wheels installed, verified).")
 @click.option("--on", "on_host", metavar="HOST", help=ON_HOST_HELP + " The image is put together here (no compile: "
               "minutes); `push` sends it to the hosts.")
-@click.option("--config", "config_path", metavar="PATH", help="Cluster config for --on's SSH settings.")
+@click.option("--hosts", callback=split_hosts, metavar="H1,H2",
+              help="The cluster the image is for: compile for the union of its GPUs' compute capabilities (each "
+                   "host asked over SSH; one that cannot be asked or has no GPU is an error, never a guess).")
+@click.option("--config", "config_path", metavar="PATH",
+              help="Cluster config: its hosts are the cluster the image is for (as --hosts), and its SSH settings "
+                   "reach them and --on's host.")
 @click.option("--dry-run", is_flag=True, help="Print the docker build command; build nothing.")
-def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, config_path: str | None, **kw) -> None:
+def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, hosts: list[str] | None,
+          config_path: str | None, **kw) -> None:
     """Build a stack's image, then verify it (imports, versions vs pins)."""
+    from dataclasses import replace
+
     from dockerlaunch.images import build as buildlib
     from dockerlaunch.images import lock as locks
     from dockerlaunch.images.stacks import load_matrix
 
     stack = load_matrix().get(stack_name)
     opts = _build_options(kw)
+    if stack.cuda and not opts.cuda_archs and (hosts or config_path):
+        archs, said = _cluster_archs(hosts, config_path)
+        buildlib.check_archs(stack, archs)
+        opts = replace(opts, cuda_archs=archs, archs_from=said)
     if dry_run:
-        from dataclasses import replace
-
         from dockerlaunch.images import wheels
 
         lock = locks.checked(stack, opts.dockerfiles)
         archs = buildlib.cuda_archs(stack, opts, buildlib.local_gpu_archs() if stack.cuda else [])
         buildlib.check_archs(stack, archs)
         opts = replace(opts, cuda_archs=archs)
+        if opts.archs_from:
+            click.echo(f"# compiling for compute capability {';'.join(archs)} ({opts.archs_from})")
         click.echo(format_argv(buildlib.render_build(stack, opts, lock, target=stage), 0))
         if stage != "train":
             return

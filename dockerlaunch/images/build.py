@@ -56,6 +56,7 @@ class BuildOptions:
     no_cache: bool = False
     max_jobs: int | None = None  # compile jobs; None: per package, from the cores and the memory one job needs
     cuda_archs: list[str] = field(default_factory=list)  # e.g. ["9.0"]; empty: cuda_archs()'s default
+    archs_from: str | None = None  # where cuda_archs came from when not --cuda-archs (the cluster's GPUs)
     trust_carried_wheels: bool = False  # take compiled wheels that `wheels build -o` put in --wheelhouse
     force: bool = False
     dockerfiles: Path = field(default_factory=default_dockerfiles_dir)
@@ -525,7 +526,9 @@ def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | 
     archs = cuda_archs(stack, opts, gpus)
     check_archs(stack, archs)
     s = BuildSession(stack, replace(opts, cuda_archs=archs), lock, builder or find_builder(), out, work, where=where)
-    if stack.cuda and not opts.cuda_archs:
+    if stack.cuda and opts.archs_from:
+        s.say(f"compiling for compute capability {';'.join(archs)} ({opts.archs_from})")
+    elif stack.cuda and not opts.cuda_archs:
         what = where.what if where else "this machine"
         why = f"{what}'s GPUs" if gpus else f"H100/H200; no GPU on {what} to ask"
         s.say(f"compiling for compute capability {';'.join(archs)} ({why}); --cuda-archs '8.0;9.0;10.0' adds A100 "

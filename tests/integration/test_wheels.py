@@ -5,11 +5,13 @@ compiled package goes through the wheel cache: built once, reused, refused for a
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -295,3 +297,59 @@ def test_on_an_unreachable_host_is_one_line_before_anything_builds(engine, tmp_p
     err = r.stderr.strip().splitlines()
     assert r.returncode != 0 and len(err) == 1 and "127.0.0.1" in err[0], (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "builder stage" not in r.stdout
+
+
+# ---------------------------------------------------------------- the cluster's architectures (build --hosts)
+
+
+def test_build_for_a_cluster_compiles_for_exactly_its_gpus(sim_cluster, engine, tiny_builder, tiny_sdist, cache,
+                                                            tmp_path):
+    """node1 answers as an H100 host (9.0), node2 as an A100 host (8.0), through stand-in nvidia-smis asked over SSH
+    (tests/gpu_standin.py): the build plans the union, says where it came from, and the tiny package compiled with
+    that plan holds cubins for exactly sm_80 and sm_90. A host without nvidia-smi is one line, not a 9.0 guess."""
+    from dockerlaunch.images import verify
+    from tests import gpu_standin
+    from tests.integration.helpers import dl
+    from tests.integration.test_gpu_doctor import _tar
+
+    nodes = [engine.containers.get(n.name) for n in sim_cluster[2]]
+    ip1, ip2 = (n.ip for n in sim_cluster[2])
+    for node, case in zip(nodes, ("h100-healthy", "a100")):
+        node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (gpu_standin.script(case).encode(), 0o755)}))
+    try:
+        r = dl("build", "--stack", STACK, "--config", str(sim_cluster[1]), "--dry-run", timeout=300)
+        nodes[1].exec_run(["rm", "-f", "/usr/local/bin/nvidia-smi"])
+        missing = dl("build", "--stack", STACK, "--config", str(sim_cluster[1]), "--dry-run", timeout=300)
+        only1 = dl("build", "--stack", STACK, "--config", str(sim_cluster[1]), "--hosts", ip1, "--dry-run",
+                   timeout=300)
+    finally:
+        for node in nodes:
+            node.exec_run(["rm", "-f", "/usr/local/bin/nvidia-smi"])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"# compiling for compute capability 8.0;9.0 (the GPUs of {ip1} (9.0 x2), {ip2} (8.0 x2))" in r.stdout
+    assert "--label ai.dockerlaunch.cuda-archs=8.0;9.0" in r.stdout.replace("'", "")
+    assert "TORCH_CUDA_ARCH_LIST=8.0;9.0" in r.stdout and "FLASH_ATTN_CUDA_ARCHS=80;90" in r.stdout
+    assert missing.returncode != 0 and "docker build" not in missing.stdout
+    assert missing.stderr.strip().splitlines()[-1] == (
+        f"error: host {ip2}: asking the host for its GPUs' compute capability failed: has no nvidia-smi (no NVIDIA "
+        "driver): leave it out of --hosts, or pass --cuda-archs"), missing.stderr
+    assert only1.returncode == 0 and f"(the GPUs of {ip1} (9.0 x2))" in only1.stdout, only1.stderr
+
+    # the plan's architectures, compiled for real
+    archs = r.stdout.split("# compiling for compute capability ", 1)[1].split(" ", 1)[0].split(";")
+    wheel, _ = ensure(tiny(tiny_sdist, archs=wheels.arch_numbers(archs)), tiny_builder,
+                      wheelhouse_with(tiny_sdist, tmp_path), [])
+    with zipfile.ZipFile(wheel) as z:
+        [member] = [m for m in z.namelist() if m.endswith(".so")]
+        (tmp_path / "lib.so").write_bytes(z.read(member))
+    # each of the package's six kernels has a cubin for exactly the plan's architectures (the library also holds
+    # the CUDA runtime's own sm_75 code, linked from libcudart_static: not the package's)
+    tool = verify.ensure_tool(verify.CUOBJDUMP["amd64"]) / "cuobjdump"
+    dumped = subprocess.run([str(tool), "--dump-elf-symbols", str(tmp_path / "lib.so")], capture_output=True,
+                            text=True)
+    kernels: dict[str, set[str]] = {}
+    for block in re.split(r"(?=arch = sm_\d+)", dumped.stdout)[1:]:
+        arch = re.match(r"arch = (sm_\d+)", block).group(1)
+        for k in set(re.findall(r"\b(scale\d)\b", block)):
+            kernels.setdefault(k, set()).add(arch)
+    assert kernels == {f"scale{i}": {"sm_80", "sm_90"} for i in range(6)}, dumped.stdout[-3000:]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dockerlaunch.backends.docker import nvsmi, script
+from dockerlaunch.errors import HostError
 from dockerlaunch.job.facts import GpuHost
 
 if TYPE_CHECKING:  # probe() only calls what it is given: the parsers stay free of SSH
@@ -192,3 +193,27 @@ def probe_argv(master_addr: str, image: str | None = None, gpu: bool = True) -> 
 
 def probe(remote: Remote, master_addr: str, image: str | None = None) -> Probe:
     return parse_probe(remote.check(probe_argv(master_addr, image), PROBE_STEP, timeout=60).stdout)
+
+
+GPU_ARCHS_STEP = "asking the host for its GPUs' compute capability"
+
+
+def parse_compute_caps(host: str, status: int | None, out: str) -> list[str]:
+    """`nvidia-smi --query-gpu=compute_cap --format=csv,noheader` run through `sh` -> ['9.0', '9.0', ...], or a
+    one-line HostError: no nvidia-smi, no GPU, or nvidia-smi's own error (a build must not guess 9.0 for it)."""
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    if status == 127 or any("nvidia-smi: not found" in line or "command not found" in line for line in lines):
+        raise HostError(host, "has no nvidia-smi (no NVIDIA driver): leave it out of --hosts, or pass --cuda-archs",
+                        step=GPU_ARCHS_STEP)
+    caps = [line for line in lines if re.match(r"^\d+\.\d+$", line)]
+    if status != 0 or not caps:
+        why = next((line for line in lines if re.search(r"fail|error|unable", line, re.I)), lines[-1] if lines
+                   else f"exit status {status}, no GPU listed")
+        raise HostError(host, f"nvidia-smi listed no GPU ({why}): leave it out of --hosts, or pass --cuda-archs",
+                        step=GPU_ARCHS_STEP)
+    return caps
+
+
+def gpu_compute_caps(remote: Remote, host: str) -> list[str]:
+    r = remote.run(["sh", "-c", "nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>&1"], timeout=60)
+    return parse_compute_caps(host, r.exit_status, r.stdout)

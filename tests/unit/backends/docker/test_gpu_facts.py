@@ -158,3 +158,9 @@ def test_every_case_parses_through_the_probe(tmp_path, case):
     else:
         assert p.smi.driver and len(p.smi.gpus) == listed.count("\nGPU ") + listed.startswith("GPU ")
         assert all(g.compute_cap for g in p.smi.gpus)
+
+
+def test_the_stand_in_knows_the_probes_columns():
+    """tests/gpu_standin.py answers --query-gpu by column name: its columns are the probe's, in order."""
+    line = next(x for x in script("probe.sh").splitlines() if x.startswith("SMI_GPU="))
+    assert tuple(line.removeprefix("SMI_GPU=").split(",")) == gpu_standin.QUERY_GPU
