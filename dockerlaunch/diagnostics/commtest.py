@@ -201,9 +201,11 @@ def _links_and_transport(holder: dict):
     return monitor
 
 
-def sub_config(config: ClusterConfig, hosts: list[int] | None, command_argv: list[str]) -> ClusterConfig:
+def sub_config(config: ClusterConfig, hosts: list[int] | None, command_argv: list[str],
+               suffix: str = "commtest") -> ClusterConfig:
+    """The job's config for a short job of its own (`<job>-<suffix>`): same image, hosts, flags and mounts."""
     job = config.job
-    name = f"{job.name[:54]}-commtest"
+    name = f"{job.name[:54]}-{suffix}"
     data = config.model_dump(mode="json")
     data["job"] = {**data["job"], "name": name, "command": command_argv}
     if hosts is not None:

@@ -1,0 +1,184 @@
+"""`doctor --smoke` and `up --smoke`: the job's image on the hosts' GPUs, for real, in about a minute.
+
+An ordinary `up` of a short job (`<job>-smoke`, like commtest): scripts/smoke.py under torchrun, one rank per GPU,
+in the job's own containers. Its lines are judged here (pure): a wrong result or an error is a FAIL naming the rank,
+host and GPU; a GPU or host slower than the median of its peers by more than 20% is named as a straggler; the
+transport NCCL chose is read as `transport` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+from dataclasses import dataclass, field
+
+from dockerlaunch.backends.docker import up as launch
+from dockerlaunch.backends.docker.doctor.report import Report, Verdict
+from dockerlaunch.diagnostics import script
+from dockerlaunch.diagnostics.collect import TransportReport, read_transport
+from dockerlaunch.diagnostics.commtest import TORCHRUN, sub_config
+from dockerlaunch.job.config import ClusterConfig
+from dockerlaunch.reporting import Reporter
+
+MARK = "DLSMOKE "
+SILENT_S = 180  # the smoke prints within seconds on any machine; this long without a line is a hang
+STRAGGLER = 0.8  # slower than 80% of the median of its peers (20%): named
+TIMED = {"matmul": True, "te linear": False, "flash-attn": False, "apex norm": False}  # True: higher is better
+
+
+def command() -> list[str]:
+    return ["sh", "-c", TORCHRUN, script("smoke.py")]
+
+
+@dataclass
+class Row:
+    host: str
+    check: str
+    verdict: str  # PASS / WARN / FAIL / SKIP
+    reason: str
+
+
+@dataclass
+class SmokeResult:
+    rows: list[Row]
+    records: list[dict]
+    exit_code: int
+    output_tail: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(r.verdict == "FAIL" for r in self.rows)
+
+
+def _who(r: dict) -> str:
+    gpu = f" GPU {r.get('local_rank')} ({r['gpu']})" if r.get("gpu") and r.get("gpu") != "cpu" else " (CPU)"
+    return f"rank {r['rank']}{gpu}"
+
+
+def stragglers(steps: list[dict], higher_is_better: bool) -> list[tuple[dict, float]]:
+    """(record, ratio to the median of its peers) of every rank more than 20% slower than its peers."""
+    out = []
+    timed = [r for r in steps if r.get("ok") and isinstance(r.get("value"), (int, float)) and r["value"] > 0]
+    for r in timed:
+        peers = [p["value"] for p in timed if p is not r]
+        if not peers:
+            continue
+        median = statistics.median(peers)
+        ratio = r["value"] / median if higher_is_better else median / r["value"]
+        if ratio < STRAGGLER:
+            out.append((r, ratio))
+    return out
+
+
+def judge(records: list[dict], hosts: list[str], transport: TransportReport | None, exit_code: int) -> list[Row]:
+    """The smoke lines -> rows per host (pure). Each record carries `addr`, the host whose container printed it."""
+    rows: list[Row] = []
+    steps = [r for r in records if r.get("kind") == "step"]
+    where = lambda r: r.get("addr", "?")  # noqa: E731
+    if not steps:
+        for h in hosts:
+            rows.append(Row(h, "smoke", "FAIL", f"the smoke job printed no results (exit {exit_code}); its output "
+                                                "is above"))
+        return rows
+    seen_hosts = {where(r) for r in steps}
+    for h in hosts:
+        if h not in seen_hosts:
+            rows.append(Row(h, "smoke", "FAIL", "no rank on this host reported (the smoke job's output is above)"))
+    for name in dict.fromkeys(r["step"] for r in steps):
+        these = [r for r in steps if r["step"] == name]
+        for h in hosts:
+            mine = [r for r in these if where(r) == h]
+            if not mine:
+                continue
+            bad = [r for r in mine if not r.get("ok")]
+            skipped = [r for r in mine if r.get("skip")]
+            if bad:
+                detail = "; ".join(
+                    f"{_who(r)}: " + (r.get("error") or f"error {r.get('err'):.3g} above {r.get('tol')} against "
+                                                          "the reference") for r in bad[:4])
+                rows.append(Row(h, f"smoke {name}", "FAIL", detail))
+            elif len(skipped) == len(mine):
+                rows.append(Row(h, f"smoke {name}", "SKIP", mine[0]["skip"]))
+            else:
+                vals = [r["value"] for r in mine if isinstance(r.get("value"), (int, float))]
+                unit = mine[0].get("unit", "")
+                span = f"{min(vals):g}" if len(set(vals)) <= 1 else f"{min(vals):g}..{max(vals):g}"
+                errs = [r["err"] for r in mine if isinstance(r.get("err"), (int, float))]
+                rows.append(Row(h, f"smoke {name}", "PASS", f"{span} {unit} on {len(mine)} rank(s)"
+                                + (f", max error {max(errs):.2g} (tolerance {mine[0].get('tol')})" if errs else "")))
+        if name in TIMED:
+            for r, ratio in stragglers(these, TIMED[name]):
+                rows.append(Row(where(r), "straggler", "WARN",
+                                f"{_who(r)} is {1 - ratio:.0%} slower than the median of its peers at {name} "
+                                f"({r['value']:g} {r.get('unit', '')}): every rank of the job waits for it"))
+    if transport is not None:
+        for f in transport.findings:
+            if f.level == "FAIL":
+                rows.append(Row(hosts[0], "smoke transport", "FAIL", f.message))
+    return rows
+
+
+class _Capture(Reporter):
+    """Every rank's result lines are data; the rest of the job's output is kept for when it fails."""
+
+    def __init__(self, outer: Reporter):
+        self.outer, self.records, self.tail = outer, [], []
+        self.lock = threading.Lock()
+
+    def say(self, msg: str, style: str = "bold") -> None:
+        self.outer.say(msg, style)
+
+    def line(self, rank: int, host: str, text: str) -> None:
+        with self.lock:
+            if MARK in text:
+                try:
+                    self.records.append({**json.loads(text.split(MARK, 1)[1]), "addr": host})
+                except (ValueError, TypeError):
+                    pass
+            else:
+                self.tail = (self.tail + [f"[{rank} {host}] {text}"])[-30:]
+
+
+def add_to(report: Report, result: SmokeResult, hosts: list[str]) -> None:
+    """The smoke's rows into a doctor report, after its own."""
+    for row in result.rows:
+        report.add(row.host, row.check, Verdict(row.verdict), row.reason,
+                   rank=hosts.index(row.host) if row.host in hosts else -1)
+
+
+def dry_run_text() -> str:
+    """What the smoke runs on GPUs, in the script's own words (its --dry-run needs no torch)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", script("smoke.py"), "--dry-run"], capture_output=True, text=True,
+                       timeout=60)
+    return r.stdout.rstrip() if r.returncode == 0 else f"smoke: --dry-run failed: {r.stderr.strip()[-300:]}"
+
+
+def run(config: ClusterConfig, reporter: Reporter | None = None) -> SmokeResult:
+    reporter = reporter or Reporter()
+    cfg = sub_config(config, None, command(), suffix="smoke")
+    # a short job of its own: no restarts or spares, and a rank that says nothing for SILENT_S ends it (a hung
+    # collective must not hang doctor)
+    data = cfg.model_dump(mode="json")
+    data["job"].update({"max_restarts": 0, "hang_timeout": SILENT_S, "progress_regex": None})
+    data["spares"] = []
+    cfg = ClusterConfig.model_validate(data)
+    capture = _Capture(reporter)
+    holder: dict = {}
+
+    def monitor(session, plan, rep, stop) -> None:
+        """NCCL's transport, once the run ends (as `transport` reads it)."""
+        stop.wait()
+        try:
+            if plan.diag_dir and session.config.diagnostics.nccl_log:
+                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir)
+        except Exception as e:  # noqa: BLE001 - a missing transport verdict, never a crash
+            holder["error"] = str(e)
+
+    code = launch.up(cfg, preflight=False, log_dir=None, reporter=capture, monitors=[monitor])
+    hosts = [h.address for h in cfg.hosts]
+    rows = judge(capture.records, hosts, holder.get("transport"), code)
+    return SmokeResult(rows, capture.records, code, capture.tail)
