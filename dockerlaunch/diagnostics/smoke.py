@@ -18,6 +18,7 @@ from dockerlaunch.backends.docker.doctor.report import Report, Verdict
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.collect import TransportReport, read_transport
 from dockerlaunch.diagnostics.commtest import TORCHRUN, sub_config
+from dockerlaunch.diagnostics.transport import describe
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.reporting import Reporter
 
@@ -112,10 +113,23 @@ def judge(records: list[dict], hosts: list[str], transport: TransportReport | No
                 rows.append(Row(where(r), "straggler", "WARN",
                                 f"{_who(r)} is {1 - ratio:.0%} slower than the median of its peers at {name} "
                                 f"({r['value']:g} {r.get('unit', '')}): every rank of the job waits for it"))
-    if transport is not None:
-        for f in transport.findings:
-            if f.level == "FAIL":
-                rows.append(Row(hosts[0], "smoke transport", "FAIL", f.message))
+    header = next((r for r in records if r.get("kind") == "header"), {})
+    if header.get("backend") == "gloo":
+        rows.append(Row(hosts[0], "smoke transport", "SKIP", "gloo over TCP (the CPU path): NCCL's transport is read "
+                                                             "where the smoke runs on GPUs"))
+    elif transport is not None:
+        fails = [f.message for f in transport.findings if f.level == "FAIL"]
+        for _, address, t, error in transport.hosts:
+            if fails:
+                continue
+            if t is None or not t.network:
+                why = error or "no NCCL INFO log"
+                rows.append(Row(address, "smoke transport", "WARN", f"NCCL's transport was not read here ({why}): "
+                                "run `dockerlaunch transport`"))
+            else:
+                rows.append(Row(address, "smoke transport", "PASS", describe(t)))
+        for message in fails:
+            rows.append(Row(hosts[0], "smoke transport", "FAIL", message))
     return rows
 
 

@@ -68,3 +68,8 @@ def test_the_gpu_steps_are_ready_and_need_no_torch_to_list():
     for name in ("matmul", "te linear", "flash-attn", "apex norm", "all_reduce host", "all_reduce world"):
         assert f"  {name} " in r.stdout
     compile(script("smoke.py"), "smoke.py", "exec")  # every GPU step's code at least parses
+
+
+def test_the_cpu_path_says_its_transport_is_gloo():
+    got = rows([{"kind": "header", "backend": "gloo"}, step("matmul", 0, H1, 1.0)], hosts=(H1,))
+    assert got[(H1, "smoke transport")][0] == "SKIP" and "gloo over TCP" in got[(H1, "smoke transport")][1]
