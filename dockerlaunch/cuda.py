@@ -95,3 +95,13 @@ def driver_problem(driver: str, cuda: str, has_compat: bool = False) -> tuple[st
         return ("WARN", f"runs {cuda} through minor-version compatibility (the toolkit's own driver is {own}+): "
                         "PTX JIT of newer code and the newest APIs may not work")
     return None
+
+
+def runtime_cuda(dists: dict[str, str | None]) -> str | None:
+    """The CUDA an image's Python stack is built for, from its CUDA runtime wheel (nvidia-cuda-runtime 13.0.96 ->
+    '13.0'; nvidia-cuda-runtime-cu12 12.8.90 -> '12.8')."""
+    for name in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"):
+        v = version_tuple(dists.get(name))
+        if len(v) >= 2:
+            return f"{v[0]}.{v[1]}"
+    return None

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockerlaunch import shipped
-from dockerlaunch.cuda import cubin_covers
-from dockerlaunch.engine import cache_root
+from dockerlaunch.cuda import cubin_covers, runtime_cuda
+from dockerlaunch.engine import cache_root, save_image_scan
 from dockerlaunch.errors import ConfigError, DockerlaunchError, EngineError
 
 _LOG = logging.getLogger(__name__)
@@ -736,9 +736,9 @@ def _docker(argv: list[str], **kw) -> subprocess.CompletedProcess:
         raise EngineError(f"{argv[0]} not found: install Docker (on Debian `sudo scripts/install-docker`)") from None
 
 
-def image_facts(image: str, docker: str = "docker") -> tuple[dict, str]:
-    """(labels, architecture) of a local image, or one line naming the image and the fix."""
-    r = _docker([docker, "image", "inspect", "--format", "{{json .Config.Labels}} {{.Architecture}}", image],
+def image_facts(image: str, docker: str = "docker") -> tuple[dict, str, str]:
+    """(labels, architecture, Image ID) of a local image, or one line naming the image and the fix."""
+    r = _docker([docker, "image", "inspect", "--format", "{{json .Config.Labels}} {{.Architecture}} {{.Id}}", image],
                 timeout=120)
     if r.returncode != 0:
         err = r.stderr.strip()
@@ -750,8 +750,9 @@ def image_facts(image: str, docker: str = "docker") -> tuple[dict, str]:
             raise VerifyError(f"image {image} is not on this machine: build it (dockerlaunch build), pull it, or "
                               "load it (docker load -i FILE)")
         raise VerifyError(f"verify {image}: docker image inspect failed: {err[:200]}")
-    text, _, arch = r.stdout.strip().rpartition(" ")
-    return json.loads(text or "null") or {}, arch
+    text, _, image_id = r.stdout.strip().rpartition(" ")
+    text, _, arch = text.rpartition(" ")
+    return json.loads(text or "null") or {}, arch, image_id
 
 
 def _cubin_cache_path() -> Path:
@@ -762,7 +763,7 @@ def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: s
            checks: tuple[str, ...] | None = None, timeout: int = 1800) -> VerifyReport:
     """Every check that needs no GPU (with `gpus`, the container also gets --gpus all and a missing driver is a
     FAIL). `cuda_archs` overrides the image's ai.dockerlaunch.cuda-archs label. `checks`: a subset of CHECKS."""
-    labels, arch = image_facts(image, docker)
+    labels, arch, image_id = image_facts(image, docker)
     if isinstance(cuda_archs, list):
         cuda_archs = ";".join(cuda_archs)
     archs = parse_archs(cuda_archs) if cuda_archs else parse_archs(labels.get(ARCHS_LABEL))
@@ -829,6 +830,14 @@ def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: s
         result["cubins"] = {"error": f"no cuobjdump is pinned for {arch} images (dockerlaunch knows amd64 and arm64)"}
     _save_cubins(result.get("cubin_cache_new") or {})
     report = judge(image, labels, result, archs, source, gpus=gpus, wanted=wanted)
+    cubins = result.get("cubins")
+    if image_id and isinstance(cubins, dict) and "error" not in cubins:
+        # for doctor, by Image ID: what each library with device code holds, and the CUDA of the runtime wheel
+        save_image_scan(image_id, {
+            "image": image, "cuda": runtime_cuda(result.get("dists") or {}),
+            "cubins": {lib: {"elf": c.get("elf", []), "ptx": c.get("ptx", []),
+                             "dist": (result.get("device_dists") or {}).get(lib)}
+                       for lib, c in cubins.items() if not c.get("none") and "error" not in c}})
     return report
 
 

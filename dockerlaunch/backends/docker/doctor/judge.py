@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from dockerlaunch import cuda
@@ -103,7 +104,7 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSH
         else:
             report.add(a, "gpus", PASS, f"{g.gpus} GPU(s) visible in the container" + (f" ({mode})" if mode else ""))
     if wants_gpus(hp) and p is not None and p.smi is not None:
-        judge_gpu_facts(report, a, p.smi, p.image_labels or {})
+        judge_gpu_facts(report, a, p.smi, p.image_labels or {}, o.image_scan, p.gpu.image_env)
 
 
 LABEL = "ai.dockerlaunch."
@@ -118,25 +119,67 @@ def _gpus(gpus: list[nvsmi.Gpu]) -> str:
     return f"GPU {idx}" if len(gpus) == 1 else f"GPUs {idx}"
 
 
-def judge_gpu_facts(report: Report, a: str, smi: nvsmi.SmiFacts, labels: dict[str, str]) -> None:
-    """The image against this host's driver and GPUs, and the GPUs' health (docs/DOCTOR.md, issue 41)."""
-    _judge_driver(report, a, smi, labels)
-    _judge_archs(report, a, smi, labels)
+def judge_gpu_facts(report: Report, a: str, smi: nvsmi.SmiFacts, labels: dict[str, str], scan: dict | None = None,
+                    env: tuple[str, ...] | None = None) -> None:
+    """The image against this host's driver and GPUs, and the GPUs' health. What the image needs comes from
+    dockerlaunch's labels, else from its environment (CUDA_VERSION of nvidia/cuda bases) and what `dockerlaunch
+    verify` recorded of its Image ID here (`scan`: each library's cubins and PTX, its runtime's CUDA)."""
+    _judge_driver(report, a, smi, labels, _needs_cuda(labels, scan, env))
+    if labels.get(f"{LABEL}cuda-archs") or not scan:
+        _judge_archs(report, a, smi, labels)
+    else:
+        _judge_scanned_archs(report, a, smi, scan)
     _judge_health(report, a, smi)
 
 
-def _judge_driver(report: Report, a: str, smi: nvsmi.SmiFacts, labels: dict[str, str]) -> None:
+def _needs_cuda(labels: dict[str, str], scan: dict | None, env: tuple[str, ...] | None) -> tuple[str, str] | None:
+    """(CUDA major.minor the image needs, where that was read)."""
+    if labels.get(f"{LABEL}pin.cuda"):
+        return labels[f"{LABEL}pin.cuda"], f"{LABEL}pin.cuda"
+    for e in env or ():
+        m = re.match(r"^CUDA_VERSION=(\d+)\.(\d+)", e)
+        if m:
+            return f"{m.group(1)}.{m.group(2)}", "the image's CUDA_VERSION"
+    if scan and scan.get("cuda"):
+        return str(scan["cuda"]), "its CUDA runtime wheel (dockerlaunch verify)"
+    return None
+
+
+def _judge_scanned_archs(report: Report, a: str, smi: nvsmi.SmiFacts, scan: dict) -> None:
+    """The same rule per library, from verify's record: a library of the image's own (not an nvidia-* wheel, which
+    NVIDIA ships for a range of GPUs) with neither a cubin nor PTX for a host GPU fails."""
+    caps = {g.compute_cap for g in smi.gpus if g.compute_cap}
+    own = {lib: c for lib, c in (scan.get("cubins") or {}).items()
+           if not str(c.get("dist") or "").startswith("nvidia-")}
+    lacking: dict[str, list[str]] = {}
+    for cap in sorted(caps, key=cuda.version_tuple):
+        for lib, c in sorted(own.items()):
+            if not cuda.cubin_covers(c.get("elf", []), cap) and not cuda.ptx_covers(c.get("ptx", []), cap):
+                lacking.setdefault(cap, []).append(f"{lib} ({c.get('dist') or '?'}: {', '.join(c.get('elf', []))})")
+    if lacking:
+        report.add(a, "archs", FAIL, "; ".join(f"GPUs of compute capability {cap}: no cubin or PTX in "
+                                               f"{', '.join(libs[:3])}" + (f" (+{len(libs) - 3} more)" if len(libs) > 3
+                                                                            else "") for cap, libs in lacking.items())
+                   + f" (from `dockerlaunch verify` of {scan.get('image', 'the image')}): rebuild them for "
+                     f"{';'.join(sorted(caps, key=cuda.version_tuple))}")
+    else:
+        report.add(a, "archs", PASS, f"{len(own)} libraries with device code run on this host's GPUs "
+                   f"({', '.join(sorted(caps))}; from `dockerlaunch verify` of {scan.get('image', 'the image')})")
+
+
+def _judge_driver(report: Report, a: str, smi: nvsmi.SmiFacts, labels: dict[str, str],
+                  needs: tuple[str, str] | None) -> None:
     if smi.driver is None:
         said = [e for e in smi.errors if "--query-gpu" in e] or list(smi.errors)
         report.add(a, "driver", ERROR, "nvidia-smi did not tell the driver version: "
                    + ("; ".join(said) if said else "no answer") + " (is the driver loaded?)")
         return
     runs = f" (CUDA {smi.cuda})" if smi.cuda else ""
-    need = labels.get(f"{LABEL}pin.cuda")
-    if not need:
+    if needs is None:
         report.add(a, "driver", SKIP, f"driver {smi.driver}{runs}; the image does not say which CUDA it needs (no "
-                   f"{LABEL}pin.cuda label: not built by dockerlaunch)")
+                   f"{LABEL}pin.cuda label or CUDA_VERSION; `dockerlaunch verify IMAGE` here records it)")
         return
+    need = needs[0]
     problem = cuda.driver_problem(smi.driver, need)
     if problem is None:
         report.add(a, "driver", PASS, f"driver {smi.driver}{runs} runs the image's CUDA {need}")

@@ -138,6 +138,7 @@ class HostObservation:
     docker_error: str | None = None
     image_id: str | None = None  # "" when the image is missing
     image_content: str = ""  # its creation time and layer digests: the same image in either image store
+    image_scan: dict | None = None  # what `dockerlaunch verify` recorded of this Image ID here (cubins, CUDA)
     probe: probelib.Probe | None = None
     disk: tuple[int, int] | None = None  # (size, available) KiB under the docker root
     mounts_missing: list[str] | None = None

@@ -29,6 +29,7 @@ from dockerlaunch.backends.docker.doctor.observations import (
     uses_ib,
     wants_gpus,
 )
+from dockerlaunch.engine import load_image_scan
 from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.job.config import ClusterConfig
@@ -76,6 +77,7 @@ def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> 
         obs.error = (err.decode(errors="replace").strip().splitlines() or [f"exit status {status}"])[-1][:300]
         return obs
     parse_observation(obs, text)
+    obs.image_scan = load_image_scan(obs.image_id)
     clock = next((line[6:] for line in text.splitlines() if line.startswith("clock=")), "")
     try:
         obs.clock_offset = float(clock) - (t0 + (first[0] if first else time.time())) / 2

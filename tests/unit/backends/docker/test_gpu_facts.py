@@ -164,3 +164,29 @@ def test_the_stand_in_knows_the_probes_columns():
     """tests/gpu_standin.py answers --query-gpu by column name: its columns are the probe's, in order."""
     line = next(x for x in script("probe.sh").splitlines() if x.startswith("SMI_GPU="))
     assert tuple(line.removeprefix("SMI_GPU=").split(",")) == gpu_standin.QUERY_GPU
+
+
+SCAN = {"image": "someone/train:1", "cuda": "12.8", "cubins": {
+    "flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so": {"elf": ["sm_90"], "ptx": [], "dist": "flash-attn 2.8.3"},
+    "torch/lib/libtorch_cuda.so": {"elf": ["sm_80", "sm_90"], "ptx": [], "dist": "torch 2.8.0"},
+    "nvidia/cufft/lib/libcufft.so.11": {"elf": ["sm_52"], "ptx": [], "dist": "nvidia-cufft-cu12 11.3.3.83"}}}
+
+
+def test_an_image_without_labels_is_judged_from_what_verify_recorded_of_its_id(tmp_path):
+    a100 = probed(tmp_path, "a100").smi
+    report = Report()
+    judge_gpu_facts(report, "h1", a100, {}, SCAN)
+    got = {c.name: (c.status, c.reason) for c in report.checks}
+    assert got["archs"][0] == FAIL
+    assert got["archs"][1].startswith("GPUs of compute capability 8.0: no cubin or PTX in "
+                                      "flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so (flash-attn 2.8.3: sm_90)")
+    assert "libtorch_cuda" not in got["archs"][1] and "libcufft" not in got["archs"][1]  # covered; NVIDIA's own
+    # the CUDA it needs: its runtime wheel (verify), said as such; a 580 driver runs 12.8
+    assert got["driver"] == (PASS, "driver 580.95.05 (CUDA 13.0) runs the image's CUDA 12.8")
+    report = Report()
+    judge_gpu_facts(report, "h1", probed(tmp_path, "h100-healthy").smi, {}, SCAN)
+    assert {c.name: c.status for c in report.checks}["archs"] == PASS
+    # nvidia/cuda bases say their CUDA in the environment
+    report = Report()
+    judge_gpu_facts(report, "h1", probed(tmp_path, "driver-570").smi, {}, None, ("CUDA_VERSION=13.0.1", "PATH=/x"))
+    assert {c.name: c.status for c in report.checks}["driver"] == FAIL
