@@ -50,3 +50,18 @@ def test_doctor_smoke_names_the_slowed_node(sim_cluster, engine, demo_image):
     verdict, reason = stragglers[(ip2, "straggler")]
     assert verdict == "WARN" and reason.startswith("rank 1 (CPU) is ") and "slower than the median of its peers at " \
         "matmul" in reason, reason
+
+
+def test_up_smoke_starts_the_job_only_after_the_smoke_passed(sim_cluster, demo_image, tools_image, job_containers):
+    ok = dl("up", "--config", str(sim_cluster[1]), "--image", demo_image, "--name", "smoky", "--smoke", "--",
+            "sh", "-c", "echo the-job-ran", timeout=600)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
+    assert "smoke matmul" in ok.stdout and "the-job-ran" in ok.stdout
+    assert ok.stdout.index("smoke matmul") < ok.stdout.index("the-job-ran")
+    # an image the smoke cannot run in (no torch): FAIL, and the job never starts
+    bad = dl("up", "--config", str(sim_cluster[1]), "--image", tools_image, "--name", "smoky2", "--smoke", "--",
+             "sh", "-c", "echo the-job-ran", timeout=600)
+    assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-2000:]
+    assert "smoke FAILED: the job was not started" in bad.stdout + bad.stderr
+    assert "the-job-ran" not in bad.stdout
+    assert job_containers("smoky2") == [] and job_containers("smoky2-smoke") == []
