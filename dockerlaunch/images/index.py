@@ -33,7 +33,10 @@ class FetchError(DockerlaunchError):
 
 
 NET_ERRORS = (OSError, http.client.HTTPException, ValueError)  # what urllib raises besides URLError
-_AUTH: dict[str, str] = {}  # host -> Authorization header, from an index URL's user:password@ (never printed)
+# (scheme, host, port) -> Authorization header, from an index URL's user:password@ (never printed): a file the
+# index links to on the same origin gets it; a redirect to any other origin (object storage) never does
+_AUTH: dict[tuple[str, str, int], str] = {}
+LOOPBACK = ("localhost", "127.", "::1", "[::1]")
 
 
 def redact(url: str) -> str:
@@ -45,15 +48,59 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
 
 
+def origin(url: str) -> tuple[str, str, int]:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or (443 if scheme == "https" else 80)
+
+
+def check_credentials(url: str) -> None:
+    """Credentials only over https, or plain http to this machine: a one-line refusal naming the URL, before any
+    byte is sent."""
+    parts = urllib.parse.urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if parts.username is not None and parts.scheme.lower() != "https" and not host.startswith(LOOPBACK):
+        raise FetchError(f"index {redact(url)}: credentials over plain http can be read on the network: use https "
+                         "(plain http only to a loopback address)")
+
+
 def request(url: str, **headers: str) -> urllib.request.Request:
     """A request for `url` with its credentials, if any, as a Basic Authorization header (urllib does not read
-    user:password@ from a URL), also for later URLs on the same host (files an index page links to)."""
+    user:password@ from a URL), also for later URLs of the same origin (files an index page links to). The header
+    is never copied to a redirect (`open_url`'s handler gives it back only on the same origin), and credentials
+    over plain http are refused unless the index is on this machine."""
     parts = urllib.parse.urlsplit(url)
     if parts.username is not None:
+        check_credentials(url)
         cred = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-        _AUTH[parts.hostname or ""] = "Basic " + base64.b64encode(cred.encode()).decode()
-    auth = _AUTH.get(parts.hostname or "")
-    return urllib.request.Request(redact(url), headers={**headers, **({"Authorization": auth} if auth else {})})
+        _AUTH[origin(url)] = "Basic " + base64.b64encode(cred.encode()).decode()
+    req = urllib.request.Request(redact(url), headers=headers)
+    auth = _AUTH.get(origin(url))
+    if auth:
+        req.add_unredirected_header("Authorization", auth)
+    return req
+
+
+class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
+    """urllib copies a request's headers to the redirect's: credentials go only where they were given."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None:
+            for key in [k for k in new.headers if k.lower() == "authorization"]:
+                del new.headers[key]
+            auth = _AUTH.get(origin(new.full_url))
+            if auth:
+                new.add_unredirected_header("Authorization", auth)
+        return new
+
+
+_OPENER = urllib.request.build_opener(_SameOriginAuth)
+
+
+def open_url(req: urllib.request.Request, timeout: float):
+    """urlopen with credentials kept to their origin across redirects."""
+    return _OPENER.open(req, timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -97,9 +144,10 @@ class _Links(HTMLParser):
 @cache
 def index_files(index_url: str, project: str) -> tuple[IndexFile, ...]:
     """The project's files on a PEP 503 index, with the sha256 each link carries."""
+    check_credentials(index_url)
     page = f"{index_url.rstrip('/')}/{project}/"
     try:
-        with urllib.request.urlopen(request(page, Accept="text/html"), timeout=60) as r:
+        with open_url(request(page, Accept="text/html"), timeout=60) as r:
             text = r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         if e.code == 404:
@@ -194,7 +242,7 @@ def download(f: IndexFile, dest: Path) -> Path:
     h = hashlib.sha256()
     try:
         if f.url.startswith(("http:", "https:")):
-            src = urllib.request.urlopen(request(f.url), timeout=300)
+            src = open_url(request(f.url), timeout=300)
         else:
             src = open(f.url, "rb")
         with src, open(part, "wb") as out:

@@ -27,7 +27,6 @@ import subprocess
 import tarfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -391,7 +390,7 @@ def sdist_file(src: Source, index_url: str | None) -> idx.IndexFile:
 def _download(src: Source, dest: Path) -> None:
     part = dest.with_name(dest.name + ".part")
     try:
-        with urllib.request.urlopen(idx.request(src.url), timeout=120) as r, open(part, "wb") as f:
+        with idx.open_url(idx.request(src.url), timeout=120) as r, open(part, "wb") as f:
             shutil.copyfileobj(r, f, 1 << 20)
     except idx.NET_ERRORS as e:
         part.unlink(missing_ok=True)
