@@ -433,7 +433,18 @@ def untagged_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
     """Re-stream a `docker save` tar so that `docker load` sets no tag: RepoTags cleared in manifest.json,
     the legacy `repositories` file dropped, image-name annotations removed from an OCI index.json."""
 
+    seen: set[str] = set()
+
     def edit(member: tarfile.TarInfo, f: IO[bytes] | None):
+        # Docker's loader cleans member names (`./manifest.json` is manifest.json): a name matched here must be the
+        # one it reads, so any name that is not already clean, or that comes twice, is refused
+        clean = posixpath.normpath(member.name.lstrip("/")) if member.name else member.name
+        if member.name != clean or member.name.startswith(("/", "../")) or clean == "..":
+            raise TransferError(f"image tar member {member.name!r} is not a canonical name (a docker save writes "
+                                f"{clean!r}): refusing an image tar that could set tags of its own")
+        if member.name in seen:
+            raise TransferError(f"image tar member {member.name!r} is in the image tar twice: not a docker save")
+        seen.add(member.name)
         if member.name == "repositories":
             return None
         if member.name in ("manifest.json", "index.json") and f is not None:

@@ -16,13 +16,14 @@ ID = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32
 
 
-def image_tar(tags=("evil/retag:latest",)) -> bytes:
+def image_tar(tags=("evil/retag:latest",), names=("layer/layer.tar", "manifest.json", "repositories"),
+              extra=()) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as t:
-        for name, data in [("layer/layer.tar", b"x" * 3000),
-                           ("manifest.json", json.dumps([{"Config": "c.json", "RepoTags": list(tags),
-                                                          "Layers": ["layer/layer.tar"]}]).encode()),
-                           ("repositories", b'{"evil/retag": {"latest": "abc"}}')]:
+        for name, data in [(names[0], b"x" * 3000),
+                           (names[1], json.dumps([{"Config": "c.json", "RepoTags": list(tags),
+                                                   "Layers": ["layer/layer.tar"]}]).encode()),
+                           (names[2], b'{"evil/retag": {"latest": "abc"}}'), *extra]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             t.addfile(info, io.BytesIO(data))
@@ -116,6 +117,24 @@ def test_image_tars_lose_their_own_tags_before_docker_load():
         layer = t.extractfile("layer/layer.tar").read()
     assert "repositories" not in names and manifest[0]["RepoTags"] is None
     assert manifest[0]["Layers"] == ["layer/layer.tar"] and layer == b"x" * 3000
+
+
+@pytest.mark.parametrize("names, extra, words", [
+    (("layer/layer.tar", "./manifest.json", "repositories"), (), "'./manifest.json' is not a canonical name"),
+    (("layer/layer.tar", "manifest.json", "./repositories"), (), "'./repositories' is not a canonical name"),
+    (("layer/layer.tar", "manifest.json", "repositories"), (("./index.json", b"{}"),),
+     "'./index.json' is not a canonical name"),
+    (("layer/layer.tar", "manifest.json", "repositories"), (("manifest.json", b"[]"),),
+     "'manifest.json' is in the image tar twice"),
+    (("layer//layer.tar", "manifest.json", "repositories"), (), "'layer//layer.tar' is not a canonical name"),
+])
+def test_an_image_tar_with_a_non_canonical_or_repeated_name_is_refused(names, extra, words):
+    """Docker's loader reads `./manifest.json` as manifest.json: matched by exact name, its RepoTags would reach
+    `docker load` and set any tag (issue 42, finding 5)."""
+    tar = image_tar(names=names, extra=extra)
+    with pytest.raises(TransferError) as err:
+        b"".join(untagged_chunks(iter([tar])))
+    assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
