@@ -106,6 +106,21 @@ def docker_script(plan: JobPlan, file: str) -> str:
     })
 
 
+# Docker's --env-file, as `up` and the plain-Docker script get it: KEY=VALUE with the value taken literally (no
+# quotes, `$`, backquotes or `;` are interpreted), KEY alone from the environment, `#` lines and blank lines skipped,
+# leading blanks and a CR at the end ignored. Sourcing the file instead would run and expand what is in it.
+ENV_FILE_READER = r"""dl_env_file() {
+  while IFS= read -r line || [ -n "$line" ]; do
+    line=${line%$'\r'}
+    line=${line#"${line%%[![:space:]]*}"}
+    case $line in ''|'#'*) continue ;; esac
+    key=${line%%=*}
+    case $key in ''|[0-9]*|*[!A-Za-z0-9_]*) echo "env file $1: '$key' is not a variable name" >&2; return 1 ;; esac
+    if [ "$key" = "$line" ]; then export "${key?}"; else export "$key=${line#*=}"; fi
+  done < "$1"
+}"""
+
+
 def pyxis_script(plan: JobPlan, file: str) -> str:
     spec = plan.hosts[0].container
     exports, names = [], []
@@ -123,8 +138,11 @@ def pyxis_script(plan: JobPlan, file: str) -> str:
             continue  # NIC, HCAs: NCCL finds them; enroot shares the host's network
         exports.append(f"export {k}={shlex.quote(v)}")
         names.append(k)
-    for path in env_file_paths(spec, plan):
-        exports.append(f"set -a; . {shlex.quote(path)}; set +a  # secrets: never on a command line")
+    paths = env_file_paths(spec, plan)
+    if paths:
+        exports.append(ENV_FILE_READER)
+    for path in paths:
+        exports.append(f"dl_env_file {shlex.quote(path)} || exit 1  # secrets: never on a command line")
     flags = [f"--container-image={shlex.quote(enroot_image(spec.image))}", "--no-container-mount-home"]
     if spec.mounts:
         mounts = [f"{m.source}:{m.target}" + (":ro" if m.read_only else "") for m in spec.mounts]

@@ -508,6 +508,39 @@ def test_pyxis_script_passes_hostile_values_byte_exact(tmp_path, NASTY):
     assert (tmp_path / "nasty").read_text() == NASTY and (tmp_path / "master").read_text() == "gpu07"
 
 
+# what Docker's --env-file (and so `up`) makes of each line: the value after the first `=`, byte for byte
+ENV_FILE_VALUES = {"DL_DOLLAR": "$HOME and ${HOME} and $(id) and `id`", "DL_SEMI": "a; touch pwned; b",
+                   "DL_QUOTES": "'single' \"double\" \\back\\slash", "DL_SPACES": "  lead and trail  ",
+                   "DL_EQ": "k=v=w", "DL_EMPTY": ""}
+
+
+def test_pyxis_reads_env_files_literally_as_docker_does(tmp_path):
+    """A secret file's values reach srun's environment exactly as Docker's --env-file would give them to `up`'s
+    containers: `$`, backquotes, `;` and quotes are data, never run or expanded (issue 42, finding 7)."""
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text("# a comment\n\n" + "".join(f"{k}={v}\n" for k, v in ENV_FILE_VALUES.items())
+                        + "DL_FROM_ENV\n  DL_INDENTED=x\nDL_CRLF=windows\r\n")
+    text = rendered("slurm", plan_of(container__env_files=[str(env_file)], job__command=["python", "x.py"]))[
+        "sft-qwen.pyxis.sbatch"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho gpu07\n")
+    (bin_dir / "srun").write_text(f"#!/bin/sh\nenv -0 > {tmp_path}/env\n")
+    for p in bin_dir.iterdir():
+        p.chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "x", "HOME": "/home/x",
+                            "DL_FROM_ENV": "from the environment"})
+    assert r.returncode == 0, r.stderr
+    got = dict(kv.split("=", 1) for kv in (tmp_path / "env").read_text().split("\0") if "=" in kv)
+    for k, v in ENV_FILE_VALUES.items():
+        assert got.get(k) == v, (k, got.get(k))
+    assert got["DL_FROM_ENV"] == "from the environment" and got["DL_INDENTED"] == "x" and got["DL_CRLF"] == "windows"
+    assert not (tmp_path / "pwned").exists()
+
+
 def k8s_expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' variable expansion as its documentation states it (Define Dependent Environment Variables;
     container command and args): `$(VAR)` becomes VAR's value where VAR is defined, else stays as written; `$$`
