@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -328,12 +329,24 @@ def get_source(src: Source, wheelhouse: Path | None, index_url: str | None, offl
                log: Callable[[str], None], dest_dir: Path | None = None) -> Path:
     """The source file, checked against its pin; downloaded (into `dest_dir`, default the cache) when no local
     copy has it. A copy that does not match its pin stops here, naming both hashes."""
+    own = [cache_root() / "sources", *vendored_dirs()]  # folders only dockerlaunch and this user write
     for cand in source_candidates(src, wheelhouse) + ([dest_dir / src.filename] if dest_dir else []):
         if cand.is_file():
-            check_source(src, cand)
+            use = cand if cand.parent in own else _private_copy(cand)
+            try:
+                check_source(src, use)
+            except DockerlaunchError:
+                if use != cand:
+                    use.unlink(missing_ok=True)
+                raise
+            if use != cand:  # checked as a copy of ours, and only the copy is used: a shared folder's file could
+                # be swapped between a check and the unpacking
+                final = cache_root() / "sources" / src.filename
+                use.replace(final)
+                use = final
             if src.kind == "archive":  # where a non-PyPI source came from is worth a line (vendored, a site's own)
-                log(f"{src.what}: {cand} (its tree matches the pin)")
-            return cand
+                log(f"{src.what}: {cand} (its tree matches the pin" + (f"; copied to {use})" if use != cand else ")"))
+            return use
     if src.kind == "file" and not src.sha256:
         raise WheelError(f"{src.what} {src.url} is not pinned by hash: download it once where you trust the "
                          "network, check it, and put its sha256 in stacks.yaml (flash_attn_wheel_sha256); nothing "
@@ -358,6 +371,16 @@ def get_source(src: Source, wheelhouse: Path | None, index_url: str | None, offl
         dest.unlink(missing_ok=True)
         raise
     return dest
+
+
+def _private_copy(path: Path) -> Path:
+    """A copy of `path` in the cache's sources folder, read once, under a name nobody else uses."""
+    folder = cache_root() / "sources"
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    with os.fdopen(fd, "wb") as out, open(path, "rb") as f:
+        shutil.copyfileobj(f, out, 1 << 20)
+    return Path(tmp)
 
 
 def check_source(src: Source, path: Path) -> None:

@@ -171,3 +171,20 @@ def test_a_source_neither_vendored_nor_reachable_names_the_archive_its_sha256_an
         assert why in msg
         assert f"put it in {tmp_path / 'cache' / 'sources'} (or in a folder named by DOCKERLAUNCH_SOURCE_DIRS)" in msg
     assert not list((tmp_path / "cache").rglob("*.part"))  # nothing half-downloaded left behind
+
+
+def test_a_source_from_a_shared_folder_is_used_as_the_copy_that_was_checked(matrix, monkeypatch, tmp_path):
+    """A file in DOCKERLAUNCH_SOURCE_DIRS (often a shared, writable folder) could be swapped between its check and
+    its unpacking: the launcher copies it, checks the copy, and hands out only the copy (issue 42, finding 10)."""
+    pin = matrix.get("swift4.6-mcore0.19-cu13-py313").apex
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / pin.archive_name).write_bytes(vendored(pin.archive_name).read_bytes())
+    monkeypatch.setenv(wheels.SOURCE_DIRS_ENV, str(shared))
+    monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
+    src = wheels.Source(f"{pin.repo} source", "4-apex", pin.archive_name, pin.sha256, "archive", pin.archive_url)
+    said: list[str] = []
+    got = wheels.get_source(src, None, None, True, said.append)
+    (shared / pin.archive_name).write_bytes(b"swapped after the check")  # someone else's write, a moment later
+    assert tree_sha256(got) == pin.sha256  # what the build unpacks is what was checked
+    assert said == [f"{pin.repo} source: {shared / pin.archive_name} (its tree matches the pin; copied to {got})"]
