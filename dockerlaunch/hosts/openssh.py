@@ -12,6 +12,7 @@ worked; otherwise paramiko carries the stream. DOCKERLAUNCH_SSH_BULK=paramiko tu
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -39,7 +40,7 @@ def mode() -> str:
 def argv(target: SSHTarget, command: str, ssh: str = "ssh") -> list[str] | None:
     """The `ssh` argv that runs `command` (one shell string, quoted by the caller) on the target, or None where
     OpenSSH cannot reproduce the session (this machine, or jump hosts: those streams stay on paramiko). (pure)"""
-    if target.local or target.jumps:
+    if target.local or target.jumps or reinterpreted(target):
         return None
     a = [ssh, "-F", "/dev/null", "-T", "-x", "-a",
          "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
@@ -56,6 +57,20 @@ def argv(target: SSHTarget, command: str, ssh: str = "ssh") -> list[str] | None:
     return [*a, "--", target.hostname, command]
 
 
+# What OpenSSH does to a path given as an option: splits UserKnownHostsFile's value on blanks and reads quotes and
+# backslashes in it, expands %-tokens in both it and -i, and ~ at the start of -i: a path holding any of these
+# would name other files than the session's (a second known_hosts relative to the working directory)
+REINTERPRETED = re.compile(r"[\s%\"'\\~]")
+
+
+def reinterpreted(target: SSHTarget) -> str | None:
+    """The first path OpenSSH would read as something else (None: all pass through as written). (pure)"""
+    for path in (os.path.expanduser(target.known_hosts), *(os.path.expanduser(f) for f in target.identity_files)):
+        if REINTERPRETED.search(path):
+            return path
+    return None
+
+
 def unusable(target: SSHTarget) -> str | None:
     """Why bulk bytes to this target cannot go through OpenSSH (None: they can). Probed once per target."""
     m = mode()
@@ -69,7 +84,9 @@ def unusable(target: SSHTarget) -> str | None:
     if ssh is None:
         why: str | None = "no ssh client on this machine"
     elif a is None:
-        why = "jump hosts" if target.jumps else "this machine"
+        odd = reinterpreted(target)
+        why = (f"the path {odd!r} holds a blank, %, ~, quote or backslash, which OpenSSH would read as something "
+               "else") if odd else "jump hosts" if target.jumps else "this machine"
     else:
         try:
             r = subprocess.run(a, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PROBE_TIMEOUT)

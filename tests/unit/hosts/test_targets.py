@@ -108,3 +108,27 @@ def test_openssh_is_not_used_where_it_cannot_reproduce_the_session():
     # no identity files: OpenSSH's default keys and agent, as paramiko's look_for_keys; IdentitiesOnly not forced
     a = argv(SSHTarget(alias="n", hostname="10.0.0.2", user="ops"), "true")
     assert "-i" not in a and "IdentitiesOnly=yes" not in a
+
+
+@pytest.mark.parametrize("known_hosts, identity", [
+    ("/tmp/dl keys/known_hosts", "/tmp/id_ed25519"),  # OpenSSH splits UserKnownHostsFile on blanks
+    ("/tmp/%u/known_hosts", "/tmp/id_ed25519"),  # ... and expands %-tokens in it
+    ("/tmp/known_hosts", "/tmp/keys %d/id_ed25519"),  # -i keeps blanks but expands %d
+])
+def test_a_path_openssh_would_read_otherwise_keeps_the_stream_on_paramiko(known_hosts, identity):
+    """issue 42, finding 9: `ssh -G` shows what OpenSSH makes of such a path (another file, or two); the launcher
+    never hands it over, and says why."""
+    import shutil
+    import subprocess
+
+    from dockerlaunch.hosts import openssh
+    from dockerlaunch.hosts.targets import SSHTarget
+
+    t = SSHTarget(alias="n", hostname="10.0.0.2", user="ops", identity_files=(identity,), known_hosts=known_hosts)
+    assert openssh.argv(t, "true") is None
+    assert openssh.reinterpreted(t) in (known_hosts, identity)
+    if shutil.which("ssh"):  # the reason, as OpenSSH itself parses the options
+        g = subprocess.run(["ssh", "-G", "-F", "/dev/null", "-o", f"UserKnownHostsFile={known_hosts}", "-i", identity,
+                            "-l", "ops", "10.0.0.2"], capture_output=True, text=True, timeout=30)
+        parsed = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in g.stdout.splitlines() if " " in line}
+        assert parsed["userknownhostsfile"] != known_hosts or parsed["identityfile"] != identity, parsed
