@@ -31,6 +31,7 @@ from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import diag_dir
 from dockerlaunch.reporting import Reporter
+from dockerlaunch.tars import open_untrusted
 
 PYSPY_TIMEOUT = 90.0
 SIDECAR_PYSPY = "/dockerlaunch-py-spy"  # not under /usr: the job may mount that read-only
@@ -88,7 +89,7 @@ def local_pyspy() -> Path | None:
 def safe_extract(data: bytes, dest: Path) -> list[str]:
     """A tar from a host, into dest: regular files and folders only, no path leaving dest."""
     names = []
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    with open_untrusted(fileobj=io.BytesIO(data)) as tar:
         for m in tar.getmembers():
             parts = Path(m.name).parts
             if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):

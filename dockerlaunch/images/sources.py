@@ -14,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.tars import open_untrusted
 
 
 class SourceError(DockerlaunchError):
@@ -28,7 +29,7 @@ def tree_sha256(archive: Path) -> str:
     entries: list[tuple[str, str, bytes]] = []
     tops: set[str] = set()
     try:
-        with tarfile.open(archive, "r:*") as tar:
+        with open_untrusted(archive, "r:*") as tar:
             for m in tar:
                 if m.name == "pax_global_header" or m.type in (tarfile.XGLTYPE, tarfile.XHDTYPE):
                     continue

@@ -39,6 +39,7 @@ from dockerlaunch.images import lock as locks
 from dockerlaunch.images import sources
 from dockerlaunch.images.index import file_sha256
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir, shipped_dockerfiles_dir
+from dockerlaunch.tars import open_untrusted
 
 _LOG = logging.getLogger(__name__)
 
@@ -445,7 +446,7 @@ def unpack(src: Path, dest: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        with tarfile.open(src, "r:*") as tar:
+        with open_untrusted(src, "r:*") as tar:
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(tmp, filter="data")
             else:  # Pythons before the extraction filters (3.11.3, 3.10.11): the same refusals, by hand

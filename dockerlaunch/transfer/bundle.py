@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockerlaunch.errors import TransferError, describe_validation_error
 from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.tars import open_untrusted
 from dockerlaunch.transfer.streams import (
     CHUNK,
     CONTAINERD,
@@ -38,6 +39,7 @@ from dockerlaunch.transfer.streams import (
     untagged_chunks,
 )
 
+MAX_WINDOW = 32 << 20  # zstd window a bundle may need to be read (memory the launcher gives it)
 BUNDLE_FORMAT = "dockerlaunch-bundle/1"  # delta entries add fields; a reader that predates them refuses them
 
 
@@ -344,8 +346,9 @@ def _members(path: Path) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
     member reads the stream too: use inside `_damaged_is_one_line`."""
     import zstandard
 
-    with open_bundle(path) as raw, zstandard.ZstdDecompressor().stream_reader(raw) as zin, \
-            tarfile.open(fileobj=zin, mode="r|") as tar:
+    # the window a frame may ask for: dockerlaunch writes at most 8 MiB (level <= 19); zstd's default allows 128 MiB
+    with open_bundle(path) as raw, zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW).stream_reader(raw) as zin, \
+            open_untrusted(fileobj=zin, mode="r|") as tar:
         for member in tar:
             yield member, tar.extractfile(member) if member.isfile() else None
 

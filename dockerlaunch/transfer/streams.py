@@ -19,6 +19,7 @@ from typing import IO
 
 from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import TransferError
+from dockerlaunch.tars import open_untrusted
 
 CHUNK = 1 << 20
 
@@ -407,7 +408,7 @@ def rewrite_tar(chunks: Iterator[bytes], edit: Callable[[tarfile.TarInfo, IO[byt
 
     def produce():
         try:
-            with tarfile.open(fileobj=CountingReader(chunks), mode="r|") as tin, \
+            with open_untrusted(fileobj=CountingReader(chunks), mode="r|") as tin, \
                     tarfile.open(fileobj=pipe, mode="w|", format=tarfile.GNU_FORMAT) as tout:
                 for member in tin:
                     out = edit(member, tin.extractfile(member) if member.isfile() else None)

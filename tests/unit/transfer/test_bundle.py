@@ -184,3 +184,36 @@ def test_a_split_bundle_verifies_from_its_parts_and_names_a_missing_or_damaged_o
     os.rename(parts[-1], tmp_path / "elsewhere")
     with pytest.raises(TransferError, match=rf"part {parts[-1].name} is missing \(of {len(parts)}\)"):
         verify_bundle(path)
+
+
+@pytest.mark.parametrize("kind", [tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE])
+def test_a_tiny_bundle_with_a_huge_long_name_header_is_refused_before_it_is_read(tmp_path, kind):
+    """A long-name (or pax) header makes tarfile read its whole payload into memory: 300 MB of name compress to a
+    few KB. The launcher refuses any over 64 KiB before reading it, in one line naming it, and stays under 100 MB
+    (issue 42, finding 6)."""
+    import subprocess
+    import sys
+
+    size = 300 << 20
+    header = tarfile.TarInfo("././@LongLink" if kind == tarfile.GNUTYPE_LONGNAME else "./PaxHeaders/x")
+    header.type, header.size = kind, size
+    raw = header.tobuf(format=tarfile.GNU_FORMAT if kind == tarfile.GNUTYPE_LONGNAME else tarfile.USTAR_FORMAT)
+    cctx = zstandard.ZstdCompressor(level=19)
+    with open(tmp_path / "evil.dlb", "wb") as f, cctx.stream_writer(f) as z:
+        z.write(raw)
+        chunk = b"a" * (1 << 20)
+        for _ in range(size >> 20):
+            z.write(chunk)
+        z.write(b"\0" * 1024)
+    assert (tmp_path / "evil.dlb").stat().st_size < 100_000
+    # the peak of this process's own memory (VmHWM: ru_maxrss would carry the parent's over exec)
+    code = ("import sys\nfrom pathlib import Path\nfrom dockerlaunch.transfer.bundle import verify_bundle\n"
+            "try:\n    verify_bundle(Path(sys.argv[1]))\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+            "print('peak', next(x.split()[1] for x in open('/proc/self/status') if x.startswith('VmHWM')))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "evil.dlb")], capture_output=True, text=True,
+                       timeout=300)
+    lines = r.stdout.strip().splitlines()
+    peak_mb = int(lines[-1].split()[1]) / 1024
+    assert peak_mb < 100, (peak_mb, r.stdout, r.stderr)
+    assert lines[0].startswith("TransferError bundle") and "header of 314572800 bytes" in lines[0] and \
+        "65536" in lines[0], lines
