@@ -28,7 +28,7 @@ def dl(*args, timeout=900):
 def load_bytes_read(remote) -> int:
     """Bytes the host's `docker load` client processes have read so far (0: none runs). A load that ends between
     pgrep and the read (what the callers wait for) counts as none."""
-    script = ('for p in $(pgrep -x docker); do case "$(tr "\\0" " " < /proc/$p/cmdline 2>/dev/null)" in '
+    script = ('for p in $(pgrep -x docker); do case "$(tr "\\0" " " 2>/dev/null < /proc/$p/cmdline)" in '
               '"docker load "*) sed -n "s/^rchar: //p" /proc/$p/io 2>/dev/null || true;; esac; done')
     r = remote.run(["sh", "-c", script])
     assert r.ok, r.stderr
