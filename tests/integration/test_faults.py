@@ -45,7 +45,7 @@ def test_sigint_during_preflight_starts_nothing(sim_cluster, demo_image, remotes
         p.wait(timeout=30)
         took = time.monotonic() - t0
         assert p.returncode == 130, "".join(out)
-        assert took < 5, f"SIGINT in pre-flight took {took:.1f}s"
+        assert took < 15, f"SIGINT in pre-flight took {took:.1f}s: hung?"  # a hang guard (~1 s here, 3 x 5 s)
         time.sleep(3)  # nothing may start after the signal
         assert [containers_on(r, job) for r in remotes] == [[], []]
         assert [env_files_on(r) for r in remotes] == [[], []]

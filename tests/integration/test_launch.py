@@ -98,7 +98,7 @@ def test_signal_tears_down_every_host(sim_cluster, job_containers, sig, code):
         took = time.monotonic() - t0
         assert p.returncode == code
         assert job_containers(job) == []
-        assert took < 15, f"teardown after {sig!r} took {took:.1f}s"
+        assert took < 45, f"teardown after {sig!r} took {took:.1f}s: hung?"  # a hang guard (3 x 15 s)
         print(f"\n[fault] {signal.Signals(sig).name} while running: torn down in {took:.1f}s")
     finally:
         stop_up(p)

@@ -122,7 +122,7 @@ def test_a_bare_debian_image(sim_cluster, remotes, bare_image, engine_hard_nofil
     reach = checks[(ip2, "reachability")]
     assert reach["verdict"] == "PASS", reach
     assert reach["reason"].endswith("(checked from the host: the image has no nc or python3)"), reach
-    assert took < 30, f"doctor took {took:.1f}s"
+    assert took < 90, f"doctor took {took:.1f}s: hung?"  # a hang guard (3 x a slow CI run), not a speed claim
     assert [probe_containers_on(rm) for rm in remotes] == [[], []]
 
 

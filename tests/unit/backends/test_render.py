@@ -287,6 +287,11 @@ NAMED_BY_SCHEDULER = {("name", "k8s"), ("name", "jobset"), ("name", "slurm")}
 NAMED_BY_SCHEDULER |= {("gpu", "k8s"), ("gpu", "jobset")}
 
 
+# the config's name for a spec field, as a refusal names it
+REFUSED_AS = {"docker_args": "container.extra_args", "infiniband": "container.infiniband",
+              "ulimits": "container.ulimits", "host_network": "network"}
+
+
 def test_every_spec_field_has_a_changed_value_here():
     assert set(CHANGED) == {f.name for f in dataclasses.fields(ContainerSpec)}
 
@@ -304,6 +309,9 @@ def test_a_spec_field_is_rendered_or_refused(target, field):
         out = rendered(target, plan)
     except ConfigError as e:
         assert str(e).startswith(f"render --to {target}: ") and "\n" not in str(e)
+        # ... and the refusal is about this field: it names it as the config does (any refusal would not do)
+        said = str(e).split(": ", 2)[1]
+        assert said.startswith(REFUSED_AS.get(field, field)), (field, str(e))
         return
     assert out != base, f"{target} ignores the spec's {field}"
 
