@@ -169,7 +169,11 @@ STAGE_DIR = "$HOME/.cache/dockerlaunch/push"
 # What a staged push needs to know of the host, one line each: the staged prefix (size, sha256) once any
 # load of the same stream still running has finished (its lock), the Image ID the host has now, and the
 # filesystems of the staging folder and of docker's root (device, total KiB, free KiB).
+# A stage goes only under its lock (a load of it may still run); the lock file stays (a waiting load holds it open)
+REMOVE_STAGE = (f'd="{STAGE_DIR}"; if [ -f "$d/$1.lock" ] && command -v flock >/dev/null 2>&1; then '
+                'flock -w 60 "$d/$1.lock" rm -f "$d/$1.tar"; else rm -f "$d/$1.tar"; fi')
 STAGE_PROBE = r"""d=$HOME/.cache/dockerlaunch/push f=$HOME/.cache/dockerlaunch/push/$1.tar
+if command -v flock >/dev/null 2>&1; then echo flock=1; else echo flock=0; fi
 if [ -f "$d/$1.lock" ] && command -v flock >/dev/null 2>&1; then flock -w 900 "$d/$1.lock" true; fi
 if [ -f "$f" ] && [ ! -L "$f" ]; then echo "staged=$(stat -c %s "$f") $(sha256sum < "$f" | cut -c1-64)"; fi
 echo "id=$(docker image inspect --format '{{.Id}}' "$2" 2>/dev/null | head -n 1)"
@@ -201,6 +205,7 @@ class StageProbe:
     cache: Disk | None
     docker: Disk | None
     docker_root: str = "docker's root"
+    flock: bool = True  # the host has flock: a stage can be kept to one load at a time
 
 
 def _disk(words: list[str]) -> Disk | None:
@@ -217,7 +222,7 @@ def parse_stage_probe(text: str) -> StageProbe:
     present = kv.get("id", "").strip()
     return StageProbe(staged, digest, present if present.startswith("sha256:") else None,
                       _disk(kv.get("cache", "").split()), _disk(kv.get("docker", "").split()),
-                      kv.get("root", "").strip() or "docker's root")
+                      kv.get("root", "").strip() or "docker's root", kv.get("flock", "1").strip() != "0")
 
 
 def reserve(d: Disk) -> int:
@@ -237,6 +242,8 @@ def stage_choice(host: str, stream: int, probe: StageProbe) -> tuple[bool, str]:
                             f"loading this image needs about {load / gib:.1f} GiB there (the tar and its unpacked "
                             "layers): free space on the host (docker image prune, docker builder prune) and push "
                             "again; nothing was sent")
+    if not probe.flock:
+        return False, "not staged (no flock on the host: two loads of one stage could not be kept apart)"
     cache = probe.cache
     if cache is None:
         return False, "not staged (the host did not say how much space $HOME/.cache has)"
@@ -325,7 +332,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
             extra = [key, str(offset)]
         else:
             if probe.staged:  # a prefix that will not be used: its space is the load's
-                remote.run(["sh", "-c", f'rm -f "{STAGE_DIR}/$1.tar"', "sh", key], timeout=60)
+                remote.run(["sh", "-c", REMOVE_STAGE, "sh", key], timeout=60)
             note = f"; {note}"
     if not staged:
         chunks = outgoing(client, image, set(t.skip_files), mode)
@@ -343,7 +350,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
                       f"docker builder prune) and push again ({reason[0][-120:]})"]
         # it all arrived and did not load, or the stage took space the load needed: the stage goes
         if staged and (disk_full or (status in (3, 4) and reader.finished is not None)):
-            remote.run(["sh", "-c", f'rm -f "{STAGE_DIR}/$1.tar"', "sh", extra[0]], timeout=60)
+            remote.run(["sh", "-c", REMOVE_STAGE, "sh", extra[0]], timeout=60)
         return HostResult(remote.name, PushState.FAILED, reason[0][:300] + note, reader.count, took, streamed)
     resumed = f", resumed at {offset / 1e6:.0f} MB staged on the host" if offset else ""
     resumed += _carrier(remote)

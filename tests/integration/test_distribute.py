@@ -532,3 +532,43 @@ def test_push_clean_removes_staged_pushes_but_not_one_a_push_is_loading(sim_clus
     finally:
         for rm in remotes:
             rm.run(["sh", "-c", 'pkill -f "sleep 60"; rm -rf "$HOME/.cache/dockerlaunch/push"'])
+
+
+def test_a_lock_file_is_never_deleted_and_a_host_without_flock_stages_nothing(sim_cluster, remotes, fresh_image,
+                                                                               engine, monkeypatch):
+    """issue 42, finding 8: a lock whose file is deleted while a load waits on it stops being exclusive (the next
+    load makes a new file and locks that). `push --clean` and load.sh's 7-day sweep leave lock files alone; a host
+    without flock gets no staged push at all, and the summary says why."""
+    key = "c" * 32
+    plant = ('d="$HOME/.cache/dockerlaunch/push" && mkdir -p "$d" && chmod 700 "$d" && '
+             'head -c 1000 /dev/zero > "$d/$1.tar" && : > "$d/$1.lock" && touch -d "10 days ago" "$d/$1.lock" && '
+             'stat -c %i "$d/$1.lock"')
+    inode = "stat -c %i \"$HOME/.cache/dockerlaunch/push/$1.lock\""
+    try:
+        before = remotes[0].check(["sh", "-c", plant, "sh", key], "planting").stdout.strip()
+        r = dl("push", "--clean", "--config", str(sim_cluster[1]), "--output", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        after = remotes[0].run(["sh", "-c", inode, "sh", key])
+        assert after.ok and after.stdout.strip() == before, "push --clean deleted a lock file"
+        # the 7-day sweep of a staged push (any push's load.sh) keeps it too
+        monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+        ref = fresh_image(mb=2)
+        p = dl("push", ref, "--config", str(sim_cluster[1]), "--compress", "none")
+        assert p.returncode == 0, p.stdout + p.stderr
+        swept = remotes[0].run(["sh", "-c", inode, "sh", key])
+        assert swept.ok and swept.stdout.strip() == before, "load.sh's sweep deleted a 10-day-old lock file"
+        # no flock on node 2: nothing staged there, and the push says so
+        where = remotes[1].check(["sh", "-c", 'p=$(command -v flock) && mv "$p" "$p.away" && echo "$p"'],
+                                 "hiding flock").stdout.strip()
+        try:
+            other = fresh_image(mb=2)
+            q = dl("push", other, "--config", str(sim_cluster[1]), "--compress", "none", "--output", "json")
+        finally:
+            remotes[1].check(["mv", f"{where}.away", where], "restoring flock")
+        assert q.returncode == 0, q.stdout + q.stderr
+        row = {h["host"]: h for h in json.loads(q.stdout)["hosts"]}[remotes[1].name]
+        assert row["status"] == "pushed" and "not staged (no flock on the host" in row["detail"], row
+        assert staged_bytes(remotes[1]) == 0
+    finally:
+        for rm in remotes:
+            rm.run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])

@@ -8,14 +8,13 @@ n=0 bytes=0 busy=0
 for f in "$d"/*.tar; do
   [ -f "$f" ] && [ ! -L "$f" ] || continue
   k=${f%.tar} s=$(stat -c %s "$f")
+  # the stage goes under its lock; the lock file itself never does: a load may have it open and be waiting, and
+  # a new file of the same name would let the next load in beside it
   if [ -f "$k.lock" ] && command -v flock >/dev/null 2>&1; then
-    flock -n "$k.lock" rm -f "$f" "$k.lock" || { busy=$((busy + 1)); continue; }
+    flock -n "$k.lock" rm -f "$f" || { busy=$((busy + 1)); continue; }
   else
     rm -f "$f"
   fi
   n=$((n + 1)) bytes=$((bytes + s))
-done
-for l in "$d"/*.lock; do  # locks of pushes that finished
-  [ -f "$l" ] && [ ! -f "${l%.lock}.tar" ] && command -v flock >/dev/null 2>&1 && flock -n "$l" rm -f "$l"
 done
 echo "removed $n $bytes $busy"

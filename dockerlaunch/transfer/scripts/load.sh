@@ -16,12 +16,13 @@ if [ -n "$key" ]; then
   (umask 077 && mkdir -p "$dir") || exit 8
   if [ -L "$dir" ] || [ "$(stat -c %u "$dir")" != "$(id -u)" ]; then echo "$dir is not this user's own folder" >&2; exit 8; fi
   chmod 700 "$dir" || exit 8
-  find "$dir" -maxdepth 1 \( -name '*.tar' -o -name '*.lock' \) -mtime +7 -exec rm -f {} + 2>/dev/null
-  # one load of a stream at a time: a cut push's host side may still be loading when the next push comes
-  if command -v flock >/dev/null 2>&1; then
-    exec 9>>"$dir/$key.lock" || exit 8
-    flock -w 900 9 || { echo "another push of this image to this host is still loading" >&2; exit 8; }
-  fi
+  # stages older than 7 days go (a stage being written is younger); lock files never do: one may be held
+  find "$dir" -maxdepth 1 -name '*.tar' -mtime +7 -exec rm -f {} + 2>/dev/null
+  # one load of a stream at a time: a cut push's host side may still be loading when the next push comes;
+  # without flock there is no lock, so no staging (the launcher does not ask for it then)
+  command -v flock >/dev/null 2>&1 || { echo "no flock on this host: a staged push needs it" >&2; exit 8; }
+  exec 9>>"$dir/$key.lock" || exit 8
+  flock -w 900 9 || { echo "another push of this image to this host is still loading" >&2; exit 8; }
   staged=$dir/$key.tar
   if [ "$offset" = 0 ]; then
     rm -f "$staged" && (umask 077 && : > "$staged") || exit 8
