@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -166,6 +167,9 @@ def _thin_note(t: HostTransfer) -> str:
 STAGE_MIN = 512 * 2**20  # images from this size are staged on the target as they arrive: a cut push resumes
 STAGE_MIN_ENV = "DOCKERLAUNCH_PUSH_STAGE_MIN"  # bytes; 0 stages every push (the tests' small images)
 STAGE_DIR = "$HOME/.cache/dockerlaunch/push"
+# file systems several hosts mount as one (`stat -f -c %T` names): a stage there would be every host's at once
+SHARED_FS = re.compile(r"^(nfs\d?|lustre|ceph|cifs|smb2?|gpfs|beegfs|glusterfs|afs|9p|fuse(\..*)?|"
+                       r"panfs|wekafs|orangefs|ocfs2|gfs2?)$", re.I)
 # What a staged push needs to know of the host, one line each: the staged prefix (size, sha256) once any
 # load of the same stream still running has finished (its lock), the Image ID the host has now, and the
 # filesystems of the staging folder and of docker's root (device, total KiB, free KiB).
@@ -174,6 +178,7 @@ REMOVE_STAGE = (f'd="{STAGE_DIR}"; if [ -f "$d/$1.lock" ] && command -v flock >/
                 'flock -w 60 "$d/$1.lock" rm -f "$d/$1.tar"; else rm -f "$d/$1.tar"; fi')
 STAGE_PROBE = r"""d=$HOME/.cache/dockerlaunch/push f=$HOME/.cache/dockerlaunch/push/$1.tar
 if command -v flock >/dev/null 2>&1; then echo flock=1; else echo flock=0; fi
+mkdir -p "$HOME/.cache" 2>/dev/null; echo "fs=$(stat -f -c %T "$HOME/.cache" 2>/dev/null)"
 if [ -f "$d/$1.lock" ] && command -v flock >/dev/null 2>&1; then flock -w 900 "$d/$1.lock" true; fi
 if [ -f "$f" ] && [ ! -L "$f" ]; then echo "staged=$(stat -c %s "$f") $(sha256sum < "$f" | cut -c1-64)"; fi
 echo "id=$(docker image inspect --format '{{.Id}}' "$2" 2>/dev/null | head -n 1)"
@@ -206,6 +211,7 @@ class StageProbe:
     docker: Disk | None
     docker_root: str = "docker's root"
     flock: bool = True  # the host has flock: a stage can be kept to one load at a time
+    fs: str = ""  # the file system type of $HOME/.cache (stat -f -c %T)
 
 
 def _disk(words: list[str]) -> Disk | None:
@@ -222,7 +228,8 @@ def parse_stage_probe(text: str) -> StageProbe:
     present = kv.get("id", "").strip()
     return StageProbe(staged, digest, present if present.startswith("sha256:") else None,
                       _disk(kv.get("cache", "").split()), _disk(kv.get("docker", "").split()),
-                      kv.get("root", "").strip() or "docker's root", kv.get("flock", "1").strip() != "0")
+                      kv.get("root", "").strip() or "docker's root", kv.get("flock", "1").strip() != "0",
+                      kv.get("fs", "").strip())
 
 
 def reserve(d: Disk) -> int:
@@ -244,6 +251,8 @@ def stage_choice(host: str, stream: int, probe: StageProbe) -> tuple[bool, str]:
                             "again; nothing was sent")
     if not probe.flock:
         return False, "not staged (no flock on the host: two loads of one stage could not be kept apart)"
+    if SHARED_FS.match(probe.fs):
+        return False, f"not staged ($HOME/.cache is on {probe.fs}, shared storage: hosts would share one stage)"
     cache = probe.cache
     if cache is None:
         return False, "not staged (the host did not say how much space $HOME/.cache has)"
@@ -262,10 +271,11 @@ def stage_min() -> int:
 
 
 def stage_key(t: HostTransfer) -> str:
-    """One staged file per stream: the image as this host gets it (its ID and the layers left out)."""
+    """One staged file per stream and host: the image as this host gets it (its ID and the layers left out)."""
     import hashlib
 
-    return hashlib.sha256(f"{t.expect_id} {' '.join(sorted(t.skip_files))}".encode()).hexdigest()[:32]
+    # the host too: where homes are shared storage that was not recognised, two hosts still never share a file
+    return hashlib.sha256(f"{t.host} {t.expect_id} {' '.join(sorted(t.skip_files))}".encode()).hexdigest()[:32]
 
 
 def _resume_point(client, image: LocalImage, t: HostTransfer, probe: StageProbe) -> tuple[int, Iterator[bytes]]:

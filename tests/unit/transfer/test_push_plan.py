@@ -601,3 +601,28 @@ def test_an_image_that_cannot_fit_where_docker_keeps_images_is_refused_before_a_
     full = probe_text(docker="2049 262144000 5242880")  # 5 GiB free: the load takes 6
     with pytest.raises(TransferError, match=r"host gpu7: 5.0 GiB free in /var/lib/docker.*6.0 GiB.*docker image prune"):
         stage_choice("gpu7", 3 * GIB, parse_stage_probe(full))
+
+
+@pytest.mark.parametrize("fs, stages", [("nfs", False), ("nfs4", False), ("lustre", False), ("ceph", False),
+                                        ("fuse.glusterfs", False), ("cifs", False), ("gpfs", False),
+                                        ("ext2/ext3", True), ("xfs", True), ("overlayfs", True)])
+def test_a_home_on_shared_storage_is_never_staged_on(fs, stages):
+    """issue 42, finding 4: on a cluster whose homes are NFS, every host would stage in one folder (one lock, one
+    growing file, one host's cleanup deleting the others' stages): a network file system is not staged on."""
+    from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
+
+    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text() + f"fs={fs}\n"))
+    assert ok is stages
+    if not stages:
+        assert why == f"not staged ($HOME/.cache is on {fs}, shared storage: hosts would share one stage)"
+
+
+def test_two_hosts_never_share_a_stage_key():
+    from dockerlaunch.transfer.push import stage_key
+    from dockerlaunch.transfer.push_plan import Action, HostTransfer
+
+    def to(host):
+        return HostTransfer(host, Action.SEND, expect_id="sha256:" + "a" * 64)
+
+    assert stage_key(to("10.0.0.1")) != stage_key(to("10.0.0.2"))  # two hosts, one shared home: two files
+    assert stage_key(to("10.0.0.1")) == stage_key(to("10.0.0.1"))
