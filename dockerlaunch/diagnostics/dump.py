@@ -12,6 +12,7 @@ import hashlib
 import io
 import os
 import re
+import secrets
 import shutil
 import sys
 import tarfile
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from dockerlaunch.backends.docker.docker_cli import sidecar_argv
+from dockerlaunch.backends.docker.docker_cli import sandbox_argv, sidecar_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
@@ -303,11 +304,21 @@ class DumpResult:
     errors: list[str] = field(default_factory=list)
 
 
+FR_TRACE_S = 300
+MERGED_LIMIT = 2048 * 2**20  # the flight-recorder dumps of all hosts together, sent to host 0 for the analysis
+
+
 def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump]) -> str | None:
-    """Every host's dumps side by side, read by PyTorch's own analyzer in rank 0's container."""
-    files = [(p.name, p.read_bytes()) for hd in hosts for p in sorted((hd.folder / "fr").glob("rank_*"))]
-    if not files:
+    """Every host's dumps side by side, read by PyTorch's own analyzer in a sandbox on host 0 (docker_cli's
+    sandbox_argv: the dumps are pickles)."""
+    paths = [p for hd in hosts for p in sorted((hd.folder / "fr").glob("rank_*"))]
+    if not paths:
         return None
+    total = sum(p.stat().st_size for p in paths)
+    if total > MERGED_LIMIT:
+        return (f"the flight-recorder dumps are {total // 2**20} MB together, over {MERGED_LIMIT // 2**20} MB: not "
+                "analysed here; they are in each host's folder of this dump")
+    files = [(p.name, p.read_bytes()) for p in paths]
     merged = out / "fr"
     merged.mkdir(exist_ok=True)
     for name, data in files:
@@ -323,11 +334,22 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
             tar.addfile(info, io.BytesIO(data))
     h0.remote.check(["sh", "-c", 'cd "$1" && rm -rf fr-all && tar -xf -', "sh", where], "copying flight-recorder dumps",
                     timeout=300, stdin=buf.getvalue())
-    res = DockerHost.on(h0).docker(
-        "exec", session.plan.hosts[0].container.name, "sh", "-c",
-        'for py in python3 python; do command -v "$py" >/dev/null && exec "$py" -m '
-        'torch.distributed.flight_recorder.fr_trace "$1/fr-all" -p rank_; done; echo "no python in the image"',
-        "sh", where, timeout=300)
+    # fr_trace unpickles the dumps, and a dump is a file a rank's uid could write: it is read in a throwaway
+    # container of the job's image with nothing to lose (docker_cli.sandbox_argv), never in a rank's container
+    name = f"dl-frtrace-{secrets.token_hex(4)}"
+    # the image rank 0 runs (its ID: the config may name another image than the one the job was started with)
+    ran = DockerHost.on(h0).docker("inspect", "--format", "{{.Image}}", session.plan.hosts[0].container.name,
+                                   timeout=60)
+    image = ran.stdout.strip() if ran.ok and ran.stdout.strip() else session.plan.hosts[0].container.image
+    argv = sandbox_argv(name, image, [
+        "-c", 'for py in python3 python; do command -v "$py" >/dev/null && exec "$py" -m '
+        'torch.distributed.flight_recorder.fr_trace /fr -p rank_; done; echo "no python in the image"'],
+        ro_volumes=[f"{where}/fr-all:/fr"], labels={"dockerlaunch.dump": "1"})
+    try:
+        res = h0.remote.run(argv, timeout=FR_TRACE_S)
+    finally:
+        h0.remote.run(["docker", "rm", "-f", name], timeout=60)
+        h0.remote.run(["rm", "-rf", f"{where}/fr-all"], timeout=60)
     # fr_trace reports through logging, on stderr
     text = "\n".join(line for line in (res.stdout + res.stderr).splitlines()
                      if "tabulate is not installed" not in line)

@@ -196,3 +196,54 @@ def test_bad_sizes_are_refused_before_any_host_is_touched(trio):
     _, config, _, _ = trio
     r = dl("commtest", "--config", config, "--sizes", "1G:1M")
     assert r.returncode == 2 and "--sizes 1G:1M" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+class _Payload:
+    """A flight-recorder "dump" whose unpickling runs code: what a local user who can write the fr folder plants."""
+
+    def __init__(self, code: str):
+        self.code = code
+
+    def __reduce__(self):
+        return (exec, (self.code,))
+
+
+def test_a_planted_flight_recorder_pickle_runs_with_nothing_to_reach(trio, demo_image, tmp_path):
+    """issue 42, finding 3: fr_trace unpickles every rank_* file dump fetched; one planted beside the real ones must
+    find no job secret in its environment, no network and no writable file system (it ran in dump's sandbox, not in
+    rank 0's container)."""
+    import pickle
+
+    _, config, layout, remotes = trio
+    job = job_name()
+    secret = "s3cret-" + job
+    run = with_file("/tmp/hang.py", HANG, TORCHRUN)
+    p, lines, seen = start_up("--config", config, "--image", demo_image, "--name", job, "--nproc-per-node", "1",
+                              "--skip-preflight", "--env", "ODD_RANK=1", "--env", f"DL_SECRET_MARK={secret}",
+                              "--", "sh", "-c", run)
+    try:
+        ready = wait_for_ready(lines, {"0", "1", "2"}, timeout=240)
+        assert ready == {"0", "1", "2"}, "".join(seen)[-3000:]
+        code = ("import os, socket\n"
+                "print('PAYLOAD-RAN secret=' + str(os.environ.get('DL_SECRET_MARK')))\n"
+                f"try:\n    socket.create_connection(('{layout[0].ip}', 22), 3); print('PAYLOAD-NET-OK')\n"
+                "except Exception as e:\n    print('PAYLOAD-NET-FAIL', type(e).__name__)\n"
+                "try:\n    open('/fr/written', 'w').write('x'); print('PAYLOAD-WROTE')\n"
+                "except Exception as e:\n    print('PAYLOAD-NO-WRITE', type(e).__name__)\n")
+        blob = pickle.dumps(_Payload(code))
+        fr = f"/var/tmp/dockerlaunch/{job}/fr"
+        remotes[0].check(["sh", "-c", 'mkdir -p "$1" && cat > "$1/rank_99"', "sh", fr], "planting", stdin=blob)
+        out = tmp_path / "dump"
+        r = dl("dump", "--config", config, "--name", job, "--out", str(out), timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        analysis = (out / "fr_trace.txt").read_text()
+        assert "PAYLOAD-RAN secret=None" in analysis, analysis[-3000:]  # it ran, and saw none of the job's env
+        assert secret not in analysis and secret not in r.stdout
+        assert "PAYLOAD-NET-FAIL" in analysis and "PAYLOAD-NET-OK" not in analysis
+        assert "PAYLOAD-NO-WRITE" in analysis
+        for remote in remotes:  # the sandbox is gone
+            ps = remote.run(["docker", "ps", "-a", "--filter", "label=dockerlaunch.dump", "--format", "{{.Names}}"])
+            assert ps.ok and ps.stdout.strip() == "", ps.stdout
+    finally:
+        stop_up(p)
+        dl("down", "--config", config, "--name", job)

@@ -100,6 +100,21 @@ def shell_command(spec: ContainerSpec) -> str:
     return shlex.join(run_argv(spec))
 
 
+def sandbox_argv(name: str, image: str, command: list[str], *, ro_volumes: list[str], labels: dict[str, str],
+                 memory: str = "8g", pids: int = 256) -> list[str]:
+    """A throwaway container for reading untrusted files (dump's flight-recorder analysis, which unpickles them):
+    no network, no capabilities, no new privileges, a read-only root with a small /tmp, memory and pid limits, an
+    unprivileged user, only the given folders mounted read-only; none of the job's env, mounts or GPUs."""
+    a = ["docker", "run", "--rm", "--name", name, "--network", "none", "--cap-drop", "ALL",
+         "--security-opt", "no-new-privileges", "--read-only", "--tmpfs", "/tmp:rw,size=64m", "--memory", memory,
+         "--pids-limit", str(pids), "--user", "65534:65534", "--entrypoint", "sh"]
+    for k, v in labels.items():
+        a += ["--label", f"{k}={v}"]
+    for v in ro_volumes:
+        a += ["--volume", f"{v}:ro"]
+    return a + [image, *command]
+
+
 def sidecar_argv(target: str, image: str, command: list[str], *, caps: list[str], volumes: list[str],
                  env: dict[str, str], labels: dict[str, str], entrypoint: str | None = None) -> list[str]:
     """A throwaway container in `target`'s PID namespace with its mounts (dump's py-spy beside a rank)."""
