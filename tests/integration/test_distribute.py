@@ -572,3 +572,36 @@ def test_a_lock_file_is_never_deleted_and_a_host_without_flock_stages_nothing(si
     finally:
         for rm in remotes:
             rm.run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
+
+
+def test_a_broken_ssh_client_falls_back_to_paramiko_or_is_one_line_when_required(sim_cluster, remotes, fresh_image,
+                                                                                  tmp_path):
+    """The OpenSSH bulk path is used only after its probe worked: an `ssh` first on PATH that cannot connect leaves
+    the stream on paramiko, and the summary says why; DOCKERLAUNCH_SSH_BULK=openssh then fails in one line."""
+    import os
+
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    (broken / "ssh").write_text("#!/bin/sh\necho 'ssh: this client is broken on purpose' >&2\nexit 255\n")
+    (broken / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{broken}:{os.environ['PATH']}"}
+    ref = fresh_image(mb=2, scratch=True)
+    try:
+        r = subprocess.run([sys.executable, "-m", "dockerlaunch", "push", ref, "--config", str(sim_cluster[1]),
+                            "--strategy", "star", "--output", "json"], capture_output=True, text=True, timeout=600,
+                           env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        for h in json.loads(r.stdout)["hosts"]:
+            assert h["status"] == "pushed" and "over paramiko (ssh: this client is broken on purpose)" in h["detail"], h
+        other = fresh_image(mb=2, scratch=True)
+        q = subprocess.run([sys.executable, "-m", "dockerlaunch", "push", other, "--config", str(sim_cluster[1]),
+                            "--strategy", "star", "--output", "json"], capture_output=True, text=True, timeout=600,
+                           env={**env, "DOCKERLAUNCH_SSH_BULK": "openssh"})
+        assert q.returncode != 0 and "Traceback" not in q.stderr, q.stdout + q.stderr
+        for h in json.loads(q.stdout)["hosts"]:  # each host's row: one line with the reason and the fix
+            assert h["status"] == "failed" and "\n" not in h["detail"], h
+            assert "DOCKERLAUNCH_SSH_BULK=openssh, but the ssh client cannot run a command there (ssh: this client " \
+                   "is broken on purpose); unset DOCKERLAUNCH_SSH_BULK" in h["detail"], h
+    finally:
+        for rm in remotes:
+            rm.run(["sh", "-c", f"docker rmi -f {ref} 2>/dev/null; true"])
