@@ -3,8 +3,10 @@
 Relays start from the tail: OpenBSD `nc` connects as soon as its pipeline starts, so host i+1 must
 listen before host i sends. Each relay (scripts/relay.sh) reports its listener, and the first bytes it
 accepts, on stdout, so the launcher follows the chain without polling over SSH. Every connection must
-start with the push's random token (sent to each relay over SSH stdin): a stranger who connects to a
-chain port feeds nothing into `docker load`. A link that never receives data within RECEIVE_TIMEOUT
+start with its link's own random token (sent to each relay over SSH stdin), and a host fed over TCP loads the
+stream only after it matches the sha256 the launcher sends it over SSH once the last byte has left: a stranger,
+or a man in the middle who read a token off the wire, feeds nothing into `docker load` (the host then gets a
+star push). A link that never receives data within RECEIVE_TIMEOUT
 of its upstream finishing is given up (its host and those behind it get a star push), and a closed SSH
 channel does not end `nc -l`, so every listener is killed, by the pid its relay reported, when the chain ends,
 whatever happened. Links carry the image as plain TCP (the first hop is SSH): where that matters, push with
@@ -13,6 +15,7 @@ whatever happened. Links carry the image as plain TCP (the first hop is SSH): wh
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import secrets
@@ -33,10 +36,11 @@ LINK_GRACE = 600.0  # for a relay that is receiving to finish once the host befo
 
 
 class _Prefixed(io.RawIOBase):
-    """`prefix`, then everything `reader` gives (the token line before the image stream)."""
+    """`prefix`, then everything `reader` gives (the token lines before the image stream), hashing the stream."""
 
     def __init__(self, prefix: bytes, reader):
         self.prefix, self.reader = prefix, reader
+        self.sha = hashlib.sha256()
 
     def readable(self) -> bool:
         return True
@@ -45,7 +49,33 @@ class _Prefixed(io.RawIOBase):
         if self.prefix:
             out, self.prefix = self.prefix, b""
             return out
-        return self.reader.read(n)
+        data = self.reader.read(n)
+        self.sha.update(data)
+        return data
+
+
+class _ThenChecksum(io.RawIOBase):
+    """A relay's SSH stdin when its stream comes over TCP: its token lines now, the stream's sha256 once the
+    launcher has sent the last byte (`done`), then the end; nothing more if the chain is stopped first."""
+
+    def __init__(self, lines: bytes, done: threading.Event, checksum: list[str], stop: threading.Event):
+        self.lines, self.done, self.checksum, self.stop = lines, done, checksum, stop
+        self.sent = False
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self.lines:
+            out, self.lines = self.lines, b""
+            return out
+        if self.sent:
+            return b""
+        while not self.done.wait(0.2):
+            if self.stop.is_set():
+                return b""
+        self.sent = True
+        return f"sha256 {self.checksum[0]}\n".encode() if self.checksum else b""
 
 
 # The relay's own `nc -l`, by the pid it reported: only if that process is still ours and still `nc -l` (never a
@@ -85,7 +115,10 @@ def push_chain(
     listeners: list[int | None] = [None] * n  # each relay's `nc -l` pid, as it reported it
     receiving = [threading.Event() for _ in remotes]
     relay = script("relay.sh")
-    token = secrets.token_hex(16).encode() + b"\n"  # never on a command line: SSH stdin only
+    # one token per link, never on a command line (SSH stdin only); the head's stream is SSH itself
+    tokens = [b"-"] + [secrets.token_hex(16).encode() for _ in range(n - 1)] + [b"-"]
+    sent_all, checksum = threading.Event(), []
+    head_stdin = _Prefixed(tokens[0] + b"\n" + tokens[1] + b"\n", reader)
 
     def run_host(i: int) -> None:
         listen = "-" if i == 0 else links[i].address
@@ -105,7 +138,9 @@ def push_chain(
         try:
             status = remotes[i].stream(
                 ["sh", "-c", relay, "sh", links[i].expect_id, image.ref, mode, listen, str(port), nxt],
-                on_out, err.extend, stdin=_Prefixed(token, reader) if i == 0 else token, stop=stop)
+                on_out, err.extend, stop=stop,
+                stdin=head_stdin if i == 0 else _ThenChecksum(tokens[i] + b"\n" + tokens[i + 1] + b"\n", sent_all,
+                                                              checksum, stop))
         except DockerlaunchError as e:
             results[i] = HostResult(remotes[i].name, PushState.FAILED, str(e))
             return
@@ -139,6 +174,8 @@ def push_chain(
         first = threading.Thread(target=run_host, args=(0,), daemon=True)
         first.start()
         first.join()
+        checksum.append(head_stdin.sha.hexdigest())  # what every relay must have received, byte for byte
+        sent_all.set()
         upstream_done = time.monotonic()
         for i in range(1, n):
             t = by_rank[i]

@@ -208,7 +208,7 @@ def test_a_stranger_on_a_chain_port_feeds_nothing_into_docker_load(sim_cluster, 
     out, err, status = bytearray(), bytearray(), []
     relay = threading.Thread(target=lambda: status.append(remotes[1].stream(
         ["sh", "-c", script("relay.sh"), "sh", legit.id, legit.ref, "none", ip2, port, "-"],
-        out.extend, err.extend, stdin=b"the-real-token\n", timeout=120)), daemon=True)
+        out.extend, err.extend, stdin=b"the-real-token\n-\n", timeout=120)), daemon=True)
     relay.start()
     try:
         assert until(lambda: b"listening" in out, 30) is not None, err
@@ -227,6 +227,89 @@ def test_a_stranger_on_a_chain_port_feeds_nothing_into_docker_load(sim_cluster, 
         remotes[1].run(["sh", "-c", f"pkill -f '^nc -l {ip2} {port}$' || true"])
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", evil_ref, evil_id, legit.ref, legit.id])
+
+
+def test_a_valid_token_with_bytes_that_are_not_the_launchers_loads_and_tags_nothing(sim_cluster, engine, remotes,
+                                                                                      fresh_image):
+    """issue 42, finding 1: a token crosses its link in plain TCP, so whoever read it (a man in the middle, a
+    compromised upstream) can connect with it. What they send is kept, hashed and refused: it is not the stream
+    whose sha256 the launcher sends over SSH, so `docker load` never reads it and the user's tag it names stays
+    where it was. Another link's token is refused at once."""
+    import io
+    import tarfile
+    import threading
+
+    from dockerlaunch.errors import SSHError
+    from dockerlaunch.transfer import script
+    from dockerlaunch.transfer.streams import local_image
+
+    legit = local_image(engine, fresh_image(mb=1))
+    victim = f"dlt-victim/base:{secrets.token_hex(3)}"  # a tag of the user's on node2
+    evil_ref = fresh_image(mb=1)
+    engine.images.get(evil_ref).tag(victim)
+    evil_tar = b"".join(engine.images.get(victim).save(named=victim))  # its manifest sets the user's tag
+    with tarfile.open(fileobj=io.BytesIO(evil_tar)) as t:
+        assert victim in t.extractfile("manifest.json").read().decode()
+    ip2 = sim_cluster[2][1].ip
+    remotes[1].check(["docker", "tag", sim_cluster_image(remotes[1]), victim], "the user's tag")
+    before = remotes[1].check(["docker", "image", "inspect", "--format", "{{.Id}}", victim], "id").stdout.strip()
+
+    def relay_run(token: bytes, sender_token: bytes, checksum: bytes) -> tuple[list[int], bytearray]:
+        port = str(40000 + secrets.randbelow(20000))
+        out, err, status = bytearray(), bytearray(), []
+        done = threading.Event()
+
+        class Stdin(io.RawIOBase):  # the token lines now, the launcher's checksum line once "its" stream is sent
+            parts = [token + b"\n-\n", None, checksum]
+
+            def readable(self):
+                return True
+
+            def read(self, n=-1):
+                while self.parts:
+                    part = self.parts.pop(0)
+                    if part is None:
+                        done.wait(60)
+                        continue
+                    return part
+                return b""
+
+        relay = threading.Thread(target=lambda: status.append(remotes[1].stream(
+            ["sh", "-c", script("relay.sh"), "sh", legit.id, legit.ref, "none", ip2, port, "-"],
+            out.extend, err.extend, stdin=Stdin(), timeout=120)), daemon=True)
+        relay.start()
+        assert until(lambda: b"listening" in out, 30) is not None, err
+        try:
+            remotes[0].run(["sh", "-c", 'nc -N "$1" "$2"', "sh", ip2, port], stdin=sender_token + b"\n" + evil_tar,
+                           timeout=60)
+        except SSHError:
+            pass
+        done.set()
+        relay.join(timeout=120)
+        assert not relay.is_alive()
+        return status, err
+
+    try:
+        # the right token, other bytes: the launcher's sha256 is of its own stream, not of these
+        status, err = relay_run(b"link-2-token", b"link-2-token", f"sha256 {'0' * 64}\n".encode())
+        assert status == [7] and b"it is not this push's stream" in err, (status, err)
+        # another link's token: refused before anything is kept
+        status, err = relay_run(b"link-2-token", b"link-3-token", f"sha256 {'0' * 64}\n".encode())
+        assert status == [7] and b"without this link's token" in err, (status, err)
+        after = remotes[1].check(["docker", "image", "inspect", "--format", "{{.Id}}", victim], "id").stdout.strip()
+        assert after == before, "the user's tag was moved by bytes that were not the launcher's"
+        assert not remotes[1].run(["docker", "image", "inspect", evil_ref]).ok
+        assert nc_listeners(remotes[1]) == []
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", evil_ref, victim, legit.ref, legit.id])
+        engine.images.remove(victim, force=True)
+
+
+def sim_cluster_image(remote) -> str:
+    """An image every sim node has (the tools image), by its ID."""
+    r = remote.check(["sh", "-c", "docker images -q | head -n 1"], "an image")
+    return r.stdout.strip()
 
 
 def test_a_relay_that_cannot_reach_the_next_host_falls_back_to_star(sim_cluster, engine, remotes, fresh_image):

@@ -1,22 +1,36 @@
 #!/bin/sh
-# One host of a chain push: its input (SSH stdin for the first host, a TCP listener for the others) goes
-# through tee into its own docker load and, unless it is the last, on to the next host over TCP. The tag
-# is set only after the Image ID checks out, as in a star push.
-# The first line of SSH stdin is the push's random token (never on a command line). Every chain connection
-# must start with it: a stranger who connects to the port first is refused, and nothing of theirs reaches
-# docker load.
+# One host of a chain push: its input (SSH stdin for the first host, a TCP listener for the others) goes on to
+# the next host over TCP, unless it is the last, and into its own docker load. The tag is set only after the
+# Image ID checks out, as in a star push.
+# SSH stdin starts with two lines, never on a command line: the token this host's link must start with ("-" for
+# the first host, whose stream is SSH stdin itself) and the token of the next link ("-" for the last). Each link
+# has its own token, and a token crosses its link in plain TCP, so it proves little: a host fed over TCP keeps
+# the stream in a file and loads it only once it has the sha256 the launcher sends over SSH stdin after the last
+# byte (a third line) and the file matches it. A stranger or a man in the middle costs a retry (a star push),
+# never a load or a tag.
 # usage: relay.sh IMAGE_ID REF zstd|none LISTEN_ADDR|- PORT NEXT_ADDR|-
 set -u
 image_id=$1 ref=$2 compress=$3 listen=$4 port=$5 next=$6
 IFS= read -r token || exit 6
-[ -n "$token" ] || exit 6
+IFS= read -r next_token || exit 6
+[ -n "$token" ] && [ -n "$next_token" ] || exit 6
 exec 3>&1  # the launcher reads "listening" and "receiving" here
-dir=$(mktemp -d) || exit 6
+dir=$(mktemp -d "${TMPDIR:-/var/tmp}/dockerlaunch-relay.XXXXXX") || exit 6
 trap 'rm -rf "$dir"' EXIT
-mkfifo "$dir/fifo" || exit 6
-( if [ "$compress" = zstd ]; then zstd -dc < "$dir/fifo" | docker load; else docker load < "$dir/fifo"; fi \
-    > "$dir/log" 2>&1; echo $? > "$dir/rc" ) &
-loader=$!
+load() {  # docker load of stdin (decompressed), its log and exit status kept
+  if [ "$compress" = zstd ]; then zstd -dc | docker load; else docker load; fi > "$dir/log" 2>&1
+  echo $? > "$dir/rc"
+}
+if [ "$listen" = - ]; then  # the first host: its bytes came over SSH, loaded as they arrive
+  mkfifo "$dir/fifo" || exit 6
+  load < "$dir/fifo" &
+  loader=$!
+  sink=$dir/fifo
+else  # a host fed over TCP: kept whole, loaded only once it is proven the launcher's
+  sink=$dir/stream
+  (umask 077 && : > "$sink") || exit 6
+  loader=
+fi
 auth() {  # pass the stream on only if it starts with the token
   if ! IFS= read -r got; then  # the input ended before a whole first line
     if [ -n "$got" ]; then : > "$dir/refused"; else : > "$dir/nothing"; fi
@@ -39,7 +53,7 @@ send() {  # connect onward only once this host receives: a relay that got nothin
     if [ -e "$dir/nothing" ] || [ -e "$dir/refused" ]; then cat > /dev/null; return 0; fi
     sleep 0.05
   done
-  { printf '%s\n' "$token"; cat; } | nc -N -w 120 "$next" "$port"
+  { printf '%s\n' "$next_token"; cat; } | nc -N -w 120 "$next" "$port"
 }
 if [ "$listen" != - ]; then  # tell the launcher as soon as our listener is up, so the sender can start
   ( hex=$(printf '%04X' "$port"); i=0
@@ -50,11 +64,24 @@ if [ "$listen" != - ]; then  # tell the launcher as soon as our listener is up, 
     done ) &
 fi
 # if the next link breaks, drain its share so that tee (and our own load) goes on; that host reports its failure
-if [ "$next" = - ]; then recv > "$dir/fifo"; else recv | tee "$dir/fifo" | { send; cat > /dev/null; }; fi
-wait $loader
+if [ "$next" = - ]; then recv > "$sink"; else recv | tee "$sink" | { send; cat > /dev/null; }; fi
 if [ -e "$dir/refused" ]; then
-  echo "refused a connection on port $port without this push's token (a stranger?); nothing of it was loaded" >&2
+  [ -z "$loader" ] || wait "$loader"
+  echo "refused a connection on port $port without this link's token (a stranger?); nothing of it was loaded" >&2
   exit 7
+fi
+if [ -z "$loader" ]; then
+  # the launcher's sha256 of the stream, over SSH, after its last byte: only a file that matches it is loaded
+  IFS= read -r want || want=
+  got=$(sha256sum < "$sink" | cut -c1-64)
+  if [ "$want" != "sha256 $got" ]; then
+    echo "refused what arrived on port $port: it is not this push's stream (sha256 $got, the launcher's: ${want#sha256 }); nothing of it was loaded" >&2
+    exit 7
+  fi
+  load < "$sink"
+  rm -f "$sink"
+else
+  wait "$loader"
 fi
 if [ "$(cat "$dir/rc")" != 0 ]; then echo "load failed: $(tail -n 3 "$dir/log")" >&2; exit 3; fi
 if grep -q -i -e 'error unpacking image' -e 'apply layer error' "$dir/log"; then  # see load.sh
