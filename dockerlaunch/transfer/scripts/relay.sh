@@ -26,9 +26,11 @@ if [ "$listen" = - ]; then  # the first host: its bytes came over SSH, loaded as
   load < "$dir/fifo" &
   loader=$!
   sink=$dir/fifo
-else  # a host fed over TCP: kept whole, loaded only once it is proven the launcher's
+else  # a host fed over TCP: kept whole (hashed as it arrives), loaded only once it is proven the launcher's
   sink=$dir/stream
-  (umask 077 && : > "$sink") || exit 6
+  (umask 077 && : > "$sink") && mkfifo "$dir/hash" || exit 6
+  sha256sum < "$dir/hash" > "$dir/sum" &
+  hasher=$!
   loader=
 fi
 auth() {  # pass the stream on only if it starts with the token
@@ -64,7 +66,13 @@ if [ "$listen" != - ]; then  # tell the launcher as soon as our listener is up, 
     done ) &
 fi
 # if the next link breaks, drain its share so that tee (and our own load) goes on; that host reports its failure
-if [ "$next" = - ]; then recv > "$sink"; else recv | tee "$sink" | { send; cat > /dev/null; }; fi
+if [ -n "$loader" ]; then
+  if [ "$next" = - ]; then recv > "$sink"; else recv | tee "$sink" | { send; cat > /dev/null; }; fi
+elif [ "$next" = - ]; then
+  recv | tee "$sink" > "$dir/hash"
+else
+  recv | tee "$sink" "$dir/hash" | { send; cat > /dev/null; }
+fi
 if [ -e "$dir/refused" ]; then
   [ -z "$loader" ] || wait "$loader"
   echo "refused a connection on port $port without this link's token (a stranger?); nothing of it was loaded" >&2
@@ -73,7 +81,8 @@ fi
 if [ -z "$loader" ]; then
   # the launcher's sha256 of the stream, over SSH, after its last byte: only a file that matches it is loaded
   IFS= read -r want || want=
-  got=$(sha256sum < "$sink" | cut -c1-64)
+  wait "$hasher"
+  got=$(cut -c1-64 "$dir/sum")
   if [ "$want" != "sha256 $got" ]; then
     echo "refused what arrived on port $port: it is not this push's stream (sha256 $got, the launcher's: ${want#sha256 }); nothing of it was loaded" >&2
     exit 7
