@@ -157,11 +157,12 @@ class Result:
                 "transport": self.transport.to_dict() if self.transport else None}
 
 
-class _Capture(Reporter):
-    """Rank 0's result lines are data; the rest of the job's output is kept for when it fails."""
+class MarkedLines(Reporter):
+    """A short job's result lines (`MARK {json}`, from any rank) are data, each with `host_key` set to the host that
+    printed it where asked; the rest of the job's output is kept for when it fails (commtest, smoke)."""
 
-    def __init__(self, outer: Reporter):
-        self.outer, self.records, self.tail = outer, [], []
+    def __init__(self, outer: Reporter, mark: str = MARK, host_key: str | None = None):
+        self.outer, self.mark, self.host_key, self.records, self.tail = outer, mark, host_key, [], []
         self.lock = threading.Lock()
 
     def say(self, msg: str, style: str = "bold") -> None:
@@ -169,11 +170,13 @@ class _Capture(Reporter):
 
     def line(self, rank: int, host: str, text: str) -> None:
         with self.lock:
-            if MARK in text:
+            if self.mark in text:
                 try:
-                    self.records.append(json.loads(text.split(MARK, 1)[1]))
+                    record = json.loads(text.split(self.mark, 1)[1])
                 except ValueError:
-                    pass
+                    return
+                if isinstance(record, dict):
+                    self.records.append({**record, self.host_key: host} if self.host_key else record)
             else:
                 self.tail = (self.tail + [f"[{rank} {host}] {text}"])[-30:]
 
@@ -217,7 +220,7 @@ def run(config: ClusterConfig, lo: int, hi: int, iters: int = 0, hosts: list[int
         reporter: Reporter | None = None) -> Result:
     reporter = reporter or Reporter()
     cfg = sub_config(config, hosts, command(lo, hi, iters))
-    capture = _Capture(reporter)
+    capture = MarkedLines(reporter)
     holder: dict = {}
     code = launch.up(cfg, preflight=False, log_dir=None, reporter=capture, monitors=[_links_and_transport(holder)])
     header = next((r for r in capture.records if r.get("kind") == "header"), {})

@@ -8,16 +8,14 @@ transport NCCL chose is read as `transport` reads it.
 
 from __future__ import annotations
 
-import json
 import statistics
-import threading
 from dataclasses import dataclass, field
 
 from dockerlaunch.backends.docker import up as launch
 from dockerlaunch.backends.docker.doctor.report import Report, Verdict
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.collect import TransportReport, read_transport
-from dockerlaunch.diagnostics.commtest import TORCHRUN, sub_config
+from dockerlaunch.diagnostics.commtest import TORCHRUN, MarkedLines, sub_config
 from dockerlaunch.diagnostics.transport import describe
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.reporting import Reporter
@@ -133,27 +131,6 @@ def judge(records: list[dict], hosts: list[str], transport: TransportReport | No
     return rows
 
 
-class _Capture(Reporter):
-    """Every rank's result lines are data; the rest of the job's output is kept for when it fails."""
-
-    def __init__(self, outer: Reporter):
-        self.outer, self.records, self.tail = outer, [], []
-        self.lock = threading.Lock()
-
-    def say(self, msg: str, style: str = "bold") -> None:
-        self.outer.say(msg, style)
-
-    def line(self, rank: int, host: str, text: str) -> None:
-        with self.lock:
-            if MARK in text:
-                try:
-                    self.records.append({**json.loads(text.split(MARK, 1)[1]), "addr": host})
-                except (ValueError, TypeError):
-                    pass
-            else:
-                self.tail = (self.tail + [f"[{rank} {host}] {text}"])[-30:]
-
-
 def add_to(report: Report, result: SmokeResult, hosts: list[str]) -> None:
     """The smoke's rows into a doctor report, after its own."""
     for row in result.rows:
@@ -180,7 +157,7 @@ def run(config: ClusterConfig, reporter: Reporter | None = None) -> SmokeResult:
     data["job"].update({"max_restarts": 0, "hang_timeout": SILENT_S, "progress_regex": None})
     data["spares"] = []
     cfg = ClusterConfig.model_validate(data)
-    capture = _Capture(reporter)
+    capture = MarkedLines(reporter, MARK, host_key="addr")
     holder: dict = {}
 
     def monitor(session, plan, rep, stop) -> None:

@@ -258,12 +258,7 @@ def record_base(stack: Stack, dockerfiles: Path, docker: str = "docker",
     tag, versions = bases.ensure_base(stack.base.debian, docker=docker, log=log)
     pyelf = v.ensure_tool(v.PYELFTOOLS)
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-base-tables-") as tmp:
-        scripts = Path(tmp) / "scripts"
-        scripts.mkdir()
-        for name in ("base_tables.py", "elfscan.py"):
-            (scripts / name).write_text(shipped.script("dockerlaunch.images", name))
-        for p in (Path(tmp), scripts, *scripts.iterdir()):
-            p.chmod(0o755)
+        scripts = v.scripts_folder(Path(tmp), "base_tables.py", "elfscan.py")
         r = v._docker([docker, "run", "--rm", "--network", "none", "--label", "dockerlaunch.probe=1",
                        "-e", f"DL_PYELFTOOLS={v.MOUNT}/py", "-v", f"{pyelf}:{v.MOUNT}/py:ro",
                        "-v", f"{scripts}:{v.MOUNT}/scripts:ro",

@@ -755,6 +755,17 @@ def image_facts(image: str, docker: str = "docker") -> tuple[dict, str, str]:
     return json.loads(text or "null") or {}, arch, image_id
 
 
+def scripts_folder(tmp: Path, *names: str) -> Path:
+    """`tmp`/scripts with the named shipped scripts, readable by an image's own user through a read-only mount."""
+    scripts = tmp / "scripts"
+    scripts.mkdir()
+    for name in names:
+        (scripts / name).write_text(shipped.script("dockerlaunch.images", name))
+    for p in (tmp, scripts, *scripts.iterdir()):
+        p.chmod(0o755)
+    return scripts
+
+
 def _cubin_cache_path() -> Path:
     return cache_root() / "verify" / "cubins.json"
 
@@ -779,12 +790,7 @@ def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: s
         if tool is not None:
             cuobj = ensure_tool(tool)
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-verify-") as tmp:
-        scripts = Path(tmp) / "scripts"
-        scripts.mkdir()
-        for name in ("verify_image.py", "elfscan.py"):
-            (scripts / name).write_text(shipped.script("dockerlaunch.images", name))
-        for p in (Path(tmp), scripts, *scripts.iterdir()):
-            p.chmod(0o755)
+        scripts = scripts_folder(Path(tmp), "verify_image.py", "elfscan.py")
         name = f"dl-verify-{secrets.token_hex(4)}"
         argv = [docker, "run", "--rm", "--name", name, "--label", "dockerlaunch.probe=1", "--network", "none",
                 "-e", "DL_LABELS", "-e", f"DL_CHECKS={','.join(wanted)}",
