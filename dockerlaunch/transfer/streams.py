@@ -428,6 +428,7 @@ def rewrite_tar(chunks: Iterator[bytes], edit: Callable[[tarfile.TarInfo, IO[byt
 
 
 MAX_METADATA = 4 << 20  # a save's manifest.json / index.json: a few KB; more is not a docker save
+METADATA_MEMBERS = frozenset({"manifest.json", "index.json", "repositories", "oci-layout"})
 
 
 def untagged_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -443,7 +444,9 @@ def untagged_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
         if member.name != clean or member.name.startswith(("/", "../")) or clean == "..":
             raise TransferError(f"image tar member {member.name!r} is not a canonical name (a docker save writes "
                                 f"{clean!r}): refusing an image tar that could set tags of its own")
-        if member.name in seen:
+        # a member that says what to tag may come once (a containerd store's save repeats content-addressed blobs,
+        # which are checked by their digest on load: those may)
+        if member.name in METADATA_MEMBERS and member.name in seen:
             raise TransferError(f"image tar member {member.name!r} is in the image tar twice: not a docker save")
         seen.add(member.name)
         if member.name == "repositories":
