@@ -335,9 +335,13 @@ def check(stack: Stack, lock: locks.Lock, dockerfiles: Path, *, archs: list[str]
     for e in lock.entries:
         if e.name in compiled:
             continue
+        cached = cached_choice(e, tags)
+        if cached is not None:  # read before: no folder listed (hashing its files) and no index asked
+            tables.append(cached)
+            continue
         try:
             listing = [f for d in folders for f in idx.folder_files(d, e.name)]
-            if cached_choice(e, tags) is None and not idx.choose(e, listing, tags):
+            if not idx.choose(e, listing, tags):
                 if offline:
                     not_cached.append(f"{e.name}=={e.version}")
                     continue
