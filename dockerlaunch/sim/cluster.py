@@ -16,6 +16,8 @@ import socket
 import time
 from pathlib import Path
 
+import docker
+
 from dockerlaunch.engine import engine
 from dockerlaunch.sim.images import (
     _new_ed25519,
@@ -39,6 +41,7 @@ from dockerlaunch.sim.layout import (
     MAX_NODES,
     NODE_CAPS,
     NODE_LABEL,
+    NODE_NOFILE,
     NODE_SHM,
     ROLE_LABEL,
     SEED_DIR_IN_NODE,
@@ -182,6 +185,7 @@ def _engine_options(data_volume: str, shared_volume: str, more_volumes: dict | N
             str(cache_root()): {"bind": SEED_DIR_IN_NODE, "mode": "ro"},
         },
         "init": True,
+        "ulimits": [docker.types.Ulimit(name="nofile", soft=NODE_NOFILE, hard=NODE_NOFILE)],
         "shm_size": NODE_SHM,  # job containers use --ipc host: they share the engine's /dev/shm
     }
 

@@ -1,5 +1,6 @@
-"""`build` with each kind of docker CLI this machine has -- (a) a Docker 23+ CLI (the 28.x /usr/local/bin/docker)
-through the buildx plugin that scripts/install-docker puts in, (b) Debian 12's 20.10 CLI with BuildKit built in --
+"""`build` with each kind of docker CLI -- (a) a Docker 23+ CLI (a 28.x /usr/local/bin/docker, Debian 13's 26.1)
+through the buildx plugin, (b) Debian 12's 20.10 CLI with BuildKit built in; scripts/install-docker puts in
+whichever this machine lacks --
 on a tiny image that asks BuildKit for everything train.Dockerfile does: RUN --mount cache/secret/bind of the
 wheelhouse layer, `--secret` files, build args, labels, --network host, and a plain progress log that
 `cached_steps` reads. A few seconds per CLI; the real stack is test_build's."""
@@ -8,6 +9,7 @@ import dataclasses
 import hashlib
 import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -44,22 +46,25 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+# Where scripts/install-docker puts the era of CLI this machine lacks (Debian 12's 20.10 or 13's 26.1).
+TEST_CLIS = Path("/usr/local/lib/dockerlaunch/docker-clis")
+
+
 def clients() -> dict[str, builderlib.DockerClient]:
-    return {c.path: c for c in map(probe_client, builderlib.docker_candidates())}
+    paths = [*builderlib.docker_candidates(), *map(str, sorted(TEST_CLIS.glob("*/docker")))]
+    return {c.path: c for c in map(probe_client, paths)}
 
 
 def buildx_builder():
     new = [c for c in clients().values() if not c.error and c.release and c.release >= (23, 0)]
-    if not new:
-        pytest.skip("no Docker 23+ CLI on this machine (the machine image's /usr/local/bin/docker is 28.x)")
+    assert new, f"no Docker 23+ CLI on this machine nor in {TEST_CLIS}: run scripts/install-docker"
     assert new[0].buildx, f"{new[0].path} ({new[0].version}) has no buildx plugin: run scripts/install-docker"
     return choose_builder(new[:1])
 
 
 def built_in_builder():
     old = [c for c in clients().values() if not c.error and c.release and c.release < (23, 0)]
-    if not old:
-        pytest.skip("no docker CLI older than 23 (Debian 12's docker.io 20.10 has BuildKit built in)")
+    assert old, f"no docker CLI older than 23 on this machine nor in {TEST_CLIS}: run scripts/install-docker"
     # the plugin is there for this CLI too: hide it, so the built-in BuildKit builds
     return choose_builder([dataclasses.replace(old[0], buildx=None)])
 
