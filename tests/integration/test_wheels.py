@@ -7,10 +7,12 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -220,6 +222,115 @@ def test_a_killed_compile_resumes_from_its_objects(tiny_builder, tiny_sdist, cac
     info = entry.done
     assert wheel.is_file() and info["objects"] == 6 and info["objects_this_run"] == 6 - done_before, info
     assert any(f"resuming at {done_before}/6 objects" in ln for ln in logs), logs
+
+
+# A launcher as a user runs it, in its own process, so that it can be killed as a user's Ctrl-C or a closed
+# terminal kills one (argv: builder, sdist, its sha256, wheelhouse, archs, delay; the cache from the environment).
+LAUNCHER = """
+import sys
+from pathlib import Path
+from tests.integration import test_wheels as t
+builder, sdist, sha, wh, archs, delay = sys.argv[1:]
+wheel, got = t.ensure(t.tiny((Path(sdist), sha), archs, delay), builder, Path(wh), [])
+print(wheel, got)
+"""
+
+
+def start_launcher(builder, sdist, wh, archs, delay) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", LAUNCHER, builder, str(sdist[0]), sdist[1], str(wh), archs,
+                             delay], cwd=Path(__file__).parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def running_compile(cache: Path, objects: int = 1, timeout: float = 300) -> tuple[wheels.Entry, str]:
+    """The key folder and container ID of the compile under way once it has built `objects` objects."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        folders = list((cache / "compiled").glob("dltiny-0.1-*"))
+        if folders and wheels.ninja_progress(folders[0] / "build")[0] >= objects:
+            entry = wheels.Entry(folders[0])
+            return entry, docker("inspect", "--format", "{{.Id}}", wheels.container_name(entry)).stdout.strip()
+        time.sleep(0.2)
+    raise AssertionError(f"no compile reached {objects} object(s) in {timeout} s")
+
+
+def compiles_of(entry: wheels.Entry) -> list[str]:
+    """IDs of every container, running or not, that compiles this key."""
+    return docker("ps", "-aq", "--no-trunc", "--filter", f"label=ai.dockerlaunch.compile={entry.folder.name}")\
+        .stdout.split()
+
+
+def test_a_second_launcher_waits_for_the_first_and_compiles_nothing(tiny_builder, tiny_sdist, cache, tmp_path):
+    """Two launchers, one key: the second waits on the key's lock, then takes the first one's wheel."""
+    wh = wheelhouse_with(tiny_sdist, tmp_path)
+    pkg = tiny(tiny_sdist, archs="87", delay="1")
+    first_logs: list[str] = []
+    results: dict[str, tuple] = {}
+    first = threading.Thread(target=lambda: results.update(first=ensure(pkg, tiny_builder, wh, first_logs)))
+    first.start()
+    entry, cid = running_compile(cache)
+    second_logs: list[str] = []
+    results["second"] = ensure(pkg, tiny_builder, wh, second_logs)  # blocks until the first is done
+    first.join(300)
+    assert results["first"] == results["second"] and results["first"][0].is_file(), results
+    assert any("another dockerlaunch is compiling this key" in ln and "waiting for it" in ln
+               for ln in second_logs), second_logs
+    assert not any("compiling in" in ln for ln in second_logs), second_logs
+    assert entry.done["objects_this_run"] == 6 and compiles_of(entry) == [], entry.done  # one compile, removed
+
+
+def test_a_compile_of_a_killed_launcher_is_waited_for_not_doubled(tiny_builder, tiny_sdist, cache, tmp_path):
+    """The launcher is killed (SIGKILL: nothing of it runs again); its compile container goes on. The next launcher
+    waits for that container, starts no other, and takes its wheel."""
+    wh = wheelhouse_with(tiny_sdist, tmp_path)
+    proc = start_launcher(tiny_builder, tiny_sdist, wh, "86", "2")
+    try:
+        entry, cid = running_compile(cache)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert compiles_of(entry) == [cid]
+    logs: list[str] = []
+    seen: set[str] = set()
+    watching = threading.Event()
+
+    def watch():  # every compile container of the key while the launcher waits
+        while not watching.is_set():
+            seen.update(compiles_of(entry))
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        wheel, sha = ensure(tiny(tiny_sdist, "86", "2"), tiny_builder, wh, logs)
+    finally:
+        watching.set()
+        watcher.join(30)
+    assert any(f"a compile of this key is already running ({wheels.container_name(entry)}); waiting for it" in ln
+               for ln in logs), logs
+    assert not any("compiling in" in ln for ln in logs), logs
+    assert seen <= {cid}, seen  # never a second container
+    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == sha == entry.done["sha256"]
+    assert compiles_of(entry) == []
+
+
+def test_the_finished_compile_of_a_killed_launcher_is_adopted(tiny_builder, tiny_sdist, cache, tmp_path):
+    """The launcher dies; its compile finishes alone. The next launcher takes that wheel and compiles nothing."""
+    wh = wheelhouse_with(tiny_sdist, tmp_path)
+    proc = start_launcher(tiny_builder, tiny_sdist, wh, "75", "1")
+    try:
+        entry, cid = running_compile(cache)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert docker("wait", cid, timeout=300).stdout.strip() == "0"
+    assert not entry.done  # nobody recorded it
+    logs: list[str] = []
+    wheel, sha = ensure(tiny(tiny_sdist, "75", "1"), tiny_builder, wh, logs)
+    assert any("the compile of an earlier, stopped launcher finished; taking its wheel" in ln for ln in logs), logs
+    assert not any("compiling in" in ln for ln in logs), logs
+    assert wheel.is_file() and hashlib.sha256(wheel.read_bytes()).hexdigest() == sha == entry.done["sha256"]
+    assert compiles_of(entry) == []  # the finished container was removed
 
 
 def test_a_source_that_is_not_the_locked_one_stops_the_compile(tiny_builder, tiny_sdist, cache, tmp_path):
