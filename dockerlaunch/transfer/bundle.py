@@ -453,8 +453,10 @@ def load_bundle(
             if e.needs not in have:
                 raise TransferError(f"{where}: {e.ref} in bundle {path} is a delta on {e.base}, whose layers this "
                                     f"engine lacks (chain {e.needs[7:19]}): load {e.base} first; nothing was loaded")
+    before = engine_tags(run, where)
     with _damaged_is_one_line(path):
         _load_verified(path, entries, load, where)
+    _no_tag_moved(before, engine_tags(run, where), run, where)
     for e in entries:
         want = e.expected_id(store)
         status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", want])
@@ -489,6 +491,40 @@ def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: 
         if status != 0 or unpack:  # containerd's store reports a layer it could not unpack and exits 0
             raise TransferError(f"{where}: docker load of {e.ref} ({e.file}) failed: "
                                 f"{(unpack.group(0) if unpack else out.strip())[-200:]}")
+
+
+ENGINE_TAGS = ["docker", "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"]
+
+
+def engine_tags(run: Callable[[list[str]], tuple[int, str]], where: str) -> dict[str, str]:
+    """Every tag of the engine and the Image ID it names."""
+    status, out = run(ENGINE_TAGS)
+    if status != 0:
+        raise TransferError(f"{where}: cannot list the engine's images: {out.strip()[-200:]}")
+    tags: dict[str, str] = {}
+    for line in out.splitlines():
+        ref, _, image_id = line.strip().rpartition(" ")
+        if ref and "<none>" not in ref:
+            tags[ref] = image_id
+    return tags
+
+
+def _no_tag_moved(before: dict[str, str], after: dict[str, str], run: Callable[[list[str]], tuple[int, str]],
+                  where: str) -> None:
+    """The loads are fed untagged tars, so no tag may have appeared or moved: the check that does not rest on the
+    re-streaming having understood the tar as the engine's loader does. Puts back what moved, removes what
+    appeared, and fails naming it."""
+    changed = sorted(ref for ref in after if before.get(ref) != after[ref])
+    if not changed:
+        return
+    for ref in changed:
+        run(["docker", "tag", before[ref], ref] if ref in before else ["docker", "image", "rm", "--no-prune", ref])
+    ref = changed[0]
+    was = f"was {before[ref][7:19]}" if ref in before else "was not there"
+    raise TransferError(f"{where}: tag {ref} changed during the load ({was}, the load made it "
+                        f"{after[ref][7:19]}){f' with {len(changed) - 1} more' if len(changed) > 1 else ''}: "
+                        "an image tar that sets tags of its own, or something else tagging on this engine meanwhile; "
+                        "put back as it was, nothing of the bundle was tagged")
 
 
 ENGINE_LAYERS = ("docker image ls -q --no-trunc | sort -u | xargs -r docker image inspect "

@@ -410,6 +410,42 @@ def test_a_bundle_image_cannot_retag_anything(engine, fresh_image, tmp_path):
             pass
 
 
+def test_a_tag_a_load_moves_is_put_back_and_the_load_fails(engine, fresh_image, tmp_path):
+    """Were an engine's loader to set a tag the re-streaming did not see (here a loader that tags after its real
+    `docker load`, moving a victim tag and adding one), the engine's tags compared before and after the load catch
+    it: both put back, the bundle's own tag not set, one line naming the tag."""
+    from dockerlaunch.transfer.bundle import load_bundle, local_loader, local_runner
+    from dockerlaunch.transfer.streams import TransferError
+
+    ref, victim = fresh_image(mb=1, scratch=True), fresh_image(mb=1, scratch=True)
+    image_id, victim_id = engine.images.get(ref).id, engine.images.get(victim).id
+    planted = f"dlt-dist/planted-{secrets.token_hex(3)}:1"
+    bundle = tmp_path / "b.dlb"
+    assert dl("save", ref, "-o", str(bundle)).returncode == 0
+    engine.images.remove(ref, force=True)
+    real = local_loader()
+
+    def tagging_loader(stream):
+        status, out = real(stream)
+        for tag in (victim, planted):
+            subprocess.run(["docker", "tag", image_id, tag], check=True, capture_output=True)
+        return status, out
+
+    try:
+        with pytest.raises(TransferError) as e:
+            load_bundle(bundle, tagging_loader, local_runner)
+        msg = str(e.value)
+        assert msg.startswith(f"local: tag {victim} changed during the load (was {victim_id[7:19]}, the load made "
+                              f"it {image_id[7:19]}) with 1 more: "), msg  # the victim sorts before `planted-`
+        assert msg.endswith("put back as it was, nothing of the bundle was tagged") and "\n" not in msg, msg
+        assert engine.images.get(victim).id == victim_id
+        tags = {t for i in engine.images.list() for t in i.tags}
+        assert planted not in tags and ref not in tags
+    finally:
+        for tag in (planted, ref):
+            subprocess.run(["docker", "rmi", tag], capture_output=True)
+
+
 def test_a_delta_bundle_carries_only_the_new_layers_and_needs_its_base(sim_cluster, engine, remotes, fresh_image,
                                                                       tmp_path):
     """`save NEW --base OLD` after a top-layer change (an ms-swift bump's shape): the bundle holds only the new
