@@ -456,7 +456,7 @@ def load_bundle(
     before = engine_tags(run, where)
     with _damaged_is_one_line(path):
         _load_verified(path, entries, load, where)
-    _no_tag_moved(before, engine_tags(run, where), run, where)
+    _no_tag_moved(before, engine_tags(run, where), {e.expected_id(store) for e in entries}, run, where)
     for e in entries:
         want = e.expected_id(store)
         status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", want])
@@ -509,12 +509,13 @@ def engine_tags(run: Callable[[list[str]], tuple[int, str]], where: str) -> dict
     return tags
 
 
-def _no_tag_moved(before: dict[str, str], after: dict[str, str], run: Callable[[list[str]], tuple[int, str]],
-                  where: str) -> None:
-    """The loads are fed untagged tars, so no tag may have appeared or moved: the check that does not rest on the
-    re-streaming having understood the tar as the engine's loader does. Puts back what moved, removes what
-    appeared, and fails naming it."""
-    changed = sorted(ref for ref in after if before.get(ref) != after[ref])
+def _no_tag_moved(before: dict[str, str], after: dict[str, str], loaded: set[str],
+                  run: Callable[[list[str]], tuple[int, str]], where: str) -> None:
+    """The loads are fed untagged tars, so no tag may have appeared on or moved to a loaded image: the check that
+    does not rest on the re-streaming having understood the tar as the engine's loader does. Puts back what moved,
+    removes what appeared, and fails naming it. A tag moved to another image meanwhile is someone else's pull or
+    build on a shared engine: left as it is."""
+    changed = sorted(ref for ref in after if before.get(ref) != after[ref] and after[ref] in loaded)
     if not changed:
         return
     for ref in changed:
@@ -523,8 +524,7 @@ def _no_tag_moved(before: dict[str, str], after: dict[str, str], run: Callable[[
     was = f"was {before[ref][7:19]}" if ref in before else "was not there"
     raise TransferError(f"{where}: tag {ref} changed during the load ({was}, the load made it "
                         f"{after[ref][7:19]}){f' with {len(changed) - 1} more' if len(changed) > 1 else ''}: "
-                        "an image tar that sets tags of its own, or something else tagging on this engine meanwhile; "
-                        "put back as it was, nothing of the bundle was tagged")
+                        "an image tar that sets tags of its own; put back as it was, nothing of the bundle was tagged")
 
 
 ENGINE_LAYERS = ("docker image ls -q --no-trunc | sort -u | xargs -r docker image inspect "

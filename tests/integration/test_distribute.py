@@ -420,6 +420,7 @@ def test_a_tag_a_load_moves_is_put_back_and_the_load_fails(engine, fresh_image, 
     ref, victim = fresh_image(mb=1, scratch=True), fresh_image(mb=1, scratch=True)
     image_id, victim_id = engine.images.get(ref).id, engine.images.get(victim).id
     planted = f"dlt-dist/planted-{secrets.token_hex(3)}:1"
+    bystander = f"dlt-dist/bystander-{secrets.token_hex(3)}:1"
     bundle = tmp_path / "b.dlb"
     assert dl("save", ref, "-o", str(bundle)).returncode == 0
     engine.images.remove(ref, force=True)
@@ -429,6 +430,8 @@ def test_a_tag_a_load_moves_is_put_back_and_the_load_fails(engine, fresh_image, 
         status, out = real(stream)
         for tag in (victim, planted):
             subprocess.run(["docker", "tag", image_id, tag], check=True, capture_output=True)
+        # someone else's tagging on the same engine meanwhile (not onto the loaded image): left as it is
+        subprocess.run(["docker", "tag", victim_id, bystander], check=True, capture_output=True)
         return status, out
 
     try:
@@ -440,9 +443,9 @@ def test_a_tag_a_load_moves_is_put_back_and_the_load_fails(engine, fresh_image, 
         assert msg.endswith("put back as it was, nothing of the bundle was tagged") and "\n" not in msg, msg
         assert engine.images.get(victim).id == victim_id
         tags = {t for i in engine.images.list() for t in i.tags}
-        assert planted not in tags and ref not in tags
+        assert planted not in tags and ref not in tags and engine.images.get(bystander).id == victim_id
     finally:
-        for tag in (planted, ref):
+        for tag in (planted, ref, bystander):
             subprocess.run(["docker", "rmi", tag], capture_output=True)
 
 
