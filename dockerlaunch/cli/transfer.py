@@ -193,10 +193,12 @@ def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> N
             if not h.connected:
                 results.append(HostResult(h.address, PushState.FAILED, str(h.error)))
                 continue
+            notes: list[str] = []
             try:
-                entries = bundlelib.load_bundle(path, bundlelib.remote_loader(h.remote),
+                entries = bundlelib.load_bundle(path, bundlelib.remote_loader(h.remote, notes),
                                                 bundlelib.remote_runner(h.remote), where=f"host {h.address}")
-                results.append(HostResult(h.address, PushState.LOADED, ", ".join(e.ref for e in entries)))
+                results.append(HostResult(h.address, PushState.LOADED, "; ".join(
+                    [", ".join(e.ref for e in entries), *notes])))
             except DockerlaunchError as e:
                 results.append(HostResult(h.address, PushState.FAILED, str(e)))
     sys.exit(_summary(results))

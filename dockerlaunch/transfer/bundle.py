@@ -19,6 +19,7 @@ import json
 import re
 import subprocess
 import tarfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,11 +283,21 @@ class _HashingReader(io.RawIOBase):
         return data
 
 
-Loader = Callable[[BinaryIO], tuple[int, str]]  # feeds a `docker load` and returns (status, output)
+@dataclass(frozen=True)
+class Piece:
+    """One image tar of a bundle as a loader gets it: what it is, the Image ID the load must give, and the sha256 of
+    the first n bytes of its stream (read again from the bundle: how a staged prefix on a host is proven ours)."""
+
+    entry: BundleEntry
+    expect_id: str
+    prefix_sha256: Callable[[int], str | None]
+
+
+Loader = Callable[[BinaryIO, Piece], tuple[int, str]]  # feeds a `docker load` and returns (status, output)
 
 
 def local_loader(docker: str = "docker") -> Loader:
-    def load(stream: BinaryIO) -> tuple[int, str]:
+    def load(stream: BinaryIO, piece: Piece) -> tuple[int, str]:
         proc = subprocess.Popen([docker, "load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)
         assert proc.stdin is not None
@@ -306,11 +317,69 @@ def local_loader(docker: str = "docker") -> Loader:
     return load
 
 
-def remote_loader(remote: Remote) -> Loader:
-    def load(stream: BinaryIO) -> tuple[int, str]:
+class _Skipped:
+    """A reader that drops the first n bytes of another (sent before a cut: the host has them staged)."""
+
+    def __init__(self, inner: BinaryIO, n: int):
+        self.inner, self.left = inner, n
+
+    def read(self, size: int = -1) -> bytes:
+        while self.left:
+            got = self.inner.read(min(self.left, CHUNK))
+            if not got:
+                return b""
+            self.left -= len(got)
+        return self.inner.read(size)
+
+
+def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threading.Event | None = None,
+                  on_bytes: Callable[[int], None] | None = None) -> Loader:
+    """`docker load` on a host over SSH. From push's STAGE_MIN bytes an image tar is staged on the host as it
+    arrives (push's load.sh, without its tag: the bundle tags once every image is checked), so a load cut off
+    resumes where it stopped, and one whose load finished after the cut is not sent again. `notes` gets what
+    happened per image (resumed, not staged and why)."""
+    from dockerlaunch.transfer import push as pushlib
+    from dockerlaunch.transfer import script
+
+    notes = notes if notes is not None else []
+
+    def plain(stream: BinaryIO) -> tuple[int, str]:
         out = bytearray()
-        status = remote.stream(["docker", "load"], out.extend, out.extend, stdin=stream, bulk=True)
+        status = remote.stream(["docker", "load"], out.extend, out.extend, stdin=CountingReader(
+            iter(functools.partial(stream.read, CHUNK), b""), on_bytes), stop=stop, bulk=True)
         return status, out.decode(errors="replace")
+
+    def load(stream: BinaryIO, piece: Piece) -> tuple[int, str]:
+        e = piece.entry
+        if e.bytes < pushlib.stage_min():
+            return plain(stream)
+        key = hashlib.sha256(f"{remote.name} bundle {e.sha256}".encode()).hexdigest()[:32]
+        r = remote.run(["sh", "-c", pushlib.STAGE_PROBE, "sh", key, piece.expect_id], timeout=1200)
+        if not r.ok:
+            return r.exit_status, f"looking for a staged load failed: {r.last_line()}"
+        probe = pushlib.parse_stage_probe(r.stdout)
+        if probe.present_id == piece.expect_id:  # an earlier load finished after it was cut off
+            if probe.staged:
+                remote.run(["sh", "-c", pushlib.REMOVE_STAGE, "sh", key], timeout=60)
+            notes.append(f"{e.ref}: an earlier load had delivered it")
+            return 0, "Loaded image ID: " + piece.expect_id
+        staged, why = pushlib.stage_choice(remote.name, e.bytes, probe)
+        if not staged:
+            if probe.staged:
+                remote.run(["sh", "-c", pushlib.REMOVE_STAGE, "sh", key], timeout=60)
+            notes.append(f"{e.ref}: {why}")
+            return plain(stream)
+        offset = probe.staged if probe.staged and piece.prefix_sha256(probe.staged) == probe.digest else 0
+        if offset:
+            notes.append(f"{e.ref}: resumed at {offset / 1e6:.0f} MB staged on the host")
+        reader = CountingReader(iter(functools.partial(_Skipped(stream, offset).read, CHUNK), b""), on_bytes)
+        out, err = bytearray(), bytearray()
+        status = remote.stream(["sh", "-c", script("load.sh"), "sh", piece.expect_id, "-", "none", key, str(offset)],
+                               out.extend, err.extend, stdin=reader, stop=stop, bulk=True)
+        if status in (3, 4) and reader.finished is not None:  # it all arrived and did not load: the stage goes
+            remote.run(["sh", "-c", pushlib.REMOVE_STAGE, "sh", key], timeout=60)
+        text = (err or out).decode(errors="replace").strip()
+        return status, text.removeprefix("load failed: ")
 
     return load
 
@@ -455,7 +524,7 @@ def load_bundle(
                                     f"engine lacks (chain {e.needs[7:19]}): load {e.base} first; nothing was loaded")
     before = engine_tags(run, where)
     with _damaged_is_one_line(path):
-        _load_verified(path, entries, load, where)
+        _load_verified(path, entries, load, where, store)
     _no_tag_moved(before, engine_tags(run, where), {e.expected_id(store) for e in entries}, run, where)
     for e in entries:
         want = e.expected_id(store)
@@ -469,7 +538,7 @@ def load_bundle(
     return entries
 
 
-def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: str) -> None:
+def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: str, store: str) -> None:
     by_file = {e.file: e for e in entries}
     for member, f in _members(path):
         e = by_file.get(member.name)
@@ -477,7 +546,7 @@ def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: 
             continue
         reader = _HashingReader(f)
         stream = CountingReader(untagged_chunks(iter(functools.partial(reader.read, CHUNK), b"")))
-        status, out = load(stream)
+        status, out = load(stream, Piece(e, e.expected_id(store), functools.partial(_prefix_sha256, path, e)))
         try:
             while stream.read(CHUNK):  # what docker load did not read: the rewriter runs to its end first
                 pass
@@ -491,6 +560,24 @@ def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: 
         if status != 0 or unpack:  # containerd's store reports a layer it could not unpack and exits 0
             raise TransferError(f"{where}: docker load of {e.ref} ({e.file}) failed: "
                                 f"{(unpack.group(0) if unpack else out.strip())[-200:]}")
+
+
+def _prefix_sha256(path: Path, e: BundleEntry, n: int) -> str | None:
+    """sha256 of the first n bytes of the stream a loader gets for `e` (its image tar, untagged), read again from
+    the bundle; None when the stream is shorter."""
+    h, seen = hashlib.sha256(), 0
+    with _damaged_is_one_line(path):
+        for member, f in _members(path):
+            if member.name != e.file or f is None:
+                continue
+            for chunk in untagged_chunks(iter(functools.partial(f.read, CHUNK), b"")):
+                take = chunk[: n - seen]
+                h.update(take)
+                seen += len(take)
+                if seen >= n:
+                    return h.hexdigest()
+            return None
+    return None
 
 
 ENGINE_TAGS = ["docker", "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"]

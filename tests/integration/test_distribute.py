@@ -7,6 +7,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from dockerlaunch.backends.docker.doctor.observations import listening_ports, local_ports
 from dockerlaunch.transfer import chain, push
 from dockerlaunch.transfer.push import push_to_host
-from dockerlaunch.transfer.streams import chain_ids, local_image
+from dockerlaunch.transfer.streams import TransferError, chain_ids, local_image
 from tests.integration.helpers import nc_listeners
 
 pytestmark = pytest.mark.integration
@@ -426,8 +427,8 @@ def test_a_tag_a_load_moves_is_put_back_and_the_load_fails(engine, fresh_image, 
     engine.images.remove(ref, force=True)
     real = local_loader()
 
-    def tagging_loader(stream):
-        status, out = real(stream)
+    def tagging_loader(stream, piece):
+        status, out = real(stream, piece)
         for tag in (victim, planted):
             subprocess.run(["docker", "tag", image_id, tag], check=True, capture_output=True)
         # someone else's tagging on the same engine meanwhile (not onto the loaded image): left as it is
@@ -521,6 +522,61 @@ def test_a_push_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, en
     finally:
         remotes[0].run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
         remotes[0].run(["docker", "rmi", "-f", ref, image.id])
+
+
+def test_load_hosts_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, engine, remotes, fresh_image,
+                                                                     tmp_path, monkeypatch):
+    """`load --hosts` of a bundle, cut at 40% of its image's stream: nothing is tagged and the host keeps what it
+    received; the next load (through the CLI, as a user runs it again) sends only the rest, says it resumed, checks
+    the Image ID and tags; the staged file is gone. A stage that does not match the bundle's bytes is sent again."""
+    from dockerlaunch.transfer import bundle as bundlelib
+
+    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    ref = fresh_image(mb=48, scratch=True)
+    image_id = engine.images.get(ref).id
+    path = tmp_path / "one.dlb"
+    assert dl("save", ref, "-o", str(path)).returncode == 0
+    [entry] = bundlelib.read_manifest(path)
+    cut, sent = threading.Event(), [0]
+
+    def count(n: int) -> None:
+        sent[0] += n
+        if sent[0] >= 0.4 * entry.bytes:
+            cut.set()
+
+    host = remotes[0].target.hostname
+    try:
+        with pytest.raises(TransferError):
+            bundlelib.load_bundle(path, bundlelib.remote_loader(remotes[0], stop=cut, on_bytes=count),
+                                  bundlelib.remote_runner(remotes[0]), where=f"host {host}")
+        assert not remotes[0].run(["docker", "image", "inspect", ref]).ok  # nothing tagged
+        staged = staged_bytes(remotes[0])
+        assert 0.3 * entry.bytes <= staged <= 0.9 * entry.bytes, (staged, entry.bytes)
+        notes: list[str] = []
+        sent[0] = 0
+        bundlelib.load_bundle(path, bundlelib.remote_loader(remotes[0], notes, on_bytes=count),
+                              bundlelib.remote_runner(remotes[0]), where=f"host {host}")
+        assert notes == [f"{ref}: resumed at {staged / 1e6:.0f} MB staged on the host"], notes
+        assert sent[0] <= entry.bytes - staged + (1 << 20), (sent[0], entry.bytes, staged)
+        got = remotes[0].run(["docker", "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
+        assert got == image_id and staged_bytes(remotes[0]) == 0
+        # again through the CLI after a cut whose stage was tampered with: sent from byte 0, still checked
+        remotes[0].run(["docker", "rmi", "-f", ref, image_id])
+        cut.clear()
+        sent[0] = 0
+        with pytest.raises(TransferError):
+            bundlelib.load_bundle(path, bundlelib.remote_loader(remotes[0], stop=cut, on_bytes=count),
+                                  bundlelib.remote_runner(remotes[0]), where=f"host {host}")
+        remotes[0].check(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do '
+                          'printf X | dd of="$f" bs=1 seek=1000 conv=notrunc 2>/dev/null; done'], "tampering")
+        r = dl("load", str(path), "--config", str(sim_cluster[1]), "--hosts", host)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "resumed at" not in r.stdout and ref in r.stdout, r.stdout
+        got = remotes[0].run(["docker", "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
+        assert got == image_id and staged_bytes(remotes[0]) == 0
+    finally:
+        remotes[0].run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
+        remotes[0].run(["docker", "rmi", "-f", ref, image_id])
 
 
 def test_a_staged_prefix_that_is_not_the_streams_own_is_sent_again(sim_cluster, engine, remotes, fresh_image,

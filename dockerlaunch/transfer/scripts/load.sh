@@ -6,7 +6,7 @@
 # sends only the rest (OFFSET: the bytes it found staged and checked); docker load reads the staged prefix,
 # then the new bytes. The staged file goes once the image is tagged; staged files older than 7 days go too.
 # Whether to stage at all (disk space) is the launcher's choice (push.stage_choice).
-# usage: load.sh IMAGE_ID REF zstd|none [KEY OFFSET]
+# usage: load.sh IMAGE_ID REF|- zstd|none [KEY OFFSET]
 set -u
 image_id=$1 ref=$2 compress=$3 key=${4:-} offset=${5:-0}
 dec() { if [ "$compress" = zstd ]; then zstd -dc; else cat; fi; }
@@ -45,6 +45,6 @@ case $out in *"rror unpacking image"*|*"apply layer error"*)
 esac
 got=$(docker image inspect --format '{{.Id}}' "$image_id" 2>/dev/null) || { echo "after load, $image_id is missing: $out" >&2; exit 4; }
 [ "$got" = "$image_id" ] || { echo "loaded $got, expected $image_id" >&2; exit 4; }
-docker tag "$image_id" "$ref" || exit 5
+[ "$ref" = - ] || docker tag "$image_id" "$ref" || exit 5  # -: a bundle tags once all its images are checked
 [ -z "$staged" ] || rm -f "$staged"
 echo "ok $got"

@@ -98,7 +98,7 @@ def test_malformed_bundles_are_one_line_errors_and_nothing_is_loaded(tmp_path, m
         path = bundle(tmp_path, members, manifest)
     loads = []
     with pytest.raises(TransferError) as err:
-        load_bundle(path, lambda stream: loads.append(stream) or (0, ""), lambda argv: (0, ""))
+        load_bundle(path, lambda stream, piece: loads.append(stream) or (0, ""), lambda argv: (0, ""))
     assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert loads == []  # docker load never ran
 
@@ -150,7 +150,7 @@ def test_a_damaged_stream_is_a_one_line_error_before_any_load(tmp_path, damage):
     path.write_bytes(bytes(data))
     loads = []
     with pytest.raises(TransferError) as err:
-        load_bundle(path, lambda stream: loads.append(stream) or (0, ""), lambda argv: (0, ""))
+        load_bundle(path, lambda stream, piece: loads.append(stream) or (0, ""), lambda argv: (0, ""))
     assert "corrupted" in str(err.value) or "checksum" in str(err.value), str(err.value)
     assert loads == []
 
