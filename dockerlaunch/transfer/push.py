@@ -113,8 +113,8 @@ def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addres
         for i, v in zip(again, observe_all(again)):
             views[i] = v
     layers = None
-    if thin and needs_layer_map(image, views):  # the facts of a thin stream come from a read of the save
-        image = with_facts(client, image)
+    if thin and needs_layer_map(image, views):  # the facts of a thin stream: from the launcher's registry, or a
+        image = thin_source(client, image)        # read of the save
         layers = layer_map(client, image)
     plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers)
     if strategy == "auto" and plan.strategy == Strategy.CHAIN:
@@ -124,6 +124,23 @@ def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addres
             plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers,
                              broken_links=broken)
     return plan, views, layers
+
+
+def thin_source(client, image: LocalImage) -> LocalImage:
+    """The image as a thin push reads it: from the launcher's registry (the engine reads only the layers it lacks)
+    where that can serve, else the save's facts (one read of the whole image, cached), with the reason."""
+    from dockerlaunch.transfer import layer_source
+
+    why = layer_source.unavailable(image)
+    if why is None:
+        t0 = time.monotonic()
+        try:
+            got = layer_source.registry_image(client, image)
+            return replace(got, source_note=f"new layers read through the launcher's registry "
+                                            f"({time.monotonic() - t0:.0f} s)")
+        except (DockerlaunchError, OSError, ValueError) as e:
+            why = str(e)[:200]
+    return replace(with_facts(client, image), source_note=f"docker save read the whole image ({why})")
 
 
 def probe_links(chain: list[tuple[Remote, str]], timeout: float = 10.0) -> list[str]:
@@ -160,8 +177,11 @@ def _tag(remote: Remote, image: LocalImage, t: HostTransfer) -> tuple[PushState,
     return PushState.TAGGED, f"had {t.expect_id[7:19]} untagged; tagged {image.ref}"
 
 
-def _thin_note(t: HostTransfer) -> str:
-    return f", thin: {t.layers_skipped} of {t.layers} layers already there" if t.layers_skipped else ""
+def _thin_note(t: HostTransfer, image: LocalImage | None = None) -> str:
+    if not t.layers_skipped:
+        return ""
+    source = f" ({image.source_note})" if image is not None and image.source_note else ""
+    return f", thin: {t.layers_skipped} of {t.layers} layers already there{source}"
 
 
 STAGE_MIN = 512 * 2**20  # images from this size are staged on the target as they arrive: a cut push resumes
@@ -283,10 +303,10 @@ def _resume_point(client, image: LocalImage, t: HostTransfer, probe: StageProbe)
     stream's own (sha256 of the same prefix, computed here from a fresh save), else the stream starts at 0."""
     import hashlib
 
-    from dockerlaunch.transfer.streams import image_chunks, save_stream
+    from dockerlaunch.transfer.streams import image_chunks, source_chunks
 
     def fresh() -> Iterator[bytes]:
-        return image_chunks(save_stream(client, image.id), image, set(t.skip_files))
+        return image_chunks(source_chunks(client, image, set(t.skip_files)), image, set(t.skip_files))
 
     chunks, size = fresh(), probe.staged
     if not size:
@@ -365,7 +385,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
     resumed = f", resumed at {offset / 1e6:.0f} MB staged on the host" if offset else ""
     resumed += _carrier(remote)
     return HostResult(remote.name, PushState.PUSHED,
-                      f"{t.compression}{_thin_note(t)}, image {image.size / 1e6:.0f} MB, "
+                      f"{t.compression}{_thin_note(t, image)}, image {image.size / 1e6:.0f} MB, "
                       f"Image ID {t.expect_id[7:19]} verified{resumed}{note}",
                       reader.count, took, streamed)
 

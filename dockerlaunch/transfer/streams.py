@@ -43,6 +43,8 @@ class LocalImage:
     platform: tuple[str, str, str] = ("linux", "amd64", "")  # os, architecture, variant
     store: str = GRAPHDRIVER  # the launcher engine's image store
     facts: SaveFacts | None = None  # from a read of the save (cached per ID); None until one was needed
+    layer_blobs: tuple[str, ...] = ()  # each layer's blob in the launcher's registry, when it serves the stream
+    source_note: str = ""  # how the stream's layers are read, for the push's summary
 
     @property
     def config_digest(self) -> str:
@@ -125,6 +127,16 @@ def stream_seconds(reader: CountingReader, t0: float) -> float:
 def save_stream(client, image_id: str) -> Iterator[bytes]:
     """`docker save <id>`: by ID, so the tar names no tag."""
     return client.api.get_image(image_id, chunk_size=CHUNK)
+
+
+def source_chunks(client, image: LocalImage, skip: set[str]) -> Iterator[bytes]:
+    """The image as a `docker save` tar: from the launcher's registry where it serves this push (only the layers
+    not in `skip` are read, transfer/layer_source.py), else `docker save <id>`."""
+    if image.layer_blobs:
+        from dockerlaunch.transfer import layer_source
+
+        return layer_source.chunks(image, skip)
+    return save_stream(client, image.id)
 
 
 def zstd_chunks(chunks: Iterator[bytes], level: int = 3) -> Iterator[bytes]:
@@ -546,14 +558,14 @@ def outgoing(client, image: LocalImage, skip: set[str], mode: str,
     `skip`), zstd-compressed if `mode` says so. The facts it ends with are cached for the next push."""
 
     def remember(facts: SaveFacts) -> None:
-        if image.facts is None:
+        if image.facts is None and not image.layer_blobs:
             _remember(image, facts)
         if on_facts:
             on_facts(facts)
 
     if skip and image.facts is None:  # a stream that leaves layers out cannot learn their facts from itself
         image = with_facts(client, image)
-    chunks = image_chunks(save_stream(client, image.id), image, skip, remember)
+    chunks = image_chunks(source_chunks(client, image, skip), image, skip, remember)
     if mode == "zstd":
         chunks = zstd_chunks(chunks)
     return chunks

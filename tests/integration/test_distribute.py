@@ -230,6 +230,72 @@ def test_thin_repush_sends_only_the_changed_layer(sim_cluster, engine, remotes, 
         engine.images.remove(top, force=True)
 
 
+def engine_reads() -> int:
+    """Bytes the launcher's own dockerd and containerd have read (rchar, counted by the kernel): the processes of
+    this machine's pid namespace only, not the sim nodes' engines."""
+    mine = os.readlink("/proc/self/ns/pid")
+    total = 0
+    for name in ("dockerd", "containerd"):
+        pids = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                if os.readlink(f"/proc/{pid}/ns/pid") != mine:
+                    continue
+                io_text = open(f"/proc/{pid}/io").read()
+            except OSError:
+                continue
+            total += int(next(x.split()[1] for x in io_text.splitlines() if x.startswith("rchar:")))
+    return total
+
+
+def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_cluster, engine, remotes, fresh_image,
+                                                                        tmp_path, monkeypatch):
+    """issue 43: after a bump the launcher's engine reads about the new layer's bytes, not the image's: the engine
+    pushes into the launcher's registry (which holds the base from the first thin push), and the hosts' stream is
+    made from its blobs. The same push through `docker save` (DOCKERLAUNCH_LAYER_SOURCE=save) reads the whole image:
+    the count can tell them apart."""
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))  # a registry of this test's own
+    base = fresh_image(mb=96)
+    bumps = []
+    for _ in range(3):
+        tag = f"dlt-dist/bump-{secrets.token_hex(3)}:1"
+        engine.images.build(fileobj=io.BytesIO(f"FROM {base}\nRUN head -c 8M /dev/urandom > /top-{tag[-8:-2]}\n"
+                                               .encode()), tag=tag, network_mode="host", rm=True)
+        bumps.append(tag)
+    host = remotes[0].name
+    cfg = str(sim_cluster[1])
+
+    def push(ref: str, **env) -> tuple[str, int]:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        before = engine_reads()
+        r = dl("push", ref, "--config", cfg, "--hosts", host, "--compress", "none", "--strategy", "star")
+        read = engine_reads() - before
+        for k in env:
+            monkeypatch.delenv(k)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ids_on_nodes(remotes[:1], ref) == [engine.images.get(ref).id], r.stdout
+        return r.stdout, read
+
+    try:
+        push(base)  # the host has the base
+        out, _ = push(bumps[0])  # the first thin push fills the launcher's registry (the whole image, once)
+        assert "thin: 3 of 4 layers already there (new layers read through the launcher's registry" in out, out
+        out, read = push(bumps[1])
+        assert "thin: 3 of 4 layers already there (new layers read through the launcher's registry" in out, out
+        assert read < 40 * 2**20, (read, out)  # ~8 MiB read; the image is 104 MiB
+        out, read_save = push(bumps[2], DOCKERLAUNCH_LAYER_SOURCE="save")
+        assert "(docker save read the whole image (DOCKERLAUNCH_LAYER_SOURCE=save))" in out, out
+        assert read_save > 96 * 2**20, (read_save, out)
+        print(f"\n[thin] the launcher's engine read {read / 2**20:.1f} MiB through its registry, "
+              f"{read_save / 2**20:.1f} MiB through docker save (image 104 MiB, new layer 8 MiB)")
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", *bumps, base])
+        for tag in bumps:
+            engine.images.remove(tag, force=True)
+
+
 def test_chain_push_relays_host_to_host(sim_cluster, engine, remotes, fresh_image):
     ref = fresh_image(mb=16)
     local_id = engine.images.get(ref).id

@@ -1,0 +1,270 @@
+"""A thin push's new layers without `docker save` reading the whole image (issue 43).
+
+`docker save` has no "only these layers": for an ms-swift bump it reads and tars the whole 7.7 GB image (twice on
+Docker 20.10) to hand over 260 MB. The engine's own `docker push` reads only the layers a registry lacks, so the
+launcher runs one on 127.0.0.1 over its cache (Debian's docker-registry, distribution 2.8), pushes the image into
+it, and makes the hosts' stream from the registry's blobs: a blob gunzipped is its layer's uncompressed tar, whose
+sha256 is the diff ID (checked as it streams). The hosts get the stream they get today (no registry, no port
+forward on them; every check push makes stays). The first push of a lineage fills the registry (the engine reads
+and gzips the whole image once); later bumps cost their new layers. Measured in benchmarks/RESULTS.md ("Issue 43").
+
+Only for a launcher engine with the classic store (its Image ID is the config digest the registry manifest names);
+any failure here falls back to `docker save`, said in the push's summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import threading
+import time
+import urllib.request
+import zlib
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import IO
+
+from dockerlaunch.engine import cache_root
+from dockerlaunch.errors import TransferError
+from dockerlaunch.transfer.streams import (
+    CHUNK,
+    GRAPHDRIVER,
+    OCI_CONFIG,
+    OCI_LAYER,
+    Blob,
+    LocalImage,
+    Pipe,
+    SaveFacts,
+)
+
+MODE_ENV = "DOCKERLAUNCH_LAYER_SOURCE"  # auto (default): the registry where it can serve; save: always docker save
+REGISTRY = "docker-registry"
+REPO = "dockerlaunch/layers"
+SCHEMA2 = "application/vnd.docker.distribution.manifest.v2+json"
+
+
+def root() -> Path:
+    return cache_root() / "registry"
+
+
+def unavailable(image: LocalImage) -> str | None:
+    """Why the registry cannot give this image's layers here; None when it can."""
+    if os.environ.get(MODE_ENV, "auto") == "save":
+        return f"{MODE_ENV}=save"
+    if image.store != GRAPHDRIVER:
+        return "the launcher's engine keeps images in containerd's store"
+    if not shutil.which(REGISTRY):
+        return "no docker-registry on this machine (apt-get install docker-registry)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _registry() -> Iterator[int]:
+    """Debian's registry on 127.0.0.1 over the cache's storage, for one push; yields its port."""
+    store = root()
+    store.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    config = store / f"config-{os.getpid()}.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {store}/store\n"
+                      f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n")
+    log = open(store / "registry.log", "ab")
+    proc = subprocess.Popen([shutil.which(REGISTRY) or REGISTRY, "serve", str(config)], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise TransferError(f"the launcher's registry did not start (see {store / 'registry.log'})"
+                                        ) from None
+                time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+        config.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One launcher at a time fills the registry (two pushes of one blob would race in its upload folders)."""
+    root().mkdir(parents=True, exist_ok=True)
+    fd = os.open(root() / "lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _engine_push(client, image: LocalImage, port: int) -> dict:
+    """`docker push` of the image into the registry (the engine reads only what it lacks); its manifest."""
+    repo, tag = f"127.0.0.1:{port}/{REPO}", image.id[7:19]
+    client.api.tag(image.id, repo, tag)
+    try:
+        for line in client.api.push(repo, tag, stream=True, decode=True):
+            if isinstance(line, dict) and line.get("error"):
+                raise TransferError(f"the engine's push into the launcher's registry failed: {line['error']}")
+    finally:
+        with contextlib.suppress(Exception):
+            client.api.remove_image(f"{repo}:{tag}", noprune=True)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/{REPO}/manifests/{tag}", headers={"Accept": SCHEMA2})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def blob_path(digest: str) -> Path:
+    algo, hexd = digest.split(":", 1)
+    return root() / "store" / "docker" / "registry" / "v2" / "blobs" / algo / hexd[:2] / hexd / "data"
+
+
+class _Gunzip(IO[bytes]):
+    """A registry blob read as its layer's uncompressed tar, checked against the diff ID at its end."""
+
+    def __init__(self, path: Path, diff_id: str):
+        self.f = open(path, "rb")
+        self.z = zlib.decompressobj(wbits=31)
+        self.h = hashlib.sha256()
+        self.diff_id, self.path, self.buf, self.n, self.done = diff_id, path, b"", 0, False
+
+    def read(self, n: int = -1) -> bytes:
+        while not self.done and (n < 0 or len(self.buf) < n):
+            raw = self.f.read(CHUNK)
+            if raw:
+                out = self.z.decompress(raw)
+            else:
+                out, self.done = self.z.flush(), True
+                self.f.close()
+            self.h.update(out)
+            self.n += len(out)
+            self.buf += out
+            if self.done and "sha256:" + self.h.hexdigest() != self.diff_id:
+                raise TransferError(f"the launcher's registry blob {self.path} is not layer {self.diff_id[7:19]} "
+                                    f"(its sha256 is {self.h.hexdigest()[:12]}): delete {root()} and push again")
+        out, self.buf = (self.buf, b"") if n < 0 else (self.buf[:n], self.buf[n:])
+        return out
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _measure(path: Path, diff_id: str) -> int:
+    """Uncompressed size of a layer blob, its diff ID checked on the way."""
+    g = _Gunzip(path, diff_id)
+    try:
+        while g.read(CHUNK):
+            pass
+        return g.n
+    finally:
+        g.close()
+
+
+def _sizes() -> dict[str, int]:
+    try:
+        data = json.loads((root() / "sizes.json").read_text())
+        return {k: int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def registry_image(client, image: LocalImage) -> LocalImage:
+    """The image with facts and layer blobs from the launcher's registry, after the engine's push into it (which
+    reads only the layers the registry lacks). Raises TransferError when the registry cannot serve."""
+    with _locked():
+        with _registry() as port:
+            manifest = _engine_push(client, image, port)
+        config, layers = manifest.get("config") or {}, manifest.get("layers") or []
+        if config.get("digest") != image.id or len(layers) != len(image.diff_ids):
+            raise TransferError(f"the launcher's registry holds another manifest for {image.ref} (config "
+                                f"{str(config.get('digest'))[:19]}, {len(layers)} layers)")
+        sizes = _sizes()
+        blobs, facts_layers = [], []
+        for diff_id, layer in zip(image.diff_ids, layers):
+            path = blob_path(str(layer.get("digest")))
+            if not path.is_file():
+                raise TransferError(f"the launcher's registry lacks blob {layer.get('digest')}")
+            if diff_id not in sizes:
+                sizes[diff_id] = _measure(path, diff_id)
+            blobs.append(str(path))
+            facts_layers.append(Blob(f"blobs/sha256/{diff_id[7:]}", diff_id, sizes[diff_id], OCI_LAYER))
+        tmp = root() / f"sizes.json.{os.getpid()}"
+        tmp.write_text(json.dumps(sizes, indent=0, sort_keys=True))
+        tmp.replace(root() / "sizes.json")
+        cfg = blob_path(image.id).read_bytes()
+        if "sha256:" + hashlib.sha256(cfg).hexdigest() != image.id:
+            raise TransferError(f"the launcher's registry blob {blob_path(image.id)} is not {image.ref}'s config")
+    facts = SaveFacts(Blob(f"blobs/sha256/{image.id[7:]}", image.id, len(cfg), OCI_CONFIG), tuple(facts_layers),
+                      image.platform)
+    return replace(image, facts=facts, layer_blobs=tuple(blobs))
+
+
+def chunks(image: LocalImage, skip: set[str]) -> Iterator[bytes]:
+    """A `docker save`-shaped tar of the image from the registry's blobs: its config, every layer not in `skip`
+    (uncompressed, each checked against its diff ID), manifest.json. What image_chunks re-streams."""
+    assert image.facts is not None and len(image.layer_blobs) == len(image.facts.layers)
+    facts = image.facts
+    pipe = Pipe()
+
+    def member(name: str, size: int) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = size, 0o644, 0
+        return info
+
+    def produce() -> None:
+        try:
+            with tarfile.open(fileobj=pipe, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+                cfg = blob_path(facts.config.digest).read_bytes()
+                tar.addfile(member(facts.config.path, len(cfg)), _Bytes(cfg))
+                for blob, path in zip(facts.layers, image.layer_blobs):
+                    if blob.path in skip:
+                        continue
+                    g = _Gunzip(Path(path), blob.digest)
+                    try:
+                        tar.addfile(member(blob.path, blob.size), g)
+                        if g.read(1) or not g.done:  # more bytes than its recorded size
+                            raise TransferError(f"layer {blob.digest[7:19]} in the launcher's registry is not "
+                                                f"{blob.size} bytes: delete {root()} and push again")
+                    finally:
+                        g.close()
+                body = json.dumps([{"Config": facts.config.path, "RepoTags": None,
+                                    "Layers": [b.path for b in facts.layers]}]).encode()
+                tar.addfile(member("manifest.json", len(body)), _Bytes(body))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            pipe.fail(e)
+        finally:
+            pipe.close()
+
+    threading.Thread(target=produce, daemon=True).start()
+    yield from pipe.chunks()
+
+
+class _Bytes:
+    def __init__(self, data: bytes):
+        self.data, self.at = data, 0
+
+    def read(self, n: int = -1) -> bytes:
+        out = self.data[self.at:] if n < 0 else self.data[self.at:self.at + n]
+        self.at += len(out)
+        return out

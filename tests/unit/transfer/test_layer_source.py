@@ -1,0 +1,39 @@
+"""The launcher's registry as a thin push's layer source: what it refuses to serve, and that a blob is only ever
+streamed as the layer its diff ID names (real gzip, real files)."""
+
+import gzip
+import hashlib
+
+import pytest
+
+from dockerlaunch.errors import TransferError
+from dockerlaunch.transfer import layer_source
+from dockerlaunch.transfer.streams import CONTAINERD, GRAPHDRIVER, LocalImage
+
+
+def image(store=GRAPHDRIVER) -> LocalImage:
+    return LocalImage("r:1", "sha256:" + "a" * 64, 1, ("sha256:" + "b" * 64,), store=store)
+
+
+def test_where_the_registry_cannot_serve_it_says_why(monkeypatch):
+    monkeypatch.setenv(layer_source.MODE_ENV, "save")
+    assert layer_source.unavailable(image()) == "DOCKERLAUNCH_LAYER_SOURCE=save"
+    monkeypatch.delenv(layer_source.MODE_ENV)
+    assert layer_source.unavailable(image(CONTAINERD)) == "the launcher's engine keeps images in containerd's store"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert "no docker-registry on this machine" in layer_source.unavailable(image())
+
+
+def test_a_blob_streams_as_its_layer_and_is_refused_as_another(tmp_path):
+    layer = b"layer bytes " * 100000
+    blob = tmp_path / "data"
+    blob.write_bytes(gzip.compress(layer))
+    right = "sha256:" + hashlib.sha256(layer).hexdigest()
+    assert layer_source._measure(blob, right) == len(layer)
+    g = layer_source._Gunzip(blob, right)
+    got = b""
+    while chunk := g.read(4096):
+        got += chunk
+    assert got == layer
+    with pytest.raises(TransferError, match=r"is not layer cccccccccccc \(its sha256 is "):
+        layer_source._measure(blob, "sha256:" + "c" * 64)
