@@ -14,11 +14,13 @@ any failure here falls back to `docker save`, said in the push's summary.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -61,6 +63,8 @@ def unavailable(image: LocalImage) -> str | None:
         return f"{MODE_ENV}=save"
     if image.store != GRAPHDRIVER:
         return "the launcher's engine keeps images in containerd's store"
+    if os.environ.get("DOCKER_HOST", "unix://").split(":", 1)[0] not in ("unix", ""):
+        return "the launcher's engine is not on this machine (DOCKER_HOST): it cannot reach 127.0.0.1 here"
     if not shutil.which(REGISTRY):
         return "no docker-registry on this machine (apt-get install docker-registry)"
     return None
@@ -72,15 +76,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def _registry() -> Iterator[int]:
-    """Debian's registry on 127.0.0.1 over the cache's storage, for one push; yields its port."""
+USER = "dockerlaunch"
+
+
+def _private_root() -> Path:
+    """The cache's registry folder, this user's only (the layers of every image pushed are in it)."""
     store = root()
-    store.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    store.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if store.is_symlink() or store.stat().st_uid != os.getuid():
+        raise TransferError(f"{store} is not this user's own folder")
+    store.chmod(0o700)
+    return store
+
+
+@contextlib.contextmanager
+def _registry() -> Iterator[tuple[int, str]]:
+    """Debian's registry on 127.0.0.1 over the cache's storage, for one push; yields (port, password). Every
+    request needs the password, new each time (another login on this machine could otherwise read or write layers
+    while it listens); it reaches the engine in the API request, never a command line."""
+    import bcrypt
+
+    store = _private_root()
+    port, password = _free_port(), secrets.token_urlsafe(24)
+    htpasswd = store / f"htpasswd-{os.getpid()}"
+    fd = os.open(htpasswd, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(USER.encode() + b":" + bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=8)) + b"\n")
     config = store / f"config-{os.getpid()}.yml"
     config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {store}/store\n"
-                      f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n")
+                      f"auth:\n  htpasswd:\n    realm: dockerlaunch\n    path: {htpasswd}\n"
+                      f"http:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n")
     log = open(store / "registry.log", "ab")
     proc = subprocess.Popen([shutil.which(REGISTRY) or REGISTRY, "serve", str(config)], stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -88,14 +113,14 @@ def _registry() -> Iterator[int]:
         deadline = time.monotonic() + 20
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2):
+                with urllib.request.urlopen(_authorized(f"http://127.0.0.1:{port}/v2/", password), timeout=2):
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise TransferError(f"the launcher's registry did not start (see {store / 'registry.log'})"
                                         ) from None
                 time.sleep(0.1)
-        yield port
+        yield port, password
     finally:
         proc.terminate()
         try:
@@ -105,13 +130,18 @@ def _registry() -> Iterator[int]:
             proc.wait(10)
         log.close()
         config.unlink(missing_ok=True)
+        htpasswd.unlink(missing_ok=True)
+
+
+def _authorized(url: str, password: str, **headers: str) -> urllib.request.Request:
+    token = base64.b64encode(f"{USER}:{password}".encode()).decode()
+    return urllib.request.Request(url, headers={"Authorization": f"Basic {token}", **headers})
 
 
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
     """One launcher at a time fills the registry (two pushes of one blob would race in its upload folders)."""
-    root().mkdir(parents=True, exist_ok=True)
-    fd = os.open(root() / "lock", os.O_CREAT | os.O_RDWR, 0o600)
+    fd = os.open(_private_root() / "lock", os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -119,18 +149,19 @@ def _locked() -> Iterator[None]:
         os.close(fd)
 
 
-def _engine_push(client, image: LocalImage, port: int) -> dict:
+def _engine_push(client, image: LocalImage, port: int, password: str) -> dict:
     """`docker push` of the image into the registry (the engine reads only what it lacks); its manifest."""
     repo, tag = f"127.0.0.1:{port}/{REPO}", image.id[7:19]
     client.api.tag(image.id, repo, tag)
     try:
-        for line in client.api.push(repo, tag, stream=True, decode=True):
+        for line in client.api.push(repo, tag, stream=True, decode=True,
+                                    auth_config={"username": USER, "password": password}):
             if isinstance(line, dict) and line.get("error"):
                 raise TransferError(f"the engine's push into the launcher's registry failed: {line['error']}")
     finally:
         with contextlib.suppress(Exception):
             client.api.remove_image(f"{repo}:{tag}", noprune=True)
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/{REPO}/manifests/{tag}", headers={"Accept": SCHEMA2})
+    req = _authorized(f"http://127.0.0.1:{port}/v2/{REPO}/manifests/{tag}", password, Accept=SCHEMA2)
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -193,8 +224,8 @@ def registry_image(client, image: LocalImage) -> LocalImage:
     """The image with facts and layer blobs from the launcher's registry, after the engine's push into it (which
     reads only the layers the registry lacks). Raises TransferError when the registry cannot serve."""
     with _locked():
-        with _registry() as port:
-            manifest = _engine_push(client, image, port)
+        with _registry() as (port, password):
+            manifest = _engine_push(client, image, port, password)
         config, layers = manifest.get("config") or {}, manifest.get("layers") or []
         if config.get("digest") != image.id or len(layers) != len(image.diff_ids):
             raise TransferError(f"the launcher's registry holds another manifest for {image.ref} (config "

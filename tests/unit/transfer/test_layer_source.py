@@ -37,3 +37,24 @@ def test_a_blob_streams_as_its_layer_and_is_refused_as_another(tmp_path):
     assert got == layer
     with pytest.raises(TransferError, match=r"is not layer cccccccccccc \(its sha256 is "):
         layer_source._measure(blob, "sha256:" + "c" * 64)
+
+
+def test_the_registry_answers_only_with_its_one_push_password(tmp_path, monkeypatch):
+    """Another login on the launcher machine reaches 127.0.0.1 too: without the password, nothing (the real
+    docker-registry process, installed by scripts/install-docker)."""
+    import urllib.error
+    import urllib.request
+
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+    with layer_source._registry() as (port, password):
+        url = f"http://127.0.0.1:{port}/v2/_catalog"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=5)
+        assert e.value.code == 401
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(layer_source._authorized(url, "not-" + password), timeout=5)
+        assert e.value.code == 401
+        with urllib.request.urlopen(layer_source._authorized(url, password), timeout=5) as r:
+            assert r.status == 200
+    assert oct((tmp_path / "cache" / "registry").stat().st_mode & 0o777) == "0o700"
+    assert sorted(p.name for p in (tmp_path / "cache" / "registry").iterdir()) == ["registry.log"]  # no password left
