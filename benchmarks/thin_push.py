@@ -1,0 +1,164 @@
+"""Issue 43's first goal on the real image: a thin push after a bump costs about what its new layers cost.
+
+One sim node holds OLD (the real CUDA image, pushed to it once, unstaged). Each repeat makes NEW = OLD + one layer
+of --top-mb random bytes (an ms-swift bump's shape), and measures, interleaved:
+
+  registry   thin push of NEW onto the node, the new layer read through the launcher's registry (the default)
+  save       the same push with DOCKERLAUNCH_LAYER_SOURCE=save (docker save reads the whole image; today's route)
+  alone      a full push of an image made of exactly that new layer (FROM scratch, the same bytes): the goal's basis
+
+each with wall time, the launcher engine's reads (rchar of this machine's dockerd and containerd) and the
+launcher's CPU seconds (this process and its children). Before the repeats, the first thin push of the lineage
+fills the launcher's registry with OLD's layers (once per base; reported on its own). zstd, star, unshaped.
+
+  .venv/bin/python benchmarks/thin_push.py --old IMAGE [--top-mb 256] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ship import drop  # noqa: E402
+
+from dockerlaunch import sim  # noqa: E402
+from dockerlaunch.engine import engine  # noqa: E402
+from dockerlaunch.hosts.ssh import Remote  # noqa: E402
+from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
+from dockerlaunch.job.config import load_config  # noqa: E402
+from dockerlaunch.transfer import layer_source, push, streams  # noqa: E402
+
+
+def engine_reads() -> int:
+    mine, total = os.readlink("/proc/self/ns/pid"), 0
+    for name in ("dockerd", "containerd"):
+        for pid in subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split():
+            try:
+                if os.readlink(f"/proc/{pid}/ns/pid") == mine:
+                    text = Path(f"/proc/{pid}/io").read_text()
+                    total += int(next(x.split()[1] for x in text.splitlines() if x.startswith("rchar:")))
+            except OSError:
+                pass
+    return total
+
+
+def cpu() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def measured(fn) -> tuple[float, int, float, object]:
+    """(seconds, engine bytes read, launcher CPU seconds, what fn returned)."""
+    r0, c0, t0 = engine_reads(), cpu(), time.monotonic()
+    out = fn()
+    return time.monotonic() - t0, engine_reads() - r0, cpu() - c0, out
+
+
+def layer_file(tmp: Path, mb: int) -> Path:
+    path = tmp / "top.bin"
+    with open(path, "wb") as f:
+        for _ in range(mb):
+            f.write(os.urandom(1 << 20))
+    return path
+
+
+def build(tmp: Path, base: str, nonce: str) -> str:
+    tag = f"dlbench/thin-{nonce}:{'alone' if base == 'scratch' else 'new'}"
+    (tmp / "Dockerfile").write_text(f"FROM {base}\nCOPY top.bin /opt/top-{nonce}.bin\n")
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp)], check=True, capture_output=True)
+    return tag
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--old", required=True)
+    ap.add_argument("--top-mb", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
+    ap.add_argument("--subnet", default="172.30.252.0/24")
+    args = ap.parse_args()
+    if layer_source.unavailable(streams.local_image(engine(), args.old)):
+        raise SystemExit(f"thin_push: {layer_source.unavailable(streams.local_image(engine(), args.old))}")
+    client = engine()
+    old = streams.local_image(client, args.old)
+    free = shutil.disk_usage("/var/lib/docker").free
+    if free < 2.6 * old.size:
+        raise SystemExit(f"{free / 1e9:.0f} GB free; this needs about {2.6 * old.size / 1e9:.0f} GB")
+    os.environ["DOCKERLAUNCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="dlbench-thin-cache-")  # an empty registry
+    tmp = Path(tempfile.mkdtemp(prefix="dlbench-thin-"))
+    made: list[str] = []
+    rows: dict[str, list[tuple[float, int, float, object]]] = {"registry": [], "save": [], "alone": []}
+    remote = None
+    try:
+        cfg = load_config(sim.create(nodes=1, cluster=args.cluster, subnet=args.subnet))
+        remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
+        os.environ[push.STAGE_MIN_ENV] = str(1 << 50)  # OLD unstaged: the disk holds no second copy
+        r = push.push_to_host(client, remote, old, compress="zstd", thin=False)
+        assert r.status == "pushed", r
+        os.environ.pop(push.STAGE_MIN_ENV)
+
+        def thin(ref: str, source: str):
+            os.environ[layer_source.MODE_ENV] = source
+            try:
+                res = push.push_to_host(client, remote, streams.local_image(client, ref), compress="zstd")
+            finally:
+                os.environ.pop(layer_source.MODE_ENV)
+            assert res.status == "pushed" and "thin:" in res.detail, res
+            return res
+
+        layer_file(tmp, args.top_mb)
+        first = build(tmp, args.old, secrets.token_hex(3))
+        made.append(first)
+        t, rd, c, res = measured(lambda: thin(first, "auto"))
+        print(f"first thin push of the lineage (fills the launcher's registry with OLD): {t:.0f} s, engine read "
+              f"{rd / 1e9:.2f} GB, {c:.0f} CPU-s; {res.detail}", flush=True)
+        drop(remote, first)
+        for _ in range(args.runs):
+            layer_file(tmp, args.top_mb)
+            nonce = secrets.token_hex(3)
+            new, alone = build(tmp, args.old, nonce), build(tmp, "scratch", nonce)
+            made += [new, alone]
+            rows["registry"].append(measured(lambda: thin(new, "auto")))
+            drop(remote, new)
+            rows["save"].append(measured(lambda: thin(new, "save")))
+            drop(remote, new)
+            rows["alone"].append(measured(lambda: push.push_to_host(client, remote, streams.local_image(
+                client, alone), compress="zstd")))
+            drop(remote, alone)
+            print("  ".join(f"{k}: {v[-1][0]:.1f} s, read {v[-1][1] / 1e9:.2f} GB, {v[-1][2]:.1f} CPU-s"
+                            for k, v in rows.items()), flush=True)
+    finally:
+        if remote is not None:
+            drop(remote, args.old, *made)
+            remote.close()
+        sim.remove(args.cluster, quiet=True)
+        for ref in made:
+            subprocess.run(["docker", "rmi", ref], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(os.environ["DOCKERLAUNCH_CACHE_DIR"], ignore_errors=True)
+    med = {k: statistics.median(t for t, _, _, _ in v) for k, v in rows.items()}
+    print(f"\nOLD {args.old} ({old.size / 1e9:.2f} GB); NEW = OLD + {args.top_mb} MiB; median of {args.runs}")
+    for k, v in rows.items():
+        times = [t for t, _, _, _ in v]
+        print(f"{k:9} {med[k]:6.1f} s (spread {min(times):.1f}-{max(times):.1f}), engine read "
+              f"{statistics.median(r for _, r, _, _ in v) / 1e9:.2f} GB, "
+              f"{statistics.median(c for _, _, c, _ in v):.1f} CPU-s")
+    print(f"registry / alone {med['registry'] / med['alone']:.2f} x (goal <= 1.3); save / alone "
+          f"{med['save'] / med['alone']:.2f} x; registry / save {med['registry'] / med['save']:.2f} x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
