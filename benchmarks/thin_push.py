@@ -130,12 +130,12 @@ def main() -> int:
             nonce = secrets.token_hex(3)
             new, alone = build(tmp, args.old, nonce), build(tmp, "scratch", nonce)
             made += [new, alone]
-            rows["registry"].append(measured(lambda: thin(new, "auto")))
+            rows["registry"].append(measured(lambda new=new: thin(new, "auto")))
             drop(remote, new)
-            rows["save"].append(measured(lambda: thin(new, "save")))
+            rows["save"].append(measured(lambda new=new: thin(new, "save")))
             drop(remote, new)
-            rows["alone"].append(measured(lambda: push.push_to_host(client, remote, streams.local_image(
-                client, alone), compress="zstd")))
+            rows["alone"].append(measured(lambda alone=alone: push.push_to_host(
+                client, remote, streams.local_image(client, alone), compress="zstd")))
             drop(remote, alone)
             print("  ".join(f"{k}: {v[-1][0]:.1f} s, read {v[-1][1] / 1e9:.2f} GB, {v[-1][2]:.1f} CPU-s"
                             for k, v in rows.items()), flush=True)

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -48,6 +49,8 @@ from dockerlaunch.transfer.streams import (
 )
 
 MODE_ENV = "DOCKERLAUNCH_LAYER_SOURCE"  # auto (default): the registry where it can serve; save: always docker save
+CAP_ENV = "DOCKERLAUNCH_LAYER_CACHE_GB"  # the registry's storage is emptied before a push finds it over this
+CAP_GB = 60
 REGISTRY = "docker-registry"
 REPO = "dockerlaunch/layers"
 SCHEMA2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -149,8 +152,21 @@ def _locked() -> Iterator[None]:
         os.close(fd)
 
 
+_OUR_TAG = re.compile(r"^127\.0\.0\.1:\d+/" + re.escape(REPO) + ":[0-9a-f]{12}$")
+
+
+def _drop_stale_tags(client) -> None:
+    """Tags an earlier push left on the launcher's engine when it was killed mid-push (each names a port gone)."""
+    for img in client.api.images():
+        for ref in img.get("RepoTags") or []:
+            if _OUR_TAG.match(ref):
+                with contextlib.suppress(Exception):
+                    client.api.remove_image(ref, noprune=True)
+
+
 def _engine_push(client, image: LocalImage, port: int, password: str) -> dict:
     """`docker push` of the image into the registry (the engine reads only what it lacks); its manifest."""
+    _drop_stale_tags(client)
     repo, tag = f"127.0.0.1:{port}/{REPO}", image.id[7:19]
     client.api.tag(image.id, repo, tag)
     try:
@@ -220,10 +236,24 @@ def _sizes() -> dict[str, int]:
         return {}
 
 
+def _cap() -> None:
+    """Keeps the registry's storage bounded the simple way: over the cap, it starts empty (the next thin push of
+    each lineage fills it again, as the first one did)."""
+    cap = os.environ.get(CAP_ENV, "")
+    limit = float(cap) * 1e9 if cap.replace(".", "", 1).isdigit() else CAP_GB * 1e9
+    store = root() / "store"
+    used = sum(p.stat().st_size for p in store.rglob("*") if p.is_file() and not p.is_symlink()) \
+        if store.is_dir() else 0
+    if used > limit:
+        shutil.rmtree(store, ignore_errors=True)
+        (root() / "sizes.json").unlink(missing_ok=True)
+
+
 def registry_image(client, image: LocalImage) -> LocalImage:
     """The image with facts and layer blobs from the launcher's registry, after the engine's push into it (which
     reads only the layers the registry lacks). Raises TransferError when the registry cannot serve."""
     with _locked():
+        _cap()
         with _registry() as (port, password):
             manifest = _engine_push(client, image, port, password)
         config, layers = manifest.get("config") or {}, manifest.get("layers") or []

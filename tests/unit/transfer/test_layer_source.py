@@ -58,3 +58,17 @@ def test_the_registry_answers_only_with_its_one_push_password(tmp_path, monkeypa
             assert r.status == 200
     assert oct((tmp_path / "cache" / "registry").stat().st_mode & 0o777) == "0o700"
     assert sorted(p.name for p in (tmp_path / "cache" / "registry").iterdir()) == ["registry.log"]  # no password left
+
+
+def test_a_registry_over_its_cap_starts_empty(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path))
+    blob = tmp_path / "registry" / "store" / "docker" / "registry" / "v2" / "blobs" / "sha256" / "ab" / "x" / "data"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"x" * 5000)
+    (tmp_path / "registry" / "sizes.json").write_text("{}")
+    monkeypatch.setenv(layer_source.CAP_ENV, "0.00001")  # 10 kB: kept
+    layer_source._cap()
+    assert blob.is_file()
+    monkeypatch.setenv(layer_source.CAP_ENV, "0.000001")  # 1 kB: emptied
+    layer_source._cap()
+    assert not (tmp_path / "registry" / "store").exists() and not (tmp_path / "registry" / "sizes.json").exists()
