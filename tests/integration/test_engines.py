@@ -114,6 +114,8 @@ def test_push_chain_then_thin_star_to_every_engine(engine, mixed, image_pair):
     for x in results:
         assert 100_000 < x["bytes_sent"] < 400_000, x  # the 100 KB layer, the config and the tar framing
         assert "thin: 3 of 4 layers" in x["detail"] and "verified" in x["detail"], x
+        # the stream made from the launcher's registry (issue 43) loads in both stores
+        assert "new layers read through the launcher's registry" in x["detail"], x
     for n in mixed[1]:
         code, out = node_docker(engine, n, "run", "--rm", child, "cat", "/which")
         assert (code, out.strip()) == (0, "two"), (n.name, out)
