@@ -236,10 +236,16 @@ print(wheel, got)
 """
 
 
-def start_launcher(builder, sdist, wh, archs, delay) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", LAUNCHER, builder, str(sdist[0]), sdist[1], str(wh), archs,
+def killed_launcher(builder, sdist, wh, cache: Path, archs: str, delay: str) -> tuple[wheels.Entry, str]:
+    """A launcher in its own process, SIGKILLed once its compile has built an object: (key folder, container)."""
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, builder, str(sdist[0]), sdist[1], str(wh), archs,
                              delay], cwd=Path(__file__).parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
+    try:
+        return running_compile(cache)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 def running_compile(cache: Path, objects: int = 1, timeout: float = 300) -> tuple[wheels.Entry, str]:
@@ -283,12 +289,7 @@ def test_a_compile_of_a_killed_launcher_is_waited_for_not_doubled(tiny_builder, 
     """The launcher is killed (SIGKILL: nothing of it runs again); its compile container goes on. The next launcher
     waits for that container, starts no other, and takes its wheel."""
     wh = wheelhouse_with(tiny_sdist, tmp_path)
-    proc = start_launcher(tiny_builder, tiny_sdist, wh, "86", "2")
-    try:
-        entry, cid = running_compile(cache)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+    entry, cid = killed_launcher(tiny_builder, tiny_sdist, wh, cache, "86", "2")
     assert compiles_of(entry) == [cid]
     logs: list[str] = []
     seen: set[str] = set()
@@ -317,12 +318,7 @@ def test_a_compile_of_a_killed_launcher_is_waited_for_not_doubled(tiny_builder, 
 def test_the_finished_compile_of_a_killed_launcher_is_adopted(tiny_builder, tiny_sdist, cache, tmp_path):
     """The launcher dies; its compile finishes alone. The next launcher takes that wheel and compiles nothing."""
     wh = wheelhouse_with(tiny_sdist, tmp_path)
-    proc = start_launcher(tiny_builder, tiny_sdist, wh, "75", "1")
-    try:
-        entry, cid = running_compile(cache)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+    entry, cid = killed_launcher(tiny_builder, tiny_sdist, wh, cache, "75", "1")
     assert docker("wait", cid, timeout=300).stdout.strip() == "0"
     assert not entry.done  # nobody recorded it
     logs: list[str] = []
