@@ -92,6 +92,15 @@ def _private_root() -> Path:
     return store
 
 
+def _dies_with_parent() -> None:
+    """In the registry's process: a launcher killed outright (SIGKILL) takes its registry with it (Linux)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def _registry() -> Iterator[tuple[int, str]]:
     """Debian's registry on 127.0.0.1 over the cache's storage, for one push; yields (port, password). Every
@@ -111,7 +120,7 @@ def _registry() -> Iterator[tuple[int, str]]:
                       f"http:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n")
     log = open(store / "registry.log", "ab")
     proc = subprocess.Popen([shutil.which(REGISTRY) or REGISTRY, "serve", str(config)], stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_dies_with_parent)
     try:
         deadline = time.monotonic() + 20
         while True:

@@ -72,3 +72,28 @@ def test_a_registry_over_its_cap_starts_empty(tmp_path, monkeypatch):
     monkeypatch.setenv(layer_source.CAP_ENV, "0.000001")  # 1 kB: emptied
     layer_source._cap()
     assert not (tmp_path / "registry" / "store").exists() and not (tmp_path / "registry" / "sizes.json").exists()
+
+
+def test_a_launcher_killed_outright_takes_its_registry_with_it(tmp_path):
+    """SIGKILL leaves no `finally`: the registry must still go (it would hold the port and the storage)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    code = ("import os, signal\nfrom dockerlaunch.transfer import layer_source as l\n"
+            "with l._registry() as (port, password):\n    print(port, flush=True)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "DOCKERLAUNCH_CACHE_DIR": str(tmp_path)})
+    assert p.returncode == -9, p.stderr
+    port = int(p.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the registry still listens on {port} after its launcher was killed")
