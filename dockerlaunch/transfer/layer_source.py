@@ -50,7 +50,7 @@ from dockerlaunch.transfer.streams import (
 
 MODE_ENV = "DOCKERLAUNCH_LAYER_SOURCE"  # auto (default): the registry where it can serve; save: always docker save
 CAP_ENV = "DOCKERLAUNCH_LAYER_CACHE_GB"  # the registry's storage is emptied before a push finds it over this
-CAP_GB = 60
+CAP_GB = 30
 REGISTRY = "docker-registry"
 REPO = "dockerlaunch/layers"
 SCHEMA2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -263,6 +263,10 @@ def registry_image(client, image: LocalImage) -> LocalImage:
     reads only the layers the registry lacks). Raises TransferError when the registry cannot serve."""
     with _locked():
         _cap()
+        free = shutil.disk_usage(_private_root()).free
+        if free < image.size + 2e9:  # its gzip copy, with room to spare: the launcher's disk is never filled
+            raise TransferError(f"{free / 1e9:.1f} GB free for the launcher's registry in {root()}, "
+                                f"{image.size / 1e9:.1f} GB image")
         with _registry() as (port, password):
             manifest = _engine_push(client, image, port, password)
         config, layers = manifest.get("config") or {}, manifest.get("layers") or []
