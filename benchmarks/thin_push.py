@@ -39,19 +39,7 @@ from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.transfer import layer_source, push, streams  # noqa: E402
-
-
-def engine_reads() -> int:
-    mine, total = os.readlink("/proc/self/ns/pid"), 0
-    for name in ("dockerd", "containerd"):
-        for pid in subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split():
-            try:
-                if os.readlink(f"/proc/{pid}/ns/pid") == mine:
-                    text = Path(f"/proc/{pid}/io").read_text()
-                    total += int(next(x.split()[1] for x in text.splitlines() if x.startswith("rchar:")))
-            except OSError:
-                pass
-    return total
+from tests.integration.helpers import engine_reads  # noqa: E402
 
 
 def cpu() -> float:

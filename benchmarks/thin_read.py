@@ -4,7 +4,8 @@ A thin push today runs `docker save NEW` and keeps only the layers the hosts lac
 image to hand over a few new layers. The candidate measured beside it: the engine's own `docker push` to a registry
 the launcher runs (Debian's docker-registry, distribution 2.8.2, on 127.0.0.1) that already holds OLD's layers, which
 reads and sends only the layers the registry lacks. For each, in one run: wall time and what the engine process
-read (`rchar` of dockerd and containerd from /proc/PID/io, counted by the kernel, not by dockerlaunch).
+read (`rchar` of this machine's dockerd and containerd from /proc/PID/io, counted by the kernel, not by
+dockerlaunch).
 
 NEW is OLD plus one layer of --top-mb random bytes (an ms-swift bump's shape: the lower layers unchanged).
 
@@ -25,23 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def pids(name: str) -> list[int]:
-    r = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
-    return [int(x) for x in r.stdout.split()]
-
-
-def engine_reads() -> int:
-    """rchar of every dockerd and containerd process: bytes they read through read(2) and friends."""
-    total = 0
-    for pid in pids("dockerd") + pids("containerd"):
-        try:
-            for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-                if line.startswith("rchar:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
+from tests.integration.helpers import engine_reads  # noqa: E402
 
 
 def measured(argv: list[str], sink: bool = False) -> tuple[float, int]:

@@ -360,13 +360,13 @@ def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threadin
         probe = pushlib.parse_stage_probe(r.stdout)
         if probe.present_id == piece.expect_id:  # an earlier load finished after it was cut off
             if probe.staged:
-                remote.run(["sh", "-c", pushlib.REMOVE_STAGE, "sh", key], timeout=60)
+                pushlib.remove_stage(remote, key)
             notes.append(f"{e.ref}: an earlier load had delivered it")
             return 0, "Loaded image ID: " + piece.expect_id
         staged, why = pushlib.stage_choice(remote.name, e.bytes, probe)
         if not staged:
             if probe.staged:
-                remote.run(["sh", "-c", pushlib.REMOVE_STAGE, "sh", key], timeout=60)
+                pushlib.remove_stage(remote, key)
             notes.append(f"{e.ref}: {why}")
             return plain(stream)
         offset = probe.staged if probe.staged and piece.prefix_sha256(probe.staged) == probe.digest else 0
@@ -377,7 +377,7 @@ def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threadin
         status = remote.stream(["sh", "-c", script("load.sh"), "sh", piece.expect_id, "-", "none", key, str(offset)],
                                out.extend, err.extend, stdin=reader, stop=stop, bulk=True)
         if status in (3, 4) and reader.finished is not None:  # it all arrived and did not load: the stage goes
-            remote.run(["sh", "-c", pushlib.REMOVE_STAGE, "sh", key], timeout=60)
+            pushlib.remove_stage(remote, key)
         text = (err or out).decode(errors="replace").strip()
         return status, text.removeprefix("load failed: ")
 

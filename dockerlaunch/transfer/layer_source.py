@@ -18,6 +18,7 @@ import base64
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -310,7 +311,7 @@ def chunks(image: LocalImage, skip: set[str]) -> Iterator[bytes]:
         try:
             with tarfile.open(fileobj=pipe, mode="w|", format=tarfile.GNU_FORMAT) as tar:
                 cfg = blob_path(facts.config.digest).read_bytes()
-                tar.addfile(member(facts.config.path, len(cfg)), _Bytes(cfg))
+                tar.addfile(member(facts.config.path, len(cfg)), io.BytesIO(cfg))
                 for blob, path in zip(facts.layers, image.layer_blobs):
                     if blob.path in skip:
                         continue
@@ -324,7 +325,7 @@ def chunks(image: LocalImage, skip: set[str]) -> Iterator[bytes]:
                         g.close()
                 body = json.dumps([{"Config": facts.config.path, "RepoTags": None,
                                     "Layers": [b.path for b in facts.layers]}]).encode()
-                tar.addfile(member("manifest.json", len(body)), _Bytes(body))
+                tar.addfile(member("manifest.json", len(body)), io.BytesIO(body))
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
             pipe.fail(e)
         finally:
@@ -333,12 +334,3 @@ def chunks(image: LocalImage, skip: set[str]) -> Iterator[bytes]:
     threading.Thread(target=produce, daemon=True).start()
     yield from pipe.chunks()
 
-
-class _Bytes:
-    def __init__(self, data: bytes):
-        self.data, self.at = data, 0
-
-    def read(self, n: int = -1) -> bytes:
-        out = self.data[self.at:] if n < 0 else self.data[self.at:self.at + n]
-        self.at += len(out)
-        return out

@@ -196,6 +196,13 @@ SHARED_FS = re.compile(r"^(nfs\d?|lustre|ceph|cifs|smb2?|gpfs|beegfs|glusterfs|a
 # A stage goes only under its lock (a load of it may still run); the lock file stays (a waiting load holds it open)
 REMOVE_STAGE = (f'd="{STAGE_DIR}"; if [ -f "$d/$1.lock" ] && command -v flock >/dev/null 2>&1; then '
                 'flock -w 60 "$d/$1.lock" rm -f "$d/$1.tar"; else rm -f "$d/$1.tar"; fi')
+
+
+def remove_stage(remote: Remote, key: str) -> None:
+    """The host's stage of one stream goes, under its lock (a load of it may still run)."""
+    remote.run(["sh", "-c", REMOVE_STAGE, "sh", key], timeout=60)
+
+
 STAGE_PROBE = r"""d=$HOME/.cache/dockerlaunch/push f=$HOME/.cache/dockerlaunch/push/$1.tar
 if command -v flock >/dev/null 2>&1; then echo flock=1; else echo flock=0; fi
 mkdir -p "$HOME/.cache" 2>/dev/null; echo "fs=$(stat -f -c %T "$HOME/.cache" 2>/dev/null)"
@@ -362,7 +369,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
             extra = [key, str(offset)]
         else:
             if probe.staged:  # a prefix that will not be used: its space is the load's
-                remote.run(["sh", "-c", REMOVE_STAGE, "sh", key], timeout=60)
+                remove_stage(remote, key)
             note = f"; {note}"
     if not staged:
         chunks = outgoing(client, image, set(t.skip_files), mode)
@@ -380,7 +387,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
                       f"docker builder prune) and push again ({reason[0][-120:]})"]
         # it all arrived and did not load, or the stage took space the load needed: the stage goes
         if staged and (disk_full or (status in (3, 4) and reader.finished is not None)):
-            remote.run(["sh", "-c", REMOVE_STAGE, "sh", extra[0]], timeout=60)
+            remove_stage(remote, extra[0])
         return HostResult(remote.name, PushState.FAILED, reason[0][:300] + note, reader.count, took, streamed)
     resumed = f", resumed at {offset / 1e6:.0f} MB staged on the host" if offset else ""
     resumed += _carrier(remote)

@@ -2,6 +2,7 @@
 
 import atexit
 import contextlib
+import os
 import queue
 import re
 import secrets
@@ -158,3 +159,21 @@ def torch_wheels() -> Path:
                         "-q", "-d", str(dest), "torch==2.11.0"], capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return dest
+
+
+def engine_reads() -> int:
+    """Bytes the launcher's own dockerd and containerd have read (rchar, counted by the kernel): the processes of
+    this machine's pid namespace only, not the sim nodes' engines."""
+    mine = os.readlink("/proc/self/ns/pid")
+    total = 0
+    for name in ("dockerd", "containerd"):
+        pids = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                if os.readlink(f"/proc/{pid}/ns/pid") != mine:
+                    continue
+                io_text = open(f"/proc/{pid}/io").read()
+            except OSError:
+                continue
+            total += int(next(x.split()[1] for x in io_text.splitlines() if x.startswith("rchar:")))
+    return total

@@ -16,7 +16,7 @@ from dockerlaunch.backends.docker.doctor.observations import listening_ports, lo
 from dockerlaunch.transfer import chain, push
 from dockerlaunch.transfer.push import push_to_host
 from dockerlaunch.transfer.streams import TransferError, chain_ids, local_image
-from tests.integration.helpers import nc_listeners
+from tests.integration.helpers import engine_reads, nc_listeners
 
 pytestmark = pytest.mark.integration
 
@@ -228,24 +228,6 @@ def test_thin_repush_sends_only_the_changed_layer(sim_cluster, engine, remotes, 
         for rm in remotes:
             rm.run(["docker", "rmi", "-f", top, base])
         engine.images.remove(top, force=True)
-
-
-def engine_reads() -> int:
-    """Bytes the launcher's own dockerd and containerd have read (rchar, counted by the kernel): the processes of
-    this machine's pid namespace only, not the sim nodes' engines."""
-    mine = os.readlink("/proc/self/ns/pid")
-    total = 0
-    for name in ("dockerd", "containerd"):
-        pids = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                if os.readlink(f"/proc/{pid}/ns/pid") != mine:
-                    continue
-                io_text = open(f"/proc/{pid}/io").read()
-            except OSError:
-                continue
-            total += int(next(x.split()[1] for x in io_text.splitlines() if x.startswith("rchar:")))
-    return total
 
 
 def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_cluster, engine, remotes, fresh_image,
