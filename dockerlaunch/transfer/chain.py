@@ -21,7 +21,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.fleet import each
@@ -36,11 +36,12 @@ LINK_GRACE = 600.0  # for a relay that is receiving to finish once the host befo
 
 
 class _Prefixed(io.RawIOBase):
-    """`prefix`, then everything `reader` gives (the token lines before the image stream), hashing the stream."""
+    """`prefix`, then everything `reader` gives (the token lines before the image stream), hashing the stream
+    (`sha`: the hash of what the hosts already have staged before it, if any)."""
 
-    def __init__(self, prefix: bytes, reader):
+    def __init__(self, prefix: bytes, reader, sha=None):
         self.prefix, self.reader = prefix, reader
-        self.sha = hashlib.sha256()
+        self.sha = sha or hashlib.sha256()
 
     def readable(self) -> bool:
         return True
@@ -75,7 +76,7 @@ class _ThenChecksum(io.RawIOBase):
             if self.stop.is_set():
                 return b""
         self.sent = True
-        return f"sha256 {self.checksum[0]}\n".encode() if self.checksum else b""
+        return f"{self.checksum[0]}\n".encode() if self.checksum else b""
 
 
 # The relay's own `nc -l`, by the pid it reported: only if that process is still ours and still `nc -l` (never a
@@ -94,10 +95,15 @@ def kill_listener(remote: Remote, pid: int | None) -> None:
 def push_chain(
     client, remotes: list[Remote], image: LocalImage, links: list[HostTransfer],
     on_bytes: Callable[[int], None] | None = None, port: int | None = None,
+    stages: list[tuple[str, int]] | None = None, chunks: Iterator[bytes] | None = None, sha=None,
 ) -> list[HostResult]:
     """Stream one copy to `links[0]`; link i listens at `links[i].address` for link i-1.
 
-    Compression and the layers left out come from the plan (the same for every link).
+    Compression and the layers left out come from the plan (the same for every link). `stages`: per link, the
+    key of its stage on the host ("-": none) and the prefix of the stream it keeps there (non-increasing along
+    the chain); `chunks` is then the stream after the first link's prefix and `sha` the hash of that prefix
+    (push.send_chain works them out). A host that fails because the stream was cut before it had it all is
+    `resumable`: its stage holds what it got.
     """
     t0 = time.monotonic()
     if not remotes:
@@ -105,7 +111,9 @@ def push_chain(
     head = links[0]
     mode = head.compression or "none"
     thin = f", thin: {head.layers_skipped} of {head.layers} layers already there" if head.layers_skipped else ""
-    chunks = outgoing(client, image, set(head.skip_files), mode)
+    stages = stages or [("-", 0)] * len(remotes)
+    if chunks is None:
+        chunks = outgoing(client, image, set(head.skip_files), mode)
     port = port or 40000 + secrets.randbelow(20000)
     n = len(remotes)
     results: list[HostResult | None] = [None] * n
@@ -118,7 +126,7 @@ def push_chain(
     # one token per link, never on a command line (SSH stdin only); the head's stream is SSH itself
     tokens = [b"-"] + [secrets.token_hex(16).encode() for _ in range(n - 1)] + [b"-"]
     sent_all, checksum = threading.Event(), []
-    head_stdin = _Prefixed(tokens[0] + b"\n" + tokens[1] + b"\n", reader)
+    head_stdin = _Prefixed(tokens[0] + b"\n" + tokens[1] + b"\n", reader, sha)
 
     def run_host(i: int) -> None:
         listen = "-" if i == 0 else links[i].address
@@ -137,16 +145,19 @@ def push_chain(
 
         try:
             status = remotes[i].stream(
-                ["sh", "-c", relay, "sh", links[i].expect_id, image.ref, mode, listen, str(port), nxt],
+                ["sh", "-c", relay, "sh", links[i].expect_id, image.ref, mode, listen, str(port), nxt,
+                 stages[i][0], str(stages[i][1]), str(stages[i + 1][1] if i + 1 < n else 0)],
                 on_out, err.extend, stop=stop,
                 stdin=head_stdin if i == 0 else _ThenChecksum(tokens[i] + b"\n" + tokens[i + 1] + b"\n", sent_all,
                                                               checksum, stop))
         except DockerlaunchError as e:
-            results[i] = HostResult(remotes[i].name, PushState.FAILED, str(e))
+            results[i] = HostResult(remotes[i].name, PushState.FAILED, str(e), resumable=True)
             return
         if status != 0:
             reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
-            results[i] = HostResult(remotes[i].name, PushState.FAILED, reason[0][:300])
+            # cut: a relay whose stream stopped short (9), the first host before its stream ended
+            cut = status == 9 or (i == 0 and reader.finished is None)
+            results[i] = HostResult(remotes[i].name, PushState.FAILED, reason[0][:300], resumable=cut)
         else:
             role = "head of chain" if i == 0 else f"relayed from {remotes[i - 1].name}"
             results[i] = HostResult(remotes[i].name, PushState.PUSHED, f"chain ({role}), {mode}{thin}, "
@@ -174,7 +185,9 @@ def push_chain(
         first = threading.Thread(target=run_host, args=(0,), daemon=True)
         first.start()
         first.join()
-        checksum.append(head_stdin.sha.hexdigest())  # what every relay must have received, byte for byte
+        # what every relay must have received, byte for byte, or that the stream broke before its end
+        checksum.append(f"sha256 {head_stdin.sha.hexdigest()} {stages[0][1] + reader.count}"
+                        if reader.finished is not None else "cut")
         sent_all.set()
         upstream_done = time.monotonic()
         for i in range(1, n):
@@ -193,7 +206,7 @@ def push_chain(
                 for j in range(i, n):
                     by_rank[j].join(timeout=10)
                     results[j] = results[j] if results[j] and results[j].status == PushState.PUSHED else \
-                        HostResult(remotes[j].name, PushState.FAILED, why)
+                        HostResult(remotes[j].name, PushState.FAILED, why, resumable=True)
                 break
             upstream_done = time.monotonic()
     finally:

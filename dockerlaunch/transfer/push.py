@@ -305,38 +305,120 @@ def stage_key(t: HostTransfer) -> str:
     return hashlib.sha256(f"{t.host} {t.expect_id} {' '.join(sorted(t.skip_files))}".encode()).hexdigest()[:32]
 
 
-def _resume_point(client, image: LocalImage, t: HostTransfer, probe: StageProbe) -> tuple[int, Iterator[bytes]]:
-    """(offset, the stream's chunks after it): the host's staged prefix is used when its bytes are this
-    stream's own (sha256 of the same prefix, computed here from a fresh save), else the stream starts at 0."""
+def chain_key(t: HostTransfer) -> str:
+    """A chain host's stage: the stream as it travels (compressed), never mixed with a star stage of the image."""
     import hashlib
 
-    from dockerlaunch.transfer.streams import image_chunks, source_chunks
+    return hashlib.sha256(f"{stage_key(t)} chain {t.compression}".encode()).hexdigest()[:32]
 
-    def fresh() -> Iterator[bytes]:
-        return image_chunks(source_chunks(client, image, set(t.skip_files)), image, set(t.skip_files))
 
-    chunks, size = fresh(), probe.staged
-    if not size:
-        return 0, chunks
-    h, seen, rest = hashlib.sha256(), 0, b""
+def resume_points(fresh: Callable[[], Iterator[bytes]], prefixes: list[tuple[int, str]]):
+    """(offsets, the stream after offsets[0], sha256 of the stream up to there) for receivers that staged
+    prefixes (size, sha256) of one stream, in the order it passes through them: receiver i+1 is fed by receiver
+    i, so it resumes at most where i does. A prefix counts only when its sha256 is that of the same bytes of
+    `fresh()`, read here, in one pass; when the first receiver's does not, every receiver starts at 0."""
+    import hashlib
+
+    n = len(prefixes)
+    head = prefixes[0][0] if prefixes else 0
+    if not head:
+        return [0] * n, fresh(), hashlib.sha256()
+    marks = sorted({size for size, _ in prefixes if 0 < size <= head})
+    chunks, h, seen, rest, digests = fresh(), hashlib.sha256(), 0, b"", {}
     for chunk in chunks:
-        if seen + len(chunk) >= size:
-            h.update(chunk[: size - seen])
-            rest = chunk[size - seen:]
-            seen = size
+        while marks and seen + len(chunk) >= marks[0]:
+            cut = marks[0] - seen
+            h.update(chunk[:cut])
+            chunk, seen = chunk[cut:], marks[0]
+            digests[marks.pop(0)] = h.hexdigest()
+        if not marks:
+            rest = chunk
             break
         h.update(chunk)
         seen += len(chunk)
-    if seen < size or h.hexdigest() != probe.digest:  # not this stream's bytes (or more of them than it has)
+    offsets: list[int] = []
+    for size, digest in prefixes:
+        limit = offsets[-1] if offsets else size
+        offsets.append(size if 0 < size <= limit and digests.get(size) == digest else 0)
+    if not offsets[0]:  # not this stream's bytes (or more of them than it has)
         chunks.close()
-        return 0, fresh()
+        return [0] * n, fresh(), hashlib.sha256()
 
     def after() -> Iterator[bytes]:
         if rest:
             yield rest
         yield from chunks
 
-    return size, after()
+    return offsets, after(), h
+
+
+def _resume_point(client, image: LocalImage, t: HostTransfer, probe: StageProbe) -> tuple[int, Iterator[bytes]]:
+    """(offset, the stream's chunks after it): the host's staged prefix is used when its bytes are this
+    stream's own (sha256 of the same prefix, computed here from a fresh save), else the stream starts at 0."""
+    from dockerlaunch.transfer.streams import image_chunks, source_chunks
+
+    def fresh() -> Iterator[bytes]:
+        return image_chunks(source_chunks(client, image, set(t.skip_files)), image, set(t.skip_files))
+
+    offsets, chunks, _ = resume_points(fresh, [(probe.staged, probe.digest)])
+    return offsets[0], chunks
+
+
+def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[HostTransfer],
+               on_bytes: Callable[[int], None] | None = None) -> list[HostResult]:
+    """A chain push (chain.push_chain) whose hosts keep what they receive, from STAGE_MIN bytes, as a star
+    push's do: a chain cut anywhere (a link, a relay, the launcher) leaves each host the prefix it got, and the
+    next chain over them sends each only the rest. A host whose load finished after the cut is only tagged."""
+    from dockerlaunch.transfer.streams import outgoing
+
+    results: dict[str, HostResult] = {}
+    go: list[int] = []
+    stages: list[tuple[str, int, str]] = []  # key ("-": not staged), staged size, its sha256
+    notes: dict[str, str] = {}
+    if image.size >= stage_min():
+        def look(t: HostTransfer) -> StageProbe:
+            r = remotes[links.index(t)].check(["sh", "-c", STAGE_PROBE, "sh", chain_key(t), t.expect_id],
+                                              "looking for a staged push", timeout=1200)
+            return parse_stage_probe(r.stdout)
+
+        for i, (t, o) in enumerate(zip(links, each(look, links))):
+            try:
+                if not o.ok:
+                    raise o.error
+                probe = o.value
+                if probe.present_id == t.expect_id:  # an earlier push's load finished after it was cut off
+                    if probe.staged:
+                        remove_stage(remotes[i], chain_key(t))
+                    state, detail = _tag(remotes[i], image, t)
+                    results[t.host] = HostResult(t.host, state, f"{detail} (an earlier push had delivered it)")
+                    continue
+                staged, why = stage_choice(t.host, t.bytes_to_send, probe)
+            except DockerlaunchError as e:
+                results[t.host] = HostResult(t.host, PushState.FAILED, str(e)[:300])
+                continue
+            if not staged and probe.staged:
+                remove_stage(remotes[i], chain_key(t))
+            if why:
+                notes[t.host] = f"; {why}"
+            go.append(i)
+            stages.append((chain_key(t), probe.staged, probe.digest) if staged else ("-", 0, "-"))
+    else:
+        go = list(range(len(links)))
+        stages = [("-", 0, "-")] * len(links)
+    if go:
+        head = links[go[0]]
+        mode = head.compression or "none"
+        offsets, chunks, sha = resume_points(lambda: outgoing(client, image, set(head.skip_files), mode),
+                                             [(size, digest) for _, size, digest in stages])
+        chained = push_chain(client, [remotes[i] for i in go], image, [links[i] for i in go], on_bytes=on_bytes,
+                             stages=[(key, off) for (key, _, _), off in zip(stages, offsets)], chunks=chunks,
+                             sha=sha)
+        for r, off in zip(chained, offsets):
+            if r.status == PushState.PUSHED:
+                r.detail += f", resumed at {off / 1e6:.0f} MB staged on the host" if off else ""
+                r.detail += notes.get(r.host, "")
+            results[r.host] = r
+    return [results[t.host] for t in links]
 
 
 def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
@@ -459,10 +541,21 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
         links = plan.sending(Strategy.CHAIN)
         if links:
             bar = bars.add(f"chain of {len(links):<9}", image.size or None)
-            try:
-                chained = push_chain(client, [by_name[t.host] for t in links], image, links, on_bytes=bar.advance)
-            except DockerlaunchError as e:
-                chained = [HostResult(t.host, PushState.FAILED, str(e)) for t in links]
+
+            def chain(links: list[HostTransfer]) -> list[HostResult]:
+                try:
+                    return send_chain(client, [by_name[t.host] for t in links], image, links, on_bytes=bar.advance)
+                except DockerlaunchError as e:
+                    return [HostResult(t.host, PushState.FAILED, str(e)) for t in links]
+
+            chained = chain(links)
+            # a cut chain resumes once, as a chain of the hosts it cut off: each gets only what it lacks
+            cut = {r.host: r.detail for r in chained if r.status == PushState.FAILED and r.resumable}
+            if cut:
+                again = {r.host: r for r in chain([t for t in links if t.host in cut])}
+                chained = [again.get(r.host, r) for r in chained]
+                for r in again.values():
+                    r.detail = f"chain again after a cut ({cut[r.host][:160]}): {r.detail}"
             bar.done()
             for r in chained:
                 if r.status == PushState.FAILED:

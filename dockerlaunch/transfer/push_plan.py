@@ -49,9 +49,12 @@ class HostResult:
     bytes_sent: int = 0
     seconds: float = 0.0
     stream_seconds: float = 0.0  # until the last byte left the launcher; the rest is the host's docker load
+    resumable: bool = False  # failed because its stream was cut: what it got is staged, a retry sends the rest
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "status": str(self.status)}
+        d = asdict(self)
+        d.pop("resumable")
+        return {**d, "status": str(self.status)}
 
 
 @dataclass(frozen=True)

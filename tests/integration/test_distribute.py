@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dockerlaunch.backends.docker.doctor.observations import listening_ports, local_ports
+from dockerlaunch.backends.docker.doctor.observations import listening_ports
 from dockerlaunch.transfer import chain, push
 from dockerlaunch.transfer.push import push_to_host
 from dockerlaunch.transfer.streams import TransferError, chain_ids, local_image
@@ -382,40 +382,89 @@ def test_hosts_a_broken_chain_did_not_reach_get_a_star_push(sim_cluster, engine,
             rm.run(["docker", "rmi", "-f", ref, local_id])
 
 
-def test_a_relay_dying_mid_stream_falls_back_to_star(sim_cluster, engine, remotes, fresh_image):
-    """Node2's listener is killed while the chain streams: node1 still loads its copy, node2 gets a star push."""
-    import threading
-
+def test_a_relay_dying_mid_stream_is_resumed_by_a_second_chain(sim_cluster, engine, remotes, fresh_image,
+                                                                 monkeypatch):
+    """Node2's listener is killed once node2 has staged a third of the (zstd) stream: node1 still loads its copy;
+    node2 is not sent a star push but a second chain that starts where its stage ends, so the bytes sent to it
+    again are at most 1.1 x what it lacked."""
+    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=400)
     local_id = engine.images.get(ref).id
     ips = [n.ip for n in sim_cluster[2]]
     out: list = []
-    t = threading.Thread(target=lambda: out.append(push.push(engine, remotes, ref, compress="none",
+    t = threading.Thread(target=lambda: out.append(push.push(engine, remotes, ref, compress="zstd",
                                                                    strategy="chain", addresses=ips)), daemon=True)
-
-    def chain_connected() -> bool:  # node2 (the tail) has an established connection on a chain port
-        tcp = remotes[1].check(["cat", "/proc/net/tcp", "/proc/net/tcp6"], "reading /proc/net/tcp").stdout
-        return any(40000 <= port < 60000 for port in local_ports(tcp, "01"))
-
     try:
         t.start()
-        deadline = time.monotonic() + 120
-        while not chain_connected() and t.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert chain_connected(), "the chain never connected to node2"
+        deadline = time.monotonic() + 180
+        while staged_bytes(remotes[1]) < 140 << 20 and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        at = staged_bytes(remotes[1])
+        assert at >= 140 << 20, f"node2 never staged 140 MiB of the chain's stream ({at})"
         remotes[1].check(["sh", "-c", "pkill -f '^nc -l'"], "killing node2's relay listener")
         t.join(timeout=600)
         assert not t.is_alive(), "push hung after a relay died"
         results = out[0]
         assert all(r.status == "pushed" for r in results), results
         assert results[0].detail.startswith("chain (head of chain)"), results[0].detail  # its own load went on
-        assert results[1].detail.startswith("star after the chain failed ("), results[1].detail
+        second = results[1].detail
+        assert second.startswith("chain again after a cut (cut: the stream stopped after "), second
+        assert "star" not in second and "resumed at" in second, second
+        kept = int(second.split("stopped after ", 1)[1].split()[0])
+        whole = results[0].bytes_sent  # the stream as it travels (zstd), all of which the head was sent
+        assert at <= kept < whole, (at, kept, whole)
+        assert results[1].bytes_sent <= 1.1 * (whole - kept), (results[1].bytes_sent, whole, kept)
         assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+        assert nc_listeners(remotes[0]) == [] and nc_listeners(remotes[1]) == []
+        assert [staged_bytes(rm) for rm in remotes] == [0, 0]  # both stages went once their image was tagged
+    finally:
+        for rm in remotes:
+            rm.run(["sh", "-c", "pkill -f '^nc -l' || true"])
+            rm.run(["docker", "rmi", "-f", ref, local_id])
+            rm.run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
+
+
+def test_a_chain_whose_launcher_was_killed_resumes_on_every_host(sim_cluster, engine, remotes, fresh_image,
+                                                                 monkeypatch):
+    """The launcher SIGKILLed mid-chain: each host keeps the prefix it got (the tail's stage is not thrown away
+    though no checksum ever came); the next chain push sends the head only what it lacks, and the head feeds
+    the tail from its own stage where the tail's ends. Nothing is tagged by the cut push."""
+    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    ref = fresh_image(mb=400)
+    local_id = engine.images.get(ref).id
+    config = str(sim_cluster[1])
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "push", ref, "--config", config,
+                              "--strategy", "chain", "--compress", "none"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 180
+        while staged_bytes(remotes[1]) < 120 << 20 and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while any(load_bytes_read(rm) for rm in remotes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ids_on_nodes(remotes, ref) == [None, None]
+        staged = [staged_bytes(rm) for rm in remotes]
+        assert staged[1] >= 120 << 20 and staged[0] >= staged[1], staged
+
+        r = dl("push", ref, "--config", config, "--strategy", "chain", "--compress", "none", "--output", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        rows = json.loads(r.stdout)["hosts"]
+        assert [h["status"] for h in rows] == ["pushed", "pushed"], rows
+        assert rows[0]["detail"].startswith("chain (head of chain)") and "resumed at" in rows[0]["detail"], rows
+        assert rows[1]["detail"].startswith("chain (relayed from") and "resumed at" in rows[1]["detail"], rows
+        whole = staged[0] + rows[0]["bytes_sent"]  # the head had its stage, then was sent the rest
+        assert rows[0]["bytes_sent"] <= 1.1 * (whole - staged[0]), (rows, staged)
+        assert ids_on_nodes(remotes, ref) == [local_id, local_id]
+        assert [staged_bytes(rm) for rm in remotes] == [0, 0]
         assert nc_listeners(remotes[0]) == [] and nc_listeners(remotes[1]) == []
     finally:
         for rm in remotes:
             rm.run(["sh", "-c", "pkill -f '^nc -l' || true"])
             rm.run(["docker", "rmi", "-f", ref, local_id])
+            rm.run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
 
 
 def test_a_bundle_image_cannot_retag_anything(engine, fresh_image, tmp_path):

@@ -11,26 +11,10 @@ set -u
 image_id=$1 ref=$2 compress=$3 key=${4:-} offset=${5:-0}
 dec() { if [ "$compress" = zstd ]; then zstd -dc; else cat; fi; }
 staged=
+# shellcheck source=/dev/null
+. ./stage.sh  # included when shipped (transfer.script)
 if [ -n "$key" ]; then
-  dir=$HOME/.cache/dockerlaunch/push
-  (umask 077 && mkdir -p "$dir") || exit 8
-  if [ -L "$dir" ] || [ "$(stat -c %u "$dir")" != "$(id -u)" ]; then echo "$dir is not this user's own folder" >&2; exit 8; fi
-  chmod 700 "$dir" || exit 8
-  # stages older than 7 days go (a stage being written is younger); lock files never do: one may be held
-  find "$dir" -maxdepth 1 -name '*.tar' -mtime +7 -exec rm -f {} + 2>/dev/null
-  # one load of a stream at a time: a cut push's host side may still be loading when the next push comes;
-  # without flock there is no lock, so no staging (the launcher does not ask for it then)
-  command -v flock >/dev/null 2>&1 || { echo "no flock on this host: a staged push needs it" >&2; exit 8; }
-  exec 9>>"$dir/$key.lock" || exit 8
-  flock -w 900 9 || { echo "another push of this image to this host is still loading" >&2; exit 8; }
-  staged=$dir/$key.tar
-  if [ "$offset" = 0 ]; then
-    rm -f "$staged" && (umask 077 && : > "$staged") || exit 8
-  elif [ -L "$staged" ] || [ "$(stat -c %s "$staged" 2>/dev/null || echo 0)" -lt "$offset" ]; then
-    echo "the staged part of this push is gone: push again" >&2; exit 8
-  else
-    truncate -s "$offset" "$staged" || exit 8
-  fi
+  open_stage "$key" "$offset"
   out=$({ cat "$staged"; dec | tee -a "$staged"; } | docker load 2>&1)
 else
   out=$(dec | docker load 2>&1)
