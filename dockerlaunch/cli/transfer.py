@@ -84,8 +84,6 @@ def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: boo
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.transfer import push as pushlib
     from dockerlaunch.transfer.push_plan import HostResult, PushState
-    from dockerlaunch.transfer.streams import local_image
-
     if clean:
         if ref:
             raise click.UsageError("push --clean removes staged pushes and sends nothing: drop IMAGE")
@@ -95,7 +93,7 @@ def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: boo
     kw["image"] = ref
     cfg = load(kw)
     client = engine()
-    image = local_image(client, ref)  # a clear error before any connection
+    image = pushlib.source_image(client, ref)  # a clear error before any connection
     with Fleet.connect(cfg, require_all=False) as cluster:
         live = cluster.live
         remotes = [h.remote for h in live]

@@ -8,8 +8,10 @@ sha256 is the diff ID (checked as it streams). The hosts get the stream they get
 forward on them; every check push makes stays). The first push of a lineage fills the registry (the engine reads
 and gzips the whole image once); later bumps cost their new layers. Measured in benchmarks/RESULTS.md ("Issue 43").
 
-Only for a launcher engine with the classic store (its Image ID is the config digest the registry manifest names);
-any failure here falls back to `docker save`, said in the push's summary.
+A launcher engine with containerd's store pushes the blobs of its content store as they are (compressed, never
+gzipped again): the stream carries them as its `docker save` would, so the facts (and the Image ID every host
+gives the image) are the save's, read here from the manifest the engine pushed, without reading the image. Any
+failure falls back to `docker save`, said in the push's summary.
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import TransferError
 from dockerlaunch.transfer.streams import (
     CHUNK,
+    COMPRESSED_MAGIC,
     GRAPHDRIVER,
     OCI_CONFIG,
+    OCI_INDEX,
     OCI_LAYER,
+    OCI_MANIFEST,
     Blob,
     LocalImage,
     Pipe,
@@ -55,6 +60,8 @@ CAP_GB = 30
 REGISTRY = "docker-registry"
 REPO = "dockerlaunch/layers"
 SCHEMA2 = "application/vnd.docker.distribution.manifest.v2+json"
+LIST2 = "application/vnd.docker.distribution.manifest.list.v2+json"
+MANIFESTS = (SCHEMA2, OCI_MANIFEST, LIST2, OCI_INDEX)  # what a containerd-store engine may push for one tag
 
 
 def root() -> Path:
@@ -65,8 +72,6 @@ def unavailable(image: LocalImage) -> str | None:
     """Why the registry cannot give this image's layers here; None when it can."""
     if os.environ.get(MODE_ENV, "auto") == "save":
         return f"{MODE_ENV}=save"
-    if image.store != GRAPHDRIVER:
-        return "the launcher's engine keeps images in containerd's store"
     if os.environ.get("DOCKER_HOST", "unix://").split(":", 1)[0] not in ("unix", ""):
         return "the launcher's engine is not on this machine (DOCKER_HOST): it cannot reach 127.0.0.1 here"
     if not shutil.which(REGISTRY):
@@ -187,9 +192,37 @@ def _engine_push(client, image: LocalImage, port: int, password: str) -> dict:
     finally:
         with contextlib.suppress(Exception):
             client.api.remove_image(f"{repo}:{tag}", noprune=True)
-    req = _authorized(f"http://127.0.0.1:{port}/v2/{REPO}/manifests/{tag}", password, Accept=SCHEMA2)
+    return _manifest(image, port, password, tag)
+
+
+def _get_manifest(port: int, password: str, ref: str) -> tuple[dict, str]:
+    """(the manifest, its digest) of a tag or digest in the registry."""
+    req = _authorized(f"http://127.0.0.1:{port}/v2/{REPO}/manifests/{ref}", password, Accept=", ".join(MANIFESTS))
     with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
+        body = r.read()
+    return json.loads(body), "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def _manifest(image: LocalImage, port: int, password: str, tag: str) -> dict:
+    """The image manifest the engine pushed for `tag`. A containerd-store engine names the image by what it
+    pushed at the top (an index, or the manifest): that digest must be the Image ID; an index's entry for the
+    image's platform is the manifest (attestations, platform unknown, are not)."""
+    top, digest = _get_manifest(port, password, tag)
+    if image.store == GRAPHDRIVER or top.get("mediaType") not in (OCI_INDEX, LIST2):
+        if image.store != GRAPHDRIVER and digest != image.id:
+            raise TransferError(f"the launcher's registry holds {digest[:19]} for {image.ref}, not its Image ID")
+        return top
+    if digest != image.id:
+        raise TransferError(f"the launcher's registry holds index {digest[:19]} for {image.ref}, not its Image ID")
+    os_, arch, variant = image.platform
+    for entry in top.get("manifests") or []:
+        plat = entry.get("platform") or {}
+        if (plat.get("os"), plat.get("architecture"), plat.get("variant") or "") == (os_, arch, variant):
+            manifest, got = _get_manifest(port, password, str(entry.get("digest")))
+            if got != entry.get("digest"):
+                raise TransferError(f"the launcher's registry served {got[:19]} for {entry.get('digest')}")
+            return manifest
+    raise TransferError(f"the index of {image.ref} names no manifest for {os_}/{arch}")
 
 
 def blob_path(digest: str) -> Path:
@@ -198,11 +231,12 @@ def blob_path(digest: str) -> Path:
 
 
 class _Gunzip(IO[bytes]):
-    """A registry blob read as its layer's uncompressed tar, checked against the diff ID at its end."""
+    """A registry blob read as its layer's uncompressed tar, checked against the diff ID at its end; with
+    `raw`, read as it is and checked against its own digest (a containerd-store engine's blob, as its save has it)."""
 
-    def __init__(self, path: Path, diff_id: str):
+    def __init__(self, path: Path, diff_id: str, raw: bool = False):
         self.f = open(path, "rb")
-        self.z = zlib.decompressobj(wbits=31)
+        self.z = None if raw else zlib.decompressobj(wbits=31)
         self.h = hashlib.sha256()
         self.diff_id, self.path, self.buf, self.n, self.done = diff_id, path, b"", 0, False
 
@@ -210,9 +244,9 @@ class _Gunzip(IO[bytes]):
         while not self.done and (n < 0 or len(self.buf) < n):
             raw = self.f.read(CHUNK)
             if raw:
-                out = self.z.decompress(raw)
+                out = self.z.decompress(raw) if self.z else raw
             else:
-                out, self.done = self.z.flush(), True
+                out, self.done = self.z.flush() if self.z else b"", True
                 self.f.close()
             self.h.update(out)
             self.n += len(out)
@@ -270,6 +304,8 @@ def registry_image(client, image: LocalImage) -> LocalImage:
                                 f"{image.size / 1e9:.1f} GB image")
         with _registry() as (port, password):
             manifest = _engine_push(client, image, port, password)
+        if image.store != GRAPHDRIVER:
+            return _content_store_image(image, manifest)
         config, layers = manifest.get("config") or {}, manifest.get("layers") or []
         if config.get("digest") != image.id or len(layers) != len(image.diff_ids):
             raise TransferError(f"the launcher's registry holds another manifest for {image.ref} (config "
@@ -295,9 +331,38 @@ def registry_image(client, image: LocalImage) -> LocalImage:
     return replace(image, facts=facts, layer_blobs=tuple(blobs))
 
 
+def _content_store_image(image: LocalImage, manifest: dict) -> LocalImage:
+    """A containerd-store engine's image from the blobs it pushed as they are: the facts its save would give (blob
+    paths and digests, each layer's media type from its first bytes), so hosts name it as they always did."""
+    config, layers = manifest.get("config") or {}, manifest.get("layers") or []
+    if len(layers) != len(image.diff_ids):
+        raise TransferError(f"the launcher's registry holds {len(layers)} layers for {image.ref}, "
+                            f"the image has {len(image.diff_ids)}")
+    cfg_digest = str(config.get("digest"))
+    cfg = blob_path(cfg_digest).read_bytes()
+    if "sha256:" + hashlib.sha256(cfg).hexdigest() != cfg_digest:
+        raise TransferError(f"the launcher's registry blob {blob_path(cfg_digest)} is not {cfg_digest}")
+    if (json.loads(cfg).get("rootfs") or {}).get("diff_ids") != list(image.diff_ids):
+        raise TransferError(f"the config the launcher's registry holds for {image.ref} names other layers")
+    blobs, facts_layers = [], []
+    for layer in layers:
+        digest, size, path = str(layer.get("digest")), int(layer.get("size", -1)), blob_path(str(layer.get("digest")))
+        if not path.is_file() or path.stat().st_size != size:
+            raise TransferError(f"the launcher's registry lacks blob {digest} ({size} bytes)")
+        with open(path, "rb") as f:
+            head = f.read(4)
+        suffix = next((kind for magic, kind in COMPRESSED_MAGIC if head.startswith(magic)), "")
+        facts_layers.append(Blob(f"blobs/sha256/{digest[7:]}", digest, size, OCI_LAYER + suffix))
+        blobs.append(str(path))
+    facts = SaveFacts(Blob(f"blobs/sha256/{cfg_digest[7:]}", cfg_digest, len(cfg), OCI_CONFIG), tuple(facts_layers),
+                      image.platform)
+    return replace(image, facts=facts, layer_blobs=tuple(blobs))
+
+
 def chunks(image: LocalImage, skip: set[str]) -> Iterator[bytes]:
     """A `docker save`-shaped tar of the image from the registry's blobs: its config, every layer not in `skip`
-    (uncompressed, each checked against its diff ID), manifest.json. What image_chunks re-streams."""
+    (uncompressed and checked against its diff ID; a containerd-store engine's as its save has them, checked
+    against their digests), manifest.json. What image_chunks re-streams."""
     assert image.facts is not None and len(image.layer_blobs) == len(image.facts.layers)
     facts = image.facts
     pipe = Pipe()
@@ -315,7 +380,7 @@ def chunks(image: LocalImage, skip: set[str]) -> Iterator[bytes]:
                 for blob, path in zip(facts.layers, image.layer_blobs):
                     if blob.path in skip:
                         continue
-                    g = _Gunzip(Path(path), blob.digest)
+                    g = _Gunzip(Path(path), blob.digest, raw=image.store != GRAPHDRIVER)
                     try:
                         tar.addfile(member(blob.path, blob.size), g)
                         if g.read(1) or not g.done:  # more bytes than its recorded size

@@ -126,11 +126,23 @@ def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addres
     return plan, views, layers
 
 
+def source_image(client, ref: str) -> LocalImage:
+    """The image a push sends. A containerd-store engine's Image ID is not its config digest, and hosts name the
+    image by its save's facts: those come from the launcher's registry where it serves (the engine reads only the
+    blobs the registry lacks), else from one read of the save (cached per ID)."""
+    image = local_image(client, ref, facts=False)
+    if image.store == CONTAINERD and image.facts is None:
+        image = thin_source(client, image)
+    return image
+
+
 def thin_source(client, image: LocalImage) -> LocalImage:
     """The image as a thin push reads it: from the launcher's registry (the engine reads only the layers it lacks)
     where that can serve, else the save's facts (one read of the whole image, cached), with the reason."""
     from dockerlaunch.transfer import layer_source
 
+    if image.layer_blobs:
+        return image
     why = layer_source.unavailable(image)
     if why is None:
         t0 = time.monotonic()
@@ -597,7 +609,7 @@ def push(client, remotes: list[Remote], ref: str, compress: str = "auto", report
          thin: bool = True, strategy: str = "auto", addresses: list[str] | None = None) -> list[HostResult]:
     """Observe, plan and apply: star (the launcher streams to every host) or chain (one copy leaves the
     launcher, each host relays it to the next); hosts a broken chain did not reach get a star push."""
-    image = local_image(client, ref)
+    image = source_image(client, ref)
     plan, views, layers = observe_and_plan(client, remotes, image, addresses=addresses, strategy=strategy,
                                     compress=compress, thin=thin)
     return apply(client, remotes, plan, views, layers, compress, thin, reporter)

@@ -68,9 +68,10 @@ def engine_store(client) -> str:
     return CONTAINERD if "io.containerd.snapshotter" in status else GRAPHDRIVER
 
 
-def local_image(client, ref: str) -> LocalImage:
+def local_image(client, ref: str, facts: bool = True) -> LocalImage:
     """The image as the launcher's engine has it; on a containerd-store launcher, with its save facts (its
-    config digest is known only from the save)."""
+    config digest is known only from the save), unless `facts` is False (push.source_image finds them another
+    way first)."""
     import docker
 
     try:
@@ -83,7 +84,7 @@ def local_image(client, ref: str) -> LocalImage:
                        platform=(a.get("Os") or "linux", a.get("Architecture") or "amd64", a.get("Variant") or ""),
                        store=engine_store(client))
     cached = _cached_facts(image)
-    if cached or image.store == CONTAINERD:
+    if cached or (facts and image.store == CONTAINERD):
         image = with_facts(client, image)
     return image
 
@@ -210,7 +211,7 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
-_COMPRESSED = ((b"\x1f\x8b", "+gzip"), (b"\x28\xb5\x2f\xfd", "+zstd"))  # Docker 29 saves gzip layers
+COMPRESSED_MAGIC = ((b"\x1f\x8b", "+gzip"), (b"\x28\xb5\x2f\xfd", "+zstd"))  # Docker 29 saves gzip layers
 
 
 @dataclass(frozen=True)
@@ -314,7 +315,7 @@ class _Recorder:
             if real not in self.sizes:
                 raise TransferError(f"docker save of {self.image.ref}: layer file {path} is missing")
             head = self.heads.get(real, b"")
-            suffix = next((kind for magic, kind in _COMPRESSED if head.startswith(magic)), "")
+            suffix = next((kind for magic, kind in COMPRESSED_MAGIC if head.startswith(magic)), "")
             # a blob is named by its digest; a legacy layer.tar is the uncompressed layer: its digest is the diff ID
             digest = _blob_digest(real) or diff_id
             layers.append(Blob(real, digest, self.sizes[real], OCI_LAYER + suffix))

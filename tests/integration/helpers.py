@@ -177,3 +177,60 @@ def engine_reads() -> int:
                 continue
             total += int(next(x.split()[1] for x in io_text.splitlines() if x.startswith("rchar:")))
     return total
+
+
+@contextlib.contextmanager
+def local_containerd_engine(client, root: Path):
+    """A second engine on this machine, Docker 28 with containerd's image store (the store Docker 29 makes the
+    default), run from the sim's own 28 node image (the binaries users' Debian hosts get): a launcher whose engine
+    keeps images in containerd's store, without changing this machine's engine. Yields its DOCKER_HOST. Root only
+    (dockerd); stopped and its folder removed at the end."""
+    import docker
+
+    from dockerlaunch.sim import images as sim_images
+    from dockerlaunch.sim.layout import ENGINES
+
+    if os.geteuid() != 0:
+        pytest.fail("a second dockerd needs root: run the suite as scripts/test does (root, with its own dockerd)")
+    nodes, _ = sim_images.ensure_images(client, kinds=[ENGINES["28-containerd"]])
+    image = nodes["28-containerd"]
+    bins = root / "bin"
+    bins.mkdir(parents=True)
+    box = client.containers.create(image, entrypoint=["true"])
+    try:
+        for path in ("/usr/sbin/dockerd", "/usr/bin/containerd", "/usr/bin/containerd-shim-runc-v2", "/usr/bin/runc",
+                     "/usr/bin/docker-init"):
+            subprocess.run(["docker", "cp", "-L", f"{box.id}:{path}", str(bins)], check=True, capture_output=True)
+    finally:
+        box.remove(force=True)
+    (root / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}\n')
+    host = f"unix://{root}/docker.sock"
+    log = open(root / "dockerd.log", "wb")
+    proc = subprocess.Popen(
+        [str(bins / "dockerd"), "--config-file", str(root / "daemon.json"), "--data-root", str(root / "data"),
+         "--exec-root", str(root / "exec"), "-H", host, "--pidfile", str(root / "dockerd.pid"), "--bridge", "none",
+         "--iptables=false", "--ip6tables=false"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PATH": f"{bins}:{os.environ['PATH']}"})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                info = docker.DockerClient(base_url=host).info()
+                break
+            except docker.errors.DockerException:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    why = (root / "dockerd.log").read_text()[-800:]
+                    pytest.fail(f"the containerd-store dockerd did not start: {why}")
+                time.sleep(0.3)
+        assert "io.containerd.snapshotter" in str(info.get("DriverStatus")), info.get("DriverStatus")
+        yield host
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        log.close()
+        subprocess.run(["umount", "-R", str(root / "exec")], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)

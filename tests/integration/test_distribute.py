@@ -7,6 +7,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 
@@ -276,6 +277,77 @@ def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_clu
             rm.run(["docker", "rmi", "-f", *bumps, base])
         for tag in bumps:
             engine.images.remove(tag, force=True)
+
+
+def test_a_containerd_store_launcher_reads_only_the_new_layers_too(sim_cluster, engine, remotes, tmp_path,
+                                                                   monkeypatch):
+    """issue 43 on a launcher whose engine keeps images in containerd's store (Docker 28 with the store Docker 29
+    makes the default, a second dockerd here): its push into the launcher's registry sends the content store's
+    blobs as they are, the facts come from the pushed manifest, not from a read of the save (which such a launcher
+    made on every push of a new image), and they are exactly the save's: hosts give the image the same ID."""
+    import docker
+
+    from dockerlaunch.transfer import layer_source
+    from dockerlaunch.transfer.streams import with_facts
+    from tests.integration.helpers import local_containerd_engine
+
+    with local_containerd_engine(engine, tmp_path / "c8d") as host_url:
+        c8d = docker.DockerClient(base_url=host_url)
+        monkeypatch.setenv("DOCKER_HOST", host_url)
+        monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+
+        def build(tag: str, dockerfile: str, files: dict[str, bytes]) -> None:
+            ctx = io.BytesIO()
+            with tarfile.open(fileobj=ctx, mode="w") as t:
+                for name, data in {"Dockerfile": dockerfile.encode(), **files}.items():
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+            ctx.seek(0)
+            c8d.images.build(fileobj=ctx, custom_context=True, tag=tag, rm=True)
+
+        base = f"dlt-c8d/{secrets.token_hex(3)}:base"
+        build(base, "FROM scratch\nCOPY blob /blob\n", {"blob": os.urandom(96 << 20)})
+        bumps = []
+        for i in range(3):
+            bumps.append(base.replace(":base", f":bump{i}"))
+            build(bumps[-1], f"FROM {base}\nCOPY top /top\n", {"top": os.urandom(8 << 20)})
+        node = remotes[0].name
+        cfg = str(sim_cluster[1])
+
+        def push(ref: str, **env) -> tuple[str, int]:
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            before = engine_reads()
+            r = dl("push", ref, "--config", cfg, "--hosts", node, "--compress", "none", "--strategy", "star")
+            read = engine_reads() - before
+            for k in env:
+                monkeypatch.delenv(k)
+            assert r.returncode == 0, r.stdout + r.stderr
+            return r.stdout, read
+
+        try:
+            push(base)
+            out, _ = push(bumps[0])  # fills the launcher's registry with the base (the engine reads it once)
+            assert "thin: 1 of 2 layers already there (new layers read through the launcher's registry" in out, out
+            out, read = push(bumps[1])
+            assert "thin: 1 of 2 layers already there (new layers read through the launcher's registry" in out, out
+            assert read < 40 * 2**20, (read, out)  # ~8 MiB; the image is 104 MiB
+            out, read_save = push(bumps[2], DOCKERLAUNCH_LAYER_SOURCE="save")
+            assert "docker save read the whole image" in out, out
+            assert read_save > 96 * 2**20, (read_save, out)
+            # the registry's facts are the save's: the ID every host gives the image is the one it always gave
+            for ref in (base, *bumps):
+                img = local_image(c8d, ref, facts=False)
+                from_registry = layer_source.registry_image(c8d, img).facts
+                assert from_registry == with_facts(c8d, img).facts, ref
+                got = remotes[0].run(["docker", "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
+                assert got == from_registry.config.digest, (ref, got)  # the node's classic store: the config digest
+            print(f"\n[thin, containerd-store launcher] the engines read {read / 2**20:.1f} MiB through the registry, "
+                  f"{read_save / 2**20:.1f} MiB through docker save (image 104 MiB, new layer 8 MiB)")
+        finally:
+            for rm in remotes:
+                rm.run(["docker", "rmi", "-f", *bumps, base])
 
 
 def test_chain_push_relays_host_to_host(sim_cluster, engine, remotes, fresh_image):
