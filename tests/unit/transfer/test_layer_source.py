@@ -19,7 +19,10 @@ def test_where_the_registry_cannot_serve_it_says_why(monkeypatch):
     monkeypatch.setenv(layer_source.MODE_ENV, "save")
     assert layer_source.unavailable(image()) == "DOCKERLAUNCH_LAYER_SOURCE=save"
     monkeypatch.delenv(layer_source.MODE_ENV)
-    assert layer_source.unavailable(image(CONTAINERD)) == "the launcher's engine keeps images in containerd's store"
+    assert layer_source.unavailable(image(CONTAINERD)) is None  # its blobs are pushed as they are (issue 43)
+    monkeypatch.setenv("DOCKER_HOST", "ssh://root@gpu-host")
+    assert "not on this machine" in layer_source.unavailable(image(CONTAINERD))
+    monkeypatch.delenv("DOCKER_HOST")
     monkeypatch.setenv("PATH", "/nonexistent")
     assert "no docker-registry on this machine" in layer_source.unavailable(image())
 
@@ -30,6 +33,10 @@ def test_a_blob_streams_as_its_layer_and_is_refused_as_another(tmp_path):
     blob.write_bytes(gzip.compress(layer))
     right = "sha256:" + hashlib.sha256(layer).hexdigest()
     assert layer_source._measure(blob, right) == len(layer)
+    raw = layer_source._Gunzip(blob, "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest(), raw=True)
+    assert raw.read() == blob.read_bytes()  # a content-store blob: as it is, checked against its own digest
+    with pytest.raises(TransferError, match="is not layer"):
+        layer_source._Gunzip(blob, right, raw=True).read()
     g = layer_source._Gunzip(blob, right)
     got = b""
     while chunk := g.read(4096):
