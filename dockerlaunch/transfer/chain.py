@@ -7,7 +7,9 @@ start with its link's own random token (sent to each relay over SSH stdin), and 
 stream only after it matches the sha256 the launcher sends it over SSH once the last byte has left: a stranger,
 or a man in the middle who read a token off the wire, feeds nothing into `docker load` (the host then gets a
 star push). A link that never receives data within RECEIVE_TIMEOUT
-of its upstream finishing is given up (its host and those behind it get a star push), and a closed SSH
+of its upstream finishing is given up, and a host whose stream stopped short says so (relay.sh exits 9): both
+are `resumable`, their stages keep what arrived, and push.send_chain sends them a second chain that starts
+where each stage ends. A closed SSH
 channel does not end `nc -l`, so every listener is killed, by the pid its relay reported, when the chain ends,
 whatever happened. Links carry the image as plain TCP (the first hop is SSH): where that matters, push with
 `--strategy star` (every byte over SSH).

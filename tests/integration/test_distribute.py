@@ -654,8 +654,10 @@ def test_a_delta_bundle_carries_only_the_new_layers_and_needs_its_base(sim_clust
 
 
 def staged_bytes(remote) -> int:
-    r = remote.run(["sh", "-c", 'cat "$HOME"/.cache/dockerlaunch/push/*.tar 2>/dev/null | wc -c'])
-    return int(r.stdout.strip() or 0)
+    """Bytes the host has staged (every stage's size, by stat: the tests poll this while a push runs)."""
+    r = remote.run(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do [ -f "$f" ] && stat -c %s "$f"; '
+                    'done; true'])
+    return sum(int(x) for x in r.stdout.split())
 
 
 def test_a_push_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, engine, remotes, fresh_image,

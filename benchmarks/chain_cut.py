@@ -1,0 +1,145 @@
+"""A chain push to 4 hosts cut mid-link, and what resuming it sends again (issue 43, parts 3 and 4).
+
+Topology: this machine (the launcher) and 4 sim nodes (real sshd, real dockerd) in a chain: the launcher sends
+one copy to node1 over SSH, node1 relays to node2 over TCP, and so on. The links between nodes (each node's
+egress) can be shaped to a rate (`--rate 200mbit`: the hand pipeline moves ~25 MB/s on 2 cores, so 1 Gbit/s
+shaping limits nothing). The image is `--size-mb` of random bytes (incompressible: sent uncompressed).
+
+Each repeat, interleaved:
+  whole   the chain push to 4 empty hosts
+  cut     the same, with the link into node `--cut-node` cut (its listener killed) once that node has staged
+          `--at` of the stream: nodes before it load; it and those behind it get a second chain, headed by it
+          and fed over SSH from where its stage ends. "Resent" is what that second chain's head was sent;
+          "lacked" is the stream less what the cut node had staged. Goal: resent <= 1.1 x lacked.
+
+Run (root, dockerd up, e.g. after scripts/install-docker):
+  .venv/bin/python benchmarks/chain_cut.py [--size-mb 1024] [--runs 3] [--rate 200mbit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from distribute import random_image  # noqa: E402
+
+from dockerlaunch import sim  # noqa: E402
+from dockerlaunch.engine import engine  # noqa: E402
+from dockerlaunch.hosts.ssh import Remote  # noqa: E402
+from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
+from dockerlaunch.job.config import load_config  # noqa: E402
+from dockerlaunch.sim import shaping  # noqa: E402
+from dockerlaunch.transfer import push  # noqa: E402
+
+NODES = 4
+
+
+def drop(remote: Remote, ref: str) -> None:
+    remote.run(["sh", "-c", 'docker rmi -f "$1" >/dev/null 2>&1; rm -rf "$HOME/.cache/dockerlaunch/push"; true',
+                "sh", ref], timeout=300)
+
+
+def staged(remote: Remote) -> int:
+    r = remote.run(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do [ -f "$f" ] && stat -c %s "$f"; '
+                    'done; true'])
+    return sum(int(x) for x in r.stdout.split())
+
+
+def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rate", default="", help="each node's egress (the chain's links), e.g. 200mbit")
+    ap.add_argument("--cut-node", type=int, default=3, help="the node whose incoming link is cut (2..4)")
+    ap.add_argument("--at", type=float, default=0.4, help="cut once that node staged this share of the stream")
+    ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
+    ap.add_argument("--subnet", default="172.30.250.0/24")
+    args = ap.parse_args()
+    os.environ[push.STAGE_MIN_ENV] = "0"  # every chain host stages, whatever the image's size (a small --size-mb)
+    client = engine()
+    ref = f"dlbench/chain-{secrets.token_hex(4)}:1"
+    k = args.cut_node - 1
+    whole_s: list[float] = []
+    cut_s: list[float] = []
+    ratios: list[float] = []
+    resent_mb: list[float] = []
+    lacked_mb: list[float] = []
+    made = False
+    try:
+        random_image(client, ref, args.size_mb)
+        image = push.source_image(client, ref)
+        cfg = load_config(sim.create(nodes=NODES, cluster=args.cluster, subnet=args.subnet))
+        made = True
+        if args.rate:
+            shaping.shape(args.cluster, args.rate)
+        remotes = [Remote(resolve_target(h, cfg.ssh)) for h in cfg.hosts]
+        addresses = [r.target.hostname for r in remotes]
+
+        def chain() -> list:
+            return push.push(client, remotes, ref, compress="none", strategy="chain", addresses=addresses)
+
+        for run in range(args.runs):
+            for r in remotes:
+                drop(r, ref)
+            t0 = time.monotonic()
+            results = chain()
+            whole_s.append(time.monotonic() - t0)
+            assert all(x.status == "pushed" for x in results), results
+            stream = results[0].bytes_sent
+
+            for r in remotes:
+                drop(r, ref)
+            out: list = []
+            t0 = time.monotonic()
+            worker = threading.Thread(target=lambda got=out: got.append(chain()), daemon=True)
+            worker.start()
+            while staged(remotes[k]) < args.at * stream and worker.is_alive():
+                time.sleep(0.05)
+            remotes[k].run(["sh", "-c", "pkill -f '^nc -l' || true"])
+            worker.join()
+            cut_s.append(time.monotonic() - t0)
+            results = out[0]
+            assert all(x.status == "pushed" for x in results), results
+            detail = results[k].detail
+            m = re.search(r"stopped after (\d+) bytes", detail)
+            assert m and detail.startswith("chain again after a cut") and "star" not in detail, detail
+            kept = int(m.group(1))
+            resent, lacked = results[k].bytes_sent, stream - kept
+            ratios.append(resent / lacked)
+            resent_mb.append(resent / 1e6)
+            lacked_mb.append(lacked / 1e6)
+            print(f"run {run + 1}: whole {whole_s[-1]:.1f} s; cut at node{args.cut_node} after {kept / 1e6:.0f} MB of "
+                  f"{stream / 1e6:.0f} MB, resent {resent / 1e6:.0f} MB for {lacked / 1e6:.0f} MB lacked "
+                  f"({ratios[-1]:.3f} x), all pushed in {cut_s[-1]:.1f} s", flush=True)
+        print(f"\n{NODES} hosts, {args.size_mb} MiB image ({image.size / 1e9:.2f} GB), links "
+              f"{args.rate or 'unshaped'}, {args.runs} interleaved runs; median (spread):")
+        print("| figure | median (spread) |")
+        print("|---|---|")
+        print(f"| chain push, uncut | {spread(whole_s)} s |")
+        print(f"| chain push cut into node{args.cut_node} at {args.at:.0%}, resumed by a second chain | "
+              f"{spread(cut_s)} s |")
+        print(f"| bytes resent / bytes the hosts behind the cut lacked | {spread(ratios, '{:.3f}')} x "
+              f"({spread(resent_mb, '{:.0f}')} MB / {spread(lacked_mb, '{:.0f}')} MB) |")
+        return 0
+    finally:
+        if made:
+            sim.remove(args.cluster, quiet=True)
+        client.images.remove(ref, force=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
