@@ -27,7 +27,7 @@ from typing import IO, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dockerlaunch.errors import TransferError, describe_validation_error
+from dockerlaunch.errors import HostError, TransferError, describe_validation_error
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.tars import open_untrusted
 from dockerlaunch.transfer.streams import (
@@ -354,21 +354,17 @@ def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threadin
         if e.bytes < pushlib.stage_min():
             return plain(stream)
         key = hashlib.sha256(f"{remote.name} bundle {e.sha256}".encode()).hexdigest()[:32]
-        r = remote.run(["sh", "-c", pushlib.STAGE_PROBE, "sh", key, piece.expect_id], timeout=1200)
-        if not r.ok:
-            return r.exit_status, f"looking for a staged load failed: {r.last_line()}"
-        probe = pushlib.parse_stage_probe(r.stdout)
-        if probe.present_id == piece.expect_id:  # an earlier load finished after it was cut off
-            if probe.staged:
-                pushlib.remove_stage(remote, key)
+        try:
+            pick = pushlib.pick_stage(remote, key, piece.expect_id, e.bytes)
+        except HostError as err:
+            return err.exit_status or 1, f"looking for a staged load failed: {err.detail}"
+        if pick.delivered:  # an earlier load finished after it was cut off
             notes.append(f"{e.ref}: an earlier load had delivered it")
             return 0, "Loaded image ID: " + piece.expect_id
-        staged, why = pushlib.stage_choice(remote.name, e.bytes, probe)
-        if not staged:
-            if probe.staged:
-                pushlib.remove_stage(remote, key)
-            notes.append(f"{e.ref}: {why}")
+        if not pick.staged:
+            notes.append(f"{e.ref}: {pick.note}")
             return plain(stream)
+        probe = pick.probe
         offset = probe.staged if probe.staged and piece.prefix_sha256(probe.staged) == probe.digest else 0
         if offset:
             notes.append(f"{e.ref}: resumed at {offset / 1e6:.0f} MB staged on the host")

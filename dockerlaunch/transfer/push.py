@@ -317,6 +317,32 @@ def stage_key(t: HostTransfer) -> str:
     return hashlib.sha256(f"{t.host} {t.expect_id} {' '.join(sorted(t.skip_files))}".encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class StagePick:
+    """What one host's stage of one stream says before it is sent: the host has the image already (an earlier
+    push's load finished after its cut), or the stream is staged (`probe` holds the prefix to check) or not."""
+
+    delivered: bool
+    staged: bool
+    probe: StageProbe
+    note: str = ""  # why not staged
+
+
+def pick_stage(remote: Remote, key: str, expect_id: str, stream_bytes: int) -> StagePick:
+    """Probe one stream's stage on a host and choose (stage_choice); a stage that will not be used goes (its space
+    is the load's). Raises what the probe or the choice raise (a load that cannot fit: one line)."""
+    r = remote.check(["sh", "-c", STAGE_PROBE, "sh", key, expect_id], "looking for a staged push", timeout=1200)
+    probe = parse_stage_probe(r.stdout)
+    if probe.present_id == expect_id:
+        if probe.staged:
+            remove_stage(remote, key)
+        return StagePick(True, False, probe)
+    staged, why = stage_choice(remote.name, stream_bytes, probe)
+    if not staged and probe.staged:
+        remove_stage(remote, key)
+    return StagePick(False, staged, probe, why)
+
+
 def chain_key(t: HostTransfer) -> str:
     """A chain host's stage: the stream as it travels (compressed), never mixed with a star stage of the image."""
     import hashlib
@@ -388,32 +414,22 @@ def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[Hos
     stages: list[tuple[str, int, str]] = []  # key ("-": not staged), staged size, its sha256
     notes: dict[str, str] = {}
     if image.size >= stage_min():
-        def look(t: HostTransfer) -> StageProbe:
-            r = remotes[links.index(t)].check(["sh", "-c", STAGE_PROBE, "sh", chain_key(t), t.expect_id],
-                                              "looking for a staged push", timeout=1200)
-            return parse_stage_probe(r.stdout)
+        def look(t: HostTransfer) -> StagePick:
+            return pick_stage(remotes[links.index(t)], chain_key(t), t.expect_id, t.bytes_to_send)
 
         for i, (t, o) in enumerate(zip(links, each(look, links))):
-            try:
-                if not o.ok:
-                    raise o.error
-                probe = o.value
-                if probe.present_id == t.expect_id:  # an earlier push's load finished after it was cut off
-                    if probe.staged:
-                        remove_stage(remotes[i], chain_key(t))
-                    state, detail = _tag(remotes[i], image, t)
-                    results[t.host] = HostResult(t.host, state, f"{detail} (an earlier push had delivered it)")
-                    continue
-                staged, why = stage_choice(t.host, t.bytes_to_send, probe)
-            except DockerlaunchError as e:
-                results[t.host] = HostResult(t.host, PushState.FAILED, str(e)[:300])
+            if not o.ok:
+                results[t.host] = HostResult(t.host, PushState.FAILED, str(o.error)[:300])
                 continue
-            if not staged and probe.staged:
-                remove_stage(remotes[i], chain_key(t))
-            if why:
-                notes[t.host] = f"; {why}"
+            pick: StagePick = o.value
+            if pick.delivered:
+                state, detail = _tag(remotes[i], image, t)
+                results[t.host] = HostResult(t.host, state, f"{detail} (an earlier push had delivered it)")
+                continue
+            if pick.note:
+                notes[t.host] = f"; {pick.note}"
             go.append(i)
-            stages.append((chain_key(t), probe.staged, probe.digest) if staged else ("-", 0, "-"))
+            stages.append((chain_key(t), pick.probe.staged, pick.probe.digest) if pick.staged else ("-", 0, "-"))
     else:
         go = list(range(len(links)))
         stages = [("-", 0, "-")] * len(links)
@@ -445,25 +461,21 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
     if staged:
         key = stage_key(t)
         try:
-            r = remote.check(["sh", "-c", STAGE_PROBE, "sh", key, t.expect_id], "looking for a staged push",
-                             timeout=1200)
-            probe = parse_stage_probe(r.stdout)
-            if probe.present_id == t.expect_id:  # an earlier push's load finished after it was cut off
-                state, detail = _tag(remote, image, t)
-                return HostResult(remote.name, state, f"{detail} (an earlier push had delivered it)")
-            staged, note = stage_choice(remote.name, t.bytes_to_send, probe)
+            pick = pick_stage(remote, key, t.expect_id, t.bytes_to_send)
         except DockerlaunchError as e:
             return HostResult(remote.name, PushState.FAILED, str(e)[:300])
+        if pick.delivered:
+            state, detail = _tag(remote, image, t)
+            return HostResult(remote.name, state, f"{detail} (an earlier push had delivered it)")
+        staged, note = pick.staged, pick.note
         if staged:
-            offset, chunks = _resume_point(client, image, t, probe)
+            offset, chunks = _resume_point(client, image, t, pick.probe)
             if mode == "zstd":
                 from dockerlaunch.transfer.streams import zstd_chunks
 
                 chunks = zstd_chunks(chunks)
             extra = [key, str(offset)]
         else:
-            if probe.staged:  # a prefix that will not be used: its space is the load's
-                remove_stage(remote, key)
             note = f"; {note}"
     if not staged:
         chunks = outgoing(client, image, set(t.skip_files), mode)
