@@ -181,36 +181,31 @@ def engine_reads() -> int:
 
 @contextlib.contextmanager
 def local_containerd_engine(client, root: Path):
-    """A second engine on this machine, Docker 28 with containerd's image store (the store Docker 29 makes the
-    default), run from the sim's own 28 node image (the binaries users' Debian hosts get): a launcher whose engine
-    keeps images in containerd's store, without changing this machine's engine. Yields its DOCKER_HOST. Root only
-    (dockerd); stopped and its folder removed at the end."""
+    """A second engine for the launcher, Docker 28 with containerd's image store (the store Docker 29 makes the
+    default), from the sim's own 28 node image: a container sharing this machine's network and pid namespace (so
+    the launcher's registry on 127.0.0.1 is its 127.0.0.1, and `engine_reads` counts its dockerd and containerd),
+    its socket in `root` for the docker group. Yields its DOCKER_HOST; the container and its data go at the end."""
     import docker
 
     from dockerlaunch.sim import images as sim_images
-    from dockerlaunch.sim.layout import ENGINES
+    from dockerlaunch.sim.layout import ENGINES, NODE_CAPS
 
-    if os.geteuid() != 0:
-        pytest.fail("a second dockerd needs root: run the suite as scripts/test does (root, with its own dockerd)")
     nodes, _ = sim_images.ensure_images(client, kinds=[ENGINES["28-containerd"]])
-    image = nodes["28-containerd"]
-    bins = root / "bin"
-    bins.mkdir(parents=True)
-    box = client.containers.create(image, entrypoint=["true"])
-    try:
-        for path in ("/usr/sbin/dockerd", "/usr/bin/containerd", "/usr/bin/containerd-shim-runc-v2", "/usr/bin/runc",
-                     "/usr/bin/docker-init"):
-            subprocess.run(["docker", "cp", "-L", f"{box.id}:{path}", str(bins)], check=True, capture_output=True)
-    finally:
-        box.remove(force=True)
-    (root / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}\n')
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
+    name = f"dlt-c8d-{secrets.token_hex(3)}"
+    data = client.volumes.create(name)
+    gid = os.stat("/var/run/docker.sock").st_gid if os.path.exists("/var/run/docker.sock") else 0
+    start = ('mkdir -p /etc/docker && echo \'{"features": {"containerd-snapshotter": true}}\' > /etc/docker/daemon.json'
+             ' && exec dockerd -H unix:///run/c8d/docker.sock --group "$1" --bridge none --iptables=false'
+             ' --ip6tables=false --exec-root /run/c8d-exec --pidfile /run/c8d-exec/dockerd.pid')
+    box = client.containers.run(
+        nodes["28-containerd"], ["-c", start, "sh", str(gid)], entrypoint=["sh"], name=name, detach=True,
+        network_mode="host", pid_mode="host", cgroupns="host", init=True, cap_add=list(NODE_CAPS),
+        security_opt=["seccomp=unconfined", "apparmor=unconfined"], device_cgroup_rules=["a *:* rwm"],
+        volumes={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                 data.name: {"bind": "/var/lib/docker", "mode": "rw"}, str(root): {"bind": "/run/c8d", "mode": "rw"}})
     host = f"unix://{root}/docker.sock"
-    log = open(root / "dockerd.log", "wb")
-    proc = subprocess.Popen(
-        [str(bins / "dockerd"), "--config-file", str(root / "daemon.json"), "--data-root", str(root / "data"),
-         "--exec-root", str(root / "exec"), "-H", host, "--pidfile", str(root / "dockerd.pid"), "--bridge", "none",
-         "--iptables=false", "--ip6tables=false"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PATH": f"{bins}:{os.environ['PATH']}"})
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -218,19 +213,12 @@ def local_containerd_engine(client, root: Path):
                 info = docker.DockerClient(base_url=host).info()
                 break
             except docker.errors.DockerException:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    why = (root / "dockerd.log").read_text()[-800:]
-                    pytest.fail(f"the containerd-store dockerd did not start: {why}")
+                box.reload()
+                if box.status != "running" or time.monotonic() > deadline:
+                    pytest.fail(f"the containerd-store dockerd did not start: {box.logs()[-800:]!r}")
                 time.sleep(0.3)
         assert "io.containerd.snapshotter" in str(info.get("DriverStatus")), info.get("DriverStatus")
         yield host
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-        log.close()
-        subprocess.run(["umount", "-R", str(root / "exec")], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+        box.remove(force=True)
+        data.remove(force=True)

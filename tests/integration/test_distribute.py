@@ -231,6 +231,20 @@ def test_thin_repush_sends_only_the_changed_layer(sim_cluster, engine, remotes, 
         engine.images.remove(top, force=True)
 
 
+def push_counting_reads(monkeypatch, cfg: str, host: str, ref: str, **env: str) -> tuple[str, int]:
+    """`push REF` to one host (star, uncompressed) with `env` set for it: its output, and the bytes the launcher's
+    engines read meanwhile."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    before = engine_reads()
+    r = dl("push", ref, "--config", cfg, "--hosts", host, "--compress", "none", "--strategy", "star")
+    read = engine_reads() - before
+    for k in env:
+        monkeypatch.delenv(k)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout, read
+
+
 def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_cluster, engine, remotes, fresh_image,
                                                                         tmp_path, monkeypatch):
     """issue 43: after a bump the launcher's engine reads about the new layer's bytes, not the image's: the engine
@@ -249,16 +263,9 @@ def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_clu
     cfg = str(sim_cluster[1])
 
     def push(ref: str, **env) -> tuple[str, int]:
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        before = engine_reads()
-        r = dl("push", ref, "--config", cfg, "--hosts", host, "--compress", "none", "--strategy", "star")
-        read = engine_reads() - before
-        for k in env:
-            monkeypatch.delenv(k)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert ids_on_nodes(remotes[:1], ref) == [engine.images.get(ref).id], r.stdout
-        return r.stdout, read
+        out, read = push_counting_reads(monkeypatch, cfg, host, ref, **env)
+        assert ids_on_nodes(remotes[:1], ref) == [engine.images.get(ref).id], out
+        return out, read
 
     try:
         push(base)  # the host has the base
@@ -316,15 +323,7 @@ def test_a_containerd_store_launcher_reads_only_the_new_layers_too(sim_cluster, 
         cfg = str(sim_cluster[1])
 
         def push(ref: str, **env) -> tuple[str, int]:
-            for k, v in env.items():
-                monkeypatch.setenv(k, v)
-            before = engine_reads()
-            r = dl("push", ref, "--config", cfg, "--hosts", node, "--compress", "none", "--strategy", "star")
-            read = engine_reads() - before
-            for k in env:
-                monkeypatch.delenv(k)
-            assert r.returncode == 0, r.stdout + r.stderr
-            return r.stdout, read
+            return push_counting_reads(monkeypatch, cfg, node, ref, **env)
 
         try:
             push(base)
