@@ -310,11 +310,13 @@ def stage_min() -> int:
 
 
 def stage_key(t: HostTransfer) -> str:
-    """One staged file per stream and host: the image as this host gets it (its ID and the layers left out)."""
+    """One staged file per stream and host: the image as this host gets it (its ID, the layers left out, and the
+    compression: a stage holds the stream as it travels)."""
     import hashlib
 
     # the host too: where homes are shared storage that was not recognised, two hosts still never share a file
-    return hashlib.sha256(f"{t.host} {t.expect_id} {' '.join(sorted(t.skip_files))}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{t.host} {t.expect_id} {' '.join(sorted(t.skip_files))} {t.compression}".encode()
+                          ).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -391,14 +393,11 @@ def resume_points(fresh: Callable[[], Iterator[bytes]], prefixes: list[tuple[int
 
 
 def _resume_point(client, image: LocalImage, t: HostTransfer, probe: StageProbe) -> tuple[int, Iterator[bytes]]:
-    """(offset, the stream's chunks after it): the host's staged prefix is used when its bytes are this
-    stream's own (sha256 of the same prefix, computed here from a fresh save), else the stream starts at 0."""
-    from dockerlaunch.transfer.streams import image_chunks, source_chunks
-
-    def fresh() -> Iterator[bytes]:
-        return image_chunks(source_chunks(client, image, set(t.skip_files)), image, set(t.skip_files))
-
-    offsets, chunks, _ = resume_points(fresh, [(probe.staged, probe.digest)])
+    """(offset, the stream's chunks after it, compressed as it travels): the host's staged prefix is used when its
+    bytes are this stream's own (sha256 of the same prefix, computed here from a fresh stream: zstd's output is the
+    same for the same input, however it is chunked and however many threads make it), else the stream starts at 0."""
+    offsets, chunks, _ = resume_points(lambda: outgoing(client, image, set(t.skip_files), t.compression or "none"),
+                                       [(probe.staged, probe.digest)])
     return offsets[0], chunks
 
 
@@ -407,8 +406,6 @@ def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[Hos
     """A chain push (chain.push_chain) whose hosts keep what they receive, from STAGE_MIN bytes, as a star
     push's do: a chain cut anywhere (a link, a relay, the launcher) leaves each host the prefix it got, and the
     next chain over them sends each only the rest. A host whose load finished after the cut is only tagged."""
-    from dockerlaunch.transfer.streams import outgoing
-
     results: dict[str, HostResult] = {}
     go: list[int] = []
     stages: list[tuple[str, int, str]] = []  # key ("-": not staged), staged size, its sha256
@@ -470,10 +467,6 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
         staged, note = pick.staged, pick.note
         if staged:
             offset, chunks = _resume_point(client, image, t, pick.probe)
-            if mode == "zstd":
-                from dockerlaunch.transfer.streams import zstd_chunks
-
-                chunks = zstd_chunks(chunks)
             extra = [key, str(offset)]
         else:
             note = f"; {note}"

@@ -1,7 +1,7 @@
 #!/bin/sh
 # One host of a star push: SSH stdin (a `docker save <id>` tar, maybe zstd) -> docker load -> check the
 # Image ID -> only then set the tag. A broken stream never moves the tag.
-# With KEY, the stream is also staged (uncompressed) in $HOME/.cache/dockerlaunch/push/KEY.tar as it arrives:
+# With KEY, the stream is also staged (as it travels: zstd stays zstd) in $HOME/.cache/dockerlaunch/push/KEY.tar as it arrives:
 # a push cut off (the link, the launcher killed) leaves its prefix there, and the next push of the same stream
 # sends only the rest (OFFSET: the bytes it found staged and checked); docker load reads the staged prefix,
 # then the new bytes. The staged file goes once the image is tagged; staged files older than 7 days go too.
@@ -15,7 +15,7 @@ staged=
 . ./stage.sh  # included when shipped (transfer.script)
 if [ -n "$key" ]; then
   open_stage "$key" "$offset"
-  out=$({ cat "$staged"; dec | tee -a "$staged"; } | docker load 2>&1)
+  out=$({ cat "$staged"; tee -a "$staged"; } | dec | docker load 2>&1)
 else
   out=$(dec | docker load 2>&1)
 fi
