@@ -613,7 +613,8 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
 def push(client, remotes: list[Remote], ref: str, compress: str = "auto", reporter: Reporter | None = None,
          thin: bool = True, strategy: str = "auto", addresses: list[str] | None = None) -> list[HostResult]:
     """Observe, plan and apply: star (the launcher streams to every host) or chain (one copy leaves the
-    launcher, each host relays it to the next); hosts a broken chain did not reach get a star push."""
+    launcher, each host relays it to the next); hosts a cut chain left get a second chain that sends each only
+    what it lacks, and hosts a chain could not reach get a star push."""
     image = source_image(client, ref)
     plan, views, layers = observe_and_plan(client, remotes, image, addresses=addresses, strategy=strategy,
                                     compress=compress, thin=thin)
