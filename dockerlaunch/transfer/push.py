@@ -438,10 +438,12 @@ def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[Hos
         chained = push_chain(client, [remotes[i] for i in go], image, [links[i] for i in go], on_bytes=on_bytes,
                              stages=[(key, off) for (key, _, _), off in zip(stages, offsets)], chunks=chunks,
                              sha=sha)
-        for r, off in zip(chained, offsets):
+        for i, r, (key, _, _), off in zip(go, chained, stages, offsets):
             if r.status == PushState.PUSHED:
                 r.detail += f", resumed at {off / 1e6:.0f} MB staged on the host" if off else ""
                 r.detail += notes.get(r.host, "")
+            elif key != "-" and not r.resumable and r.detail.startswith(("load failed", "loaded ", "after load")):
+                remove_stage(remotes[i], key)  # it all arrived and did not load (a full disk?): the stage goes
             results[r.host] = r
     return [results[t.host] for t in links]
 
