@@ -9,9 +9,10 @@ of --top-mb random bytes (an ms-swift bump's shape), and measures, interleaved:
 
 each with wall time, the launcher engine's reads (rchar of this machine's dockerd and containerd) and the
 launcher's CPU seconds (this process and its children). Before the repeats, the first thin push of the lineage
-fills the launcher's registry with OLD's layers (once per base; reported on its own). zstd, star, unshaped.
+fills the launcher's registry with OLD's layers (once per base; reported on its own). zstd, star; with --rate the
+launcher's uplink (the sim bridge) and the node's egress are shaped (tc tbf) once OLD is on the node.
 
-  .venv/bin/python benchmarks/thin_push.py --old IMAGE [--top-mb 256] [--runs 3]
+  .venv/bin/python benchmarks/thin_push.py --old IMAGE [--top-mb 256] [--runs 3] [--rate 100mbit]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from distribute import tc  # noqa: E402
 from ship import drop  # noqa: E402
 
 from dockerlaunch import sim  # noqa: E402
@@ -77,6 +79,7 @@ def main() -> int:
     ap.add_argument("--routes", default="registry,save,alone",
                     help="which to measure (save needs the image's size again free: 20.10's docker save writes "
                          "a temporary copy under /var/lib/docker)")
+    ap.add_argument("--rate", default="", help="shape the launcher's uplink and the node's egress, e.g. 100mbit")
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
     ap.add_argument("--subnet", default="172.30.252.0/24")
     args = ap.parse_args()
@@ -94,6 +97,7 @@ def main() -> int:
     routes = args.routes.split(",")
     rows: dict[str, list[tuple[float, int, float, object]]] = {k: [] for k in routes}
     remote = None
+    bridge = ""
     try:
         cfg = load_config(sim.create(nodes=1, cluster=args.cluster, subnet=args.subnet))
         remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
@@ -101,6 +105,10 @@ def main() -> int:
         r = push.push_to_host(client, remote, old, compress="zstd", thin=False)
         assert r.status == "pushed", r
         os.environ.pop(push.STAGE_MIN_ENV)
+        if args.rate:
+            bridge = "br-" + client.networks.get(sim.network_name(args.cluster)).id[:12]
+            tc(bridge, args.rate)
+            sim.shape(args.cluster, args.rate)
 
         def thin(ref: str, source: str):
             os.environ[layer_source.MODE_ENV] = source
@@ -136,6 +144,8 @@ def main() -> int:
             print("  ".join(f"{k}: {v[-1][0]:.1f} s, read {v[-1][1] / 1e9:.2f} GB, {v[-1][2]:.1f} CPU-s"
                             for k, v in rows.items()), flush=True)
     finally:
+        if bridge:
+            tc(bridge, None)
         if remote is not None:
             drop(remote, args.old, *made)
             remote.close()
@@ -145,12 +155,15 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(os.environ["DOCKERLAUNCH_CACHE_DIR"], ignore_errors=True)
     med = {k: statistics.median(t for t, _, _, _ in v) for k, v in rows.items()}
-    print(f"\nOLD {args.old} ({old.size / 1e9:.2f} GB); NEW = OLD + {args.top_mb} MiB; median of {args.runs}")
+    print(f"\nOLD {args.old} ({old.size / 1e9:.2f} GB); NEW = OLD + {args.top_mb} MiB; links "
+          f"{args.rate or 'unshaped'}; median of {args.runs}")
     for k, v in rows.items():
         times = [t for t, _, _, _ in v]
+        sent = statistics.median(res.bytes_sent for _, _, _, res in v) / 1e9
         print(f"{k:9} {med[k]:6.1f} s (spread {min(times):.1f}-{max(times):.1f}), engine read "
               f"{statistics.median(r for _, r, _, _ in v) / 1e9:.2f} GB, "
-              f"{statistics.median(c for _, _, c, _ in v):.1f} CPU-s")
+              f"{statistics.median(c for _, _, c, _ in v):.1f} CPU-s, {sent:.2f} GB sent, "
+              f"{statistics.median(c / max(res.bytes_sent / 1e9, 1e-9) for _, _, c, res in v):.1f} CPU-s per GB sent")
     for a, b, goal in (("registry", "alone", " (goal <= 1.3)"), ("save", "alone", ""), ("registry", "save", "")):
         if a in med and b in med:
             print(f"{a} / {b} {med[a] / med[b]:.2f} x{goal}")
