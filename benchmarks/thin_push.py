@@ -9,10 +9,11 @@ of --top-mb random bytes (an ms-swift bump's shape), and measures, interleaved:
 
 each with wall time, the launcher engine's reads (rchar of this machine's dockerd and containerd) and the
 launcher's CPU seconds (this process and its children). Before the repeats, the first thin push of the lineage
-fills the launcher's registry with OLD's layers (once per base; reported on its own). zstd, star; with --rate the
-launcher's uplink (the sim bridge) and the node's egress are shaped (tc tbf) once OLD is on the node.
+fills the launcher's registry with OLD's layers (once per base; reported on its own). zstd, star; with --rates
+the launcher's uplink (the sim bridge) and the node's egress are shaped (tc tbf) once OLD is on the node, each
+repeat measuring every route at every rate in turn.
 
-  .venv/bin/python benchmarks/thin_push.py --old IMAGE [--top-mb 256] [--runs 3] [--rate 100mbit]
+  .venv/bin/python benchmarks/thin_push.py --old IMAGE [--top-mb 256] [--runs 3] [--rates 100mbit,200mbit]
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def main() -> int:
     ap.add_argument("--routes", default="registry,save,alone",
                     help="which to measure (save needs the image's size again free: 20.10's docker save writes "
                          "a temporary copy under /var/lib/docker)")
-    ap.add_argument("--rate", default="", help="shape the launcher's uplink and the node's egress, e.g. 100mbit")
+    ap.add_argument("--rates", default="", help="shape the launcher's uplink and the node's egress to each in turn, "
+                    "e.g. 100mbit,200mbit (default: unshaped)")
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
     ap.add_argument("--subnet", default="172.30.252.0/24")
     args = ap.parse_args()
@@ -95,7 +97,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dlbench-thin-"))
     made: list[str] = []
     routes = args.routes.split(",")
-    rows: dict[str, list[tuple[float, int, float, object]]] = {k: [] for k in routes}
+    rates = args.rates.split(",") if args.rates else [""]
+    rows: dict[str, list[tuple[float, int, float, object]]] = {f"{k} {r}".strip(): [] for r in rates for k in routes}
     remote = None
     bridge = ""
     try:
@@ -105,10 +108,11 @@ def main() -> int:
         r = push.push_to_host(client, remote, old, compress="zstd", thin=False)
         assert r.status == "pushed", r
         os.environ.pop(push.STAGE_MIN_ENV)
-        if args.rate:
-            bridge = "br-" + client.networks.get(sim.network_name(args.cluster)).id[:12]
-            tc(bridge, args.rate)
-            sim.shape(args.cluster, args.rate)
+        bridge = "br-" + client.networks.get(sim.network_name(args.cluster)).id[:12]
+
+        def shape(rate: str) -> None:
+            tc(bridge, rate or None)
+            sim.shape(args.cluster, rate or None)
 
         def thin(ref: str, source: str):
             os.environ[layer_source.MODE_ENV] = source
@@ -131,21 +135,24 @@ def main() -> int:
             nonce = secrets.token_hex(3)
             new, alone = build(tmp, args.old, nonce), build(tmp, "scratch", nonce)
             made += [new, alone]
-            if "registry" in rows:
-                rows["registry"].append(measured(lambda new=new: thin(new, "auto")))
-                drop(remote, new)
-            if "save" in rows:
-                rows["save"].append(measured(lambda new=new: thin(new, "save")))
-                drop(remote, new)
-            if "alone" in rows:
-                rows["alone"].append(measured(lambda alone=alone: push.push_to_host(
-                    client, remote, streams.local_image(client, alone), compress="zstd")))
-                drop(remote, alone)
+            for rate in rates:
+                shape(rate)
+                at = f" {rate}".rstrip()
+                if "registry" in routes:
+                    rows["registry" + at].append(measured(lambda new=new: thin(new, "auto")))
+                    drop(remote, new)
+                if "save" in routes:
+                    rows["save" + at].append(measured(lambda new=new: thin(new, "save")))
+                    drop(remote, new)
+                if "alone" in routes:
+                    rows["alone" + at].append(measured(lambda alone=alone: push.push_to_host(
+                        client, remote, streams.local_image(client, alone), compress="zstd")))
+                    drop(remote, alone)
             print("  ".join(f"{k}: {v[-1][0]:.1f} s, read {v[-1][1] / 1e9:.2f} GB, {v[-1][2]:.1f} CPU-s"
                             for k, v in rows.items()), flush=True)
     finally:
         if bridge:
-            tc(bridge, None)
+            tc(bridge, None)  # the node's egress goes with the cluster
         if remote is not None:
             drop(remote, args.old, *made)
             remote.close()
@@ -156,7 +163,7 @@ def main() -> int:
         shutil.rmtree(os.environ["DOCKERLAUNCH_CACHE_DIR"], ignore_errors=True)
     med = {k: statistics.median(t for t, _, _, _ in v) for k, v in rows.items()}
     print(f"\nOLD {args.old} ({old.size / 1e9:.2f} GB); NEW = OLD + {args.top_mb} MiB; links "
-          f"{args.rate or 'unshaped'}; median of {args.runs}")
+          f"{args.rates or 'unshaped'}; median of {args.runs}")
     for k, v in rows.items():
         times = [t for t, _, _, _ in v]
         sent = statistics.median(res.bytes_sent for _, _, _, res in v) / 1e9
@@ -164,9 +171,13 @@ def main() -> int:
               f"{statistics.median(r for _, r, _, _ in v) / 1e9:.2f} GB, "
               f"{statistics.median(c for _, _, c, _ in v):.1f} CPU-s, {sent:.2f} GB sent, "
               f"{statistics.median(c / max(res.bytes_sent / 1e9, 1e-9) for _, _, c, res in v):.1f} CPU-s per GB sent")
-    for a, b, goal in (("registry", "alone", " (goal <= 1.3)"), ("save", "alone", ""), ("registry", "save", "")):
-        if a in med and b in med:
-            print(f"{a} / {b} {med[a] / med[b]:.2f} x{goal}")
+    for rate in rates:
+        at = f" {rate}".rstrip()
+        for a, b, goal in (("registry", "alone", " (goal <= 1.3)"), ("save", "alone", ""), ("registry", "save", "")):
+            if a + at in med and b + at in med:
+                ratios = sorted(x[0] / y[0] for x, y in zip(rows[a + at], rows[b + at]))
+                print(f"{a} / {b}{at or ' unshaped'} {med[a + at] / med[b + at]:.2f} x{goal} "
+                      f"(per repeat {', '.join(f'{x:.2f}' for x in ratios)})")
     return 0
 
 
