@@ -131,11 +131,11 @@ def main() -> int:
               f"{rd / 1e9:.2f} GB, {c:.0f} CPU-s; {res.detail}", flush=True)
         drop(remote, first)
         for _ in range(args.runs):
-            layer_file(tmp, args.top_mb)
-            nonce = secrets.token_hex(3)
-            new, alone = build(tmp, args.old, nonce), build(tmp, "scratch", nonce)
-            made += [new, alone]
-            for rate in rates:
+            for rate in rates:  # a NEW of its own for each: the registry would hold an earlier NEW's layer
+                layer_file(tmp, args.top_mb)
+                nonce = secrets.token_hex(3)
+                new, alone = build(tmp, args.old, nonce), build(tmp, "scratch", nonce)
+                made += [new, alone]
                 shape(rate)
                 at = f" {rate}".rstrip()
                 if "registry" in routes:
