@@ -40,6 +40,7 @@ from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.sim import shaping  # noqa: E402
 from dockerlaunch.transfer import push  # noqa: E402
+from tests.integration.helpers import staged_bytes  # noqa: E402
 
 NODES = 4
 
@@ -47,12 +48,6 @@ NODES = 4
 def drop(remote: Remote, ref: str) -> None:
     remote.run(["sh", "-c", 'docker rmi -f "$1" >/dev/null 2>&1; rm -rf "$HOME/.cache/dockerlaunch/push"; true',
                 "sh", ref], timeout=300)
-
-
-def staged(remote: Remote) -> int:
-    r = remote.run(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do [ -f "$f" ] && stat -c %s "$f"; '
-                    'done; true'])
-    return sum(int(x) for x in r.stdout.split())
 
 
 def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
@@ -107,7 +102,7 @@ def main() -> int:
             t0 = time.monotonic()
             worker = threading.Thread(target=lambda got=out: got.append(chain()), daemon=True)
             worker.start()
-            while staged(remotes[k]) < args.at * stream and worker.is_alive():
+            while staged_bytes(remotes[k]) < args.at * stream and worker.is_alive():
                 time.sleep(0.05)
             remotes[k].run(["sh", "-c", "pkill -f '^nc -l' || true"])
             worker.join()

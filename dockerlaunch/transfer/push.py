@@ -411,10 +411,11 @@ def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[Hos
     stages: list[tuple[str, int, str]] = []  # key ("-": not staged), staged size, its sha256
     notes: dict[str, str] = {}
     if image.size >= stage_min():
-        def look(t: HostTransfer) -> StagePick:
-            return pick_stage(remotes[links.index(t)], chain_key(t), t.expect_id, t.bytes_to_send)
+        def look(i: int) -> StagePick:
+            t = links[i]
+            return pick_stage(remotes[i], chain_key(t), t.expect_id, t.bytes_to_send)
 
-        for i, (t, o) in enumerate(zip(links, each(look, links))):
+        for i, (t, o) in enumerate(zip(links, each(look, list(range(len(links)))))):
             if not o.ok:
                 results[t.host] = HostResult(t.host, PushState.FAILED, str(o.error)[:300])
                 continue

@@ -222,3 +222,10 @@ def local_containerd_engine(client, root: Path):
     finally:
         box.remove(force=True)
         data.remove(force=True)
+
+
+def staged_bytes(remote) -> int:
+    """Bytes the host has staged (every stage's size, by stat: tests and benchmarks poll this while a push runs)."""
+    r = remote.run(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do [ -f "$f" ] && stat -c %s "$f"; '
+                    'done; true'])
+    return sum(int(x) for x in r.stdout.split())

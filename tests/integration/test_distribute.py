@@ -17,7 +17,7 @@ from dockerlaunch.backends.docker.doctor.observations import listening_ports
 from dockerlaunch.transfer import chain, push
 from dockerlaunch.transfer.push import push_to_host
 from dockerlaunch.transfer.streams import TransferError, chain_ids, local_image
-from tests.integration.helpers import engine_reads, nc_listeners
+from tests.integration.helpers import engine_reads, nc_listeners, staged_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -651,13 +651,6 @@ def test_a_delta_bundle_carries_only_the_new_layers_and_needs_its_base(sim_clust
     finally:
         remotes[0].run(["docker", "rmi", "-f", new_tag, old])
         engine.images.remove(new_tag, force=True)
-
-
-def staged_bytes(remote) -> int:
-    """Bytes the host has staged (every stage's size, by stat: the tests poll this while a push runs)."""
-    r = remote.run(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do [ -f "$f" ] && stat -c %s "$f"; '
-                    'done; true'])
-    return sum(int(x) for x in r.stdout.split())
 
 
 def test_a_push_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, engine, remotes, fresh_image,
