@@ -9,7 +9,7 @@ Each repeat, at each rate, interleaved:
 
 with wall time and the launcher's CPU seconds (this process and its children) per GB of image.
 
-  .venv/bin/python benchmarks/full_push.py [--size-mb 1024] [--runs 3] [--rates 100mbit,200mbit]
+  .venv/bin/python benchmarks/full_push.py [--size-mb 1024 | --image REF] [--runs 3] [--rates 100mbit,200mbit]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from dockerlaunch.transfer import push, streams  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--image", default="", help="push this local image instead of a random one (kept after)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rates", default="100mbit,200mbit")
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
@@ -48,13 +50,17 @@ def main() -> int:
     args = ap.parse_args()
     os.environ[push.STAGE_MIN_ENV] = "0"  # staged, as a big image's push is
     client = engine()
-    ref = f"dlbench/full-{secrets.token_hex(4)}:1"
+    ref = args.image or f"dlbench/full-{secrets.token_hex(4)}:1"
     rates = args.rates.split(",")
     got: dict[tuple[str, str], list[tuple[float, float]]] = {(w, r): [] for r in rates for w in ("hand", "push")}
     remote, bridge = None, ""
     try:
-        random_image(client, ref, args.size_mb)
+        if not args.image:
+            random_image(client, ref, args.size_mb)
         image = streams.local_image(client, ref)
+        free = shutil.disk_usage("/var/lib/docker").free
+        if free < 2 * image.size:  # the node's copy, its stage (compressed) and the save's temporary copy
+            raise SystemExit(f"{free / 1e9:.0f} GB free; this needs about {2 * image.size / 1e9:.0f} GB")
         cfg = load_config(sim.create(nodes=1, cluster=args.cluster, subnet=args.subnet))
         remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
         hand = f"docker save {image.id} | zstd -q -T0 | {' '.join(ssh_argv(cfg, remote))} 'zstd -dc | docker load'"
@@ -89,9 +95,11 @@ def main() -> int:
             drop(remote, ref)
             remote.close()
         sim.remove(args.cluster, quiet=True)
-        subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
+        if not args.image:
+            subprocess.run(["docker", "rmi", "-f", ref], capture_output=True)
     gb = image.size / 1e9
-    print(f"\nimage: {args.size_mb} MiB of random bytes ({gb:.2f} GB); one sim node; {args.runs} interleaved repeats")
+    what = args.image or f"{args.size_mb} MiB of random bytes"
+    print(f"\nimage: {what} ({gb:.2f} GB); one sim node; {args.runs} interleaved repeats")
     print("| rate | hand pipeline | push (staged, zstd) | push / hand | launcher CPU-s per GB (hand / push) |")
     print("|---|---|---|---|---|")
     for rate in rates:

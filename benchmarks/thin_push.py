@@ -6,10 +6,14 @@ of --top-mb random bytes (an ms-swift bump's shape), and measures, interleaved:
   registry   thin push of NEW onto the node, the new layer read through the launcher's registry (the default)
   save       the same push with DOCKERLAUNCH_LAYER_SOURCE=save (docker save reads the whole image; today's route)
   alone      a full push of an image made of exactly that new layer (FROM scratch, the same bytes): the goal's basis
+  pull       the anchor: the engine's own push of NEW into the launcher's registry, then `docker pull` on the node
+             through an SSH port forward (registry_pull.py); NEW of its own, so the registry lacks its layer
 
 each with wall time, the launcher engine's reads (rchar of this machine's dockerd and containerd) and the
 launcher's CPU seconds (this process and its children). Before the repeats, the first thin push of the lineage
-fills the launcher's registry with OLD's layers (once per base; reported on its own). zstd, star; with --rates
+fills the launcher's registry with OLD's layers (once per base; reported on its own); with the pull route, the
+node's first pull after OLD's `docker load` is reported on its own too (moby#46664: a classic engine downloads
+every layer again). zstd, star; with --rates
 the launcher's uplink (the sim bridge) and the node's egress are shaped (tc tbf) once OLD is on the node, each
 repeat measuring every route at every rate in turn.
 
@@ -28,12 +32,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from distribute import tc  # noqa: E402
+from registry_pull import into_registry, launcher_registry, pull  # noqa: E402
 from ship import drop  # noqa: E402
 
 from dockerlaunch import sim  # noqa: E402
@@ -43,6 +49,12 @@ from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.transfer import layer_source, push, streams  # noqa: E402
 from tests.integration.helpers import engine_reads  # noqa: E402
+
+
+@dataclass
+class Pulled:
+    bytes_sent: int  # what the registry served
+    detail: str
 
 
 def cpu() -> float:
@@ -90,7 +102,8 @@ def main() -> int:
     client = engine()
     old = streams.local_image(client, args.old)
     free = shutil.disk_usage("/var/lib/docker").free
-    need = (3.6 if "save" in args.routes else 2.6) * old.size  # the node's copy and its load's, the registry
+    # the node's copy and its load's, the registry (and the download of a first pull after a load)
+    need = ((3.6 if "save" in args.routes else 2.6) + (0.5 if "pull" in args.routes else 0)) * old.size
     if free < need:
         raise SystemExit(f"{free / 1e9:.0f} GB free; this needs about {need / 1e9:.0f} GB")
     os.environ["DOCKERLAUNCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="dlbench-thin-cache-")  # an empty registry
@@ -123,6 +136,11 @@ def main() -> int:
             assert res.status == "pushed" and "thin:" in res.detail, res
             return res
 
+        def by_pull(ref: str) -> Pulled:
+            with launcher_registry() as (port, password):
+                seconds, served = pull(cfg, remote, port, password, into_registry(client, port, password, ref), ref)
+            return Pulled(served, f"pulled in {seconds:.1f} s")
+
         layer_file(tmp, args.top_mb)
         first = build(tmp, args.old, secrets.token_hex(3))
         made.append(first)
@@ -130,6 +148,11 @@ def main() -> int:
         print(f"first thin push of the lineage (fills the launcher's registry with OLD): {t:.0f} s, engine read "
               f"{rd / 1e9:.2f} GB, {c:.0f} CPU-s; {res.detail}", flush=True)
         drop(remote, first)
+        if "pull" in routes:
+            t, rd, c, res = measured(lambda: by_pull(first))
+            print(f"first pull after OLD's docker load (unshaped; moby#46664): {t:.0f} s, {res.bytes_sent / 1e9:.2f}"
+                  f" GB served, engine read {rd / 1e9:.2f} GB, {c:.0f} CPU-s", flush=True)
+            drop(remote, first)
         for _ in range(args.runs):
             for rate in rates:  # a NEW of its own for each: the registry would hold an earlier NEW's layer
                 layer_file(tmp, args.top_mb)
@@ -148,6 +171,11 @@ def main() -> int:
                     rows["alone" + at].append(measured(lambda alone=alone: push.push_to_host(
                         client, remote, streams.local_image(client, alone), compress="zstd")))
                     drop(remote, alone)
+                if "pull" in routes:
+                    pnew = build(tmp, args.old, nonce + "p")  # its own layer: the registry holds NEW's
+                    made.append(pnew)
+                    rows["pull" + at].append(measured(lambda pnew=pnew: by_pull(pnew)))
+                    drop(remote, pnew)
             print("  ".join(f"{k}: {v[-1][0]:.1f} s, read {v[-1][1] / 1e9:.2f} GB, {v[-1][2]:.1f} CPU-s"
                             for k, v in rows.items()), flush=True)
     finally:
@@ -173,7 +201,8 @@ def main() -> int:
               f"{statistics.median(c / max(res.bytes_sent / 1e9, 1e-9) for _, _, c, res in v):.1f} CPU-s per GB sent")
     for rate in rates:
         at = f" {rate}".rstrip()
-        for a, b, goal in (("registry", "alone", " (goal <= 1.3)"), ("save", "alone", ""), ("registry", "save", "")):
+        for a, b, goal in (("registry", "alone", " (goal <= 1.3)"), ("save", "alone", ""), ("registry", "save", ""),
+                           ("pull", "alone", ""), ("registry", "pull", "")):
             if a + at in med and b + at in med:
                 ratios = sorted(x[0] / y[0] for x, y in zip(rows[a + at], rows[b + at]))
                 print(f"{a} / {b}{at or ' unshaped'} {med[a + at] / med[b + at]:.2f} x{goal} "

@@ -71,7 +71,9 @@ def _print_push_plan(plan, output: str) -> None:
 @click.option("--strategy", type=click.Choice(["auto", "star", "chain"]), default="auto", show_default=True,
               help="star: the launcher streams to each host; chain: each host relays to the next over TCP "
                    "(every link carries one copy); auto: chain for 3+ hosts.")
-@click.option("--dry-run", is_flag=True, help="Inspect the hosts and print the per-host plan; send and tag nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Inspect the hosts and print the per-host plan; send and tag nothing. A thin plan reads the new "
+                   "layers as the push would (into the launcher's own registry), so the push after it finds them.")
 @click.option("--clean", is_flag=True,
               help="Send nothing: remove what cut pushes staged on the hosts (in $HOME/.cache/dockerlaunch/push; "
                    "a push run again would have resumed from it). Staged files also go after 7 days.")

@@ -55,7 +55,7 @@ from dockerlaunch.transfer.streams import (
 )
 
 MODE_ENV = "DOCKERLAUNCH_LAYER_SOURCE"  # auto (default): the registry where it can serve; save: always docker save
-CAP_ENV = "DOCKERLAUNCH_LAYER_CACHE_GB"  # the registry's storage is emptied before a push finds it over this
+CAP_ENV = "DOCKERLAUNCH_LAYER_CACHE_GB"  # after a push, the least recently used blobs go until the storage fits
 CAP_GB = 30
 REGISTRY = "docker-registry"
 REPO = "dockerlaunch/layers"
@@ -280,32 +280,78 @@ def _sizes() -> dict[str, int]:
         return {}
 
 
-def _cap() -> None:
-    """Keeps the registry's storage bounded the simple way: over the cap, it starts empty (the next thin push of
-    each lineage fills it again, as the first one did)."""
+def _limit() -> float:
     cap = os.environ.get(CAP_ENV, "")
-    limit = float(cap) * 1e9 if cap.replace(".", "", 1).isdigit() else CAP_GB * 1e9
-    store = root() / "store"
-    used = sum(p.stat().st_size for p in store.rglob("*") if p.is_file() and not p.is_symlink()) \
-        if store.is_dir() else 0
-    if used > limit:
-        shutil.rmtree(store, ignore_errors=True)
-        (root() / "sizes.json").unlink(missing_ok=True)
+    return float(cap) * 1e9 if cap.replace(".", "", 1).isdigit() else CAP_GB * 1e9
+
+
+def _blobs() -> list[tuple[Path, int, float]]:
+    """(folder, bytes, last used) of every blob in the registry's storage; a push touches the blobs it used."""
+    out = []
+    for data in (root() / "store" / "docker" / "registry" / "v2" / "blobs" / "sha256").glob("*/*/data"):
+        with contextlib.suppress(OSError):
+            st = data.stat()
+            out.append((data.parent, st.st_size, st.st_mtime))
+    return out
+
+
+def evictions(blobs: list[tuple[Path, int, float]], keep: set[str], free_up: float) -> list[Path]:
+    """The least recently used blobs not in `keep` (digests) whose bytes make up `free_up`, oldest first."""
+    out, freed = [], 0
+    for folder, size, _ in sorted(blobs, key=lambda b: b[2]):
+        if freed >= free_up:
+            break
+        if "sha256:" + folder.name not in keep:
+            out.append(folder)
+            freed += size
+    return out
+
+
+def _evict(free_up: float, keep: set[str] = frozenset()) -> None:
+    """Removes the least recently used blobs. The registry still lists a removed blob in its repository, but
+    asked for it (the engine's HEAD before it skips a layer) it answers unknown, so the engine pushes it again
+    when an image needs it: an evicted layer costs one more read, never a wrong stream (diff IDs are checked)."""
+    for folder in evictions(_blobs(), keep, free_up):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _clean_uploads() -> None:
+    """Upload folders a killed push left (none is running: the caller holds the lock)."""
+    repos = root() / "store" / "docker" / "registry" / "v2" / "repositories"
+    for uploads in repos.glob("**/_uploads"):
+        shutil.rmtree(uploads, ignore_errors=True)
+
+
+def _cap(keep: set[str]) -> None:
+    """Keeps the registry's storage under its cap (DOCKERLAUNCH_LAYER_CACHE_GB) after a push: the blobs that push
+    used are marked as just used, then the least recently used others go until the storage fits."""
+    now = time.time()
+    for digest in keep:
+        with contextlib.suppress(OSError):
+            os.utime(blob_path(digest), (now, now))
+    over = sum(size for _, size, _ in _blobs()) - _limit()
+    if over > 0:
+        _evict(over, keep)
 
 
 def registry_image(client, image: LocalImage) -> LocalImage:
     """The image with facts and layer blobs from the launcher's registry, after the engine's push into it (which
     reads only the layers the registry lacks). Raises TransferError when the registry cannot serve."""
     with _locked():
-        _cap()
+        _clean_uploads()
+        need = image.size + 2e9  # its gzip copy, with room to spare: the launcher's disk is never filled
+        if shutil.disk_usage(_private_root()).free < need:  # older layers make room, oldest first
+            _evict(need - shutil.disk_usage(_private_root()).free)
         free = shutil.disk_usage(_private_root()).free
-        if free < image.size + 2e9:  # its gzip copy, with room to spare: the launcher's disk is never filled
+        if free < need:
             raise TransferError(f"{free / 1e9:.1f} GB free for the launcher's registry in {root()}, "
                                 f"{image.size / 1e9:.1f} GB image")
         with _registry() as (port, password):
             manifest = _engine_push(client, image, port, password)
         if image.store != GRAPHDRIVER:
-            return _content_store_image(image, manifest)
+            got = _content_store_image(image, manifest)
+            _cap({got.facts.config.digest, *(b.digest for b in got.facts.layers)})
+            return got
         config, layers = manifest.get("config") or {}, manifest.get("layers") or []
         if config.get("digest") != image.id or len(layers) != len(image.diff_ids):
             raise TransferError(f"the launcher's registry holds another manifest for {image.ref} (config "
@@ -326,6 +372,7 @@ def registry_image(client, image: LocalImage) -> LocalImage:
         cfg = blob_path(image.id).read_bytes()
         if "sha256:" + hashlib.sha256(cfg).hexdigest() != image.id:
             raise TransferError(f"the launcher's registry blob {blob_path(image.id)} is not {image.ref}'s config")
+        _cap({image.id, *(str(layer.get("digest")) for layer in layers)})
     facts = SaveFacts(Blob(f"blobs/sha256/{image.id[7:]}", image.id, len(cfg), OCI_CONFIG), tuple(facts_layers),
                       image.platform)
     return replace(image, facts=facts, layer_blobs=tuple(blobs))

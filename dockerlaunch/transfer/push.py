@@ -592,8 +592,6 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
             except DockerlaunchError as e:
                 res = HostResult(t.host, PushState.FAILED, str(e))
             bar.done(str(res.status))
-            if t.host in chain_failed:
-                res.detail = f"star after the chain failed ({chain_failed[t.host][:160]}); {res.detail}"
             return res
 
         for t, o in zip(star, each(one, star, max_workers=STAR_WINDOW)):
@@ -610,6 +608,9 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
             res.detail = f"the thin stream was refused ({results[t.host].detail[:160]}); sent in full: {res.detail}"
             res.bytes_sent += results[t.host].bytes_sent
             results[t.host] = res
+    for host, why in chain_failed.items():  # said last: the refusal above reads the star push's own words
+        res = results.setdefault(host, HostResult(host, PushState.FAILED, "no star push was planned"))
+        res.detail = f"star after the chain failed ({why[:160]}); {res.detail}"
     return [results[t.host] for t in plan.hosts]
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from dockerlaunch.backends.docker.doctor.observations import listening_ports
-from dockerlaunch.transfer import chain, push
+from dockerlaunch.transfer import chain, layer_source, push
 from dockerlaunch.transfer.push import push_to_host
 from dockerlaunch.transfer.streams import TransferError, chain_ids, local_image
 from tests.integration.helpers import engine_reads, nc_listeners, staged_bytes
@@ -251,14 +251,15 @@ def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_clu
     """issue 43: after a bump the launcher's engine reads about the new layer's bytes, not the image's: the engine
     pushes into the launcher's registry (which holds the base from the first thin push), and the hosts' stream is
     made from its blobs. The same push through `docker save` (DOCKERLAUNCH_LAYER_SOURCE=save) reads the whole image:
-    the count can tell them apart."""
+    the count can tell them apart. Over its cap, the registry drops the least recently used blobs but the pushed
+    image's; a later image that needs a dropped layer has the engine push it again."""
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))  # a registry of this test's own
     base = fresh_image(mb=96)
     bumps = []
-    for _ in range(3):
+    for parent in (base, base, base, None):
         tag = f"dlt-dist/bump-{secrets.token_hex(3)}:1"
-        engine.images.build(fileobj=io.BytesIO(f"FROM {base}\nRUN head -c 8M /dev/urandom > /top-{tag[-8:-2]}\n"
-                                               .encode()), tag=tag, network_mode="host", rm=True)
+        engine.images.build(fileobj=io.BytesIO(f"FROM {parent or bumps[0]}\nRUN head -c 8M /dev/urandom > "
+                                               f"/top-{tag[-8:-2]}\n".encode()), tag=tag, network_mode="host", rm=True)
         bumps.append(tag)
     host = remotes[0].name
     cfg = str(sim_cluster[1])
@@ -272,12 +273,16 @@ def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_clu
         push(base)  # the host has the base
         out, _ = push(bumps[0])  # the first thin push fills the launcher's registry (the whole image, once)
         assert "thin: 3 of 4 layers already there (new layers read through the launcher's registry" in out, out
-        out, read = push(bumps[1])
+        out, read = push(bumps[1], DOCKERLAUNCH_LAYER_CACHE_GB="0")  # then all but this image's blobs go
         assert "thin: 3 of 4 layers already there (new layers read through the launcher's registry" in out, out
         assert read < 40 * 2**20, (read, out)  # ~8 MiB read; the image is 104 MiB
+        assert len(layer_source._blobs()) == 5  # its config and 4 layers: bumps[0]'s top layer went
         out, read_save = push(bumps[2], DOCKERLAUNCH_LAYER_SOURCE="save")
         assert "(docker save read the whole image (DOCKERLAUNCH_LAYER_SOURCE=save))" in out, out
         assert read_save > 96 * 2**20, (read_save, out)
+        out, read_again = push(bumps[3])  # on bumps[0], whose top layer the registry dropped: pushed again
+        assert "thin: 4 of 5 layers already there (new layers read through the launcher's registry" in out, out
+        assert read_again < 40 * 2**20, (read_again, out)  # the dropped 8 MiB and the new 8 MiB
         print(f"\n[thin] the launcher's engine read {read / 2**20:.1f} MiB through its registry, "
               f"{read_save / 2**20:.1f} MiB through docker save (image 104 MiB, new layer 8 MiB)")
     finally:
@@ -494,6 +499,41 @@ def test_a_relay_dying_mid_stream_is_resumed_by_a_second_chain(sim_cluster, engi
             rm.run(["sh", "-c", "pkill -f '^nc -l' || true"])
             rm.run(["docker", "rmi", "-f", ref, local_id])
             rm.run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
+
+
+def test_a_chain_head_whose_stream_arrived_but_did_not_load_loses_its_stage(sim_cluster, engine, remotes,
+                                                                              fresh_image, monkeypatch):
+    """A thin chain planned while both hosts had the base; the head loses it before the stream comes, so its load
+    of the whole stream fails (a layer it lacks). Its stage goes, as a star host's does (a stage of a stream that
+    cannot load is no prefix worth keeping), the tail loads, and the head gets the star fallback in full."""
+    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    monkeypatch.setenv(layer_source.MODE_ENV, "save")  # the stream's shape is the same; no registry to fill
+    base = fresh_image(mb=8)
+    top = f"dlt-dist/top-{secrets.token_hex(3)}:1"
+    engine.images.build(fileobj=io.BytesIO(f"FROM {base}\nRUN head -c 8M /dev/urandom > /top\n".encode()),
+                        tag=top, network_mode="host", rm=True)
+    top_id = engine.images.get(top).id
+    ips = [n.ip for n in sim_cluster[2]]
+    try:
+        assert dl("push", base, "--config", str(sim_cluster[1]), "--compress", "none").returncode == 0
+        image = local_image(engine, top)
+        plan, views, layers = push.observe_and_plan(engine, remotes, image, addresses=ips, strategy="chain",
+                                                    compress="none", thin=True)
+        assert [t.host for t in plan.sending(push.Strategy.CHAIN)] == [rm.name for rm in remotes], plan
+        assert all(t.skip_files for t in plan.hosts), plan  # thin: both had the base
+        remotes[0].check(["docker", "rmi", base], "removing the base on the head")
+        results = push.apply(engine, remotes, plan, views, layers, "none", True)
+        assert [r.status for r in results] == ["pushed", "pushed"], results
+        head = results[0].detail
+        assert head.startswith("star after the chain failed (load failed") and "thin stream was refused" in head, head
+        assert results[1].detail.startswith("chain"), results[1].detail
+        assert ids_on_nodes(remotes, top) == [top_id, top_id]
+        assert [staged_bytes(rm) for rm in remotes] == [0, 0]  # the head's chain stage went with its failed load
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", top, base])
+            rm.run(["sh", "-c", 'rm -rf "$HOME/.cache/dockerlaunch/push"'])
+        engine.images.remove(top, force=True)
 
 
 def test_a_chain_whose_launcher_was_killed_resumes_on_every_host(sim_cluster, engine, remotes, fresh_image,

@@ -3,6 +3,9 @@ streamed as the layer its diff ID names (real gzip, real files)."""
 
 import gzip
 import hashlib
+import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -67,18 +70,42 @@ def test_the_registry_answers_only_with_its_one_push_password(tmp_path, monkeypa
     assert sorted(p.name for p in (tmp_path / "cache" / "registry").iterdir()) == ["registry.log"]  # no password left
 
 
-def test_a_registry_over_its_cap_starts_empty(tmp_path, monkeypatch):
+def _blob(tmp_path, hexd: str, size: int, age: float):
+    data = layer_source.blob_path("sha256:" + hexd)
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b"x" * size)
+    os.utime(data, (time.time() - age, time.time() - age))
+    return data
+
+
+def test_a_registry_over_its_cap_drops_the_least_recently_used_blobs_but_never_the_pushed_images(tmp_path,
+                                                                                                 monkeypatch):
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path))
-    blob = tmp_path / "registry" / "store" / "docker" / "registry" / "v2" / "blobs" / "sha256" / "ab" / "x" / "data"
-    blob.parent.mkdir(parents=True)
-    blob.write_bytes(b"x" * 5000)
-    (tmp_path / "registry" / "sizes.json").write_text("{}")
-    monkeypatch.setenv(layer_source.CAP_ENV, "0.00001")  # 10 kB: kept
-    layer_source._cap()
-    assert blob.is_file()
-    monkeypatch.setenv(layer_source.CAP_ENV, "0.000001")  # 1 kB: emptied
-    layer_source._cap()
-    assert not (tmp_path / "registry" / "store").exists() and not (tmp_path / "registry" / "sizes.json").exists()
+    old, mid, new, used = (_blob(tmp_path, h * 64, 4000, age) for h, age in (("a", 300), ("b", 200), ("c", 100),
+                                                                            ("d", 400)))
+    upload = tmp_path / "registry" / "store" / "docker" / "registry" / "v2" / "repositories" / "r" / "_uploads" / "u"
+    upload.mkdir(parents=True)
+    (upload / "data").write_bytes(b"half a layer a killed push left")
+    monkeypatch.setenv(layer_source.CAP_ENV, "0.000016")  # 16 kB: all four fit
+    layer_source._cap(set())
+    assert all(p.is_file() for p in (old, mid, new, used))
+    monkeypatch.setenv(layer_source.CAP_ENV, "0.000009")  # 9 kB: two go, the oldest not just used
+    layer_source._cap({"sha256:" + "d" * 64})  # the push used d (the oldest): it is kept and now the newest
+    assert [p.is_file() for p in (old, mid, new, used)] == [False, False, True, True]
+    assert used.stat().st_mtime > new.stat().st_mtime
+    layer_source._clean_uploads()
+    assert not upload.parent.exists()
+    monkeypatch.setenv(layer_source.CAP_ENV, "0")  # nothing fits: all but what the push used go
+    layer_source._cap({"sha256:" + "c" * 64})
+    assert [p.is_file() for p in (new, used)] == [True, False]
+
+
+def test_evictions_take_the_oldest_first_until_enough_is_freed():
+    blobs = [(Path("/s") / h, size, mtime) for h, size, mtime in (("x", 10, 3), ("y", 10, 1), ("z", 10, 2))]
+    assert layer_source.evictions(blobs, set(), 15) == [Path("/s/y"), Path("/s/z")]
+    assert layer_source.evictions(blobs, {"sha256:y"}, 15) == [Path("/s/z"), Path("/s/x")]
+    assert layer_source.evictions(blobs, set(), 0) == []
+    assert layer_source.evictions(blobs, {"sha256:x", "sha256:y", "sha256:z"}, 100) == []
 
 
 def test_a_launcher_killed_outright_takes_its_registry_with_it(tmp_path):
