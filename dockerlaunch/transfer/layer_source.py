@@ -281,8 +281,12 @@ def _sizes() -> dict[str, int]:
 
 
 def _limit() -> float:
-    cap = os.environ.get(CAP_ENV, "")
-    return float(cap) * 1e9 if cap.replace(".", "", 1).isdigit() else CAP_GB * 1e9
+    cap = os.environ.get(CAP_ENV, "").strip()
+    if not cap:
+        return CAP_GB * 1e9
+    if not cap.replace(".", "", 1).isdigit():
+        raise TransferError(f"{CAP_ENV}={cap[:40]!r}: give the registry's cap in GB, e.g. {CAP_ENV}={CAP_GB}")
+    return float(cap) * 1e9
 
 
 def _blobs() -> list[tuple[Path, int, float]]:
@@ -337,6 +341,7 @@ def _cap(keep: set[str]) -> None:
 def registry_image(client, image: LocalImage) -> LocalImage:
     """The image with facts and layer blobs from the launcher's registry, after the engine's push into it (which
     reads only the layers the registry lacks). Raises TransferError when the registry cannot serve."""
+    _limit()  # a cap that is not a number says so before the engine pushes anything
     with _locked():
         _clean_uploads()
         need = image.size + 2e9  # its gzip copy, with room to spare: the launcher's disk is never filled

@@ -100,6 +100,14 @@ def test_a_registry_over_its_cap_drops_the_least_recently_used_blobs_but_never_t
     assert [p.is_file() for p in (new, used)] == [True, False]
 
 
+@pytest.mark.parametrize("bad", ["thirty", "-1", "1e3", "30GB"])
+def test_a_cap_that_is_not_a_number_is_named_with_the_fix(monkeypatch, bad):
+    monkeypatch.setenv(layer_source.CAP_ENV, bad)
+    with pytest.raises(TransferError) as e:
+        layer_source._limit()
+    assert str(e.value).startswith(f"{layer_source.CAP_ENV}={bad!r}: give the registry's cap in GB, e.g. "), e.value
+
+
 def test_evictions_take_the_oldest_first_until_enough_is_freed():
     blobs = [(Path("/s") / h, size, mtime) for h, size, mtime in (("x", 10, 3), ("y", 10, 1), ("z", 10, 2))]
     assert layer_source.evictions(blobs, set(), 15) == [Path("/s/y"), Path("/s/z")]
