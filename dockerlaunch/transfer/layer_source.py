@@ -68,12 +68,14 @@ def root() -> Path:
     return cache_root() / "registry"
 
 
-def unavailable(image: LocalImage) -> str | None:
-    """Why the registry cannot give this image's layers here; None when it can."""
+def unavailable(image: LocalImage, info: dict | None = None) -> str | None:
+    """Why the registry cannot give this image's layers here; None when it can. `info`: the engine's `docker info`."""
     if os.environ.get(MODE_ENV, "auto") == "save":
         return f"{MODE_ENV}=save"
     if os.environ.get("DOCKER_HOST", "unix://").split(":", 1)[0] not in ("unix", ""):
         return "the launcher's engine is not on this machine (DOCKER_HOST): it cannot reach 127.0.0.1 here"
+    if any(str(o).split(",")[0] == "name=rootless" for o in (info or {}).get("SecurityOptions") or []):
+        return "the launcher's engine is rootless: its 127.0.0.1 is not this machine's, where the registry listens"
     if not shutil.which(REGISTRY):
         return "no docker-registry on this machine (apt-get install docker-registry)"
     return None

@@ -143,7 +143,11 @@ def thin_source(client, image: LocalImage) -> LocalImage:
 
     if image.layer_blobs:
         return image
-    why = layer_source.unavailable(image)
+    try:
+        info = client.info()
+    except Exception:  # noqa: BLE001 - the engine's push says what is wrong, if anything
+        info = None
+    why = layer_source.unavailable(image, info)
     if why is None:
         t0 = time.monotonic()
         try:

@@ -18,6 +18,16 @@ def image(store=GRAPHDRIVER) -> LocalImage:
     return LocalImage("r:1", "sha256:" + "a" * 64, 1, ("sha256:" + "b" * 64,), store=store)
 
 
+def test_a_rootless_launcher_engine_is_named_as_the_reason(monkeypatch):
+    """`docker info` of a rootless engine (Docker 28 under rootlesskit): its loopback is its own namespace's."""
+    monkeypatch.delenv(layer_source.MODE_ENV, raising=False)
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    rootless = {"SecurityOptions": ["name=seccomp,profile=builtin", "name=rootless", "name=cgroupns"]}
+    assert "rootless" in layer_source.unavailable(image(), rootless)
+    assert layer_source.unavailable(image(), {"SecurityOptions": ["name=seccomp,profile=builtin", "name=cgroupns"]}
+                                    ) is None
+
+
 def test_where_the_registry_cannot_serve_it_says_why(monkeypatch):
     monkeypatch.setenv(layer_source.MODE_ENV, "save")
     assert layer_source.unavailable(image()) == "DOCKERLAUNCH_LAYER_SOURCE=save"
