@@ -347,9 +347,11 @@ def registry_image(client, image: LocalImage) -> LocalImage:
     with _locked():
         _clean_uploads()
         need = image.size + 2e9  # its gzip copy, with room to spare: the launcher's disk is never filled
-        if shutil.disk_usage(_private_root()).free < need:  # older layers make room, oldest first
-            _evict(need - shutil.disk_usage(_private_root()).free)
-        free = shutil.disk_usage(_private_root()).free
+        store = _private_root()
+        free = shutil.disk_usage(store).free
+        if free < need:  # older layers make room, oldest first
+            _evict(need - free)
+            free = shutil.disk_usage(store).free
         if free < need:
             raise TransferError(f"{free / 1e9:.1f} GB free for the launcher's registry in {root()}, "
                                 f"{image.size / 1e9:.1f} GB image")
