@@ -186,7 +186,7 @@ def cached_choice(entry: locks.Entry, tags) -> dict | None:
 def wheel_table(entry: locks.Entry, files: list[idx.IndexFile], tags, elfscan, cuobjdump: str | None,
                 costs: Costs, log: Callable[[str], None]) -> dict:
     """The entry's table: from the cache (by one of the lock's hashes), else made from the file chosen for the
-    stack's Python and platform (downloaded, hash-checked, read, deleted)."""
+    stack's Python and platform (downloaded or copied from --find-links, hash-checked as it comes, read, deleted)."""
     cached = cached_choice(entry, tags)
     if cached is not None:
         return cached
@@ -205,12 +205,13 @@ def wheel_table(entry: locks.Entry, files: list[idx.IndexFile], tags, elfscan, c
     work = Path(tempfile.mkdtemp(prefix=".wheel-", dir=root))
     t0 = time.monotonic()
     try:
+        # a find-links file too is copied while it is hashed and the copy is read: the path hashed to choose it
+        # may hold other bytes by the time it is opened again (issue 50, finding 7)
         local = not f.url.startswith(("http:", "https:"))
-        if local:
-            path = Path(f.url)
-        else:
+        if not local:
             log(f"{entry.name} {entry.version}: downloading {f.filename}")
-            path = idx.download(f, work)
+        path = idx.download(f, work)
+        if not local:
             costs.downloaded += path.stat().st_size
         table = read_wheel(path, entry, f.sha256, elfscan, cuobjdump, work)
         table["kind"] = "binary"

@@ -1,12 +1,18 @@
 """stacks check --binaries, its pure parts: where a wheel's member lands, which wheels can hold libraries, the
 recorded tables answering exactly as the files do, symbolic links of a made base, a registry base's share."""
 
+import ctypes
+import hashlib
 import json
 import os
+import threading
+import zipfile
 
 import pytest
 
 from dockerlaunch.images import binaries
+from dockerlaunch.images import index as idx
+from dockerlaunch.images import lock as locks
 from tests.unit.images.test_verify import elfscan, libs  # noqa: F401 - fixtures
 
 SCANNED = ("pkg/libdlcons.so", "pkg/libfakete.so", "pkg/libneedsgone.so", "pkg/libneedsv2.so", "pkg/libneedsglob.so",
@@ -100,3 +106,66 @@ def test_package_folders_follow_verifys_order(elfscan):  # noqa: F811
                                      "nvidia/nccl/lib/libnccl.so.2", "transformer_engine/libte.so")]
     assert binaries.package_dirs(site, paths, elfscan) == [f"{site}/torch/lib", f"{site}/nvidia/cu13/lib",
                                                            f"{site}/nvidia/nccl/lib"]
+
+
+IN_CLOSE_NOWRITE = 0x10
+
+
+def _swap_after_first_read(path, replacement, done: threading.Event) -> threading.Thread:
+    """A thread that replaces `path` by `replacement` the moment the first reader closes it (inotify: the kernel
+    says when the hash finished, no hook in the code under test)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0 or libc.inotify_add_watch(fd, str(path).encode(), IN_CLOSE_NOWRITE) < 0:
+        pytest.fail(f"inotify is needed for this test (errno {ctypes.get_errno()})")
+
+    def run():
+        try:
+            os.read(fd, 4096)  # blocks until the first close of a read-only open
+            os.replace(replacement, path)
+            done.set()
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _wheel(path, member: str, elf) -> str:
+    with zipfile.ZipFile(path, "w") as z:
+        z.write(elf, member)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_find_links_wheel_swapped_after_its_hash_is_not_read(tmp_path, monkeypatch, elfscan, libs):  # noqa: F811
+    """Issue 50, finding 7: the wheel hashed to pick it is the wheel whose tables are kept. Here the find-links
+    file is replaced the moment its hash closes it (while a second candidate is still being hashed): the check
+    must refuse the new bytes (or read the ones it hashed), never read them as the locked wheel."""
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+    links = tmp_path / "links"
+    links.mkdir()
+    target = links / "dlswap-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    sha = _wheel(target, "dlswap/_locked.so", libs / "pkg" / "libglob.so")
+    evil = tmp_path / "evil.whl"
+    _wheel(evil, "dlswap/_swapped.so", libs / "pkg" / "libdlcons.so")
+    decoy = links / "dlswap-1.0-cp312-cp312-manylinux_2_17_x86_64.whl"  # also a candidate: hashed after the target
+    with open(decoy, "wb") as f:
+        f.truncate(256 << 20)  # sparse: a quarter of a second of hashing, the window the swap lands in
+    entry = locks.Entry("dlswap", "1.0", (f"sha256:{sha}",), "train")
+    files = [idx.IndexFile(target.name, str(target), None), idx.IndexFile(decoy.name, str(decoy), None)]
+    swapped = threading.Event()
+    swapper = _swap_after_first_read(target, evil, swapped)
+    try:
+        table = binaries.wheel_table(entry, files, idx.target_tags("3.12"), elfscan, None, binaries.Costs(),
+                                     lambda msg: None)
+        refused = None
+    except idx.FetchError as e:
+        table, refused = None, str(e)
+    swapper.join(10)
+    assert swapped.is_set(), "the file was never read, so never swapped: the test proves nothing"
+    if refused is None:
+        assert sorted(table["objects"]) == ["dlswap/_locked.so"], \
+            f"read the swapped file's {sorted(table['objects'])} as the locked wheel sha256:{table['sha256'][:12]}"
+    else:
+        assert target.name in refused and "do not match the lock" in refused, refused
