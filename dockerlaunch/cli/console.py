@@ -6,6 +6,7 @@ The only module family allowed to import rich (an import rule checked by tests/u
 from __future__ import annotations
 
 import contextlib
+import re
 import shlex
 import sys
 import threading
@@ -28,6 +29,47 @@ from dockerlaunch.reporting import Reporter, Task, Tasks
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
 VERDICT_STYLE = {Verdict.PASS: "green", Verdict.WARN: "yellow", Verdict.FAIL: "bold red", Verdict.SKIP: "dim",
                  Verdict.ERROR: "bold magenta"}
+
+
+# C0 controls, DEL and C1 controls (0x80-0x9f: 0x9b is a one-byte CSI on some terminals), and the bidi overrides
+# that reorder what a line shows: anything that could move the cursor, erase, recolour, retitle, write the
+# clipboard (OSC 52) or disguise text
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_SHOWN = {"\x1b": "^[", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _shown(m: re.Match) -> str:
+    c = m.group()
+    return _SHOWN.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def host_text(s: object, newlines: bool = False, limit: int | None = None) -> str:
+    """A string from a host (or a file from one), safe to print: control characters shown as visible text (ESC as
+    `^[`, others as `\\xNN`), so a host cannot move the cursor, erase lines, forge a PASS row or write the
+    clipboard. `newlines`: keep line breaks (a message of several lines). `limit`: at most this many characters.
+
+    Every sink here (say, print_table, print_report, the error lines) passes what it prints through this and never
+    reads rich markup in it, so `[bold]` from a host stays literal text. JSON output keeps the raw value.
+    """
+    text = str(s)
+    cut = ""
+    if limit is not None and len(text) > limit:
+        text, cut = text[:limit], f"... ({len(text) - limit} more characters)"
+    if newlines:
+        return "\n".join(_UNSAFE.sub(_shown, line) for line in text.split("\n")) + cut
+    return _UNSAFE.sub(_shown, text) + cut
+
+
+def _cell(value: object) -> object:
+    """A table cell: a str is host text, shown literally; a rich Text (a style chosen here) keeps its style."""
+    if isinstance(value, Text):
+        return Text(host_text(value.plain, newlines=True), style=value.style)
+    return Text(host_text(value, newlines=True))
+
+
+def styled(text: str, style: str) -> Text:
+    """A table cell in a style chosen here (print_table shows a str cell literally, markup and all)."""
+    return Text(text, style=style)
 
 
 def console(stderr: bool = False) -> Console:
@@ -80,7 +122,8 @@ class RichReporter(Reporter):
 
     def say(self, msg: str, style: str = "bold") -> None:
         self.flush()
-        self.out.print(f"[dockerlaunch] {msg}", style=style, markup=False, highlight=False)
+        self.out.print(f"[dockerlaunch] {host_text(msg, newlines=True)}", style=style, markup=False,
+                       highlight=False)
 
     def line(self, rank: int, host: str, text: str) -> None:
         prefix = self._prefixes.get((rank, host))
@@ -129,15 +172,17 @@ class RichReporter(Reporter):
 def print_report(report: Report, out: Console) -> None:
     table = Table("host", "check", "verdict", "reason", box=None, pad_edge=False)
     for c in report.checks:
-        table.add_row(c.host, c.name, Text(str(c.status), style=VERDICT_STYLE[c.status]), Text(c.reason))
+        table.add_row(_cell(c.host), _cell(c.name), Text(str(c.status), style=VERDICT_STYLE[c.status]),
+                      _cell(c.reason))
     out.print(table)
-    out.print(report.summary(), highlight=False)
+    out.print(host_text(report.summary(), newlines=True), highlight=False, markup=False)
 
 
-def print_table(columns: list[str], rows: list[list[str]], out: Console | None = None) -> None:
+def print_table(columns: list[str], rows: list[list[str | Text]], out: Console | None = None) -> None:
+    """Cells are host text (a str is shown literally, never read as markup); style one with a rich Text."""
     table = Table(*columns, box=None)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(_cell(v) for v in row))
     (out or console()).print(table)
 
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from dockerlaunch.cli.console import RichReporter, print_table
+from dockerlaunch.cli.console import RichReporter, host_text, print_table
 from dockerlaunch.cli.main import cli, config_options, load, output_option
 
 
@@ -60,23 +60,40 @@ def dump(native: bool, out_dir: str | None, **kw) -> None:
 
     reporter = RichReporter()
     result = run(load(kw), out_dir=out_dir, native=native, reporter=reporter)
-    for line in result.summary:
-        reporter.say(line, "bold yellow" if line.startswith("odd one out") else "bold")
+    print_dump(result, reporter)
+    sys.exit(0 if any(hd.stacks for hd in result.hosts) and not result.errors else 1)
+
+
+# What `dump` prints of what the hosts and fr_trace's sandbox said (all of it is in summary.txt): at most
+# PRINTED_LINES lines of each kind (stack groups, notes, errors; 3 of fr_trace), each cut at PRINTED_CHARS
+PRINTED_LINES = 20
+PRINTED_CHARS = 300
+
+
+def print_dump(result, reporter) -> None:
+    """dump's summary on the terminal: host text escaped (console.host_text) and capped; summary.txt has it all."""
+    def say(lines: list[str], style, more: str) -> None:
+        for line in lines[:PRINTED_LINES]:
+            reporter.say(host_text(line, limit=PRINTED_CHARS), style(line))
+        if len(lines) > PRINTED_LINES:
+            reporter.say(f"... {len(lines) - PRINTED_LINES} more {more} in summary.txt", "dim")
+
+    say(result.summary, lambda line: "bold yellow" if line.startswith("odd one out") else "bold", "line(s)")
     notes: dict[str, list[str]] = {}  # the same note on every host is said once
     for hd in result.hosts:
         for note in hd.notes:
             notes.setdefault(note, []).append(f"host {hd.rank} ({hd.address})")
+    said = []
     for note, where in notes.items():
         who = "every host" if len(where) == len(result.hosts) > 1 else ", ".join(where)
-        reporter.say(f"{who}: {note}", "dim")
-    for e in result.errors:
-        reporter.say(e, "bold red")
+        said.append(f"{who}: {note}")
+    say(said, lambda _: "dim", "note(s)")
+    say(result.errors, lambda _: "bold red", "error(s)")
     if result.fr_analysis:  # fr_trace's verdict and whom the collective waits for
         lines = result.fr_analysis.strip().splitlines()
         for line in lines[:1] + [x for x in lines[1:] if x.startswith(("missing ranks", "collective:"))][:2]:
-            reporter.say(f"flight recorder: {line}", "bold yellow")
-    reporter.say(f"files: {result.folder}/ (summary.txt first)")
-    sys.exit(0 if any(hd.stacks for hd in result.hosts) and not result.errors else 1)
+            reporter.say(f"flight recorder: {host_text(line, limit=PRINTED_CHARS)}", "bold yellow")
+    reporter.say(f"files: {host_text(result.folder)}/ (summary.txt first)")
 
 
 def _print_result(r, reporter) -> None:
@@ -95,7 +112,7 @@ def _print_result(r, reporter) -> None:
     elif r.output_tail:
         reporter.say("the test job's last lines:", "bold red")
         for line in r.output_tail:
-            click.echo(line)
+            click.echo(host_text(line))
     if r.transport:
         for rank, address, t, _ in r.transport.hosts:
             if t is not None and t.seen:

@@ -8,7 +8,15 @@ import sys
 import click
 import yaml
 
-from dockerlaunch.cli.console import RichReporter, console, dry_run_view, print_report, print_table, render_plan
+from dockerlaunch.cli.console import (
+    RichReporter,
+    console,
+    dry_run_view,
+    host_text,
+    print_report,
+    print_table,
+    render_plan,
+)
 from dockerlaunch.cli.main import (
     CONTEXT,
     cli,
@@ -190,7 +198,7 @@ def status(output: str, log_dir: str, **kw) -> None:
     if attempts:
         click.echo(f"attempts of the latest run ({run}/):")
         for a in attempts:
-            click.echo(f"  {a.started.replace('T', ' ')}  {a.line()}")
+            click.echo(host_text(f"  {a.started.replace('T', ' ')}  {a.line()}"))
 
 
 @cli.command()

@@ -103,6 +103,15 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+class _HostTextFormatter(logging.Formatter):
+    """Library code logs what hosts said (sim, build, fetch): shown as text, never as terminal controls."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from dockerlaunch.cli.console import host_text
+
+        return host_text(super().format(record), newlines=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     from dockerlaunch.cli import diagnose, images, jobs, render, sim, transfer  # noqa: F401 - registers commands
 
@@ -112,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     log = logging.getLogger("dockerlaunch")
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(_HostTextFormatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
@@ -130,8 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="dockerlaunch", standalone_mode=False)
     except DockerlaunchError as e:
+        from dockerlaunch.cli.console import host_text
+
+        # a HostError quotes the host's own output: shown as text, never as terminal controls
         for line in str(e).splitlines() or [""]:  # several refusals at once: each its own `error:` line
-            click.echo(f"error: {line}", err=True)
+            click.echo(f"error: {host_text(line)}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

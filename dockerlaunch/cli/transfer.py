@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from dockerlaunch.cli.console import RichReporter, print_table
+from dockerlaunch.cli.console import RichReporter, host_text, print_table, styled
 from dockerlaunch.cli.main import cli, config_options, load, output_option, split_hosts
 from dockerlaunch.errors import DockerlaunchError
 
@@ -30,7 +30,7 @@ def _summary(results, output: str = "text") -> int:
     rows = []
     for r in results:
         style = {PushState.FAILED: "bold red", PushState.SKIPPED: "dim"}.get(r.status, "green")
-        rows.append([r.host, f"[{style}]{r.status}[/]", f"{r.bytes_sent / 1e6:.0f} MB" if r.bytes_sent else "",
+        rows.append([r.host, styled(str(r.status), style), f"{r.bytes_sent / 1e6:.0f} MB" if r.bytes_sent else "",
                      _took(r.seconds, r.stream_seconds), r.detail])
     print_table(["host", "result", "sent", "time", "detail"], rows)
     return 1 if failed else 0
@@ -127,7 +127,7 @@ def _clean(cfg, output: str) -> int:
     if output == "json":
         click.echo(json.dumps({"ok": not failed, "hosts": [c.__dict__ for c in done]}, indent=2))
         return 1 if failed else 0
-    rows = [[c.host, "[bold red]failed[/]" if c.error else "[green]cleaned[/]", str(c.files),
+    rows = [[c.host, styled("failed", "bold red") if c.error else styled("cleaned", "green"), str(c.files),
              f"{c.bytes / 1e6:.0f} MB", c.error or (f"{c.in_use} in use by a push now: kept" if c.in_use else "")]
             for c in done]
     print_table(["host", "result", "staged files removed", "freed", "detail"], rows)
@@ -160,7 +160,7 @@ def save(images: tuple[str, ...], out: str, base: str | None, split: str | None)
     bundle = bundlelib.save_bundle(engine(), list(images), Path(out), base=base)
     for e in bundle.images:
         delta = f"  delta on {e.base}" if e.needs else ""
-        click.echo(f"{e.ref}  {e.id[7:19]}  {e.bytes / 1e6:.0f} MB  sha256 {e.sha256[:12]}{delta}")
+        click.echo(host_text(f"{e.ref}  {e.id[7:19]}  {e.bytes / 1e6:.0f} MB  sha256 {e.sha256[:12]}{delta}"))
     if size:
         parts = bundlelib.split_bundle(Path(out), size)
         click.echo(f"split into {len(parts)} part(s) of at most {split}: {parts[0].name} .. {parts[-1].name}; "
@@ -184,7 +184,7 @@ def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> N
         raise DockerlaunchError(f"bundle {bundle} does not exist")
     if not hosts and not config_path:
         for e in bundlelib.load_bundle(path, bundlelib.local_loader(), bundlelib.local_runner):
-            click.echo(f"loaded {e.ref} ({e.id[7:19]})")
+            click.echo(host_text(f"loaded {e.ref} ({e.id[7:19]})"))
         return
     cfg = load_config(config_path, Overrides(hosts=hosts))
     results = []
