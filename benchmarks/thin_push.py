@@ -1,7 +1,8 @@
 """Issue 43's first goal on the real image: a thin push after a bump costs about what its new layers cost.
 
 One sim node holds OLD (the real CUDA image, pushed to it once, unstaged). Each repeat makes NEW = OLD + one layer
-of --top-mb random bytes (an ms-swift bump's shape), and measures, interleaved:
+of --top-mb random bytes (an ms-swift bump's shape), and measures, interleaved (in --routes' order, reversed
+every other repeat, so no route always runs first):
 
   registry   thin push of NEW onto the node, the new layer read through the launcher's registry (the default)
   save       the same push with DOCKERLAUNCH_LAYER_SOURCE=save (docker save reads the whole image; today's route)
@@ -110,6 +111,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dlbench-thin-"))
     made: list[str] = []
     routes = args.routes.split(",")
+    unknown = sorted(set(routes) - {"registry", "save", "alone", "pull"})
+    if unknown:
+        raise SystemExit(f"thin_push: --routes {','.join(unknown)}: not a route (registry, save, alone, pull)")
     rates = args.rates.split(",") if args.rates else [""]
     rows: dict[str, list[tuple[float, int, float, object]]] = {f"{k} {r}".strip(): [] for r in rates for k in routes}
     remote = None
@@ -153,7 +157,10 @@ def main() -> int:
             print(f"first pull after OLD's docker load (unshaped; moby#46664): {t:.0f} s, {res.bytes_sent / 1e9:.2f}"
                   f" GB served, engine read {rd / 1e9:.2f} GB, {c:.0f} CPU-s", flush=True)
             drop(remote, first)
-        for _ in range(args.runs):
+        for run in range(args.runs):
+            # the routes in turn, the order reversed every other repeat: none always goes first (a cold page
+            # cache, a registry or disk the route before it left busy) or last
+            order = routes if run % 2 == 0 else routes[::-1]
             for rate in rates:  # a NEW of its own for each: the registry would hold an earlier NEW's layer
                 layer_file(tmp, args.top_mb)
                 nonce = secrets.token_hex(3)
@@ -161,22 +168,24 @@ def main() -> int:
                 made += [new, alone]
                 shape(rate)
                 at = f" {rate}".rstrip()
-                if "registry" in routes:
-                    rows["registry" + at].append(measured(lambda new=new: thin(new, "auto")))
-                    drop(remote, new)
-                if "save" in routes:
-                    rows["save" + at].append(measured(lambda new=new: thin(new, "save")))
-                    drop(remote, new)
-                if "alone" in routes:
-                    rows["alone" + at].append(measured(lambda alone=alone: push.push_to_host(
-                        client, remote, streams.local_image(client, alone), compress="zstd")))
-                    drop(remote, alone)
-                if "pull" in routes:
-                    pnew = build(tmp, args.old, nonce + "p")  # its own layer: the registry holds NEW's
-                    made.append(pnew)
-                    rows["pull" + at].append(measured(lambda pnew=pnew: by_pull(pnew)))
-                    drop(remote, pnew)
-            print("  ".join(f"{k}: {v[-1][0]:.1f} s, read {v[-1][1] / 1e9:.2f} GB, {v[-1][2]:.1f} CPU-s"
+                for route in order:
+                    if route == "registry":
+                        rows["registry" + at].append(measured(lambda new=new: thin(new, "auto")))
+                        drop(remote, new)
+                    elif route == "save":
+                        rows["save" + at].append(measured(lambda new=new: thin(new, "save")))
+                        drop(remote, new)
+                    elif route == "alone":
+                        rows["alone" + at].append(measured(lambda alone=alone: push.push_to_host(
+                            client, remote, streams.local_image(client, alone), compress="zstd")))
+                        drop(remote, alone)
+                    elif route == "pull":
+                        pnew = build(tmp, args.old, nonce + "p")  # its own layer: the registry holds NEW's
+                        made.append(pnew)
+                        rows["pull" + at].append(measured(lambda pnew=pnew: by_pull(pnew)))
+                        drop(remote, pnew)
+            print(f"repeat {run + 1} ({', '.join(order)}): " +
+                  "  ".join(f"{k}: {v[-1][0]:.1f} s, read {v[-1][1] / 1e9:.2f} GB, {v[-1][2]:.1f} CPU-s"
                             for k, v in rows.items()), flush=True)
     finally:
         if bridge:
