@@ -59,8 +59,11 @@ def argv(target: SSHTarget, command: str, ssh: str = "ssh") -> list[str] | None:
 
 # What OpenSSH does to a path given as an option: splits UserKnownHostsFile's value on blanks and reads quotes and
 # backslashes in it, expands %-tokens in both it and -i, and ~ at the start of -i: a path holding any of these
-# would name other files than the session's (a second known_hosts relative to the working directory)
-REINTERPRETED = re.compile(r"[\s%\"'\\~]")
+# would name other files than the session's (a second known_hosts relative to the working directory). Newer ones
+# (8.4 on) also expand ${VAR} in both (`ssh -G` here shows it), and the config tokenizer before 8.7's rewrite split
+# a value at `=` as at a blank. The launcher does not know the client's version: `=` is refused always.
+REINTERPRETED = re.compile(r"[\s%\"'\\~=]|\$\{")
+ODD = "a blank, %, ~, quote, backslash, ${ or ="
 
 
 def reinterpreted(target: SSHTarget) -> str | None:
@@ -81,12 +84,13 @@ def unusable(target: SSHTarget) -> str | None:
             return _probed[target]
     ssh = shutil.which("ssh")
     a = argv(target, "true", ssh) if ssh else None
-    if ssh is None:
-        why: str | None = "no ssh client on this machine"
+    odd = reinterpreted(target)
+    if odd is not None:
+        why: str | None = f"the path {odd!r} holds {ODD}, which OpenSSH would read as something else"
+    elif ssh is None:
+        why = "no ssh client on this machine"
     elif a is None:
-        odd = reinterpreted(target)
-        why = (f"the path {odd!r} holds a blank, %, ~, quote or backslash, which OpenSSH would read as something "
-               "else") if odd else "jump hosts" if target.jumps else "this machine"
+        why = "jump hosts" if target.jumps else "this machine"
     else:
         try:
             r = subprocess.run(a, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PROBE_TIMEOUT)
