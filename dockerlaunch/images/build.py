@@ -25,7 +25,7 @@ from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
 from dockerlaunch.images.builder import Builder, _one_line, find_builder
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
-from dockerlaunch.images.index import file_sha256
+from dockerlaunch.images.index import check_credentials, file_sha256
 from dockerlaunch.images.layers import LAYERS
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
 from dockerlaunch.images.wheels import local_gpu_archs
@@ -60,6 +60,11 @@ class BuildOptions:
     trust_carried_wheels: bool = False  # take compiled wheels that `wheels build -o` put in --wheelhouse
     force: bool = False
     dockerfiles: Path = field(default_factory=default_dockerfiles_dir)
+
+    def __post_init__(self) -> None:
+        # pip in the image sends the URL's user:password@ as Basic auth: over plain http only to this machine
+        if self.pip_index_url:
+            check_credentials(self.pip_index_url, "--pip-index-url")
 
 
 def parse_cuda_archs(text: str | None) -> list[str]:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
+import ipaddress
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -36,7 +38,6 @@ NET_ERRORS = (OSError, http.client.HTTPException, ValueError)  # what urllib rai
 # (scheme, host, port) -> Authorization header, from an index URL's user:password@ (never printed): a file the
 # index links to on the same origin gets it; a redirect to any other origin (object storage) never does
 _AUTH: dict[tuple[str, str, int], str] = {}
-LOOPBACK = ("localhost", "127.", "::1", "[::1]")
 
 
 def redact(url: str) -> str:
@@ -54,14 +55,48 @@ def origin(url: str) -> tuple[str, str, int]:
     return scheme, (parts.hostname or "").lower(), parts.port or (443 if scheme == "https" else 80)
 
 
-def check_credentials(url: str) -> None:
-    """Credentials only over https, or plain http to this machine: a one-line refusal naming the URL, before any
-    byte is sent."""
-    parts = urllib.parse.urlsplit(url)
-    host = (parts.hostname or "").lower()
-    if parts.username is not None and parts.scheme.lower() != "https" and not host.startswith(LOOPBACK):
-        raise FetchError(f"index {redact(url)}: credentials over plain http can be read on the network: use https "
+def is_loopback(host: str) -> bool:
+    """This machine, by the parsed host: a loopback IP address (127.0.0.0/8, ::1) or exactly `localhost`. A name
+    is never judged by how it begins (`localhost.evil.example` and `127.evil.example` are anyone's)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_credentials(url: str, what: str = "index") -> None:
+    """Credentials only over https, or plain http to this machine: a one-line refusal naming `what` (the flag)
+    and the URL, before any byte is sent."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - a port that is not a number raises here, not later in a client
+    except ValueError as e:
+        raise FetchError(f"{what} {redact_loose(url)} is not a valid URL ({e}): write it as "
+                         "https://user:token@host[:port]/path") from None
+    if parts.username is None and parts.password is None:
+        return
+    # the host this check reads must be the one every client connects to: uv (WHATWG URLs) and pip (urllib3) end
+    # the host at a backslash, urlsplit does not; urlsplit reads [::1].evil.example as ::1, http.client does not
+    hostinfo = parts.netloc.rpartition("@")[2]
+    if "\\" in parts.netloc or not re.fullmatch(r"(\[[0-9A-Za-z:.%]+\]|[^\[\]:]+)(:[0-9]*)?", hostinfo):
+        raise FetchError(f"{what}: the host part of this URL with credentials is read as different hosts by "
+                         "different clients (a backslash, or text after an [IPv6] address): write it as "
+                         "https://user:token@host[:port]/path")
+    if parts.scheme.lower() != "https" and not is_loopback(parts.hostname or ""):
+        raise FetchError(f"{what} {redact(url)}: credentials over plain http can be read on the network: use https "
                          "(plain http only to a loopback address)")
+
+
+def redact_loose(url: str) -> str:
+    """`url` with everything up to the last @ of its host part left out, for a URL urlsplit cannot take whole."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<the URL>"
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    host = rest[:end].rpartition("@")[2].replace("\\", "/").split("/")[0]
+    return f"{scheme}://{host}{rest[end:]}" if "@" in rest[:end] else url
 
 
 def request(url: str, **headers: str) -> urllib.request.Request:

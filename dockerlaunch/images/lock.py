@@ -330,9 +330,16 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
     """The lock file's text for `stack`, resolved now (network). `prefer` (name -> version, the committed lock's)
     keeps those versions where the pins still allow them, so adding one pin does not move every other package
     (uv's preference for an existing output file)."""
-    uv = uv_binary()
     index = index_url or DEFAULT_INDEX
     extra = torch_index_for(stack, torch_index)
+    # uv sends a URL's user:password@ as Basic auth: over plain http only to this machine, refused before uv runs
+    idx.check_credentials(index, "--index-url")
+    if extra:
+        idx.check_credentials(extra, "--torch-index" if torch_index else f"stack {stack.name}'s torch_index_url")
+    for d in find_links:
+        if "://" in d:
+            idx.check_credentials(d, "--find-links")
+    uv = uv_binary()
     # the sources go to uv through its environment, never its argv (an index URL may hold a token: `ps` shows
     # argv to every user, /proc/<pid>/environ only to the owner)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
