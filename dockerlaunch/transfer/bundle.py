@@ -422,8 +422,12 @@ def _members(path: Path) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
 def _damaged_is_one_line(path: Path) -> Iterator[None]:
     import zstandard
 
+    from dockerlaunch.tars import Refused
+
     try:
         yield
+    except Refused as e:
+        raise TransferError(f"bundle {path}: {e}; nothing was loaded or tagged") from None
     except (zstandard.ZstdError, tarfile.TarError, EOFError, OSError) as e:
         raise TransferError(f"bundle {path} is corrupted or truncated ({type(e).__name__}: {e}); "
                             "nothing was loaded or tagged; copy it again") from None

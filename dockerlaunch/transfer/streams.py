@@ -384,7 +384,7 @@ def with_facts(client, image: LocalImage) -> LocalImage:
     facts = _cached_facts(image)
     if facts is None:
         rec = _Recorder(image)
-        with tarfile.open(fileobj=CountingReader(save_stream(client, image.id)), mode="r|") as tar:
+        with open_untrusted(fileobj=CountingReader(save_stream(client, image.id)), mode="r|") as tar:
             for member in tar:
                 f = rec.see(member, tar.extractfile(member) if member.isfile() else None)
                 if member.name == "manifest.json" and f is not None:
