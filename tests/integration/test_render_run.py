@@ -72,3 +72,71 @@ def test_render_probe_asks_each_host_like_up(sim_cluster, demo_image, tmp_path):
         env = yaml.safe_load(text)["services"]["node"]["environment"]
         assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"  # the sim nodes' NIC
         assert env["NODE_RANK"] == str(rank) and env["NPROC_PER_NODE"] == "1" and "note:" not in text
+
+
+# ---- the pyxis script's env-file reader against a real `docker run --env-file` (issue 42, finding 7)
+
+# Lines Docker's --env-file takes (docker/cli opts/parse.go), each a case a shell reader could get wrong: `$`,
+# backquotes, `;` and quotes as data, blanks kept at the end of a value and trimmed before the name, CR before the
+# newline dropped (one), `=` in the value, an empty value, a name given twice (the last wins), a name alone taken
+# from the environment or, where the environment lacks it, left out, bytes beyond ASCII, a last line without `\n`.
+ENV_FILE = (b"# a comment\n\n   \n"
+            b"DLT_DOLLAR=$HOME and ${HOME} and $(id) and `id`\n"
+            b"DLT_SEMI=a; touch pwned; b\n"
+            b"DLT_QUOTES='single' \"double\" \\back\\slash \\n\n"
+            b"DLT_SPACES=  lead and trail  \n"
+            b"DLT_TABS=\tx\t\n"
+            b"  \tDLT_INDENTED=x\n"
+            b"DLT_EQ=k=v=w\n"
+            b"DLT_EMPTY=\n"
+            b"DLT_TWICE=first\nDLT_TWICE=second\n"
+            b"DLT_FROM_ENV\n"
+            b"DLT_NOT_IN_ENV\n"
+            b"DLT_CRLF=windows\r\n"
+            b"DLT_TWO_CR=a\r\r\n"
+            b"DLT_HASH=#not a comment\n"
+            b"DLT_UTF8=h\xc3\xa9llo \xe2\x98\x83\n"
+            b"DLT_LAST=no newline")
+CALLER_ENV = {"HOME": "/home/x", "DLT_FROM_ENV": "from the caller's environment"}
+
+
+def file_vars(env0: bytes) -> dict[bytes, bytes]:
+    return dict(kv.split(b"=", 1) for kv in env0.split(b"\0") if kv.startswith(b"DLT_"))
+
+
+def test_pyxis_reads_an_env_file_byte_for_byte_as_a_real_docker_run_does(engine, tmp_path):
+    """The same file, read by the rendered pyxis sbatch under bash (srun replaced by `env -0`) and by the docker
+    CLI's own --env-file for a real container (`env -0` inside it): the same variables, byte for byte."""
+    from dockerlaunch import sim
+    from tests.unit.backends.test_render import plan_of, rendered
+
+    env_file = tmp_path / "secrets.env"
+    env_file.write_bytes(ENV_FILE)
+    image = sim.ensure_base_image(engine)
+    docker = subprocess.run(["docker", "run", "--rm", "--network", "none", "--env-file", str(env_file),
+                             "--entrypoint", "env", image, "-0"], capture_output=True, timeout=300,
+                            env={**os.environ, **CALLER_ENV})
+    assert docker.returncode == 0, docker.stderr.decode()
+    by_docker = file_vars(docker.stdout)
+
+    text = rendered("slurm", plan_of(container__env_files=[str(env_file)], job__command=["python", "x.py"]))[
+        "sft-qwen.pyxis.sbatch"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho gpu07\n")
+    (bin_dir / "srun").write_text(f"#!/bin/sh\nenv -0 > {tmp_path}/env\n")
+    for p in bin_dir.iterdir():
+        p.chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(text)
+    r = subprocess.run(["bash", str(tmp_path / "job.sbatch")], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "x", **CALLER_ENV})
+    assert r.returncode == 0, r.stderr
+    by_pyxis = file_vars((tmp_path / "env").read_bytes())
+
+    # the control: docker read every line this file means it to (so the comparison below compares something)
+    assert sorted(by_docker) == sorted(k.split(b"=")[0].strip() for k in ENV_FILE.split(b"\n")
+                                       if k.strip().startswith(b"DLT_") and b"DLT_NOT_IN_ENV" not in k
+                                       and k != b"DLT_TWICE=first"), by_docker
+    assert by_docker[b"DLT_TWICE"] == b"second" and by_docker[b"DLT_TWO_CR"] == b"a\r"
+    assert by_pyxis == by_docker
+    assert not (tmp_path / "pwned").exists()
