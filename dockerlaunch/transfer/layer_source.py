@@ -28,13 +28,14 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import threading
 import time
 import urllib.request
 import zlib
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -78,6 +79,8 @@ def unavailable(image: LocalImage, info: dict | None = None) -> str | None:
         return "the launcher's engine is rootless: its 127.0.0.1 is not this machine's, where the registry listens"
     if not shutil.which(REGISTRY):
         return "no docker-registry on this machine (apt-get install docker-registry)"
+    if not os.path.isfile(TCP_TABLES[0]):
+        return f"no {TCP_TABLES[0]} here: the launcher could not prove the registry's port is its registry's"
     return None
 
 
@@ -85,6 +88,78 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")  # this network namespace's sockets, with owner uid and inode
+LOOPBACK = f"{int.from_bytes(socket.inet_aton('127.0.0.1'), sys.byteorder):08X}"  # 127.0.0.1 as those tables write it
+
+
+def _listeners(port: int) -> list[tuple[str, int, int]]:
+    """(address, owner uid, socket inode) of every TCP listener on `port`, any address (Linux /proc)."""
+    out = []
+    for table in TCP_TABLES:
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    out.append((f[1].rsplit(":", 1)[0], int(f[7]), int(f[9])))
+    return out
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process `pid` holds open (empty when it cannot be read, or has exited)."""
+    out = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    out.add(int(link[8:-1]))
+    return out
+
+
+def _who(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"uid {uid}, {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _not_ours(proc: subprocess.Popen, port: int) -> tuple[str | None, bool]:
+    """Why 127.0.0.1:`port` is not the registry's own (None: the registry runs, and the port's only listener is a
+    socket it holds), and whether that may still change (it runs, nothing listens there yet). Read from /proc,
+    never by asking the listener: nothing goes to a squatter before this says None. The listeners are read first
+    (one the registry binds meanwhile is not taken for another's), its sockets next, then it is seen alive (until
+    reaped, its pid is no one else's)."""
+    listeners = _listeners(port)
+    ours = _socket_inodes(proc.pid)
+    alive = proc.poll() is None
+    others = [uid for _, uid, inode in listeners if inode not in ours]
+    if others:
+        return (f"127.0.0.1:{port} is held by another listener ({_who(others[0])}), not the launcher's registry "
+                f"(pid {proc.pid}, {'running' if alive else 'exited'}): nothing was sent to it"), False
+    if not alive:
+        return f"the launcher's registry for 127.0.0.1:{port} exited (see {root() / 'registry.log'})", False
+    if not any(addr == LOOPBACK for addr, _, _ in listeners):
+        return f"the launcher's registry (pid {proc.pid}) does not listen on 127.0.0.1:{port}", not listeners
+    return None, False
+
+
+@dataclass(frozen=True)
+class Served:
+    """The launcher's registry while it runs: its port, its one push password, its process."""
+
+    port: int
+    password: str
+    proc: subprocess.Popen
+
+    def check(self) -> None:
+        """Raises unless the registry still runs and holds its port alone: before the password goes anywhere."""
+        why, _ = _not_ours(self.proc, self.port)
+        if why is not None:
+            raise TransferError(why)
 
 
 USER = "dockerlaunch"
@@ -110,10 +185,12 @@ def _dies_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def _registry() -> Iterator[tuple[int, str]]:
-    """Debian's registry on 127.0.0.1 over the cache's storage, for one push; yields (port, password). Every
-    request needs the password, new each time (another login on this machine could otherwise read or write layers
-    while it listens); it reaches the engine in the API request, never a command line."""
+def _registry() -> Iterator[Served]:
+    """Debian's registry on 127.0.0.1 over the cache's storage, for one push. Every request needs the password,
+    new each time (another login on this machine could otherwise read or write layers while it listens); it
+    reaches the engine in the API request, never a command line. The port is picked free, then released for the
+    registry to bind: another login may bind it first (the registry then exits), so nothing is sent to the port
+    until /proc shows its one listener is the registry's own socket (issue 50, finding 4)."""
     import bcrypt
 
     store = _private_root()
@@ -129,18 +206,27 @@ def _registry() -> Iterator[tuple[int, str]]:
     log = open(store / "registry.log", "ab")
     proc = subprocess.Popen([shutil.which(REGISTRY) or REGISTRY, "serve", str(config)], stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_dies_with_parent)
+    served = Served(port, password, proc)
     try:
         deadline = time.monotonic() + 20
         while True:
+            why, starting = _not_ours(proc, port)
+            if why is None:
+                break
+            if not starting or time.monotonic() > deadline:
+                raise TransferError(why)
+            time.sleep(0.05)
+        while True:  # the registry's own socket: the password may go to it
             try:
                 with urllib.request.urlopen(_authorized(f"http://127.0.0.1:{port}/v2/", password), timeout=2):
                     break
             except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
+                served.check()
+                if time.monotonic() > deadline:
                     raise TransferError(f"the launcher's registry did not start (see {store / 'registry.log'})"
                                         ) from None
                 time.sleep(0.1)
-        yield port, password
+        yield served
     finally:
         proc.terminate()
         try:
@@ -181,17 +267,28 @@ def _drop_stale_tags(client) -> None:
                     client.api.remove_image(ref, noprune=True)
 
 
-def _engine_push(client, image: LocalImage, port: int, password: str) -> dict:
-    """`docker push` of the image into the registry (the engine reads only what it lacks); its manifest."""
+def _engine_push(client, image: LocalImage, reg: Served) -> dict:
+    """`docker push` of the image into the registry (the engine reads only what it lacks); its manifest. The
+    registry is proven to hold its port before the engine gets the password, and seen alive on every progress
+    line (a registry gone mid-push: its port is anyone's, so the push stops before the engine's next retry)."""
+    reg.check()
     _drop_stale_tags(client)
+    port, password = reg.port, reg.password
     repo, tag = f"127.0.0.1:{port}/{REPO}", image.id[7:19]
     client.api.tag(image.id, repo, tag)
+    lines = None
     try:
-        for line in client.api.push(repo, tag, stream=True, decode=True,
-                                    auth_config={"username": USER, "password": password}):
+        lines = client.api.push(repo, tag, stream=True, decode=True,
+                                auth_config={"username": USER, "password": password})
+        for line in lines:
+            if reg.proc.poll() is not None:
+                reg.check()
             if isinstance(line, dict) and line.get("error"):
                 raise TransferError(f"the engine's push into the launcher's registry failed: {line['error']}")
+        reg.check()
     finally:
+        if hasattr(lines, "close"):
+            lines.close()  # its connection closed: the engine cancels the push
         with contextlib.suppress(Exception):
             client.api.remove_image(f"{repo}:{tag}", noprune=True)
     return _manifest(image, port, password, tag)
@@ -355,8 +452,8 @@ def registry_image(client, image: LocalImage) -> LocalImage:
         if free < need:
             raise TransferError(f"{free / 1e9:.1f} GB free for the launcher's registry in {root()}, "
                                 f"{image.size / 1e9:.1f} GB image")
-        with _registry() as (port, password):
-            manifest = _engine_push(client, image, port, password)
+        with _registry() as reg:
+            manifest = _engine_push(client, image, reg)
         if image.store != GRAPHDRIVER:
             got = _content_store_image(image, manifest)
             _cap({got.facts.config.digest, *(b.digest for b in got.facts.layers)})

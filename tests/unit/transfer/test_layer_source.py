@@ -66,7 +66,8 @@ def test_the_registry_answers_only_with_its_one_push_password(tmp_path, monkeypa
     import urllib.request
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
-    with layer_source._registry() as (port, password):
+    with layer_source._registry() as reg:
+        port, password = reg.port, reg.password
         url = f"http://127.0.0.1:{port}/v2/_catalog"
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(url, timeout=5)
@@ -135,7 +136,7 @@ def test_a_launcher_killed_outright_takes_its_registry_with_it(tmp_path):
     import time
 
     code = ("import os, signal\nfrom dockerlaunch.transfer import layer_source as l\n"
-            "with l._registry() as (port, password):\n    print(port, flush=True)\n"
+            "with l._registry() as reg:\n    print(reg.port, flush=True)\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "DOCKERLAUNCH_CACHE_DIR": str(tmp_path)})
@@ -149,3 +150,110 @@ def test_a_launcher_killed_outright_takes_its_registry_with_it(tmp_path):
         time.sleep(0.1)
     else:
         raise AssertionError(f"the registry still listens on {port} after its launcher was killed")
+
+
+# ------------------------------------------------------------- issue 50, finding 4: a squatter on the registry's port
+
+SQUATTER = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(16)
+print(s.getsockname()[1], file=sys.stderr, flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(5)
+    try:
+        data = c.recv(65536)
+    except OSError:
+        data = b""
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    # what a registry says: a challenge first, then 200 to anything that brings credentials
+    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+              if b"authorization:" in data.lower() else
+              b'HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm="x"\r\nContent-Length: 0\r\n'
+              b"Connection: close\r\n\r\n")
+    c.close()
+"""
+
+
+class Squatter:
+    """Another login's process on the launcher machine listening on 127.0.0.1 (as `nobody` where the tests run as
+    root): it answers like a registry and keeps every byte it receives."""
+
+    def __init__(self, tmp_path: Path, port: int = 0):
+        import shutil
+        import subprocess
+        import sys
+
+        self.record = tmp_path / f"squatter-{port}.bytes"
+        self.uid = 65534 if os.getuid() == 0 else os.getuid()
+        python = shutil.which("python3", path="/usr/bin:/bin") if os.getuid() == 0 else sys.executable
+        with open(self.record, "wb") as out:
+            self.proc = subprocess.Popen([python, "-I", "-c", SQUATTER, str(port)], stdout=out,
+                                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd="/",
+                                         user=self.uid if os.getuid() == 0 else None)
+        line = self.proc.stderr.readline()
+        assert line.strip().isdigit(), (line, self.proc.stderr.read())
+        self.port = int(line)
+
+    def received(self) -> bytes:
+        return self.record.read_bytes()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.proc.stderr.close()
+
+
+def test_a_squatter_on_the_registrys_port_gets_neither_the_password_nor_a_request(tmp_path, monkeypatch):
+    """The launcher lost the race for the port it picked: the registry cannot bind it and exits, the squatter
+    answers. Nothing, the push password least of all, may reach it; the refusal names the port and the squatter."""
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+    squatter = Squatter(tmp_path)
+    monkeypatch.setattr(layer_source, "_free_port", lambda: squatter.port)
+    try:
+        err = None
+        try:
+            with layer_source._registry():
+                pass
+        except TransferError as e:
+            err = str(e)
+        assert b"Authorization: Basic" not in squatter.received()  # the push password, base64
+        assert squatter.received() == b""
+        assert err is not None and "\n" not in err, err
+        assert err.startswith(f"127.0.0.1:{squatter.port} is held by another listener (uid {squatter.uid}"), err
+        assert "not the launcher's registry (pid " in err and err.endswith("nothing was sent to it"), err
+    finally:
+        squatter.stop()
+    assert sorted(p.name for p in (tmp_path / "cache" / "registry").iterdir()) == ["registry.log"]  # no password left
+
+
+def test_a_registry_that_exited_is_caught_before_the_engine_pushes_to_its_port(tmp_path, monkeypatch):
+    """The registry passed its proof, then exited (killed, crashed), and a squatter took its port before the
+    engine's push: the check _engine_push makes first (and on every progress line) stops it, in one line."""
+    import signal
+
+    import docker
+
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+    with layer_source._registry() as reg:
+        reg.check()  # its own listener: no complaint
+        reg.proc.send_signal(signal.SIGKILL)
+        reg.proc.wait(10)
+        squatter = Squatter(tmp_path, reg.port)
+        try:
+            with pytest.raises(TransferError) as e:
+                reg.check()
+            with pytest.raises(TransferError, match=f"^127.0.0.1:{reg.port} is held by another listener"):
+                layer_source._engine_push(docker.from_env(), image(), reg)  # the real engine is never asked
+            assert squatter.received() == b""
+        finally:
+            squatter.stop()
+        msg = str(e.value)
+        assert msg.startswith(f"127.0.0.1:{reg.port} is held by another listener (uid {squatter.uid}"), msg
+        assert f"pid {reg.proc.pid}, exited" in msg and "\n" not in msg, msg
+        with pytest.raises(TransferError, match=f"registry .*127.0.0.1:{reg.port} exited"):
+            reg.check()  # the squatter gone too: still no registry there
