@@ -130,11 +130,22 @@ class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
         return new
 
 
-_OPENER = urllib.request.build_opener(_SameOriginAuth)
+class _DirectToLoopback(urllib.request.ProxyHandler):
+    """The environment's proxies, except for this machine: plain http with credentials is allowed only to a
+    loopback address, and through http_proxy it would cross the network to the proxy (no_proxy is often unset)."""
+
+    def proxy_open(self, req, proxy, type):
+        if is_loopback(urllib.parse.urlsplit(req.full_url).hostname or ""):
+            return None
+        return super().proxy_open(req, proxy, type)
+
+
+_OPENER = urllib.request.build_opener(_DirectToLoopback(), _SameOriginAuth)
 
 
 def open_url(req: urllib.request.Request, timeout: float):
-    """urlopen with credentials kept to their origin across redirects."""
+    """urlopen with credentials kept to their origin across redirects, and this machine never asked through a
+    proxy."""
     return _OPENER.open(req, timeout=timeout)
 
 

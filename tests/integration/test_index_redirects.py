@@ -4,6 +4,7 @@ plain http to anything but loopback are refused in one line, before anything is 
 
 import base64
 import http.server
+import os
 import subprocess
 import sys
 import threading
@@ -69,3 +70,36 @@ def test_credentials_over_plain_http_to_another_machine_are_refused_in_one_line(
     assert lines[-1] == ("error: index http://index.example.invalid/simple: credentials over plain http can be read on "
                          "the network: use https (plain http only to a loopback address)"), r.stderr
     assert TOKEN not in r.stdout + r.stderr
+
+
+def test_an_index_on_this_machine_is_never_asked_through_a_proxy(tmp_path):
+    """Plain http is allowed only to this machine: with http_proxy set (and no no_proxy), urllib would hand the
+    request, token and all, in plain text to the proxy (another machine, in real life)."""
+    seen: dict[str, list[str | None]] = {"index": [], "proxy": []}
+
+    def recorder(key: str):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                seen[key].append(self.headers.get("Authorization"))
+                self.send_response(404)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        return Handler
+
+    proxy = serve("127.0.0.2", recorder("proxy"))
+    index = serve("127.0.0.1", recorder("index"))
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy", "all_proxy")}
+    env["http_proxy"] = f"http://127.0.0.2:{proxy.server_port}"
+    try:
+        r = subprocess.run([sys.executable, "-m", "dockerlaunch", "fetch", "--stack", "cpu", "-o", str(tmp_path / "w"),
+                            "--index-url", f"http://ci:{TOKEN}@127.0.0.1:{index.server_port}/simple"],
+                           capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        index.shutdown()
+        proxy.shutdown()
+    assert seen["proxy"] == [], f"the proxy was handed {len(seen['proxy'])} requests: {seen['proxy'][:1]}"
+    assert seen["index"], f"the index was never asked: {r.stderr[-500:]}"
+    assert r.returncode != 0 and TOKEN not in r.stdout + r.stderr
