@@ -375,10 +375,11 @@ class Remote:
         chan = self._channel(cmd)
         writer = None
         write_error: list[BaseException] = []
+        source_failed: list[bool] = []
         if stdin is None:
             chan.shutdown_write()
         else:
-            writer = threading.Thread(target=_feed, args=(chan, stdin, write_error), daemon=True)
+            writer = threading.Thread(target=_feed, args=(chan, stdin, write_error, source_failed), daemon=True)
             writer.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         failed_at: float | None = None
@@ -436,7 +437,10 @@ class Remote:
             chan.close()
             if writer is not None:
                 writer.join(timeout=5)
-        if write_error and status in (0, -1):
+        # input whose own source failed (docker save died) is the cause, whatever status the far end gave on
+        # seeing it end early (load.sh: 3), and whether that status won the race with the close (as openssh.py);
+        # a write the far end stopped reading is explained by its status, where it gave one
+        if write_error and (source_failed or status in (0, -1)):
             raise SSHError(self.name, f"sending input failed: {write_error[0]}")
         return status
 
@@ -534,8 +538,8 @@ class _Session:
                 self._slots.release()
 
 
-def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseException]) -> None:
-    source_failed = False
+def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseException],
+          source_failed: list[bool]) -> None:
     try:
         # memoryview: sendall slices what is left after each packet, and slicing bytes copies it
         if isinstance(stdin, (bytes, bytearray)):
@@ -545,7 +549,7 @@ def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseExce
                 try:
                     chunk = stdin.read(1 << 20)
                 except BaseException:
-                    source_failed = True
+                    source_failed.append(True)  # before the error is appended: who sees it sees this
                     raise
                 if not chunk:
                     break

@@ -82,8 +82,9 @@ def test_sigkill_of_up_leaves_nothing_after_the_orphan_grace(sim_cluster, remote
 
 def test_a_frozen_host_is_noticed_and_the_rest_torn_down(sim_cluster, engine, remotes, tmp_path):
     """node2 freezes (docker pause: its sshd, dockerd and job stop answering, TCP stays up). With the default
-    host_timeout (30 s), `up` declares it lost and removes the job on node1 within 40 s; once node2 thaws, its
-    watchdog removes its own container."""
+    host_timeout (30 s), `up` declares it lost and removes the job on node1; once node2 thaws, its watchdog removes
+    its own container. The time is a hang guard, not a speed claim: 3 x the expected 30 s (measured: 30.1 s,
+    docs/RELIABILITY.md, and host_timeout + 0-2 s in benchmarks/scale.py's host-loss step, RESULTS.md)."""
     job = job_name()
     grace = 5
     cfg = variant(sim_cluster, tmp_path, job={"orphan_grace": grace})
@@ -95,12 +96,12 @@ def test_a_frozen_host_is_noticed_and_the_rest_torn_down(sim_cluster, engine, re
         node2.pause()
         paused = True
         t0 = time.monotonic()
-        p.wait(timeout=120)
+        p.wait(timeout=150)  # past the guard below: a slow teardown fails on it, with its time
         took = time.monotonic() - t0
         text = "".join(out)
         assert p.returncode == 75, text
         assert f"rank 1 ({sim_cluster[2][1].ip})" in text and "host lost" in text, text
-        assert took <= 40, f"a frozen host took {took:.1f}s to be noticed and the rest torn down"
+        assert took <= 90, f"a frozen host took {took:.1f}s to be noticed and the rest torn down: hung? (~30 s)"
         assert containers_on(remotes[0], job) == []
         node2.unpause()
         paused = False
@@ -183,6 +184,28 @@ def test_a_failing_input_stream_ends_the_remote_load(sim_cluster, engine, remote
     gone = until(lambda: remotes[1].run(["sh", "-c", "pgrep -x docker >/dev/null"]).exit_status == 1, 30)
     assert gone is not None, "a docker load outlived its broken input"
     print(f"\n[fault] image stream broken after 8 MiB: the remote load ended, {took:.1f}s, nothing tagged")
+
+
+def test_a_broken_input_is_reported_even_when_the_command_exits_first(remotes):
+    """The race behind `DID NOT RAISE SSHError` under load: the input fails, its channel closes, the remote command
+    sees its input end and exits with its own status (docker load: 3, truncated tar) before the launcher reads
+    the status. Whatever the far end said, the cause is here (docker save died): `stream` must say so, as the
+    OpenSSH route does. A command that exits at once on EOF makes that order the usual one, not a rare one."""
+    from dockerlaunch.errors import SSHError
+    from dockerlaunch.transfer.streams import CountingReader
+
+    def breaks_after(limit):
+        sent = 0
+        while sent < limit:
+            yield b"\0" * (1 << 20)
+            sent += 1 << 20
+        raise OSError("docker save died")
+
+    for _ in range(3):
+        with pytest.raises(SSHError, match="sending input failed: docker save died"):
+            status = remotes[1].stream(["sh", "-c", "cat >/dev/null; exit 3"],
+                                       stdin=CountingReader(breaks_after(4 << 20)), timeout=60)
+            print(f"stream returned exit status {status}: the broken input went unreported")
 
 
 
