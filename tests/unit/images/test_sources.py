@@ -188,3 +188,43 @@ def test_a_source_from_a_shared_folder_is_used_as_the_copy_that_was_checked(matr
     (shared / pin.archive_name).write_bytes(b"swapped after the check")  # someone else's write, a moment later
     assert tree_sha256(got) == pin.sha256  # what the build unpacks is what was checked
     assert said == [f"{pin.repo} source: {shared / pin.archive_name} (its tree matches the pin; copied to {got})"]
+
+
+@pytest.mark.parametrize("moment", ["after the copy, before the hash", "after the hash"])
+def test_a_shared_source_swapped_between_the_copy_and_the_hash_never_reaches_the_build(matrix, monkeypatch,
+                                                                                       tmp_path, moment):
+    """The race of finding 10 run at the moments it is about: another user rewrites the shared folder's archive
+    (the same apex tree with a setup.py of theirs) while the launcher is between its copy and its hash, or just
+    after the hash. The check passes (it read the launcher's own copy) and what the build gets is the pinned tree;
+    a launcher that hashed the shared file and copied it afterwards fails here either way."""
+    pin = matrix.get("swift4.6-mcore0.19-cu13-py313").apex
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / pin.archive_name).write_bytes(vendored(pin.archive_name).read_bytes())
+
+    def their_setup(m, data):
+        if m.name.endswith("/setup.py"):
+            data = b"import os; os.system('id')\n"
+            m.size = len(data)
+        return m, data
+
+    theirs = repack(vendored(pin.archive_name), tmp_path / "theirs.tar.gz", change=their_setup)
+    assert tree_sha256(theirs) != pin.sha256
+    monkeypatch.setenv(wheels.SOURCE_DIRS_ENV, str(shared))
+    monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
+    real_check, hashed = wheels.check_source, []
+
+    def swap_around_the_hash(src, path):
+        if moment == "after the copy, before the hash":
+            (shared / pin.archive_name).write_bytes(theirs.read_bytes())
+        hashed.append(path)
+        real_check(src, path)
+        if moment == "after the hash":
+            (shared / pin.archive_name).write_bytes(theirs.read_bytes())
+
+    monkeypatch.setattr(wheels, "check_source", swap_around_the_hash)
+    src = wheels.Source(f"{pin.repo} source", "4-apex", pin.archive_name, pin.sha256, "archive", pin.archive_url)
+    got = wheels.get_source(src, None, None, True, lambda line: None)
+    assert (shared / pin.archive_name).read_bytes() == theirs.read_bytes()  # the swap did happen
+    assert tree_sha256(got) == pin.sha256 and got.parent == tmp_path / "cache" / "sources"
+    assert hashed and shared / pin.archive_name not in hashed, hashed  # the hash read the launcher's copy
