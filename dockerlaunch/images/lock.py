@@ -348,6 +348,13 @@ def resolve(stack: Stack, index_url: str | None = None, find_links: tuple[str, .
         env["UV_EXTRA_INDEX_URL"] = extra
     if find_links:
         env["UV_FIND_LINKS"] = ",".join(find_links)
+    # an index on this machine is asked directly, never through http_proxy: plain-http credentials are allowed
+    # to it only because they do not cross the network
+    local = [h for u in (index, extra, *find_links) if u and "://" in u
+             and idx.is_loopback(h := urllib.parse.urlsplit(u).hostname or "")]
+    if local:
+        direct = ",".join([*filter(None, [env.get("NO_PROXY") or env.get("no_proxy")]), *sorted(set(local))])
+        env["NO_PROXY"] = env["no_proxy"] = direct
     secret_urls = [u for u in (index, extra, *find_links) if u and idx.redact(u) != u]
     sources: list[str] = []
     if ca_cert:  # a TLS-intercepting proxy's CA, as pip's --cert; else the system's store (pip's default too)

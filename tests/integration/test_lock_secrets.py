@@ -86,3 +86,38 @@ def test_a_token_on_the_command_line_is_warned_about(cli):
     r = cli("fetch", "--stack", "cpu", "-o", "/nonexistent/x", "--index-url", "https://u:p@127.0.0.1:9/simple")
     assert "warning: --index-url holds credentials" in r.stderr and "DOCKERLAUNCH_INDEX_URL" in r.stderr
     assert "u:p@" not in r.stdout + r.stderr and ":p@" not in r.stdout + r.stderr  # the output as it is
+
+
+def test_uv_asks_an_index_on_this_machine_directly_never_through_a_proxy():
+    """Plain-http credentials are allowed only to this machine; with http_proxy set (and no no_proxy) uv would
+    hand every request, token and all, in plain text to the proxy (another machine, in real life)."""
+    seen: dict[str, list[str]] = {"index": [], "proxy": []}
+
+    def recorder(key: str):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                seen[key].append(self.path)
+                self.send_response(404)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        return Handler
+
+    servers = {}
+    for key, address in (("proxy", "127.0.0.2"), ("index", "127.0.0.1")):
+        servers[key] = http.server.ThreadingHTTPServer((address, 0), recorder(key))
+        threading.Thread(target=servers[key].serve_forever, daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "http_proxy", "all_proxy")}
+    env["http_proxy"] = f"http://127.0.0.2:{servers['proxy'].server_port}"
+    env["DOCKERLAUNCH_INDEX_URL"] = f"http://ci:{TOKEN}@127.0.0.1:{servers['index'].server_port}/simple"
+    try:
+        r = subprocess.run([sys.executable, "-m", "dockerlaunch", "stacks", "lock", "--stack", "cpu", "--torch-index",
+                            "none"], capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        for server in servers.values():
+            server.shutdown()
+    assert seen["proxy"] == [], f"the proxy was handed {len(seen['proxy'])} requests: {seen['proxy'][:3]}"
+    assert seen["index"], f"the index was never asked: {r.stderr[-500:]}"
+    assert r.returncode != 0 and TOKEN not in r.stdout + r.stderr  # the index has nothing: uv fails
