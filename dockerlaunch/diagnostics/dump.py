@@ -16,11 +16,13 @@ import secrets
 import shutil
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from dockerlaunch.backends.docker.docker_cli import sandbox_argv, sidecar_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
@@ -87,10 +89,11 @@ def local_pyspy() -> Path | None:
     return Path(found) if found else None
 
 
-def safe_extract(data: bytes, dest: Path) -> list[str]:
-    """A tar from a host, into dest: regular files and folders only, no path leaving dest."""
+def safe_extract(data: bytes | BinaryIO, dest: Path) -> list[str]:
+    """A tar from a host (bytes, or a file it was spooled to), into dest: regular files and folders only, no path
+    leaving dest; each member copied in chunks, never whole in memory."""
     names = []
-    with open_untrusted(fileobj=io.BytesIO(data)) as tar:
+    with open_untrusted(fileobj=io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data) as tar:
         for m in tar.getmembers():
             parts = Path(m.name).parts
             if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
@@ -102,7 +105,8 @@ def safe_extract(data: bytes, dest: Path) -> list[str]:
             target.parent.mkdir(parents=True, exist_ok=True)
             src = tar.extractfile(m)
             if src is not None:
-                target.write_bytes(src.read())
+                with open(target, "wb") as f:
+                    shutil.copyfileobj(src, f, CHUNK)
                 names.append(m.name)
     return names
 
@@ -122,8 +126,9 @@ def _label(rank: int, address: str) -> str:
 
 
 class _HostDumper:
-    def __init__(self, session: Session, h: Host, out: Path, native: bool, pyspy: Path | None):
-        self.h, self.session, self.native, self.pyspy = h, session, native, pyspy
+    def __init__(self, session: Session, h: Host, out: Path, native: bool, pyspy: Path | None,
+                 budget: Budget | None = None):
+        self.h, self.session, self.native, self.pyspy, self.budget = h, session, native, pyspy, budget
         self.hp = session.plan.hosts[h.rank]
         self.name = self.hp.container.name
         self.where = diag_dir(session.config)
@@ -245,14 +250,50 @@ class _HostDumper:
         uid = DockerHost.on(self.h).docker("exec", self.name, "id", "-u", timeout=30)
         owner = uid.stdout.strip() if uid.ok and uid.stdout.strip().isdigit() else None
         self.result.fr_files = fetch_diag_files(self.h.remote, self.where, owner, self.result.folder,
-                                                self.result.notes)
+                                                self.result.notes, self.budget)
 
 
 # What `dump` takes from a host's diagnostics folder: files of the ranks' own uid only (a file another local user
-# planted there, which fr_trace would unpickle, is left), none over FILE_LIMIT, at most TOTAL_LIMIT in all
-# (read into memory: a 10 GB file must not take the launcher with it).
+# planted there, which fr_trace would unpickle, is left), none over FILE_LIMIT, at most TOTAL_LIMIT from one host
+# and DUMP_BUDGET from all hosts of one dump together (DOCKERLAUNCH_DUMP_BUDGET lowers or raises it). A host's
+# tar is spooled to disk as it arrives and unpacked from there in chunks: the launcher holds a chunk per host,
+# not the files (256 hosts x 1 GB would not fit in its memory).
 FILE_LIMIT = 256 * 2**20
 TOTAL_LIMIT = 1024 * 2**20
+DUMP_BUDGET = 4096 * 2**20
+BUDGET_ENV = "DOCKERLAUNCH_DUMP_BUDGET"
+CHUNK = 2**20
+
+
+def dump_budget() -> int:
+    """DUMP_BUDGET, or DOCKERLAUNCH_DUMP_BUDGET: bytes, or a size like 512M or 8G."""
+    text = os.environ.get(BUDGET_ENV, "").strip()
+    if not text:
+        return DUMP_BUDGET
+    m = re.fullmatch(r"(\d+)([KMGT]?)i?B?", text, re.I)
+    if not m:
+        raise DockerlaunchError(f"{BUDGET_ENV}={text!r}: give a size like 512M or 8G (the most `dump` fetches from "
+                                "all hosts together)")
+    return int(m[1]) * 1024 ** " KMGT".index(m[2].upper() or " ")
+
+
+class Budget:
+    """The bytes one dump may still fetch, shared by the threads of every host."""
+
+    def __init__(self, total: int):
+        self.total, self.left = total, total
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if n > self.left:
+                return False
+            self.left -= n
+            return True
+
+    def give_back(self, n: int) -> None:
+        with self._lock:
+            self.left += n
 FETCH = r"""cd "$1" 2>/dev/null || exit 0
 set -- "$2" "$3"
 n=$(find fr nccl -type f ! -user "$1" 2>/dev/null | wc -l)
@@ -261,37 +302,56 @@ printf '%s %s\n' "$n" "$b" >&2
 find fr nccl -type f -user "$1" -size -"$2"c -print0 2>/dev/null | tar --null -T - -cf - 2>/dev/null; exit 0"""
 
 
-def fetch_diag_files(remote, where: str, owner: str | None, dest: Path, notes: list[str]) -> int:
-    """The host's fr/ and nccl/ files into dest; the number of flight-recorder files taken."""
+def fetch_diag_files(remote, where: str, owner: str | None, dest: Path, notes: list[str],
+                     budget: Budget | None = None) -> int:
+    """The host's fr/ and nccl/ files into dest, through a spool file beside it; the number of flight-recorder
+    files taken. `budget`: what the whole dump may still fetch (every host's call shares it)."""
     if owner is None:
         notes.append("the ranks' uid is unknown (no container to ask): diagnostics files not fetched")
         return 0
-    data, err = bytearray(), bytearray()
+    budget = budget or Budget(dump_budget())
+    dest.mkdir(parents=True, exist_ok=True)
+    err = bytearray()
     over = threading.Event()
-
-    def take(chunk: bytes) -> None:
-        data.extend(chunk)
-        if len(data) > TOTAL_LIMIT:
+    spent = 0
+    why = ""
+    with tempfile.TemporaryFile(dir=dest) as spool:
+        def take(chunk: bytes) -> None:
+            nonlocal spent, why
+            if over.is_set():
+                return
+            if spent + len(chunk) > TOTAL_LIMIT:
+                why = f"over {TOTAL_LIMIT // 2**20} MB together"
+            elif not budget.take(len(chunk)):
+                why = f"past what is left of this dump's {budget.total // 2**20} MB for all hosts ({BUDGET_ENV})"
+            else:
+                spent += len(chunk)
+                spool.write(chunk)
+                return
             over.set()
 
-    status = remote.stream(["sh", "-c", FETCH, "sh", where, owner, str(FILE_LIMIT)], take, err.extend,
-                           timeout=300, stop=over)
-    counts = err.decode(errors="replace").split()
-    if len(counts) >= 2 and counts[0].isdigit() and int(counts[0]):
-        notes.append(f"{counts[0]} file(s) in {where} not of the ranks' uid {owner}: left there, not read")
-    if len(counts) >= 2 and counts[1].isdigit() and int(counts[1]):
-        notes.append(f"{counts[1]} file(s) in {where} over {FILE_LIMIT // 2**20} MB: left on the host")
-    if over.is_set():
-        notes.append(f"the diagnostics files of {where} are over {TOTAL_LIMIT // 2**20} MB together: not fetched; "
-                     "copy them from the host")
-        return 0
-    if status != 0 or not data:
-        return 0
-    try:
-        names = safe_extract(bytes(data), dest)
-    except tarfile.TarError as e:
-        notes.append(f"could not read the diagnostics folder's files: {e}")
-        return 0
+        def said(chunk: bytes) -> None:
+            err.extend(chunk[:max(0, 4096 - len(err))])  # the counts line; a host cannot fill memory through stderr
+
+        status = remote.stream(["sh", "-c", FETCH, "sh", where, owner, str(FILE_LIMIT)], take, said,
+                               timeout=300, stop=over)
+        counts = err.decode(errors="replace").split()
+        if len(counts) >= 2 and counts[0].isdigit() and int(counts[0]):
+            notes.append(f"{counts[0]} file(s) in {where} not of the ranks' uid {owner}: left there, not read")
+        if len(counts) >= 2 and counts[1].isdigit() and int(counts[1]):
+            notes.append(f"{counts[1]} file(s) in {where} over {FILE_LIMIT // 2**20} MB: left on the host")
+        if over.is_set():
+            budget.give_back(spent)  # nothing of this host is kept
+            notes.append(f"the diagnostics files of {where} are {why}: not fetched; copy them from the host")
+            return 0
+        if status != 0 or not spool.tell():
+            return 0
+        spool.seek(0)
+        try:
+            names = safe_extract(spool, dest)
+        except tarfile.TarError as e:
+            notes.append(f"could not read the diagnostics folder's files: {e}")
+            return 0
     return sum(1 for n in names if n.startswith("fr/"))
 
 
@@ -305,6 +365,23 @@ class DumpResult:
 
 
 FR_TRACE_S = 300
+FR_TRACE_KEEP = 2**20  # of fr_trace's output (the sandbox runs what a rank's uid could write): kept, the rest counted
+
+
+class Capped:
+    """The first `limit` bytes of a stream, and how many more came."""
+
+    def __init__(self, limit: int):
+        self.limit, self.data, self.dropped = limit, bytearray(), 0
+
+    def add(self, chunk: bytes) -> None:
+        room = max(0, self.limit - len(self.data))
+        self.data.extend(chunk[:room])
+        self.dropped += len(chunk) - min(room, len(chunk))
+
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
 MERGED_LIMIT = 2048 * 2**20  # the flight-recorder dumps of all hosts together, sent to host 0 for the analysis
 
 
@@ -318,22 +395,22 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
     if total > MERGED_LIMIT:
         return (f"the flight-recorder dumps are {total // 2**20} MB together, over {MERGED_LIMIT // 2**20} MB: not "
                 "analysed here; they are in each host's folder of this dump")
-    files = [(p.name, p.read_bytes()) for p in paths]
     merged = out / "fr"
     merged.mkdir(exist_ok=True)
-    for name, data in files:
-        (merged / name).write_bytes(data)
     h0 = session.fleet.hosts[0]
     where = diag_dir(session.config)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files:
-            info = tarfile.TarInfo(f"fr-all/{name}")
-            info.size = len(data)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(data))
-    h0.remote.check(["sh", "-c", 'cd "$1" && rm -rf fr-all && tar -xf -', "sh", where], "copying flight-recorder dumps",
-                    timeout=300, stdin=buf.getvalue())
+    with tempfile.TemporaryFile(dir=out) as spool:  # on disk: up to MERGED_LIMIT, never in memory
+        with tarfile.open(fileobj=spool, mode="w") as tar:
+            for p in paths:
+                shutil.copyfile(p, merged / p.name)
+                info = tarfile.TarInfo(f"fr-all/{p.name}")
+                info.size = p.stat().st_size
+                info.mode = 0o644
+                with open(p, "rb") as f:
+                    tar.addfile(info, f)
+        spool.seek(0)
+        h0.remote.check(["sh", "-c", 'cd "$1" && rm -rf fr-all && tar -xf -', "sh", where],
+                        "copying flight-recorder dumps", timeout=300, stdin=spool)
     # fr_trace unpickles the dumps, and a dump is a file a rank's uid could write: it is read in a throwaway
     # container of the job's image with nothing to lose (docker_cli.sandbox_argv), never in a rank's container
     name = f"dl-frtrace-{secrets.token_hex(4)}"
@@ -345,16 +422,17 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
         "-c", 'for py in python3 python; do command -v "$py" >/dev/null && exec "$py" -m '
         'torch.distributed.flight_recorder.fr_trace /fr -p rank_; done; echo "no python in the image"'],
         ro_volumes=[f"{where}/fr-all:/fr"], labels={"dockerlaunch.dump": "1"})
+    kept = Capped(FR_TRACE_KEEP)  # fr_trace reports through logging, on stderr: both, in arrival order
     try:
-        res = h0.remote.run(argv, timeout=FR_TRACE_S)
+        status = h0.remote.stream(argv, kept.add, kept.add, timeout=FR_TRACE_S)
     finally:
         h0.remote.run(["docker", "rm", "-f", name], timeout=60)
         h0.remote.run(["rm", "-rf", f"{where}/fr-all"], timeout=60)
-    # fr_trace reports through logging, on stderr
-    text = "\n".join(line for line in (res.stdout + res.stderr).splitlines()
-                     if "tabulate is not installed" not in line)
-    if not res.ok:
-        text += f"\n(fr_trace exited with {res.exit_status})"
+    text = "\n".join(line for line in kept.text().splitlines() if "tabulate is not installed" not in line)
+    if kept.dropped:
+        text += f"\n(fr_trace printed {kept.dropped} bytes more: cut at {FR_TRACE_KEEP // 2**20} MB)"
+    if status != 0:
+        text += f"\n(fr_trace exited with {status})"
     (out / "fr_trace.txt").write_text(text)
     return text
 
@@ -362,6 +440,7 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
 def dump(config: ClusterConfig, out_dir: str | None = None, native: bool = False,
          reporter: Reporter | None = None) -> DumpResult:
     reporter = reporter or Reporter()
+    dump_budget()  # a bad DOCKERLAUNCH_DUMP_BUDGET stops it before any host is contacted
     base = Path(out_dir) if out_dir else Path("dockerlaunch-dumps") / (
         f"{config.job.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     try:
@@ -380,7 +459,8 @@ def dump_session(session: Session, base: Path, native: bool = False) -> DumpResu
     """Every rank of a connected job into `base` (also what `up` takes when the job hangs)."""
     base.mkdir(parents=True, exist_ok=True)
     pyspy = local_pyspy()
-    results = session.fleet.each(lambda h: _HostDumper(session, h, base, native, pyspy).run())
+    budget = Budget(dump_budget())  # one for every host of this dump
+    results = session.fleet.each(lambda h: _HostDumper(session, h, base, native, pyspy, budget).run())
     hosts, errors = [], []
     for h, o in zip(session.fleet.hosts, results):
         if o.ok:

@@ -247,3 +247,54 @@ def test_a_planted_flight_recorder_pickle_runs_with_nothing_to_reach(trio, demo_
     finally:
         stop_up(p)
         dl("down", "--config", config, "--name", job)
+
+
+PEAK = ("import atexit, resource, sys\n"
+        "atexit.register(lambda: print(f'peak-rss-kb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', "
+        "file=sys.stderr))\n"
+        "from dockerlaunch.cli.main import main\nmain(sys.argv[1:])\n")
+
+
+def test_dump_keeps_one_budget_across_hosts_on_disk_and_caps_what_it_prints(sim_cluster, demo_image, remotes,
+                                                                             tmp_path):
+    """issue 50, findings 6 and 3, through a real `dump` of a sim job: host 1's 300 MB of NCCL logs are past the
+    dump's budget (200 MB, lowered for the test) and stay there, host 0's flight-recorder file comes; the launcher
+    never holds the files (its peak RSS stays far below them); fr_trace's sandbox prints 3 MB with terminal
+    controls, of which 1 MB is kept and none reaches the terminal as controls or as a line longer than the cap."""
+    import pickle
+    import subprocess
+    import sys
+
+    from dockerlaunch.cli.diagnose import PRINTED_CHARS
+    from dockerlaunch.diagnostics.dump import BUDGET_ENV, FR_TRACE_KEEP
+
+    config = str(sim_cluster[1])
+    job = job_name()
+    r = dl("up", "--skip-preflight", "--detach", "--config", config, "--image", demo_image, "--name", job, "--",
+           "sh", "-c", "sleep 600")
+    assert r.returncode == 0, r.stderr
+    try:
+        where = f"/var/tmp/dockerlaunch/{job}"
+        flood = "import sys\nsys.stdout.write('\\x1b[2K\\x1b[1A[bold]PASS' + 'x' * 3_000_000 + '\\n')\n"
+        remotes[0].check(["sh", "-c", 'mkdir -p "$1" && cat > "$1/rank_0"', "sh", f"{where}/fr"], "planting",
+                         stdin=pickle.dumps(_Payload(flood)))
+        remotes[1].check(["sh", "-c", 'for i in 1 2 3; do head -c 100M /dev/urandom > "$1/big$i.log" || exit 1; '
+                          'done', "sh", f"{where}/nccl"], "300 MB of NCCL logs")
+        out = tmp_path / "dump"
+        r = subprocess.run([sys.executable, "-c", PEAK, "dump", "--config", config, "--name", job, "--out",
+                            str(out)], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, BUDGET_ENV: "200M"})
+        peak_mb = int(re.findall(r"peak-rss-kb (\d+)", r.stderr)[-1]) // 1024
+        print(f"\n[dump] peak RSS {peak_mb} MB with 300 MB of logs on host 1")
+        assert peak_mb < 200, (peak_mb, r.stdout[-2000:])
+        said = r.stdout.replace("\n", " ")
+        assert "past what is left of this dump's 200 MB for all hosts" in said, said[-3000:]
+        assert not list(out.glob("host1-*/nccl/big*")) and list(out.glob("host0-*/fr/rank_0")), said[-3000:]
+        kept = (out / "fr_trace.txt").read_text()
+        assert len(kept) <= FR_TRACE_KEEP + 300 and "bytes more: cut at 1 MB" in kept, kept[-300:]
+        assert "\x1b" not in r.stdout and "\x9b" not in r.stdout, repr(r.stdout[:500])
+        assert max(len(x) for x in r.stdout.splitlines()) <= PRINTED_CHARS + 120, r.stdout[:3000]
+    finally:
+        dl("down", "--config", config, "--name", job)
+        for remote in remotes:
+            remote.run(["rm", "-rf", f"/var/tmp/dockerlaunch/{job}"])
