@@ -41,12 +41,15 @@ _AUTH: dict[tuple[str, str, int], str] = {}
 
 
 def redact(url: str) -> str:
-    """The URL without its user:password@, for every message and log line."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+    """The URL without its user:password@, for every message and log line (also one urlsplit cannot read)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.username is None and parts.password is None:
+            return url
+        host = parts.hostname or ""
+        return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+    except ValueError:  # a port that is not a number, a broken [IPv6] address
+        return redact_loose(url)
 
 
 def origin(url: str) -> tuple[str, str, int]:

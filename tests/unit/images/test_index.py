@@ -47,6 +47,22 @@ def test_credentials_to_this_machine_or_over_https_pass(url):
     idx.check_credentials(url)
 
 
+@pytest.mark.parametrize("url, shown", [
+    (f"http://u:{TOKEN}@host:abc/simple", "http://host:abc/simple"),
+    (f"http://u:{TOKEN}@[::1/simple", "http://[::1/simple"),
+    (f"https://u:{TOKEN}@mirror.example:8443/simple", "https://mirror.example:8443/simple"),
+])
+def test_redact_takes_the_credentials_out_even_of_a_url_urlsplit_cannot_read(url, shown):
+    assert idx.redact(url) == shown
+
+
+def test_a_malformed_index_url_on_the_command_line_is_one_line(cli):
+    r = cli("stacks", "lock", "--stack", "cpu", "--index-url", f"http://ci:{TOKEN}@host:abc/simple")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert r.stderr.strip().splitlines()[-1].startswith("error: --index-url http://host:abc/simple is not a valid URL")
+    assert TOKEN not in r.stdout + r.stderr
+
+
 def non_loopback_address() -> str:
     """This machine's address on its default route (a UDP connect sends nothing)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
