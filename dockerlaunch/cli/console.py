@@ -80,8 +80,8 @@ def console(stderr: bool = False) -> Console:
 
 class _Bar(Task):
     def __init__(self, progress: Progress, label: str, total: int | None):
-        self.progress, self.label = progress, label
-        self.id = progress.add_task(label, total=total)
+        self.progress, self.label = progress, host_text(label)  # a host's name or what it said
+        self.id = progress.add_task(self.label, total=total)
 
     def advance(self, n: int) -> None:
         self.progress.advance(self.id, n)
@@ -89,7 +89,7 @@ class _Bar(Task):
     def done(self, status: str = "") -> None:
         total = self.progress.tasks[self.id].total
         self.progress.update(self.id, completed=total or 0,
-                             description=f"{self.label} {status}" if status else self.label)
+                             description=f"{self.label} {host_text(status)}" if status else self.label)
 
 
 class _Bars(Tasks):
@@ -163,8 +163,8 @@ class RichReporter(Reporter):
         if self.quiet_progress:
             yield Tasks()
             return
-        p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                     TimeRemainingColumn(), console=self.out, transient=False)
+        p = Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
+                     TransferSpeedColumn(), TimeRemainingColumn(), console=self.out, transient=False)
         with p:
             yield _Bars(p)
 

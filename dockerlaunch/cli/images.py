@@ -232,7 +232,9 @@ def compile_place(host: str | None, config_path: str | None):
 
     cfg = load_config(config_path, Overrides(hosts=[host]))
     with Fleet.connect(cfg) as cluster:
-        yield OnHost(cluster.live[0].remote, log=lambda msg: click.echo(f"[dockerlaunch] {msg}"))
+        from dockerlaunch.cli.console import host_text
+
+        yield OnHost(cluster.live[0].remote, log=lambda msg: click.echo(f"[dockerlaunch] {host_text(msg, True)}"))
 
 
 def _cluster_archs(hosts: list[str] | None, config_path: str | None) -> tuple[list[str], str]:

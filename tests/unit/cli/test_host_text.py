@@ -112,3 +112,13 @@ def test_host_text_keeps_line_breaks_only_when_asked_and_cuts_at_a_limit():
     assert host_text("a\nb\u202ec") == "a\\nb\\u202ec"
     assert host_text("a\nb\x1b", newlines=True) == "a\nb^["
     assert host_text("x" * 10, limit=4) == "xxxx... (6 more characters)"
+
+
+def test_a_hostile_status_on_a_progress_bar_shows_as_text():
+    """push's bars: a label is a host's name, a status what it said."""
+    out = terminal()
+    with RichReporter(out).progress() as bars:
+        bars.add(HOSTILE, 10).done(HOSTILE)
+    text = out.file.getvalue()  # a live display: rich itself erases and redraws lines, so only the host's own
+    assert "\x1b]" not in text and "\x07" not in text and "\x9b" not in text, repr(text)  # controls are looked for
+    assert "^[[2K^[[1A^[]52;c;Y3VybCBldmlsfHNo\\x07[bold]PASS[/bold]\\x9b2J" in SGR.sub("", text), repr(text)
