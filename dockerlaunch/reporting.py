@@ -30,10 +30,11 @@ class Reporter:
     """Says nothing; subclass to print."""
 
     def say(self, msg: str, style: str = "bold") -> None:
-        """A status line from dockerlaunch itself (`style`: bold, bold red, bold yellow, bold green)."""
+        """A status line from dockerlaunch itself (`style`: bold, bold red, bold yellow, bold green). It may quote
+        what a host said: a printer shows that as text, never as terminal controls or markup (console.host_text)."""
 
     def line(self, rank: int, host: str, text: str) -> None:
-        """One line of a rank's output."""
+        """One line of a rank's output: the job's own, printed as it is (its colours and bars are the user's)."""
 
     def checks(self, report) -> None:
         """A doctor report (backends/docker/doctor/report.Report)."""
