@@ -257,3 +257,58 @@ def test_a_registry_that_exited_is_caught_before_the_engine_pushes_to_its_port(t
         assert f"pid {reg.proc.pid}, exited" in msg and "\n" not in msg, msg
         with pytest.raises(TransferError, match=f"registry .*127.0.0.1:{reg.port} exited"):
             reg.check()  # the squatter gone too: still no registry there
+
+
+def test_a_registry_killed_mid_push_stops_the_engines_push_in_one_line(tmp_path, monkeypatch):
+    """The real engine pushes a real image; the registry is killed as its first upload lands: the push stops at
+    the engine's next progress line, not ~50 s of retries later (while its port was anyone's to take)."""
+    import contextlib
+    import io
+    import signal
+    import tarfile
+    import threading
+
+    import docker
+
+    from dockerlaunch.transfer.streams import local_image
+
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+    client = docker.from_env()
+    ctx = io.BytesIO()
+    with tarfile.open(fileobj=ctx, mode="w") as t:
+        for name, data in (("Dockerfile", b"FROM scratch\nCOPY blob /\n"), ("blob", os.urandom(48 << 20))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    ctx.seek(0)
+    tag = f"dlt-layer-source/{os.getpid()}:killed"
+    client.images.build(fileobj=ctx, custom_context=True, tag=tag, rm=True)
+    uploads = tmp_path / "cache" / "registry" / "store" / "docker" / "registry" / "v2" / "repositories"
+    killed: list[int] = []
+
+    def kill_at_first_upload() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(uploads.glob("**/_uploads/*")):
+            time.sleep(0.01)
+        for pid in os.listdir("/proc"):  # the registry: this process's docker-registry child
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                if "(docker-registry)" in stat and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(int(pid))
+
+    try:
+        killer = threading.Thread(target=kill_at_first_upload, daemon=True)
+        killer.start()
+        t0 = time.monotonic()
+        with pytest.raises(TransferError) as e:
+            layer_source.registry_image(client, local_image(client, tag, facts=False))
+        took = time.monotonic() - t0
+        killer.join(5)
+    finally:
+        client.images.remove(tag, force=True)
+    assert killed, "the registry was never seen uploading"
+    msg = str(e.value)
+    assert msg.startswith("the launcher's registry for 127.0.0.1:") and " exited (see " in msg, msg
+    assert "\n" not in msg and took < 30, (took, msg)
+    assert not [r for img in client.api.images() for r in img.get("RepoTags") or [] if layer_source.REPO in r]
