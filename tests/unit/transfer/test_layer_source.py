@@ -38,6 +38,11 @@ def test_where_the_registry_cannot_serve_it_says_why(monkeypatch):
     monkeypatch.delenv("DOCKER_HOST")
     monkeypatch.setenv("PATH", "/nonexistent")
     assert "no docker-registry on this machine" in layer_source.unavailable(image())
+    monkeypatch.undo()
+    monkeypatch.delenv(layer_source.MODE_ENV, raising=False)
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.setattr(layer_source, "TCP_TABLES", ("/nonexistent/net/tcp", "/nonexistent/net/tcp6"))
+    assert "could not prove the registry's port" in layer_source.unavailable(image())  # issue 50, finding 4
 
 
 def test_a_blob_streams_as_its_layer_and_is_refused_as_another(tmp_path):
