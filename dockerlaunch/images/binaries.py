@@ -219,6 +219,8 @@ def wheel_table(entry: locks.Entry, files: list[idx.IndexFile], tags, elfscan, c
         _save_table(table)
         costs.read += 1
         return table
+    except idx.NoSpace:  # the download, or the copy of a --find-links file, filled the disk
+        raise _no_space(root, f"reading {f.filename}") from None
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise _no_space(root, f"reading {f.filename}") from None

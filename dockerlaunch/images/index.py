@@ -10,6 +10,7 @@ and the bytes are checked as they arrive.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import http.client
 import ipaddress
@@ -32,6 +33,10 @@ from dockerlaunch.images import lock as locks
 
 class FetchError(DockerlaunchError):
     pass
+
+
+class NoSpace(FetchError):
+    """The disk a file was being written to filled (not the index's fault: the caller says where to free room)."""
 
 
 NET_ERRORS = (OSError, http.client.HTTPException, ValueError)  # what urllib raises besides URLError
@@ -300,6 +305,8 @@ def download(f: IndexFile, dest: Path) -> Path:
                 out.write(chunk)
     except NET_ERRORS as e:
         part.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise NoSpace(f"no space left in {dest} while writing {f.filename}: free some") from None
         raise FetchError(f"downloading {f.filename} failed ({getattr(e, 'reason', e)})") from None
     if h.hexdigest() != f.sha256:
         part.unlink(missing_ok=True)

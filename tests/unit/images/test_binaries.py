@@ -5,6 +5,9 @@ import ctypes
 import hashlib
 import json
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import zipfile
 
@@ -169,3 +172,35 @@ def test_a_find_links_wheel_swapped_after_its_hash_is_not_read(tmp_path, monkeyp
             f"read the swapped file's {sorted(table['objects'])} as the locked wheel sha256:{table['sha256'][:12]}"
     else:
         assert target.name in refused and "do not match the lock" in refused, refused
+
+
+NO_SPACE = """
+import sys, zipfile
+from pathlib import Path
+from dockerlaunch.images import binaries, index as idx, lock as locks
+wheel = Path(sys.argv[1])
+entry = locks.Entry("dlbig", "1.0", ("sha256:" + idx.file_sha256(wheel),), "train")
+try:
+    binaries.wheel_table(entry, [idx.IndexFile(wheel.name, str(wheel), None)], idx.target_tags("3.12"), None, None,
+                         binaries.Costs(), print)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mounts a small tmpfs (root, unshare)")
+def test_a_find_links_wheel_larger_than_the_free_space_is_the_no_space_line(tmp_path):
+    """The copy that finding 7 reads from fills the cache's disk first: still the one no-space line, not a
+    'download failed' row."""
+    wheel = tmp_path / "dlbig-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("dlbig/_big.so", os.urandom(3 << 20))  # incompressible: 3 MB on a 1 MB file system
+    cache = tmp_path / "small"
+    cache.mkdir()
+    script = 'mount -t tmpfs -o size=1m tmpfs "$1" && shift && exec "$@"'
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(cache),
+                        sys.executable, "-c", NO_SPACE, str(wheel)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "DOCKERLAUNCH_CACHE_DIR": str(cache)}, cwd=os.getcwd())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith(f"BinariesError stacks check --binaries: no space left in {cache}/tables while "
+                               f"reading {wheel.name}"), r.stdout
