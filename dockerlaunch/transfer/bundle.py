@@ -306,13 +306,12 @@ def local_loader(docker: str = "docker") -> Loader:
                 proc.stdin.write(chunk)
         except BrokenPipeError:
             pass
-        finally:
-            try:
+        finally:  # the stream refused mid-way too: the load has ended before anything looks at the engine
+            with contextlib.suppress(BrokenPipeError):
                 proc.stdin.close()
-            except BrokenPipeError:
-                pass
-        out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-        return proc.wait(), out
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            status = proc.wait()
+        return status, out
 
     return load
 
@@ -523,9 +522,19 @@ def load_bundle(
                 raise TransferError(f"{where}: {e.ref} in bundle {path} is a delta on {e.base}, whose layers this "
                                     f"engine lacks (chain {e.needs[7:19]}): load {e.base} first; nothing was loaded")
     before = engine_tags(run, where)
-    with _damaged_is_one_line(path):
-        _load_verified(path, entries, load, where, store)
-    _no_tag_moved(before, engine_tags(run, where), {e.expected_id(store) for e in entries}, run, where)
+    asked = {e.ref: e.expected_id(store) for e in entries}
+    watched = set(asked.values())  # and every image the tars hold, as the loads read them (_load_verified)
+    try:
+        with _damaged_is_one_line(path):
+            _load_verified(path, entries, load, where, store, watched)
+    except TransferError as failed:
+        try:
+            now = engine_tags(run, where)
+        except TransferError:
+            raise failed from None
+        _no_tag_moved(before, now, watched, asked, run, where)  # a load that failed may still have moved a tag
+        raise
+    _no_tag_moved(before, engine_tags(run, where), watched, asked, run, where)
     for e in entries:
         want = e.expected_id(store)
         status, out = run(["docker", "image", "inspect", "--format", "{{.Id}}", want])
@@ -538,20 +547,31 @@ def load_bundle(
     return entries
 
 
-def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: str, store: str) -> None:
+def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: str, store: str,
+                   contained: set[str]) -> None:
+    """Load each image tar as untagged_chunks re-streams it; `contained` gets the IDs of every image the tars
+    hold."""
     by_file = {e.file: e for e in entries}
     for member, f in _members(path):
         e = by_file.get(member.name)
         if e is None or f is None:
             continue
         reader = _HashingReader(f)
-        stream = CountingReader(untagged_chunks(iter(functools.partial(reader.read, CHUNK), b"")))
-        status, out = load(stream, Piece(e, e.expected_id(store), functools.partial(_prefix_sha256, path, e)))
+        stream = CountingReader(untagged_chunks(iter(functools.partial(reader.read, CHUNK), b""),
+                                                (e.id, e.manifest_id), contained))
+        refused: TransferError | None = None
+        try:
+            status, out = load(stream, Piece(e, e.expected_id(store), functools.partial(_prefix_sha256, path, e)))
+        except TransferError as err:  # the re-streaming refused the tar while the loader read it
+            status, out, refused = 1, "", err
         try:
             while stream.read(CHUNK):  # what docker load did not read: the rewriter runs to its end first
                 pass
-        except TransferError:
-            pass  # an image tar that is not a tar: docker load failed on it too (the sha256 matched the manifest)
+        except TransferError as err:
+            refused = refused or err
+        if refused is not None:
+            raise TransferError(f"{where}: {e.ref} ({e.file}) in bundle {path} was refused: {refused}; nothing of "
+                                "the bundle was tagged")
         while reader.read(CHUNK):  # then the member's own trailing bytes, for the checksum
             pass
         if (reader.h.hexdigest(), reader.n) != (e.sha256, e.bytes):
@@ -570,7 +590,7 @@ def _prefix_sha256(path: Path, e: BundleEntry, n: int) -> str | None:
         for member, f in _members(path):
             if member.name != e.file or f is None:
                 continue
-            for chunk in untagged_chunks(iter(functools.partial(f.read, CHUNK), b"")):
+            for chunk in untagged_chunks(iter(functools.partial(f.read, CHUNK), b""), (e.id, e.manifest_id)):
                 take = chunk[: n - seen]
                 h.update(take)
                 seen += len(take)
@@ -596,13 +616,16 @@ def engine_tags(run: Callable[[list[str]], tuple[int, str]], where: str) -> dict
     return tags
 
 
-def _no_tag_moved(before: dict[str, str], after: dict[str, str], loaded: set[str],
+def _no_tag_moved(before: dict[str, str], after: dict[str, str], watched: set[str], asked: dict[str, str],
                   run: Callable[[list[str]], tuple[int, str]], where: str) -> None:
-    """The loads are fed untagged tars, so no tag may have appeared on or moved to a loaded image: the check that
-    does not rest on the re-streaming having understood the tar as the engine's loader does. Puts back what moved,
-    removes what appeared, and fails naming it. A tag moved to another image meanwhile is someone else's pull or
-    build on a shared engine: left as it is."""
-    changed = sorted(ref for ref in after if before.get(ref) != after[ref] and after[ref] in loaded)
+    """The loads are fed untagged tars, so no tag may have appeared on or moved to an image the tars hold
+    (`watched`: the IDs the loads were to give, and the digest of every small member of the tars, which covers
+    any other image a tar carries), except a tag the bundle asks for onto its own image: the check that does not
+    rest on the re-streaming having understood the tar as the engine's loader does. Puts back what moved, removes
+    what appeared, and fails naming it. A tag moved to another image meanwhile is someone else's pull or build on
+    a shared engine: left as it is."""
+    changed = sorted(ref for ref in after if before.get(ref) != after[ref] and after[ref] in watched
+                     and asked.get(ref) != after[ref])
     if not changed:
         return
     for ref in changed:

@@ -10,6 +10,7 @@ import io
 import json
 import posixpath
 import queue
+import re
 import tarfile
 import threading
 import time
@@ -442,13 +443,94 @@ def rewrite_tar(chunks: Iterator[bytes], edit: Callable[[tarfile.TarInfo, IO[byt
 
 MAX_METADATA = 4 << 20  # a save's manifest.json / index.json: a few KB; more is not a docker save
 METADATA_MEMBERS = frozenset({"manifest.json", "index.json", "repositories", "oci-layout"})
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def untagged_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """Re-stream a `docker save` tar so that `docker load` sets no tag: RepoTags cleared in manifest.json,
-    the legacy `repositories` file dropped, image-name annotations removed from an OCI index.json."""
+class _LinkGuard:
+    """Docker's classic loader unpacks an image tar and then opens manifest.json by name, following links: a
+    symlinked or hardlinked manifest.json, or `d -> .` with `d/manifest.json`, is read though re-streaming never
+    saw a member of that name. A docker save links layer files only, so links named as metadata, members under a
+    linked folder and links over a folder already used are refused (in whichever order they come)."""
+
+    def __init__(self):
+        self.links: set[str] = set()
+        self.folders: set[str] = set()
+
+    def check(self, member: tarfile.TarInfo) -> None:
+        parts = member.name.split("/")
+        parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        under = next((p for p in parents if p in self.links), None)
+        if under is not None:
+            raise TransferError(f"image tar member {member.name!r} is under {under!r}, a link: a docker save has no "
+                                "linked folders; refusing an image tar that could set tags of its own")
+        if member.issym() or member.islnk():
+            if member.name in METADATA_MEMBERS or member.name in self.folders:
+                what = "a metadata name" if member.name in METADATA_MEMBERS else "a folder other members are in"
+                raise TransferError(f"image tar member {member.name!r} is a link (to {member.linkname[:200]!r}) "
+                                    f"over {what}: refusing an image tar that could set tags of its own")
+            self.links.add(member.name)
+        self.folders.update(parents)
+
+
+def _clean_path(p: object) -> bool:
+    return isinstance(p, str) and bool(p) and p == posixpath.normpath(p) and not p.startswith(("/", "../")) \
+        and p != ".." and p not in METADATA_MEMBERS
+
+
+def _rebuilt_metadata(meta: dict[str, object], expect: tuple[str, str] | None) -> list[tuple[tarfile.TarInfo,
+                                                                                           IO[bytes]]]:
+    """manifest.json (and, where the tar names the manifest, oci-layout and index.json) written anew: one image,
+    the one `expect` (config digest, manifest digest) names when given, no tag, no key a loader would act on
+    beyond Config and Layers; the tar's own are dropped."""
+    entries = meta.get("manifest.json")
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise TransferError("the image tar has no manifest.json naming an image: not a docker save")
+    if expect:
+        keep = [e for e in entries if isinstance(e.get("Config"), str)
+                and (_blob_digest(e["Config"]) or _legacy_config_digest(e["Config"])) == expect[0]]
+        if len(keep) != 1:
+            raise TransferError(f"the image tar's manifest.json names no image {expect[0][7:19]} (or names it "
+                                f"twice), the image the bundle says it holds: not a tar dockerlaunch saved")
+    elif len(entries) != 1:
+        raise TransferError(f"the image tar's manifest.json names {len(entries)} images: a re-streamed image tar "
+                            "holds one")
+    else:
+        keep = entries
+    config, layers = keep[0].get("Config"), keep[0].get("Layers")
+    if not _clean_path(config) or not isinstance(layers, list) or not all(_clean_path(x) for x in layers):
+        raise TransferError("the image tar's manifest.json has a Config or Layers entry that is not a plain path "
+                            "inside the tar: not a docker save")
+    out = [_member("manifest.json", json.dumps([{"Config": config, "RepoTags": None, "Layers": layers}],
+                                               separators=(",", ":")).encode())]
+    index = meta.get("index.json")
+    found = [d for d in (index.get("manifests") if isinstance(index, dict) else None) or []
+             if isinstance(d, dict) and d.get("mediaType") in (OCI_MANIFEST, DOCKER_MANIFEST)
+             and isinstance(d.get("digest"), str) and _DIGEST.fullmatch(d["digest"])
+             and isinstance(d.get("size"), int) and (not expect or d["digest"] == expect[1])]
+    if len(found) == 1:
+        d = found[0]
+        desc = {"mediaType": d["mediaType"], "digest": d["digest"], "size": d["size"]}
+        platform = d.get("platform")
+        if isinstance(platform, dict) and all(isinstance(v, str) for v in platform.values()):
+            desc["platform"] = platform
+        body = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [desc]}  # no annotation: no name
+        out += [_member("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
+                _member("index.json", json.dumps(body, separators=(",", ":"), sort_keys=True).encode())]
+    return out
+
+
+def untagged_chunks(chunks: Iterator[bytes], expect: tuple[str, str] | None = None,
+                    contained: set[str] | None = None) -> Iterator[bytes]:
+    """Re-stream a `docker save` tar so that `docker load` sets no tag and loads one image: the tar's own
+    manifest.json, index.json, repositories and oci-layout dropped, and written anew at the end for the image
+    `expect` (config digest, manifest digest) names (see _rebuilt_metadata); links that would let the loader read
+    other metadata refused (_LinkGuard). `contained` gets the sha256 of every small member: the IDs of every image
+    the tar holds, which no tag may move to during the load."""
 
     seen: set[str] = set()
+    guard = _LinkGuard()
+    meta: dict[str, object] = {}
 
     def edit(member: tarfile.TarInfo, f: IO[bytes] | None):
         # Docker's loader cleans member names (`./manifest.json` is manifest.json): a name matched here must be the
@@ -462,29 +544,18 @@ def untagged_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
         if member.name in METADATA_MEMBERS and member.name in seen:
             raise TransferError(f"image tar member {member.name!r} is in the image tar twice: not a docker save")
         seen.add(member.name)
-        if member.name == "repositories":
+        guard.check(member)
+        if member.name in METADATA_MEMBERS:
+            if member.name in ("manifest.json", "index.json") and f is not None:
+                meta[member.name] = json.loads(_metadata(member, f))
             return None
-        if member.name in ("manifest.json", "index.json") and f is not None:
-            if member.size > MAX_METADATA:
-                raise TransferError(f"{member.name} in an image tar is {member.size} bytes: not a docker save")
-            data = json.loads(f.read())
-            if member.name == "manifest.json":
-                for entry in data if isinstance(data, list) else []:
-                    if isinstance(entry, dict):
-                        entry["RepoTags"] = None
-            else:
-                for m in data.get("manifests", []) if isinstance(data, dict) else []:
-                    notes = m.get("annotations") if isinstance(m, dict) else None
-                    if isinstance(notes, dict):
-                        for k in [k for k in notes if k.endswith(("image.name", "ref.name"))]:
-                            del notes[k]
-            body = json.dumps(data).encode()
-            info = tarfile.TarInfo(member.name)
-            info.size, info.mode, info.mtime = len(body), member.mode, member.mtime
-            return info, io.BytesIO(body)
+        if contained is not None and f is not None and member.size <= MAX_METADATA:
+            data = f.read()
+            contained.add("sha256:" + hashlib.sha256(data).hexdigest())
+            f = io.BytesIO(data)
         return member, f
 
-    return rewrite_tar(chunks, edit)
+    return rewrite_tar(chunks, edit, lambda: _rebuilt_metadata(meta, expect))
 
 
 class Pipe:
@@ -524,8 +595,10 @@ def image_chunks(chunks: Iterator[bytes], image: LocalImage, skip: set[str] = fr
     (the receivers have them), and at the end an OCI index and manifest written from the image's
     SaveFacts (see there). `on_facts` gets the facts once the stream is complete."""
     rec = _Recorder(image)
+    guard = _LinkGuard()
 
     def edit(member: tarfile.TarInfo, f: IO[bytes] | None):
+        guard.check(member)
         if member.name in ("repositories", "index.json", "oci-layout") or member.name in skip:
             return None
         f = rec.see(member, f)
