@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import yaml
@@ -257,3 +258,164 @@ def test_cdi_is_judged_by_what_each_real_engine_reads(engine, mixed):
         assert usable and why.startswith("CDI spec /etc/cdi/nvidia.yaml, Docker 28."), why
     finally:
         node.exec_run(["rm", "-f", "/etc/cdi/nvidia.yaml"])
+
+
+# ---------------------------------------------------------------- image tars that try to tag (issue 50, finding 2)
+
+
+def _scratch_image(engine, tag: str) -> None:
+    """A tiny FROM-scratch image of one random file (unique ID, a few KB to save and load)."""
+    ctx = io.BytesIO()
+    with tarfile.open(fileobj=ctx, mode="w") as t:
+        for name, data in (("Dockerfile", b"FROM scratch\nCOPY token /\n"), ("token", secrets.token_bytes(4096))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    ctx.seek(0)
+    engine.images.build(fileobj=ctx, custom_context=True, tag=tag, rm=True)
+
+
+def _members(tar: bytes) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        return [(m, t.extractfile(m).read() if m.isfile() else None) for m in t.getmembers()]
+
+
+def _tar(members) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for m, data in members:
+            t.addfile(m, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def _file(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+def _link(name: str, target: str, hard: bool = False) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = (tarfile.LNKTYPE if hard else tarfile.SYMTYPE), target
+    return info, None
+
+
+@pytest.fixture(scope="module")
+def tagging_tars(engine):
+    """The image tar dockerlaunch saves for a tiny image (`good`), plus a second tiny image (`attacker`) that each
+    crafted tar asks to tag `victim`: the attacker's files, a manifest.json naming both images (the attacker's
+    RepoTags: the victim) and an index.json naming both manifests (the attacker's with the victim as its name).
+    (the bundle entry's facts, {attack: inner tar bytes}, the victim tag)."""
+    from dockerlaunch.transfer import streams
+
+    good, attacker = (f"dlt-eng/tag-{secrets.token_hex(4)}:1" for _ in range(2))
+    victim = f"dlt-victim/{secrets.token_hex(4)}:1"
+    for tag in (good, attacker):
+        _scratch_image(engine, tag)
+    imgs = [streams.with_facts(engine, streams.local_image(engine, t)) for t in (good, attacker)]
+    saved = [_members(b"".join(streams.image_chunks(streams.save_stream(engine, i.id), i))) for i in imgs]
+    meta = {"manifest.json", "index.json", "oci-layout", "repositories"}
+    body = [(m, d) for members in saved for m, d in members if m.name not in meta]
+    entries = [json.loads(next(d for m, d in members if m.name == "manifest.json"))[0] for members in saved]
+    entries[1]["RepoTags"] = [victim]
+    descs = [json.loads(next(d for m, d in members if m.name == "index.json"))["manifests"][0] for members in saved]
+    descs[1]["annotations"] = {"io.containerd.image.name": "docker.io/" + victim}
+    evil = json.dumps(entries).encode()
+    index = _file("index.json", json.dumps({"schemaVersion": 2, "manifests": descs}).encode())
+    layout = _file("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+    tars = {
+        "symlinked manifest": _tar([*body, layout, index, _file("evil.json", evil),
+                                    _link("manifest.json", "evil.json")]),
+        "hardlinked manifest": _tar([*body, layout, index, _file("evil.json", evil),
+                                     _link("manifest.json", "evil.json", hard=True)]),
+        "linked parent folder": _tar([*body, layout, index, _link("d", "."), _file("d/manifest.json", evil)]),
+        "a second tagged image": _tar([*body, layout, index, _file("manifest.json", evil)]),
+    }
+    facts = imgs[0].facts
+    yield good, imgs[0].config_digest, facts.manifest_digest, imgs[1], tars, victim
+    for tag in (good, attacker):
+        engine.images.remove(tag, force=True)
+
+
+def _bundle(path, ref, image_id, manifest_id, inner: bytes) -> None:
+    import hashlib
+
+    import zstandard
+
+    from dockerlaunch.transfer.bundle import BUNDLE_FORMAT
+
+    manifest = json.dumps({"format": BUNDLE_FORMAT, "images": [{
+        "ref": ref, "id": image_id, "manifest_id": manifest_id, "size": 1, "file": f"images/{image_id[7:]}.tar",
+        "sha256": hashlib.sha256(inner).hexdigest(), "bytes": len(inner)}]}).encode()
+    path.write_bytes(zstandard.ZstdCompressor().compress(_tar([_file(f"images/{image_id[7:]}.tar", inner),
+                                                              _file("manifest.json", manifest)])))
+
+
+@pytest.fixture(params=range(4), ids=ENGINES.split(","))
+def victim_node(request, engine, mixed, tagging_tars, tmp_path):
+    """(node, its container, a config of that node alone, victim's Image ID, a reader of its tags) with the victim
+    tag set on the node's tools image; afterwards the victim and every image of the tars removed there."""
+    good, image_id, manifest_id, attacker, tars, victim = tagging_tars
+    n = mixed[1][request.param]
+    tools = yaml.safe_load(open(mixed[0]))["image"]
+    assert node_docker(engine, n, "tag", tools, victim)[0] == 0
+    victim_id = node_docker(engine, n, "image", "inspect", "--format", "{{.Id}}", victim)[1].strip()
+
+    def tags() -> dict[str, str]:
+        code, out = node_docker(engine, n, "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}")
+        assert code == 0, out
+        return dict(line.rsplit(" ", 1) for line in out.splitlines() if "<none>" not in line)
+
+    yield n, engine.containers.get(n.name), subset(mixed, tmp_path, [request.param]), victim_id, tags
+    node_docker(engine, n, "rmi", victim)
+    node_docker(engine, n, "rmi", "-f", image_id, manifest_id, attacker.id, attacker.facts.manifest_digest)
+
+
+def test_an_image_tar_that_tags_through_links_is_refused_and_every_tag_stays(tmp_path, tagging_tars, victim_node):
+    """A bundle's image tar whose manifest.json is a symlink or a hardlink, or sits under `d -> .`, naming a second
+    image tagged as the user's `victim`: Docker's classic loader followed them and moved the tag while the load
+    said it succeeded. On each engine kind: refused in one line, the victim where it was, the bundle's tag not
+    set."""
+    good, image_id, manifest_id, _, tars, victim = tagging_tars
+    n, _, cfg, victim_id, tags = victim_node
+    for attack in ("symlinked manifest", "hardlinked manifest", "linked parent folder"):
+        path = tmp_path / f"{attack.replace(' ', '-')}.dlb"
+        _bundle(path, good, image_id, manifest_id, tars[attack])
+        before = tags()
+        r = dl("load", str(path), "--config", cfg)
+        out = (r.stdout + r.stderr).strip()
+        assert tags() == before and tags()[victim] == victim_id and good not in tags(), (attack, out)
+        assert r.returncode == 1 and "was refused" in out and "link" in out, (attack, out)
+        assert "Traceback" not in out and len([x for x in out.splitlines() if "refused" in x]) == 1, (attack, out)
+
+
+def test_a_tag_a_second_image_of_the_tar_takes_is_put_back_and_the_load_fails(tmp_path, tagging_tars, victim_node):
+    """Were an engine's loader to read a tar otherwise than the re-streaming did (a stand-in: the re-streamed tar
+    read to its end, then the raw one loaded), a second image in it that takes the victim's tag is caught though
+    the load was not meant to create it: the engine's tags compared before and after, the victim put back, the
+    load failed in one line naming it, the bundle's tag not set."""
+    from dockerlaunch.transfer.bundle import load_bundle
+
+    good, image_id, manifest_id, _, tars, victim = tagging_tars
+    n, box, _, victim_id, tags = victim_node
+    path = tmp_path / "second.dlb"
+    _bundle(path, good, image_id, manifest_id, tars["a second tagged image"])
+
+    def raw_loader(stream, piece):
+        while stream.read(1 << 20):
+            pass
+        p = subprocess.run(["docker", "exec", "-i", n.name, "docker", "load"], capture_output=True,
+                           input=tars["a second tagged image"])
+        return p.returncode, (p.stdout + p.stderr).decode(errors="replace")
+
+    def run(argv):
+        code, out = box.exec_run(argv)
+        return code, out.decode(errors="replace")
+
+    before = tags()
+    with pytest.raises(Exception) as e:
+        load_bundle(path, raw_loader, run, where=n.name)
+    msg = str(e.value)
+    assert tags() == before and tags()[victim] == victim_id and good not in tags(), msg
+    assert msg.startswith(f"{n.name}: tag {victim} changed during the load (was {victim_id[7:19]}") and \
+        "put back as it was, nothing of the bundle was tagged" in msg and "\n" not in msg, msg
