@@ -285,12 +285,12 @@ def _engine_push(client, image: LocalImage, reg: Served) -> dict:
                 reg.check()
             if isinstance(line, dict) and line.get("error"):
                 raise TransferError(f"the engine's push into the launcher's registry failed: {line['error']}")
-        reg.check()
     finally:
         if hasattr(lines, "close"):
             lines.close()  # its connection closed: the engine cancels the push
         with contextlib.suppress(Exception):
             client.api.remove_image(f"{repo}:{tag}", noprune=True)
+    reg.check()  # still the registry's port: what answered the engine was the registry, and the password may go
     return _manifest(image, port, password, tag)
 
 
