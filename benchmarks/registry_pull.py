@@ -83,17 +83,17 @@ class CountingRelay:
 
 
 @contextlib.contextmanager
-def launcher_registry() -> Iterator[tuple[int, str]]:
+def launcher_registry() -> Iterator[layer_source.Served]:
     """The launcher's own registry (transfer.layer_source: Debian's distribution over its cache), held open."""
-    with layer_source._locked(), layer_source._registry() as (port, password):
-        yield port, password
+    with layer_source._locked(), layer_source._registry() as reg:
+        yield reg
 
 
-def into_registry(client, port: int, password: str, ref: str) -> str:
+def into_registry(client, reg: layer_source.Served, ref: str) -> str:
     """The engine's own `docker push` of `ref` into the registry (it sends only the layers the registry lacks);
     the repository:tag a host pulls."""
     image = streams.local_image(client, ref, facts=False)
-    layer_source._engine_push(client, image, port, password)
+    layer_source._engine_push(client, image, reg)
     return f"{layer_source.REPO}:{image.id[7:19]}"
 
 
@@ -145,8 +145,9 @@ def main() -> int:
         cfg = load_config(sim.create(cluster=args.cluster, subnet=args.subnet, engines=args.engines))
         remotes = [Remote(resolve_target(h, cfg.ssh)) for h in cfg.hosts]
         os.environ["DOCKERLAUNCH_CACHE_DIR"] = cache  # a registry of its own (set after the sim found its caches)
-        with launcher_registry() as (port, password):
-            base_tag, new_tag = (into_registry(client, port, password, ref) for ref in (base, new))
+        with launcher_registry() as reg:
+            port, password = reg.port, reg.password
+            base_tag, new_tag = (into_registry(client, reg, ref) for ref in (base, new))
             for kind, remote in zip(kinds, remotes):
                 r = push.push_to_host(client, remote, streams.local_image(client, base), compress="none",
                                       thin=False)

@@ -141,8 +141,8 @@ def main() -> int:
             return res
 
         def by_pull(ref: str) -> Pulled:
-            with launcher_registry() as (port, password):
-                seconds, served = pull(cfg, remote, port, password, into_registry(client, port, password, ref), ref)
+            with launcher_registry() as reg:
+                seconds, served = pull(cfg, remote, reg.port, reg.password, into_registry(client, reg, ref), ref)
             return Pulled(served, f"pulled in {seconds:.1f} s")
 
         layer_file(tmp, args.top_mb)
