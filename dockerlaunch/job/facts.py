@@ -18,6 +18,9 @@ class GpuHost:
     libs: tuple[tuple[str, str], ...] = ()  # (soname, host path) of the driver's libraries, x86-64
     nvidia_smi: str | None = None
     image_env: tuple[str, ...] | None = None  # the job image's Config.Env, when asked
+    # driver files (libs, nvidia_smi) not root's own or writable by others, "PATH (owner uid U, mode M)": never
+    # bind-mounted into a job (another login could put its code there)
+    untrusted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -216,6 +216,10 @@ def device_access(gpus, gpu: GpuHost, user_env: dict[str, str], where: str, why:
     if not gpu.libs:
         raise ConfigError(f"{where}: no NVIDIA driver libraries found with `ldconfig -p` (libcuda, libnvidia-ml); "
                           "is the driver installed?")
+    if gpu.untrusted:
+        raise ConfigError(f"{where}: the driver file {gpu.untrusted[0]} is not root's own or is writable by others, "
+                          "and device-node access would bind-mount it into the job: have root own it "
+                          "(chown root:root, chmod go-w) or fix the ldconfig path that names it")
     devices = [n for n in GPU_CONTROL_NODES if n in gpu.device_nodes] + numbered
     mounts = [BindMount(path, f"{NVIDIA_DIR}/lib64/{soname}", read_only=True) for soname, path in gpu.libs]
     if gpu.nvidia_smi:

@@ -38,11 +38,12 @@ def test_a_wheel_install_lists_and_plans_stacks_from_any_directory(tmp_path):
          "s = load_matrix().stacks['swift4.6-mcore0.19-cu13-py313'];"
          "base = binaries.read_base(binaries.base_tables_path(s, default_dockerfiles_dir()));"
          "print(len(transfer.script('relay.sh')), len(docker.script('observe.sh')), default_dockerfiles_dir(),"
-         "len(base['objects']))"],
+         "len(base['objects']), int('kv() {' in docker.script('probe.sh') and 'kv() {' in transfer.script('load.sh')))"],
         cwd=work, capture_output=True, text=True, timeout=120)
     assert shipped.returncode == 0, shipped.stderr
-    relay, observe, where, base_objects = shipped.stdout.split()
+    relay, observe, where, base_objects, kv = shipped.stdout.split()
     assert int(relay) > 500 and int(observe) > 300 and "site-packages" in where
+    assert kv == "1"  # the key=value contract's fragment (dockerlaunch/scripts/kv.sh) ships and is included
     assert int(base_objects) > 100  # the made base's recorded tables (stacks check --binaries)
 
     # the recommended stack's non-PyPI source (apex) from the wheel: offline, no DOCKERLAUNCH_SOURCE_DIRS, no cache

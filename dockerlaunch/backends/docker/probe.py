@@ -1,6 +1,19 @@
 """What a host must tell us before its container can be planned: NIC toward the master, IB ports, GPUs.
 
 One probe script per host (one SSH round trip); parsing is pure and tested on fixture output.
+
+The contract of every script whose output the launcher parses as key=value lines (probe.sh, observe.sh, reach.sh,
+container_probe.sh and hubs.py in backends/docker; inspect.sh, stage_probe.sh, relay.sh and load.sh's status lines
+in transfer) -- later scripts keep it:
+- each value is printed as one line `KEY=VALUE` through `kv KEY VALUE` (or `kvl KEY TEXT`, a line of TEXT each) of
+  `dockerlaunch/scripts/kv.sh`, with `printf '%s'`, never `echo` (dash's echo turns a host's `\n` into a line);
+- VALUE has `%`, every byte below 0x20 and 0x7f written as `%XX` (upper-case hex): no value can hold a line break
+  or a terminal control; `ldconfig -p` lines lose their leading tab first;
+- the parser (`keyvalue.parse`) names the keys a script may say once and refuses an answer that repeats one, holds a
+  raw control character or a bad escape, in one line naming the host and the key (doctor: a FAIL row `probe`; up: the
+  host's error), never a quiet guess. Lines end at `\n` only. Other keys and lines are ignored (a login's rc file).
+A host's words stay data: driver files come only from the `ldconfig -p` section and from `command -v nvidia-smi`, and
+are used (bind-mounted into the job) only when owned by root and not writable by group or others (`file=` lines).
 """
 
 from __future__ import annotations
@@ -10,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import nvsmi, script
 from dockerlaunch.errors import HostError
 from dockerlaunch.job.facts import GpuHost
@@ -96,6 +110,26 @@ def parse_ldconfig(lines: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
+def untrusted_files(paths: list[str], files: list[str]) -> tuple[str, ...]:
+    """Of the driver files the job would get bind-mounted, those not root's own or writable by group or others,
+    named with their owner and mode (from `file=UID MODE PATH` lines; a file the host could not stat is one too)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for line in files:
+        uid, _, rest = line.partition(" ")
+        mode, _, path = rest.partition(" ")
+        seen.setdefault(path, (uid, mode))
+    out = []
+    for path in dict.fromkeys(paths):
+        uid, mode = seen.get(path, ("?", "?"))
+        try:
+            writable = int(mode, 8) & 0o022
+        except ValueError:
+            writable = True
+        if uid != "0" or writable:
+            out.append(f"{path} (owner uid {uid}, mode {mode})")
+    return tuple(out)
+
+
 def _gpu_host(kv: dict[str, list[str]]) -> GpuHost:
     one = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
     info = docker_info(one("docker_info"))
@@ -118,15 +152,18 @@ def _gpu_host(kv: dict[str, list[str]]) -> GpuHost:
         dirs = json.loads(one("cdi_dirs")) if "cdi_dirs" in kv else None
     except ValueError:
         dirs = None
+    libs = parse_ldconfig(kv.get("lib", []))
+    smi = one("nvidia_smi") or None
     return GpuHost(
         cdi_dirs=tuple(str(d) for d in dirs) if isinstance(dirs, list) else () if "cdi_dirs" in kv else None,
         device_nodes=tuple(kv.get("gpu_dev", [])),
         nvidia_runtime=isinstance(runtimes, dict) and "nvidia" in runtimes,
         cdi_specs=tuple(kv.get("cdi", [])),
         engine=one("engine") or None,
-        libs=parse_ldconfig(kv.get("lib", [])),
-        nvidia_smi=one("nvidia_smi") or None,
+        libs=libs,
+        nvidia_smi=smi,
         image_env=tuple(env) if isinstance(env, list) else None,
+        untrusted=untrusted_files([path for _, path in libs] + ([smi] if smi else []), kv.get("file", [])),
     )
 
 
@@ -139,12 +176,18 @@ def docker_info(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def parse_probe(text: str) -> Probe:
-    kv: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if "=" in line:
-            k, v = line.split("=", 1)
-            kv.setdefault(k, []).append(v)
+# probe.sh's keys: said once, or a line each (engine, cdi_dirs, runtimes: probe.sh before issue 21)
+SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info", "image_env",
+          "smi_driver", "xid_readable", "engine", "cdi_dirs", "runtimes")
+LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_error", "xid", "gpu_dev", "cdi", "lib", "file")
+
+
+def parse_probe(text: str, host: str = "?") -> Probe:
+    """probe.sh's answer -> Probe; a HostError naming `host` and the key when it breaks the contract above."""
+    try:
+        kv = keyvalue.parse(text, SINGLE, LISTS)
+    except keyvalue.Malformed as e:
+        raise keyvalue.host_error(host, PROBE_STEP, e) from None
     get = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
     if get("has_ip") == "0":
         iface, src, problem = None, None, "the host has no `ip` command (install iproute2)"
@@ -192,7 +235,7 @@ def probe_argv(master_addr: str, image: str | None = None, gpu: bool = True) -> 
 
 
 def probe(remote: Remote, master_addr: str, image: str | None = None) -> Probe:
-    return parse_probe(remote.check(probe_argv(master_addr, image), PROBE_STEP, timeout=60).stdout)
+    return parse_probe(remote.check(probe_argv(master_addr, image), PROBE_STEP, timeout=60).stdout, remote.name)
 
 
 GPU_ARCHS_STEP = "asking the host for its GPUs' compute capability"

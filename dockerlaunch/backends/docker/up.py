@@ -297,9 +297,14 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
     probes: list[probelib.Probe | Exception] = []
     for h, rs in zip(hosts, done):
         r = rs[0]
-        probes.append(probelib.parse_probe(r.stdout) if r is not None and r.ok else HostError(
-            h.name, r.last_line() if r is not None else "not run", step=probelib.PROBE_STEP,
-            exit_status=r.exit_status if r is not None else None))
+        if r is None or not r.ok:
+            probes.append(HostError(h.name, r.last_line() if r is not None else "not run", step=probelib.PROBE_STEP,
+                                    exit_status=r.exit_status if r is not None else None))
+            continue
+        try:
+            probes.append(probelib.parse_probe(r.stdout, h.name))
+        except HostError as e:
+            probes.append(e)
     return probes
 
 

@@ -54,6 +54,9 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSH
     if o.error:
         report.add(a, "docker", FAIL, f"could not check the host: {o.error}")
         return
+    if o.probe_error:
+        report.add(a, "probe", FAIL, o.probe_error)
+        return
     if o.docker is None:
         why = o.docker_error or "no answer"
         hint = " (add the user to the docker group)" if "permission denied" in why.lower() else ""

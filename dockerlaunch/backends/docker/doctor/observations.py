@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import probe as probelib
-from dockerlaunch.errors import ConfigError
+from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import HostPlan, gpu_access
 from dockerlaunch.job.spec import GpuAccess
@@ -93,15 +94,15 @@ def can_listen(tools: list[str] | None) -> bool:
 def parse_reach(text: str) -> dict[str, tuple[str, str, str]] | None:
     """reach.sh connect -> {port: (ok|fail|error, tool, why)}; {} for `reach=none` (no tool); None: no answer."""
     out: dict[str, tuple[str, str, str]] = {}
-    seen = False
-    for line in text.splitlines():
-        if not line.startswith("reach="):
-            continue
-        seen = True
-        parts = line[6:].split(" ", 3)
+    try:
+        lines = keyvalue.parse(text, (), ("reach",)).get("reach")
+    except keyvalue.Malformed:
+        return None  # not an answer of reach.sh's: "could not check", never a guess
+    for line in lines or []:
+        parts = line.split(" ", 3)
         if len(parts) >= 3 and parts[1] in ("ok", "fail", "error"):
             out[parts[0]] = (parts[1], parts[2], parts[3] if len(parts) > 3 else "")
-    return out if seen else None
+    return out if lines is not None else None
 
 
 @dataclass
@@ -134,6 +135,7 @@ class HostObservation:
     ssh: str = ""  # user@host:port, when connected
     ssh_error: str | None = None
     error: str | None = None  # the observation round trip itself failed
+    probe_error: str | None = None  # its answer broke the key=value contract (probe.py): none of it was used
     docker: str | None = None  # engine version
     docker_error: str | None = None
     image_id: str | None = None  # "" when the image is missing
@@ -154,7 +156,7 @@ class HostObservation:
     @property
     def usable(self) -> bool:
         """Connected, observed, and docker works: the checks that need docker can run."""
-        return not self.ssh_error and not self.error and self.docker is not None
+        return not self.ssh_error and not self.error and not self.probe_error and self.docker is not None
 
 
 @dataclass
@@ -166,13 +168,22 @@ class Observations:
     reach_missing: str | None = None  # no listener on host 0: the tool that is missing there, and how to add it
 
 
+OBSERVE_SINGLE = ("clock", "docker", "docker_error", "image", "image_content")
+OBSERVE_LISTS = ("disk", "mount_ok", "mount_missing", "tcp")
+
+
 def parse_observation(obs: HostObservation, text: str) -> HostObservation:
-    """observe.sh + probe.sh output -> the fields of `obs` (pure; tested on recorded output)."""
-    kv: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        k, sep, v = line.partition("=")
-        if sep:
-            kv.setdefault(k, []).append(v)
+    """observe.sh + probe.sh output -> the fields of `obs` (pure; tested on recorded output). An answer that breaks
+    the key=value contract (probe.py) sets only `probe_error`: nothing of it is used."""
+    try:
+        kv = keyvalue.parse(text, OBSERVE_SINGLE, OBSERVE_LISTS)
+        probe = probelib.parse_probe(text, obs.address)
+    except keyvalue.Malformed as e:
+        obs.probe_error = keyvalue.host_error(obs.address, probelib.PROBE_STEP, e).reason
+        return obs
+    except HostError as e:
+        obs.probe_error = e.reason
+        return obs
     one = lambda k: (kv.get(k) or [None])[0]  # noqa: E731
     obs.docker, obs.docker_error = one("docker"), one("docker_error")
     if obs.docker is not None:
@@ -181,7 +192,7 @@ def parse_observation(obs: HostObservation, text: str) -> HostObservation:
         obs.disk = parse_df_kb("\n".join(kv.get("disk", [])))
     obs.mounts_missing = kv.get("mount_missing", [])
     obs.listening = listening_ports("\n".join(kv.get("tcp", [])))
-    obs.probe = probelib.parse_probe(text)
+    obs.probe = probe
     return obs
 
 
@@ -203,19 +214,27 @@ def uses_ib(mode: str, probe: probelib.Probe | None) -> bool:
     return mode == "on" or (mode == "auto" and probe is not None and probe.ib_device)
 
 
+CONTAINER_SINGLE = ("ibdev", "ibverbs", "ibprovider", "tools", "nofile", "memlock", "hub")
+CONTAINER_HUBS = ("huggingface.co", "modelscope.cn")  # hubs.py's hubs, each a `hub.NAME=` line
+
+
 def parse_container_facts(out: str) -> ContainerFacts:
-    """The probe container's output (SHM_AND_MEMLOCK, after IN_CONTAINER_IB where IB is used)."""
-    head, _, memlock = out.rpartition("memlock=")
-    kv = dict(line.split("=", 1) for line in head.splitlines() if "=" in line and not line.startswith("/"))
-    df = parse_df_kb("\n".join(line for line in head.splitlines() if "=" not in line))
-    facts = ContainerFacts(shm_kb=df[0] if df else None, memlock=memlock.strip() or None,
-                           nofile=kv["nofile"].strip() or None if "nofile" in kv else None,
-                           tools=kv["tools"].split() if "tools" in kv else None)
-    if "ibdev" in kv:
-        facts.ib_devices = kv["ibdev"].split()
-        facts.ibverbs = kv.get("ibverbs", "0").strip() not in ("", "0")
-        facts.ib_provider = kv.get("ibprovider", "0").strip() not in ("", "0")
-    hubs = {k[4:]: v.strip() for k, v in kv.items() if k.startswith("hub.")}
-    if hubs or "hub" in kv:
+    """The probe container's output (container_probe.sh; hubs.py's lines where asked). An answer that breaks the
+    key=value contract (probe.py) is the container's error: nothing of it is used."""
+    try:
+        kv = keyvalue.parse(out, CONTAINER_SINGLE + tuple(f"hub.{h}" for h in CONTAINER_HUBS), ("shm",))
+    except keyvalue.Malformed as e:
+        return ContainerFacts(error=f"the probe container answered in a form the launcher does not write ({e})")
+    one = {k: v[0] for k, v in kv.items()}
+    df = parse_df_kb("\n".join(kv.get("shm", [])))
+    facts = ContainerFacts(shm_kb=df[0] if df else None, memlock=one.get("memlock", "").strip() or None,
+                           nofile=one["nofile"].strip() or None if "nofile" in one else None,
+                           tools=one["tools"].split() if "tools" in one else None)
+    if "ibdev" in one:
+        facts.ib_devices = one["ibdev"].split()
+        facts.ibverbs = one.get("ibverbs", "0").strip() not in ("", "0")
+        facts.ib_provider = one.get("ibprovider", "0").strip() not in ("", "0")
+    hubs = {k[4:]: v.strip() for k, v in one.items() if k.startswith("hub.")}
+    if hubs or "hub" in one:
         facts.hubs = hubs
     return facts

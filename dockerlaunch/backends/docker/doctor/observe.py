@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 import time
 
+from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import script
 from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
@@ -77,8 +78,10 @@ def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> 
         obs.error = (err.decode(errors="replace").strip().splitlines() or [f"exit status {status}"])[-1][:300]
         return obs
     parse_observation(obs, text)
+    if obs.probe_error:
+        return obs
     obs.image_scan = load_image_scan(obs.image_id)
-    clock = next((line[6:] for line in text.splitlines() if line.startswith("clock=")), "")
+    clock = next((keyvalue.decode(line[6:]) for line in text.split("\n") if line.startswith("clock=")), "")
     try:
         obs.clock_offset = float(clock) - (t0 + (first[0] if first else time.time())) / 2
     except ValueError:
@@ -246,7 +249,10 @@ def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int
     else:
         why = _image_why(facts, "nc or python3")
     r = h0.remote.run(["sh", "-c", REACH, "sh", "listen", str(LISTEN_TTL_S), *map(str, ports)], timeout=60)
-    line = next((x[7:].split() for x in r.stdout.splitlines() if x.startswith("listen=")), None)
+    try:
+        line = keyvalue.parse(r.stdout, ("listen",)).get("listen", [""])[0].split() or None
+    except keyvalue.Malformed as e:
+        return "", "", f"no listener on host 0: its answer broke the key=value contract ({e})"
     if not line or line[0] == "none" or len(line) < 2:
         what = (f"{why} and the host has no python3 or nc to listen with: {ADD_NC}" if line
                 else f"{why}, and the host's listener did not start: {r.last_line()}")

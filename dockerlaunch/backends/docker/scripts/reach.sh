@@ -8,14 +8,19 @@
 #        reach.sh listen SECONDS PORT...  listeners (python3, else nc -lk) in the background for at most SECONDS:
 #                                         "listen=TOOL PID" (kill PID to end them sooner), or "listen=none"
 #        reach.sh serve SECONDS PORT...   the same in the foreground (a probe container; 0: until removed)
+# Every value through kv (the key=value contract in probe.py; python3's lines encode the same way).
+# shellcheck source=/dev/null
+. ./kv.sh  # included when shipped (shipped.script)
 PY_CONNECT='
 import socket, sys
+def kv(v):
+    return "".join("%{:02X}".format(ord(c)) if c == "%" or ord(c) < 32 or ord(c) == 127 else c for c in v)
 for p in sys.argv[2:]:
     try:
         socket.create_connection((sys.argv[1], int(p)), 3).close()
-        print("reach=%s ok python3" % p)
+        print("reach=" + kv("%s ok python3" % p))
     except Exception as e:
-        print("reach=%s fail python3 %s" % (p, e))
+        print("reach=" + kv("%s fail python3 %s" % (p, e)))
 '
 PY_SERVE='
 import select, socket, sys, time
@@ -59,12 +64,12 @@ connect() {
   elif has nc; then
     for p in "$@"; do
       if out=$(nc -vz -w 3 "$a" "$p" </dev/null 2>&1); then
-        echo "reach=$p ok nc"
+        kv reach "$p ok nc"
       else
         why=$(printf '%s\n' "$out" | grep -v '^ *$' | head -n 1)
         case $out in
-          *sage:* | *nvalid\ option* | *llegal\ option* | *nrecognized\ option*) echo "reach=$p error nc ${why:-exit status}" ;;
-          *) echo "reach=$p fail nc ${why:-no connection in 3 s}" ;;
+          *sage:* | *nvalid\ option* | *llegal\ option* | *nrecognized\ option*) kv reach "$p error nc ${why:-exit status}" ;;
+          *) kv reach "$p fail nc ${why:-no connection in 3 s}" ;;
         esac
       fi
     done
@@ -72,11 +77,11 @@ connect() {
     for p in "$@"; do
       # shellcheck disable=SC2016  # expanded by that bash, from its own arguments
       if out=$(timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' bash "$a" "$p" 2>&1); then
-        echo "reach=$p ok bash"
+        kv reach "$p ok bash"
       elif [ $? = 124 ]; then
-        echo "reach=$p fail bash no connection in 3 s"
+        kv reach "$p fail bash no connection in 3 s"
       else
-        echo "reach=$p fail bash $(printf '%s\n' "$out" | tail -n 1)"
+        kv reach "$p fail bash $(printf '%s\n' "$out" | tail -n 1)"
       fi
     done
   else

@@ -122,7 +122,7 @@ def test_observation_round_trip_failed():
 def test_docker_permission_denied_hints_the_docker_group():
     config = cfg(hosts=[H0, "alice@10.0.0.2"])
     why = ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
-           'Get "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/version": dial unix /var/run/docker.sock: connect: '
+           'Get "http://%252Fvar%252Frun%252Fdocker.sock/v1.24/version": dial unix /var/run/docker.sock: connect: '
            "permission denied")
     report = run(config, host(0), host(1, docker=None, docker_error=why, image_id=None, disk=None))
     c = row(report, H1, "docker", FAIL, "docker not usable by alice", "permission denied")
@@ -506,7 +506,7 @@ clock=1763800000.123456789
 docker=20.10.24+dfsg1
 image={IMAGE_ID}
 disk=Filesystem 1024-blocks Used Available Capacity Mounted on
-disk=/dev/sda1 103081248 40000000 58000000 41% /
+disk=/dev/sda1 103081248 40000000 58000000 41%25 /
 mount_ok=/data
 mount_missing=/nope
 {TCP}route=10.0.0.1 dev eth0 src 10.0.0.2 uid 0 \\    cache
@@ -522,7 +522,7 @@ clock=1763800000.200000000
 docker=20.10.24+dfsg1
 image={IMAGE_ID}
 disk=Filesystem 1024-blocks Used Available Capacity Mounted on
-disk=/dev/nvme0n1p2 490691512 450000000 15691512 97% /
+disk=/dev/nvme0n1p2 490691512 450000000 15691512 97%25 /
 mount_ok=/data
 mount_ok=/nope
 {TCP}route=local 10.0.0.1 dev lo table local src 10.0.0.1 uid 0 \\    cache <local>
@@ -536,7 +536,7 @@ has_ip=1
 NO_DOCKER = """\
 clock=1763800000.300000000
 docker_error=permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: \
-Get "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/version": dial unix /var/run/docker.sock: connect: permission denied
+Get "http://%252Fvar%252Frun%252Fdocker.sock/v1.24/version": dial unix /var/run/docker.sock: connect: permission denied
 mount_ok=/data
 mount_missing=/nope
 tcp=  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -618,8 +618,8 @@ def test_judge_on_parsed_observations():
 IB_OK = """ibdev=rdma_cm uverbs0 uverbs1
 ibverbs=2
 ibprovider=1
-Filesystem     1024-blocks  Used Available Capacity Mounted on
-tmpfs             67108864     0  67108864       0% /dev/shm
+shm=Filesystem     1024-blocks  Used Available Capacity Mounted on
+shm=tmpfs             67108864     0  67108864       0%25 /dev/shm
 memlock=unlimited
 """
 IB_NO_VERBS = IB_OK.replace("ibverbs=2", "ibverbs=0").replace("ibprovider=1", "ibprovider=0")
@@ -631,8 +631,8 @@ def test_parse_container_facts_reads_ib_shm_and_memlock():
     f = parse_container_facts(IB_OK)
     assert f.ib_devices == ["rdma_cm", "uverbs0", "uverbs1"] and f.ibverbs and f.ib_provider
     assert f.shm_kb == 67108864 and f.memlock == "unlimited"
-    plain = parse_container_facts("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
-                                  "tmpfs 65536 0 65536 0% /dev/shm\nmemlock=8192\n")
+    plain = parse_container_facts("shm=Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                                  "shm=tmpfs 65536 0 65536 0%25 /dev/shm\nmemlock=8192\n")
     assert plain.ib_devices is None and plain.shm_kb == 65536 and plain.memlock == "8192"
 
 
@@ -720,7 +720,7 @@ def test_gpu_access_the_host_cannot_give_is_a_fail_with_the_reason():
 
 HUBS_DOWN = ("hub.huggingface.co=ConnectionError: Failed to resolve 'huggingface.co' ([Errno -2] Name or service "
              "not known)\nhub.modelscope.cn=no answer in 8 s\n"
-             "Filesystem 1024-blocks Used Available Capacity Mounted on\ntmpfs 67108864 0 67108864 0% /dev/shm\n"
+             "shm=Filesystem 1024-blocks Used Available Capacity Mounted on\nshm=tmpfs 67108864 0 67108864 0%25 /dev/shm\n"
              "memlock=unlimited\n")
 
 
@@ -819,8 +819,8 @@ def test_refused_rlimit_names_the_limit():
 def test_parse_container_facts_reads_the_tools_and_nofile():
     from dockerlaunch.backends.docker.doctor.observations import can_connect, can_listen, parse_container_facts
 
-    out = ("tools=bash timeout\nFilesystem 1024-blocks Used Available Capacity Mounted on\n"
-           "shm 65536 0 65536 0% /dev/shm\nnofile=1048576\nmemlock=8192\n")
+    out = ("tools=bash timeout\nshm=Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+           "shm=shm 65536 0 65536 0%25 /dev/shm\nnofile=1048576\nmemlock=8192\n")
     f = parse_container_facts(out)
     assert f.tools == ["bash", "timeout"] and f.nofile == "1048576" and f.memlock == "8192" and f.shm_kb == 65536
     assert can_connect(f.tools) and not can_listen(f.tools)  # bash's /dev/tcp connects, it cannot listen

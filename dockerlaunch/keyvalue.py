@@ -1,0 +1,61 @@
+"""The key=value lines every host script prints for the launcher to parse, read one way.
+
+The contract is written in `backends/docker/probe.py`'s docstring; the shell side is `scripts/kv.sh` (`kv`,
+`kvl`), which each script includes (`shipped.script`). Here: the decoder, and the parser that knows which keys a
+script may say once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from dockerlaunch.errors import HostError
+
+_ESCAPE = re.compile(r"%(.{0,2})", re.S)
+_HEX = re.compile(r"[0-9A-F]{2}")
+
+
+class Malformed(ValueError):
+    """A host's answer that the contract cannot produce: it is refused, never guessed at."""
+
+
+def encode(value: str) -> str:
+    """What `kv` prints for VALUE (tests; the in-container Python scripts carry a copy of these three lines)."""
+    return "".join(f"%{ord(c):02X}" if c == "%" or ord(c) < 0x20 or ord(c) == 0x7F else c for c in value)
+
+
+def decode(value: str) -> str:
+    """`%XX` back to the character; a `%` that is not followed by two upper-case hex digits is Malformed."""
+    def one(m: re.Match) -> str:
+        if not _HEX.fullmatch(m.group(1)):
+            raise Malformed(f"a bad escape {('%' + m.group(1))!r}")
+        return chr(int(m.group(1), 16))
+    return _ESCAPE.sub(one, value)
+
+
+def parse(text: str, single: Iterable[str], lists: Iterable[str] = ()) -> dict[str, list[str]]:
+    """KEY=VALUE lines -> {key: [decoded values]} for the keys named (others are left out: a login's rc file may
+    print lines of its own). Lines end at `\\n` only (str.splitlines also breaks at \\r, \\x1c-\\x1e, \\x85, U+2028).
+    Raises Malformed naming the key: a single-valued key said twice, a raw control character, a bad escape."""
+    once, many = frozenset(single), frozenset(lists)
+    out: dict[str, list[str]] = {}
+    for line in text.split("\n"):
+        key, sep, raw = line.partition("=")
+        if not sep or (key not in once and key not in many):
+            continue
+        if key in once and key in out:
+            raise Malformed(f"it said {key}= twice")
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+            raise Malformed(f"{key}= holds a raw control character")
+        try:
+            out.setdefault(key, []).append(decode(raw))
+        except Malformed as e:
+            raise Malformed(f"{key}= holds {e}") from None
+    return out
+
+
+def host_error(host: str, step: str, e: Malformed) -> HostError:
+    """A host whose answer broke the contract, in one line that names it and the key."""
+    return HostError(host, f"answered in a form the launcher does not write ({e}): something on the host printed "
+                           "into the probe; nothing of its answer was used", step=step)
