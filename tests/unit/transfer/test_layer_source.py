@@ -213,6 +213,23 @@ class Squatter:
         self.proc.stderr.close()
 
 
+def scratch_image(client, name: str, mb: int) -> str:
+    """A one-layer image of random bytes in the real engine (FROM scratch: nothing to pull)."""
+    import io
+    import tarfile
+
+    ctx = io.BytesIO()
+    with tarfile.open(fileobj=ctx, mode="w") as t:
+        for member, data in (("Dockerfile", b"FROM scratch\nCOPY blob /\n"), ("blob", os.urandom(mb << 20))):
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    ctx.seek(0)
+    tag = f"dlt-layer-source/{os.getpid()}:{name}"
+    client.images.build(fileobj=ctx, custom_context=True, tag=tag, rm=True)
+    return tag
+
+
 def test_a_squatter_on_the_registrys_port_gets_neither_the_password_nor_a_request(tmp_path, monkeypatch):
     """The launcher lost the race for the port it picked: the registry cannot bind it and exits, the squatter
     answers. Nothing, the push password least of all, may reach it; the refusal names the port and the squatter."""
@@ -268,9 +285,7 @@ def test_a_registry_killed_mid_push_stops_the_engines_push_in_one_line(tmp_path,
     """The real engine pushes a real image; the registry is killed as its first upload lands: the push stops at
     the engine's next progress line, not ~50 s of retries later (while its port was anyone's to take)."""
     import contextlib
-    import io
     import signal
-    import tarfile
     import threading
 
     import docker
@@ -279,15 +294,7 @@ def test_a_registry_killed_mid_push_stops_the_engines_push_in_one_line(tmp_path,
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
     client = docker.from_env()
-    ctx = io.BytesIO()
-    with tarfile.open(fileobj=ctx, mode="w") as t:
-        for name, data in (("Dockerfile", b"FROM scratch\nCOPY blob /\n"), ("blob", os.urandom(48 << 20))):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            t.addfile(info, io.BytesIO(data))
-    ctx.seek(0)
-    tag = f"dlt-layer-source/{os.getpid()}:killed"
-    client.images.build(fileobj=ctx, custom_context=True, tag=tag, rm=True)
+    tag = scratch_image(client, "killed", 48)
     uploads = tmp_path / "cache" / "registry" / "store" / "docker" / "registry" / "v2" / "repositories"
     killed: list[int] = []
 
@@ -317,3 +324,30 @@ def test_a_registry_killed_mid_push_stops_the_engines_push_in_one_line(tmp_path,
     assert msg.startswith("the launcher's registry for 127.0.0.1:") and " exited (see " in msg, msg
     assert "\n" not in msg and took < 30, (took, msg)
     assert not [r for img in client.api.images() for r in img.get("RepoTags") or [] if layer_source.REPO in r]
+
+
+def test_a_push_whose_registry_port_is_squatted_goes_by_docker_save_and_says_who_holds_the_port(tmp_path,
+                                                                                                   monkeypatch):
+    """What the user sees: the push still works, its layers read by `docker save` (nothing of the image, and no
+    password, reaches the squatter), and the summary names the port and its holder."""
+    import docker
+
+    from dockerlaunch.transfer import push
+    from dockerlaunch.transfer.streams import local_image
+
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(layer_source.MODE_ENV, raising=False)
+    client = docker.from_env()
+    tag = scratch_image(client, "squatted", 2)
+    squatter = Squatter(tmp_path)
+    monkeypatch.setattr(layer_source, "_free_port", lambda: squatter.port)
+    try:
+        got = push.thin_source(client, local_image(client, tag, facts=False))
+        assert b"Authorization: Basic" not in squatter.received()
+        assert squatter.received() == b""
+    finally:
+        squatter.stop()
+        client.images.remove(tag, force=True)
+    assert got.facts is not None and not got.layer_blobs
+    assert got.source_note.startswith(f"docker save read the whole image (127.0.0.1:{squatter.port} is held by "
+                                      f"another listener (uid {squatter.uid}"), got.source_note
