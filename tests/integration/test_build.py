@@ -12,7 +12,7 @@ import docker
 import pytest
 import yaml
 
-from dockerlaunch.images.build import cached_steps
+from dockerlaunch.images.build import LABEL_PREFIX, cached_steps
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
 pytestmark = pytest.mark.integration
@@ -147,3 +147,72 @@ def test_a_wheelhouse_file_that_is_not_the_locked_one_stops_the_build_in_one_lin
     assert "nothing was tagged" in err[-1]
     with pytest.raises(docker.errors.ImageNotFound):
         engine.images.get(tag)
+
+
+# ---- what the built image keeps and what `build` stamps (issue 50)
+
+
+def test_the_built_images_constraint_file_keeps_its_pins_against_a_later_pip_install(engine, cpu_stack, tmp_path):
+    """The cpu image as `build` made it: train.Dockerfile's top layer put the file build.keep_pins_text generates
+    from the lock at /etc/dockerlaunch/constraints.txt and PIP_CONSTRAINT names it. An offline `pip install` in the
+    image of something that needs another torch fails naming the pin; one that takes the image's torch moves
+    nothing; with PIP_CONSTRAINT emptied (how the file says to move a pin on purpose) pip would move torch: the
+    constraint is what holds it."""
+    from dockerlaunch.images import build
+    from dockerlaunch.images import lock as locks
+    from tests.integration.test_verify import tiny_wheel
+
+    stack = load_matrix().get("cpu")
+    lock_path = default_dockerfiles_dir() / "locks" / "cpu.lock"
+    generated = build.keep_pins_text(stack, locks.parse(lock_path.read_text(), lock_path))
+    assert f"torch=={stack.torch}\n" in generated, generated
+    env = dict(kv.split("=", 1) for kv in engine.images.get(cpu_stack.tag).attrs["Config"]["Env"])
+    assert env["PIP_CONSTRAINT"] == "/etc/dockerlaunch/constraints.txt", env
+
+    links = tmp_path / "links"
+    links.mkdir()
+    tiny_wheel(links, "torch", [])  # torch 1.0: another torch, only metadata
+    tiny_wheel(links, "dlt-needs-torch", ["torch>=2.0"])
+    tiny_wheel(links, "dlt-wants-other-torch", ["torch==1.0"])
+    links.chmod(0o755)
+    script = ("cat /etc/dockerlaunch/constraints.txt; echo '@@ MOVE'; "
+              "pip install --no-cache-dir --no-index --find-links /w dlt-wants-other-torch 2>&1; echo \"@@ RC=$?\"; "
+              "echo '@@ TAKE'; pip install --no-cache-dir --no-index --find-links /w dlt-needs-torch 2>&1; "
+              "echo \"@@ RC=$?\"; echo '@@ FREE'; PIP_CONSTRAINT= pip install --dry-run --no-cache-dir --no-index "
+              "--find-links /w dlt-wants-other-torch 2>&1; echo \"@@ RC=$?\"; "
+              "python -c 'import importlib.metadata as m; print(\"@@ TORCH\", m.version(\"torch\"))'")
+    out = engine.containers.run(cpu_stack.tag, ["sh", "-c", script], entrypoint=[], network_mode="none",
+                                volumes={str(links): {"bind": "/w", "mode": "ro"}}, remove=True).decode()
+    in_image, move, take, free = re.split(r"^@@ (?:MOVE|TAKE|FREE)\n", out, flags=re.M)
+    assert in_image == generated, (in_image, generated)
+    assert "@@ RC=0" not in move and f"torch=={stack.torch}" in move and "constraint" in move, move
+    assert take.rstrip().endswith("@@ RC=0") and "Successfully installed dlt-needs-torch-1.0" in take, take
+    assert "Would install dlt-wants-other-torch-1.0 torch-1.0" in free and "@@ RC=0" in free, free
+    assert out.rstrip().endswith(f"@@ TORCH {stack.torch}"), out[-2000:]
+
+
+def test_a_verify_that_ends_in_error_fails_the_build_and_leaves_the_image_unstamped(engine, cpu_stack, tmp_path):
+    """`build` whose verify could not run one check (a pyelftools that cannot be imported: the symbol scan is an
+    ERROR) and failed none: exit 1, the report ends in ERROR, and no report or verify label goes into the image,
+    so nothing later reads it as verified."""
+    from tests.integration.test_verify import broken_tool_cache
+
+    tag = "dlt-build/verify-error:1"
+    try:
+        r = dl("build", "--stack", "cpu", "--wheelhouse", str(cpu_stack.wheelhouse), "--offline",
+               "--base-image", cpu_stack.base_image, "--tag", tag, env=broken_tool_cache(tmp_path, "pyelftools"))
+        out = r.stdout
+        assert r.returncode == 1 and out.rstrip().endswith("verify: ERROR"), (out[-3000:], r.stderr[-2000:])
+        assert re.search(r"^symbols\b.*\bERROR\b.*pyelftools could not be imported", out, re.M), out[-3000:]
+        assert re.search(rf"^verify {tag}: \d+ PASS, 0 FAIL, 1 ERROR\b", out, re.M), out[-3000:]  # no FAIL
+        assert "verify report in the image" not in out
+        image = engine.images.get(tag)  # built and tagged, but carries no verdict
+        assert f"{LABEL_PREFIX}.verify" not in image.labels, image.labels
+        ls = engine.containers.run(tag, ["sh", "-c", "ls /opt/dockerlaunch/"], entrypoint=[], network_mode="none",
+                                   remove=True).decode().split()
+        assert "verify.json" not in ls and "verify.txt" not in ls and "pip-freeze.txt" in ls, ls
+    finally:
+        try:
+            engine.images.remove(tag, force=True)
+        except docker.errors.APIError:
+            pass
