@@ -2,6 +2,7 @@
 finding 9): `${VAR}` (expanded since OpenSSH 8.4) and `=` (a separator before 8.7) join issue 42's blank, %, ~,
 quote and backslash."""
 
+import os
 import shutil
 import subprocess
 
@@ -16,7 +17,7 @@ def _ssh_reads(known_hosts: str) -> str | None:
     if not shutil.which("ssh"):
         return None
     g = subprocess.run(["ssh", "-G", "-F", "/dev/null", "-o", f"UserKnownHostsFile={known_hosts}", "-l", "ops",
-                        "10.0.0.2"], capture_output=True, text=True, timeout=30, env={"HOME": "/root", "DL": "x"})
+                        "10.0.0.2"], capture_output=True, text=True, timeout=30, env={**os.environ, "DL": "x"})
     return next((line.split(" ", 1)[1] for line in g.stdout.splitlines() if line.startswith("userknownhostsfile ")),
                 g.stderr.strip())
 
