@@ -27,7 +27,7 @@ from typing import IO, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dockerlaunch.errors import HostError, TransferError, describe_validation_error
+from dockerlaunch.errors import DockerlaunchError, HostError, TransferError, describe_validation_error
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.tars import open_untrusted
 from dockerlaunch.transfer.streams import (
@@ -527,10 +527,10 @@ def load_bundle(
     try:
         with _damaged_is_one_line(path):
             _load_verified(path, entries, load, where, store, watched)
-    except TransferError as failed:
+    except DockerlaunchError as failed:
         try:
             now = engine_tags(run, where)
-        except TransferError:
+        except DockerlaunchError:
             raise failed from None
         _no_tag_moved(before, now, watched, asked, run, where)  # a load that failed may still have moved a tag
         raise
@@ -557,21 +557,22 @@ def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: 
         if e is None or f is None:
             continue
         reader = _HashingReader(f)
-        stream = CountingReader(untagged_chunks(iter(functools.partial(reader.read, CHUNK), b""),
-                                                (e.id, e.manifest_id), contained))
-        refused: TransferError | None = None
+        refused: list[TransferError] = []
+        stream = CountingReader(_recorded(untagged_chunks(iter(functools.partial(reader.read, CHUNK), b""),
+                                                          (e.id, e.manifest_id), contained), refused))
         try:
             status, out = load(stream, Piece(e, e.expected_id(store), functools.partial(_prefix_sha256, path, e)))
-        except TransferError as err:  # the re-streaming refused the tar while the loader read it
-            status, out, refused = 1, "", err
-        try:
+        except DockerlaunchError:  # the re-streaming refused the tar while a loader read it (raised as the loader's)
+            if not refused:
+                raise
+            status, out = 1, ""
+        with contextlib.suppress(TransferError):  # recorded in `refused`
             while stream.read(CHUNK):  # what docker load did not read: the rewriter runs to its end first
                 pass
-        except TransferError as err:
-            refused = refused or err
-        if refused is not None:
-            raise TransferError(f"{where}: {e.ref} ({e.file}) in bundle {path} was refused: {refused}; nothing of "
-                                "the bundle was tagged")
+        if refused:
+            raise TransferError(f"{where}: {e.ref} ({e.file}) in bundle {path} was refused: "
+                                f"{str(refused[0]).removeprefix('re-streaming the image failed: ')}; nothing of the "
+                                "bundle was tagged")
         while reader.read(CHUNK):  # then the member's own trailing bytes, for the checksum
             pass
         if (reader.h.hexdigest(), reader.n) != (e.sha256, e.bytes):
@@ -580,6 +581,15 @@ def _load_verified(path: Path, entries: list[BundleEntry], load: Loader, where: 
         if status != 0 or unpack:  # containerd's store reports a layer it could not unpack and exits 0
             raise TransferError(f"{where}: docker load of {e.ref} ({e.file}) failed: "
                                 f"{(unpack.group(0) if unpack else out.strip())[-200:]}")
+
+
+def _recorded(chunks: Iterator[bytes], errors: list[TransferError]) -> Iterator[bytes]:
+    """`chunks`, with the TransferError that ends them (a refused image tar) kept in `errors`, whoever reads them."""
+    try:
+        yield from chunks
+    except TransferError as e:
+        errors.append(e)
+        raise
 
 
 def _prefix_sha256(path: Path, e: BundleEntry, n: int) -> str | None:
