@@ -116,3 +116,37 @@ def test_a_bundles_image_tar_that_does_not_hold_its_image_is_refused():
     assert f"names no image {sha(CFG)[7:19]}" in str(e.value) and "\n" not in str(e.value), str(e.value)
     with pytest.raises(TransferError, match="no manifest.json"):
         run(tar_of(("layer/layer.tar", LAYER)), expect=(sha(CFG), ""))
+
+
+def test_a_bundle_whose_image_tar_is_refused_fails_in_one_line_and_the_tags_are_checked(tmp_path):
+    """The refusal reaches load_bundle however the loader met it (here a loader that wraps every error of its
+    stream in its own, as an SSH channel's writer does): one line naming the image, and the engine's tags are
+    listed again after the failed load (a load that failed may still have moved one)."""
+    import zstandard
+
+    from dockerlaunch.errors import HostError
+    from dockerlaunch.transfer.bundle import BUNDLE_FORMAT, ENGINE_TAGS, load_bundle
+
+    inner = tar_of(("layer/layer.tar", LAYER), *LINKS["linked parent folder"])
+    name = f"images/{sha(CFG)[7:]}.tar"
+    manifest = json.dumps({"format": BUNDLE_FORMAT, "images": [{
+        "ref": "app:1", "id": sha(CFG), "manifest_id": sha(MANIFEST_RAW), "size": 1, "file": name,
+        "sha256": hashlib.sha256(inner).hexdigest(), "bytes": len(inner)}]}).encode()
+    path = tmp_path / "b.dlb"
+    path.write_bytes(zstandard.ZstdCompressor().compress(tar_of((name, inner), ("manifest.json", manifest))))
+
+    def loader(stream, piece):
+        try:
+            while stream.read(1 << 20):
+                pass
+        except TransferError as e:
+            raise HostError("node1", f"sending input failed: {e}") from None
+        return 0, ""
+
+    ran = []
+    with pytest.raises(TransferError) as e:
+        load_bundle(path, loader, lambda argv: ran.append(argv) or (0, ""), where="host node1")
+    msg = str(e.value)
+    assert msg.startswith("host node1: app:1 (" + name + ") in bundle ") and "was refused: image tar member " \
+        "'d/manifest.json' is under 'd', a link" in msg and "\n" not in msg, msg
+    assert ran.count(ENGINE_TAGS) == 2 and not any(a[:2] == ["docker", "tag"] for a in ran), ran
