@@ -355,7 +355,9 @@ def test_a_relay_that_cannot_reach_the_next_host_gets_a_chain_of_its_own(sim_clu
         assert results[0].detail.startswith("chain (head of chain)"), results[0].detail
         assert results[1].detail.startswith("chain again after a cut (no data from"), results[1].detail
         assert "(head of chain)" in results[1].detail and "star" not in results[1].detail, results[1].detail
-        assert took < chain.RECEIVE_TIMEOUT + 60, took
+        # a hang guard, not a speed claim: 3 x the expected ~45 s (the 30 s receive timeout, then the second chain;
+        # 41.8 s in docs/RELIABILITY.md); it took 99.7 s once beside two busy CPU loops at a load average of 15
+        assert took < 3 * (chain.RECEIVE_TIMEOUT + 15), f"the push took {took:.1f}s: hung? (~45 s)"
         ids = [rm.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip() for rm in remotes]
         assert ids == [local_id, local_id]
         assert nc_listeners(remotes[0]) == [] and nc_listeners(remotes[1]) == []
