@@ -3,11 +3,11 @@
 # says `. ./kv.sh  # included` (shipped.script puts this text there). The contract (backends/docker/probe.py):
 # one line per value, `KEY=VALUE`, VALUE with `%`, bytes 0x01-0x1f and 0x7f written as %XX (so no value can hold a
 # line break or a terminal control), decoded by dockerlaunch/keyvalue.py. Needs only sh (dash, bash, busybox).
-kv() {  # KEY VALUE: one line
+enc() {  # TEXT: printed encoded, without a line break
   # bytes, not characters, whatever the login's locale (bash's [[:cntrl:]] in UTF-8 also holds U+0080-9F, U+2028)
   # shellcheck disable=SC3043  # dash, bash and busybox sh all have local
   local LC_ALL=C
-  _kv_v=$2 _kv_o=
+  _kv_v=$1
   while :; do
     case $_kv_v in
       *[[:cntrl:]%]*) ;;
@@ -16,10 +16,19 @@ kv() {  # KEY VALUE: one line
     _kv_h=${_kv_v%%[[:cntrl:]%]*}
     _kv_v=${_kv_v#"$_kv_h"}
     _kv_r=${_kv_v#?}
-    _kv_o=$_kv_o$_kv_h%$(printf '%02X' "'${_kv_v%"$_kv_r"}")
+    printf '%s%%%02X' "$_kv_h" "'${_kv_v%"$_kv_r"}"
     _kv_v=$_kv_r
   done
-  printf '%s=%s%s\n' "$1" "$_kv_o" "$_kv_v"
+  printf '%s' "$_kv_v"
+}
+kv() {  # KEY VALUE: one line
+  printf '%s=' "$1"
+  enc "$2"
+  printf '\n'
+}
+line() {  # TEXT: a status line that quotes a host's words (docker's output), as one line (the same encoding)
+  enc "$*"
+  printf '\n'
 }
 # every control byte but the line break: TEXT without them (and without %) needs no escaping, line by line
 _kv_ctl=$(printf '\001\002\003\004\005\006\007\010\011\013\014\015\016\017\020\021\022\023\024\025\026\027\030\031\032\033\034\035\036\037\177')

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from dockerlaunch import keyvalue
 from dockerlaunch.errors import DockerlaunchError, HostError, TransferError
 from dockerlaunch.hosts.fleet import each
 from dockerlaunch.hosts.ssh import Remote
@@ -54,23 +55,22 @@ STAR_WINDOW = 32  # image streams from this machine at once: each reads the imag
 
 
 def parse_host_view(host: str, address: str, text: str, image: LocalImage) -> HostView:
-    """inspect.sh's output -> HostView (pure); `has_id`: the host has the ID `image` gets in its store."""
-    kv: dict[str, str] = {}
-    have: set[str] | None = None
-    present: set[str] = set()
-    for line in text.splitlines():
-        k, _, v = line.partition("=")
-        if k == "layers":
-            have = have or set()
-            have.update(chain_ids(json.loads(v) or []))  # null: an image with no layers
-        elif k == "has":
-            present.add(v.strip())
-        elif k:
-            kv[k] = v.strip()
-    store = CONTAINERD if kv.get("store") == CONTAINERD else GRAPHDRIVER
+    """inspect.sh's output -> HostView (pure); `has_id`: the host has the ID `image` gets in its store. An answer
+    that breaks the key=value contract (backends/docker/probe.py) is the host's error, never a guess."""
+    try:
+        kv = keyvalue.parse(text, ("store", "tag", "zstd", "relay"), ("has", "layers"))
+        have = None if "layers" not in kv else set().union(
+            *(chain_ids(json.loads(v) or []) for v in kv["layers"]))  # null: an image with no layers
+    except keyvalue.Malformed as e:
+        return HostView(host, address, error=keyvalue.host_error(host, "inspecting images", e).reason)
+    except (ValueError, TypeError, AttributeError):
+        return HostView(host, address, error="inspecting images failed: its layers= lines are not Docker's JSON")
+    one = {k: v[0].strip() for k, v in kv.items()}
+    present = {v.strip() for v in kv.get("has", [])}
+    store = CONTAINERD if one.get("store") == CONTAINERD else GRAPHDRIVER
     want = image.expected_id(store)
-    return HostView(host=host, address=address, tag_id=kv.get("tag", ""), has_id=bool(want) and want in present,
-                    store=store, zstd=kv.get("zstd") == "1", relay=kv.get("relay") == "1",
+    return HostView(host=host, address=address, tag_id=one.get("tag", ""), has_id=bool(want) and want in present,
+                    store=store, zstd=one.get("zstd") == "1", relay=one.get("relay") == "1",
                     chain_ids=frozenset(have) if have is not None else None)
 
 
@@ -203,12 +203,11 @@ def _thin_note(t: HostTransfer, image: LocalImage | None = None) -> str:
 STAGE_MIN = 512 * 2**20  # images from this size are staged on the target as they arrive: a cut push resumes
 STAGE_MIN_ENV = "DOCKERLAUNCH_PUSH_STAGE_MIN"  # bytes; 0 stages every push (the tests' small images)
 STAGE_DIR = "$HOME/.cache/dockerlaunch/push"
-# file systems several hosts mount as one (`stat -f -c %T` names): a stage there would be every host's at once
-SHARED_FS = re.compile(r"^(nfs\d?|lustre|ceph|cifs|smb2?|gpfs|beegfs|glusterfs|afs|9p|fuse(\..*)?|"
-                       r"panfs|wekafs|orangefs|ocfs2|gfs2?)$", re.I)
-# What a staged push needs to know of the host, one line each: the staged prefix (size, sha256) once any
-# load of the same stream still running has finished (its lock), the Image ID the host has now, and the
-# filesystems of the staging folder and of docker's root (device, total KiB, free KiB).
+# file systems several hosts mount as one (`stat -f -c %T` names, GNU coreutils' table: BeeGFS is `fhgfs`, 9p also
+# `v9fs`, AFS also `k-afs`, StorNext `snfs`): a stage there would be every host's at once. A type stat does not
+# know (`UNKNOWN (0x...)`) or none at all is not staged on either: it may be shared.
+SHARED_FS = re.compile(r"^(nfs\d?|lustre|ceph|cifs|smb[23]?|gpfs|beegfs|fhgfs|glusterfs|(k-)?afs|9p|v9fs|snfs|"
+                       r"fuse(\..*)?|panfs|wekafs|orangefs|ocfs2|gfs2?)$", re.I)
 # A stage goes only under its lock (a load of it may still run); the lock file stays (a waiting load holds it open)
 REMOVE_STAGE = (f'd="{STAGE_DIR}"; if [ -f "$d/$1.lock" ] && command -v flock >/dev/null 2>&1; then '
                 'flock -w 60 "$d/$1.lock" rm -f "$d/$1.tar"; else rm -f "$d/$1.tar"; fi')
@@ -217,19 +216,6 @@ REMOVE_STAGE = (f'd="{STAGE_DIR}"; if [ -f "$d/$1.lock" ] && command -v flock >/
 def remove_stage(remote: Remote, key: str) -> None:
     """The host's stage of one stream goes, under its lock (a load of it may still run)."""
     remote.run(["sh", "-c", REMOVE_STAGE, "sh", key], timeout=60)
-
-
-STAGE_PROBE = r"""d=$HOME/.cache/dockerlaunch/push f=$HOME/.cache/dockerlaunch/push/$1.tar
-if command -v flock >/dev/null 2>&1; then echo flock=1; else echo flock=0; fi
-mkdir -p "$HOME/.cache" 2>/dev/null; echo "fs=$(stat -f -c %T "$HOME/.cache" 2>/dev/null)"
-if [ -f "$d/$1.lock" ] && command -v flock >/dev/null 2>&1; then flock -w 900 "$d/$1.lock" true; fi
-if [ -f "$f" ] && [ ! -L "$f" ]; then echo "staged=$(stat -c %s "$f") $(sha256sum < "$f" | cut -c1-64)"; fi
-echo "id=$(docker image inspect --format '{{.Id}}' "$2" 2>/dev/null | head -n 1)"
-fs() { echo "$1=$(stat -c %d "$2" 2>/dev/null) $(df -Pk "$2" 2>/dev/null | awk 'NR == 2 {print $2, $4}')"; }
-mkdir -p "$HOME/.cache" 2>/dev/null; fs cache "$HOME/.cache"
-root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null)
-if [ -n "$root" ]; then fs docker "$root"; echo "root=$root"; fi
-"""
 
 
 @dataclass(frozen=True)
@@ -263,9 +249,17 @@ def _disk(words: list[str]) -> Disk | None:
     return None
 
 
-def parse_stage_probe(text: str) -> StageProbe:
-    """STAGE_PROBE's output (key=value lines) -> StageProbe (pure); what a host did not say stays None."""
-    kv = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+STAGE_PROBE_STEP = "looking for a staged push"
+STAGE_PROBE_KEYS = ("flock", "fs", "staged", "id", "cache", "docker", "root")
+
+
+def parse_stage_probe(text: str, host: str = "?") -> StageProbe:
+    """stage_probe.sh's output (key=value lines) -> StageProbe (pure); what a host did not say stays None. An
+    answer that breaks the key=value contract (backends/docker/probe.py) is a HostError naming the host and key."""
+    try:
+        kv = {k: v[0] for k, v in keyvalue.parse(text, STAGE_PROBE_KEYS).items()}
+    except keyvalue.Malformed as e:
+        raise keyvalue.host_error(host, STAGE_PROBE_STEP, e) from None
     w = kv.get("staged", "").split()
     staged, digest = (int(w[0]), w[1]) if len(w) >= 2 and w[0].isdigit() else (0, "-")
     present = kv.get("id", "").strip()
@@ -296,6 +290,9 @@ def stage_choice(host: str, stream: int, probe: StageProbe) -> tuple[bool, str]:
         return False, "not staged (no flock on the host: two loads of one stage could not be kept apart)"
     if SHARED_FS.match(probe.fs):
         return False, f"not staged ($HOME/.cache is on {probe.fs}, shared storage: hosts would share one stage)"
+    if not probe.fs or probe.fs.upper().startswith("UNKNOWN"):
+        return False, (f"not staged ($HOME/.cache is on a file system stat does not know: {probe.fs or 'none said'}; "
+                       "it may be shared storage)")
     cache = probe.cache
     if cache is None:
         return False, "not staged (the host did not say how much space $HOME/.cache has)"
@@ -337,8 +334,8 @@ class StagePick:
 def pick_stage(remote: Remote, key: str, expect_id: str, stream_bytes: int) -> StagePick:
     """Probe one stream's stage on a host and choose (stage_choice); a stage that will not be used goes (its space
     is the load's). Raises what the probe or the choice raise (a load that cannot fit: one line)."""
-    r = remote.check(["sh", "-c", STAGE_PROBE, "sh", key, expect_id], "looking for a staged push", timeout=1200)
-    probe = parse_stage_probe(r.stdout)
+    r = remote.check(["sh", "-c", script("stage_probe.sh"), "sh", key, expect_id], STAGE_PROBE_STEP, timeout=1200)
+    probe = parse_stage_probe(r.stdout, remote.name)
     if probe.present_id == expect_id:
         if probe.staged:
             remove_stage(remote, key)

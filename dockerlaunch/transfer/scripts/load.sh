@@ -12,7 +12,9 @@ image_id=$1 ref=$2 compress=$3 key=${4:-} offset=${5:-0}
 dec() { if [ "$compress" = zstd ]; then zstd -dc; else cat; fi; }
 staged=
 # shellcheck source=/dev/null
-. ./stage.sh  # included when shipped (transfer.script)
+. ./kv.sh  # included when shipped (shipped.script): status lines that quote docker go out as one line each
+# shellcheck source=/dev/null
+. ./stage.sh  # included when shipped (shipped.script)
 if [ -n "$key" ]; then
   open_stage "$key" "$offset"
   out=$({ cat "$staged"; tee -a "$staged"; } | dec | docker load 2>&1)
@@ -20,15 +22,15 @@ else
   out=$(dec | docker load 2>&1)
 fi
 status=$?
-if [ $status -ne 0 ]; then echo "load failed: $out" >&2; exit 3; fi
+if [ $status -ne 0 ]; then line "load failed: $out" >&2; exit 3; fi
 # containerd's store reports a layer it could not unpack (a thin stream whose layer it lacks) and exits 0:
 # the image is there but cannot run. Remove it (it is untagged) and fail.
 case $out in *"rror unpacking image"*|*"apply layer error"*)
   docker rmi "$image_id" >/dev/null 2>&1
-  echo "load failed: $(printf '%s\n' "$out" | grep -i -m 1 -e 'unpacking' -e 'apply layer')" >&2; exit 3 ;;
+  line "load failed: $(printf '%s\n' "$out" | grep -i -m 1 -e 'unpacking' -e 'apply layer')" >&2; exit 3 ;;
 esac
-got=$(docker image inspect --format '{{.Id}}' "$image_id" 2>/dev/null) || { echo "after load, $image_id is missing: $out" >&2; exit 4; }
-[ "$got" = "$image_id" ] || { echo "loaded $got, expected $image_id" >&2; exit 4; }
+got=$(docker image inspect --format '{{.Id}}' "$image_id" 2>/dev/null) || { line "after load, $image_id is missing: $out" >&2; exit 4; }
+[ "$got" = "$image_id" ] || { line "loaded $got, expected $image_id" >&2; exit 4; }
 [ "$ref" = - ] || docker tag "$image_id" "$ref" || exit 5  # -: a bundle tags once all its images are checked
 [ -z "$staged" ] || rm -f "$staged"
 echo "ok $got"

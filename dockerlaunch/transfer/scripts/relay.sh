@@ -26,7 +26,9 @@ dir=$(mktemp -d "${TMPDIR:-/var/tmp}/dockerlaunch-relay.XXXXXX") || exit 6
 trap 'rm -rf "$dir"' EXIT
 staged=
 # shellcheck source=/dev/null
-. ./stage.sh  # included when shipped (transfer.script)
+. ./kv.sh  # included when shipped (shipped.script): status lines that quote docker go out as one line each
+# shellcheck source=/dev/null
+. ./stage.sh  # included when shipped (shipped.script)
 if [ "$key" != - ]; then open_stage "$key" "$offset"; fi
 load() {  # docker load of stdin (decompressed), its log and exit status kept
   if [ "$compress" = zstd ]; then zstd -dc | docker load; else docker load; fi > "$dir/log" 2>&1
@@ -125,13 +127,13 @@ if [ -z "$loader" ]; then
 else
   wait "$loader"
 fi
-if [ "$(cat "$dir/rc")" != 0 ]; then echo "load failed: $(tail -n 3 "$dir/log")" >&2; exit 3; fi
+if [ "$(cat "$dir/rc")" != 0 ]; then line "load failed: $(tail -n 3 "$dir/log")" >&2; exit 3; fi
 if grep -q -i -e 'error unpacking image' -e 'apply layer error' "$dir/log"; then  # see load.sh
   docker rmi "$image_id" >/dev/null 2>&1
-  echo "load failed: $(grep -i -m 1 -e 'unpacking' -e 'apply layer' "$dir/log")" >&2; exit 3
+  line "load failed: $(grep -i -m 1 -e 'unpacking' -e 'apply layer' "$dir/log")" >&2; exit 3
 fi
 got=$(docker image inspect --format '{{.Id}}' "$image_id" 2>/dev/null) || { echo "after load, $image_id is missing" >&2; exit 4; }
-[ "$got" = "$image_id" ] || { echo "loaded $got, expected $image_id" >&2; exit 4; }
+[ "$got" = "$image_id" ] || { line "loaded $got, expected $image_id" >&2; exit 4; }
 docker tag "$image_id" "$ref" || exit 5
 [ -z "$staged" ] || rm -f "$staged"
 echo "ok $got"

@@ -9,11 +9,14 @@ open_stage() {  # KEY OFFSET
   (umask 077 && mkdir -p "$stage_dir") || exit 8
   if [ -L "$stage_dir" ] || [ "$(stat -c %u "$stage_dir")" != "$(id -u)" ]; then echo "$stage_dir is not this user's own folder" >&2; exit 8; fi
   chmod 700 "$stage_dir" || exit 8
-  # stages older than 7 days go (a stage being written is younger); lock files never do: one may be held
-  find "$stage_dir" -maxdepth 1 -name '*.tar' -mtime +7 -exec rm -f {} + 2>/dev/null
   # one load of a stream at a time: a cut push's host side may still be loading when the next push comes;
   # without flock there is no lock, so no staging (the launcher does not ask for it then)
   command -v flock >/dev/null 2>&1 || { echo "no flock on this host: a staged push needs it" >&2; exit 8; }
+  # stages older than 7 days go, each only under its own lock (a load of it may still be reading it: then it
+  # stays); lock files never do: one may be held
+  find "$stage_dir" -maxdepth 1 -name '*.tar' -mtime +7 2>/dev/null | while IFS= read -r old; do
+    flock -n "${old%.tar}.lock" rm -f "$old" 2>/dev/null
+  done
   exec 9>>"$stage_dir/$1.lock" || exit 8
   flock -w 900 9 || { echo "another push of this image to this host is still loading" >&2; exit 8; }
   staged=$stage_dir/$1.tar

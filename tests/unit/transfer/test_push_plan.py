@@ -556,9 +556,10 @@ GIB = 2**30
 
 
 def probe_text(staged="", present="", cache="2049 262144000 41943040", docker="2049 262144000 41943040",
-               root="/var/lib/docker"):
-    """STAGE_PROBE's output as a host prints it (no staged file: no `staged=` line)."""
-    return (f"staged={staged}\n" if staged else "") + f"id={present}\ncache={cache}\ndocker={docker}\nroot={root}\n"
+               root="/var/lib/docker", fs="ext2/ext3"):
+    """stage_probe.sh's output as a host prints it (no staged file: no `staged=` line)."""
+    return ((f"staged={staged}\n" if staged else "") + f"id={present}\ncache={cache}\ndocker={docker}\nroot={root}\n"
+            + (f"fs={fs}\n" if fs is not None else ""))
 
 
 def test_the_stage_probe_is_parsed_by_key():
@@ -605,16 +606,28 @@ def test_an_image_that_cannot_fit_where_docker_keeps_images_is_refused_before_a_
 
 @pytest.mark.parametrize("fs, stages", [("nfs", False), ("nfs4", False), ("lustre", False), ("ceph", False),
                                         ("fuse.glusterfs", False), ("cifs", False), ("gpfs", False),
-                                        ("ext2/ext3", True), ("xfs", True), ("overlayfs", True)])
+                                        # the names GNU stat prints for BeeGFS, SMB3, 9p, AFS and StorNext (issue 50)
+                                        ("fhgfs", False), ("smb3", False), ("v9fs", False), ("k-afs", False),
+                                        ("snfs", False),
+                                        ("ext2/ext3", True), ("xfs", True), ("overlayfs", True), ("btrfs", True)])
 def test_a_home_on_shared_storage_is_never_staged_on(fs, stages):
     """issue 42, finding 4: on a cluster whose homes are NFS, every host would stage in one folder (one lock, one
     growing file, one host's cleanup deleting the others' stages): a network file system is not staged on."""
     from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
 
-    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text() + f"fs={fs}\n"))
+    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text(fs=fs)))
     assert ok is stages
     if not stages:
         assert why == f"not staged ($HOME/.cache is on {fs}, shared storage: hosts would share one stage)"
+
+
+@pytest.mark.parametrize("fs", ["UNKNOWN (0x19830327)", "", None])
+def test_a_file_system_stat_does_not_know_is_never_staged_on(fs):
+    """issue 50, finding 9: a type GNU stat has no name for may be shared storage too."""
+    from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
+
+    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text(fs=fs)))
+    assert not ok and why.startswith("not staged ($HOME/.cache is on a file system stat does not know: "), why
 
 
 def test_two_hosts_never_share_a_stage_key():

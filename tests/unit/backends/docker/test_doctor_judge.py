@@ -720,7 +720,8 @@ def test_gpu_access_the_host_cannot_give_is_a_fail_with_the_reason():
 
 HUBS_DOWN = ("hub.huggingface.co=ConnectionError: Failed to resolve 'huggingface.co' ([Errno -2] Name or service "
              "not known)\nhub.modelscope.cn=no answer in 8 s\n"
-             "shm=Filesystem 1024-blocks Used Available Capacity Mounted on\nshm=tmpfs 67108864 0 67108864 0%25 /dev/shm\n"
+             "shm=Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+             "shm=tmpfs 67108864 0 67108864 0%25 /dev/shm\n"
              "memlock=unlimited\n")
 
 
