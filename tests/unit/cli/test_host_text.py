@@ -122,3 +122,13 @@ def test_a_hostile_status_on_a_progress_bar_shows_as_text():
     text = out.file.getvalue()  # a live display: rich itself erases and redraws lines, so only the host's own
     assert "\x1b]" not in text and "\x07" not in text and "\x9b" not in text, repr(text)  # controls are looked for
     assert "^[[2K^[[1A^[]52;c;Y3VybCBldmlsfHNo\\x07[bold]PASS[/bold]\\x9b2J" in SGR.sub("", text), repr(text)
+
+
+def test_what_library_code_logs_from_a_host_shows_as_text():
+    """main() prints the library's log lines (sim, build, fetch: they quote hosts) through this formatter."""
+    import logging
+
+    from dockerlaunch.cli.main import _HostTextFormatter
+
+    record = logging.LogRecord("dockerlaunch", logging.INFO, __file__, 1, "host said %s", (HOSTILE,), None)
+    assert_visible(_HostTextFormatter("%(message)s").format(record))
