@@ -110,3 +110,40 @@ def test_doctor_names_a_leftover_process_holding_a_gpu(sim_cluster, gpu_node, tm
     assert failed["gpu health"][1] == (f"GPU 0 holds 71234 MiB of pid {pid} (/usr/bin/python3, user nobody), not "
                                        f"this job's: a leftover of another job? stop it (kill {pid}) or give the job "
                                        "other GPUs")
+
+
+# nvidia-smi(1)'s words when one GPU's handle cannot be had; exit 255, "other error" (RETURN VALUE)
+APPS_FAIL = "Unable to determine the device handle for GPU0000:18:00.0: Unknown Error"
+
+
+def test_a_check_that_could_not_run_alone_exits_1_and_stops_up(sim_cluster, gpu_node, remotes, tmp_path):
+    """A healthy H100 host whose nvidia-smi cannot list the processes on its GPUs: doctor's only non-PASS row is the
+    ERROR of a check that could not run (no FAIL anywhere). It proves nothing, so doctor exits 1 and `up` starts
+    nothing, as for a FAIL, through the real CLI and probe over SSH."""
+    from tests.integration.helpers import containers_on, job_name
+
+    node, image = gpu_node
+    head, branch, rest = gpu_standin.script("h100-healthy").partition("  --query-compute-apps=*)\n")
+    recorded, end, tail = rest.partition("    ;;\n")
+    assert branch and "DL_SMI_EOF" in recorded, "the stand-in's compute-apps branch moved"
+    smi = f"{head}{branch}    echo '{APPS_FAIL}'\n    exit 255\n{end}{tail}"
+    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (smi.encode(), 0o755)}))
+    host0 = sim_cluster[2][0].ip
+    cfg = variant(sim_cluster, tmp_path, hosts=[{"address": host0}],
+                  container={"gpus": "all", "gpu_mode": "devices"})
+
+    r = dl("doctor", "--config", cfg, "--image", image, "--output", "json")
+    report = json.loads(r.stdout)
+    rows = {c["check"]: (c["verdict"], c["reason"]) for c in report["checks"]}
+    assert {k: v for k, v in rows.items() if v[0] in ("FAIL", "ERROR")} == {"gpu health": (
+        "ERROR", f"could not check: nvidia-smi --query-compute-apps=gpu_bus_id,pid,used_memory,process_name "
+                 f"--format=csv,noheader,nounits: {APPS_FAIL}")}, rows
+    assert rows["driver"][0] == rows["archs"][0] == rows["gpus"][0] == "PASS", rows  # the rest of it is healthy
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert report["counts"]["FAIL"] == 0 and report["ok"] is False, report["counts"]
+
+    job = job_name()
+    up = dl("up", "--config", cfg, "--image", image, "--name", job, "--", "sleep", "600", timeout=600)
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "preflight FAILED (1 check(s)); nothing was started" in up.stdout, up.stdout
+    assert containers_on(remotes[0], job) == []
