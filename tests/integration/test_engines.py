@@ -371,23 +371,24 @@ def victim_node(request, engine, mixed, tagging_tars, tmp_path):
     node_docker(engine, n, "rmi", "-f", image_id, manifest_id, attacker.id, attacker.facts.manifest_digest)
 
 
-def test_an_image_tar_that_tags_through_links_is_refused_and_every_tag_stays(tmp_path, tagging_tars, victim_node):
+@pytest.mark.parametrize("attack", ["symlinked manifest", "hardlinked manifest", "linked parent folder"])
+def test_an_image_tar_that_tags_through_links_is_refused_and_every_tag_stays(tmp_path, tagging_tars, victim_node,
+                                                                             attack):
     """A bundle's image tar whose manifest.json is a symlink or a hardlink, or sits under `d -> .`, naming a second
     image tagged as the user's `victim`: Docker's classic loader followed them and moved the tag while the load
     said it succeeded. On each engine kind: refused in one line, the victim where it was, the bundle's tag not
     set."""
     good, image_id, manifest_id, _, tars, victim = tagging_tars
     n, _, cfg, victim_id, tags = victim_node
-    for attack in ("symlinked manifest", "hardlinked manifest", "linked parent folder"):
-        path = tmp_path / f"{attack.replace(' ', '-')}.dlb"
-        _bundle(path, good, image_id, manifest_id, tars[attack])
-        before = tags()
-        r = dl("load", str(path), "--config", cfg)
-        out = " ".join((r.stdout + r.stderr).split())  # the host's row of the summary table, wrapped as it fits
-        assert tags() == before and tags()[victim] == victim_id and good not in tags(), (attack, out)
-        assert r.returncode == 1 and f"{good} (images/{image_id[7:]}.tar) in bundle" in out, (attack, out)
-        assert "was refused: image tar member" in out and "link" in out and "Traceback" not in out, (attack, out)
-        assert "nothing of the bundle was tagged" in out and "sending input failed" not in out, (attack, out)
+    path = tmp_path / f"{attack.replace(' ', '-')}.dlb"
+    _bundle(path, good, image_id, manifest_id, tars[attack])
+    before = tags()
+    r = dl("load", str(path), "--config", cfg)
+    out = " ".join((r.stdout + r.stderr).split())  # the host's row of the summary table, wrapped as it fits
+    assert tags() == before and tags()[victim] == victim_id and good not in tags(), out
+    assert r.returncode == 1 and f"{good} (images/{image_id[7:]}.tar) in bundle" in out, out
+    assert "was refused: image tar member" in out and "link" in out and "Traceback" not in out, out
+    assert "nothing of the bundle was tagged" in out and "sending input failed" not in out, out
 
 
 def test_a_tag_a_second_image_of_the_tar_takes_is_put_back_and_the_load_fails(tmp_path, tagging_tars, victim_node):
