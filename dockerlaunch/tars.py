@@ -2,7 +2,7 @@
 bounded memory: tarfile reads a GNU long-name or pax header's whole payload into memory before anything can look
 at it, so 300 MB of name, compressed to a few KB, would cost the launcher 300 MB (more as Python strings); and it
 keeps every entry of a GNU sparse map (old-GNU extension blocks, pax `GNU.sparse.*`) as a tuple: 128 MiB of
-blocks in a 7 KB bundle cost it a gigabyte. Neither a `docker save` nor a source archive holds sparse members,
+blocks in a 12 KB bundle cost it a gigabyte. Neither a `docker save` nor a source archive holds sparse members,
 so they are refused outright."""
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def test_every_untrusted_tar_reader_refuses_long_and_sparse_headers_in_one_line(
 
 def test_a_tiny_bundle_with_a_huge_old_gnu_sparse_map_is_refused_before_it_is_read(tmp_path):
     """Old-GNU sparse extension blocks: tarfile reads them all before the member is handed out, keeping a tuple
-    per entry (before the fix, 128 MiB of blocks in a 7 KB bundle took this process to 1,068 MB). Refused at
+    per entry (before the fix, 128 MiB of blocks in a 12 KB bundle took this process to 1,068 MB). Refused at
     the header, in one line naming the member, well under 100 MB."""
     blocks = 128 << 11  # 128 MiB of 512-byte extension blocks
     head = old_gnu_sparse("images/evil-sparse.tar", 1)[:512]
