@@ -58,4 +58,5 @@ def parse(text: str, single: Iterable[str], lists: Iterable[str] = ()) -> dict[s
 def host_error(host: str, step: str, e: Malformed) -> HostError:
     """A host whose answer broke the contract, in one line that names it and the key."""
     return HostError(host, f"answered in a form the launcher does not write ({e}): something on the host printed "
-                           "into the probe; nothing of its answer was used", step=step)
+                           "into the probe (a login file such as ~/.bashrc that prints?); nothing of its answer was "
+                           "used", step=step)

@@ -464,8 +464,9 @@ class Remote:
         out, err = bytearray(), bytearray()
         status = self.stream(["sh", "-c", "".join(body), "sh", STEPS_MARK], out.extend, err.extend, timeout=timeout)
         results = parse_steps(bytes(out), len(steps))
-        if status != 0 and results[0] is None:  # the batch itself could not run (no /tmp, a timeout, ...)
-            results[0] = Result(status, "", err.decode(errors="replace") or f"exit status {status}")
+        if results[0] is None:  # the batch itself could not run (no /tmp, a timeout, ...) or its answer is unreadable
+            results[0] = Result(status or 1, "", err.decode(errors="replace") or (
+                f"exit status {status}" if status else "its answer held no step's frame"))
         return results
 
     def check(self, command: str | Sequence[str], what: str, timeout: float | None = 120.0,
@@ -485,7 +486,9 @@ STEPS_PROLOGUE = ('m=$1; d=$(mktemp -d "${TMPDIR:-/tmp}/dl-steps.XXXXXX") || exi
 def parse_steps(out: bytes, count: int) -> list[Result | None]:
     """`run_steps`' output: per step a line `MARK status out_len err_len`, then exactly those bytes."""
     results: list[Result | None] = [None] * count
-    pos = 0
+    # what a login's rc file prints (Debian's bash reads ~/.bashrc for an SSH command) comes before the first frame
+    mark = STEPS_MARK.encode() + b" "
+    pos = 0 if out.startswith(mark) else out.find(b"\n" + mark) + 1
     for k in range(count):
         nl = out.find(b"\n", pos)
         head = out[pos:nl].split() if nl >= 0 else []

@@ -19,7 +19,7 @@ from dockerlaunch.job.config import load_config
 def _leftovers(client, cluster: str | None) -> list[str]:
     label = {"label": sim.SIM_LABEL if cluster is None else f"{sim.SIM_LABEL}={cluster}"}
     return (
-        [f"container {c.name}" for c in client.containers.list(all=True, filters=label)]
+        [f"container {c.name}" for c in client.containers.list(all=True, filters=label, ignore_removed=True)]
         + [f"network {n.name}" for n in client.networks.list(filters=label)]
         + [f"volume {v.name}" for v in client.volumes.list(filters=label)]
     )

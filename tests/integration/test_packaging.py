@@ -38,7 +38,8 @@ def test_a_wheel_install_lists_and_plans_stacks_from_any_directory(tmp_path):
          "s = load_matrix().stacks['swift4.6-mcore0.19-cu13-py313'];"
          "base = binaries.read_base(binaries.base_tables_path(s, default_dockerfiles_dir()));"
          "print(len(transfer.script('relay.sh')), len(docker.script('observe.sh')), default_dockerfiles_dir(),"
-         "len(base['objects']), int('kv() {' in docker.script('probe.sh') and 'kv() {' in transfer.script('load.sh')))"],
+         "len(base['objects']),"
+         "int('kv() {' in docker.script('probe.sh') and 'kv() {' in transfer.script('load.sh')))"],
         cwd=work, capture_output=True, text=True, timeout=120)
     assert shipped.returncode == 0, shipped.stderr
     relay, observe, where, base_objects, kv = shipped.stdout.split()

@@ -162,6 +162,15 @@ def test_parse_steps_stops_at_a_cut_frame():
     assert parse_steps(b"garbage\n", 1) == [None] and parse_steps(b"", 3) == [None] * 3
 
 
+def test_what_a_login_file_prints_before_the_steps_is_not_a_step():
+    """Debian's bash reads ~/.bashrc for an SSH command: a line it prints comes before the first frame (issue 50:
+    it made `up` a traceback)."""
+    from dockerlaunch.hosts.ssh import parse_steps
+
+    [first] = parse_steps(b"gpus=8\nwelcome @dl-step\n@dl-step 0 2 0\nok", 1)
+    assert (first.exit_status, first.stdout) == (0, "ok")
+
+
 def test_up_says_where_its_time_went():
     from dockerlaunch.backends.docker.session import Phases
 

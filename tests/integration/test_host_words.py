@@ -1,0 +1,108 @@
+"""A host's words are data (issue 50, finding 1), end to end on the sim: node 1 made a GPU host as far as its probe
+can tell (test_gpu_doctor's fixture: a stand-in nvidia-smi, dummy device nodes, stub driver libraries), the real
+probe over SSH under the node's sh (Debian's dash), the real `up` and `doctor`."""
+
+import json
+import secrets
+
+from tests import gpu_standin
+from tests.integration.helpers import dl, variant
+from tests.integration.test_gpu_doctor import LIBDIR, _tar, gpu_node  # noqa: F401  (the fixture)
+
+# the review's case: another login starts a CUDA process whose argv[0] is this; dash's echo made its \n lines
+EVIL = 'x\\ndocker_info={"Runtimes":{}}\\nlib=\\tlibcuda.so.1 (libc6,x86-64) => /home/eve/libcuda.so.1'
+MARK = "DL-PLANTED-LIBCUDA"
+
+
+def _config(sim_cluster, tmp_path):
+    return variant(sim_cluster, tmp_path, hosts=[{"address": sim_cluster[2][0].ip}],
+                   container={"gpus": "all", "gpu_mode": "auto"})
+
+
+def _rows(stdout: str) -> dict[str, tuple[str, str]]:
+    return {c["check"]: (c["verdict"], c["reason"]) for c in json.loads(stdout)["checks"]}
+
+
+def test_a_gpu_process_name_never_becomes_probe_structure(sim_cluster, gpu_node, tmp_path):  # noqa: F811
+    node, image = gpu_node
+    plant = (f"mkdir -p /home/eve && printf '%s\\n' {MARK} > /home/eve/libcuda.so.1 && chmod 644 /home/eve/libcuda.so.1"
+             " && chown -R nobody /home/eve && su nobody -s /bin/sh -c 'sleep 86400 >/dev/null 2>&1 & echo $!'")
+    code, out = node.exec_run(["sh", "-c", plant])
+    assert code == 0, out
+    pid = int(out.decode().strip().splitlines()[-1])
+    smi = gpu_standin.script("leftover", pid).replace("/usr/bin/python3", EVIL)
+    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (smi.encode(), 0o755)}))
+    cfg = _config(sim_cluster, tmp_path)
+    try:
+        # the job as `up` starts it (the leftover holds a GPU: doctor would stop it, so the probe alone decides)
+        job = f"words-{secrets.token_hex(3)}"
+        look = (f"echo planted=$(cat /usr/local/nvidia/lib64/* 2>/dev/null | grep -c {MARK}) "
+                "mounts=$(grep -c /home/eve /proc/self/mountinfo) libs=$(ls /usr/local/nvidia/lib64 | tr '\\n' ,)")
+        up = dl("up", "--skip-preflight", "--config", cfg, "--image", image, "--name", job, "--", "sh", "-c", look,
+                timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "planted=0 mounts=0 libs=libcuda.so.1,libnvidia-ml.so.1," in up.stdout, up.stdout
+        # doctor: the name is one process's name in the gpu health row, never a fact of its own
+        r = dl("doctor", "--config", cfg, "--image", image, "--output", "json")
+        rows = _rows(r.stdout)
+        assert "probe" not in rows and rows["gpus"][0] == "PASS", rows
+        assert rows["gpu health"][0] == "FAIL" and f"of pid {pid} ({EVIL}, user nobody)" in rows["gpu health"][1]
+    finally:
+        node.exec_run(["sh", "-c", f"kill {pid}; rm -rf /home/eve /usr/local/bin/nvidia-smi"])
+
+
+def test_a_host_whose_answer_repeats_a_key_is_a_probe_fail_naming_it(sim_cluster, gpu_node, tmp_path):  # noqa: F811
+    """A login whose rc file prints `gpus=8` (Debian's bash reads ~/.bashrc for an SSH command): the old parser took
+    the first value, 8 GPUs; now the answer is refused in one row naming the host and the key, and `up` stops."""
+    node, image = gpu_node
+    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (gpu_standin.script("h100-healthy").encode(), 0o755)}))
+    rc = "/root/.bashrc"
+    code, out = node.exec_run(["sh", "-c", f"cp -p {rc} {rc}.dl-saved 2>/dev/null; echo 'echo gpus=8' >> {rc}"])
+    assert code == 0, out
+    cfg = _config(sim_cluster, tmp_path)
+    host0 = sim_cluster[2][0].ip
+    try:
+        r = dl("doctor", "--config", cfg, "--image", image, "--output", "json")
+        assert r.returncode == 1, r.stdout + r.stderr
+        rows = _rows(r.stdout)
+        assert rows["probe"] == ("FAIL", "probing the host failed: answered in a form the launcher does not write "
+                                         "(it said gpus= twice): something on the host printed into the probe (a "
+                                         "login file such as ~/.bashrc that prints?); nothing of its answer was "
+                                         "used"), rows
+        assert [k for k, v in rows.items() if v[0] != "PASS"] == ["probe"], rows
+        up = dl("up", "--config", cfg, "--image", image, "--", "true", timeout=600)
+        assert up.returncode == 1 and "preflight FAILED (1 check(s)); nothing was started" in up.stdout, up.stdout
+        assert f"{host0}" in up.stdout and "it said gpus= twice" in up.stdout, up.stdout
+        # `up`'s own steps frame every answer: the rc file's line before them is not a step (it was a traceback)
+        skip = dl("up", "--skip-preflight", "--config", cfg, "--image", image, "--", "true", timeout=600)
+        assert skip.returncode == 0 and "Traceback" not in skip.stderr, skip.stdout + skip.stderr
+    finally:
+        node.exec_run(["sh", "-c", f"if [ -e {rc}.dl-saved ]; then mv {rc}.dl-saved {rc}; else rm -f {rc}; fi"])
+
+
+def test_a_driver_library_another_user_owns_is_never_mounted(sim_cluster, gpu_node, tmp_path):  # noqa: F811
+    """ldconfig names a driver file that is not root's own: doctor's gpus row FAILs naming it and its owner, and
+    `up` refuses in one line before any container starts."""
+    node, image = gpu_node
+    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (gpu_standin.script("h100-healthy").encode(), 0o755)}))
+    lib = f"{LIBDIR}/libnvidia-ml.so.1"
+    code, out = node.exec_run(["chown", "nobody", lib])
+    assert code == 0, out
+    cfg = _config(sim_cluster, tmp_path)
+    host0 = sim_cluster[2][0].ip
+    # ldconfig names it where its cache found it (/lib is /usr/lib on a merged-/usr Debian)
+    why = "libnvidia-ml.so.1 (owner uid 65534, mode 755) is not root's own or is writable by others"
+    try:
+        r = dl("doctor", "--config", cfg, "--image", image, "--output", "json")
+        assert r.returncode == 1, r.stdout + r.stderr
+        rows = _rows(r.stdout)
+        assert rows["gpus"][0] == "FAIL" and why in rows["gpus"][1], rows
+        job = f"words-{secrets.token_hex(3)}"
+        up = dl("up", "--skip-preflight", "--config", cfg, "--image", image, "--name", job, "--", "true",
+                timeout=600)
+        assert up.returncode != 0 and "Traceback" not in up.stderr, up.stdout + up.stderr
+        assert f"{host0}: the driver file /" in up.stderr and why in up.stderr, up.stdout + up.stderr
+        code, out = node.exec_run(["sh", "-c", f"docker ps -aq --filter label=dockerlaunch.job={job} | wc -l"])
+        assert out.decode().strip() == "0", out
+    finally:
+        node.exec_run(["chown", "root", lib])
