@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import up as launch
 from dockerlaunch.backends.docker.session import Session
 from dockerlaunch.diagnostics import script
@@ -75,16 +76,18 @@ class Link:
 def parse_links(text: str, nic: str | None) -> Link:
     """linkspeed.sh output: `nic=SPEED` and `ib=HCA:PORT RATE...` lines."""
     link = Link(nic=nic, nic_mbps=None)
-    for line in text.splitlines():
-        if line.startswith("nic="):
-            v = line[4:].strip()
-            link.nic_mbps = int(v) if v.isdigit() and int(v) > 0 else None
-        elif line.startswith("ib="):
-            port, _, rate = line[3:].partition(" ")
-            m = re.match(r"\s*([\d.]+)\s*Gb/sec", rate)
-            if m:
-                link.ib_gbps += float(m[1])
-                link.ib_ports.append(f"{port} {rate.strip()}")
+    try:
+        kv = keyvalue.parse(text, ("nic",), ("ib",))
+    except keyvalue.Malformed:
+        return link  # the host's answer is not linkspeed.sh's: its links are unknown, never guessed
+    v = (kv.get("nic") or [""])[0].strip()
+    link.nic_mbps = int(v) if v.isdigit() and int(v) > 0 else None
+    for line in kv.get("ib", []):
+        port, _, rate = line.partition(" ")
+        m = re.match(r"\s*([\d.]+)\s*Gb/sec", rate)
+        if m:
+            link.ib_gbps += float(m[1])
+            link.ib_ports.append(f"{port} {rate.strip()}")
     return link
 
 

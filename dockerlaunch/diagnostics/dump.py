@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
+from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker.docker_cli import sandbox_argv, sidecar_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.backends.docker.session import Session, open_session
@@ -56,10 +57,14 @@ class RankProcess:
 def parse_ranks(text: str) -> list[RankProcess]:
     """ranks.sh output -> one process per RANK: the topmost holder (DataLoader workers inherit RANK too)."""
     procs = []
-    for line in text.splitlines():
+    for line in text.split("\n"):
         m = _PROC.match(line.strip())
         if m:
-            procs.append(RankProcess(int(m[1]), int(m[2]), int(m[3]), m[4], m[5]))
+            try:
+                command = keyvalue.decode(m[5])
+            except keyvalue.Malformed:
+                continue  # not a line of ranks.sh's
+            procs.append(RankProcess(int(m[1]), int(m[2]), int(m[3]), m[4], command))
     by_pid = {p.pid: p for p in procs}
     tops = [p for p in procs if not (p.ppid in by_pid and by_pid[p.ppid].rank == p.rank)]
     best: dict[int, RankProcess] = {}

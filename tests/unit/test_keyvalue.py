@@ -118,3 +118,26 @@ def test_driver_files_only_roots_own_and_unwritable_by_others():
         device_access("all", gpu, {}, "host h1", "no toolkit")
     assert str(e.value).startswith("host h1: the driver file /home/eve/libcuda.so.1 (owner uid 1000, mode 755) is "
                                    "not root's own")
+
+
+def test_a_rank_whose_command_line_holds_a_line_break_is_one_process(tmp_path):
+    """ranks.sh (dump) under dash: a command line with a line break and dash-echo escapes stays one process's
+    command; it never adds a `proc` line of its own."""
+    import sys
+    import time
+
+    from dockerlaunch.diagnostics import script as diag_script
+    from dockerlaunch.diagnostics.dump import parse_ranks
+
+    forged = "x\nproc 1 0 3 0 forged\\nproc 2 0 4 0 forged"
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", forged],
+                         env={**os.environ, "RANK": "7", "LOCAL_RANK": "0"})
+    try:
+        time.sleep(0.3)
+        out = subprocess.run(["dash", "-c", diag_script("ranks.sh")], capture_output=True, text=True, timeout=60)
+        ranks = {r.pid: r for r in parse_ranks(out.stdout)}
+        assert ranks[p.pid].rank == 7 and ranks[p.pid].command.endswith(forged), ranks
+        assert 1 not in ranks and 2 not in ranks and {r.rank for r in ranks.values()} == {7}, out.stdout
+    finally:
+        p.kill()
+        p.wait()
