@@ -1,0 +1,63 @@
+"""The recorded nvidia-smi outputs of tests/data/nvidia-smi/real/ (issue 51): each folder is one real output read from a
+public source, with its address (SOURCE.md), the command outputs it reproduces, and the verdicts doctor should reach
+from it (expected.yaml). Only the data's shape is checked here; the code that consumes it has its own tests."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REAL = Path(__file__).resolve().parents[3] / "data" / "nvidia-smi" / "real"
+FOLDERS = sorted(p for p in REAL.iterdir() if p.is_dir()) if REAL.is_dir() else []
+SOURCE_FIELDS = ("driver", "cuda", "gpus", "form", "commands", "derived", "redacted", "excerpt", "notes")
+OUTPUTS = {"L.txt", "q.txt", "q-x.xml", "query-gpu.csv", "query-gpu-full.csv", "help-query-gpu.txt",
+           "compute-apps.csv", "stdout.txt"}
+ALLOWED = OUTPUTS | {"SOURCE.md", "expected.yaml", "exit"}
+VERDICTS = {"PASS", "WARN", "FAIL", "ERROR", "unknown"}
+ROWS = ("driver", "archs", "gpu health")
+UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F-]*")
+
+
+def test_the_set_covers_at_least_25_outputs():
+    assert len(FOLDERS) >= 25, [p.name for p in FOLDERS]
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_source_names_its_address_and_facts(folder):
+    lines = (folder / "SOURCE.md").read_text(encoding="utf-8").splitlines()
+    assert lines and lines[0].startswith("source: https://"), lines[:1]
+    keys = {line.split(":", 1)[0] for line in lines if ":" in line}
+    assert set(SOURCE_FIELDS) <= keys, sorted(set(SOURCE_FIELDS) - keys)
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_expected_says_what_doctor_concludes(folder):
+    exp = yaml.safe_load((folder / "expected.yaml").read_text(encoding="utf-8"))
+    assert isinstance(exp, dict) and {"driver", "cuda", "gpus", "verdicts", "why"} <= set(exp), exp
+    assert exp["driver"] is None or isinstance(exp["driver"], str)
+    assert exp["cuda"] is None or isinstance(exp["cuda"], str)
+    assert isinstance(exp["gpus"], list)
+    for g in exp["gpus"]:
+        assert isinstance(g, dict) and "index" in g and "name" in g, g
+    verdicts = exp["verdicts"]
+    assert isinstance(verdicts, dict) and set(ROWS) <= set(verdicts), verdicts
+    assert {str(v) for v in verdicts.values()} <= VERDICTS, verdicts
+    why = exp["why"] if isinstance(exp["why"], list) else [exp["why"]] if exp["why"] else []
+    if any(verdicts[r] != "PASS" for r in ROWS):
+        assert why and all(isinstance(w, str) and w.strip() for w in why), exp["why"]
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_outputs_are_named_by_command_and_redacted(folder):
+    names = {p.name for p in folder.iterdir()}
+    assert names <= ALLOWED, sorted(names - ALLOWED)
+    assert names & OUTPUTS, sorted(names)
+    if "stdout.txt" in names:
+        assert "exit" in names
+    if "exit" in names:
+        assert re.fullmatch(r"\d+\n?", (folder / "exit").read_text(encoding="utf-8"))
+    for p in sorted(folder.iterdir()):
+        text = p.read_text(encoding="utf-8", errors="replace")
+        leaked = [u for u in UUID.findall(text) if not u.startswith("GPU-00000000-")]
+        assert not leaked, f"{p.name}: {leaked[:3]}"
