@@ -106,3 +106,31 @@ def test_a_driver_library_another_user_owns_is_never_mounted(sim_cluster, gpu_no
         assert out.decode().strip() == "0", out
     finally:
         node.exec_run(["chown", "root", lib])
+
+
+def test_a_gpu_process_name_with_terminal_controls_shows_as_text_in_doctors_table(sim_cluster, gpu_node,  # noqa: F811
+                                                                                   tmp_path):
+    """Finding 3 through the real CLI: a process name that erases the line, moves up, writes the clipboard (OSC 52)
+    and holds rich markup reaches doctor's table over SSH as visible text; `--output json` keeps the raw name."""
+    import os
+    import subprocess
+    import sys
+
+    node, image = gpu_node
+    code, out = node.exec_run(["sh", "-c", "su nobody -s /bin/sh -c 'sleep 86400 >/dev/null 2>&1 & echo $!'"])
+    assert code == 0, out
+    pid = int(out.decode().strip().splitlines()[-1])
+    name = "\x1b[2K\x1b[1A[bold]PASS[/bold]\x1b]52;c;ZXZpbA==\x07"
+    smi = gpu_standin.script("leftover", pid).replace("/usr/bin/python3", name)
+    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (smi.encode(), 0o755)}))
+    cfg = _config(sim_cluster, tmp_path)
+    try:
+        r = subprocess.run([sys.executable, "-m", "dockerlaunch", "doctor", "--config", cfg, "--image", image],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "400"})
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "\x1b" not in r.stdout and "\x07" not in r.stdout, repr(r.stdout)
+        assert "^[[2K^[[1A[bold]PASS[/bold]^[]52;c;ZXZpbA==" in r.stdout, r.stdout
+        j = dl("doctor", "--config", cfg, "--image", image, "--output", "json")
+        assert f"of pid {pid} ({name}, user nobody)" in _rows(j.stdout)["gpu health"][1]
+    finally:
+        node.exec_run(["sh", "-c", f"kill {pid}; rm -f /usr/local/bin/nvidia-smi"])
