@@ -5,6 +5,8 @@ alone (doctor's GPU container in device mode mounts the host's nvidia-smi under 
 from pathlib import Path
 
 CASES = Path(__file__).parent / "data" / "nvidia-smi"
+# real/: outputs recorded on real GPUs, from public sources (issue 51), in a layout of their own (SOURCE.md, ...)
+WRITTEN = sorted(p.name for p in CASES.iterdir() if p.is_dir() and p.name != "real")
 QUERY_GPU = ("index", "pci.bus_id", "name", "compute_cap", "driver_version", "memory.used", "memory.total",
              "persistence_mode", "mig.mode.current", "ecc.errors.uncorrected.volatile.total",
              "ecc.errors.uncorrected.aggregate.total", "remapped_rows.pending")
