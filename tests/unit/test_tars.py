@@ -3,8 +3,6 @@ pax and GNU sparse headers it would have to hold in memory, in one line naming t
 
 import gzip
 import io
-import subprocess
-import sys
 import tarfile
 
 import pytest
@@ -12,6 +10,7 @@ import zstandard
 
 from dockerlaunch.errors import TransferError
 from dockerlaunch.tars import MAX_HEADER
+from tests.unit.transfer.test_bundle import verify_bundle_peak
 
 
 def _chksum(block: bytearray) -> bytearray:
@@ -166,15 +165,8 @@ def test_a_tiny_bundle_with_a_huge_old_gnu_sparse_map_is_refused_before_it_is_re
             z.write(chunk)
         z.write(last + b"\0" * 1024)
     assert (tmp_path / "evil.dlb").stat().st_size < 100_000
-    # the peak of this process's own memory (VmHWM: ru_maxrss would carry the parent's over exec)
-    code = ("import sys\nfrom pathlib import Path\nfrom dockerlaunch.transfer.bundle import verify_bundle\n"
-            "try:\n    verify_bundle(Path(sys.argv[1]))\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
-            "print('peak', next(x.split()[1] for x in open('/proc/self/status') if x.startswith('VmHWM')))")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "evil.dlb")], capture_output=True, text=True,
-                       timeout=300)
-    lines = r.stdout.strip().splitlines()
-    peak_mb = int(lines[-1].split()[1]) / 1024
-    assert peak_mb < 100, (peak_mb, r.stdout, r.stderr)
+    peak_mb, lines = verify_bundle_peak(tmp_path / "evil.dlb")
+    assert peak_mb < 100, (peak_mb, lines)
     assert lines[0].startswith("TransferError bundle") and "sparse" in lines[0] and \
         "images/evil-sparse.tar" in lines[0], lines
 
