@@ -21,7 +21,7 @@ class Malformed(ValueError):
 
 
 def encode(value: str) -> str:
-    """What `kv` prints for VALUE (tests; the in-container Python scripts carry a copy of these three lines)."""
+    """What `kv` prints for VALUE (tests; reach.sh's and hubs.py's Python, run in the image, carry a copy)."""
     return "".join(f"%{ord(c):02X}" if c == "%" or ord(c) < 0x20 or ord(c) == 0x7F else c for c in value)
 
 

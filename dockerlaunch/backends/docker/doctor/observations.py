@@ -136,6 +136,7 @@ class HostObservation:
     ssh_error: str | None = None
     error: str | None = None  # the observation round trip itself failed
     probe_error: str | None = None  # its answer broke the key=value contract (probe.py): none of it was used
+    clock: str | None = None  # the host's `date +%s.%N` at the start of its answer (observe.sh's first line)
     docker: str | None = None  # engine version
     docker_error: str | None = None
     image_id: str | None = None  # "" when the image is missing
@@ -185,6 +186,7 @@ def parse_observation(obs: HostObservation, text: str) -> HostObservation:
         obs.probe_error = e.reason
         return obs
     one = lambda k: (kv.get(k) or [None])[0]  # noqa: E731
+    obs.clock = one("clock")
     obs.docker, obs.docker_error = one("docker"), one("docker_error")
     if obs.docker is not None:
         obs.image_id = one("image") or ""

@@ -81,9 +81,8 @@ def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> 
     if obs.probe_error:
         return obs
     obs.image_scan = load_image_scan(obs.image_id)
-    clock = next((keyvalue.decode(line[6:]) for line in text.split("\n") if line.startswith("clock=")), "")
     try:
-        obs.clock_offset = float(clock) - (t0 + (first[0] if first else time.time())) / 2
+        obs.clock_offset = float(obs.clock or "") - (t0 + (first[0] if first else time.time())) / 2
     except ValueError:
         obs.clock_offset = None
     return obs
