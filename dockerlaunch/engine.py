@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from dockerlaunch.errors import EngineError
+from dockerlaunch.gpu.needs import ImageNeeds
 
 
 def cache_root() -> Path:
@@ -34,33 +35,33 @@ def engine():
     return client
 
 
-# What an image's libraries hold, by Image ID: `dockerlaunch verify` keeps, per image it scanned, the cubins and PTX
-# of every library with device code and the CUDA its runtime wheel is; doctor reads it for an image without
-# dockerlaunch's labels instead of scanning it again.
+# What an image needs of a GPU host, by Image ID: `dockerlaunch verify` keeps, per image it scanned, the cubins and
+# PTX of every library with device code, the CUDA its runtime wheel is and its cuda-compat (gpu.needs.ImageNeeds);
+# doctor reads it for an image without dockerlaunch's labels instead of scanning it again.
 
 
-def image_scan_path(image_id: str) -> Path:
+def image_needs_path(image_id: str) -> Path:
     return cache_root() / "verify" / "images" / f"{image_id.removeprefix('sha256:')[:64]}.json"
 
 
-def save_image_scan(image_id: str, record: dict) -> None:
+def save_image_needs(image_id: str, needs: ImageNeeds) -> None:
     import json
 
-    path = image_scan_path(image_id)
+    path = image_needs_path(image_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record))
+    tmp.write_text(json.dumps(needs.to_record()))
     tmp.replace(path)
 
 
-def load_image_scan(image_id: str | None) -> dict | None:
+def load_image_needs(image_id: str | None) -> ImageNeeds | None:
     import json
     import re
 
     if not re.fullmatch(r"(sha256:)?[0-9a-f]{64}", image_id or ""):
         return None
     try:
-        record = json.loads(image_scan_path(image_id or "").read_text())
+        record = json.loads(image_needs_path(image_id or "").read_text())
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) else None
+    return ImageNeeds.from_record(record)

@@ -241,7 +241,7 @@ def _cluster_archs(hosts: list[str] | None, config_path: str | None) -> tuple[li
     """The union of the compute capabilities of the cluster's GPUs, asked of every host at once, and how to say
     it: `the GPUs of h1 (9.0 x8), h2 (8.0 x8)`."""
     from dockerlaunch.backends.docker.probe import gpu_compute_caps
-    from dockerlaunch.cuda import version_tuple
+    from dockerlaunch.gpu.cuda import version_tuple
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.job.config import Overrides, load_config
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.images.stacks import DEBIAN_PYTHON, Stack
 
 _LOG = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ FORMAT = 1
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 MIRROR_ENV = "DOCKERLAUNCH_DEBIAN_MIRROR"
 REPO = "dockerlaunch/os"
-LABEL = "ai.dockerlaunch.base"
+LABEL = labels_.BASE
 # What train.Dockerfile's system layer installs on a registry base, here baked in by debootstrap: Python (venv,
 # headers for extensions), a compiler and ninja (so the CUDA stage alone can compile), RDMA userspace (without it
 # NCCL silently falls back to TCP), network and debug tools.

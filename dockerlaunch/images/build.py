@@ -19,8 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dockerlaunch import __version__, shipped
-from dockerlaunch.cuda import DRIVER_MIN, TOOLKIT_DRIVER
 from dockerlaunch.errors import BuildError, ConfigError
+from dockerlaunch.gpu import labels as labels_
+from dockerlaunch.gpu.cuda import DRIVER_MIN, TOOLKIT_DRIVER
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
 from dockerlaunch.images.builder import Builder, _one_line, find_builder
@@ -36,7 +37,6 @@ _LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library us
 FETCH_STAMPS = ".dockerlaunch-fetch.json"  # in the wheelhouse: each layer's requirements when last fetched
 
 
-LABEL_PREFIX = "ai.dockerlaunch"
 
 
 FREEZE_PATH = "/opt/dockerlaunch/pip-freeze.txt"
@@ -190,9 +190,9 @@ def pip_check_allow(stack: Stack) -> str:
 def driver_labels(stack: Stack) -> dict[str, str]:
     if not stack.cuda:
         return {}
-    out = {f"{LABEL_PREFIX}.driver-min": DRIVER_MIN.get(stack.cuda.split(".")[0], "")}
+    out = {labels_.DRIVER_MIN: DRIVER_MIN.get(stack.cuda.split(".")[0], "")}
     if stack.cuda in TOOLKIT_DRIVER:
-        out[f"{LABEL_PREFIX}.driver-toolkit"] = TOOLKIT_DRIVER[stack.cuda]
+        out[labels_.DRIVER_TOOLKIT] = TOOLKIT_DRIVER[stack.cuda]
     return {k: v for k, v in out.items() if v}
 
 
@@ -201,17 +201,17 @@ def image_labels(stack: Stack, build_date: str | None = None) -> dict[str, str]:
         "org.opencontainers.image.title": f"dockerlaunch {stack.name}",
         "org.opencontainers.image.description": stack.description,
         "org.opencontainers.image.created": build_date or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        f"{LABEL_PREFIX}.stack": stack.name,
-        f"{LABEL_PREFIX}.version": __version__,
-        f"{LABEL_PREFIX}.pip-freeze": FREEZE_PATH,
-        f"{LABEL_PREFIX}.components": ",".join(components(stack)),
+        labels_.STACK: stack.name,
+        labels_.VERSION: __version__,
+        labels_.PIP_FREEZE: FREEZE_PATH,
+        labels_.COMPONENTS: ",".join(components(stack)),
     }
     if stack.overrides:
-        labels[f"{LABEL_PREFIX}.overrides"] = " ".join(stack.overrides)
+        labels[labels_.OVERRIDES] = " ".join(stack.overrides)
     if stack.drop:
-        labels[f"{LABEL_PREFIX}.drop"] = " ".join(stack.drop)
+        labels[labels_.DROP] = " ".join(stack.drop)
     for key, value in stack.pins().items():
-        labels[f"{LABEL_PREFIX}.pin.{key}"] = value
+        labels[labels_.pin(key)] = value
     return {**labels, **driver_labels(stack)}
 
 
@@ -242,15 +242,15 @@ def render_build(stack: Stack, opts: BuildOptions, lock: locks.Lock, context: st
     torch = lock.get("torch")
     for k, v in build_args(stack, opts, torch_from_index=bool(torch and "+" in torch.version)).items():
         argv += ["--build-arg", f"{k}={v}"]
-    labels = {**image_labels(stack, build_date), f"{LABEL_PREFIX}.lock-sha256": lock.header.get("body-sha256", "")}
+    labels = {**image_labels(stack, build_date), labels_.LOCK_SHA: lock.header.get("body-sha256", "")}
     if stack.cuda:
-        labels[f"{LABEL_PREFIX}.cuda-archs"] = ";".join(cuda_archs(stack, opts))
+        labels[labels_.CUDA_ARCHS] = ";".join(cuda_archs(stack, opts))
         # what holds code for exactly those architectures (doctor names them when a host's GPU is not among them)
-        labels[f"{LABEL_PREFIX}.compiled"] = ",".join(p.name for p in wheels.compiled_packages(
+        labels[labels_.COMPILED] = ",".join(p.name for p in wheels.compiled_packages(
             stack, lock, cuda_archs(stack, opts), flash_prebuilt=bool(prebuilt_flash(stack))))
     if target != "train":  # a stage is not the stack's image: no pins or components for verify to expect
-        labels = {f"{LABEL_PREFIX}.stage": f"{target} of {stack.name}",
-                  f"{LABEL_PREFIX}.lock-sha256": labels[f"{LABEL_PREFIX}.lock-sha256"]}
+        labels = {labels_.STAGE: f"{target} of {stack.name}",
+                  labels_.LOCK_SHA: labels[labels_.LOCK_SHA]}
     for k, v in labels.items():
         argv += ["--label", f"{k}={v}"]
     if opts.ca_cert:
@@ -615,7 +615,7 @@ def stamp_report(s: BuildSession, tag: str, report, ctx: Path) -> None:
     (ctx / "verify.txt").write_text(report.render() + "\n")
     (ctx / "verify.json").write_text(report.to_json() + "\n")
     (ctx / "Dockerfile").write_text(f"FROM {tag}\nCOPY verify.txt verify.json {REPORT_DIR}/\n"
-                                    f"LABEL {LABEL_PREFIX}.verify={REPORT_DIR}/verify.json\n")
+                                    f"LABEL {labels_.VERIFY}={REPORT_DIR}/verify.json\n")
     before = subprocess.run([s.builder.docker, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
                             text=True).stdout.strip()
     r = subprocess.run([*s.builder.prefix, "--network", "none", "-t", tag, str(ctx)], capture_output=True, text=True,

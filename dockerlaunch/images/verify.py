@@ -43,23 +43,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockerlaunch import shipped
-from dockerlaunch.cuda import cubin_covers, runtime_cuda
-from dockerlaunch.engine import cache_root, save_image_scan
+from dockerlaunch.engine import cache_root, save_image_needs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, EngineError
+from dockerlaunch.gpu import labels as labels_
+from dockerlaunch.gpu.cuda import cubin_covers, runtime_cuda
+from dockerlaunch.gpu.needs import DeviceCode, ImageNeeds
+from dockerlaunch.gpu.verdict import Verdict
 
 _LOG = logging.getLogger(__name__)
 
-LABEL_PREFIX = "ai.dockerlaunch"
-STACK_LABEL = f"{LABEL_PREFIX}.stack"
-ARCHS_LABEL = f"{LABEL_PREFIX}.cuda-archs"
-OVERRIDES_LABEL = f"{LABEL_PREFIX}.overrides"
-DROP_LABEL = f"{LABEL_PREFIX}.drop"
-COMPONENTS_LABEL = f"{LABEL_PREFIX}.components"
-PIN_LABEL = f"{LABEL_PREFIX}.pin."
 CHECKS = ("symbols", "load", "archs", "pip", "imports", "dists")
 MOUNT = "/opt/dockerlaunch-verify"  # where the scripts and tools appear inside the verify container
 
-PASS, FAIL, WARN, NOTE, SKIP, NEEDS_DRIVER, ERROR = "PASS", "FAIL", "WARN", "NOTE", "SKIP", "NEEDS-DRIVER", "ERROR"
+# the shared verdicts (gpu.verdict), and verify's own NEEDS-DRIVER (a check that needs a GPU driver the build lacks)
+PASS, FAIL, WARN, NOTE, SKIP, ERROR = (Verdict.PASS, Verdict.FAIL, Verdict.WARN, Verdict.NOTE, Verdict.SKIP,
+                                       Verdict.ERROR)
+NEEDS_DRIVER = "NEEDS-DRIVER"
 VERDICTS = (PASS, FAIL, ERROR, WARN, NOTE, NEEDS_DRIVER, SKIP)
 
 
@@ -406,7 +405,7 @@ def judge_archs(report: VerifyReport, cubins: dict | None, archs: list[str], dis
         return
     if not archs:
         report.add("archs", SKIP, f"{len(holding)} libraries hold device code, but which architectures to require "
-                                  "is unknown: the image has no ai.dockerlaunch.cuda-archs label; pass --cuda-archs "
+                                  f"is unknown: the image has no {labels_.CUDA_ARCHS} label; pass --cuda-archs "
                                   "(e.g. 9.0)")
         return
     vendor, bad = [], 0
@@ -476,10 +475,10 @@ def judge_pip(report: VerifyReport, pip: dict | None, overrides: dict[str, str],
     for item in lines:
         name = item.get("name")
         if item["kind"] == "version" and name in overrides and item["have"] == overrides[name]:
-            report.add("pip check", NOTE, f"recorded override {name}=={overrides[name]} (label {OVERRIDES_LABEL}): "
+            report.add("pip check", NOTE, f"recorded override {name}=={overrides[name]} (label {labels_.OVERRIDES}): "
                                           f"{item['line']}")
         elif item["kind"] == "missing" and name in drops:
-            report.add("pip check", NOTE, f"recorded drop {name} (label {DROP_LABEL}): {item['line']}")
+            report.add("pip check", NOTE, f"recorded drop {name} (label {labels_.DROP}): {item['line']}")
         elif item["kind"] == "platform" and item["dist"] in unsupported and not unsupported[item["dist"]]["foreign"]:
             # pip compares the tag in the wheel's WHEEL file (TE's core wheels say cp310-cp310 in a py3-none wheel)
             u = unsupported[item["dist"]]
@@ -650,14 +649,14 @@ def judge_versions(report: VerifyReport, labels: dict, dists: dict[str, str] | N
                    mcore_clone) -> None:
     if dists is None:
         return
-    pins = {k[len(PIN_LABEL):]: v for k, v in labels.items() if k.startswith(PIN_LABEL)}
-    if STACK_LABEL not in labels:
+    pins = labels_.pins(labels)
+    if labels_.STACK not in labels:
         found = {d: dists[d] for d in KEY_DISTS if d in dists}
         report.versions = {d: {"installed": v, "pinned": None} for d, v in found.items()}
         if python:
             report.versions = {"python": {"installed": python, "pinned": None}, **report.versions}
         listed = ", ".join(f"{d} {v}" for d, v in found.items()) or "none of the key packages"
-        report.add("versions", NOTE, f"no {LABEL_PREFIX} labels (not built by dockerlaunch build), so no pins to "
+        report.add("versions", NOTE, f"no {labels_.PREFIX}* labels (not built by dockerlaunch build), so no pins to "
                                      f"compare; found: python {python}, {listed}")
         return
     for key, want in pins.items():
@@ -709,8 +708,8 @@ def judge(image: str, labels: dict, result: dict, archs: list[str], archs_source
             if c.check == "load":
                 c.detail += f" (import torch itself failed there: {result['load_torch_error'][:200]})"
     judge_archs(report, result.get("cubins"), archs, result.get("device_dists", {}), archs_source)
-    judge_pip(report, result.get("pip_check"), parse_pins(labels.get(OVERRIDES_LABEL)),
-              (labels.get(DROP_LABEL) or "").split(), dockerlaunch_built=STACK_LABEL in labels)
+    judge_pip(report, result.get("pip_check"), parse_pins(labels.get(labels_.OVERRIDES)),
+              (labels.get(labels_.DROP) or "").split(), dockerlaunch_built=labels_.STACK in labels)
     broken = [c.check.split(" ", 1)[1] for c in report.checks if c.verdict == FAIL and c.check.startswith("symbols ")]
     driver = (sym or {}).get("driver") if sym and "error" not in sym else None
     judge_imports(report, result.get("imports"), driver, gpus, broken)
@@ -722,7 +721,7 @@ def judge(image: str, labels: dict, result: dict, archs: list[str], archs_source
                     "cuda_archs": archs, "cuda_archs_from": archs_source, "timings": result.get("timings", {}),
                     "symbols": {k: v for k, v in (sym or {}).items() if k not in ("device", "preloads")},
                     "loads": result.get("loads", {}), "cubins": result.get("cubins"),
-                    "labels": bool(labels.get(STACK_LABEL))}
+                    "labels": bool(labels.get(labels_.STACK))}
     return report
 
 
@@ -777,8 +776,8 @@ def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: s
     labels, arch, image_id = image_facts(image, docker)
     if isinstance(cuda_archs, list):
         cuda_archs = ";".join(cuda_archs)
-    archs = parse_archs(cuda_archs) if cuda_archs else parse_archs(labels.get(ARCHS_LABEL))
-    source = "--cuda-archs" if cuda_archs else f"label {ARCHS_LABEL}"
+    archs = parse_archs(cuda_archs) if cuda_archs else parse_archs(labels.get(labels_.CUDA_ARCHS))
+    source = "--cuda-archs" if cuda_archs else f"label {labels_.CUDA_ARCHS}"
     wanted = tuple(checks or CHECKS)
     bad = [c for c in wanted if c not in CHECKS]
     if bad:
@@ -839,11 +838,11 @@ def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: s
     cubins = result.get("cubins")
     if image_id and isinstance(cubins, dict) and "error" not in cubins:
         # for doctor, by Image ID: what each library with device code holds, and the CUDA of the runtime wheel
-        save_image_scan(image_id, {
-            "image": image, "cuda": runtime_cuda(result.get("dists") or {}),
-            "cubins": {lib: {"elf": c.get("elf", []), "ptx": c.get("ptx", []),
-                             "dist": (result.get("device_dists") or {}).get(lib)}
-                       for lib, c in cubins.items() if not c.get("none") and "error" not in c}})
+        save_image_needs(image_id, ImageNeeds(
+            image=image, cuda=runtime_cuda(result.get("dists") or {}),
+            code=tuple(DeviceCode(lib, (result.get("device_dists") or {}).get(lib), tuple(c.get("elf", [])),
+                                  tuple(c.get("ptx", [])))
+                       for lib, c in cubins.items() if not c.get("none") and "error" not in c)))
     return report
 
 

@@ -34,6 +34,9 @@ from pathlib import Path
 
 from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.gpu import labels as labels_
+from dockerlaunch.gpu import smi
+from dockerlaunch.gpu.cuda import version_tuple
 from dockerlaunch.images import index as idx
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import sources
@@ -652,20 +655,20 @@ class Place:
         return str(self.build / "log")
 
 
-def parse_compute_caps(text: str) -> list[str]:
-    """`nvidia-smi --query-gpu=compute_cap --format=csv,noheader` -> ["8.0", "9.0"]: each architecture once."""
-    return sorted({ln.strip() for ln in text.splitlines() if re.fullmatch(r"\d+\.\d", ln.strip())},
-                  key=lambda a: tuple(int(x) for x in a.split(".")))
-
-
 def local_gpu_archs(run=subprocess.run) -> list[str]:
-    """The compute capabilities of this machine's GPUs (nvidia-smi), [] where it has none."""
+    """The compute capabilities of this machine's GPUs, each once ([] where it has no nvidia-smi or its driver does
+    not answer: the build then compiles for 9.0 and says so); a GPU whose capability is unknown is an error."""
     try:
-        r = run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True,
-                timeout=20)
+        r = run(["sh", "-c", smi.CAPS_QUERY], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return parse_compute_caps(r.stdout) if r.returncode == 0 else []
+    try:
+        caps = smi.parse_compute_caps(r.returncode, r.stdout)
+    except smi.CapsUnknown as e:
+        if e.missing or "listed no GPU" in e.why:
+            return []
+        raise DockerlaunchError(f"this machine's GPUs: {e.why}: pass --cuda-archs") from None
+    return sorted(set(caps), key=version_tuple)
 
 
 class Here:
@@ -729,7 +732,7 @@ def _compile_locked(pkg: Compiled, entry: Entry, builder: str, source: Path, job
         log(f"{pkg.label}: compiling{place.where} in {builder} with MAX_JOBS={jobs} "
             f"({', '.join(f'{k}={v}' for k, v in pkg.env)}){resumed}; build folder {place.mount}")
         code, out = place.docker("run", "--detach", "--name", name, "--network", "none",
-                                 "--label", "ai.dockerlaunch.compile=" + entry.folder.name,
+                                 "--label", f"{labels_.COMPILE}=" + entry.folder.name,
                                  "-v", f"{place.mount}:{CONTAINER_DIR}", "--entrypoint", "bash", builder, "-c",
                                  compile_command(pkg, jobs))
         if code != 0:

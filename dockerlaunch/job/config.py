@@ -402,6 +402,18 @@ class DiagnosticsSettings(_Model):
         "/var/tmp/dockerlaunch",
         description="On each host, DIR/<job>/ holds the NCCL logs and flight-recorder files; mounted at the same path.",
     )
+    xid_window: float | None = Field(
+        None, ge=60, le=365 * 86400,
+        description="Pre-flight: a fatal GPU XID in the kernel log fails a host only when it is newer than the "
+        "driver's "
+        "load; set this (seconds, or 30m / 24h) to fail on one inside this window instead (a GPU reset does not "
+        "reload the driver).",
+    )
+
+    @field_validator("xid_window", mode="before")
+    @classmethod
+    def _window(cls, v: Any) -> Any:
+        return parse_duration(v) if isinstance(v, str) else v
 
     @field_validator("dir")
     @classmethod

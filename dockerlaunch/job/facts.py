@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class GpuHost:
+class HostGpuAccess:
     """How containers on a host can reach its GPUs (probe.sh; the toolkit and libraries only where
     /dev/nvidiactl exists, the engine and CDI everywhere)."""
 
@@ -33,5 +33,5 @@ class HostFacts:
     ib_hca: str | None = None  # ACTIVE ports, NCCL_IB_HCA syntax
     master_addr: str | None = None  # host 0 only: the address the others reach
     env_files: tuple[str, ...] | None = None  # remote paths of the uploaded secret env files
-    gpu: GpuHost | None = None  # how containers there reach the GPUs
+    access: HostGpuAccess | None = None  # how containers there reach the GPUs
     torch: str | None = None  # the image's torch, where its labels say (dockerlaunch-built images do)

@@ -16,7 +16,7 @@ from typing import Protocol
 from dockerlaunch import __version__
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.job.config import ClusterConfig, HostConfig, is_ip, is_loopback
-from dockerlaunch.job.facts import GpuHost, HostFacts
+from dockerlaunch.job.facts import HostFacts, HostGpuAccess
 from dockerlaunch.job.spec import (
     IB_CAP,
     IB_DEVICE,
@@ -154,7 +154,7 @@ def _master_addr(config: ClusterConfig, hostname0: str | None, facts0: HostFacts
     return Deferred(f"address of {host0.address} that the other hosts reach", "master_addr")
 
 
-def resolve_gpu_mode(requested: str, gpu: GpuHost) -> tuple[str, str]:
+def resolve_gpu_mode(requested: str, gpu: HostGpuAccess) -> tuple[str, str]:
     """`auto` -> what the host offers, best first: the toolkit's runtime, CDI specs, else device nodes."""
     if requested != "auto":
         return requested, "set in the config"
@@ -166,7 +166,7 @@ def resolve_gpu_mode(requested: str, gpu: GpuHost) -> tuple[str, str]:
     return "devices", f"no toolkit runtime, and {why}: device nodes and the driver's libraries"
 
 
-def cdi_state(gpu: GpuHost) -> tuple[bool, str]:
+def cdi_state(gpu: HostGpuAccess) -> tuple[bool, str]:
     """Can `--device nvidia.com/gpu=...` work on this engine, and why (not)? Docker reads CDI specs from 25 on,
     only with the `cdi` feature on (measured: off in 26.1, on by default in 28.5); its `docker info` lists the
     spec dirs it reads then."""
@@ -189,7 +189,7 @@ def _numbered(node: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def device_access(gpus, gpu: GpuHost, user_env: dict[str, str], where: str, why: str) -> GpuAccess:
+def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str, why: str) -> GpuAccess:
     """No toolkit: the control nodes, every /dev/nvidiaN, CUDA_VISIBLE_DEVICES for the chosen ones, and the host's
     driver libraries read-only under /usr/local/nvidia (where CUDA images look), on the loader's path.
 
@@ -234,7 +234,7 @@ def device_access(gpus, gpu: GpuHost, user_env: dict[str, str], where: str, why:
     return GpuAccess("devices", why, gpu_request(gpus), devices=tuple(devices), mounts=tuple(mounts), env=tuple(env))
 
 
-def gpu_access(gpus, requested: str, gpu: GpuHost | None, user_env: dict[str, str], where: str
+def gpu_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[str, str], where: str
                ) -> GpuAccess | Deferred | None:
     """How a Docker engine on one host reaches the job's GPUs; Deferred when that depends on facts not gathered
     yet (a dry run)."""
@@ -287,7 +287,6 @@ def diag_dir(config: ClusterConfig) -> str:
     return f"{config.diagnostics.dir}/{config.job.name}"
 
 
-TORCH_LABEL = "ai.dockerlaunch.pin.torch"  # set by `dockerlaunch build`
 FR_NEW_NAMES_ONLY = (2, 11)  # torch 2.11 (seen) reads TORCH_FR_* and warns at every rank about the old names
 
 
@@ -427,7 +426,7 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
     config, c = plan.config, plan.config.container
     master_addr = plan.master_addr
     gpus = host.gpus if host.gpus is not None else c.gpus
-    access = gpu_access(gpus, c.gpu_mode, f.gpu if f else None, c.env, f"hosts[{rank}] {host.address}")
+    access = gpu_access(gpus, c.gpu_mode, f.access if f else None, c.env, f"hosts[{rank}] {host.address}")
     nproc = _nproc(config, host, gpus, f)
 
     env: dict[str, str] = {

@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.errors import DockerlaunchError, HostError
+from dockerlaunch.gpu import smi
+from dockerlaunch.gpu.cuda import version_tuple
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.images import wheels
 from dockerlaunch.images.wheels import CONTAINER_DIR, Entry, Place, Sample, WheelError
@@ -47,8 +49,13 @@ class OnHost(wheels.Here):
         return self.remote.check(argv, what, timeout=timeout).stdout
 
     def gpu_archs(self) -> list[str]:
-        r = self.remote.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=30)
-        return wheels.parse_compute_caps(r.stdout) if r.ok else []
+        """The host's GPUs' compute capabilities, each once: what the build compiles for without --cuda-archs."""
+        r = self.remote.run(["sh", "-c", smi.CAPS_QUERY], timeout=30)
+        try:
+            return sorted(set(smi.parse_compute_caps(r.exit_status, r.stdout)), key=version_tuple)
+        except smi.CapsUnknown as e:
+            raise HostError(self.remote.name, f"{e.why}: pass --cuda-archs", step="asking the host for its GPUs' "
+                            "compute capability") from None
 
     def default_jobs(self, gb_per_job: float) -> tuple[int, str | None]:
         out = self._run(["sh", "-c", "nproc; cat /proc/meminfo"], "reading its cores and memory")

@@ -12,7 +12,8 @@ import docker
 import pytest
 import yaml
 
-from dockerlaunch.images.build import LABEL_PREFIX, cached_steps
+from dockerlaunch.gpu import labels
+from dockerlaunch.images.build import cached_steps
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
 pytestmark = pytest.mark.integration
@@ -207,7 +208,7 @@ def test_a_verify_that_ends_in_error_fails_the_build_and_leaves_the_image_unstam
         assert re.search(rf"^verify {tag}: \d+ PASS, 0 FAIL, 1 ERROR\b", out, re.M), out[-3000:]  # no FAIL
         assert "verify report in the image" not in out
         image = engine.images.get(tag)  # built and tagged, but carries no verdict
-        assert f"{LABEL_PREFIX}.verify" not in image.labels, image.labels
+        assert labels.VERIFY not in image.labels, image.labels
         ls = engine.containers.run(tag, ["sh", "-c", "ls /opt/dockerlaunch/"], entrypoint=[], network_mode="none",
                                    remove=True).decode().split()
         assert "verify.json" not in ls and "verify.txt" not in ls and "pip-freeze.txt" in ls, ls

@@ -241,7 +241,7 @@ def test_cdi_is_judged_by_what_each_real_engine_reads(engine, mixed):
     def judge(node):
         code, out = engine.containers.get(node.name).exec_run(["sh", "-c", script("probe.sh"), "sh", mixed[1][0].ip])
         assert code == 0, out
-        return cdi_state(parse_probe(out.decode()).gpu)
+        return cdi_state(parse_probe(out.decode()).access)
 
     n20, n26, n28 = mixed[1][0], mixed[1][1], mixed[1][2]
     usable, why = judge(n20)

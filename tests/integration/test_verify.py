@@ -14,7 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from dockerlaunch.engine import cache_root, load_image_scan
+from dockerlaunch.engine import cache_root, load_image_needs
 from tests.integration.helpers import dl, torch_wheels
 from tests.unit.images.test_verify import gcc, version_script
 
@@ -222,10 +222,10 @@ def test_te_2_16_on_cublas_13_3_passes_and_the_override_is_shown_as_recorded(te_
     # kept by Image ID for doctor: what each library with device code holds, and the runtime's CUDA
     image_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", te_cublas133], capture_output=True,
                               text=True, check=True).stdout.strip()
-    scan = load_image_scan(image_id)
-    assert scan is not None and scan["image"] == te_cublas133 and scan["cuda"] == "13.0", scan
-    [te] = [c for lib, c in scan["cubins"].items() if lib.endswith("libtransformer_engine.so")]
-    assert "sm_90" in te["elf"] and te["dist"].startswith("transformer-engine-cu13 2.16.1")
+    needs = load_image_needs(image_id)
+    assert needs is not None and needs.image == te_cublas133 and needs.cuda == "13.0", needs
+    [te] = [c for c in needs.code or () if c.library.endswith("libtransformer_engine.so")]
+    assert "sm_90" in te.cubins and (te.dist or "").startswith("transformer-engine-cu13 2.16.1")
 
 
 def test_the_same_pip_line_without_the_override_label_fails(te_cublas133, images, tmp_path):

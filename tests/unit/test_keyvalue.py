@@ -13,7 +13,7 @@ from dockerlaunch.backends.docker.doctor.observations import HostObservation, pa
 from dockerlaunch.backends.docker.doctor.report import FAIL
 from dockerlaunch.backends.docker.probe import parse_probe, untrusted_files
 from dockerlaunch.errors import ConfigError, HostError
-from dockerlaunch.job.facts import GpuHost
+from dockerlaunch.job.facts import HostGpuAccess
 from dockerlaunch.job.plan import device_access
 from tests import gpu_standin
 
@@ -83,9 +83,9 @@ def test_a_gpu_process_name_stays_data_through_the_real_probe(tmp_path, shell):
                        env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}, timeout=60)
     assert r.returncode == 0, r.stderr
     p = parse_probe(r.stdout, "h")
-    assert [a.name for a in p.smi.apps] == [EVIL]
-    assert not any("/home/eve" in path for _, path in p.gpu.libs), p.gpu.libs
-    assert p.gpu.nvidia_runtime is False and "eve" not in repr(p.gpu)
+    assert [a.name for a in p.gpu_host.holders] == [EVIL]
+    assert not any("/home/eve" in path for _, path in p.access.libs), p.access.libs
+    assert p.access.nvidia_runtime is False and "eve" not in repr(p.access)
 
 
 def test_the_review_cases_old_output_is_a_probe_fail_naming_the_host():
@@ -112,7 +112,8 @@ def test_driver_files_only_roots_own_and_unwritable_by_others():
                            files) == ("/home/eve/libcuda.so.1 (owner uid 1000, mode 755)",
                                       "/opt/nv/libnvidia-ml.so.1 (owner uid 0, mode 775)",
                                       "/gone/libx.so (owner uid ?, mode ?)", "/unsaid (owner uid ?, mode ?)")
-    gpu = GpuHost(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"), libs=(("libcuda.so.1", "/home/eve/libcuda.so.1"),),
+    gpu = HostGpuAccess(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"),
+                        libs=(("libcuda.so.1", "/home/eve/libcuda.so.1"),),
                   untrusted=("/home/eve/libcuda.so.1 (owner uid 1000, mode 755)",))
     with pytest.raises(ConfigError) as e:
         device_access("all", gpu, {}, "host h1", "no toolkit")

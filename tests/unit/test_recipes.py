@@ -13,7 +13,7 @@ from dockerlaunch.backends.docker.doctor.judge import CACHE_ENV, _judge_caches
 from dockerlaunch.backends.docker.doctor.report import PASS, Report
 from dockerlaunch.images.stacks import load_matrix
 from dockerlaunch.job.config import validate_config
-from dockerlaunch.job.facts import GpuHost
+from dockerlaunch.job.facts import HostGpuAccess
 from dockerlaunch.job.plan import OFFLINE_ENV, HostFacts, make_plan
 
 RECIPES = Path(__file__).resolve().parents[2] / "docs" / "RECIPES.md"
@@ -49,7 +49,7 @@ def test_recipe_plans_the_flags_multi_node_training_needs(name, body):
     assert n >= 2
     facts = {r: HostFacts(interface="ib0", gpu_count=8, infiniband=True, ib_hca="mlx5_0:1,mlx5_1:1",
                           master_addr="10.0.0.1" if r == 0 else None,
-                          gpu=GpuHost(nvidia_runtime=True, device_nodes=("/dev/nvidiactl",)))
+                          access=HostGpuAccess(nvidia_runtime=True, device_nodes=("/dev/nvidiactl",)))
              for r in range(n)}
     plan = make_plan(config, facts=facts, run_id="abc123")
     for hp in plan.hosts:

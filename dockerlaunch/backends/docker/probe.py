@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dockerlaunch import keyvalue
-from dockerlaunch.backends.docker import nvsmi, script
+from dockerlaunch.backends.docker import script
 from dockerlaunch.errors import HostError
-from dockerlaunch.job.facts import GpuHost
+from dockerlaunch.gpu import smi
+from dockerlaunch.gpu.host import GpuHost
+from dockerlaunch.job.facts import HostGpuAccess
 
 if TYPE_CHECKING:  # probe() only calls what it is given: the parsers stay free of SSH
     from dockerlaunch.hosts.ssh import Remote
@@ -95,9 +97,9 @@ class Probe:
     ib_active: list[str]
     ib_seen: list[str]
     gpu_count: int | None  # None: no nvidia-smi on the host
-    gpu: GpuHost = field(default_factory=lambda: GpuHost())
+    access: HostGpuAccess = field(default_factory=lambda: HostGpuAccess())
     image_labels: dict[str, str] | None = None  # the job image's labels there (None: not asked or no image)
-    smi: nvsmi.SmiFacts | None = None  # driver and per-GPU facts (None: no nvidia-smi, or not asked)
+    gpu_host: GpuHost | None = None  # the driver and each GPU (None: no nvidia-smi, or not asked)
 
 
 def parse_ldconfig(lines: list[str]) -> tuple[tuple[str, str], ...]:
@@ -130,7 +132,7 @@ def untrusted_files(paths: list[str], files: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _gpu_host(kv: dict[str, list[str]]) -> GpuHost:
+def _gpu_access(kv: dict[str, list[str]]) -> HostGpuAccess:
     one = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
     info = docker_info(one("docker_info"))
     if info is not None:  # probe.sh since issue 21: one `docker info`; engine=/cdi_dirs=/runtimes= before
@@ -154,7 +156,7 @@ def _gpu_host(kv: dict[str, list[str]]) -> GpuHost:
         dirs = None
     libs = parse_ldconfig(kv.get("lib", []))
     smi = one("nvidia_smi") or None
-    return GpuHost(
+    return HostGpuAccess(
         cdi_dirs=tuple(str(d) for d in dirs) if isinstance(dirs, list) else () if "cdi_dirs" in kv else None,
         device_nodes=tuple(kv.get("gpu_dev", [])),
         nvidia_runtime=isinstance(runtimes, dict) and "nvidia" in runtimes,
@@ -178,8 +180,9 @@ def docker_info(text: str) -> dict | None:
 
 # probe.sh's keys: said once, or a line each (engine, cdi_dirs, runtimes: probe.sh before issue 21)
 SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info", "image_env",
-          "smi_driver", "xid_readable", "engine", "cdi_dirs", "runtimes")
-LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_error", "xid", "gpu_dev", "cdi", "lib", "file")
+          "smi_driver", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager", "engine",
+          "cdi_dirs", "runtimes")
+LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_error", "smi_unknown", "xid", "gpu_dev", "cdi", "lib", "file")
 
 
 def parse_probe(text: str, host: str = "?") -> Probe:
@@ -210,9 +213,9 @@ def parse_probe(text: str, host: str = "?") -> Probe:
         ib_active=active,
         ib_seen=seen,
         gpu_count=int(gpus) if gpus.isdigit() else None,
-        gpu=_gpu_host(kv),
+        access=_gpu_access(kv),
         image_labels=_labels(get("image_labels")),
-        smi=nvsmi.parse(kv),
+        gpu_host=smi.parse(kv),
     )
 
 
@@ -241,22 +244,10 @@ def probe(remote: Remote, master_addr: str, image: str | None = None) -> Probe:
 GPU_ARCHS_STEP = "asking the host for its GPUs' compute capability"
 
 
-def parse_compute_caps(host: str, status: int | None, out: str) -> list[str]:
-    """`nvidia-smi --query-gpu=compute_cap --format=csv,noheader` run through `sh` -> ['9.0', '9.0', ...], or a
-    one-line HostError: no nvidia-smi, no GPU, or nvidia-smi's own error (a build must not guess 9.0 for it)."""
-    lines = [line.strip() for line in out.splitlines() if line.strip()]
-    if status == 127 or any("nvidia-smi: not found" in line or "command not found" in line for line in lines):
-        raise HostError(host, "has no nvidia-smi (no NVIDIA driver): leave it out of --hosts, or pass --cuda-archs",
-                        step=GPU_ARCHS_STEP)
-    caps = [line for line in lines if re.match(r"^\d+\.\d+$", line)]
-    if status != 0 or not caps:
-        why = next((line for line in lines if re.search(r"fail|error|unable", line, re.I)), lines[-1] if lines
-                   else f"exit status {status}, no GPU listed")
-        raise HostError(host, f"nvidia-smi listed no GPU ({why}): leave it out of --hosts, or pass --cuda-archs",
-                        step=GPU_ARCHS_STEP)
-    return caps
-
-
 def gpu_compute_caps(remote: Remote, host: str) -> list[str]:
-    r = remote.run(["sh", "-c", "nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>&1"], timeout=60)
-    return parse_compute_caps(host, r.exit_status, r.stdout)
+    """Each GPU's compute capability on a cluster host (gpu.smi's one reading), or a one-line HostError."""
+    r = remote.run(["sh", "-c", smi.CAPS_QUERY], timeout=60)
+    try:
+        return smi.parse_compute_caps(r.exit_status, r.stdout)
+    except smi.CapsUnknown as e:
+        raise HostError(host, f"{e.why}: leave it out of --hosts, or pass --cuda-archs", step=GPU_ARCHS_STEP) from None

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.hosts.fleet import Fleet
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.facts import HostFacts
-from dockerlaunch.job.plan import TORCH_LABEL, JobPlan, plan_job, resolve
+from dockerlaunch.job.plan import JobPlan, plan_job, resolve
 from dockerlaunch.job.spec import Deferred
 
 
@@ -118,8 +119,8 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             ib_hca=",".join(p.ib_active),
             master_addr=master if hp.rank == 0 else None,
             env_files=(env_files or {}).get(hp.rank),
-            gpu=p.gpu,
-            torch=(p.image_labels or labels or {}).get(TORCH_LABEL),
+            access=p.access,
+            torch=(p.image_labels or labels or {}).get(labels_.TORCH),
         )
     if errors:
         raise DockerlaunchError("; ".join(errors))

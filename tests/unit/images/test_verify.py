@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dockerlaunch import cuda
 from dockerlaunch.errors import ConfigError
+from dockerlaunch.gpu import cuda
 from dockerlaunch.images import verify as v
 
 SCRIPTS = Path(v.__file__).parent / "scripts"

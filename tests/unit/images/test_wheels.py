@@ -94,16 +94,6 @@ def test_why_a_cached_wheel_does_not_fit():
                                           "torch 2.12.0+cu130 (want 2.11.0+cu130)")
 
 
-def test_compute_caps_from_nvidia_smi_output():
-    """`nvidia-smi --query-gpu=compute_cap --format=csv,noheader` as an 8 x H200 host prints it (one line per
-    GPU), a mixed host, and an error text instead of numbers (a driver too old for the field): the default
-    architectures of `build --on HOST` come from this."""
-    assert wheels.parse_compute_caps("9.0\n" * 8) == ["9.0"]
-    assert wheels.parse_compute_caps("8.0\n9.0\n8.0\n10.0\n") == ["8.0", "9.0", "10.0"]
-    assert wheels.parse_compute_caps('Field "compute_cap" is not a valid field to query.\n\n') == []
-    assert wheels.parse_compute_caps("") == []
-
-
 def test_count_objects_reads_ninja_files_as_text():
     """What `--on HOST` reads over SSH: build.ninja and .ninja_log texts, no files to stat."""
     ninja = "build /dl/build/src/a.o: compile a.cu\nbuild /dl/build/src/b.o: compile b.cu\nbuild x: phony\n"

@@ -292,16 +292,16 @@ NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidi
 
 
 def gpu_host(**kw):
-    from dockerlaunch.job.facts import GpuHost
+    from dockerlaunch.job.facts import HostGpuAccess
 
     base = dict(device_nodes=NODES, libs=LIBS, nvidia_smi="/usr/bin/nvidia-smi", engine="20.10.24",
                 image_env=("PATH=/usr/bin", "LD_LIBRARY_PATH=/opt/lib"))
-    return GpuHost(**{**base, **kw})
+    return HostGpuAccess(**{**base, **kw})
 
 
 def planned(container=None, gpu=None, hosts=("10.0.0.1",)):
     config = cfg(hosts=list(hosts), container={"gpu_mode": "auto", **(container or {})})
-    return make_plan(config, facts={0: HostFacts(gpu_count=2, gpu=gpu or gpu_host())}).hosts[0]
+    return make_plan(config, facts={0: HostFacts(gpu_count=2, access=gpu or gpu_host())}).hosts[0]
 
 
 def test_auto_prefers_the_toolkit_then_cdi_then_device_nodes():
@@ -331,10 +331,10 @@ def test_auto_prefers_the_toolkit_then_cdi_then_device_nodes():
      ["CDI spec /etc/cdi/nvidia.yaml, Docker 28.5.2"]),
 ])
 def test_cdi_state_says_why_cdi_is_or_is_not_usable(kw, usable, words):
-    from dockerlaunch.job.facts import GpuHost
+    from dockerlaunch.job.facts import HostGpuAccess
     from dockerlaunch.job.plan import cdi_state
 
-    ok, why = cdi_state(GpuHost(**kw))
+    ok, why = cdi_state(HostGpuAccess(**kw))
     assert ok is usable and all(w in why for w in words), why
 
 
@@ -439,10 +439,10 @@ def test_probe_reads_the_images_labels_and_gpu_facts():
                     'engine=20.10.24\nlib=libcuda.so.1 (libc6,x86-64) => /usr/lib/libcuda.so.1\n'
                     'image_env=["PATH=/usr/bin"]\nnvidia_smi=/usr/bin/nvidia-smi\n')
     assert p.image_labels == {"ai.dockerlaunch.pin.torch": "2.11.0"} and p.gpu_count == 2
-    assert p.gpu.device_nodes == ("/dev/nvidia0", "/dev/nvidiactl") and not p.gpu.nvidia_runtime
-    assert p.gpu.libs == (("libcuda.so.1", "/usr/lib/libcuda.so.1"),) and p.gpu.image_env == ("PATH=/usr/bin",)
+    assert p.access.device_nodes == ("/dev/nvidia0", "/dev/nvidiactl") and not p.access.nvidia_runtime
+    assert p.access.libs == (("libcuda.so.1", "/usr/lib/libcuda.so.1"),) and p.access.image_env == ("PATH=/usr/bin",)
     with_toolkit = parse_probe('runtimes={"nvidia":{"path":"nvidia-container-runtime"},"runc":{}}\n')
-    assert with_toolkit.gpu.nvidia_runtime and with_toolkit.image_labels is None
+    assert with_toolkit.access.nvidia_runtime and with_toolkit.image_labels is None
 
 
 # ---------------------------------------------------------------- job.offline
@@ -503,13 +503,13 @@ def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container
     """`up --dry-run` prints the plan `up` applies: `resolve` may fill what was `<resolved at launch>` (and add what
     a deferred GPU or IB decision brings), never change a value the dry run showed."""
     from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
-    from dockerlaunch.job.facts import GpuHost
+    from dockerlaunch.job.facts import HostGpuAccess
     from dockerlaunch.job.plan import resolve
 
     dry = make_plan(cfg(container=container))
-    gpu = GpuHost(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"), nvidia_runtime=True)
+    gpu = HostGpuAccess(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"), nvidia_runtime=True)
     facts = {r: HostFacts(interface="eth0", gpu_count=1, infiniband=ib, ib_hca="mlx5_0:1" if ib else "",
-                          master_addr="10.0.0.1" if r == 0 else None, gpu=gpu) for r in range(2)}
+                          master_addr="10.0.0.1" if r == 0 else None, access=gpu) for r in range(2)}
     applied = resolve(dry, facts, run_id="r1")
     assert not applied.unresolved()
     for d, a in zip(dry.hosts, applied.hosts):

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
-from dockerlaunch import cuda
-from dockerlaunch.backends.docker import nvsmi
 from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
@@ -19,13 +16,15 @@ from dockerlaunch.backends.docker.doctor.observations import (
 )
 from dockerlaunch.backends.docker.doctor.report import (
     CHECK_ORDER,
-    ERROR,
     FAIL,
     PASS,
     SKIP,
     WARN,
     Report,
 )
+from dockerlaunch.gpu import health
+from dockerlaunch.gpu.host import GpuHost
+from dockerlaunch.gpu.needs import ImageNeeds
 from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import HostPlan, JobPlan
@@ -106,190 +105,24 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSH
                        f"nproc_per_node is {hp.nproc_per_node}" + (f" ({mode})" if mode else ""))
         else:
             report.add(a, "gpus", PASS, f"{g.gpus} GPU(s) visible in the container" + (f" ({mode})" if mode else ""))
-    if wants_gpus(hp) and p is not None and p.smi is not None:
-        judge_gpu_facts(report, a, p.smi, p.image_labels or {}, o.image_scan, p.gpu.image_env)
+    if wants_gpus(hp) and p is not None and p.gpu_host is not None:
+        needs = ImageNeeds.of_image(p.image_labels, p.access.image_env, o.image_needs)
+        judge_gpu_facts(report, a, p.gpu_host, needs, config.diagnostics.xid_window)
 
 
-LABEL = "ai.dockerlaunch."
-FOREIGN_MIB = 1024  # GPU memory a process that is not the job's may hold before the GPU counts as taken
-MPS = "nvidia-cuda-mps-server"
-# what each compiled package is called in an image's pins, for images built before the `compiled` label
-COMPILED_PINS = (("transformer_engine", "transformer-engine-torch"), ("apex", "apex"), ("flash_attn", "flash-attn"))
-
-
-def _gpus(gpus: list[nvsmi.Gpu]) -> str:
-    idx = ",".join(str(g.index) for g in gpus)
-    return f"GPU {idx}" if len(gpus) == 1 else f"GPUs {idx}"
-
-
-def judge_gpu_facts(report: Report, a: str, smi: nvsmi.SmiFacts, labels: dict[str, str], scan: dict | None = None,
-                    env: tuple[str, ...] | None = None) -> None:
-    """The image against this host's driver and GPUs, and the GPUs' health. What the image needs comes from
-    dockerlaunch's labels, else from its environment (CUDA_VERSION of nvidia/cuda bases) and what `dockerlaunch
-    verify` recorded of its Image ID here (`scan`: each library's cubins and PTX, its runtime's CUDA)."""
-    _judge_driver(report, a, smi, labels, _needs_cuda(labels, scan, env))
-    if labels.get(f"{LABEL}cuda-archs") or not scan:
-        _judge_archs(report, a, smi, labels)
-    else:
-        _judge_scanned_archs(report, a, smi, scan)
-    _judge_health(report, a, smi)
-
-
-def _needs_cuda(labels: dict[str, str], scan: dict | None, env: tuple[str, ...] | None) -> tuple[str, str] | None:
-    """(CUDA major.minor the image needs, where that was read)."""
-    if labels.get(f"{LABEL}pin.cuda"):
-        return labels[f"{LABEL}pin.cuda"], f"{LABEL}pin.cuda"
-    for e in env or ():
-        m = re.match(r"^CUDA_VERSION=(\d+)\.(\d+)", e)
-        if m:
-            return f"{m.group(1)}.{m.group(2)}", "the image's CUDA_VERSION"
-    if scan and scan.get("cuda"):
-        return str(scan["cuda"]), "its CUDA runtime wheel (dockerlaunch verify)"
-    return None
-
-
-def _judge_scanned_archs(report: Report, a: str, smi: nvsmi.SmiFacts, scan: dict) -> None:
-    """The same rule per library, from verify's record: a library of the image's own (not an nvidia-* wheel, which
-    NVIDIA ships for a range of GPUs) with neither a cubin nor PTX for a host GPU fails."""
-    caps = {g.compute_cap for g in smi.gpus if g.compute_cap}
-    own = {lib: c for lib, c in (scan.get("cubins") or {}).items()
-           if not str(c.get("dist") or "").startswith("nvidia-")}
-    lacking: dict[str, list[str]] = {}
-    for cap in sorted(caps, key=cuda.version_tuple):
-        for lib, c in sorted(own.items()):
-            if not cuda.cubin_covers(c.get("elf", []), cap) and not cuda.ptx_covers(c.get("ptx", []), cap):
-                lacking.setdefault(cap, []).append(f"{lib} ({c.get('dist') or '?'}: {', '.join(c.get('elf', []))})")
-    if lacking:
-        report.add(a, "archs", FAIL, "; ".join(f"GPUs of compute capability {cap}: no cubin or PTX in "
-                                               f"{', '.join(libs[:3])}" + (f" (+{len(libs) - 3} more)" if len(libs) > 3
-                                                                            else "") for cap, libs in lacking.items())
-                   + f" (from `dockerlaunch verify` of {scan.get('image', 'the image')}): rebuild them for "
-                     f"{';'.join(sorted(caps, key=cuda.version_tuple))}")
-    else:
-        report.add(a, "archs", PASS, f"{len(own)} libraries with device code run on this host's GPUs "
-                   f"({', '.join(sorted(caps))}; from `dockerlaunch verify` of {scan.get('image', 'the image')})")
-
-
-def _judge_driver(report: Report, a: str, smi: nvsmi.SmiFacts, labels: dict[str, str],
-                  needs: tuple[str, str] | None) -> None:
-    if smi.driver is None:
-        said = [e for e in smi.errors if "--query-gpu" in e] or list(smi.errors)
-        report.add(a, "driver", ERROR, "nvidia-smi did not tell the driver version: "
-                   + ("; ".join(said) if said else "no answer") + " (is the driver loaded?)")
-        return
-    runs = f" (CUDA {smi.cuda})" if smi.cuda else ""
-    if needs is None:
-        report.add(a, "driver", SKIP, f"driver {smi.driver}{runs}; the image does not say which CUDA it needs (no "
-                   f"{LABEL}pin.cuda label or CUDA_VERSION; `dockerlaunch verify IMAGE` here records it)")
-        return
-    need = needs[0]
-    problem = cuda.driver_problem(smi.driver, need)
-    if problem is None:
-        report.add(a, "driver", PASS, f"driver {smi.driver}{runs} runs the image's CUDA {need}")
-        return
-    verdict, why = problem
-    if verdict == "FAIL":
-        stack = labels.get(f"{LABEL}stack", "")
-        runs_at_most = why.split(";")[0].removeprefix("runs CUDA <= ")
-        report.add(a, "driver", FAIL, f"driver {smi.driver} {why}: upgrade the driver, or build a stack of CUDA <= "
-                   f"{runs_at_most} (dockerlaunch stacks list" + (f"; this image is {stack}" if stack else "") + ")")
-    else:
-        report.add(a, "driver", WARN, f"driver {smi.driver}{runs} {why}")
-
-
-def _compiled(labels: dict[str, str]) -> list[str]:
-    if f"{LABEL}compiled" in labels:
-        return [n for n in labels[f"{LABEL}compiled"].split(",") if n]
-    return [name for pin, name in COMPILED_PINS if labels.get(f"{LABEL}pin.{pin}")]
-
-
-def _judge_archs(report: Report, a: str, smi: nvsmi.SmiFacts, labels: dict[str, str]) -> None:
-    """One rule with verify (dockerlaunch.cuda): a cubin runs on its major at an equal or higher minor; PTX on newer
-    architectures. The image's compiled packages hold code for exactly its cuda-archs label."""
-    if not smi.gpus:
-        return
-    label = labels.get(f"{LABEL}cuda-archs")
-    if not label:
-        report.add(a, "archs", SKIP, f"the image has no {LABEL}cuda-archs label (not built by dockerlaunch): run "
-                   "`dockerlaunch verify IMAGE --cuda-archs X.Y` with this host's compute capability")
-        return
-    cubins, ptx = cuda.archs_as_cubins(label.split(";"))
-    unknown = [g for g in smi.gpus if g.compute_cap is None]
-    if unknown:
-        report.add(a, "archs", ERROR, f"{_gpus(unknown)}: nvidia-smi did not tell the compute capability (the "
-                   "driver is older than R510?)")
-        return
-    by_cap: dict[str, list[nvsmi.Gpu]] = {}
-    for g in smi.gpus:
-        by_cap.setdefault(g.compute_cap or "", []).append(g)
-    lacking = {cap: gs for cap, gs in by_cap.items()
-               if not cuda.cubin_covers(cubins, cap) and not cuda.ptx_covers(ptx, cap)}
-    if lacking:
-        pkgs = ", ".join(_compiled(labels)) or "its compiled packages"
-        stack = labels.get(f"{LABEL}stack")
-        want = ";".join(sorted({*label.split(";"), *lacking}, key=cuda.version_tuple))
-        fix = f"dockerlaunch build --stack {stack} --cuda-archs '{want}'" if stack else \
-            f"rebuild it with --cuda-archs '{want}'"
-        gpus = "; ".join(f"{_gpus(gs)} {gs[0].name} ({cap}, sm_{cap.replace('.', '')})" for cap, gs in lacking.items())
-        report.add(a, "archs", FAIL, f"{gpus}: the image's {pkgs} hold code only for {label} ({LABEL}cuda-archs): "
-                   f"no kernel would run there; {fix}")
-        return
-    caps = ", ".join(f"{cap} x{len(gs)}" for cap, gs in sorted(by_cap.items()))
-    report.add(a, "archs", PASS, f"the image's code ({label}) runs on this host's GPUs ({caps})")
-
-
-def _judge_health(report: Report, a: str, smi: nvsmi.SmiFacts) -> None:
-    fails, warns = [], []
-    for app in smi.apps:
-        if (app.used_mib or 0) > FOREIGN_MIB and not app.name.rsplit("/", 1)[-1].startswith(MPS):
-            g = smi.gpu(app.bus_id)
-            where = f"GPU {g.index}" if g else f"the GPU at {app.bus_id}"
-            owner = f", user {app.owner}" if app.owner else ""
-            fails.append(f"{where} holds {app.used_mib} MiB of pid {app.pid} ({app.name}{owner}), not this job's: a "
-                         f"leftover of another job? stop it (kill {app.pid}) or give the job other GPUs")
-    for g in smi.gpus:
-        if g.ecc_volatile:
-            fails.append(f"GPU {g.index}: {g.ecc_volatile} uncorrectable ECC errors since the driver loaded: drain "
-                         f"the host and reset the GPU (nvidia-smi -r -i {g.index})")
-        if g.remap_pending:
-            fails.append(f"GPU {g.index}: a row remap is pending: reset the GPU (nvidia-smi -r -i {g.index}) or "
-                         "reboot before use")
-        if g.fabric_state is not None and (g.fabric_state != "Completed" or
-                                           (g.fabric_status is not None and g.fabric_status != "Success")):
-            fails.append(f"GPU {g.index}: NVSwitch fabric {g.fabric_state}/{g.fabric_status or '?'} (CUDA says "
-                         "\"system not yet initialized\"): start the fabric manager (systemctl start "
-                         "nvidia-fabricmanager) and wait for Completed/Success")
-        if g.ecc_aggregate:
-            warns.append(f"GPU {g.index}: {g.ecc_aggregate} uncorrectable ECC errors over its life")
-    off = [g for g in smi.gpus if g.persistence == "Disabled"]
-    if off:
-        warns.append(f"persistence mode off on {_gpus(off)} (every start pays the driver's initialisation: "
-                     "nvidia-smi -pm 1)")
-    mig = [g for g in smi.gpus if g.mig == "Enabled"]
-    if mig:
-        warns.append(f"MIG is on for {_gpus(mig)}: the job sees MIG instances, not whole GPUs")
-    if smi.xids:
-        warns.append("XID errors since boot (dmesg): " + ", ".join(f"{code} x{n}" for code, n in smi.xids))
-    if fails:
-        report.add(a, "gpu health", FAIL, "; ".join(fails + warns + list(smi.errors)))
-    elif smi.errors:
-        report.add(a, "gpu health", ERROR, "could not check: " + "; ".join(smi.errors))
-    elif warns:
-        report.add(a, "gpu health", WARN, "; ".join(warns))
-    else:
-        used = sum(1 for app in smi.apps)
-        report.add(a, "gpu health", PASS, f"{len(smi.gpus)} GPU(s): no memory held by other processes"
-                   + (f" ({used} small or MPS)" if used else "") + ", no uncorrectable ECC errors or pending "
-                   "remaps" + (", fabric Completed" if any(g.fabric_state for g in smi.gpus) else "")
-                   + ("" if smi.xids is None else ", no XID errors since boot"))
+def judge_gpu_facts(report: Report, a: str, host: GpuHost, needs: ImageNeeds,
+                    xid_window_s: float | None = None) -> None:
+    """The image against this host's driver and GPUs (gpu.needs), and the GPUs' health (gpu.health)."""
+    for f in [*needs.runs_on(host), health.judge(host, xid_window_s)]:
+        report.add(a, f.check, f.verdict, f.detail)
 
 
 def _judge_gpu_models(report: Report, obs: list[HostObservation], plan: JobPlan) -> None:
     """Ranks wait for the slowest GPU at every collective: different models across hosts cost the difference."""
     models = {}
     for o, hp in zip(obs, plan.hosts):
-        if wants_gpus(hp) and o.probe is not None and o.probe.smi is not None and o.probe.smi.gpus:
-            models[o.address] = sorted({g.name for g in o.probe.smi.gpus})
+        if wants_gpus(hp) and o.probe is not None and o.probe.gpu_host is not None and o.probe.gpu_host.gpus:
+            models[o.address] = sorted({g.name for g in o.probe.gpu_host.gpus})
     kinds = {tuple(m) for m in models.values()}
     if len(kinds) > 1:
         said = "; ".join(f"{h}: {', '.join(m)}" for h, m in models.items())

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.errors import ConfigError, HostError
+from dockerlaunch.gpu.needs import ImageNeeds
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import HostPlan, gpu_access
 from dockerlaunch.job.spec import GpuAccess
@@ -141,7 +142,7 @@ class HostObservation:
     docker_error: str | None = None
     image_id: str | None = None  # "" when the image is missing
     image_content: str = ""  # its creation time and layer digests: the same image in either image store
-    image_scan: dict | None = None  # what `dockerlaunch verify` recorded of this Image ID here (cubins, CUDA)
+    image_needs: ImageNeeds | None = None  # what `dockerlaunch verify` recorded of this Image ID here
     probe: probelib.Probe | None = None
     disk: tuple[int, int] | None = None  # (size, available) KiB under the docker root
     mounts_missing: list[str] | None = None
@@ -205,7 +206,7 @@ def wants_gpus(hp: HostPlan) -> bool:
 def host_gpu_access(config: ClusterConfig, hp: HostPlan, probe: probelib.Probe | None) -> GpuAccess:
     """The job's GPU flags on this host, from what doctor observed there (raises ConfigError when impossible)."""
     gpus = hp.host.gpus if hp.host.gpus is not None else config.container.gpus
-    access = gpu_access(gpus, config.container.gpu_mode, probe.gpu if probe else None, config.container.env,
+    access = gpu_access(gpus, config.container.gpu_mode, probe.access if probe else None, config.container.env,
                         hp.address)
     if not isinstance(access, GpuAccess):
         raise ConfigError("could not check: the host's GPU facts were not gathered")

@@ -30,7 +30,7 @@ from dockerlaunch.backends.docker.doctor.observations import (
     uses_ib,
     wants_gpus,
 )
-from dockerlaunch.engine import load_image_scan
+from dockerlaunch.engine import load_image_needs
 from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.job.config import ClusterConfig
@@ -80,7 +80,7 @@ def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> 
     parse_observation(obs, text)
     if obs.probe_error:
         return obs
-    obs.image_scan = load_image_scan(obs.image_id)
+    obs.image_needs = load_image_needs(obs.image_id)
     try:
         obs.clock_offset = float(obs.clock or "") - (t0 + (first[0] if first else time.time())) / 2
     except ValueError:

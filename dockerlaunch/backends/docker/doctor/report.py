@@ -1,24 +1,15 @@
-"""What doctor says: one Check per host and check name (PASS/WARN/FAIL/SKIP, detail, fix), in a Report."""
+"""What doctor says: one Check per host and check name (a gpu.verdict.Verdict and its line), in a Report."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
-from dockerlaunch.enums import StrEnum
-
-
-class Verdict(StrEnum):
-    PASS = "PASS"
-    WARN = "WARN"
-    FAIL = "FAIL"
-    SKIP = "SKIP"
-    ERROR = "ERROR"  # the check could not run (a tool failed): not a pass, and it stops `up` as a FAIL does
-
+from dockerlaunch.gpu.verdict import Verdict
 
 PASS, WARN, FAIL, SKIP, ERROR = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP, Verdict.ERROR
-
-
+# the verdicts doctor's rows use (verify's NOTE is not one): the JSON's `counts` keys
+DOCTOR_VERDICTS = (PASS, WARN, FAIL, SKIP, ERROR)
 
 
 CHECK_ORDER = ["ssh", "probe", "docker", "image", "route", "master port", "reachability", "shm", "memlock", "nofile",
@@ -54,7 +45,7 @@ class Report:
         return next((c for c in self.checks if c.host == host and c.name == name), None)
 
     def counts(self) -> dict[Verdict, int]:
-        return {v: sum(1 for c in self.checks if c.status == v) for v in Verdict}
+        return {v: sum(1 for c in self.checks if c.status == v) for v in DOCTOR_VERDICTS}
 
     def summary(self) -> str:
         n = self.counts()

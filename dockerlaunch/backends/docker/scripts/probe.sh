@@ -7,25 +7,53 @@
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)
 m=$1
-SMI_GPU=index,pci.bus_id,name,compute_cap,driver_version,memory.used,memory.total,persistence_mode,mig.mode.current,ecc.errors.uncorrected.volatile.total,ecc.errors.uncorrected.aggregate.total,remapped_rows.pending
+# the --query-gpu fields doctor reads (gpu/smi.py's QUERY): each asked only where this driver's --help-query-gpu
+# lists it, and a field it still rejects is dropped and the rest asked again: one unknown field costs only itself
+SMI_GPU="index pci.bus_id name driver_version memory.used memory.total persistence_mode ecc.errors.uncorrected.volatile.total ecc.errors.uncorrected.aggregate.total compute_cap mig.mode.current remapped_rows.pending remapped_rows.failure remapped_rows.histogram.none clocks_event_reasons.active pcie.link.gen.current pcie.link.width.current pcie.link.gen.max pcie.link.width.max"
 SMI_APPS=gpu_bus_id,pid,used_memory,process_name
 why() {  # the line of a failed command's output that says why (NVML's error comes first, its version after it)
-  printf '%s\n' "$1" | grep -m 1 -iE 'fail|error|unable|not found|permission' || printf '%s\n' "$1" | tail -n 1
+  printf '%s\n' "$1" | grep -v '^index, ' | grep -m 1 -iE 'fail|error|unable|not found|permission|not a valid' ||
+    printf '%s\n' "$1" | tail -n 1
 }
 owned() {  # FILE: "file=UID MODE FILE" of what a bind mount of FILE would show the job (links followed)
   kv file "$(stat -L -c '%u %a' "$1" 2>/dev/null || echo '? ?') $1"
 }
-gpu_facts() {
-  if out=$(nvidia-smi --query-gpu="$SMI_GPU" --format=csv,noheader,nounits 2>&1); then
-    kvl smi_gpu "$out"
-  else
-    kv smi_error "nvidia-smi --query-gpu=$SMI_GPU --format=csv,noheader,nounits: $(why "$out")"
-    d=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null) && kv smi_driver "${d%%
+gpu_query() {
+  help=$(nvidia-smi --help-query-gpu 2>/dev/null)
+  fields=
+  for f in $SMI_GPU; do
+    case $help in
+      *\"index\"*) case $help in *\"$f\"*) fields="$fields${fields:+,}$f" ;; *) kv smi_unknown "$f" ;; esac ;;
+      *) fields="$fields${fields:+,}$f" ;;  # no help to go by: ask, and let a rejection name the field
+    esac
+  done
+  tries=0
+  while :; do
+    if out=$(nvidia-smi --query-gpu="$fields" --format=csv,nounits 2>&1); then
+      kvl smi_gpu "$out"
+      return
+    fi
+    bad=$(printf '%s\n' "$out" | sed -n 's/^Field "\([a-z_.]*\)" is not a valid field to query.*/\1/p' | head -n 1)
+    tries=$((tries + 1))
+    case ",$fields," in *",$bad,"*) ;; *) bad= ;; esac
+    if [ -z "$bad" ] || [ "$tries" -gt 20 ]; then
+      kv smi_error "nvidia-smi --query-gpu=$fields --format=csv,nounits: $(why "$out")"
+      d=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null) && kv smi_driver "${d%%
 *}"
-  fi
-  # the CUDA version the driver runs and, on NVSwitch systems, each GPU's fabric state (State/Status)
-  kvl smi_q "$(nvidia-smi -q 2>/dev/null | awk '/^(CUDA Version|Driver Version) /{print; next} /^GPU [0-9A-Fa-f]/{print; next}
-    /^    Fabric *$/{f=1; next} f && /^        (State|Status) /{print; next} /^    [^ ]/{f=0}')"
+      return
+    fi
+    kv smi_unknown "$bad"
+    left=
+    for f in $(printf '%s' "$fields" | tr ',' ' '); do [ "$f" = "$bad" ] || left="$left${left:+,}$f"; done
+    fields=$left
+  done
+}
+gpu_facts() {
+  gpu_query
+  # the CUDA version the driver runs and, per GPU, its NVSwitch fabric (State/Status, Health's Summary)
+  kvl smi_q "$(nvidia-smi -q 2>/dev/null | awk '/^(CUDA Version|Driver Version|KMD Version|CUDA UMD Version) /{print; next}
+    /^GPU [0-9A-Fa-f]/{print; next} /^    Fabric *$/{f=1; next} f && /^        (State|Status) /{print; next}
+    f && /^            Summary /{print; next} /^    [^ ]/{f=0}')"
   if out=$(nvidia-smi --query-compute-apps="$SMI_APPS" --format=csv,noheader,nounits 2>&1); then
     printf '%s\n' "$out" | grep ',' | while IFS=, read -r bus pid rest; do
       pid=$(printf '%s' "$pid" | tr -d ' ')
@@ -35,10 +63,30 @@ gpu_facts() {
   else
     kv smi_error "nvidia-smi --query-compute-apps=$SMI_APPS --format=csv,noheader,nounits: $(why "$out")"
   fi
-  # XID errors since boot, where the kernel log is readable (dmesg_restrict may hide it from this user)
+  # XID errors (seconds since boot, bus, code) and when the driver loaded, where the kernel log is readable
+  # (dmesg_restrict may hide it from this user); doctor fails a fatal one only when it is newer than the load
   if log=$(dmesg 2>/dev/null); then
     echo "xid_readable=1"
-    kvl xid "$(printf '%s\n' "$log" | grep -o 'Xid (PCI:[^)]*): [0-9]*' | sort | uniq -c | sed 's/^ *//')"
+    kvl xid "$(printf '%s\n' "$log" | sed -n -e 's/^\[ *\([0-9.]*\)\].*Xid (PCI:\([^)]*\)): \([0-9]*\).*/\1 \2 \3/p;t' \
+      -e 's/.*Xid (PCI:\([^)]*\)): \([0-9]*\).*/- \1 \2/p' | tail -n 200)"
+    kv driver_loaded "$(printf '%s\n' "$log" | sed -n 's/^\[ *\([0-9.]*\)\].*NVRM: loading NVIDIA UNIX.*/\1/p' | tail -n 1)"
+  fi
+  kv uptime "$(cut -d ' ' -f 1 /proc/uptime 2>/dev/null)"
+  # NVSwitch systems: the fabric manager must run, and NVML tells its result only on Hopper and later (an HGX
+  # A100 says N/A): the switches the driver lists, and what systemd (else ps) says of the manager
+  n=0
+  for s in /proc/driver/nvidia-nvswitch/devices/*; do [ -e "$s" ] && n=$((n + 1)); done
+  if [ "$n" = 0 ]; then for s in /dev/nvidia-nvswitch[0-9]*; do [ -e "$s" ] && n=$((n + 1)); done; fi
+  kv nvswitches "$n"
+  if [ "$n" -gt 0 ]; then
+    fm=$(systemctl is-active nvidia-fabricmanager 2>/dev/null)
+    case $fm in
+      active|inactive|failed|activating|deactivating) ;;
+      *) if command -v pgrep >/dev/null 2>&1; then
+           if pgrep -x nv-fabricmanager >/dev/null 2>&1; then fm=running; else fm=stopped; fi
+         else fm=; fi ;;
+    esac
+    kv fabric_manager "$fm"
   fi
 }
 kv route "$(ip -o route get "$m" 2>&1 | head -n1)"

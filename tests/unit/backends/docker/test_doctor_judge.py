@@ -702,17 +702,17 @@ def test_gpu_access_the_host_cannot_give_is_a_fail_with_the_reason():
     """The GPU probe is planned from what the host reported; an impossible request never reaches docker."""
     from dockerlaunch.backends.docker.doctor.observations import host_gpu_access
     from dockerlaunch.errors import ConfigError
-    from dockerlaunch.job.facts import GpuHost
+    from dockerlaunch.job.facts import HostGpuAccess
 
     config = cfg(gpus=["3"], gpu_mode="auto")
     plan = make_plan(config)
-    bare = GpuHost(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"), libs=(("libcuda.so.1", "/lib/libcuda.so.1"),))
+    bare = HostGpuAccess(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"), libs=(("libcuda.so.1", "/lib/libcuda.so.1"),))
     with pytest.raises(ConfigError, match=r"asks for GPUs \['3'\] but the host has GPU device nodes: /dev/nvidia0"):
-        host_gpu_access(config, plan.hosts[1], Probe("eth0", None, None, False, [], [], 1, gpu=bare))
+        host_gpu_access(config, plan.hosts[1], Probe("eth0", None, None, False, [], [], 1, access=bare))
     with pytest.raises(ConfigError, match="could not check: the host's GPU facts were not gathered"):
         host_gpu_access(config, plan.hosts[1], None)
     ok = host_gpu_access(cfg(gpus=["0"], gpu_mode="auto"), plan.hosts[1],
-                         Probe("eth0", None, None, False, [], [], 1, gpu=bare))
+                         Probe("eth0", None, None, False, [], [], 1, access=bare))
     assert ok.mode == "devices" and "/dev/nvidia0" in ok.devices
 
 

@@ -145,7 +145,7 @@ def test_one_docker_info_gives_the_engine_cdi_dirs_and_runtimes():
     from dockerlaunch.backends.docker.probe import parse_probe
 
     def gpu(info):
-        return parse_probe("has_ip=0\ndocker_info=" + json.dumps(info) + "\n").gpu
+        return parse_probe("has_ip=0\ndocker_info=" + json.dumps(info) + "\n").access
 
     old = gpu({"ServerVersion": "20.10.24", "Runtimes": {"runc": {}, "nvidia": {"path": "x"}}})
     assert (old.engine, old.cdi_dirs, old.nvidia_runtime) == ("20.10.24", None, True)
@@ -153,7 +153,7 @@ def test_one_docker_info_gives_the_engine_cdi_dirs_and_runtimes():
     assert (off.engine, off.cdi_dirs, off.nvidia_runtime) == ("26.1.5", (), False)
     on = gpu({"ServerVersion": "28.5.2", "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]})
     assert (on.engine, on.cdi_dirs) == ("28.5.2", ("/etc/cdi", "/var/run/cdi"))
-    silent = parse_probe("has_ip=0\ndocker_info=\n").gpu  # no engine answered
+    silent = parse_probe("has_ip=0\ndocker_info=\n").access  # no engine answered
     assert (silent.engine, silent.cdi_dirs) == (None, None)
 
 
@@ -177,4 +177,4 @@ def test_the_probe_asks_the_engine_for_gpu_facts_only_for_hosts_that_get_gpus(tm
     asked = calls.read_text().split()
     assert ("info" in asked) is gpu and "image" in asked, asked
     p = parse_probe(r.stdout)
-    assert (p.gpu.engine == "28.5.2") is gpu
+    assert (p.access.engine == "28.5.2") is gpu

@@ -105,3 +105,37 @@ def runtime_cuda(dists: dict[str, str | None]) -> str | None:
         if len(v) >= 2:
             return f"{v[0]}.{v[1]}"
     return None
+
+
+# Forward compatibility (NVIDIA's CUDA Compatibility guide, "Forward Compatibility"): the image's cuda-compat
+# libcuda runs a newer CUDA over an older kernel driver, on data-center GPUs of the branches it lists only; on
+# other GPUs CUDA fails with error 804 (cudaErrorCompatNotSupportedOnDevice), and a compat libcuda older than the
+# kernel driver fails with 803 (cudaErrorSystemDriverMismatch).
+CONSUMER = re.compile(r"GeForce|TITAN|Quadro|\bRTX\b(?!.*\bServer\b)", re.I)
+
+
+def data_center(name: str) -> bool:
+    """Whether forward compatibility can hold on a GPU of this model name (not GeForce, TITAN, Quadro or a
+    workstation RTX; an RTX PRO Server Edition is a data-center part)."""
+    return not CONSUMER.search(name or "")
+
+
+def compat_problem(compat: str, branches: tuple[int, ...] | list[int], driver: str,
+                   gpu_names: list[str]) -> tuple[str, str] | None:
+    """(verdict, why) for an image whose CUDA the host's driver runs only through the image's cuda-compat
+    `compat` (its driver version): WARN where forward compatibility holds, FAIL naming the CUDA error where not."""
+    have, own = version_tuple(driver), version_tuple(compat)
+    if not have:
+        return None
+    if own and have > own:
+        return ("FAIL", f"the image's cuda-compat ({compat}) is older than the host's driver: CUDA fails with error "
+                        "803 (system driver mismatch) wherever it is loaded; rebuild on a newer CUDA base")
+    consumer = sorted({n for n in gpu_names if not data_center(n)})
+    if consumer:
+        return ("FAIL", f"forward compatibility (the image's cuda-compat {compat}) does not hold on {consumer[0]}: "
+                        "CUDA error 804 (forward compatibility not supported on this device); upgrade the driver")
+    if branches and have[0] not in branches:
+        return ("FAIL", f"the image's cuda-compat {compat} serves branches {', '.join(f'R{b}' for b in branches)}, "
+                        f"not R{have[0]}: CUDA error 804; upgrade the driver to a listed branch or newer")
+    return ("WARN", f"CUDA via forward compatibility (compat {compat} over R{have[0]}): the job must load the image's "
+                    "compat folder first (dockerlaunch's device mode does; the container toolkit does on its own)")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dockerlaunch import cuda
+from dockerlaunch.gpu import cuda
 
 
 @pytest.mark.parametrize("driver, image, verdict", [

@@ -6,10 +6,13 @@ import subprocess
 
 import pytest
 
-from dockerlaunch.backends.docker import nvsmi, script
+from dockerlaunch.backends.docker import script
 from dockerlaunch.backends.docker.doctor.judge import judge_gpu_facts
 from dockerlaunch.backends.docker.doctor.report import ERROR, FAIL, PASS, WARN, Report
 from dockerlaunch.backends.docker.probe import parse_probe
+from dockerlaunch.gpu import smi as smilib
+from dockerlaunch.gpu.host import Gpu, GpuHost, Holder, Xid
+from dockerlaunch.gpu.needs import ImageNeeds
 from tests import gpu_standin
 from tests.unit.backends.docker.test_doctor_judge import H0, H1, cfg, host, run
 
@@ -27,29 +30,31 @@ def probed(tmp_path, case: str):
     return parse_probe(r.stdout)
 
 
-def rows(smi, labels=LABELS) -> dict[str, tuple[str, str]]:
+def rows(smi, labels=LABELS, record=None, env=None, window=None) -> dict[str, tuple[str, str]]:
     report = Report()
-    judge_gpu_facts(report, "h1", smi, labels)
+    judge_gpu_facts(report, "h1", smi, ImageNeeds.of_image(labels, env, ImageNeeds.from_record(record)), window)
     return {c.name: (c.status, c.reason) for c in report.checks}
 
 
 def test_a_healthy_h100_host_passes_every_gpu_row(tmp_path):
     p = probed(tmp_path, "h100-healthy")
-    smi = p.smi
+    smi = p.gpu_host
     assert p.gpu_count == 2
     assert (smi.driver, smi.cuda) == ("580.95.05", "13.0")
     assert [(g.index, g.name, g.compute_cap, g.persistence, g.mig, g.ecc_volatile, g.remap_pending, g.fabric_state,
              g.fabric_status) for g in smi.gpus] == [
         (0, "NVIDIA H100 80GB HBM3", "9.0", "Enabled", "Disabled", 0, False, "Completed", "Success"),
         (1, "NVIDIA H100 80GB HBM3", "9.0", "Enabled", "Disabled", 0, False, "Completed", "Success")]
-    assert smi.apps == () and smi.errors == ()
+    assert smi.holders == () and smi.errors == ()
+    # a driver that knows only the written case's columns: the rest is unknown, asked without, never an error
+    assert set(smi.unknown_fields) == set(smilib.QUERY) - set(gpu_standin.QUERY_GPU)
     got = rows(smi)
     assert {k: v[0] for k, v in got.items()} == {"driver": PASS, "archs": PASS, "gpu health": PASS}, got
     assert got["driver"][1] == "driver 580.95.05 (CUDA 13.0) runs the image's CUDA 13.0"
 
 
 def test_a_driver_too_old_for_the_images_cuda_is_the_one_failure(tmp_path):
-    got = rows(probed(tmp_path, "driver-570").smi)
+    got = rows(probed(tmp_path, "driver-570").gpu_host)
     assert [k for k, v in got.items() if v[0] != PASS] == ["driver"]
     assert got["driver"] == (FAIL, "driver 570.86.15 runs CUDA <= 12.8; the image needs 13.0 (R580+): upgrade the "
                                    "driver, or build a stack of CUDA <= 12.8 (dockerlaunch stacks list; this image "
@@ -57,23 +62,24 @@ def test_a_driver_too_old_for_the_images_cuda_is_the_one_failure(tmp_path):
 
 
 def test_a_gpu_the_image_has_no_code_for_names_the_packages_and_the_fix(tmp_path):
-    got = rows(probed(tmp_path, "a100").smi)
+    got = rows(probed(tmp_path, "a100").gpu_host)
     assert [k for k, v in got.items() if v[0] != PASS] == ["archs"]
     assert got["archs"] == (FAIL, "GPUs 0,1 NVIDIA A100-SXM4-80GB (8.0, sm_80): the image's transformer-engine-torch, "
                                   "apex, flash-attn hold code only for 9.0 (ai.dockerlaunch.cuda-archs): no kernel "
                                   "would run there; dockerlaunch build --stack swift4.6-mcore0.19-cu13-py313 "
                                   "--cuda-archs '8.0;9.0'")
     # an image built with PTX for 8.0 runs there (the driver compiles it), and so does one with 8.0 cubins
-    assert rows(probed(tmp_path, "a100").smi, {**LABELS, "ai.dockerlaunch.cuda-archs": "8.0+PTX"})["archs"][0] == PASS
+    ptx = {**LABELS, "ai.dockerlaunch.cuda-archs": "8.0+PTX"}
+    assert rows(probed(tmp_path, "a100").gpu_host, ptx)["archs"][0] == PASS
     # an image from before the `compiled` label: its pins say what was compiled
     older = {k: v for k, v in LABELS.items() if k != "ai.dockerlaunch.compiled"}
     older.update({"ai.dockerlaunch.pin.transformer_engine": "2.16.1", "ai.dockerlaunch.pin.flash_attn": "2.8.3"})
-    assert "the image's transformer-engine-torch, flash-attn hold" in rows(probed(tmp_path, "a100").smi, older)[
+    assert "the image's transformer-engine-torch, flash-attn hold" in rows(probed(tmp_path, "a100").gpu_host, older)[
         "archs"][1]
 
 
 def test_a_gpu_held_by_a_leftover_process_names_gpu_pid_and_command(tmp_path):
-    got = rows(probed(tmp_path, "leftover").smi)
+    got = rows(probed(tmp_path, "leftover").gpu_host)
     assert [k for k, v in got.items() if v[0] != PASS] == ["gpu health"]
     assert got["gpu health"] == (FAIL, "GPU 0 holds 71234 MiB of pid 4242 (/usr/bin/python3), not this job's: a "
                                        "leftover of another job? stop it (kill 4242) or give the job other GPUs")
@@ -81,20 +87,20 @@ def test_a_gpu_held_by_a_leftover_process_names_gpu_pid_and_command(tmp_path):
 
 def test_nvidia_smi_that_fails_is_an_error_naming_the_command_never_a_pass(tmp_path):
     p = probed(tmp_path, "nvml-mismatch")
-    assert p.smi.driver is None and p.smi.gpus == ()
-    got = rows(p.smi)
+    assert p.gpu_host.driver is None and p.gpu_host.gpus == ()
+    got = rows(p.gpu_host)
     assert got["driver"][0] == ERROR
-    assert "nvidia-smi --query-gpu=index,pci.bus_id,name,compute_cap" in got["driver"][1]
+    assert "nvidia-smi --query-gpu=index,pci.bus_id,name," in got["driver"][1]
     assert "Failed to initialize NVML: Driver/library version mismatch" in got["driver"][1]
     assert got["gpu health"][0] == ERROR and "nvidia-smi --query-compute-apps" in got["gpu health"][1]
     assert "archs" not in got  # no GPU was listed: nothing to compare, and the driver row already says why
 
 
-def _gpu(**kw) -> nvsmi.Gpu:
+def _gpu(**kw) -> Gpu:
     base = dict(index=0, bus_id="00000000:18:00.0", name="NVIDIA H100 80GB HBM3", compute_cap="9.0",
                 memory_used_mib=0, memory_total_mib=81559, persistence="Enabled", mig="Disabled", ecc_volatile=0,
                 ecc_aggregate=0, remap_pending=False)
-    return nvsmi.Gpu(**{**base, **kw})
+    return Gpu(**{**base, **kw})
 
 
 @pytest.mark.parametrize("gpu, apps, xids, verdict, words", [
@@ -106,43 +112,85 @@ def _gpu(**kw) -> nvsmi.Gpu:
     (_gpu(ecc_aggregate=2), (), (), WARN, "2 uncorrectable ECC errors over its life"),
     (_gpu(persistence="Disabled"), (), (), WARN, "persistence mode off on GPU 0"),
     (_gpu(mig="Enabled"), (), (), WARN, "MIG is on for GPU 0"),
-    (_gpu(), (), (("79", 2), ("48", 1)), WARN, "XID errors since boot (dmesg): 79 x2, 48 x1"),
-    (_gpu(), (nvsmi.App("00000000:18:00.0", 77, "root", 30000, "nvidia-cuda-mps-server"),), (), PASS, "MPS"),
-    (_gpu(), (nvsmi.App("0000:18:00.0", 77, "bob", 512, "python"),), (), PASS, "no memory held"),
-    (_gpu(), (nvsmi.App("0000:18:00.0", 77, "bob", 2048, "python"),), (), FAIL, "pid 77 (python, user bob)"),
+    (_gpu(), (), (Xid(79, "0000:18:00", None), Xid(13, "0000:18:00", 50.0)), WARN, "XID errors since boot"),
+    (_gpu(), (), (Xid(79, "0000:18:00", 120.5),), FAIL,
+     "GPU 0: XID 79 (GPU has fallen off the bus) x1 since the driver"),
+    (_gpu(remap_failure=True), (), (), FAIL, "a row remapping failed"),
+    (_gpu(remap_banks_exhausted=2), (), (), FAIL, "2 memory bank(s) have no reserved row left"),
+    (_gpu(throttle=0x40 | 0x1), (), (), WARN, "GPU 0: clocks held down (HW thermal slowdown)"),
+    (_gpu(throttle=0x1 | 0x4), (), (), PASS, "no memory held"),
+    (_gpu(fabric_state="Completed", fabric_status="Success", fabric_health="Unhealthy"), (), (), FAIL,
+     "fabric Health Unhealthy"),
+    (_gpu(mig="Enabled", memory_used_mib=11125), (Holder("00000000:18:00.0", 21180, "bob", None, "memhog"),), (),
+     FAIL, "GPU 0 (MIG) holds 11125 MiB used by pid 21180 (memhog, user bob)"),
+    (_gpu(memory_used_mib=9000), (), (), WARN, "9000 MiB in use and no process listed"),
+    (_gpu(), (Holder("00000000:18:00.0", 77, "root", 30000, "nvidia-cuda-mps-server"),), (), PASS, "MPS"),
+    (_gpu(), (Holder("0000:18:00.0", 77, "bob", 512, "python"),), (), PASS, "no memory held"),
+    (_gpu(), (Holder("0000:18:00.0", 77, "bob", 2048, "python"),), (), FAIL, "pid 77 (python, user bob)"),
 ])
 def test_gpu_health_verdicts(gpu, apps, xids, verdict, words):
-    smi = nvsmi.SmiFacts(driver="580.95.05", cuda="13.0", gpus=(gpu,), apps=apps, xids=xids)
+    smi = GpuHost(driver="580.95.05", cuda="13.0", gpus=(gpu,), holders=apps, xids=xids)
     status, reason = rows(smi)["gpu health"]
     assert status == verdict and words in reason, reason
 
 
 def test_an_image_that_does_not_say_what_it_needs_is_not_judged_on_it():
-    smi = nvsmi.SmiFacts(driver="570.86.15", cuda="12.8", gpus=(_gpu(),))
+    smi = GpuHost(driver="570.86.15", cuda="12.8", gpus=(_gpu(),))
     got = rows(smi, {})
     assert got["driver"][0] == got["archs"][0] == "SKIP"
 
 
 def test_xid_lines_and_unsupported_fields_parse():
-    kv = {"gpus": ["1"], "smi_gpu": ["0, 0000:18:00.0, Tesla V100, [N/A], 535.54.03, [N/A], 16384, [Not Supported], "
-                                     "[N/A], [N/A], [N/A], [N/A]"],
-          "xid_readable": ["1"], "xid": ["      2 Xid (PCI:0000:18:00): 79", "      1 Xid (PCI:0000:3b:00): 79",
-                                        "      1 Xid (PCI:0000:18:00): 13"]}
-    smi = nvsmi.parse(kv)
+    kv = {"gpus": ["1"], "smi_gpu": [
+        "index, pci.bus_id, name, compute_cap, driver_version, memory.used [MiB], memory.total [MiB], "
+        "persistence_mode, mig.mode.current, ecc.errors.uncorrected.volatile.total, "
+        "ecc.errors.uncorrected.aggregate.total, remapped_rows.pending",
+        "0, 0000:18:00.0, Tesla V100, [N/A], 535.54.03, [N/A], 16384, [Not Supported], [N/A], [N/A], [N/A], [N/A]"],
+          "smi_unknown": ["remapped_rows.failure"],
+          "xid_readable": ["1"], "xid": ["5.25 0000:18:00 79", "- 0000:3b:00 79", "1200.5 0000:18:00 13"],
+          "driver_loaded": ["4.5"], "uptime": ["9000.1"]}
+    smi = smilib.parse(kv)
     g = smi.gpus[0]
     assert (g.compute_cap, g.memory_used_mib, g.persistence, g.ecc_volatile, g.remap_pending) == \
         (None, None, None, None, None)
-    assert smi.driver == "535.54.03" and smi.xids == (("13", 1), ("79", 3))
-    assert nvsmi.parse({"gpus": ["none"]}) is None
+    assert g.arch == "7.0" and g.arch_source == "the model's name"  # NVIDIA's table: V100 is 7.0
+    assert smi.driver == "535.54.03" and smi.unknown_fields == ("remapped_rows.failure",)
+    assert smi.xids == (Xid(79, "0000:18:00", 5.25), Xid(79, "0000:3b:00", None), Xid(13, "0000:18:00", 1200.5))
+    assert (smi.driver_loaded_s, smi.uptime_s) == (4.5, 9000.1)
+    assert smilib.parse({"gpus": ["none"]}) is None
+
+
+def test_a_fatal_xid_fails_only_when_newer_than_the_drivers_load_or_inside_the_window():
+    gpu = _gpu()
+    old = GpuHost("580.95.05", "13.0", (gpu,), xids=(Xid(79, "0000:18:00", 10.0),), driver_loaded_s=100.0,
+                  uptime_s=90000.0)
+    assert rows(old)["gpu health"][0] == WARN  # before the driver's last load: a reset since
+    new = GpuHost("580.95.05", "13.0", (gpu,), xids=(Xid(79, "0000:18:00", 200.0),), driver_loaded_s=100.0,
+                  uptime_s=90000.0)
+    assert rows(new)["gpu health"][0] == FAIL
+    # a window the user sets (diagnostics.xid_window): only what is inside it fails
+    assert rows(new, window=3600)["gpu health"][0] == WARN
+    assert rows(new, window=90000)["gpu health"][0] == FAIL
+
+
+def test_an_nvswitch_host_whose_gpus_report_no_fabric_needs_the_fabric_manager():
+    a100 = _gpu(name="NVIDIA A100-SXM4-80GB", compute_cap="8.0")
+    for fm, verdict in (("active", PASS), ("running", PASS), ("inactive", FAIL), ("failed", FAIL), ("stopped", FAIL),
+                        (None, WARN)):
+        h = GpuHost("580.95.05", "13.0", (a100,), nvswitches=6, fabric_manager=fm)
+        got = rows(h, {})["gpu health"]
+        assert got[0] == verdict, (fm, got)
+    # no NVSwitch (a PCIe host): nothing to ask
+    assert rows(GpuHost("580.95.05", "13.0", (a100,), nvswitches=0), {})["gpu health"][0] == PASS
 
 
 def test_different_gpu_models_across_hosts_are_a_warning():
     config = cfg(gpus="all")
-    a100 = nvsmi.SmiFacts("580.95.05", "13.0", (_gpu(name="NVIDIA A100-SXM4-80GB", compute_cap="8.0"),))
-    h100 = nvsmi.SmiFacts("580.95.05", "13.0", (_gpu(),))
+    a100 = GpuHost("580.95.05", "13.0", (_gpu(name="NVIDIA A100-SXM4-80GB", compute_cap="8.0"),))
+    h100 = GpuHost("580.95.05", "13.0", (_gpu(),))
     o0, o1 = host(0), host(1)
-    o0.probe = o0.probe.__class__(**{**o0.probe.__dict__, "smi": h100})
-    o1.probe = o1.probe.__class__(**{**o1.probe.__dict__, "smi": a100})
+    o0.probe = o0.probe.__class__(**{**o0.probe.__dict__, "gpu_host": h100})
+    o1.probe = o1.probe.__class__(**{**o1.probe.__dict__, "gpu_host": a100})
     report = run(config, o0, o1)
     row = report.get(H0, "gpu models")
     assert row.status == WARN and f"{H1}: NVIDIA A100-SXM4-80GB" in row.reason
@@ -154,16 +202,18 @@ def test_every_case_parses_through_the_probe(tmp_path, case):
     p = probed(tmp_path, case)
     listed = (gpu_standin.CASES / case / "L.txt").read_text()
     if (gpu_standin.CASES / case / "exit").exists():
-        assert p.smi.errors and p.smi.driver is None
+        assert p.gpu_host.errors and p.gpu_host.driver is None
     else:
-        assert p.smi.driver and len(p.smi.gpus) == listed.count("\nGPU ") + listed.startswith("GPU ")
-        assert all(g.compute_cap for g in p.smi.gpus)
+        assert p.gpu_host.driver and len(p.gpu_host.gpus) == listed.count("\nGPU ") + listed.startswith("GPU ")
+        assert all(g.compute_cap for g in p.gpu_host.gpus)
 
 
-def test_the_stand_in_knows_the_probes_columns():
-    """tests/gpu_standin.py answers --query-gpu by column name: its columns are the probe's, in order."""
+def test_the_probe_asks_what_the_parser_reads():
+    """probe.sh's SMI_GPU is gpu/smi.py's QUERY, and the written stand-in's columns are among them."""
     line = next(x for x in script("probe.sh").splitlines() if x.startswith("SMI_GPU="))
-    assert tuple(line.removeprefix("SMI_GPU=").split(",")) == gpu_standin.QUERY_GPU
+    asked = tuple(line.removeprefix("SMI_GPU=").strip('"').split())
+    assert asked == smilib.QUERY
+    assert set(gpu_standin.QUERY_GPU) <= set(asked)
 
 
 SCAN = {"image": "someone/train:1", "cuda": "12.8", "cubins": {
@@ -173,9 +223,9 @@ SCAN = {"image": "someone/train:1", "cuda": "12.8", "cubins": {
 
 
 def test_an_image_without_labels_is_judged_from_what_verify_recorded_of_its_id(tmp_path):
-    a100 = probed(tmp_path, "a100").smi
+    a100 = probed(tmp_path, "a100").gpu_host
     report = Report()
-    judge_gpu_facts(report, "h1", a100, {}, SCAN)
+    judge_gpu_facts(report, "h1", a100, ImageNeeds.of_image({}, None, ImageNeeds.from_record(SCAN)))
     got = {c.name: (c.status, c.reason) for c in report.checks}
     assert got["archs"][0] == FAIL
     assert got["archs"][1].startswith("GPUs of compute capability 8.0: no cubin or PTX in "
@@ -184,9 +234,11 @@ def test_an_image_without_labels_is_judged_from_what_verify_recorded_of_its_id(t
     # the CUDA it needs: its runtime wheel (verify), said as such; a 580 driver runs 12.8
     assert got["driver"] == (PASS, "driver 580.95.05 (CUDA 13.0) runs the image's CUDA 12.8")
     report = Report()
-    judge_gpu_facts(report, "h1", probed(tmp_path, "h100-healthy").smi, {}, SCAN)
+    judge_gpu_facts(report, "h1", probed(tmp_path, "h100-healthy").gpu_host,
+                    ImageNeeds.of_image({}, None, ImageNeeds.from_record(SCAN)))
     assert {c.name: c.status for c in report.checks}["archs"] == PASS
     # nvidia/cuda bases say their CUDA in the environment
     report = Report()
-    judge_gpu_facts(report, "h1", probed(tmp_path, "driver-570").smi, {}, None, ("CUDA_VERSION=13.0.1", "PATH=/x"))
+    judge_gpu_facts(report, "h1", probed(tmp_path, "driver-570").gpu_host,
+                    ImageNeeds.of_image({}, ("CUDA_VERSION=13.0.1", "PATH=/x")))
     assert {c.name: c.status for c in report.checks}["driver"] == FAIL

@@ -1,0 +1,222 @@
+"""What an image needs of a GPU host, typed, and the judgement of one against the other (`needs.runs_on(host)`).
+
+An image says what it needs in three ways, best first: dockerlaunch's labels (gpu/labels.py; build writes them),
+the record `dockerlaunch verify` keeps of its Image ID (each library's cubins and PTX, its runtime's CUDA; stored by
+engine.py in this type's `to_record` form), and its environment (CUDA_VERSION, NVIDIA_REQUIRE_CUDA of nvidia/cuda
+bases). The rules are gpu/cuda.py's, the same verify applies to an image's cubins."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from dockerlaunch.gpu import cuda, labels
+from dockerlaunch.gpu.host import Gpu, GpuHost
+from dockerlaunch.gpu.verdict import Finding, Verdict
+
+# what each compiled package is called in an image's pins, for images built before the `compiled` label
+COMPILED_PINS = (("transformer_engine", "transformer-engine-torch"), ("apex", "apex"), ("flash_attn", "flash-attn"))
+RECORD_FORMAT = 2
+
+
+@dataclass(frozen=True)
+class DeviceCode:
+    """One library's device code, as verify read it with cuobjdump."""
+
+    library: str
+    dist: str | None  # the distribution that installed it (nvidia-* wheels serve a range of GPUs on purpose)
+    cubins: tuple[str, ...]  # sm_90, sm_90a, ...
+    ptx: tuple[str, ...]  # compute_90, ...
+
+
+@dataclass(frozen=True)
+class CudaCompat:
+    """cuda-compat in the image (/usr/local/cuda/compat/libcuda.so.<version>): forward compatibility, which lets a
+    data-center GPU on an older driver branch run this image's newer CUDA (NVIDIA's CUDA Compatibility guide)."""
+
+    version: str  # the compat driver's version, from its file name ('580.65.06')
+    branches: tuple[int, ...] = ()  # the older driver branches it serves (NVIDIA_REQUIRE_CUDA's brand=tesla,driver>=N)
+    path: str = "/usr/local/cuda/compat"
+
+
+@dataclass(frozen=True)
+class ImageNeeds:
+    image: str | None = None
+    cuda: str | None = None  # the CUDA major.minor its code is built for
+    cuda_source: str = ""  # where that was read
+    archs: tuple[str, ...] | None = None  # the cuda-archs label ('8.0', '9.0+PTX'); None: no label
+    code: tuple[DeviceCode, ...] | None = None  # verify's reading of every library with device code
+    compiled: tuple[str, ...] = ()  # the packages compiled for exactly `archs`
+    stack: str | None = None
+    compat: CudaCompat | None = None
+    labels_say: bool = False  # dockerlaunch built it (its labels are the source)
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def of_image(cls, image_labels: dict[str, str] | None, env: tuple[str, ...] | None = None,
+                 record: ImageNeeds | None = None) -> ImageNeeds:
+        """What doctor knows of an image on a host: its labels there, its environment, verify's record of it."""
+        lb = image_labels or {}
+        cuda_v, source = None, ""
+        if lb.get(labels.CUDA):
+            cuda_v, source = lb[labels.CUDA], f"label {labels.CUDA}"
+        else:
+            for e in env or ():
+                m = re.match(r"^CUDA_VERSION=(\d+)\.(\d+)", e)
+                if m:
+                    cuda_v, source = f"{m.group(1)}.{m.group(2)}", "the image's CUDA_VERSION"
+                    break
+        if cuda_v is None and record is not None and record.cuda:
+            cuda_v, source = record.cuda, "its CUDA runtime wheel (dockerlaunch verify)"
+        label = lb.get(labels.CUDA_ARCHS)
+        if labels.COMPILED in lb:
+            compiled = tuple(n for n in lb[labels.COMPILED].split(",") if n)
+        else:
+            compiled = tuple(name for pin, name in COMPILED_PINS if lb.get(labels.pin(pin)))
+        compat = record.compat if record is not None and record.compat is not None else compat_of_env(env)
+        return cls(image=record.image if record else None, cuda=cuda_v, cuda_source=source,
+                   archs=tuple(a for a in label.split(";") if a) if label else None,
+                   code=record.code if record is not None else None, compiled=compiled, stack=lb.get(labels.STACK),
+                   compat=compat, labels_say=labels.ours(lb))
+
+    def runs_on(self, host: GpuHost) -> list[Finding]:
+        """The image against one host's driver and GPUs: the `driver` and `archs` findings."""
+        return [f for f in (self._driver(host), self._archs(host)) if f is not None]
+
+    # -- the driver ---------------------------------------------------------------------------------------------
+    def _driver(self, host: GpuHost) -> Finding | None:
+        if host.driver is None:
+            said = [e for e in host.errors if "--query-gpu" in e] or list(host.errors)
+            return Finding("driver", Verdict.ERROR, "nvidia-smi did not tell the driver version: "
+                           + ("; ".join(said) if said else "no answer") + " (is the driver loaded?)")
+        runs = f" (CUDA {host.cuda})" if host.cuda else ""
+        if self.cuda is None:
+            return Finding("driver", Verdict.SKIP, f"driver {host.driver}{runs}; the image does not say which CUDA it "
+                           f"needs (no {labels.CUDA} label or CUDA_VERSION; `dockerlaunch verify IMAGE` here records "
+                           "it)")
+        problem = cuda.driver_problem(host.driver, self.cuda)
+        if problem is None:
+            return Finding("driver", Verdict.PASS, f"driver {host.driver}{runs} runs the image's CUDA {self.cuda}")
+        verdict, why = problem
+        if verdict == "FAIL" and self.compat is not None:
+            compat = cuda.compat_problem(self.compat.version, self.compat.branches, host.driver,
+                                         [g.name for g in host.gpus])
+            if compat is not None:
+                v, line = compat
+                return Finding("driver", Verdict(v), f"driver {host.driver}{runs}: {line}")
+        if verdict == "FAIL":
+            runs_at_most = why.split(";")[0].removeprefix("runs CUDA <= ")
+            return Finding("driver", Verdict.FAIL, f"driver {host.driver} {why}: upgrade the driver, or build a stack "
+                           f"of CUDA <= {runs_at_most} (dockerlaunch stacks list"
+                           + (f"; this image is {self.stack}" if self.stack else "") + ")")
+        return Finding("driver", Verdict.WARN, f"driver {host.driver}{runs} {why}")
+
+    # -- the architectures --------------------------------------------------------------------------------------
+    def _archs(self, host: GpuHost) -> Finding | None:
+        if not host.gpus:
+            return None
+        unknown = [g for g in host.gpus if g.arch is None]
+        if unknown:
+            why = ("this driver has no compute_cap field" if "compute_cap" in host.unknown_fields
+                   else "nvidia-smi did not tell it")
+            return Finding("archs", Verdict.WARN, f"{gpus_named(unknown)} ({unknown[0].name}): compute capability "
+                           f"unknown ({why}, and the model is not in NVIDIA's table): not checked; run `dockerlaunch "
+                           "verify IMAGE --cuda-archs X.Y` with its compute capability")
+        by_cap: dict[str, list[Gpu]] = {}
+        for g in host.gpus:
+            by_cap.setdefault(g.arch or "", []).append(g)
+        named = [g for g in host.gpus if g.arch_source != "nvidia-smi"]
+        src = f" (compute capability from the model's name: {host.driver or 'the driver'} has no compute_cap)" \
+            if named else ""
+        if self.archs is None and self.code:
+            return self._scanned_archs(by_cap, src)
+        if self.archs is None:
+            return Finding("archs", Verdict.SKIP, f"the image has no {labels.CUDA_ARCHS} label (not built by "
+                           "dockerlaunch): run `dockerlaunch verify IMAGE --cuda-archs X.Y` with this host's compute "
+                           "capability")
+        cubins, ptx = cuda.archs_as_cubins(list(self.archs))
+        label = ";".join(self.archs)
+        lacking = {cap: gs for cap, gs in by_cap.items()
+                   if not cuda.cubin_covers(cubins, cap) and not cuda.ptx_covers(ptx, cap)}
+        if lacking:
+            pkgs = ", ".join(self.compiled) or "its compiled packages"
+            want = ";".join(sorted({*self.archs, *lacking}, key=cuda.version_tuple))
+            fix = f"dockerlaunch build --stack {self.stack} --cuda-archs '{want}'" if self.stack else \
+                f"rebuild it with --cuda-archs '{want}'"
+            gpus = "; ".join(f"{gpus_named(gs)} {gs[0].name} ({cap}, sm_{cap.replace('.', '')})"
+                             for cap, gs in lacking.items())
+            return Finding("archs", Verdict.FAIL, f"{gpus}: the image's {pkgs} hold code only for {label} "
+                           f"({labels.CUDA_ARCHS}): no kernel would run there; {fix}{src}")
+        caps = ", ".join(f"{cap} x{len(gs)}" for cap, gs in sorted(by_cap.items()))
+        return Finding("archs", Verdict.PASS, f"the image's code ({label}) runs on this host's GPUs ({caps}){src}")
+
+    def _scanned_archs(self, by_cap: dict[str, list[Gpu]], src: str) -> Finding:
+        """The same rule per library, from verify's record: a library of the image's own (not an nvidia-* wheel,
+        which NVIDIA ships for a range of GPUs) with neither a cubin nor PTX for a host GPU fails."""
+        own = [c for c in self.code or () if not (c.dist or "").startswith("nvidia-")]
+        where = f"from `dockerlaunch verify` of {self.image or 'the image'}"
+        lacking: dict[str, list[str]] = {}
+        for cap in sorted(by_cap, key=cuda.version_tuple):
+            for c in sorted(own, key=lambda c: c.library):
+                if not cuda.cubin_covers(list(c.cubins), cap) and not cuda.ptx_covers(list(c.ptx), cap):
+                    lacking.setdefault(cap, []).append(f"{c.library} ({c.dist or '?'}: {', '.join(c.cubins)})")
+        caps = sorted(by_cap, key=cuda.version_tuple)
+        if lacking:
+            return Finding("archs", Verdict.FAIL, "; ".join(
+                f"GPUs of compute capability {cap}: no cubin or PTX in {', '.join(libs[:3])}"
+                + (f" (+{len(libs) - 3} more)" if len(libs) > 3 else "") for cap, libs in lacking.items())
+                + f" ({where}): rebuild them for {';'.join(caps)}{src}")
+        return Finding("archs", Verdict.PASS, f"{len(own)} libraries with device code run on this host's GPUs "
+                       f"({', '.join(caps)}; {where}){src}")
+
+    # -- verify's record ----------------------------------------------------------------------------------------
+    def to_record(self) -> dict:
+        return {"format": RECORD_FORMAT, "image": self.image, "cuda": self.cuda,
+                "code": [{"library": c.library, "dist": c.dist, "elf": list(c.cubins), "ptx": list(c.ptx)}
+                         for c in self.code or ()],
+                "compat": None if self.compat is None else {"version": self.compat.version,
+                                                             "branches": list(self.compat.branches),
+                                                             "path": self.compat.path}}
+
+    @classmethod
+    def from_record(cls, record: dict | None) -> ImageNeeds | None:
+        """verify's record (this form, or the first one: `cubins` by library); None for anything else."""
+        if not isinstance(record, dict):
+            return None
+        try:
+            if record.get("format") == RECORD_FORMAT:
+                code = tuple(DeviceCode(str(c["library"]), c.get("dist"), tuple(c.get("elf") or ()),
+                                        tuple(c.get("ptx") or ())) for c in record.get("code") or ())
+                cp = record.get("compat")
+                compat = None if not cp else CudaCompat(str(cp["version"]), tuple(int(b) for b in cp.get("branches")
+                                                                                 or ()), str(cp.get("path") or
+                                                                                             CudaCompat.path))
+            else:
+                code = tuple(DeviceCode(str(lib), c.get("dist"), tuple(c.get("elf") or ()), tuple(c.get("ptx") or ()))
+                             for lib, c in (record.get("cubins") or {}).items())
+                compat = None
+            return cls(image=record.get("image"), cuda=record.get("cuda"), code=code, compat=compat)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+def compat_of_env(env: tuple[str, ...] | None) -> CudaCompat | None:
+    """nvidia/cuda images ship cuda-compat and say which branches it serves in NVIDIA_REQUIRE_CUDA (`cuda>=12.4
+    brand=tesla,driver>=470,driver<471 ...`); without verify's reading of the file, its version is unknown: the
+    CUDA's own driver minimum stands in (TOOLKIT_DRIVER)."""
+    require = next((e.partition("=")[2] for e in env or () if e.startswith("NVIDIA_REQUIRE_CUDA=")), None)
+    version = next((e.partition("=")[2] for e in env or () if e.startswith("CUDA_VERSION=")), None)
+    if not require or not version:
+        return None
+    branches = tuple(sorted({int(b) for b in re.findall(r"brand=tesla,driver>=(\d+)", require)}))
+    if not branches:
+        return None
+    v = cuda.version_tuple(version)
+    own = cuda.TOOLKIT_DRIVER.get(f"{v[0]}.{v[1]}" if len(v) >= 2 else "") or cuda.DRIVER_MIN.get(str(v[0]) if v
+                                                                                                   else "")
+    return CudaCompat(version=own or "", branches=branches) if own else None
+
+
+def gpus_named(gpus: list[Gpu]) -> str:
+    idx = ",".join(str(g.index) for g in gpus)
+    return f"GPU {idx}" if len(gpus) == 1 else f"GPUs {idx}"
