@@ -1,0 +1,106 @@
+"""Every real nvidia-smi output of tests/data/nvidia-smi/real/ through the REAL probe.sh (no SSH, no engine: the
+probe runs in a local sh with the folder's replay, tests/gpu_standin.py's `replay`, as `nvidia-smi` on its PATH),
+parsed by probe.parse_probe and judged for the recommended image (CUDA 13.0, sm_90) by `ImageNeeds.runs_on` and
+gpu.health: the `driver`, `archs` and `gpu health` verdicts and the facts each folder's expected.yaml lists.
+
+expected.yaml's words: a verdict `unknown` is one the output does not decide (not compared); `driver`, `cuda` and
+each GPU's `compute_cap`, `mig`, `fabric_state`, `fabric_status` are compared as listed (null: doctor must not know
+it, e.g. a compute capability a driver rejects); a GPU's `index` and `name` where they are not null (an excerpt that
+shows neither leaves the replay to number the GPU and print `[N/A]`). A folder whose verdict differs names itself
+(the test is parametrized by folder)."""
+
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from dockerlaunch.backends.docker.probe import Probe, parse_probe, probe_argv
+from dockerlaunch.gpu import health
+from dockerlaunch.gpu.needs import ImageNeeds
+from tests import gpu_standin
+
+# the recommended image's labels (docker image inspect)
+LABELS = {"ai.dockerlaunch.pin.cuda": "13.0", "ai.dockerlaunch.cuda-archs": "9.0",
+          "ai.dockerlaunch.stack": "swift4.6-mcore0.19-cu13-py313",
+          "ai.dockerlaunch.compiled": "transformer-engine-torch,apex,flash-attn"}
+ROWS = ("driver", "archs", "gpu health")
+FACTS = ("compute_cap", "mig", "fabric_state", "fabric_status")
+# the host's other tools, as a host with no engine and a clean kernel log answers (the machine's own must not count)
+TOOLS = {"docker": "#!/bin/sh\nexit 1\n", "dmesg": "#!/bin/sh\nexit 0\n"}
+
+
+def expected(folder: str) -> dict:
+    return yaml.safe_load((gpu_standin.REAL / folder / "expected.yaml").read_text(encoding="utf-8"))
+
+
+def probed(tmp_path, folder: str) -> Probe:
+    """The real probe.sh, run as doctor runs it (probe_argv), with the folder's replay as nvidia-smi."""
+    bin_dir = tmp_path / "bin"
+    gpu_standin.install_replay(bin_dir, folder)
+    for name, text in TOOLS.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    r = subprocess.run(probe_argv("127.0.0.1"), capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stderr
+    return parse_probe(r.stdout, folder)
+
+
+def judged(p: Probe) -> dict[str, tuple[str, str]]:
+    """The rows doctor writes for this host's GPUs: {check: (verdict, detail)}."""
+    host = p.gpu_host
+    assert host is not None, "the probe read no nvidia-smi facts"
+    found = [*ImageNeeds.of_image(LABELS).runs_on(host), health.judge(host)]
+    return {f.check: (str(f.verdict), f.detail) for f in found}
+
+
+def differences(folder: str, p: Probe, rows: dict[str, tuple[str, str]]) -> list[str]:
+    exp, host = expected(folder), p.gpu_host
+    out = []
+    for row in ROWS:
+        want, got = str(exp["verdicts"][row]), rows.get(row, ("absent", ""))
+        if want != "unknown" and got[0] != want:
+            out.append(f"{row}: {got[0]}, expected {want} ({got[1]})")
+    if host.driver != exp["driver"]:
+        out.append(f"driver {host.driver!r}, expected {exp['driver']!r}")
+    if host.cuda != exp["cuda"]:
+        out.append(f"cuda {host.cuda!r}, expected {exp['cuda']!r}")
+    gpus = sorted(host.gpus, key=lambda g: g.index)
+    if len(gpus) != len(exp["gpus"]):
+        out.append(f"{len(gpus)} GPU(s), expected {len(exp['gpus'])}")
+    for g, want in zip(gpus, exp["gpus"]):
+        keys = [*FACTS, *(k for k in ("index", "name") if want.get(k) is not None)]
+        for k in keys:
+            if getattr(g, k) != want.get(k):
+                out.append(f"GPU {g.index} {k} {getattr(g, k)!r}, expected {want.get(k)!r}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """folder -> (probe, rows), each folder probed once for the tests below."""
+    seen: dict[str, tuple[Probe, dict[str, tuple[str, str]]]] = {}
+
+    def get(folder: str) -> tuple[Probe, dict[str, tuple[str, str]]]:
+        if folder not in seen:
+            p = probed(tmp_path_factory.mktemp("smi"), folder)
+            seen[folder] = (p, judged(p))
+        return seen[folder]
+
+    return get
+
+
+@pytest.mark.parametrize("folder", gpu_standin.REAL_FOLDERS)
+def test_a_real_output_gets_the_verdicts_it_should(replayed, folder):
+    p, rows = replayed(folder)
+    diffs = differences(folder, p, rows)
+    assert not diffs, "\n".join(diffs)
+
+
+@pytest.mark.parametrize("folder", [f for f in gpu_standin.REAL_FOLDERS
+                                    if all(v == "PASS" or v == "WARN" for v in expected(f)["verdicts"].values())])
+def test_a_healthy_real_output_has_no_error_row(replayed, folder):
+    """The issue's bar: a healthy output (no FAIL expected) gets no ERROR row, whatever its driver does not know."""
+    _, rows = replayed(folder)
+    assert {k: v for k, v in rows.items() if v[0] in ("ERROR", "FAIL")} == {}, rows
