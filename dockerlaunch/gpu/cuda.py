@@ -75,13 +75,15 @@ def archs_as_cubins(archs: list[str]) -> tuple[list[str], list[str]]:
     return cubins, ptx
 
 
-def driver_problem(driver: str, cuda: str, has_compat: bool = False) -> tuple[str, str] | None:
+def driver_problem(driver: str, cuda: str, has_compat: bool = False, need: str | None = None,
+                   own: str | None = None) -> tuple[str, str] | None:
     """(verdict, why) when a host's driver cannot run (FAIL) or may not fully run (WARN) an image of CUDA `cuda`
     ('13.0'); None when it runs it. `has_compat`: the image ships cuda-compat (forward compatibility, data-center GPUs
-    only), which lets an older branch run a newer CUDA."""
+    only), which lets an older branch run a newer CUDA. `need`/`own`: the image's own word for its driver minimum
+    and its toolkit's driver (labels driver-min, driver-toolkit), else the tables above."""
     have = version_tuple(driver)
     major = cuda.split(".")[0]
-    need = DRIVER_MIN.get(major)
+    need = need or DRIVER_MIN.get(major)
     if not have or need is None:
         return None
     runs = next((c for branch, c in BRANCH_CUDA if have[0] >= branch), None)
@@ -90,7 +92,7 @@ def driver_problem(driver: str, cuda: str, has_compat: bool = False) -> tuple[st
             return ("WARN", f"runs CUDA <= {runs or '?'}; the image needs {cuda} (R{need.split('.')[0]}+) and ships "
                             "cuda-compat: forward compatibility holds only on data-center GPUs of a supported branch")
         return ("FAIL", f"runs CUDA <= {runs or 'none of 12.x/13.x'}; the image needs {cuda} (R{need.split('.')[0]}+)")
-    own = TOOLKIT_DRIVER.get(cuda)
+    own = own or TOOLKIT_DRIVER.get(cuda)
     if own and have < version_tuple(own):
         return ("WARN", f"runs {cuda} through minor-version compatibility (the toolkit's own driver is {own}+): "
                         "PTX JIT of newer code and the newest APIs may not work")
@@ -120,22 +122,40 @@ def data_center(name: str) -> bool:
     return not CONSUMER.search(name or "")
 
 
-def compat_problem(compat: str, branches: tuple[int, ...] | list[int], driver: str,
-                   gpu_names: list[str]) -> tuple[str, str] | None:
-    """(verdict, why) for an image whose CUDA the host's driver runs only through the image's cuda-compat
-    `compat` (its driver version): WARN where forward compatibility holds, FAIL naming the CUDA error where not."""
+def compat_problem(compat: str, branches: tuple[int, ...] | list[int], driver: str, gpu_names: list[str],
+                   cuda: str | None = None, estimated: bool = False, on_path: str = "") -> tuple[str, str] | None:
+    """(verdict, why) for an image whose cuda-compat `compat` (its libcuda's driver version) is loaded over the
+    host's `driver`: WARN where forward compatibility holds, FAIL naming the CUDA error where it cannot.
+
+    When it is loaded (the caller decides; gpu.needs does): where the host's driver is older than the image's CUDA
+    needs (dockerlaunch's device mode then puts the compat folder first; the container toolkit's enable-cuda-compat
+    hook adds it when its branch is newer than the host's), or on every host when the image itself names the folder
+    on the loader's path (`on_path`: its LD_LIBRARY_PATH, an /etc/ld.so.conf.d file). Only then does a compat
+    library older than the host's driver matter, and then it is 803: the toolkit never loads an older one on its own.
+    `estimated`: `compat` is not the file's version but the one its CUDA shipped with (the image's environment, no
+    verify record): only a newer host branch is then a certain 803. A compat library serves its own branch (its ELF
+    note lists it) and the older `branches` it names."""
     have, own = version_tuple(driver), version_tuple(compat)
     if not have:
         return None
-    if own and have > own:
-        return ("FAIL", f"the image's cuda-compat ({compat}) is older than the host's driver: CUDA fails with error "
-                        "803 (system driver mismatch) wherever it is loaded; rebuild on a newer CUDA base")
+    what = f"CUDA {cuda}" if cuda else "CUDA"
+    where = f" and the image puts it on the loader's path ({on_path})" if on_path else ""
+    if own and (have[0] > own[0] if estimated else have > own):
+        return ("FAIL", f"the image's cuda-compat ({compat}{', from its CUDA' if estimated else ''}) is older than "
+                        f"the host's driver{where}: CUDA fails with error 803 (system driver mismatch) wherever it is "
+                        "loaded; " + ("take it off LD_LIBRARY_PATH (the toolkit loads it only where it is newer), or "
+                                      "rebuild on a newer CUDA base" if on_path else "rebuild on a newer CUDA base"))
     consumer = sorted({n for n in gpu_names if not data_center(n)})
     if consumer:
-        return ("FAIL", f"forward compatibility (the image's cuda-compat {compat}) does not hold on {consumer[0]}: "
-                        "CUDA error 804 (forward compatibility not supported on this device); upgrade the driver")
-    if branches and have[0] not in branches:
-        return ("FAIL", f"the image's cuda-compat {compat} serves branches {', '.join(f'R{b}' for b in branches)}, "
-                        f"not R{have[0]}: CUDA error 804; upgrade the driver to a listed branch or newer")
-    return ("WARN", f"CUDA via forward compatibility (compat {compat} over R{have[0]}): the job must load the image's "
-                    "compat folder first (dockerlaunch's device mode does; the container toolkit does on its own)")
+        return ("FAIL", f"{what} only through forward compatibility (the image's cuda-compat {compat}{where}), which "
+                        f"does not hold on {consumer[0]}: CUDA error 804 (forward compatibility not supported on this "
+                        "device); upgrade the driver" + (" or take the compat folder off LD_LIBRARY_PATH"
+                                                         if on_path else ""))
+    served = sorted({*branches, *own[:1]})
+    if branches and have[0] not in served:
+        return ("FAIL", f"the image's cuda-compat {compat} serves branches {', '.join(f'R{b}' for b in served)}, "
+                        f"not R{have[0]}: CUDA error 804 (forward compatibility not supported); upgrade the driver "
+                        "to a listed branch or newer")
+    return ("WARN", f"{what} via forward compatibility (compat {compat} over R{have[0]}): data-center GPUs of a "
+                    "listed branch only; the job must load the image's compat folder first (dockerlaunch's device "
+                    "mode does; the container toolkit does on its own)")

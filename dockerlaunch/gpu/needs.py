@@ -32,11 +32,26 @@ class DeviceCode:
 @dataclass(frozen=True)
 class CudaCompat:
     """cuda-compat in the image (/usr/local/cuda/compat/libcuda.so.<version>): forward compatibility, which lets a
-    data-center GPU on an older driver branch run this image's newer CUDA (NVIDIA's CUDA Compatibility guide)."""
+    data-center GPU on an older driver branch run this image's newer CUDA (NVIDIA's CUDA Compatibility guide).
+    `dockerlaunch verify` reads it from the file (its name; its `.note.cuda.fwd_compatibility` ELF note where it has
+    one), doctor and the plan from the image's environment where there is no such record (compat_of_env)."""
 
     version: str  # the compat driver's version, from its file name ('580.65.06')
-    branches: tuple[int, ...] = ()  # the older driver branches it serves (NVIDIA_REQUIRE_CUDA's brand=tesla,driver>=N)
+    branches: tuple[int, ...] = ()  # the older driver branches it serves (its ELF note; NVIDIA_REQUIRE_CUDA's
+    # brand=tesla,driver>=N)
     path: str = "/usr/local/cuda/compat"
+    cuda: str | None = None  # the CUDA it serves (its ELF note's "CUDA Version"), where read
+    estimated: bool = False  # `version` is the driver its CUDA shipped with, not read from the file
+    on_path: str = ""  # where the image itself puts the folder on the loader's path (then it is loaded on every host)
+
+    def to_dict(self) -> dict:
+        return {"version": self.version, "branches": list(self.branches), "path": self.path, "cuda": self.cuda,
+                "estimated": self.estimated, "on_path": self.on_path}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CudaCompat:
+        return cls(str(d["version"]), tuple(int(b) for b in d.get("branches") or ()), str(d.get("path") or cls.path),
+                   str(d["cuda"]) if d.get("cuda") else None, bool(d.get("estimated")), str(d.get("on_path") or ""))
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,8 @@ class ImageNeeds:
     image: str | None = None
     cuda: str | None = None  # the CUDA major.minor its code is built for
     cuda_source: str = ""  # where that was read
+    driver_min: str | None = None  # the least driver its CUDA major runs on (label driver-min; else cuda.DRIVER_MIN)
+    toolkit_driver: str | None = None  # its toolkit's own driver (label driver-toolkit; else cuda.TOOLKIT_DRIVER)
     archs: tuple[str, ...] | None = None  # the cuda-archs label ('8.0', '9.0+PTX'); None: no label
     code: tuple[DeviceCode, ...] | None = None  # verify's reading of every library with device code
     compiled: tuple[str, ...] = ()  # the packages compiled for exactly `archs`
@@ -75,6 +92,7 @@ class ImageNeeds:
             compiled = tuple(name for pin, name in COMPILED_PINS if lb.get(labels.pin(pin)))
         compat = record.compat if record is not None and record.compat is not None else compat_of_env(env)
         return cls(image=record.image if record else None, cuda=cuda_v, cuda_source=source,
+                   driver_min=lb.get(labels.DRIVER_MIN) or None, toolkit_driver=lb.get(labels.DRIVER_TOOLKIT) or None,
                    archs=tuple(a for a in label.split(";") if a) if label else None,
                    code=record.code if record is not None else None, compiled=compiled, stack=lb.get(labels.STACK),
                    compat=compat, labels_say=labels.ours(lb))
@@ -94,22 +112,30 @@ class ImageNeeds:
             return Finding("driver", Verdict.SKIP, f"driver {host.driver}{runs}; the image does not say which CUDA it "
                            f"needs (no {labels.CUDA} label or CUDA_VERSION; `dockerlaunch verify IMAGE` here records "
                            "it)")
-        problem = cuda.driver_problem(host.driver, self.cuda)
+        problem = cuda.driver_problem(host.driver, self.cuda, need=self.driver_min, own=self.toolkit_driver)
+        compat = self._compat(host, problem is not None and problem[0] == "FAIL")
+        if compat is not None:
+            return Finding("driver", Verdict(compat[0]), f"driver {host.driver}{runs}: {compat[1]}")
         if problem is None:
             return Finding("driver", Verdict.PASS, f"driver {host.driver}{runs} runs the image's CUDA {self.cuda}")
         verdict, why = problem
-        if verdict == "FAIL" and self.compat is not None:
-            compat = cuda.compat_problem(self.compat.version, self.compat.branches, host.driver,
-                                         [g.name for g in host.gpus])
-            if compat is not None:
-                v, line = compat
-                return Finding("driver", Verdict(v), f"driver {host.driver}{runs}: {line}")
         if verdict == "FAIL":
             runs_at_most = why.split(";")[0].removeprefix("runs CUDA <= ")
             return Finding("driver", Verdict.FAIL, f"driver {host.driver} {why}: upgrade the driver, or build a stack "
                            f"of CUDA <= {runs_at_most} (dockerlaunch stacks list"
                            + (f"; this image is {self.stack}" if self.stack else "") + ")")
         return Finding("driver", Verdict.WARN, f"driver {host.driver}{runs} {why}")
+
+    def _compat(self, host: GpuHost, too_old: bool) -> tuple[str, str] | None:
+        """The image's cuda-compat where it is loaded over this host's driver (cuda.compat_problem says when: the
+        driver too old for the image's CUDA, or the image naming the folder on its own loader path); None where it
+        is not loaded, or loaded and harmless over a driver that runs the image anyway."""
+        c = self.compat
+        if c is None or not (too_old or c.on_path):
+            return None
+        problem = cuda.compat_problem(c.version, c.branches, host.driver or "", [g.name for g in host.gpus],
+                                      cuda=self.cuda, estimated=c.estimated, on_path=c.on_path)
+        return problem if problem is not None and (too_old or problem[0] == "FAIL") else None
 
     # -- the architectures --------------------------------------------------------------------------------------
     def _archs(self, host: GpuHost) -> Finding | None:
@@ -174,9 +200,7 @@ class ImageNeeds:
         return {"format": RECORD_FORMAT, "image": self.image, "cuda": self.cuda,
                 "code": [{"library": c.library, "dist": c.dist, "elf": list(c.cubins), "ptx": list(c.ptx)}
                          for c in self.code or ()],
-                "compat": None if self.compat is None else {"version": self.compat.version,
-                                                             "branches": list(self.compat.branches),
-                                                             "path": self.compat.path}}
+                "compat": None if self.compat is None else self.compat.to_dict()}
 
     @classmethod
     def from_record(cls, record: dict | None) -> ImageNeeds | None:
@@ -188,9 +212,7 @@ class ImageNeeds:
                 code = tuple(DeviceCode(str(c["library"]), c.get("dist"), tuple(c.get("elf") or ()),
                                         tuple(c.get("ptx") or ())) for c in record.get("code") or ())
                 cp = record.get("compat")
-                compat = None if not cp else CudaCompat(str(cp["version"]), tuple(int(b) for b in cp.get("branches")
-                                                                                 or ()), str(cp.get("path") or
-                                                                                             CudaCompat.path))
+                compat = CudaCompat.from_dict(cp) if cp else None
             else:
                 code = tuple(DeviceCode(str(lib), c.get("dist"), tuple(c.get("elf") or ()), tuple(c.get("ptx") or ()))
                              for lib, c in (record.get("cubins") or {}).items())
@@ -200,21 +222,56 @@ class ImageNeeds:
             return None
 
 
+def require_branches(require: str | None) -> tuple[int, ...]:
+    """The driver branches NVIDIA_REQUIRE_CUDA lets forward compatibility serve: its `brand=tesla,driver>=N`
+    clauses ('cuda>=13.0 brand=tesla,driver>=535,driver<536 ...' -> (535,))."""
+    return tuple(sorted({int(b) for b in re.findall(r"brand=tesla,driver>=(\d+)", require or "")}))
+
+
+def compat_on_path(folder: str, ld_library_path: str | None) -> str:
+    """'LD_LIBRARY_PATH' where the image's own LD_LIBRARY_PATH names its compat folder (or /usr/local/cuda*/compat),
+    else ''."""
+    for p in (ld_library_path or "").split(":"):
+        p = p.rstrip("/")
+        if p and (p == folder.rstrip("/") or re.fullmatch(r"/usr/local/cuda(-[\d.]+)?/compat", p)):
+            return "LD_LIBRARY_PATH"
+    return ""
+
+
 def compat_of_env(env: tuple[str, ...] | None) -> CudaCompat | None:
     """nvidia/cuda images ship cuda-compat and say which branches it serves in NVIDIA_REQUIRE_CUDA (`cuda>=12.4
-    brand=tesla,driver>=470,driver<471 ...`); without verify's reading of the file, its version is unknown: the
-    CUDA's own driver minimum stands in (TOOLKIT_DRIVER)."""
-    require = next((e.partition("=")[2] for e in env or () if e.startswith("NVIDIA_REQUIRE_CUDA=")), None)
-    version = next((e.partition("=")[2] for e in env or () if e.startswith("CUDA_VERSION=")), None)
-    if not require or not version:
-        return None
-    branches = tuple(sorted({int(b) for b in re.findall(r"brand=tesla,driver>=(\d+)", require)}))
-    if not branches:
-        return None
+    brand=tesla,driver>=470,driver<471 ...`); without verify's reading of the file, its version is estimated
+    (`estimated`): the driver its CUDA shipped with (TOOLKIT_DRIVER), else that CUDA's branch (BRANCH_CUDA), else
+    the CUDA major's minimum (DRIVER_MIN)."""
+    values = dict(e.split("=", 1) for e in env or () if "=" in e)
+    require, version = values.get("NVIDIA_REQUIRE_CUDA"), values.get("CUDA_VERSION")
+    branches = require_branches(require)
     v = cuda.version_tuple(version)
-    own = cuda.TOOLKIT_DRIVER.get(f"{v[0]}.{v[1]}" if len(v) >= 2 else "") or cuda.DRIVER_MIN.get(str(v[0]) if v
-                                                                                                   else "")
-    return CudaCompat(version=own or "", branches=branches) if own else None
+    if not branches or len(v) < 2:
+        return None
+    mm = f"{v[0]}.{v[1]}"
+    own = (cuda.TOOLKIT_DRIVER.get(mm) or next((str(b) for b, c in sorted(cuda.BRANCH_CUDA) if c == mm), None)
+           or cuda.DRIVER_MIN.get(str(v[0])))
+    if not own:
+        return None
+    return CudaCompat(version=own, branches=branches, cuda=mm, estimated=True,
+                      on_path=compat_on_path(CudaCompat.path, values.get("LD_LIBRARY_PATH")))
+
+
+def compat_to_load(env: tuple[str, ...] | None, driver: str | None) -> tuple[CudaCompat, str] | None:
+    """(the image's cuda-compat, its CUDA) where forward compatibility is what runs the image on a host of `driver`:
+    the driver is older than the image's CUDA needs (the image's CUDA_VERSION, cuda.driver_problem) and the compat
+    library is of a newer branch (the container toolkit's enable-cuda-compat rule). The plan then puts its folder
+    first on LD_LIBRARY_PATH in device mode; None leaves the host's libcuda first."""
+    needs = ImageNeeds.of_image(None, env)
+    c = needs.compat
+    have = cuda.version_tuple(driver)
+    if c is None or needs.cuda is None or not have:
+        return None
+    problem = cuda.driver_problem(driver or "", needs.cuda)
+    if problem is None or problem[0] != "FAIL" or cuda.version_tuple(c.version)[:1] <= have[:1]:
+        return None
+    return c, needs.cuda
 
 
 def gpus_named(gpus: list[Gpu]) -> str:

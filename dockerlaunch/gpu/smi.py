@@ -29,8 +29,8 @@ NA = re.compile(r"^\[?(N/A|Not Supported|Unknown Error|Insufficient Permissions|
 QUERY = ("index", "pci.bus_id", "name", "driver_version", "memory.used", "memory.total", "persistence_mode",
          "ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total", "compute_cap",
          "mig.mode.current", "remapped_rows.pending", "remapped_rows.failure", "remapped_rows.histogram.none",
-         "clocks_event_reasons.active", "pcie.link.gen.current", "pcie.link.width.current", "pcie.link.gen.max",
-         "pcie.link.width.max")
+         "clocks_event_reasons.active", "clocks_throttle_reasons.active", "pcie.link.gen.current",
+         "pcie.link.width.current", "pcie.link.gen.max", "pcie.link.width.max")
 # older names nvidia-smi still answers to (R535 renamed clocks_throttle_reasons to clocks_event_reasons)
 ALIASES = {"clocks_throttle_reasons.active": "clocks_event_reasons.active", "gpu_bus_id": "pci.bus_id",
            "gpu_name": "name"}

@@ -198,7 +198,7 @@ def test_different_gpu_models_across_hosts_are_a_warning():
 
 @pytest.mark.parametrize("case", gpu_standin.WRITTEN)
 def test_every_case_parses_through_the_probe(tmp_path, case):
-    """Written or recorded (scripts/record-nvidia-smi), every case reads as its -L listing says."""
+    """Written or recorded (scripts/record-nvidia-smi writes real/ folders), every case reads as its -L listing says."""
     p = probed(tmp_path, case)
     listed = (gpu_standin.CASES / case / "L.txt").read_text()
     if (gpu_standin.CASES / case / "exit").exists():
@@ -242,3 +242,15 @@ def test_an_image_without_labels_is_judged_from_what_verify_recorded_of_its_id(t
     judge_gpu_facts(report, "h1", probed(tmp_path, "driver-570").gpu_host,
                     ImageNeeds.of_image({}, ("CUDA_VERSION=13.0.1", "PATH=/x")))
     assert {c.name: c.status for c in report.checks}["driver"] == FAIL
+
+
+def test_the_images_own_driver_labels_are_what_doctor_reads():
+    """build writes driver-min and driver-toolkit: doctor judges by them (a table only for images without them)."""
+    host = GpuHost("580.95.05", "13.0", (_gpu(),))
+    assert rows(host)["driver"][0] == PASS
+    stricter = {**LABELS, "ai.dockerlaunch.driver-min": "590.44.01"}
+    assert rows(host, stricter)["driver"] == (FAIL, "driver 580.95.05 runs CUDA <= 13.0; the image needs 13.0 (R590+): "
+                                                    "upgrade the driver, or build a stack of CUDA <= 13.0 (dockerlaunch "
+                                                    "stacks list; this image is swift4.6-mcore0.19-cu13-py313)")
+    newer_toolkit = {**LABELS, "ai.dockerlaunch.driver-toolkit": "585.1"}
+    assert rows(host, newer_toolkit)["driver"][0] == WARN

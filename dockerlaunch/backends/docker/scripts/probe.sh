@@ -9,7 +9,7 @@
 m=$1
 # the --query-gpu fields doctor reads (gpu/smi.py's QUERY): each asked only where this driver's --help-query-gpu
 # lists it, and a field it still rejects is dropped and the rest asked again: one unknown field costs only itself
-SMI_GPU="index pci.bus_id name driver_version memory.used memory.total persistence_mode ecc.errors.uncorrected.volatile.total ecc.errors.uncorrected.aggregate.total compute_cap mig.mode.current remapped_rows.pending remapped_rows.failure remapped_rows.histogram.none clocks_event_reasons.active pcie.link.gen.current pcie.link.width.current pcie.link.gen.max pcie.link.width.max"
+SMI_GPU="index pci.bus_id name driver_version memory.used memory.total persistence_mode ecc.errors.uncorrected.volatile.total ecc.errors.uncorrected.aggregate.total compute_cap mig.mode.current remapped_rows.pending remapped_rows.failure remapped_rows.histogram.none clocks_event_reasons.active clocks_throttle_reasons.active pcie.link.gen.current pcie.link.width.current pcie.link.gen.max pcie.link.width.max"
 SMI_APPS=gpu_bus_id,pid,used_memory,process_name
 why() {  # the line of a failed command's output that says why (NVML's error comes first, its version after it)
   printf '%s\n' "$1" | grep -v '^index, ' | grep -m 1 -iE 'fail|error|unable|not found|permission|not a valid' ||
@@ -22,6 +22,8 @@ gpu_query() {
   help=$(nvidia-smi --help-query-gpu 2>/dev/null)
   fields=
   for f in $SMI_GPU; do
+    # R535 renamed clocks_throttle_reasons to clocks_event_reasons: the old name only where the new one is unknown
+    case $f,$fields, in clocks_throttle_reasons.active,*clocks_event_reasons.active,*) continue ;; esac
     case $help in
       *\"index\"*) case $help in *\"$f\"*) fields="$fields${fields:+,}$f" ;; *) kv smi_unknown "$f" ;; esac ;;
       *) fields="$fields${fields:+,}$f" ;;  # no help to go by: ask, and let a rejection name the field
@@ -82,8 +84,10 @@ gpu_facts() {
     fm=$(systemctl is-active nvidia-fabricmanager 2>/dev/null)
     case $fm in
       active|inactive|failed|activating|deactivating) ;;
+      # (pgrep matches the kernel's process name, cut to 15 characters: nv-fabricmanager's is nv-fabricmanage;
+      # -x nv-fabricmanager never matches, and -f would match this script's own shell)
       *) if command -v pgrep >/dev/null 2>&1; then
-           if pgrep -x nv-fabricmanager >/dev/null 2>&1; then fm=running; else fm=stopped; fi
+           if pgrep -x nv-fabricmanage >/dev/null 2>&1; then fm=running; else fm=stopped; fi
          else fm=; fi ;;
     esac
     kv fabric_manager "$fm"
