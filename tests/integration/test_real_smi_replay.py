@@ -1,0 +1,71 @@
+"""Every real nvidia-smi output of tests/data/nvidia-smi/real/ through the real probe over SSH on the sim: node 1 gets
+each folder's replay (tests/gpu_standin.py's `replay`, the one stand-in allowed while no GPU is lent) as
+/usr/local/bin/nvidia-smi, `probe.probe` asks it under the node's sh (Debian's dash) on one SSH connection, and the
+answer is judged as tests/unit/gpu/test_real_outputs.py judges the same folder locally (the expectations and the
+comparison are that file's). Then one full `dockerlaunch doctor` on a healthy real H100 output: no ERROR row."""
+
+import json
+
+import pytest
+
+from dockerlaunch.backends.docker import probe as probelib
+from tests import gpu_standin
+from tests.integration.helpers import dl, variant
+from tests.integration.test_gpu_doctor import _tar, gpu_node  # noqa: F401  (the fixture)
+from tests.unit.gpu.test_real_outputs import differences, expected, judged
+
+HEALTHY = "h100-sxm-590.48.01-exporter"
+REPLAYS = "/opt/dl-smi-replays"
+
+
+@pytest.fixture(scope="module")
+def replay_node(sim_cluster, engine, remotes):
+    """Node 1 with every folder's replay under REPLAYS (one archive) and a kernel log with nothing in it (a `dmesg`
+    stand-in: the sim's own would show this machine's); `use(folder)` makes one of them its nvidia-smi."""
+    node = engine.containers.get(sim_cluster[2][0].name)
+    remote = next(r for r in remotes if r.target.hostname == sim_cluster[2][0].ip)
+    files = {f"{f}/nvidia-smi": (gpu_standin.replay(f).encode(), 0o755) for f in gpu_standin.REAL_FOLDERS}
+    code, out = node.exec_run(["mkdir", "-p", REPLAYS])
+    assert code == 0, out
+    node.put_archive(REPLAYS, _tar(files))
+    node.put_archive("/usr/local/bin", _tar({"dmesg": (b"#!/bin/sh\nexit 0\n", 0o755)}))
+
+    def use(folder: str) -> None:
+        code, out = node.exec_run(["ln", "-sfn", f"{REPLAYS}/{folder}/nvidia-smi", "/usr/local/bin/nvidia-smi"])
+        assert code == 0, out
+
+    try:
+        yield node, remote, use
+    finally:
+        node.exec_run(["rm", "-rf", REPLAYS, "/usr/local/bin/nvidia-smi", "/usr/local/bin/dmesg"])
+
+
+def test_every_real_output_gets_its_verdicts_over_ssh(replay_node, sim_cluster):
+    """One test over all folders (one connection, ~0.3 s a folder); the failures name their folders together."""
+    node, remote, use = replay_node
+    master = sim_cluster[2][0].ip
+    failed = {}
+    for folder in gpu_standin.REAL_FOLDERS:
+        use(folder)
+        p = probelib.probe(remote, master)
+        diffs = differences(folder, p, judged(p))
+        if diffs:
+            failed[folder] = diffs
+    assert not failed, "\n".join(f"{f}: {'; '.join(d)}" for f, d in failed.items())
+
+
+def test_doctor_on_a_healthy_real_h100_has_no_error_row(replay_node, gpu_node, sim_cluster, tmp_path):  # noqa: F811
+    """The whole CLI (probe, GPU container in device mode, judge) on a real R590 H100 output: no ERROR row, and the
+    GPU rows its expected.yaml names."""
+    _, _, use = replay_node
+    _, image = gpu_node
+    use(HEALTHY)
+    host0 = sim_cluster[2][0].ip
+    cfg = variant(sim_cluster, tmp_path, hosts=[{"address": host0}], container={"gpus": "all", "gpu_mode": "devices"})
+    r = dl("doctor", "--config", cfg, "--image", image, "--output", "json")
+    report = json.loads(r.stdout)
+    rows = {c["check"]: (c["verdict"], c["reason"]) for c in report["checks"]}
+    assert [k for k, v in rows.items() if v[0] == "ERROR"] == [], rows
+    want = expected(HEALTHY)["verdicts"]
+    assert {k: rows[k][0] for k in want} == want, rows
+    assert r.returncode == 0, r.stdout + r.stderr
