@@ -104,6 +104,7 @@ class GpuHost:
     nvswitches: int | None = None  # NVSwitch devices the host's driver lists; None: not asked
     fabric_manager: str | None = None  # systemd's word for nvidia-fabricmanager, `running`/`stopped` (ps), None
     notes: tuple[str, ...] = field(default=())
+    vgpu_manager: bool = False  # `CUDA Version : Not Found`: a vGPU host (hypervisor) driver, no CUDA on the host
 
     def gpu(self, bus_id: str) -> Gpu | None:
         return next((g for g in self.gpus if same_bus(g.bus_id, bus_id)), None)

@@ -108,6 +108,10 @@ class ImageNeeds:
             return Finding("driver", Verdict.ERROR, "nvidia-smi did not tell the driver version: "
                            + ("; ".join(said) if said else "no answer") + " (is the driver loaded?)")
         runs = f" (CUDA {host.cuda})" if host.cuda else ""
+        if host.vgpu_manager:
+            return Finding("driver", Verdict.FAIL, f"driver {host.driver} is a vGPU host's (nvidia-smi says `CUDA "
+                           "Version : Not Found`): CUDA runs in the VMs it serves, not in containers here; run the job "
+                           "in a VM with a vGPU guest driver, or install the data-center driver")
         if self.cuda is None:
             return Finding("driver", Verdict.SKIP, f"driver {host.driver}{runs}; the image does not say which CUDA it "
                            f"needs (no {labels.CUDA} label or CUDA_VERSION; `dockerlaunch verify IMAGE` here records "
@@ -140,7 +144,7 @@ class ImageNeeds:
     # -- the architectures --------------------------------------------------------------------------------------
     def _archs(self, host: GpuHost) -> Finding | None:
         if not host.gpus:
-            return None
+            return Finding("archs", Verdict.ERROR, "not checked: nvidia-smi listed no GPU (the driver row says why)")
         unknown = [g for g in host.gpus if g.arch is None]
         if unknown:
             why = ("this driver has no compute_cap field" if "compute_cap" in host.unknown_fields

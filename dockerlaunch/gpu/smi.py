@@ -210,6 +210,7 @@ def parse(kv: dict[str, list[str]]) -> GpuHost | None:
     nvswitches = one("nvswitches")
     return GpuHost(
         driver=driver, cuda=cuda, gpus=tuple(gpus),
+        vgpu_manager=any(re.match(r"^CUDA Version\s*:\s*Not Found\s*$", q) for q in kv.get("smi_q", [])),
         holders=tuple(h for h in (parse_holder(x) for x in kv.get("smi_app", [])) if h is not None),
         errors=tuple(kv.get("smi_error", [])), unknown_fields=tuple(dict.fromkeys(kv.get("smi_unknown", []))),
         xids=xids, driver_loaded_s=_float(one("driver_loaded")), uptime_s=_float(one("uptime")),

@@ -93,7 +93,7 @@ def test_nvidia_smi_that_fails_is_an_error_naming_the_command_never_a_pass(tmp_p
     assert "nvidia-smi --query-gpu=index,pci.bus_id,name," in got["driver"][1]
     assert "Failed to initialize NVML: Driver/library version mismatch" in got["driver"][1]
     assert got["gpu health"][0] == ERROR and "nvidia-smi --query-compute-apps" in got["gpu health"][1]
-    assert "archs" not in got  # no GPU was listed: nothing to compare, and the driver row already says why
+    assert got["archs"][0] == ERROR  # no GPU was listed: not checked, never a missing row
 
 
 def _gpu(**kw) -> Gpu:
@@ -119,11 +119,13 @@ def _gpu(**kw) -> Gpu:
     (_gpu(remap_banks_exhausted=2), (), (), FAIL, "2 memory bank(s) have no reserved row left"),
     (_gpu(throttle=0x40 | 0x1), (), (), WARN, "GPU 0: clocks held down (HW thermal slowdown)"),
     (_gpu(throttle=0x1 | 0x4), (), (), PASS, "no memory held"),
-    (_gpu(fabric_state="Completed", fabric_status="Success", fabric_health="Unhealthy"), (), (), FAIL,
-     "fabric Health Unhealthy"),
     (_gpu(mig="Enabled", memory_used_mib=11125), (Holder("00000000:18:00.0", 21180, "bob", None, "memhog"),), (),
      FAIL, "GPU 0 (MIG) holds 11125 MiB used by pid 21180 (memhog, user bob)"),
-    (_gpu(memory_used_mib=9000), (), (), WARN, "9000 MiB in use and no process listed"),
+    (_gpu(mig="Enabled", memory_used_mib=9000), (), (), WARN, "9000 MiB in use and no compute process listed"),
+    # a desktop: graphics processes are never listed by --query-compute-apps, and small compute ones are small
+    (_gpu(memory_used_mib=3534), (Holder("0000:18:00.0", 4937, "bob", 160, "python"),), (), PASS, "1 small or MPS"),
+    (_gpu(fabric_state="Completed", fabric_status="Success", fabric_health="Unhealthy"), (), (), WARN,
+     "fabric Health Unhealthy"),
     (_gpu(), (Holder("00000000:18:00.0", 77, "root", 30000, "nvidia-cuda-mps-server"),), (), PASS, "MPS"),
     (_gpu(), (Holder("0000:18:00.0", 77, "bob", 512, "python"),), (), PASS, "no memory held"),
     (_gpu(), (Holder("0000:18:00.0", 77, "bob", 2048, "python"),), (), FAIL, "pid 77 (python, user bob)"),
@@ -249,8 +251,24 @@ def test_the_images_own_driver_labels_are_what_doctor_reads():
     host = GpuHost("580.95.05", "13.0", (_gpu(),))
     assert rows(host)["driver"][0] == PASS
     stricter = {**LABELS, "ai.dockerlaunch.driver-min": "590.44.01"}
-    assert rows(host, stricter)["driver"] == (FAIL, "driver 580.95.05 runs CUDA <= 13.0; the image needs 13.0 (R590+): "
-                                                    "upgrade the driver, or build a stack of CUDA <= 13.0 (dockerlaunch "
-                                                    "stacks list; this image is swift4.6-mcore0.19-cu13-py313)")
+    assert rows(host, stricter)["driver"] == (
+        FAIL, "driver 580.95.05 runs CUDA <= 13.0; the image needs 13.0 (R590+): upgrade the driver, or build a stack "
+              "of CUDA <= 13.0 (dockerlaunch stacks list; this image is swift4.6-mcore0.19-cu13-py313)")
     newer_toolkit = {**LABELS, "ai.dockerlaunch.driver-toolkit": "585.1"}
     assert rows(host, newer_toolkit)["driver"][0] == WARN
+
+
+def test_a_vgpu_host_driver_runs_no_cuda_here():
+    """`CUDA Version : Not Found` (h100-nvl-vgpu-host-595.71-harvester11133): the hypervisor's driver."""
+    kv = {"gpus": ["1"], "smi_q": ["Driver Version                                         : 595.71.03",
+                                   "CUDA Version                                           : Not Found"],
+          "smi_gpu": ["index, pci.bus_id, name, compute_cap", "0, 00000000:18:00.0, NVIDIA H100 NVL, 9.0"]}
+    host = smilib.parse(kv)
+    assert host.vgpu_manager and host.cuda is None and host.driver == "595.71.03"
+    got = rows(host)
+    assert got["driver"][0] == FAIL and "vGPU host" in got["driver"][1]
+
+
+def test_no_gpu_read_is_an_archs_error_not_a_missing_row():
+    got = rows(GpuHost(None, None, errors=("nvidia-smi --query-gpu=...: Failed to initialize NVML",)))
+    assert got["archs"][0] == ERROR and got["driver"][0] == ERROR
