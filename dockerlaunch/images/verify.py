@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockerlaunch import shipped
-from dockerlaunch.engine import cache_root, save_image_needs
+from dockerlaunch.engine import cache_root, load_image_needs, save_image_needs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, EngineError
 from dockerlaunch.gpu import labels as labels_
-from dockerlaunch.gpu.cuda import cubin_covers, runtime_cuda
-from dockerlaunch.gpu.needs import DeviceCode, ImageNeeds
+from dockerlaunch.gpu.cuda import cubin_covers, runtime_cuda, version_tuple
+from dockerlaunch.gpu.needs import CudaCompat, DeviceCode, ImageNeeds, compat_on_path, require_branches
 from dockerlaunch.gpu.verdict import Verdict
 
 _LOG = logging.getLogger(__name__)
@@ -685,6 +685,61 @@ def judge_versions(report: VerifyReport, labels: dict, dists: dict[str, str] | N
                    f"pip {pip_mm[0]}.{pip_mm[1]}, clone package_info {clone_mm[0]}.{clone_mm[1]}")
 
 
+def compat_of_scan(scan: dict | None) -> CudaCompat | None:
+    """verify_image.py's reading of the image's cuda-compat -> what doctor and the plan judge: the folder
+    /usr/local/cuda resolves to (else the newest), its libcuda's version (file name), the branches it serves (its
+    `.note.cuda.fwd_compatibility` ELF note's Driver list; else NVIDIA_REQUIRE_CUDA's brand=tesla,driver>=N), and
+    whether the image itself puts it on the loader's path (its LD_LIBRARY_PATH, an /etc/ld.so.conf.d file)."""
+    if not isinstance(scan, dict) or not scan.get("dirs"):
+        return None
+
+    def version(d: dict) -> str:
+        return max((f.removeprefix("libcuda.so.") for f in d["files"]), key=version_tuple)
+
+    cuda_dir = next((d for d in scan["dirs"] if d["dir"] == "/usr/local/cuda/compat"), None)
+    d = cuda_dir or max(scan["dirs"], key=lambda d: version_tuple(version(d)))
+    note = d.get("note") if isinstance(d.get("note"), dict) else {}
+    env = scan.get("env") or {}
+    branches = tuple(sorted({int(b) for b in note.get("Driver") or () if str(b).isdigit()}))
+    own = version(d)
+    # the library's own branch serves itself (its note lists it); the older ones are what forward compatibility adds
+    branches = (tuple(b for b in branches if b < version_tuple(own)[0])
+                or require_branches(env.get("NVIDIA_REQUIRE_CUDA")))
+    folders = {d["dir"], d["real"]}
+    on_path = next((compat_on_path(f, env.get("LD_LIBRARY_PATH")) for f in folders
+                    if compat_on_path(f, env.get("LD_LIBRARY_PATH"))), "")
+    on_path = on_path or next(iter(scan.get("ld_conf") or ()), "")
+    return CudaCompat(version=own, branches=branches, path=d["dir"],
+                      cuda=str(note["CUDA Version"]) if note.get("CUDA Version") else None, on_path=on_path)
+
+
+def judge_compat(report: VerifyReport, scan: dict | None) -> CudaCompat | None:
+    """A row for the image's cuda-compat, where it has one (doctor judges it against each host's driver)."""
+    if isinstance(scan, dict) and "error" in scan:
+        report.add("cuda-compat", WARN, f"the image's cuda-compat folders could not be read: {scan['error']}")
+        return None
+    compat = compat_of_scan(scan)
+    if compat is None:
+        return None
+    d = next(d for d in scan["dirs"] if d["dir"] == compat.path)  # type: ignore[index]
+    source = ("its ELF note" if isinstance(d.get("note"), dict) and d["note"].get("Driver") else
+              "the image's NVIDIA_REQUIRE_CUDA" if compat.branches else "")
+    serves = (f"forward compatibility for {', '.join(f'R{b}' for b in compat.branches)}, from {source}"
+              if compat.branches else "no older branch listed (no ELF note, no NVIDIA_REQUIRE_CUDA brand=tesla)")
+    unread = f"; its ELF note could not be read ({d['note_error']})" if d.get("note_error") else ""
+    line = (f"cuda-compat {compat.version} in {compat.path}" + (f" (CUDA {compat.cuda})" if compat.cuda else "")
+            + f": {serves}{unread}")
+    if compat.on_path:
+        report.add("cuda-compat", WARN, f"{line}; the image puts it on the loader's path ({compat.on_path}), so it "
+                                        f"is loaded on every host: on a driver newer than {compat.version} CUDA fails "
+                                        "with error 803, on a GeForce GPU with 804 (the container toolkit adds it "
+                                        "only where the host's driver is older)")
+    else:
+        report.add("cuda-compat", NOTE, f"{line}: used only where a host's driver is older than the image's CUDA "
+                                        "needs (doctor judges each host's)")
+    return compat
+
+
 # what each check leaves in verify_image.py's result: asked for and absent means it did not run
 RESULT_KEYS = {"symbols": "symbols", "load": "loads_ok", "archs": "cubins", "pip": "pip_check", "imports": "imports",
                "dists": "dists"}
@@ -716,12 +771,14 @@ def judge(image: str, labels: dict, result: dict, archs: list[str], archs_source
     judge_import_orders(report, result.get("import_orders"), result.get("cuda_copies"), driver, gpus,
                         {m: r.get("error", "") for m, r in (result.get("imports") or {}).items() if not r.get("ok")})
     judge_versions(report, labels, result.get("dists"), result.get("python"), result.get("mcore_clone"))
+    compat = judge_compat(report, result.get("compat"))
     report.facts = {**report.facts, "python": result.get("python"), "roots": roots,
                     "libraries": result.get("libraries"), "skipped": result.get("skipped", []),
                     "cuda_archs": archs, "cuda_archs_from": archs_source, "timings": result.get("timings", {}),
                     "symbols": {k: v for k, v in (sym or {}).items() if k not in ("device", "preloads")},
                     "loads": result.get("loads", {}), "cubins": result.get("cubins"),
                     "labels": bool(labels.get(labels_.STACK))}
+    report.facts["compat"] = None if compat is None else compat.to_dict()
     return report
 
 
@@ -836,13 +893,21 @@ def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: s
     _save_cubins(result.get("cubin_cache_new") or {})
     report = judge(image, labels, result, archs, source, gpus=gpus, wanted=wanted)
     cubins = result.get("cubins")
+    compat = compat_of_scan(result.get("compat"))
     if image_id and isinstance(cubins, dict) and "error" not in cubins:
-        # for doctor, by Image ID: what each library with device code holds, and the CUDA of the runtime wheel
+        # for doctor, by Image ID: what each library with device code holds, the CUDA of the runtime wheel, and the
+        # image's cuda-compat
         save_image_needs(image_id, ImageNeeds(
             image=image, cuda=runtime_cuda(result.get("dists") or {}),
             code=tuple(DeviceCode(lib, (result.get("device_dists") or {}).get(lib), tuple(c.get("elf", [])),
                                   tuple(c.get("ptx", [])))
-                       for lib, c in cubins.items() if not c.get("none") and "error" not in c)))
+                       for lib, c in cubins.items() if not c.get("none") and "error" not in c), compat=compat))
+    elif image_id and compat is not None:
+        # no device code read this time (--checks without archs): the record keeps what an earlier verify read
+        old = load_image_needs(image_id)
+        save_image_needs(image_id, ImageNeeds(
+            image=image, cuda=(old.cuda if old else None) or runtime_cuda(result.get("dists") or {}),
+            code=old.code if old else (), compat=compat))
     return report
 
 

@@ -18,6 +18,7 @@ class HostGpuAccess:
     libs: tuple[tuple[str, str], ...] = ()  # (soname, host path) of the driver's libraries, x86-64
     nvidia_smi: str | None = None
     image_env: tuple[str, ...] | None = None  # the job image's Config.Env, when asked
+    driver: str | None = None  # the driver's version (nvidia-smi): whether the image's cuda-compat goes first
     # driver files (libs, nvidia_smi) not root's own or writable by others, "PATH (owner uid U, mode M)": never
     # bind-mounted into a job (another login could put its code there)
     untrusted: tuple[str, ...] = ()

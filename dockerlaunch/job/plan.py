@@ -15,6 +15,7 @@ from typing import Protocol
 
 from dockerlaunch import __version__
 from dockerlaunch.errors import ConfigError
+from dockerlaunch.gpu.needs import compat_to_load
 from dockerlaunch.job.config import ClusterConfig, HostConfig, is_ip, is_loopback
 from dockerlaunch.job.facts import HostFacts, HostGpuAccess
 from dockerlaunch.job.spec import (
@@ -189,9 +190,17 @@ def _numbered(node: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
+# what a dry run can say of device mode before any host answered (device_access decides it per host)
+COMPAT_LATER = (" (device nodes: the image's cuda-compat folder first on LD_LIBRARY_PATH where the host's driver is "
+                "older than the image's CUDA needs)")
+
+
 def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str, why: str) -> GpuAccess:
     """No toolkit: the control nodes, every /dev/nvidiaN, CUDA_VISIBLE_DEVICES for the chosen ones, and the host's
-    driver libraries read-only under /usr/local/nvidia (where CUDA images look), on the loader's path.
+    driver libraries read-only under /usr/local/nvidia (where CUDA images look), on the loader's path: first, except
+    where forward compatibility is what runs the image (gpu.needs.compat_to_load: the host's driver older than the
+    image's CUDA needs, its cuda-compat of a newer branch), whose compat folder then goes before them (the host's
+    libcuda would hide it) and `why` says so.
 
     Every GPU node, not only the chosen ones: NCCL between two containers of one machine (one GPU each, --ipc
     host) picks P2P/CUMEM and then fails with `Cuda failure 101 'invalid device ordinal'` when the peer's node is
@@ -229,7 +238,17 @@ def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str
         env.append(("CUDA_VISIBLE_DEVICES", ",".join(str(_numbered(n)) for n in chosen)))
     if "LD_LIBRARY_PATH" not in user_env:
         image = dict(e.split("=", 1) for e in (gpu.image_env or ()) if "=" in e).get("LD_LIBRARY_PATH", "")
-        if f"{NVIDIA_DIR}/lib64" not in image.split(":"):
+        forward = compat_to_load(gpu.image_env, gpu.driver)
+        if forward is not None:
+            # the host's libcuda would hide the image's compat one: forward compatibility is what runs this image
+            compat, cuda_v = forward
+            rest = [p for p in image.split(":") if p and p.rstrip("/") != compat.path]
+            lib64 = [] if f"{NVIDIA_DIR}/lib64" in rest else [f"{NVIDIA_DIR}/lib64"]
+            env.append(("LD_LIBRARY_PATH", ":".join([compat.path, *lib64, *rest])))
+            why += (f"; forward compatibility: driver {gpu.driver} is older than the image's CUDA {cuda_v} needs, so "
+                    f"the image's cuda-compat ({compat.path}) goes first on LD_LIBRARY_PATH, before the host's "
+                    f"libraries in {NVIDIA_DIR}/lib64")
+        elif f"{NVIDIA_DIR}/lib64" not in image.split(":"):
             env.append(("LD_LIBRARY_PATH", ":".join(p for p in (f"{NVIDIA_DIR}/lib64", image) if p)))
     return GpuAccess("devices", why, gpu_request(gpus), devices=tuple(devices), mounts=tuple(mounts), env=tuple(env))
 
@@ -249,8 +268,8 @@ def gpu_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[s
         mode, why = requested, "set in the config"
     elif gpu is None:
         return Deferred("GPU access of the host: --gpus (toolkit), CDI, or /dev/nvidia* + driver libraries"
-                        if requested == "auto" else "/dev/nvidia* device nodes and driver libraries of the host",
-                        "gpu_access")
+                        + COMPAT_LATER if requested == "auto" else
+                        "/dev/nvidia* device nodes and driver libraries of the host" + COMPAT_LATER, "gpu_access")
     else:
         mode, why = resolve_gpu_mode(requested, gpu)
     if mode == "devices":

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from dockerlaunch import keyvalue
@@ -205,6 +205,7 @@ def parse_probe(text: str, host: str = "?") -> Probe:
             problem = f"no route: {get('route')[:160]}"
     active, seen = parse_ib_ports(kv.get("ib_port", []))
     gpus = get("gpus")
+    gpu_host = smi.parse(kv)
     return Probe(
         interface=iface,
         source=src,
@@ -213,9 +214,9 @@ def parse_probe(text: str, host: str = "?") -> Probe:
         ib_active=active,
         ib_seen=seen,
         gpu_count=int(gpus) if gpus.isdigit() else None,
-        access=_gpu_access(kv),
+        access=replace(_gpu_access(kv), driver=gpu_host.driver if gpu_host is not None else None),
         image_labels=_labels(get("image_labels")),
-        gpu_host=smi.parse(kv),
+        gpu_host=gpu_host,
     )
 
 

@@ -475,6 +475,75 @@ def megatron_clone():
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+COMPAT_NOTE = ".note.cuda.fwd_compatibility"  # what cuda-compat's libcuda says it serves (nvidia-container-toolkit
+# reads the same section: its cmd/nvidia-cdi-hook/cudacompat/cuda-elf-header.go)
+SHT_NOTE = 7
+
+
+def elf_note(path, section):
+    """(name, descriptor) of the first note in ELF section `section` of `path`, read with the standard library
+    from the section headers alone (a compat libcuda is tens of MB; this reads a few KB); None where it has none."""
+    import struct
+    with open(path, "rb") as f:
+        ident = f.read(16)
+        if len(ident) < 16 or ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+            raise ValueError("not an ELF file")
+        end, is64 = "<" if ident[5] == 1 else ">", ident[4] == 2
+        head = struct.Struct(end + ("HHIQQQIHHHHHH" if is64 else "HHIIIIIHHHHHH"))
+        fields = head.unpack(f.read(head.size))
+        shoff, shentsize, shnum, shstrndx = fields[5], fields[10], fields[11], fields[12]
+        entry = struct.Struct(end + ("IIQQQQIIQQ" if is64 else "IIIIIIIIII"))
+        if not shoff or not shnum or shnum > 65535 or shentsize < entry.size or shstrndx >= shnum:
+            return None
+        sections = []
+        for i in range(shnum):
+            f.seek(shoff + i * shentsize)
+            sections.append(entry.unpack(f.read(entry.size)))
+        names = sections[shstrndx]
+        f.seek(names[4])
+        strtab = f.read(min(names[5], 1 << 20))
+        for name, kind, _, _, offset, size, _, _, align, _ in sections:
+            if kind != SHT_NOTE or strtab[name:strtab.find(b"\0", name)].decode("latin-1") != section:
+                continue
+            f.seek(offset)
+            data = f.read(min(size, 1 << 16))
+            namesz, descsz, _ = struct.unpack(end + "III", data[:12])
+            step = max(int(align), 4)
+            start = 12 + (namesz + step - 1) // step * step
+            return data[12:12 + namesz].rstrip(b"\0").decode("latin-1"), data[start:start + descsz].rstrip(b"\0")
+    return None
+
+
+def cuda_compat():
+    """Each cuda-compat folder as nvidia/cuda lays it out (/usr/local/cuda/compat, /usr/local/cuda-X.Y/compat): its
+    libcuda.so.<version> and that library's note; what the image's environment says of it (NVIDIA_REQUIRE_CUDA,
+    CUDA_VERSION, LD_LIBRARY_PATH) and the /etc/ld.so.conf.d files that name a compat folder."""
+    found = []
+    for d in sorted(set(glob.glob("/usr/local/cuda/compat") + glob.glob("/usr/local/cuda-*/compat"))):
+        libs = sorted(p for p in glob.glob(os.path.join(d, "libcuda.so.*"))
+                      if re.search(r"libcuda\.so\.\d+\.\d+(\.\d+)*$", p) and os.path.isfile(p))
+        if not libs:
+            continue
+        item = {"dir": d, "real": os.path.realpath(d), "files": [os.path.basename(p) for p in libs]}
+        try:
+            note = elf_note(os.path.realpath(libs[-1]), COMPAT_NOTE)
+            if note is not None and note[0] == "NVIDIA Corporation":
+                item["note"] = json.loads(note[1].decode("utf-8", "replace"))
+        except (OSError, ValueError) as e:
+            item["note_error"] = str(e)[:200]
+        found.append(item)
+    conf = []
+    for path in sorted(glob.glob("/etc/ld.so.conf.d/*.conf")):
+        try:
+            with open(path) as f:
+                if any(re.fullmatch(r"/usr/local/cuda(-[\d.]+)?/compat/?", line.strip()) for line in f):
+                    conf.append(path)
+        except OSError:
+            pass
+    env = {k: os.environ.get(k) for k in ("NVIDIA_REQUIRE_CUDA", "CUDA_VERSION", "LD_LIBRARY_PATH")}
+    return {"dirs": found, "env": env, "ld_conf": conf}
+
+
 def main():
     t0 = time.time()
     roots = site_dirs()
@@ -537,6 +606,10 @@ def main():
         res["import_orders"] = import_orders(comps)
         res["cuda_copies"] = cuda_copies(scan_roots, dist_of)
         res["timings"]["import_orders"] = round(time.time() - t, 1)
+    try:
+        res["compat"] = cuda_compat()
+    except Exception as e:  # noqa: BLE001 -- one broken piece never hides the others
+        res["compat"] = {"error": f"{type(e).__name__}: {e}"[:300]}
     res["timings"]["total"] = round(time.time() - t0, 1)
     print(json.dumps(res))
 
