@@ -75,7 +75,8 @@ gpu_facts() {
   fi
   kv uptime "$(cut -d ' ' -f 1 /proc/uptime 2>/dev/null)"
   # NVSwitch systems: the fabric manager must run, and NVML tells its result only on Hopper and later (an HGX
-  # A100 says N/A): the switches the driver lists, and what systemd (else ps) says of the manager
+  # A100 says N/A): the switches the driver lists, and whether the manager runs: systemd's word, else its process
+  # (a manager outside systemd, as NVIDIA's GPU Operator runs it in its driver container, is `inactive` to systemd)
   n=0
   for s in /proc/driver/nvidia-nvswitch/devices/*; do [ -e "$s" ] && n=$((n + 1)); done
   if [ "$n" = 0 ]; then for s in /dev/nvidia-nvswitch[0-9]*; do [ -e "$s" ] && n=$((n + 1)); done; fi
@@ -83,12 +84,14 @@ gpu_facts() {
   if [ "$n" -gt 0 ]; then
     fm=$(systemctl is-active nvidia-fabricmanager 2>/dev/null)
     case $fm in
-      active|inactive|failed|activating|deactivating) ;;
+      active|activating) ;;
       # (pgrep matches the kernel's process name, cut to 15 characters: nv-fabricmanager's is nv-fabricmanage;
       # -x nv-fabricmanager never matches, and -f would match this script's own shell)
-      *) if command -v pgrep >/dev/null 2>&1; then
-           if pgrep -x nv-fabricmanage >/dev/null 2>&1; then fm=running; else fm=stopped; fi
-         else fm=; fi ;;
+      *) if command -v pgrep >/dev/null 2>&1 && pgrep -x nv-fabricmanage >/dev/null 2>&1; then fm=running
+         else case $fm in
+           inactive|failed|deactivating) ;;
+           *) if command -v pgrep >/dev/null 2>&1; then fm=stopped; else fm=; fi ;;
+         esac; fi ;;
     esac
     kv fabric_manager "$fm"
   fi
