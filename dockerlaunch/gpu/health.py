@@ -63,7 +63,7 @@ def judge(host: GpuHost, xid_window_s: float | None = None) -> Finding:
                    + (f" ({used} small or MPS)" if used else "") + ", no uncorrectable ECC errors or pending remaps"
                    + (", fabric Completed" if any(g.fabric_state for g in host.gpus) else "")
                    + (f", fabric manager {host.fabric_manager}" if host.nvswitches and host.fabric_manager else "")
-                   + ("" if host.xids is None else ", no fatal XID since the driver loaded"))
+                   + ("" if host.xids is None else f", no fatal XID {_since(xid_window_s)}"))
 
 
 def _holders(host: GpuHost, fails: list[str], warns: list[str]) -> None:
@@ -153,10 +153,25 @@ def _xids(host: GpuHost, window_s: float | None, fails: list[str], warns: list[s
         else:
             old[x.code] = old.get(x.code, 0) + 1
     for (code, where), n in sorted(fresh.items()):
-        fails.append(f"{where}: XID {code} ({FATAL_XIDS[code]}) x{n} since the driver loaded (dmesg): drain the host "
+        fails.append(f"{where}: XID {code} ({FATAL_XIDS[code]}) x{n} {_since(window_s)} (dmesg): drain the host "
                      f"and reset the GPU, or reboot")
     if old:
-        since = " before the driver's last load or of an application's fault" if host.driver_loaded_s is not None \
-            else ""
+        since = (f", before the last {_span(window_s)} or of an application's fault" if window_s is not None
+                 else " before the driver's last load or of an application's fault"
+                 if host.driver_loaded_s is not None else "")
         warns.append("XID errors since boot (dmesg" + since + "): "
                      + ", ".join(f"{code} x{n}" for code, n in sorted(old.items())))
+
+
+def _since(window_s: float | None) -> str:
+    """What a fresh XID is newer than: the driver's load, or the window the user set (diagnostics.xid_window)."""
+    return "since the driver loaded" if window_s is None else \
+        f"in the last {_span(window_s)} (diagnostics.xid_window)"
+
+
+def _span(s: float) -> str:
+    """600 -> '10 minutes', 86400 -> '1 day', 90 -> '90 s'."""
+    for unit, n in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if s >= n and s % n == 0:
+            return f"{int(s // n)} {unit}{'' if s == n else 's'}"
+    return f"{s:g} s"
