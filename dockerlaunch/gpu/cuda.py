@@ -158,4 +158,4 @@ def compat_problem(compat: str, branches: tuple[int, ...] | list[int], driver: s
                         "to a listed branch or newer")
     return ("WARN", f"{what} via forward compatibility (compat {compat} over R{have[0]}): data-center GPUs of a "
                     "listed branch only; the job must load the image's compat folder first (dockerlaunch's device "
-                    "mode does; the container toolkit does on its own)")
+                    "mode does; the container toolkit's enable-cuda-compat hook does where the host's branch is older)")

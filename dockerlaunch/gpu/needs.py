@@ -265,15 +265,16 @@ def compat_of_env(env: tuple[str, ...] | None) -> CudaCompat | None:
 def compat_to_load(env: tuple[str, ...] | None, driver: str | None) -> tuple[CudaCompat, str] | None:
     """(the image's cuda-compat, its CUDA) where forward compatibility is what runs the image on a host of `driver`:
     the driver is older than the image's CUDA needs (the image's CUDA_VERSION, cuda.driver_problem) and the compat
-    library is of a newer branch (the container toolkit's enable-cuda-compat rule). The plan then puts its folder
-    first on LD_LIBRARY_PATH in device mode; None leaves the host's libcuda first."""
+    library newer than the driver (as doctor's forward-compatibility WARN has it; the container toolkit's
+    enable-cuda-compat hook compares branches). The plan then puts its folder first on LD_LIBRARY_PATH in device mode;
+    None leaves the host's libcuda first."""
     needs = ImageNeeds.of_image(None, env)
     c = needs.compat
     have = cuda.version_tuple(driver)
     if c is None or needs.cuda is None or not have:
         return None
     problem = cuda.driver_problem(driver or "", needs.cuda)
-    if problem is None or problem[0] != "FAIL" or cuda.version_tuple(c.version)[:1] <= have[:1]:
+    if problem is None or problem[0] != "FAIL" or cuda.version_tuple(c.version) <= have:
         return None
     return c, needs.cuda
 

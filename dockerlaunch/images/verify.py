@@ -13,6 +13,9 @@ read-only beside it) collects facts; this module judges them:
 - imports of the stack's modules (ai.dockerlaunch.components); a failure that only says the GPU driver is missing
   is NEEDS-DRIVER, not FAIL.
 - versions against the pins (ai.dockerlaunch.pin.*); an image without labels gets its key packages listed.
+- cuda-compat (always, it reads a few KB): the version of /usr/local/cuda*/compat/libcuda.so.<version>, the branches
+  it serves (its ELF note, else NVIDIA_REQUIRE_CUDA), and whether the image loads it itself; a NOTE row (WARN where
+  it does) and the image's record, which doctor judges against each host's driver.
 
 A check that was asked for and could not run (the scan failed, cuobjdump could not read a library, no pip, no
 result at all) is a row with verdict ERROR and the reason, never a silent pass: the report is then not ok (verify

@@ -254,6 +254,7 @@ def test_device_mode_puts_the_compat_folder_first_where_forward_compatibility_ru
     assert ("forward compatibility: driver 570.86.15 is older than the image's CUDA 13.0 needs, so the image's "
             "cuda-compat (/usr/local/cuda/compat) goes first on LD_LIBRARY_PATH") in access.why
     assert compat_to_load(ENV, "570.86.15")[0].version == "580.65.06"
+    assert compat_to_load(ENV, "580.40.07") is not None  # an early R580 below 13.0's own driver: the same as doctor
 
 
 @pytest.mark.parametrize("driver", ["580.95.05", "590.44.01", None])
