@@ -39,7 +39,7 @@ def judge(host: GpuHost, xid_window_s: float | None = None) -> Finding:
     _holders(host, fails, warns)
     for g in host.gpus:
         _memory(g, fails, warns)
-        _fabric(g, fails)
+        _fabric(g, fails, warns)
         slow = [name for bit, name in SLOWDOWNS.items() if g.throttle and g.throttle & bit]
         if slow:
             warns.append(f"GPU {g.index}: clocks held down ({', '.join(slow)}): check its cooling and power")
@@ -77,14 +77,14 @@ def _holders(host: GpuHost, fails: list[str], warns: list[str]) -> None:
                          f"leftover of another job? stop it (kill {h.pid}) or give the job other GPUs")
         if big or (g.memory_used_mib or 0) <= FOREIGN_MIB:
             continue
-        if on:  # under MIG (and wherever per-process memory is [N/A]) the GPU's own count is theirs
+        if any(h.used_mib is None for h in on):  # per-process memory [N/A] (MIG before R590): the GPU's count is theirs
             names = ", ".join(f"pid {h.pid} ({h.name}{', user ' + h.owner if h.owner else ''})" for h in on[:3])
             fails.append(f"GPU {g.index}{' (MIG)' if g.mig == 'Enabled' else ''} holds {g.memory_used_mib} MiB used "
                          f"by {names}" + (f" and {len(on) - 3} more" if len(on) > 3 else "") + ", not this job's: "
                          f"stop them (kill {' '.join(str(h.pid) for h in on[:3])}) or give the job other GPUs")
-        elif not any(same_bus(h.bus_id, g.bus_id) for h in host.holders):
-            warns.append(f"GPU {g.index}: {g.memory_used_mib} MiB in use and no process listed (one in another "
-                         "PID namespace or VM?)")
+        elif g.mig == "Enabled" and not on:  # a desktop's graphics processes are never listed: only MIG is asked
+            warns.append(f"GPU {g.index} (MIG): {g.memory_used_mib} MiB in use and no compute process listed (one in "
+                         "a VM, or nvidia-smi cannot see it)")
     orphans = [h for h in host.holders if (h.used_mib or 0) > FOREIGN_MIB and not host.gpu(h.bus_id)
                and not h.name.rsplit("/", 1)[-1].startswith(MPS)]
     for h in orphans:
@@ -110,15 +110,17 @@ def _memory(g: Gpu, fails: list[str], warns: list[str]) -> None:
         warns.append(f"GPU {g.index}: {g.ecc_aggregate} uncorrectable ECC errors over its life")
 
 
-def _fabric(g: Gpu, fails: list[str]) -> None:
+def _fabric(g: Gpu, fails: list[str], warns: list[str]) -> None:
     if g.fabric_state is not None and (g.fabric_state != "Completed" or
                                        (g.fabric_status is not None and g.fabric_status != "Success")):
         fails.append(f"GPU {g.index}: NVSwitch fabric {g.fabric_state}/{g.fabric_status or '?'} (CUDA says \"system "
                      "not yet initialized\"): start the fabric manager (systemctl start nvidia-fabricmanager) and "
                      "wait for Completed/Success")
     elif g.fabric_health is not None and g.fabric_health.lower() == "unhealthy":
-        fails.append(f"GPU {g.index}: NVSwitch fabric Health Unhealthy (State {g.fabric_state}/{g.fabric_status}): "
-                     "NVLink traffic would be degraded or fail; check the fabric manager's log and the switches")
+        # the fabric is up (Completed/Success); Health is R570's finer word: a multi-node NVLink domain may refuse
+        # the GPU (mnnvl-fabric-health-unhealthy-dra-driver626), one node's job still runs
+        warns.append(f"GPU {g.index}: NVSwitch fabric Health Unhealthy (State {g.fabric_state}/{g.fabric_status}): "
+                     "multi-node NVLink may refuse this GPU; check the fabric manager's log and the switches")
 
 
 def _fabric_manager(host: GpuHost, fails: list[str], warns: list[str]) -> None:
