@@ -97,12 +97,14 @@ class ImageNeeds:
                    code=record.code if record is not None else None, compiled=compiled, stack=lb.get(labels.STACK),
                    compat=compat, labels_say=labels.ours(lb))
 
-    def runs_on(self, host: GpuHost) -> list[Finding]:
-        """The image against one host's driver and GPUs: the `driver` and `archs` findings."""
-        return [f for f in (self._driver(host), self._archs(host)) if f is not None]
+    def runs_on(self, host: GpuHost, gpu_mode: str | None = None) -> list[Finding]:
+        """The image against one host's driver and GPUs: the `driver` and `archs` findings. `gpu_mode`: how the job's
+        containers reach the GPUs there (`devices` puts the host's driver libraries first on the loader's path, so
+        an image's own compat folder on it is never loaded: no 803 from it)."""
+        return [f for f in (self._driver(host, gpu_mode), self._archs(host)) if f is not None]
 
     # -- the driver ---------------------------------------------------------------------------------------------
-    def _driver(self, host: GpuHost) -> Finding | None:
+    def _driver(self, host: GpuHost, gpu_mode: str | None = None) -> Finding | None:
         if host.driver is None:
             said = [e for e in host.errors if "--query-gpu" in e] or list(host.errors)
             return Finding("driver", Verdict.ERROR, "nvidia-smi did not tell the driver version: "
@@ -117,7 +119,7 @@ class ImageNeeds:
                            f"needs (no {labels.CUDA} label or CUDA_VERSION; `dockerlaunch verify IMAGE` here records "
                            "it)")
         problem = cuda.driver_problem(host.driver, self.cuda, need=self.driver_min, own=self.toolkit_driver)
-        compat = self._compat(host, problem is not None and problem[0] == "FAIL")
+        compat = self._compat(host, problem is not None and problem[0] == "FAIL", gpu_mode)
         if compat is not None:
             return Finding("driver", Verdict(compat[0]), f"driver {host.driver}{runs}: {compat[1]}")
         if problem is None:
@@ -130,15 +132,16 @@ class ImageNeeds:
                            + (f"; this image is {self.stack}" if self.stack else "") + ")")
         return Finding("driver", Verdict.WARN, f"driver {host.driver}{runs} {why}")
 
-    def _compat(self, host: GpuHost, too_old: bool) -> tuple[str, str] | None:
+    def _compat(self, host: GpuHost, too_old: bool, gpu_mode: str | None = None) -> tuple[str, str] | None:
         """The image's cuda-compat where it is loaded over this host's driver (cuda.compat_problem says when: the
         driver too old for the image's CUDA, or the image naming the folder on its own loader path); None where it
         is not loaded, or loaded and harmless over a driver that runs the image anyway."""
         c = self.compat
-        if c is None or not (too_old or c.on_path):
+        on_path = bool(c and c.on_path) and gpu_mode != "devices"
+        if c is None or not (too_old or on_path):
             return None
         problem = cuda.compat_problem(c.version, c.branches, host.driver or "", [g.name for g in host.gpus],
-                                      cuda=self.cuda, estimated=c.estimated, on_path=c.on_path)
+                                      cuda=self.cuda, estimated=c.estimated, on_path=c.on_path and on_path)
         return problem if problem is not None and (too_old or problem[0] == "FAIL") else None
 
     # -- the architectures --------------------------------------------------------------------------------------

@@ -69,3 +69,30 @@ def test_doctor_on_a_healthy_real_h100_has_no_error_row(replay_node, gpu_node, s
     want = expected(HEALTHY)["verdicts"]
     assert {k: rows[k][0] for k in want} == want, rows
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+R465 = "rtx2080super-465.27-exporter"  # a real R465: its --help-query-gpu lists no remapped_rows.* and no compute_cap
+
+
+@pytest.mark.parametrize("help_answers", [True, False], ids=["help decides", "rejections decide"])
+def test_a_driver_that_rejects_optional_fields_still_gets_driver_archs_and_health(replay_node, sim_cluster,
+                                                                                 help_answers):
+    """Real nvidia-smi fails the whole --query-gpu on one field it does not know. Replayed from R465's own help:
+    the probe asks only what the help lists; where the help says nothing, each rejection drops its field and the
+    rest is asked again (same SSH round trip). Either way the unknown fields cost only themselves."""
+    node, remote, use = replay_node
+    script = gpu_standin.replay(R465)
+    if not help_answers:
+        script = script.replace("--help-query-gpu) mode=help ;;", "--help-query-gpu) exit 2 ;;", 1)
+        assert "--help-query-gpu) exit 2" in script
+    node.put_archive(REPLAYS, _tar({f"{R465}-x/nvidia-smi": (script.encode(), 0o755)}))
+    use(f"{R465}-x")
+    p = probelib.probe(remote, sim_cluster[2][0].ip)
+    host = p.gpu_host
+    assert {"compute_cap", "remapped_rows.pending", "remapped_rows.failure"} <= set(host.unknown_fields), host
+    assert host.errors == () and host.driver == "465.27" and len(host.gpus) == 1, host
+    g = host.gpus[0]
+    assert (g.compute_cap, g.arch, g.remap_pending) == (None, "7.5", None)  # the model's capability, from its name
+    rows = judged(p)
+    assert set(rows) == {"driver", "archs", "gpu health"} and all(v[0] != "ERROR" for v in rows.values()), rows
+    assert rows["archs"][0] == "FAIL" and "7.5" in rows["archs"][1] and "model's name" in rows["archs"][1], rows

@@ -102,6 +102,9 @@ def test_a_compat_library_older_than_the_driver_fails_naming_803_where_the_image
     assert row.verdict == Verdict.FAIL and "error 803" in row.detail and "LD_LIBRARY_PATH" in row.detail, row
     # the same image on a driver it needs compat for still gets forward compatibility
     assert driver_row(ImageNeeds.of_image(None, env), host("570.86.15")).verdict == Verdict.WARN
+    # device mode puts the host's driver libraries first on the loader's path: the image's folder is never loaded
+    rows = ImageNeeds.of_image(None, env).runs_on(host("590.44.01"), gpu_mode="devices")
+    assert next(r for r in rows if r.check == "driver").verdict == Verdict.PASS, rows
 
 
 def test_an_image_that_loads_compat_itself_fails_on_a_geforce_even_with_a_new_enough_driver():

@@ -107,13 +107,14 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSH
             report.add(a, "gpus", PASS, f"{g.gpus} GPU(s) visible in the container" + (f" ({mode})" if mode else ""))
     if wants_gpus(hp) and p is not None and p.gpu_host is not None:
         needs = ImageNeeds.of_image(p.image_labels, p.access.image_env, o.image_needs)
-        judge_gpu_facts(report, a, p.gpu_host, needs, config.diagnostics.xid_window)
+        judge_gpu_facts(report, a, p.gpu_host, needs, config.diagnostics.xid_window,
+                        o.gpus.gpu_mode if o.gpus is not None else None)
 
 
 def judge_gpu_facts(report: Report, a: str, host: GpuHost, needs: ImageNeeds,
-                    xid_window_s: float | None = None) -> None:
+                    xid_window_s: float | None = None, gpu_mode: str | None = None) -> None:
     """The image against this host's driver and GPUs (gpu.needs), and the GPUs' health (gpu.health)."""
-    for f in [*needs.runs_on(host), health.judge(host, xid_window_s)]:
+    for f in [*needs.runs_on(host, gpu_mode), health.judge(host, xid_window_s)]:
         report.add(a, f.check, f.verdict, f.detail)
 
 
