@@ -1,13 +1,14 @@
 """What doctor's GPU facts cost per host: `dockerlaunch doctor` on a 2-node sim cluster by the code of two commits,
-in one run, with a stand-in nvidia-smi (tests/gpu_standin.py, case h100-healthy) on both nodes so that the new
-probe's nvidia-smi questions (--query-gpu, -q, --query-compute-apps, dmesg) are asked for real over SSH.
+in one run, with a stand-in nvidia-smi on both nodes (tests/gpu_standin.py: by default the replay of a real R590 H100's
+outputs, --replay; the written case h100-healthy with --replay '') so that the probe's nvidia-smi questions
+(--help-query-gpu, --query-gpu, -q, --query-compute-apps, dmesg) are asked for real over SSH.
 
 The "before" commit is the one before doctor read GPU facts (default 35d569d, before issue 41's work); "after" is this
 checkout. The job asks for no GPUs (the sim has none to give a container), so the difference is the probe's round
 trip and its parsing; doctor reads a known image's labels and never scans it. A real nvidia-smi costs more than the
 stand-in: NVML initialises per call (~0.1-1 s each without persistence mode), which this cannot measure.
 
-  .venv/bin/python benchmarks/doctor_time.py [--before REV] [--runs 3]
+  .venv/bin/python benchmarks/doctor_time.py [--before REV] [--runs 3] [--replay FOLDER]
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", default="35d569d")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--replay", default="h100-sxm-590.48.01-exporter",
+                    help="a folder of tests/data/nvidia-smi/real/ replayed as both nodes' nvidia-smi ('' : the written "
+                         "case h100-healthy)")
     args = ap.parse_args()
     client = engine()
     name = f"dlbench{secrets.token_hex(2)}"
@@ -66,7 +70,7 @@ def main() -> None:
         try:
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w") as t:
-                data = gpu_standin.script("h100-healthy").encode()
+                data = (gpu_standin.replay(args.replay) if args.replay else gpu_standin.script("h100-healthy")).encode()
                 info = tarfile.TarInfo("nvidia-smi")
                 info.size, info.mode = len(data), 0o755
                 t.addfile(info, io.BytesIO(data))
