@@ -38,14 +38,17 @@ def stacks_list() -> None:
     from dockerlaunch.images.constraints import flash_attn_wheel
     from dockerlaunch.images.stacks import load_matrix
 
-    for s in load_matrix().stacks.values():
+    matrix = load_matrix()
+    for s in matrix.stacks.values():
         te = f" te {s.transformer_engine}" if s.transformer_engine else ""
-        notes = ["no registry needed (made base, CUDA from PyPI)"] if s.base else []
+        notes = ["recommended"] if s.name == matrix.recommended else []
+        notes += ["no registry needed (made base, CUDA from PyPI)"] if s.base else []
         if flash_attn_wheel(s) and not s.flash_attn_wheel_sha256:
             notes.append("flash-attn compiles from its PyPI sdist: set flash_attn_wheel_sha256 to use its prebuilt "
                          "GitHub wheel instead")
         more = f"  [{'; '.join(notes)}]" if notes else ""
-        click.echo(f"{s.name:<30} torch {s.torch}{te} mcore {s.megatron_core} swift {s.ms_swift}  {s.tag}{more}")
+        mark = "*" if s.name == matrix.recommended else " "
+        click.echo(f"{mark} {s.name:<30} torch {s.torch}{te} mcore {s.megatron_core} swift {s.ms_swift}  {s.tag}{more}")
 
 
 @stacks.command("show")

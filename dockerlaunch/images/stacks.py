@@ -276,6 +276,13 @@ class Stack(_Model):
 
 class StackMatrix(_Model):
     stacks: dict[str, Stack]
+    recommended: str | None = None  # the stack to start from (`stacks list` marks it; docs/STACKS.md says why)
+
+    @model_validator(mode="after")
+    def _recommended_is_a_stack(self) -> StackMatrix:
+        if self.recommended is not None and self.recommended not in self.stacks:
+            raise ValueError(f"recommended: {self.recommended!r} is not a stack of this matrix")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,35 @@
+"""`dockerlaunch --help` fits one screen, grouped by what a user came to do, each command said in a line that ends
+where it ends (click's own short help cut them mid-sentence: `exec  Run a command in one rank's container, e.g.`)."""
+
+import subprocess
+import sys
+
+from dockerlaunch.cli.main import SECTIONS, cli, main  # noqa: F401
+
+
+def _help() -> str:
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_the_help_is_one_screen_of_groups():
+    out = _help()
+    lines = out.splitlines()
+    assert len(lines) <= 40, out
+    for title in ("Launch:", "Images:", "Distribution:", "Diagnostics:", "Render:", "Cluster:"):
+        assert title in lines, out
+    assert "Other:" not in lines, out  # every command has its place in SECTIONS
+    assert not any(line.rstrip().endswith(("...", "e.g.", ",")) for line in lines[1:]), out  # [ARGS]... aside
+    assert all(len(line) <= 100 for line in lines), out
+
+
+def test_every_command_is_in_one_section_and_every_section_names_a_command():
+    import click
+
+    from dockerlaunch.cli import diagnose, images, jobs, render, sim, transfer  # noqa: F401 - registers commands
+
+    listed = [name for _, rows in SECTIONS for name, _ in rows]
+    assert len(listed) == len(set(listed))
+    registered = set(cli.list_commands(click.Context(cli)))
+    assert set(listed) == registered, (set(listed) - registered, registered - set(listed))
