@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 from dockerlaunch.errors import DockerlaunchError, SSHError
 from dockerlaunch.hosts.local import open_remote
 from dockerlaunch.hosts.ssh import Remote
-from dockerlaunch.hosts.targets import SSHTarget, resolve_all
+from dockerlaunch.hosts.targets import SSHTarget, check_settings, resolve_all
 from dockerlaunch.job.config import ClusterConfig
 
 T = TypeVar("T")
@@ -250,6 +250,7 @@ class Fleet:
     def connect(cls, config: ClusterConfig, *, require_all: bool = True) -> Fleet:
         """Connect to every host concurrently. With `require_all`, one failure closes the rest and raises
         (naming every host that failed); without, failed hosts keep their error (`host.error`) for a report."""
+        check_settings(config)  # a missing key or known_hosts file, an undefined ProxyJump: one line, nothing connected
         targets = resolve_all(config)
         hosts = [Host(i, h.address, t) for i, (h, t) in enumerate(zip(config.hosts, targets))]
         check_addresses(targets)

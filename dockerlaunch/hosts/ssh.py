@@ -21,7 +21,7 @@ from typing import BinaryIO
 import paramiko
 
 from dockerlaunch.errors import HostError, SSHError
-from dockerlaunch.hosts.targets import SSHTarget
+from dockerlaunch.hosts.targets import SSHTarget, known_hosts_fix
 
 WRITE_FAILURE_GRACE = 5.0  # seconds a command may take to exit after its input failed
 
@@ -39,9 +39,9 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
-def _keyscan(target: SSHTarget, known: Path) -> str:
-    """The fix users paste into a shell: every value quoted."""
-    return f"ssh-keyscan -p {target.port} {shlex.quote(target.hostname)} >> {shlex.quote(str(known))}"
+def _add_key(target: SSHTarget, known: Path) -> str:
+    """How to add the host's key to `known` (fingerprint first, every value quoted), never a weaker policy."""
+    return known_hosts_fix(str(known), [(target.hostname, target.port, target.user)])
 
 
 def _known_hosts_name(target: SSHTarget) -> str:
@@ -160,18 +160,19 @@ def connect(target: SSHTarget, _sock=None) -> paramiko.SSHClient:
         except Exception as e:
             raise SSHError(target.alias, f"cannot read known_hosts {known}: {e}") from None
     elif target.host_key_policy == "strict":
-        raise SSHError(
-            target.alias,
-            f"known_hosts file {known} does not exist; add the host's key "
-            f"({_keyscan(target, known)}, after checking it) "
-            "or set ssh.host_key_policy: accept-new"
-        )
+        raise SSHError(target.alias, f"known_hosts file {known} does not exist: no host key is known yet; "
+                       + _add_key(target, known))
     if target.host_key_policy == "accept-new":
         client.set_missing_host_key_policy(_AcceptNewPolicy(known))
     else:
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
 
     key_filenames = [os.path.expanduser(p) for p in target.identity_files]
+    for f in key_filenames:  # paramiko's own error would be `No such file or directory`, naming neither
+        if not os.path.isfile(f):
+            raise SSHError(target.alias, f"key file {f} does not exist (ssh.identity_file, the host's identity_file or "
+                           "~/.ssh/config's IdentityFile); give an existing private key, or leave it unset to use the "
+                           "agent and ~/.ssh/id_*")
     deadline = time.monotonic() + max(target.connect_timeout, 1.0) * 3
     for attempt in range(HANDSHAKE_TRIES):
         try:
@@ -211,12 +212,8 @@ def _connect_error(target: SSHTarget, known: Path, key_filenames: list[str], e: 
     if isinstance(e, paramiko.SSHException):
         msg = str(e)
         if "not found in known_hosts" in msg:
-            return SSHError(
-                target.alias,
-                f"host key unknown ({_known_hosts_name(target)} is not in {known}); "
-                f"check and add it: {_keyscan(target, known)}, "
-                "or set ssh.host_key_policy: accept-new"
-            )
+            return SSHError(target.alias, f"host key unknown ({_known_hosts_name(target)} is not in {known}); "
+                            + _add_key(target, known))
         if isinstance(e, paramiko.AuthenticationException):
             keys = ", ".join(target.identity_files) or "agent and ~/.ssh/id_*"
             return SSHError(

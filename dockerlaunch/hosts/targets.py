@@ -8,6 +8,11 @@ Precedence, most specific first: the host entry, the `ssh:` section, ~/.ssh/conf
 from __future__ import annotations
 
 import getpass
+import ipaddress
+import os
+import socket
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +22,9 @@ from dockerlaunch.errors import ConfigError, SSHError
 from dockerlaunch.job.config import ClusterConfig, HostConfig, SSHSettings, parse_host_string
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_SSH_CONFIG = "~/.ssh/config"
 MAX_JUMPS = 8
+DNS_WAIT = 5.0  # seconds for a ProxyJump name that ~/.ssh/config does not define to resolve
 
 
 @dataclass(frozen=True)
@@ -104,3 +111,146 @@ def resolve_all(config: ClusterConfig) -> list[SSHTarget]:
     """Every host's target, rank order; ~/.ssh/config (or `ssh.config_file`) is read once."""
     ssh_config = load_ssh_config(config.ssh.config_file)
     return [resolve_target(h, config.ssh, ssh_config) for h in config.hosts]
+
+
+# ---------------------------------------------------------------- settings checked before any connection
+
+
+def _resolves(name: str, wait: float = DNS_WAIT) -> bool:
+    """Whether this machine resolves `name` (within `wait` seconds: getaddrinfo itself has no timeout)."""
+    answer: list[bool] = []
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+            answer.append(True)
+        except (OSError, UnicodeError):
+            answer.append(False)
+
+    t = threading.Thread(target=lookup, daemon=True, name="dl-dns")
+    t.start()
+    t.join(wait)
+    return bool(answer and answer[0])
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _defines(ssh_config: paramiko.SSHConfig | None, alias: str) -> bool:
+    """Whether ~/.ssh/config says anything of its own about `alias`: a `Host` line naming it, or a HostName for it
+    (a pattern that only sets User or Port for `*` does not make a typo a host)."""
+    if ssh_config is None:
+        return False
+    if alias in ssh_config.get_hostnames():
+        return True
+    return ssh_config.lookup(alias).get("hostname", alias) != alias
+
+
+def _file_problem(field: str, path: str, what: str, fix: str) -> str | None:
+    """One line naming the setting and the file when the file is missing or unreadable, else None."""
+    full = os.path.expanduser(path)
+    if not os.path.exists(full):
+        return f"{field}: {what} {full} does not exist; {fix}"
+    if not os.path.isfile(full):
+        return f"{field}: {what} {full} is not a file; {fix}"
+    if not os.access(full, os.R_OK):
+        return (f"{field}: {what} {full} is not readable by {getpass.getuser()}; fix its permissions (chmod 600) "
+                f"or {fix}")
+    return None
+
+
+KEY_FIX = "give the path of an existing private key (ls ~/.ssh), or leave it unset to use the agent and ~/.ssh/id_*"
+
+
+def known_hosts_fix(path: str, hosts: list[tuple[str, int, str]]) -> str:
+    """How to put a host's key into `path` without weakening host-key checking: fetch it and compare its fingerprint
+    with the host's own, then append it; or `ssh` once and accept it. `hosts`: (hostname, port, user) of the hosts
+    it lacks (the first is named). (pure)"""
+    import shlex
+
+    host, port, user = hosts[0]
+    port_flag = f"-p {port} " if port != 22 else ""
+    scan = f"ssh-keyscan {port_flag}-H {shlex.quote(host)}"
+    more = f" (the same for the other {len(hosts) - 1} host(s))" if len(hosts) > 1 else ""
+    if os.path.expanduser(path) != os.path.expanduser(DEFAULT_KNOWN_HOSTS):
+        port_flag += f"-o UserKnownHostsFile={shlex.quote(path)} "
+    return (f"add the host's key once its fingerprint (`{scan} | ssh-keygen -lf -`) matches the host's own "
+            f"(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` there): {scan} >> {shlex.quote(path)}{more}; "
+            f"or connect once with `ssh {port_flag}{shlex.quote(user)}@{shlex.quote(host)}` and accept the key")
+
+
+def setting_problems(config: ClusterConfig, ssh_config: paramiko.SSHConfig | None,
+                     resolves: Callable[[str], bool] = _resolves) -> list[str]:
+    """What in the SSH settings names a file or host that is not there, one line each (the field, the file, the
+    fix), before any connection: a missing key file otherwise reads `cannot connect to H:22: No such file or
+    directory`. Checked: `ssh.config_file` (when not the default), each host's key files (`hosts[i].identity_file`,
+    `ssh.identity_file`, an IdentityFile of ~/.ssh/config), an explicit known_hosts file under the strict policy
+    (accept-new creates it), and the first hop of a ProxyJump that ~/.ssh/config does not define and this machine
+    cannot resolve. The default ~/.ssh/known_hosts is left to `connect` (its message names the host)."""
+    out: list[str] = []
+
+    def add(line: str | None) -> None:
+        if line and line not in out:
+            out.append(line)
+
+    s = config.ssh
+    source = s.config_file or DEFAULT_SSH_CONFIG
+    lacking: dict[str, tuple[str, list[tuple[str, int, str]]]] = {}  # known_hosts file -> its field, its hosts
+    said: set[str] = set()
+    if s.config_file and os.path.expanduser(s.config_file) != os.path.expanduser(DEFAULT_SSH_CONFIG):
+        add(_file_problem("ssh.config_file", s.config_file, "SSH config",
+                          f"fix the path, or leave ssh.config_file unset to read {DEFAULT_SSH_CONFIG}"))
+    for i, h in enumerate([*config.hosts, *config.spares]):
+        if h.local:
+            continue
+        where = f"hosts[{i}]" if i < len(config.hosts) else f"spares[{i - len(config.hosts)}]"
+        looked = ssh_config.lookup(h.address) if ssh_config else {}
+        if h.identity_file:
+            add(_file_problem(f"{where}.identity_file", h.identity_file, "key file", KEY_FIX))
+        elif s.identity_file:
+            add(_file_problem("ssh.identity_file", s.identity_file, "key file", KEY_FIX))
+        else:
+            for f in looked.get("identityfile", ()):
+                if f in said:
+                    continue  # one line per file, naming the first host whose entry uses it
+                said.add(f)
+                add(_file_problem(f"IdentityFile of Host {h.address} in {source}", f, "key file",
+                                  f"fix that line of {source}, or set ssh.identity_file"))
+        if s.host_key_policy == "strict":
+            kh_field = ("ssh.known_hosts" if s.known_hosts else f"UserKnownHostsFile of Host {h.address} in {source}"
+                        if looked.get("userknownhostsfile") else None)
+            if kh_field is not None:
+                kh = s.known_hosts or looked["userknownhostsfile"].split(" ")[0]
+                lacking.setdefault(os.path.expanduser(kh), (kh_field, []))[1].append(
+                    (looked.get("hostname", h.address), h.port or s.port or int(looked.get("port", 22)),
+                     h.user or s.user or looked.get("user") or getpass.getuser()))
+        jump = looked.get("proxyjump")
+        if jump and jump.lower() != "none":
+            first = jump.split(",")[0].removeprefix("ssh://")
+            try:
+                name = parse_host_string(first)["address"]
+            except ValueError as e:
+                add(f"ProxyJump {first!r} of Host {h.address} in {source}: {e}")
+                continue
+            if not _is_ip(name) and not _defines(ssh_config, name) and not resolves(name):
+                add(f"ProxyJump {name} of Host {h.address} in {source}: {source} has no `Host {name}` entry and "
+                    f"this machine cannot resolve {name!r}: add `Host {name}` with its HostName (and User) to "
+                    f"{source}, or fix the ProxyJump line")
+    for path, (kh_field, hosts) in lacking.items():
+        add(_file_problem(kh_field, path, "known_hosts file", "check the path, or " + known_hosts_fix(path, hosts)))
+    return out
+
+
+def check_settings(config: ClusterConfig, ssh_config: paramiko.SSHConfig | None = None,
+                   resolves: Callable[[str], bool] = _resolves) -> None:
+    """`setting_problems` as one ConfigError (nothing connected yet)."""
+    if ssh_config is None:
+        ssh_config = load_ssh_config(config.ssh.config_file)
+    problems = setting_problems(config, ssh_config, resolves)
+    if problems:
+        raise ConfigError("; ".join(problems))
