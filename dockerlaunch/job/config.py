@@ -9,15 +9,17 @@ validators refer to each other; split, the schema would be assembled from pieces
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dockerlaunch.errors import ConfigError, describe_validation_error
+from dockerlaunch.errors import ConfigError, _loc
 
 DEFAULT_CONFIG_FILE = "dockerlaunch.yaml"
 LOCAL = "local"  # a host address: this machine, through its own Docker engine, without SSH
@@ -722,15 +724,80 @@ class NoHostsError(ConfigError):
                              "them from)")
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's type holds (through Optional, unions, lists and dict values)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        out += _models_in(arg)
+    return out
+
+
+def model_at(loc: tuple, root: type[BaseModel] = None) -> type[BaseModel] | None:  # type: ignore[assignment]
+    """The model whose fields are valid at `loc` (a pydantic error location less its last part), or None. (pure)"""
+    model: type[BaseModel] | None = root or ClusterConfig
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue  # a list item: the same model as the list's
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        models = _models_in(field.annotation)
+        model = models[0] if models else None
+    return model
+
+
+def suggest_field(loc: tuple, root: type[BaseModel] = None) -> str | None:  # type: ignore[assignment]
+    """`did you mean `hosts`?` for an unknown key at `loc`: difflib over the schema's field names at that level."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    model = model_at(tuple(p for p in loc[:-1] if not (isinstance(p, str) and "[" in p)), root)
+    if model is None:
+        return None
+    close = difflib.get_close_matches(loc[-1].lower(), list(model.model_fields), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def describe_config_error(err: ValidationError, root: type[BaseModel] = None) -> str:  # type: ignore[assignment]
+    """errors.describe_validation_error, with "did you mean" for an unknown key (the closest field at its level)."""
+    seen: list[str] = []
+    for e in err.errors(include_url=False):
+        if e["type"] == "extra_forbidden":
+            close = suggest_field(tuple(e["loc"]), root)
+            hint = f"did you mean `{close}`?" if close else "check the spelling;"
+            line = f"{_loc(tuple(e['loc']))}: unknown field ({hint} `dockerlaunch schema` lists the fields)"
+        else:
+            line = f"{_loc(tuple(e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
+        if line not in seen:
+            seen.append(line)
+    return "; ".join(seen).replace("\n", " ")
+
+
+def unknown_top_level(data: dict[str, Any]) -> str | None:
+    """An unknown top-level key, said before "no hosts" (a `hots:` typo leaves the host list empty)."""
+    for key in data:
+        if isinstance(key, str) and key not in ClusterConfig.model_fields:
+            close = suggest_field((key,))
+            hint = f"did you mean `{close}`?" if close else "check the spelling;"
+            return f"{key}: unknown field ({hint} `dockerlaunch schema` lists the fields)"
+    return None
+
+
 def validate_config(data: dict[str, Any], source: str | None = None) -> ClusterConfig:
     check_shape(data, source or "config")
+    where = f"{source}: " if source else ""
     if not data.get("hosts"):
+        typo = unknown_top_level(data)
+        if typo:
+            raise ConfigError(f"{where}{typo}")
         raise NoHostsError(source)
     try:
         return ClusterConfig.model_validate(data)
     except ValidationError as e:
-        where = f"{source}: " if source else ""
-        raise ConfigError(f"{where}{describe_validation_error(e)}") from None
+        raise ConfigError(f"{where}{describe_config_error(e)}") from None
 
 
 def load_config(path: str | None = None, overrides: Overrides | None = None) -> ClusterConfig:
