@@ -229,3 +229,39 @@ def staged_bytes(remote) -> int:
     r = remote.run(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do [ -f "$f" ] && stat -c %s "$f"; '
                     'done; true'])
     return sum(int(x) for x in r.stdout.split())
+
+
+# A sim node as a GPU host as far as its probe can tell, for the GPU tests (the stand-in nvidia-smi of
+# tests/gpu_standin.py is put beside it by each test): dummy /dev/nvidia0 and /dev/nvidiactl and stub driver
+# libraries, so that the job's GPU container starts in device mode.
+GPU_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+GPU_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
+GPU_HOST_SETUP = ("ldconfig && rm -f /dev/nvidia0 /dev/nvidiactl && mknod -m 666 /dev/nvidia0 c 195 0 && "
+                  "mknod -m 666 /dev/nvidiactl c 195 255")
+GPU_HOST_TEARDOWN = f"rm -f /dev/nvidia0 /dev/nvidiactl {' '.join(f'{GPU_LIBDIR}/{s}' for s in GPU_LIBS)}; ldconfig"
+
+
+def tar_files(files: dict[str, tuple[bytes, int]]) -> bytes:
+    """{name: (bytes, mode)} as a tar archive, for a container's put_archive."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, (data, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def put_stub_driver(node, tmp: Path) -> None:
+    """The GPU_LIBS as stub shared libraries (gcc) in the node's GPU_LIBDIR; GPU_HOST_SETUP then registers them."""
+    (tmp / "stub.c").write_text("int dl_stub(void) { return 0; }\n")
+    libs = {}
+    for soname in GPU_LIBS:
+        out = tmp / soname
+        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(out), str(tmp / "stub.c")],
+                       check=True)
+        libs[soname] = (out.read_bytes(), 0o755)
+    node.put_archive(GPU_LIBDIR, tar_files(libs))

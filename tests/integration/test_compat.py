@@ -7,15 +7,13 @@ mode puts the compat folder first) and as the same driver on GeForce cards (FAIL
 
 import json
 import secrets
-import subprocess
 
 import pytest
 
 from dockerlaunch.engine import image_needs_path, load_image_needs
 from dockerlaunch.gpu.needs import CudaCompat
 from tests import gpu_standin
-from tests.integration.helpers import dl, variant
-from tests.integration.test_gpu_doctor import LIBDIR, LIBS, STUB, _tar
+from tests.integration.helpers import GPU_HOST_SETUP, GPU_HOST_TEARDOWN, dl, put_stub_driver, tar_files, variant
 from tests.unit.gpu.test_compat import REQUIRE, compat_stub
 
 pytestmark = pytest.mark.integration
@@ -39,32 +37,23 @@ def compat_node(sim_cluster, engine, demo_image, tmp_path_factory):
     """Node 1 as a GPU host as far as its probe can tell (as test_gpu_doctor's, without the labelled image) and the
     compat image built there; all taken away at the end."""
     node = engine.containers.get(sim_cluster[2][0].name)
-    tmp = tmp_path_factory.mktemp("compat")
-    (tmp / "stub.c").write_text(STUB)
-    libs = {}
-    for soname in LIBS:
-        out = tmp / soname
-        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(out), str(tmp / "stub.c")],
-                       check=True)
-        libs[soname] = (out.read_bytes(), 0o755)
+    put_stub_driver(node, tmp_path_factory.mktemp("compat"))
     image = f"dlt-compat/{secrets.token_hex(3)}:cuda13"
     ctx = f"/tmp/{image.split('/')[1].replace(':', '-')}"
     node.exec_run(["mkdir", "-p", ctx])
-    node.put_archive(ctx, _tar({**CONTEXT, "Dockerfile": (dockerfile(demo_image).encode(), 0o644)}))
-    node.put_archive(LIBDIR, _tar(libs))
-    setup = (f"ldconfig && mknod -m 666 /dev/nvidia0 c 195 0 && mknod -m 666 /dev/nvidiactl c 195 255 && "
-             f"docker build -q -t {image} {ctx}")
+    node.put_archive(ctx, tar_files({**CONTEXT, "Dockerfile": (dockerfile(demo_image).encode(), 0o644)}))
+    setup = f"{GPU_HOST_SETUP} && docker build -q -t {image} {ctx}"
     code, out = node.exec_run(["sh", "-c", setup])
     try:
         assert code == 0, out.decode()
         yield node, image
     finally:
-        node.exec_run(["sh", "-c", f"rm -rf {ctx} /usr/local/bin/nvidia-smi /dev/nvidia0 /dev/nvidiactl "
-                                   f"{' '.join(f'{LIBDIR}/{s}' for s in LIBS)}; ldconfig; docker rmi -f {image}"])
+        node.exec_run(["sh", "-c", f"rm -rf {ctx} /usr/local/bin/nvidia-smi; {GPU_HOST_TEARDOWN}; "
+                                   f"docker rmi -f {image}"])
 
 
 def _doctor(sim_cluster, tmp_path, node, image, smi: str):
-    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (smi.encode(), 0o755)}))
+    node.put_archive("/usr/local/bin", tar_files({"nvidia-smi": (smi.encode(), 0o755)}))
     host0 = sim_cluster[2][0].ip
     cfg = variant(sim_cluster, tmp_path, hosts=[{"address": host0}],
                   container={"gpus": "all", "gpu_mode": "devices"})

@@ -10,21 +10,14 @@ fabric manager outside systemd is a real process of its name, found by the probe
 are the written cases tests/data/nvidia-smi/mig-leftover, hgx-a100 and h100-healthy. Every run also checks that
 the driver and archs rows still judge (PASS) beside the health row."""
 
-import io
 import json
 import secrets
-import subprocess
-import tarfile
-import time
 
 import pytest
 
 from tests import gpu_standin
-from tests.integration.helpers import dl, variant
+from tests.integration.helpers import GPU_HOST_SETUP, GPU_HOST_TEARDOWN, dl, put_stub_driver, tar_files, variant
 
-STUB = "int dl_stub(void) { return 0; }\n"
-LIBDIR = "/usr/lib/x86_64-linux-gnu"
-LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 # code for both the A100 (8.0) and the H100 (9.0): archs passes on every case, so health is the row under test
 LABELS = {"ai.dockerlaunch.pin.cuda": "13.0", "ai.dockerlaunch.cuda-archs": "8.0;9.0",
           "ai.dockerlaunch.stack": "swift4.6-mcore0.19-cu13-py313",
@@ -51,14 +44,6 @@ WARP = "pid=8812, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 
 DBE = "pid='<unknown>', name=<unknown>, DBE (double bit error) ECC error"
 
 
-def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as t:
-        for name, (data, mode) in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-            t.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def dmesg(lines: list[tuple[float, str]]) -> str:
@@ -82,19 +67,10 @@ def gpu_node(sim_cluster, engine, demo_image, tmp_path_factory):
     """Node 1 as a GPU host as far as its probe can tell (device nodes, stub driver libraries), an image with code
     for 8.0 and 9.0 there, and a real process of another user for the leftover. All taken away at the end."""
     node = engine.containers.get(sim_cluster[2][0].name)
-    tmp = tmp_path_factory.mktemp("blind")
-    (tmp / "stub.c").write_text(STUB)
-    libs = {}
-    for soname in LIBS:
-        out = tmp / soname
-        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(out), str(tmp / "stub.c")],
-                       check=True)
-        libs[soname] = (out.read_bytes(), 0o755)
+    put_stub_driver(node, tmp_path_factory.mktemp("blind"))
     image = f"dlt-blind/{secrets.token_hex(3)}:labelled"
     dockerfile = f"FROM {demo_image}\n" + "".join(f'LABEL {k}="{v}"\n' for k, v in LABELS.items())
-    node.put_archive(LIBDIR, _tar(libs))
-    setup = (f"ldconfig && rm -f /dev/nvidia0 /dev/nvidiactl && mknod -m 666 /dev/nvidia0 c 195 0 && "
-             f"mknod -m 666 /dev/nvidiactl c 195 255 && printf '%s' '{dockerfile}' | docker build -q -t {image} - "
+    setup = (f"{GPU_HOST_SETUP} && printf '%s' '{dockerfile}' | docker build -q -t {image} - "
              "&& su nobody -s /bin/sh -c 'sleep 86400 >/dev/null 2>&1 & echo $!'")
     code, out = node.exec_run(["sh", "-c", setup])
     pid = int(out.decode().strip().splitlines()[-1]) if code == 0 else None
@@ -103,9 +79,8 @@ def gpu_node(sim_cluster, engine, demo_image, tmp_path_factory):
         yield node, image, pid
     finally:
         node.exec_run(["sh", "-c", f"{f'kill {pid}; ' if pid else ''}"
-                                   f"rm -f {' '.join(f'/usr/local/bin/{s}' for s in STANDINS)} /dev/nvidia0 "
-                                   f"/dev/nvidiactl /dev/nvidia-nvswitch[0-9]* "
-                                   f"{' '.join(f'{LIBDIR}/{s}' for s in LIBS)}; ldconfig; docker rmi -f {image}"])
+                                   f"rm -f {' '.join(f'/usr/local/bin/{s}' for s in STANDINS)} "
+                                   f"/dev/nvidia-nvswitch[0-9]*; {GPU_HOST_TEARDOWN}; docker rmi -f {image}"])
 
 
 def _doctor(sim_cluster, tmp_path, node, image, smi: str, log: list[tuple[float, str]],
@@ -115,7 +90,7 @@ def _doctor(sim_cluster, tmp_path, node, image, smi: str, log: list[tuple[float,
     files = {"nvidia-smi": (smi.encode(), 0o755), "dmesg": (dmesg(log).encode(), 0o755)}
     if fm is not None:
         files["systemctl"] = (systemctl(fm, 0 if fm == "active" else 3).encode(), 0o755)
-    node.put_archive("/usr/local/bin", _tar(files))
+    node.put_archive("/usr/local/bin", tar_files(files))
     switches = " ".join(f"/dev/nvidia-nvswitch{i}" for i in range(nvswitches))
     gone = "/dev/nvidia-nvswitch[0-9]*" + (" /usr/local/bin/systemctl" if fm is None else "")
     code, out = node.exec_run(["sh", "-c", f"rm -f {gone}" + (f" && touch {switches}" if switches else "")])

@@ -4,34 +4,24 @@ libraries so that the job's GPU container starts in device mode; the readings re
 over SSH. Each broken case must be the only FAIL of its run, naming the host, the values and the fix; the healthy
 one passes."""
 
-import io
 import json
 import secrets
-import subprocess
-import tarfile
-import time
 
 import pytest
 
 from tests import gpu_standin
-from tests.integration.helpers import dl, variant
+from tests.integration.helpers import (
+    GPU_HOST_SETUP,
+    GPU_HOST_TEARDOWN,
+    dl,
+    put_stub_driver,
+    tar_files,
+    variant,
+)
 
-STUB = "int dl_stub(void) { return 0; }\n"
-LIBDIR = "/usr/lib/x86_64-linux-gnu"
-LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 LABELS = {"ai.dockerlaunch.pin.cuda": "13.0", "ai.dockerlaunch.cuda-archs": "9.0",
           "ai.dockerlaunch.stack": "swift4.6-mcore0.19-cu13-py313",
           "ai.dockerlaunch.compiled": "transformer-engine-torch,apex,flash-attn"}
-
-
-def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as t:
-        for name, (data, mode) in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-            t.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -39,31 +29,21 @@ def gpu_node(sim_cluster, engine, demo_image, tmp_path_factory):
     """Node 1 as a GPU host as far as its probe can tell, and an image with the recommended stack's labels there.
     Everything is taken away at the end (the other tests share the cluster)."""
     node = engine.containers.get(sim_cluster[2][0].name)
-    tmp = tmp_path_factory.mktemp("gpu")
-    (tmp / "stub.c").write_text(STUB)
-    libs = {}
-    for soname in LIBS:
-        out = tmp / soname
-        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(out), str(tmp / "stub.c")],
-                       check=True)
-        libs[soname] = (out.read_bytes(), 0o755)
+    put_stub_driver(node, tmp_path_factory.mktemp("gpu"))
     image = f"dlt-gpu/{secrets.token_hex(3)}:labelled"
     dockerfile = f"FROM {demo_image}\n" + "".join(f"LABEL {k}={v}\n" for k, v in LABELS.items())
-    node.put_archive(LIBDIR, _tar(libs))
-    setup = (f"ldconfig && mknod -m 666 /dev/nvidia0 c 195 0 && mknod -m 666 /dev/nvidiactl c 195 255 && "
-             f"printf '%s' '{dockerfile}' | docker build -q -t {image} -")
+    setup = f"{GPU_HOST_SETUP} && printf '%s' '{dockerfile}' | docker build -q -t {image} -"
     code, out = node.exec_run(["sh", "-c", setup])
     try:
         assert code == 0, out.decode()
         yield node, image
     finally:
-        node.exec_run(["sh", "-c", f"rm -f /usr/local/bin/nvidia-smi /dev/nvidia0 /dev/nvidiactl "
-                                   f"{' '.join(f'{LIBDIR}/{s}' for s in LIBS)}; ldconfig; docker rmi -f {image}; "
+        node.exec_run(["sh", "-c", f"rm -f /usr/local/bin/nvidia-smi; {GPU_HOST_TEARDOWN}; docker rmi -f {image}; "
                                    "pkill -f 'sleep 86400' || true"])
 
 
 def _doctor(sim_cluster, tmp_path, node, image, case: str, pid: int | None = None):
-    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (gpu_standin.script(case, pid).encode(), 0o755)}))
+    node.put_archive("/usr/local/bin", tar_files({"nvidia-smi": (gpu_standin.script(case, pid).encode(), 0o755)}))
     host0 = sim_cluster[2][0].ip
     cfg = variant(sim_cluster, tmp_path, hosts=[{"address": host0}],
                   container={"gpus": "all", "gpu_mode": "devices"})
@@ -127,7 +107,7 @@ def test_a_check_that_could_not_run_alone_exits_1_and_stops_up(sim_cluster, gpu_
     recorded, end, tail = rest.partition("    ;;\n")
     assert branch and "DL_SMI_EOF" in recorded, "the stand-in's compute-apps branch moved"
     smi = f"{head}{branch}    echo '{APPS_FAIL}'\n    exit 255\n{end}{tail}"
-    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (smi.encode(), 0o755)}))
+    node.put_archive("/usr/local/bin", tar_files({"nvidia-smi": (smi.encode(), 0o755)}))
     host0 = sim_cluster[2][0].ip
     cfg = variant(sim_cluster, tmp_path, hosts=[{"address": host0}],
                   container={"gpus": "all", "gpu_mode": "devices"})

@@ -6,8 +6,10 @@ import json
 import secrets
 
 from tests import gpu_standin
+from tests.integration.helpers import GPU_LIBDIR as LIBDIR
 from tests.integration.helpers import dl, variant
-from tests.integration.test_gpu_doctor import LIBDIR, _tar, gpu_node  # noqa: F401  (the fixture)
+from tests.integration.helpers import tar_files as _tar
+from tests.integration.test_gpu_doctor import gpu_node  # noqa: F401  (the fixture)
 
 # the review's case: another login starts a CUDA process whose argv[0] is this; dash's echo made its \n lines
 EVIL = 'x\\ndocker_info={"Runtimes":{}}\\nlib=\\tlibcuda.so.1 (libc6,x86-64) => /home/eve/libcuda.so.1'

@@ -11,7 +11,8 @@ import pytest
 from dockerlaunch.backends.docker import probe as probelib
 from tests import gpu_standin
 from tests.integration.helpers import dl, variant
-from tests.integration.test_gpu_doctor import _tar, gpu_node  # noqa: F401  (the fixture)
+from tests.integration.helpers import tar_files as _tar
+from tests.integration.test_gpu_doctor import gpu_node  # noqa: F401  (the fixture)
 from tests.unit.gpu.test_real_outputs import differences, expected, judged
 
 HEALTHY = "h100-sxm-590.48.01-exporter"

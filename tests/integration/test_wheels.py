@@ -417,7 +417,7 @@ def test_build_for_a_cluster_compiles_for_exactly_its_gpus(sim_cluster, engine, 
     from dockerlaunch.images import verify
     from tests import gpu_standin
     from tests.integration.helpers import dl
-    from tests.integration.test_gpu_doctor import _tar
+    from tests.integration.helpers import tar_files as _tar
 
     nodes = [engine.containers.get(n.name) for n in sim_cluster[2]]
     ip1, ip2 = (n.ip for n in sim_cluster[2])
