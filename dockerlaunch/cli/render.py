@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from dockerlaunch.backends import targets
+from dockerlaunch.backends.common import with_header
 from dockerlaunch.cli.main import (
     CONTEXT,
     cli,
@@ -45,6 +46,22 @@ def write_files(files, out: Path, force: bool) -> list[Path]:
     return written
 
 
+def _dropped(to, cfg, options, dropping):
+    """The config without the fields --drop names, and their WARN lines: a field is dropped only where this
+    render refuses it (asked of the unprobed plan: what a probe settles is never a dropped field)."""
+    from dockerlaunch.backends import Unsupported
+    from dockerlaunch.backends.common import drop_fields, refused
+    from dockerlaunch.hosts.targets import resolve_all
+    from dockerlaunch.job.plan import plan_job
+
+    try:
+        to.render(plan_job(cfg, resolve_all(cfg)), options)
+        found: list[Unsupported] = []
+    except Unsupported as e:
+        found = refused(e)
+    return drop_fields(cfg, dropping, found, to.name)
+
+
 def _target_flags(f):
     """Every target's own flags (backends/targets.py), in registry order."""
     for flag in reversed(targets.all_flags()):
@@ -64,18 +81,23 @@ def _target_flags(f):
               "per host at launch, which only `up` and --probe can do).")
 @click.option("--probe", is_flag=True, help=f"{'/'.join(_per_host())}: ask each host for its values (NIC, GPUs, "
               "InfiniBand) over SSH, as `up` does, instead of leaving them to the host.")
+@click.option("--drop", "drops", multiple=True, metavar="FIELD",
+              help="Render without a field the target refuses (e.g. container.ulimits on k8s), said in a WARN line "
+                   "at the top of each file; repeatable. Without it, such a field is refused, never dropped.")
 @_target_flags
 @diagnostics_option
 @offline_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def render(target: str, out: str | None, force: bool, nodes: int | None, infiniband: str | None, probe: bool,
-           command: tuple[str, ...], **kw) -> None:
+           drops: tuple[str, ...], command: tuple[str, ...], **kw) -> None:
     """Render the job `up` would run for another launcher. Put the training command after `--`.
 
     The same plan as `up --dry-run` (flags, env, mounts, GPUs, InfiniBand, rank variables); values only a host
     knows become the target's own mechanism (NODE_RANK from the Job's completion index or SLURM_NODEID, ...).
-    Whatever the target cannot express is refused in one line, never silently dropped.
+    Whatever the target cannot express is refused in one line, never silently dropped; `--drop FIELD` leaves
+    out one the refusal names, with a WARN line in the file's header.
     """
+    from dockerlaunch.backends.common import drop_named
     from dockerlaunch.backends.docker.secret_env import read_env_files
     from dockerlaunch.backends.docker.session import probed_plan
     from dockerlaunch.hosts.targets import resolve_all
@@ -92,6 +114,7 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
     if probe and not to.per_host:
         raise ConfigError(f"render --to {target}: --probe is for {', '.join(_per_host())} (the scheduler picks "
                           f"{target}'s nodes)")
+    dropping = list({d.field: d for d in map(drop_named, drops)}.values())  # a bad name fails before anything
     foreign = targets.foreign_flags(to, values)
     if foreign:
         raise ConfigError(f"render --to {target}: {foreign[0]}")
@@ -104,11 +127,17 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
         raise ConfigError(f"render --to {target} needs the number of nodes{where}: pass --nodes N") from None
     warn_secret_env(cfg)
     read_env_files(cfg)  # a missing secret file fails here as in `up` (its contents are never rendered)
+    options = to.options(values)
+    warns: list[str] = []
+    if dropping:
+        cfg, warns = _dropped(to, cfg, options, dropping)
     plan = plan_job(cfg, resolve_all(cfg))
     if probe:
         plan = probed_plan(cfg, plan)
-    files = to.render(plan, to.options(values))
+    files = with_header(to.render(plan, options), warns)
     if out:
+        for line in warns:
+            click.echo(line.lstrip("# "), err=True)
         for path in write_files(files, Path(out), force):
             click.echo(str(path))
         return

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import yaml
 
 from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
-from dockerlaunch.backends.common import common_refusals, per_host_refusals, plain_labels
+from dockerlaunch.backends.common import common_refusals, droppable, per_host_refusals, plain_labels
 from dockerlaunch.job.plan import RESTART_ENV, JobPlan
 from dockerlaunch.job.spec import IB_DEVICE, IB_MEMLOCK, NOFILE, Deferred, GpuAccess
 
@@ -62,8 +62,9 @@ def refusals(plan: JobPlan, target: str) -> Iterator[Unsupported]:
         ours = {"nofile": NOFILE, **({"memlock": IB_MEMLOCK} if s.infiniband else {})}
         extra = {k: u for k, u in s.ulimits.items() if ours.get(k) != u}
         if c.ulimits or extra:
-            yield Unsupported(target, "container.ulimits", "pods have no ulimits (the nodes' container runtime sets "
-                              "them; InfiniBand's memlock is covered by IPC_LOCK); drop them for this target")
+            yield droppable(target, "container.ulimits", "pods have no ulimits (the nodes' container runtime sets "
+                            "them; InfiniBand's memlock is covered by IPC_LOCK): remove them from the config for "
+                            "this target", "container.ulimits")
         if isinstance(s.gpu, GpuAccess) and s.gpu.mode != "gpus" and c.gpu_mode not in ("devices", "cdi"):
             yield Unsupported(target, f"gpu_mode {s.gpu.mode}", f"pods get GPUs from the device plugin as "
                               f"{GPU_RESOURCE}; use gpu_mode auto or gpus")
