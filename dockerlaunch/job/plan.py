@@ -108,6 +108,7 @@ class JobPlan:
             "master_addr": self.master_addr,
             "master_port": self.master_port,
             "diag_dir": self.diag_dir,
+            "command": shown_command(self.config),
             "advice": list(self.advice),
             "recovery": self.recovery(),
             "hosts": [
@@ -360,6 +361,25 @@ def offline_advice(command: list[str] | str | None) -> str | None:
     return ("job.offline: ms-swift still asks ModelScope whether the model is the latest (25 s to 2 minutes of "
             "retries on every rank without a hub): add --check_model false to the swift/megatron command "
             "(megatron: ms-swift >= 3.12)")
+
+
+IMAGE_CMD = "<the image's CMD>"  # what the dry run shows where no command was given: the image's own runs
+NO_COMMAND_FIX = "put the command after `--` or set `job.command`"
+
+
+def shown_command(config: ClusterConfig) -> list[str] | str:
+    """The job's command as the dry run shows it: the argv, or IMAGE_CMD where none was given. (pure)"""
+    return _command(config) or IMAGE_CMD
+
+
+def command_refusal(config: ClusterConfig, image: str, runs_something: bool | None) -> str | None:
+    """Why the job cannot start, when no command was given (nothing after `--`, no job.command) and the image has
+    neither CMD nor ENTRYPOINT (`runs_something` False; None: not known, nothing refused): Docker would say only
+    `No command specified`, after the whole pre-flight. (pure)"""
+    if _command(config) or runs_something is None or runs_something:
+        return None
+    return (f"no command to run: nothing after `--`, no job.command, and the image {image} has no CMD or "
+            f"ENTRYPOINT; {NO_COMMAND_FIX}")
 
 
 def _command(config: ClusterConfig) -> list[str]:

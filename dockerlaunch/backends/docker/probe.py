@@ -100,6 +100,38 @@ class Probe:
     access: HostGpuAccess = field(default_factory=lambda: HostGpuAccess())
     image_labels: dict[str, str] | None = None  # the job image's labels there (None: not asked or no image)
     gpu_host: GpuHost | None = None  # the driver and each GPU (None: no nvidia-smi, or not asked)
+    image_command: ImageCommand | None = None  # the job image's Entrypoint and Cmd there (None: not asked or no image)
+
+
+@dataclass(frozen=True)
+class ImageCommand:
+    """What an image runs when `docker run` gets no command: its ENTRYPOINT and CMD (empty: none)."""
+
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+
+    @property
+    def runs_something(self) -> bool:
+        return bool(self.entrypoint or self.cmd)
+
+
+def parse_image_command(text: str) -> ImageCommand | None:
+    """probe.sh's `image_cmd=[ENTRYPOINT,CMD]` (each JSON: a list of strings or null) -> ImageCommand, or None
+    where the image was not there to inspect or the answer is not that shape (then nothing is refused). (pure)"""
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    parts = []
+    for v in value:
+        if v is None:
+            v = []
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            return None
+        parts.append(tuple(v))
+    return ImageCommand(parts[0], parts[1])
 
 
 def parse_ldconfig(lines: list[str]) -> tuple[tuple[str, str], ...]:
@@ -181,7 +213,7 @@ def docker_info(text: str) -> dict | None:
 # probe.sh's keys: said once, or a line each (engine, cdi_dirs, runtimes: probe.sh before issue 21)
 SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info", "image_env",
           "smi_driver", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager", "engine",
-          "cdi_dirs", "runtimes")
+          "cdi_dirs", "runtimes", "image_cmd")
 LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_error", "smi_unknown", "xid", "gpu_dev", "cdi", "lib", "file")
 
 
@@ -217,6 +249,7 @@ def parse_probe(text: str, host: str = "?") -> Probe:
         access=replace(_gpu_access(kv), driver=gpu_host.driver if gpu_host is not None else None),
         image_labels=_labels(get("image_labels")),
         gpu_host=gpu_host,
+        image_command=parse_image_command(get("image_cmd")),
     )
 
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost
-from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.errors import ConfigError, DockerlaunchError
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.hosts.fleet import Fleet
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.facts import HostFacts
-from dockerlaunch.job.plan import JobPlan, plan_job, resolve
+from dockerlaunch.job.plan import JobPlan, command_refusal, plan_job, resolve
 from dockerlaunch.job.spec import Deferred
 
 
@@ -90,6 +90,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
         image = session.config.image
         probes = [o.value if o.ok else o.error  # type: ignore[misc]
                   for o in session.fleet.each(lambda h: probelib.probe(h.remote, master, image))]
+    check_command(session.config, probes)
     user_env = session.config.container.env
     one_machine = session.config.one_machine
     out: dict[int, HostFacts] = {}
@@ -125,6 +126,15 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
     if errors:
         raise DockerlaunchError("; ".join(errors))
     return out
+
+
+def check_command(config: ClusterConfig, probes: Sequence[probelib.Probe | Exception]) -> None:
+    """No command given and an image that runs nothing (no CMD, no ENTRYPOINT, as the probe read it where it asked
+    for the image: host 0): one line, before any container starts (Docker would say `No command specified`)."""
+    said = next((p.image_command for p in probes if not isinstance(p, Exception) and p.image_command), None)
+    why = command_refusal(config, config.image or "?", said.runs_something if said is not None else None)
+    if why:
+        raise ConfigError(why)
 
 
 def existing_job_containers(session: Session, job: str) -> list[tuple[str, ContainerState]]:

@@ -3,7 +3,7 @@
 # toward MASTER_ADDR, InfiniBand device and port states, the GPU count, whether `ip` exists, and how a
 # container can reach the GPUs (toolkit runtime, CDI specs, else device nodes + the driver's libraries).
 # Every value goes out through kv/kvl (the key=value contract in probe.py): a host's text never becomes a line.
-# usage: probe.sh MASTER_ADDR [IMAGE]
+# usage: probe.sh MASTER_ADDR [IMAGE]   (IMAGE: its labels and command are asked too)
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)
 m=$1
@@ -114,7 +114,13 @@ else
   echo gpus=none
 fi
 echo "has_ip=$(command -v ip >/dev/null 2>&1 && echo 1 || echo 0)"
-[ -n "${2:-}" ] && kv image_labels "$(docker image inspect --format '{{json .Config.Labels}}' "$2" 2>/dev/null)"
+if [ -n "${2:-}" ]; then
+  # one question for the image: its labels (line 1) and [Entrypoint, Cmd] (line 2: `up` refuses an empty command
+  # with neither); JSON escapes every control character, so each is one line
+  img=$(docker image inspect --format '{{json .Config.Labels}}{{"\n"}}[{{json .Config.Entrypoint}},{{json .Config.Cmd}}]' "$2" 2>/dev/null)
+  kv image_labels "$(printf '%s\n' "$img" | sed -n 1p)"
+  kv image_cmd "$(printf '%s\n' "$img" | sed -n 2p)"
+fi
 for d in /dev/nvidia*; do [ -c "$d" ] && kv gpu_dev "$d"; done
 # One question to the engine (hosts may share one, and every call costs it): its version, the CDI spec
 # directories it reads (none: CDI is off there; the field is missing before Docker 25) and its runtimes;
