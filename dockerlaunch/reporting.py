@@ -39,7 +39,19 @@ class Reporter:
     def checks(self, report) -> None:
         """A doctor report (backends/docker/doctor/report.Report)."""
 
+    def preflight(self, report, hosts: int, seconds: float) -> None:
+        """`up`'s pre-flight report, checked on `hosts` hosts in `seconds`: the whole table here; a printer may
+        show less (the CLI's `up` shows the rows that did not pass and `preflight_line`; `up -v` the table)."""
+        self.checks(report)
+
     @contextlib.contextmanager
     def progress(self) -> Iterator[Tasks]:
         """A group of progress bars, alive for the `with` block."""
         yield Tasks()
+
+
+def preflight_line(counts: dict, hosts: int, seconds: float) -> str:
+    """`doctor: 23 PASS, 4 SKIP on 2 hosts in 1.8 s`: a report's counts (verdict -> n, in the order given; a
+    verdict none had is left out, PASS never)."""
+    said = ", ".join(f"{n} {v}" for v, n in counts.items() if n or str(v) == "PASS")
+    return f"doctor: {said} on {hosts} host{'s' if hosts != 1 else ''} in {seconds:.1f} s"

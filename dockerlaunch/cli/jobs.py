@@ -9,6 +9,7 @@ import click
 import yaml
 
 from dockerlaunch.cli.console import (
+    VERDICT_STYLE,
     RichReporter,
     console,
     dry_run_view,
@@ -16,6 +17,7 @@ from dockerlaunch.cli.console import (
     print_report,
     print_table,
     render_plan,
+    styled,
 )
 from dockerlaunch.cli.main import (
     CONTEXT,
@@ -37,6 +39,54 @@ SMOKE_HELP = ("Then run the image on the hosts' GPUs for real (about a minute): 
               "flash-attn and apex's fused norm where the image has them, each against a reference, and an "
               "all_reduce per host and across hosts; a GPU or host 20% slower than its peers is named. Without "
               "GPUs, the CPU path (a matmul, gloo all_reduce).")
+
+
+def config_and_hosts_options(f):
+    """Only the flags that say where the hosts are (`ps`: no job, image or name is read)."""
+    f = click.option("--hosts", callback=split_hosts, metavar="H1,H2",
+                     help="Hosts to look on: [user@]host[:port].")(f)
+    return click.option("--config", "config_path", metavar="PATH",
+                        help="Cluster config (default ./dockerlaunch.yaml).")(f)
+
+
+def load_hosts(config_path: str | None, hosts: list[str] | None):
+    """The config with only --config and --hosts given."""
+    return load({"config_path": config_path, "hosts": hosts, "image": None, "nproc_per_node": None,
+                 "master_port": None, "mounts": (), "env": (), "name": None})
+
+
+class LineReporter(RichReporter):
+    """RichReporter whose status lines are never wrapped."""
+
+    def say(self, msg: str, style: str = "bold") -> None:
+        """As RichReporter's, but never wrapped at the console's width (160 columns in a pipe): one status line
+        stays one line, in a terminal (which folds it) and in a log (where grep finds it whole)."""
+        self.flush()
+        self.out.print(f"[dockerlaunch] {host_text(msg, newlines=True)}", style=style, markup=False, highlight=False,
+                       soft_wrap=True)
+
+
+class UpReporter(LineReporter):
+    """`up`'s printer: the pre-flight as its rows that did not pass and one count line (`-v`: the whole table)."""
+
+    def __init__(self, verbose: bool = False):
+        super().__init__()
+        self.verbose = verbose
+
+    def preflight(self, report, hosts: int, seconds: float) -> None:
+        from dockerlaunch.backends.docker.doctor.report import PASS, SKIP
+        from dockerlaunch.reporting import preflight_line
+
+        if self.verbose:
+            self.checks(report)
+            return
+        self.flush()
+        rows = [[c.host, c.name, styled(str(c.status), VERDICT_STYLE[c.status]), c.reason]
+                for c in report.checks if c.status not in (PASS, SKIP)]
+        if rows:
+            print_table(["host", "check", "verdict", "reason"], rows, self.out)
+        self.say(preflight_line(report.counts(), hosts, seconds) + " (-v: every check)",
+                 "bold red" if report.failed else "bold")
 
 
 @cli.command()
@@ -78,9 +128,11 @@ def config_show(fmt: str, **kw) -> None:
 @diagnostics_option
 @offline_option
 @click.option("--smoke", is_flag=True, help=SMOKE_HELP.replace("Then run", "First run") + " A FAIL starts nothing.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Print the pre-flight's whole table (by default: only the rows that did not pass, and a count).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: bool, log_dir: str, smoke: bool,
-       command: tuple[str, ...], **kw) -> None:
+       verbose: bool, command: tuple[str, ...], **kw) -> None:
     """Start the job: one container per host. Put the training command after `--`.
 
     Checks every host first (see `doctor`), then starts the containers concurrently, streams their
@@ -124,7 +176,7 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     recovery = launch.Recovery(dump=hang_dump, copy_image=lambda src, dst, ref: copy_between(src.remote, dst.remote,
                                                                                           ref))
     sys.exit(launch.up(cfg, detach=detach, keep=keep, preflight=not skip_preflight, log_dir=log_dir or None,
-                       reporter=RichReporter(), monitors=[watch_transport], plan=plan, recovery=recovery))
+                       reporter=UpReporter(verbose), monitors=[watch_transport], plan=plan, recovery=recovery))
 
 
 @cli.command()
@@ -158,17 +210,78 @@ def doctor(output: str, smoke: bool, **kw) -> None:
     sys.exit(1 if report.failed else 0)
 
 
+LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
+                              help="Where `up` saved the job's runs (its --log-dir).")
+
+
 @cli.command()
 @config_options
-def down(**kw) -> None:
+@click.option("--ignore-missing", is_flag=True,
+              help="Exit 0 when the job has no containers (by default that is an error naming the jobs there are).")
+@LOG_DIR_OPTION
+def down(ignore_missing: bool, log_dir: str, **kw) -> None:
     """Stop and remove the job's containers on every host."""
     from dockerlaunch.backends.docker import manage
 
-    sys.exit(manage.down(load(kw), RichReporter()))
+    sys.exit(manage.down(load(kw), LineReporter(), ignore_missing=ignore_missing, log_dir=log_dir))
 
 
-LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
-                              help="Where `up` saved the job's runs (its --log-dir).")
+PS_JSON = """{"hosts": N, "jobs": [{"name", "image", "created", "age_seconds", "hosts": [{"host", "rank",
+"container", "state", "exit_code", "started_at", "finished_at"}]}], "unanswered": [{"host", "error"}], "saved":
+[{"name", "latest_run"}]}"""
+
+
+@cli.command()
+@config_and_hosts_options
+@output_option("text for people; json for scripts: " + PS_JSON.replace("\n", " "))
+@LOG_DIR_OPTION
+def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: str) -> None:
+    """List every dockerlaunch job on the config's hosts: name, hosts, state per host, age, image.
+
+    Jobs are found by their containers' `dockerlaunch.job` label, whatever their name; finished jobs whose logs
+    `up` kept under --log-dir are listed after them. Exits 1 when a host did not answer (the others are listed).
+    """
+    from datetime import datetime, timezone
+
+    from dockerlaunch.backends.docker import manage
+
+    cfg = load_hosts(config_path, hosts)
+    found = manage.list_jobs(cfg, log_dir)
+    now = datetime.now(timezone.utc)
+    if output == "json":
+        click.echo(json.dumps({"hosts": found.hosts, "jobs": [j.to_dict(now) for j in found.jobs],
+                               "unanswered": [{"host": h, "error": why} for h, why in found.failed],
+                               "saved": [{"name": n, "latest_run": t} for n, t in found.saved.items()]}, indent=2))
+        sys.exit(1 if found.failed else 0)
+    say = LineReporter()
+    if found.jobs:
+        print_table(["job", "hosts", "state", "age", "image"],
+                    [[j.name, _few(j.hosts), _states(j), manage.age_text(j.age(now)), j.image] for j in found.jobs])
+    else:
+        say.say(f"no dockerlaunch job on {found.hosts - len(found.failed)} host(s)")
+    for h, why in found.failed:
+        say.say(f"host {h}: did not answer: {why}", "bold red")
+    kept = [n for n in found.saved if n not in {j.name for j in found.jobs}]
+    if kept:
+        say.say(f"finished, logs kept under {log_dir}/: {', '.join(kept)} (`dockerlaunch logs --name JOB`)")
+    sys.exit(1 if found.failed else 0)
+
+
+def _few(items: list[str], n: int = 4) -> str:
+    return ", ".join(items) if len(items) <= n else f"{', '.join(items[:n - 1])}, ... ({len(items)} in all)"
+
+
+def _states(job) -> str:
+    """Per host, in the hosts column's order; one word when all agree; counts past a few hosts."""
+    states = [c.state for _, c in job.containers]
+    if len(set(states)) == 1:
+        return states[0] if len(states) == 1 else f"{states[0]} (all {len(states)})"
+    if len(states) <= 4:
+        return ", ".join(states)
+    by: dict[str, int] = {}
+    for s in states:
+        by[s] = by.get(s, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in by.items())
 
 
 @cli.command()
@@ -176,18 +289,31 @@ LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_def
 @output_option()
 @LOG_DIR_OPTION
 def status(output: str, log_dir: str, **kw) -> None:
-    """The job's containers per host (state, exit code, since when), and the attempts of its latest run."""
+    """The job's containers per host (state, exit code, since when), and the attempts of its latest run.
+
+    A job with no containers and no saved run: with --name, an error naming the jobs there are (exit 1); without,
+    the config's job is reported as having none, and the jobs that do run are listed (see `ps`).
+    """
+    from datetime import datetime, timezone
+
     from dockerlaunch.backends.docker import manage
 
+    named = kw.get("name") is not None
     cfg = load(kw)
-    found = manage.status(cfg)
+    found, others = manage.status_and_others(cfg)
     run, attempts = manage.attempts(cfg, log_dir)
+    if not found and run is None and named:
+        raise manage.missing_job(cfg, others, log_dir)
     if output == "json":
+        now = datetime.now(timezone.utc)
         click.echo(json.dumps({"job": cfg.job.name, "containers": [{"host": host, **s.to_dict()} for host, s in found],
-                               "run": run, "attempts": [a.__dict__ for a in attempts]}, indent=2))
+                               "run": run, "attempts": [a.__dict__ for a in attempts],
+                               "other_jobs": [j.to_dict(now) for j in others]}, indent=2))
         return
     if not found:
-        RichReporter().say(f"job {cfg.job.name}: no containers on {len(cfg.hosts)} host(s)")
+        LineReporter().say(f"job {cfg.job.name}: no containers on {len(cfg.hosts)} host(s)")
+        if others:
+            LineReporter().say(manage.jobs_line(others, {}, log_dir) + " (`dockerlaunch ps` for more)")
     else:
         rows = []
         for host, s in found:
@@ -213,16 +339,17 @@ def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir
     """Show the job's logs, prefixed by rank and host; once its containers are gone, the logs `up` saved."""
     from dockerlaunch.backends.docker import manage
 
-    sys.exit(manage.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=RichReporter(), attempt=attempt,
+    sys.exit(manage.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=LineReporter(), attempt=attempt,
                          log_dir=log_dir))
 
 
 @cli.command("exec", context_settings={**CONTEXT, "allow_interspersed_args": False})
 @config_options
 @click.option("--rank", type=int, required=True, help="Which rank's container.")
+@LOG_DIR_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def exec_cmd(rank: int, command: tuple[str, ...], **kw) -> None:
+def exec_cmd(rank: int, log_dir: str, command: tuple[str, ...], **kw) -> None:
     """Run a command in one rank's container, e.g. `exec --rank 1 -- py-spy dump --pid 1`."""
     from dockerlaunch.backends.docker import manage
 
-    sys.exit(manage.exec_in(load(kw), rank, list(command), sys.stdout.buffer, sys.stderr.buffer))
+    sys.exit(manage.exec_in(load(kw), rank, list(command), sys.stdout.buffer, sys.stderr.buffer, log_dir=log_dir))

@@ -1,6 +1,7 @@
 """`dockerlaunch up` / doctor / down / status / logs / exec on a real 2-node sim cluster."""
 
 import json
+import re
 import secrets
 import signal
 import subprocess
@@ -26,7 +27,8 @@ def test_two_node_torchrun_job(sim_cluster, demo_image, job_containers, tmp_path
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     ok = [line for line in r.stdout.splitlines() if "all_reduce sum=10 expected=10 OK" in line]
     assert sorted(line.split("] rank ")[1].split("/")[0] for line in ok) == ["0", "1", "2", "3"], r.stdout[-3000:]
-    assert "doctor: " in r.stdout and " 0 FAIL" in r.stdout  # preflight ran and passed
+    # preflight ran and passed: its count line, no FAIL or ERROR among them
+    assert re.search(r"^\[dockerlaunch\] doctor: \d+ PASS(, \d+ (WARN|SKIP))* on 2 hosts in ", r.stdout, re.M), r.stdout
     # per-host log files hold each host's own ranks
     [run_dir] = list((tmp_path / "logs").iterdir())
     logs = {p.name: p.read_text() for p in (run_dir / "attempt-0").iterdir()}

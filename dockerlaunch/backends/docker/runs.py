@@ -95,6 +95,22 @@ def runs_of(log_dir: str, job: str) -> list[RunFolder]:
     return [RunFolder(p) for p in sorted(found, key=when)]
 
 
+_RUN_NAME = re.compile(r"^(.+)-(\d{8}-\d{6})(\.\d+)?$")
+
+
+def saved_jobs(log_dir: str) -> dict[str, str]:
+    """Jobs whose runs `up` saved under DIR: {job name: its latest run's time, `YYYYmmdd-HHMMSS`}, by name."""
+    d = Path(log_dir)
+    if not d.is_dir():
+        return {}
+    found: dict[str, str] = {}
+    for p in d.iterdir():
+        m = _RUN_NAME.match(p.name)
+        if m and p.is_dir():
+            found[m[1]] = max(found.get(m[1], ""), m[2])
+    return dict(sorted(found.items()))
+
+
 def latest_run(log_dir: str, job: str) -> RunFolder | None:
     runs = runs_of(log_dir, job)
     return runs[-1] if runs else None

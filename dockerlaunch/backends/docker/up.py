@@ -185,9 +185,10 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
         if preflight:
             from dockerlaunch.backends.docker import doctor
 
+            t_check = time.monotonic()
             report = doctor.check(session.fleet, session.plan)
             phases.done("preflight")
-            reporter.checks(report)
+            reporter.preflight(report, len(session.fleet.hosts), time.monotonic() - t_check)
             if report.failed:
                 bad: dict[int, str] = {}
                 for c in report.failed:
@@ -363,7 +364,7 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
             reporter.say(f"started {plan.nnodes} container(s) in {phases}; "
                          f"follow with: dockerlaunch logs --follow --name {plan.job}")
             return Ending(0, Cause.DETACHED)
-        reporter.say(f"started {plan.nnodes} container(s) in {phases}")
+        reporter.say(f"started {plan.nnodes} container(s) in {phases}" + (f"; logs: {run_dir}/" if run_dir else ""))
         ending, watchers = _watch(session, plan, reporter, run, watchdogs, monitors, run_dir, on_hang)
         run.stop.set()
         _finish(session, plan, reporter, ending, watchers, watchdogs, keep)
@@ -447,8 +448,6 @@ def _watch(session: Session, plan: JobPlan, reporter: Reporter, run: _Run, watch
     watchers = [threading.Thread(target=m, args=(session, plan, reporter, run.stop), daemon=True) for m in monitors]
     for t in watchers:
         t.start()
-    if run_dir:
-        reporter.say(f"logs: {run_dir}/")
 
     done: dict[int, int] = {}
     while len(done) < len(plan.hosts):

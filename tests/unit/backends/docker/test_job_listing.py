@@ -1,0 +1,103 @@
+"""`ps` and the unknown-name errors, on fixture output: labelled containers from `docker inspect`, grouped per job
+(once each where hosts share an engine), their states, ages and the one-line list of the jobs there are."""
+
+import json
+from datetime import datetime, timezone
+
+from dockerlaunch.backends.docker import manage
+from dockerlaunch.backends.docker.doctor.report import FAIL, PASS, SKIP, WARN, Report
+from dockerlaunch.backends.docker.manage import age_text, group_jobs, jobs_line, parse_all_jobs
+from dockerlaunch.backends.docker.runs import saved_jobs
+from dockerlaunch.reporting import preflight_line
+
+
+def _inspect(job, rank, host, status="running", code=0, image="img:1", created="2026-11-26T15:41:14.123456789Z",
+             cid=None):
+    return {"Id": cid or f"{job}-{rank}-{host}", "Name": f"/{job}-{rank}", "Created": created,
+            "State": {"Status": status, "ExitCode": code, "StartedAt": "2026-11-26T15:41:15.1Z",
+                      "FinishedAt": "0001-01-01T00:00:00Z"},
+            "Config": {"Image": image, "Labels": {"dockerlaunch.job": job, "dockerlaunch.rank": str(rank),
+                                                  "dockerlaunch.host": host}}}
+
+
+def test_labelled_containers_become_job_containers_and_others_are_left_out():
+    unlabelled = {"Id": "x", "Name": "/other", "Created": "", "State": {}, "Config": {"Labels": {}}}
+    text = json.dumps([_inspect("det", 1, "h2", "exited", 3), unlabelled])
+    [c] = parse_all_jobs(text)
+    assert (c.job, c.name, c.rank, c.status, c.exit_code, c.image, c.host) == ("det", "det-1", 1, "exited", 3,
+                                                                                "img:1", "h2")
+    assert c.state == "exited 3"
+    assert parse_all_jobs("") == [] and parse_all_jobs("\n") == []
+
+
+def test_jobs_are_grouped_by_name_in_rank_order_and_a_shared_engine_counts_each_container_once():
+    a0, a1 = _inspect("a", 0, "h1"), _inspect("a", 1, "h2", "exited", 1)
+    b0 = _inspect("b", 0, "h1", created="2026-11-26T15:00:00Z", image="other:2")
+    # h1 and h2 share one engine: each sees every container; each goes to the host its label names
+    both = parse_all_jobs(json.dumps([a1, b0, a0]))
+    rows = group_jobs(["h1", "h2"], [both, both])
+    assert [r.name for r in rows] == ["a", "b"]
+    assert [(h, c.name) for h, c in rows[0].containers] == [("h1", "a-0"), ("h2", "a-1")]
+    assert [c.state for _, c in rows[0].containers] == ["running", "exited 1"]
+    assert rows[0].running and rows[1].image == "other:2" and rows[1].hosts == ["h1"]
+    # a label naming no host of this config (a host since dropped): the first host that saw it
+    gone = parse_all_jobs(json.dumps([_inspect("c", 0, "h9")]))
+    [row] = group_jobs(["h1", "h2"], [gone, gone])
+    assert row.hosts == ["h1"]
+
+
+def test_age_and_json_row():
+    [c] = parse_all_jobs(json.dumps([_inspect("a", 0, "h1", created="2026-11-26T15:41:14.999999999Z")]))
+    [row] = group_jobs(["h1"], [[c]])
+    now = datetime(2026, 11, 26, 15, 44, 14, tzinfo=timezone.utc)
+    assert row.age(now) == 180 and age_text(row.age(now)) == "3m"
+    d = row.to_dict(now)
+    assert d["name"] == "a" and d["age_seconds"] == 180 and d["hosts"][0]["exit_code"] is None
+    assert set(d["hosts"][0]) == {"host", "rank", "container", "state", "exit_code", "started_at", "finished_at"}
+    assert [age_text(s) for s in (None, 5, 59, 3600 * 2 + 61, 86400 * 3 + 7200)] == ["?", "5s", "59s", "2h01m",
+                                                                                     "3d02h"]
+
+
+def test_the_one_line_list_of_jobs_names_running_and_finished_jobs():
+    rows = group_jobs(["h1", "h2"], [parse_all_jobs(json.dumps([_inspect("det", 0, "h1")])),
+                                     parse_all_jobs(json.dumps([_inspect("det", 1, "h2", "exited", 3)]))])
+    line = jobs_line(rows, {"old": "20261126-150000", "det": "20261126-150100"}, "logs")
+    assert line == "jobs on the hosts: det (1 running, 1 exited 3); finished, logs kept under logs/: old"
+    assert jobs_line([], {}, "logs") == "no dockerlaunch job on the hosts"
+    assert jobs_line(rows, {}, "logs", skip="det") == "no dockerlaunch job on the hosts"
+
+
+def test_an_unknown_name_and_a_finished_job_are_told_apart(tmp_path):
+    from dockerlaunch.job.config import ClusterConfig
+
+    (tmp_path / "done-20261126-150000" / "attempt-0").mkdir(parents=True)
+    rows = group_jobs(["h1"], [parse_all_jobs(json.dumps([_inspect("det", 0, "h1")]))])
+    cfg = ClusterConfig.model_validate({"hosts": ["h1", "h2"], "job": {"name": "typo-job"}})
+    e = str(manage.missing_job(cfg, rows, str(tmp_path)))
+    assert e == (f"no job named typo-job: no containers on 2 host(s) and no saved logs under {tmp_path}/; "
+                 f"jobs on the hosts: det (1 running); finished, logs kept under {tmp_path}/: done")
+    cfg = ClusterConfig.model_validate({"hosts": ["h1", "h2"], "job": {"name": "done"}})
+    e = str(manage.missing_job(cfg, rows, str(tmp_path)))
+    assert e.startswith("job done: no containers on 2 host(s) (it ended; its logs are kept under") and "\n" not in e
+    assert "jobs on the hosts: det (1 running)" in e and "finished, logs kept" not in e  # itself is not listed
+
+
+def test_saved_jobs_are_the_run_folders_names(tmp_path):
+    for name in ("a-20261126-150000", "a-20261126-160000.2", "a-b-20261126-150000", "notarun", "x-2026-1"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "f-20261126-150000").write_text("a file, not a run")
+    assert saved_jobs(str(tmp_path)) == {"a": "20261126-160000", "a-b": "20261126-150000"}
+    assert saved_jobs(str(tmp_path / "missing")) == {}
+
+
+def test_the_preflight_count_line():
+    r = Report()
+    for i in range(23):
+        r.add("h1", f"c{i}", PASS, "ok")
+    for i in range(4):
+        r.add("h2", f"s{i}", SKIP, "no GPUs asked")
+    assert preflight_line(r.counts(), 2, 1.83) == "doctor: 23 PASS, 4 SKIP on 2 hosts in 1.8 s"
+    r.add("h2", "disk", WARN, "low")
+    r.add("h2", "image", FAIL, "missing")
+    assert preflight_line(r.counts(), 1, 0.04) == "doctor: 23 PASS, 1 WARN, 1 FAIL, 4 SKIP on 1 host in 0.0 s"
+    assert preflight_line(Report().counts(), 2, 1) == "doctor: 0 PASS on 2 hosts in 1.0 s"

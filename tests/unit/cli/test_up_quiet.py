@@ -1,0 +1,67 @@
+"""`up` prints its pre-flight quietly: only the rows that did not pass and one count line; `-v` the whole table.
+Every cell and line goes through host_text."""
+
+import io
+
+from rich.console import Console
+
+from dockerlaunch.backends.docker.doctor.report import FAIL, PASS, SKIP, WARN, Report
+from dockerlaunch.cli.jobs import UpReporter, _states
+
+
+def _printed(report: Report, verbose: bool = False) -> list[str]:
+    buf = io.StringIO()
+    rep = UpReporter(verbose)
+    rep.out = Console(file=buf, width=100, color_system=None, highlight=False)
+    rep.preflight(report, 2, 1.8)
+    return buf.getvalue().splitlines()
+
+
+def _healthy() -> Report:
+    r = Report()
+    for host in ("10.0.0.1", "10.0.0.2"):
+        for name in ("ssh", "docker", "image", "route", "shm", "nofile", "mounts", "hubs", "disk", "clock", "x", "y"):
+            r.add(host, name, PASS, "fine")
+        r.add(host, "gpus", SKIP, "the job asks for no GPUs")
+    return r
+
+
+def test_a_healthy_preflight_is_one_line():
+    assert _printed(_healthy()) == ["[dockerlaunch] doctor: 24 PASS, 2 SKIP on 2 hosts in 1.8 s (-v: every check)"]
+
+
+def test_verbose_prints_every_row():
+    out = _printed(_healthy(), verbose=True)
+    assert len(out) == 2 * 13 + 2 and out[-1].startswith("doctor: 24 PASS"), out  # header, rows, summary
+
+
+def test_only_rows_that_did_not_pass_are_shown_and_host_text_is_escaped():
+    r = _healthy()
+    r.add("10.0.0.2", "disk", WARN, "12 GB free\x1b[2J")
+    r.add("10.0.0.2", "image", FAIL, "x:1 is missing")
+    out = _printed(r)
+    assert len(out) == 4, out  # header, the WARN, the FAIL, the count
+    assert out[0].split() == ["host", "check", "verdict", "reason"]
+    assert "WARN" in out[1] and "12 GB free^[[2J" in out[1] and "\x1b" not in "".join(out)
+    assert "FAIL" in out[2] and "x:1 is missing" in out[2]
+    assert out[3] == "[dockerlaunch] doctor: 24 PASS, 1 WARN, 1 FAIL, 2 SKIP on 2 hosts in 1.8 s (-v: every check)"
+
+
+def test_a_long_status_line_is_not_wrapped():
+    buf = io.StringIO()
+    rep = UpReporter()
+    rep.out = Console(file=buf, width=80, color_system=None)
+    rep.say("started 2 container(s) in 2.0s (" + "x" * 150 + "); logs: dockerlaunch-logs/a-20261126-154334/")
+    assert len(buf.getvalue().splitlines()) == 1
+
+
+def test_ps_state_column():
+    from types import SimpleNamespace
+
+    def job(*states):
+        return SimpleNamespace(containers=[(f"h{i}", SimpleNamespace(state=s)) for i, s in enumerate(states)])
+
+    assert _states(job("running")) == "running"
+    assert _states(job("running", "running")) == "running (all 2)"
+    assert _states(job("running", "exited 3")) == "running, exited 3"
+    assert _states(job(*["running"] * 6, "exited 1")) == "6 running, 1 exited 1"
