@@ -52,3 +52,19 @@ def test_up_without_a_command_on_an_image_without_cmd_is_refused_before_any_cont
     ok = dl("up", "--config", str(sim_cluster[1]), "--name", job, "--skip-preflight", "--", "echo", "ran-it",
             timeout=180)
     assert ok.returncode == 0 and "ran-it" in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_a_missing_known_hosts_file_or_proxy_jump_alias_is_named_before_any_connection(sim_cluster, tmp_path):
+    known = tmp_path / "known_hosts_nosuch"
+    cfg = variant(sim_cluster, tmp_path, ssh={"known_hosts": str(known)})
+    r = dl("doctor", "--config", cfg, timeout=120)
+    assert r.returncode != 0 and f"error: ssh.known_hosts: known_hosts file {known} does not exist; " in r.stderr, \
+        r.stdout + r.stderr
+    assert "ssh-keyscan -H " in r.stderr and "accept-new" not in r.stderr, r.stderr
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text("Host 172.30.*\n  ProxyJump bastoin.invalid\n")
+    cfg = variant(sim_cluster, tmp_path, ssh={"config_file": str(ssh_config)})
+    r = dl("doctor", "--config", cfg, timeout=120)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert (f"error: ProxyJump bastoin.invalid of Host {sim_cluster[2][0].ip} in {ssh_config}: {ssh_config} has no "
+            "`Host bastoin.invalid` entry") in r.stderr, r.stderr
