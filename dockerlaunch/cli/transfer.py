@@ -59,10 +59,27 @@ def _print_push_plan(plan, output: str) -> None:
     print_table(["host", "action", "strategy", "compress", "layers sent", "bytes", "from", "why"], rows)
     click.echo(f"The launcher sends about {_mb(plan.launcher_bytes)} (before compression). "
                "Dry run: hosts were inspected; nothing was sent or tagged.")
+    line = _layer_source_line(image.source)
+    if line:
+        click.echo(line)
+
+
+def _layer_source_line(source) -> str:
+    """What reading the new layers cost and why: a first dry run of an image fills the layer cache (seconds)."""
+    if source is None:
+        return ""
+    if source.via == "save":
+        return f"Layers: docker save read the whole image ({source.seconds:.1f} s): {source.why}."
+    if source.added:
+        return (f"Layer cache: this run filled it with {_mb(source.added)} of the image's layers in "
+                f"{source.seconds:.1f} s (the engine read and gzipped them into the launcher's registry, "
+                f"on 127.0.0.1 only while a push runs, stored in {source.where}); the push after it reads them "
+                "from there. `dockerlaunch cache` shows or prunes it.")
+    return f"Layer cache: had every layer already ({source.seconds:.1f} s; {source.where})."
 
 
 @cli.command()
-@click.argument("ref", metavar="IMAGE", required=False)
+@click.argument("ref", metavar="[IMAGE]", required=False)
 @config_options
 @click.option("--compress", type=click.Choice(["auto", "zstd", "none"]), default="auto", show_default=True,
               help="auto: zstd where the host has it.")
@@ -81,27 +98,35 @@ def _print_push_plan(plan, output: str) -> None:
 def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: bool, clean: bool, output: str,
          **kw) -> None:
     """Copy a local image to every host over SSH (no registry); skips hosts that already have it. A push cut
-    off (link, Ctrl-C, SIGKILL) resumes from what each host staged when run again."""
+    off (link, Ctrl-C, SIGKILL) resumes from what each host staged when run again.
+
+    The image: IMAGE, else --image, else the config's `image:`. A thin push reads the image's new layers through
+    the launcher's layer cache (see `dockerlaunch cache`)."""
     from dockerlaunch.engine import engine
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.transfer import push as pushlib
     from dockerlaunch.transfer.push_plan import HostResult, PushState
+    if ref and kw.get("image") and ref != kw["image"]:
+        raise click.UsageError(f"two images: {ref} and --image {kw['image']}; give one")
     if clean:
-        if ref:
-            raise click.UsageError("push --clean removes staged pushes and sends nothing: drop IMAGE")
+        if ref or kw.get("image"):
+            raise click.UsageError("push --clean removes staged pushes and sends nothing: drop the image")
         sys.exit(_clean(load(kw), output))
-    if not ref:
-        raise click.UsageError("missing argument IMAGE (or --clean)")
-    kw["image"] = ref
+    kw["image"] = ref or kw.get("image")
     cfg = load(kw)
+    ref = cfg.image
+    if not ref:
+        raise click.UsageError("which image? give IMAGE or --image IMAGE, or set image: in the config "
+                               "(or --clean)")
     client = engine()
-    image = pushlib.source_image(client, ref)  # a clear error before any connection
+    note = None if output == "json" else (lambda line: click.echo(line, err=True))
+    image = pushlib.source_image(client, ref, note)  # a clear error before any connection
     with Fleet.connect(cfg, require_all=False) as cluster:
         live = cluster.live
         remotes = [h.remote for h in live]
         addresses = [h.target.hostname for h in live]
         plan, views, layers = pushlib.observe_and_plan(client, remotes, image, addresses=addresses, strategy=strategy,
-                                                compress=compress, thin=thin)
+                                                compress=compress, thin=thin, note=note)
         if dry_run:
             from dockerlaunch.transfer.push_plan import Action, HostTransfer
 
@@ -170,10 +195,15 @@ def save(images: tuple[str, ...], out: str, base: str | None, split: str | None)
 
 @cli.command("load")
 @click.argument("bundle")
-@click.option("--config", "config_path", metavar="PATH", help="Cluster config, for --hosts' SSH settings.")
-@click.option("--hosts", callback=split_hosts, metavar="H1,H2", help="Load onto these hosts (default: locally).")
+@click.option("--config", "config_path", metavar="PATH",
+              help="Load onto this config's hosts, with its SSH settings.")
+@click.option("--hosts", callback=split_hosts, metavar="H1,H2",
+              help="Load onto these hosts instead (SSH settings from --config or ./dockerlaunch.yaml).")
 def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> None:
-    """Load a bundle locally or onto hosts, checking sha256 and Image IDs before tagging."""
+    """Load a bundle (from `save`) into this machine's engine, or with --config/--hosts onto those hosts over SSH;
+    sha256 and Image IDs are checked before anything is tagged.
+
+    Without --config and --hosts it goes into the local engine only, whatever ./dockerlaunch.yaml lists."""
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.job.config import Overrides, load_config
     from dockerlaunch.transfer import bundle as bundlelib
@@ -203,3 +233,97 @@ def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> N
                 results.append(HostResult(h.address, PushState.FAILED, str(e)))
     sys.exit(_summary(results))
 
+
+
+# ---------------------------------------------------------------- the layer cache
+
+
+def _duration(text: str) -> float:
+    import re
+
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", text.strip().lower())
+    if not m:
+        raise click.BadParameter(f"{text!r}: give a duration like 7d, 12h or 30m", param_hint="--older-than")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
+
+
+def _ago(epoch: float) -> str:
+    import time
+
+    if not epoch:
+        return ""
+    s = max(0.0, time.time() - epoch)
+    for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= n:
+            return f"{s / n:.0f} {unit} ago"
+    return f"{s:.0f} s ago"
+
+
+def _local_names() -> dict[str, list[str]]:
+    """Image ID (first 12 hex) -> its tags in the local engine; empty when no engine answers (names are a help)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        return {img["Id"][7:19]: list(img.get("RepoTags") or []) for img in client.api.images()}
+    except Exception:  # noqa: BLE001 - the cache is read from disk; names are optional
+        return {}
+
+
+def _size_text(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+@cli.group(invoke_without_command=True)
+@output_option()
+@click.pass_context
+def cache(ctx: click.Context, output: str) -> None:
+    """Show the layer cache a thin push reads new layers through (`cache prune` empties it).
+
+    It lives in ~/.cache/dockerlaunch/registry (DOCKERLAUNCH_CACHE_DIR moves it): the storage of a docker-registry
+    that a push runs on 127.0.0.1, on a free port with a new password, only while it runs. After each push the least
+    recently used layers go until it fits 30 GB (DOCKERLAUNCH_LAYER_CACHE_GB)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from dockerlaunch.transfer.layer_source import CAP_ENV, cache_facts
+
+    facts = cache_facts()
+    if output == "json":
+        names = _local_names()
+        d = facts.to_dict()
+        for img in d["images"]:
+            img["names"] = names.get(img["id"], [])
+        click.echo(json.dumps(d, indent=2))
+        return
+    click.echo(f"Layer cache: {facts.where}")
+    if not facts.blobs:
+        click.echo("  empty: the first thin push of an image fills it (the engine reads and gzips the image once).")
+    else:
+        used = f"; last used {_ago(facts.newest)}, least recently used {_ago(facts.oldest)}"
+        click.echo(f"  {_size_text(facts.bytes)} in {facts.blobs} blob(s), cap {_size_text(facts.cap)} "
+                   f"({CAP_ENV}){used}")
+    click.echo("  Served by docker-registry on 127.0.0.1 (a free port, a new password) only while a push runs; after "
+               "each push the least recently used blobs go until it fits its cap.")
+    if facts.images:
+        names = _local_names()
+        rows = [[i.id, host_text(", ".join(names.get(i.id, [])) or "(not in the local engine)"),
+                 f"{i.cached} of {i.layers}", _size_text(i.bytes), _ago(i.last_used)] for i in facts.images]
+        print_table(["image", "name", "layers cached", "size", "last used"], rows)
+    if facts.blobs:
+        click.echo("Prune: dockerlaunch cache prune [--older-than 7d] (a later push reads what went again, once).")
+
+
+@cache.command("prune")
+@click.option("--older-than", "older_than", metavar="AGE",
+              help="Only the layers no push used for AGE (e.g. 7d, 12h, 30m); default: everything.")
+def cache_prune(older_than: str | None) -> None:
+    """Remove cached layers (all, or old ones).
+
+    All of them, or with --older-than those no push used for that long; a later push of an image whose layers
+    went reads them again, once. Refused while a push is using the cache."""
+    from dockerlaunch.transfer.layer_source import prune, root
+
+    got = prune(_duration(older_than) if older_than else None)
+    which = f"unused for {older_than}" if older_than else "all"
+    click.echo(f"removed {got.blobs} blob(s) ({which}), freed {_size_text(got.bytes)} in {root()}; "
+               f"kept {got.kept_blobs} ({_size_text(got.kept_bytes)})")

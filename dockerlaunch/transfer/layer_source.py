@@ -50,6 +50,7 @@ from dockerlaunch.transfer.streams import (
     OCI_LAYER,
     OCI_MANIFEST,
     Blob,
+    LayerSource,
     LocalImage,
     Pipe,
     SaveFacts,
@@ -452,8 +453,11 @@ def registry_image(client, image: LocalImage) -> LocalImage:
         if free < need:
             raise TransferError(f"{free / 1e9:.1f} GB free for the launcher's registry in {root()}, "
                                 f"{image.size / 1e9:.1f} GB image")
+        before = sum(size for _, size, _ in _blobs())
         with _registry() as reg:
             manifest = _engine_push(client, image, reg)
+        image = replace(image, source=LayerSource("cache", 0.0, max(0, sum(size for _, size, _ in _blobs()) - before),
+                                                  str(root())))
         if image.store != GRAPHDRIVER:
             got = _content_store_image(image, manifest)
             _cap({got.facts.config.digest, *(b.digest for b in got.facts.layers)})
@@ -552,3 +556,111 @@ def chunks(image: LocalImage, skip: set[str]) -> Iterator[bytes]:
     threading.Thread(target=produce, daemon=True).start()
     yield from pipe.chunks()
 
+
+
+# ---------------------------------------------------------------- `dockerlaunch cache`: see and prune it
+
+
+@dataclass(frozen=True)
+class CachedImage:
+    """One image the layer cache holds (a tag the engine pushed: the first 12 hex of its Image ID)."""
+
+    id: str
+    layers: int  # layers its manifest names
+    cached: int  # of those, blobs still in the cache (eviction takes blobs, not images)
+    bytes: int  # its blobs' bytes in the cache (gzipped; a layer shared by images counts in each)
+    last_used: float  # the newest of its blobs' last use (epoch seconds), 0 if none is left
+
+
+@dataclass(frozen=True)
+class CacheFacts:
+    where: str
+    bytes: int
+    blobs: int
+    cap: float
+    oldest: float  # last use of the least recently used blob (epoch seconds; 0 when empty)
+    newest: float
+    images: tuple[CachedImage, ...]
+
+    def to_dict(self) -> dict:
+        return {"path": self.where, "bytes": self.bytes, "blobs": self.blobs, "cap_bytes": int(self.cap),
+                "oldest_use": self.oldest, "newest_use": self.newest, "registry": "127.0.0.1, only while a push runs",
+                "images": [i.__dict__ for i in self.images]}
+
+
+def _manifest_layers(digest: str, depth: int = 0) -> list[str]:
+    """The blobs (config and layers) a stored manifest names, an index's manifests followed; [] if it is gone."""
+    try:
+        doc = json.loads(blob_path(digest).read_bytes())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(doc, dict):
+        return []
+    if doc.get("manifests") and depth < 2:
+        return [d for m in doc["manifests"] if isinstance(m, dict) for d in _manifest_layers(str(m.get("digest")),
+                                                                                             depth + 1)]
+    return [str(b.get("digest")) for b in [doc.get("config") or {}, *(doc.get("layers") or [])]
+            if isinstance(b, dict) and b.get("digest")]
+
+
+def cache_facts() -> CacheFacts:
+    """What the layer cache holds, read from its storage on disk (no registry is started)."""
+    blobs = _blobs()
+    by_digest = {"sha256:" + folder.name: (size, used) for folder, size, used in blobs}
+    tags = root() / "store" / "docker" / "registry" / "v2" / "repositories" / REPO / "_manifests" / "tags"
+    images = []
+    for tag in sorted(tags.glob("*")) if tags.is_dir() else []:
+        try:
+            digest = (tag / "current" / "link").read_text().strip()
+        except OSError:
+            continue
+        names = _manifest_layers(digest)
+        present = [by_digest[d] for d in dict.fromkeys(names) if d in by_digest]
+        layers = max(0, len(names) - 1)  # less the config
+        cached = sum(1 for d in names[1:] if d in by_digest)
+        images.append(CachedImage(tag.name, layers, cached, sum(s for s, _ in present),
+                                  max((u for _, u in present), default=0.0)))
+    images.sort(key=lambda i: -i.last_used)
+    uses = [u for _, _, u in blobs]
+    return CacheFacts(str(root()), sum(s for _, s, _ in blobs), len(blobs), _limit(), min(uses, default=0.0),
+                      max(uses, default=0.0), tuple(images))
+
+
+def unused_since(blobs: list[tuple[Path, int, float]], cutoff: float) -> list[tuple[Path, int, float]]:
+    """The blobs last used before `cutoff` (epoch seconds), oldest first."""
+    return sorted((b for b in blobs if b[2] < cutoff), key=lambda b: b[2])
+
+
+@dataclass(frozen=True)
+class Pruned:
+    blobs: int
+    bytes: int
+    kept_blobs: int
+    kept_bytes: int
+
+
+def prune(older_than: float | None = None) -> Pruned:
+    """Removes the whole layer cache, or (`older_than` seconds) the blobs no push used for that long. Never while a
+    push fills it: that push holds the lock, and this says so instead of waiting."""
+    store = root()
+    if not store.is_dir():
+        return Pruned(0, 0, 0, 0)
+    fd = os.open(_private_root() / "lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TransferError(f"a push is using the layer cache ({store}) now; prune it after that push") from None
+        blobs = _blobs()
+        if older_than is None:
+            gone = blobs
+            shutil.rmtree(store / "store", ignore_errors=True)
+            (store / "sizes.json").unlink(missing_ok=True)
+        else:
+            gone = unused_since(blobs, time.time() - older_than)
+            for folder, _, _ in gone:
+                shutil.rmtree(folder, ignore_errors=True)
+        kept = [b for b in blobs if b not in gone]
+        return Pruned(len(gone), sum(b[1] for b in gone), len(kept), sum(b[1] for b in kept))
+    finally:
+        os.close(fd)

@@ -38,6 +38,7 @@ from dockerlaunch.transfer.streams import (
     CONTAINERD,
     GRAPHDRIVER,
     CountingReader,
+    LayerSource,
     LocalImage,
     Pipe,
     chain_ids,
@@ -90,7 +91,8 @@ def observe(remote: Remote, image: LocalImage, address: str, thin: bool = True) 
 
 
 def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addresses: list[str] | None = None,
-              strategy: str = "auto", compress: str = "auto", thin: bool = True
+              strategy: str = "auto", compress: str = "auto", thin: bool = True,
+              note: Callable[[str], None] | None = None
               ) -> tuple[PushPlan, list[HostView], list[tuple[str, int]] | None]:
     """Observe every host concurrently and plan. Sends nothing, tags nothing (`push --dry-run`).
 
@@ -114,7 +116,7 @@ def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addres
             views[i] = v
     layers = None
     if thin and needs_layer_map(image, views):  # the facts of a thin stream: from the launcher's registry, or a
-        image = thin_source(client, image)        # read of the save
+        image = thin_source(client, image, note)  # read of the save
         layers = layer_map(client, image)
     plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers)
     if strategy == "auto" and plan.strategy == Strategy.CHAIN:
@@ -126,19 +128,23 @@ def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addres
     return plan, views, layers
 
 
-def source_image(client, ref: str) -> LocalImage:
+def source_image(client, ref: str, note: Callable[[str], None] | None = None) -> LocalImage:
     """The image a push sends. A containerd-store engine's Image ID is not its config digest, and hosts name the
     image by its save's facts: those come from the launcher's registry where it serves (the engine reads only the
     blobs the registry lacks), else from one read of the save (cached per ID)."""
     image = local_image(client, ref, facts=False)
     if image.store == CONTAINERD and image.facts is None:
-        image = thin_source(client, image)
+        image = thin_source(client, image, note)
     return image
 
 
-def thin_source(client, image: LocalImage) -> LocalImage:
+SLOW_NOTE_S = 1.0  # a layer read that takes longer than this says what it does while it runs
+
+
+def thin_source(client, image: LocalImage, note: Callable[[str], None] | None = None) -> LocalImage:
     """The image as a thin push reads it: from the launcher's registry (the engine reads only the layers it lacks)
-    where that can serve, else the save's facts (one read of the whole image, cached), with the reason."""
+    where that can serve, else the save's facts (one read of the whole image, cached), with the reason. `note`
+    hears one line when the read is still running after SLOW_NOTE_S (the first push of an image fills the cache)."""
     from dockerlaunch.transfer import layer_source
 
     if image.layer_blobs:
@@ -148,15 +154,40 @@ def thin_source(client, image: LocalImage) -> LocalImage:
     except Exception:  # noqa: BLE001 - the engine's push says what is wrong, if anything
         info = None
     why = layer_source.unavailable(image, info)
+    t0 = time.monotonic()
     if why is None:
-        t0 = time.monotonic()
+        timer = _slow_note(note, f"reading {image.ref}'s layers into the launcher's layer cache "
+                                 f"({layer_source.root()}, served by docker-registry on 127.0.0.1 during the push): "
+                                 "the first push of an image reads and gzips all of it, once ...")
         try:
             got = layer_source.registry_image(client, image)
-            return replace(got, source_note=f"new layers read through the launcher's registry "
-                                            f"({time.monotonic() - t0:.0f} s)")
+            took = time.monotonic() - t0
+            added = got.source.added if got.source else 0
+            filled = f"; filled the layer cache with {added / 1e6:.0f} MB" if added else ""
+            return replace(got, source_note=f"new layers read through the launcher's registry ({took:.0f} s{filled})",
+                           source=LayerSource("cache", took, added, str(layer_source.root())))
         except (DockerlaunchError, OSError, ValueError) as e:
             why = str(e)[:200]
-    return replace(with_facts(client, image), source_note=f"docker save read the whole image ({why})")
+        finally:
+            if timer:
+                timer.cancel()
+    timer = _slow_note(note, f"docker save is reading all of {image.ref} (the layer cache cannot serve: {why}) ...")
+    try:
+        got = with_facts(client, image)
+    finally:
+        if timer:
+            timer.cancel()
+    return replace(got, source_note=f"docker save read the whole image ({why})",
+                   source=LayerSource("save", time.monotonic() - t0, why=why))
+
+
+def _slow_note(note: Callable[[str], None] | None, line: str) -> threading.Timer | None:
+    if note is None:
+        return None
+    timer = threading.Timer(SLOW_NOTE_S, note, args=(line,))
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def probe_links(chain: list[tuple[Remote, str]], timeout: float = 10.0) -> list[str]:

@@ -115,6 +115,8 @@ class PushPlan:
             "image": self.image.ref, "image_id": self.image.id, "image_bytes": self.image.size,
             "strategy": str(self.strategy), "launcher_bytes": self.launcher_bytes,
             "hosts": [h.to_dict() for h in self.hosts],
+            # how a thin plan read the new layers: through the layer cache (bytes it added) or docker save
+            "layer_source": self.image.source.to_dict() if self.image.source else None,
         }
 
     def to_json(self) -> str:

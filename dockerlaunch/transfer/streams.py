@@ -30,6 +30,21 @@ GRAPHDRIVER = "graphdriver"  # the classic store (overlay2): Docker 20.10 to 28 
 
 
 @dataclass(frozen=True)
+class LayerSource:
+    """How a thin push read the image's layers: through the launcher's layer cache (`via` "cache"; `added`: the
+    bytes the engine pushed into it, `where`: its folder), or one read of `docker save` (`why` the cache did not)."""
+
+    via: str  # "cache" or "save"
+    seconds: float
+    added: int = 0
+    where: str = ""
+    why: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class LocalImage:
     """An image in the launcher's engine: what it is called, its ID, size and layers (RootFS diff IDs).
 
@@ -46,6 +61,7 @@ class LocalImage:
     facts: SaveFacts | None = None  # from a read of the save (cached per ID); None until one was needed
     layer_blobs: tuple[str, ...] = ()  # each layer's blob in the launcher's registry, when it serves the stream
     source_note: str = ""  # how the stream's layers are read, for the push's summary
+    source: LayerSource | None = None  # the same, as facts (push --dry-run and its json say them)
 
     @property
     def config_digest(self) -> str:

@@ -2,10 +2,13 @@
 render's refusal gives its way out (--drop), push takes the image from where the config has it, a dry run says
 when it fills the layer cache, and `dockerlaunch cache` shows and prunes that cache."""
 
+import json
+import re
+
 import pytest
 import yaml
 
-from tests.integration.helpers import dl
+from tests.integration.helpers import dl, variant
 
 pytestmark = pytest.mark.integration
 
@@ -39,3 +42,74 @@ def test_render_k8s_of_the_sims_own_config_refuses_ulimits_and_names_drop_which_
     # a field the target expresses is never dropped: compose sets ulimits itself
     r = dl("render", "--to", "compose", "--config", cfg, "--drop", "container.ulimits", "--", "python", "x")
     assert r.returncode == 2 and "--drop container.ulimits: nothing to drop" in r.stderr, r.stderr
+
+
+def ids_on_nodes(remotes, ref):
+    out = []
+    for r in remotes:
+        res = r.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
+        out.append(res.stdout.strip() if res.ok else None)
+    return out
+
+
+def test_push_takes_the_image_from_image_flag_or_the_configs_image(sim_cluster, engine, remotes, fresh_image,
+                                                                   tmp_path):
+    """`push --help` lists --image but `push --image X` said `missing argument IMAGE`."""
+    a, b = fresh_image(mb=1, scratch=True), fresh_image(mb=1, scratch=True)
+    try:
+        r = dl("push", "--image", a, "--config", str(sim_cluster[1]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ids_on_nodes(remotes, a) == [engine.images.get(a).id] * 2
+        r = dl("push", "--config", variant(sim_cluster, tmp_path, image=b))  # the config's image:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ids_on_nodes(remotes, b) == [engine.images.get(b).id] * 2
+        assert ids_on_nodes(remotes, a) == [engine.images.get(a).id] * 2  # and not the flag's of before
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", "-f", a, b])
+
+
+def test_a_dry_run_says_it_fills_the_layer_cache_and_cache_shows_and_prunes_it(sim_cluster, fresh_image, tmp_path,
+                                                                               monkeypatch):
+    """The first `push --dry-run` took 11 s and said nothing (it fills the layer cache); nothing showed the cache's
+    size or pruned it."""
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))  # a cache of this test's own
+    ref = fresh_image(mb=4)  # on the tools image, which the nodes have: a thin plan, which reads the new layers
+    cfg = str(sim_cluster[1])
+    where = str(tmp_path / "cache" / "registry")
+
+    r = dl("cache")
+    assert r.returncode == 0 and f"Layer cache: {where}" in r.stdout and "empty" in r.stdout, r.stdout + r.stderr
+    assert "127.0.0.1" in r.stdout, r.stdout
+
+    r = dl("push", ref, "--config", cfg, "--dry-run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    last = r.stdout.splitlines()[-1]
+    m = re.fullmatch(r"Layer cache: this run filled it with (\d+) MB of the image's layers in ([\d.]+) s \(the "
+                     r"engine read and gzipped them into the launcher's registry, on 127\.0\.0\.1 only while a push "
+                     r"runs, stored in (.*)\); the push after it reads them from there\. `dockerlaunch cache` shows "
+                     r"or prunes it\.", last)
+    assert m and m.group(3) == where and int(m.group(1)) > 4, r.stdout
+    if float(m.group(2)) > 1.5:  # a slow fill says what it does while it runs
+        assert "into the launcher's layer cache" in r.stderr and "reads and gzips all of it, once" in r.stderr
+
+    r = dl("push", ref, "--config", cfg, "--dry-run", "--output", "json")
+    assert r.returncode == 0, r.stderr
+    source = json.loads(r.stdout)["layer_source"]
+    assert (source["via"], source["added"], source["where"]) == ("cache", 0, where), source
+    assert r.stderr == ""  # json: no notes
+
+    r = dl("cache", "--output", "json")
+    facts = json.loads(r.stdout)
+    assert facts["path"] == where and facts["bytes"] > 4e6 and facts["registry"].startswith("127.0.0.1")
+    (entry,) = facts["images"]
+    assert ref in entry["names"] and entry["cached"] == entry["layers"] > 1, entry
+    r = dl("cache")
+    assert re.search(rf"^  \d+ MB in {facts['blobs']} blob\(s\), cap 30\.0 GB", r.stdout, re.M), r.stdout
+    assert ref in r.stdout
+
+    r = dl("cache", "prune", "--older-than", "1d")  # everything was used just now
+    assert r.returncode == 0 and r.stdout.startswith("removed 0 blob(s) (unused for 1d)"), r.stdout + r.stderr
+    r = dl("cache", "prune")
+    assert r.returncode == 0 and r.stdout.startswith(f"removed {facts['blobs']} blob(s) (all)"), r.stdout
+    assert json.loads(dl("cache", "--output", "json").stdout)["bytes"] == 0

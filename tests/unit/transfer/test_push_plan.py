@@ -409,7 +409,9 @@ def test_push_plan_to_dict_and_to_json():
              view("h3", chain_ids=frozenset(CHAINS[:3])), view("h4", tag_id=IMAGE.id)]
     plan = plan_push(IMAGE, views, layers=LAYERS)
     d = plan.to_dict()
-    assert list(d) == ["image", "image_id", "image_bytes", "strategy", "launcher_bytes", "hosts"]
+    assert list(d) == ["image", "image_id", "image_bytes", "strategy", "launcher_bytes", "hosts",
+                       "layer_source"]
+    assert d["layer_source"] is None  # a plan that read no layers (a thin one says how: via cache or save)
     assert (d["image"], d["image_id"], d["image_bytes"], d["launcher_bytes"]) == (
         "registry.local/app:1.2", IMAGE.id, 12_345, 7000)
     assert type(d["strategy"]) is str and d["strategy"] == "chain"
