@@ -233,7 +233,7 @@ PS_JSON = """{"hosts": N, "jobs": [{"name", "image", "created", "age_seconds", "
 
 @cli.command()
 @config_and_hosts_options
-@output_option("text for people; json for scripts: " + PS_JSON.replace("\n", " "))
+@output_option("text for people; json for scripts (docs/CLI-JSON.md): " + PS_JSON.replace("\n", " "))
 @LOG_DIR_OPTION
 def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: str) -> None:
     """List every dockerlaunch job on the config's hosts: name, hosts, state per host, age, image.

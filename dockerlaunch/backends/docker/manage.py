@@ -189,20 +189,22 @@ def list_jobs(config: ClusterConfig, log_dir: str = "dockerlaunch-logs") -> JobL
     return JobListing(jobs, failed, len(config.hosts), saved_jobs(log_dir))
 
 
-def jobs_line(jobs: list[JobRow], saved: dict[str, str], log_dir: str, skip: str = "") -> str:
-    """`jobs on the hosts: a (2 running), b (2 exited); saved logs under DIR/: c` -- for one-line messages."""
+def jobs_line(jobs: list[JobRow] | None, saved: dict[str, str], log_dir: str, skip: str = "") -> str:
+    """`jobs on the hosts: a (2 running), b (2 exited); saved logs under DIR/: c` -- for one-line messages
+    (`jobs` None: the hosts were not asked)."""
     def counts(row: JobRow) -> str:
         by: dict[str, int] = {}
         for _, c in row.containers:
             by[c.state] = by.get(c.state, 0) + 1
         return ", ".join(f"{n} {s}" for s, n in by.items())
 
-    on = [f"{j.name} ({counts(j)})" for j in jobs if j.name != skip]
-    kept = [n for n in saved if n != skip and n not in {j.name for j in jobs}]
-    out = f"jobs on the hosts: {', '.join(on)}" if on else "no dockerlaunch job on the hosts"
-    if kept:
-        out += f"; finished, logs kept under {log_dir}/: {', '.join(kept)}"
-    return out
+    on = [f"{j.name} ({counts(j)})" for j in jobs or [] if j.name != skip]
+    kept = [n for n in saved if n != skip and n not in {j.name for j in jobs or []}]
+    out = [f"jobs on the hosts: {', '.join(on)}" if on else "no dockerlaunch job on the hosts"] if jobs is not None \
+        else []
+    if kept or jobs is None:
+        out.append(f"finished, logs kept under {log_dir}/: {', '.join(kept) or 'none'}")
+    return "; ".join(out)
 
 
 def missing_job(config: ClusterConfig, on_hosts: Session | list[JobRow] | None, log_dir: str,
@@ -211,14 +213,17 @@ def missing_job(config: ClusterConfig, on_hosts: Session | list[JobRow] | None, 
     known (said so), any other name is unknown; either way, the jobs there are instead. `on_hosts`: the jobs on the
     hosts, or a session to ask for them (None: the hosts were not asked)."""
     job = config.job.name
-    jobs = list_on(on_hosts.fleet)[0] if isinstance(on_hosts, Session) else on_hosts or []
+    jobs = list_on(on_hosts.fleet)[0] if isinstance(on_hosts, Session) else on_hosts
     saved = saved_jobs(log_dir)
     where = f"no containers on {len(config.hosts)} host(s)" if on_hosts is not None else "not asked of the hosts"
     if job in saved:
         head = f"job {job}: {where} (it ended; its logs are kept under {log_dir}/: `logs` shows them)"
+    elif on_hosts is None:
+        head = f"no saved logs of job {job} under {log_dir}/"
     else:
         head = f"no job named {job}: {where} and no saved logs under {log_dir}/"
     return DockerlaunchError(f"{what}{head}; {jobs_line(jobs, saved, log_dir, skip=job)}{then}")
+
 
 def down(config: ClusterConfig, reporter: Reporter | None = None, ignore_missing: bool = False,
          log_dir: str = "dockerlaunch-logs") -> int:
@@ -321,8 +326,8 @@ def saved_logs(config: ClusterConfig, rank: int | None, tail: str, reporter: Rep
     assert run is not None
     records = {r.attempt: r for r in run.attempts()}
     numbers = run.attempt_numbers()
-    if attempt is None and not numbers and records:
-        n = max(records)
+    if (attempt is None and records) or (attempt in records and attempt not in numbers):
+        n = attempt if attempt is not None else max([*numbers, *records])  # a refused attempt has no folder
     else:
         run, n = saved_attempt(log_dir, job, attempt)
     files = [(r, host, path) for r, host, path in run.rank_files(n) if rank is None or r == rank]

@@ -80,6 +80,10 @@ def test_an_unknown_name_and_a_finished_job_are_told_apart(tmp_path):
     e = str(manage.missing_job(cfg, rows, str(tmp_path)))
     assert e.startswith("job done: no containers on 2 host(s) (it ended; its logs are kept under") and "\n" not in e
     assert "jobs on the hosts: det (1 running)" in e and "finished, logs kept" not in e  # itself is not listed
+    # `logs --attempt N` asks no host: the message says only what the log folder holds
+    cfg = ClusterConfig.model_validate({"hosts": ["h1"], "job": {"name": "nope"}})
+    e = str(manage.missing_job(cfg, None, str(tmp_path), "--attempt: "))
+    assert e == f"--attempt: no saved logs of job nope under {tmp_path}/; finished, logs kept under {tmp_path}/: done"
 
 
 def test_saved_jobs_are_the_run_folders_names(tmp_path):
