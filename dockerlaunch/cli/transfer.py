@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from dockerlaunch.cli.console import RichReporter, host_text, print_table, styled
-from dockerlaunch.cli.main import cli, config_options, load, output_option, split_hosts
+from dockerlaunch.cli.main import cli, output_option, split_hosts
 from dockerlaunch.errors import DockerlaunchError
 
 
@@ -80,7 +80,9 @@ def _layer_source_line(source) -> str:
 
 @cli.command()
 @click.argument("ref", metavar="[IMAGE]", required=False)
-@config_options
+@click.option("--config", "config_path", metavar="PATH", help="Cluster config (default ./dockerlaunch.yaml).")
+@click.option("--hosts", callback=split_hosts, metavar="H1,H2", help="These hosts instead of the config's.")
+@click.option("--image", "image_opt", metavar="IMAGE", help="The image (as IMAGE; default: the config's image:).")
 @click.option("--compress", type=click.Choice(["auto", "zstd", "none"]), default="auto", show_default=True,
               help="auto: zstd where the host has it.")
 @click.option("--thin/--full", default=True, show_default=True,
@@ -95,8 +97,8 @@ def _layer_source_line(source) -> str:
               help="Send nothing: remove what cut pushes staged on the hosts (in $HOME/.cache/dockerlaunch/push; "
                    "a push run again would have resumed from it). Staged files also go after 7 days.")
 @output_option()
-def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: bool, clean: bool, output: str,
-         **kw) -> None:
+def push(ref: str | None, config_path: str | None, hosts: list[str] | None, image_opt: str | None, compress: str,
+         thin: bool, strategy: str, dry_run: bool, clean: bool, output: str) -> None:
     """Copy a local image to every host over SSH (no registry); skips hosts that already have it. A push cut
     off (link, Ctrl-C, SIGKILL) resumes from what each host staged when run again.
 
@@ -104,16 +106,18 @@ def push(ref: str | None, compress: str, thin: bool, strategy: str, dry_run: boo
     the launcher's layer cache (see `dockerlaunch cache`)."""
     from dockerlaunch.engine import engine
     from dockerlaunch.hosts.fleet import Fleet
+    from dockerlaunch.job.config import Overrides, load_config
     from dockerlaunch.transfer import push as pushlib
     from dockerlaunch.transfer.push_plan import HostResult, PushState
-    if ref and kw.get("image") and ref != kw["image"]:
-        raise click.UsageError(f"two images: {ref} and --image {kw['image']}; give one")
+
+    if ref and image_opt and ref != image_opt:
+        raise click.UsageError(f"two images: {ref} and --image {image_opt}; give one")
     if clean:
-        if ref or kw.get("image"):
-            raise click.UsageError("push --clean removes staged pushes and sends nothing: drop the image")
-        sys.exit(_clean(load(kw), output))
-    kw["image"] = ref or kw.get("image")
-    cfg = load(kw)
+        if ref or image_opt:
+            raise click.UsageError("push --clean removes staged pushes and sends nothing: drop "
+                                   + ("IMAGE" if ref else "--image"))
+        sys.exit(_clean(load_config(config_path, Overrides(hosts=hosts)), output))
+    cfg = load_config(config_path, Overrides(hosts=hosts, image=ref or image_opt))
     ref = cfg.image
     if not ref:
         raise click.UsageError("which image? give IMAGE or --image IMAGE, or set image: in the config "
