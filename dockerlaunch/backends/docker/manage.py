@@ -320,10 +320,9 @@ def saved_logs(config: ClusterConfig, rank: int | None, tail: str, reporter: Rep
     """One attempt's saved per-rank files (default: the latest run's last attempt), rank by rank. An attempt that
     left no rank file (a start or the pre-flight failed) is said with its cause, as attempts.jsonl recorded it."""
     job = config.job.name
-    if latest_run(log_dir, job) is None:
-        raise missing_job(config, None, log_dir, "--attempt: " if attempt is not None else "")
     run = latest_run(log_dir, job)
-    assert run is not None
+    if run is None:
+        raise missing_job(config, None, log_dir, "--attempt: " if attempt is not None else "")
     records = {r.attempt: r for r in run.attempts()}
     numbers = run.attempt_numbers()
     if (attempt is None and records) or (attempt in records and attempt not in numbers):
@@ -343,6 +342,7 @@ def saved_logs(config: ClusterConfig, rank: int | None, tail: str, reporter: Rep
         for line in tail_lines(path, tail):
             reporter.line(r, host, line.decode(errors="replace").rstrip("\r"))
     return 0
+
 
 def attempts(config: ClusterConfig, log_dir: str = "dockerlaunch-logs") -> tuple[str | None, list[AttemptRecord]]:
     """The latest run's folder and its attempts, as `up` recorded them (none: no run saved under log_dir)."""

@@ -105,3 +105,35 @@ def test_the_preflight_count_line():
     r.add("h2", "image", FAIL, "missing")
     assert preflight_line(r.counts(), 1, 0.04) == "doctor: 23 PASS, 1 WARN, 1 FAIL, 4 SKIP on 1 host in 0.0 s"
     assert preflight_line(Report().counts(), 2, 1) == "doctor: 0 PASS on 2 hosts in 1.0 s"
+
+
+def test_logs_of_an_attempt_that_left_no_file_say_its_recorded_cause(tmp_path):
+    """A refused pre-flight leaves attempts.jsonl and no attempt folder; a failed start an empty one: `logs` says
+    why each attempt ended instead of `no log file`."""
+    from dockerlaunch.backends.docker.runs import RunFolder
+    from dockerlaunch.job.config import ClusterConfig
+    from dockerlaunch.job.recovery import AttemptRecord, Cause, Ending
+    from dockerlaunch.reporting import Reporter
+
+    class Said(Reporter):
+        def __init__(self):
+            self.lines = []
+
+        def say(self, msg, style="bold"):
+            self.lines.append(msg)
+
+    cfg = ClusterConfig.model_validate({"hosts": ["h1", "h2"], "job": {"name": "j"}})
+    run = RunFolder.create(str(tmp_path), "j")
+    run.record(AttemptRecord.of(0, Ending(1, Cause.PREFLIGHT_FAILED), "2026-11-26T15:00:00", 2.0, ["h1", "h2"], []))
+    said = Said()
+    assert manage.saved_logs(cfg, None, "all", said, None, str(tmp_path)) == 0
+    assert said.lines == [f"job j: attempt 0 logged nothing ({run.root}/): preflight failed, after 2.0s; "
+                          "up's exit code 1"]
+    run.attempt_dir(1)
+    run.record(AttemptRecord.of(1, Ending(1, Cause.START_FAILED, 1, "h2", detail="host h2: starting container j-1 "
+                                          "failed: no such user"), "2026-11-26T15:00:05", 1.0, ["h1", "h2"], []))
+    said = Said()
+    assert manage.saved_logs(cfg, None, "all", said, None, str(tmp_path)) == 0
+    assert said.lines[0].startswith("job j: attempt 1 logged nothing") and said.lines[0].endswith("no such user")
+    said = Said()
+    assert manage.saved_logs(cfg, None, "all", said, 0, str(tmp_path)) == 0 and "preflight failed" in said.lines[0]
