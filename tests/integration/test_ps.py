@@ -36,7 +36,7 @@ def test_ps_lists_every_job_and_an_unknown_name_lists_them(sim_cluster, remotes,
         assert ps.returncode == 0, ps.stdout + ps.stderr
         [row] = [x for x in ps.stdout.splitlines() if x.split()[:1] == [job]]
         assert f"{ip1}, {ip2}" in row and "running (all 2)" in row and tools_image in row, ps.stdout
-        assert re.search(r"\s\d+s\s", row), row  # its age
+        assert re.search(r"\s\d+[smhd]\S*\s", row), row  # its age
         [odd] = [x for x in ps.stdout.splitlines() if "ev^[[2Jil[bold]" in x]
         assert "created" in odd and "\x1b" not in ps.stdout, ps.stdout  # shown as text, never as a control
 
