@@ -61,7 +61,7 @@ def _print_push_plan(plan, output: str) -> None:
                "Dry run: hosts were inspected; nothing was sent or tagged.")
     line = _layer_source_line(image.source)
     if line:
-        click.echo(line)
+        click.echo(host_text(line))  # a save's reason may quote an engine or registry
 
 
 def _layer_source_line(source) -> str:
