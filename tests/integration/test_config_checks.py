@@ -61,6 +61,11 @@ def test_a_missing_known_hosts_file_or_proxy_jump_alias_is_named_before_any_conn
     assert r.returncode != 0 and f"error: ssh.known_hosts: known_hosts file {known} does not exist; " in r.stderr, \
         r.stdout + r.stderr
     assert "ssh-keyscan -H " in r.stderr and "accept-new" not in r.stderr, r.stderr
+    known.write_text("")  # there, but without the hosts' keys: each host's ssh row says how to add its key
+    r = dl("doctor", "--config", cfg, timeout=120)
+    assert r.returncode != 0 and r.stdout.count("host key unknown") == 2, r.stdout + r.stderr
+    assert f"ssh-keyscan -H {sim_cluster[2][0].ip} | ssh-keygen -lf -" in " ".join(r.stdout.split()), r.stdout
+    assert "accept-new" not in r.stdout, r.stdout
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text("Host 172.30.*\n  ProxyJump bastoin.invalid\n")
     cfg = variant(sim_cluster, tmp_path, ssh={"config_file": str(ssh_config)})
