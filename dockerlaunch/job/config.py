@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import os
 import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from dockerlaunch.errors import ConfigError, _loc
+from dockerlaunch.job.invocation import CONFIG_ENV, Invocation
 
 DEFAULT_CONFIG_FILE = "dockerlaunch.yaml"
 LOCAL = "local"  # a host address: this machine, through its own Docker engine, without SSH
@@ -431,6 +433,8 @@ class DiagnosticsSettings(_Model):
 
 
 class ClusterConfig(_Model):
+    # how the user named this config and its overrides (load_config): every printed fix is built from it
+    _invocation: Invocation = PrivateAttr(default_factory=Invocation)
     hosts: list[HostConfig] = Field(..., min_length=1, description="Rank 0 is the first host.")
     spares: list[HostConfig] = Field(
         default_factory=list,
@@ -449,6 +453,11 @@ class ClusterConfig(_Model):
         if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
             raise ValueError(f"{v!r} is not an image reference")
         return v
+
+    @property
+    def invocation(self) -> Invocation:
+        """The user's own --config, --hosts and --name: what every printed fix repeats (job/invocation.py)."""
+        return self._invocation
 
     @property
     def one_machine(self) -> bool:
@@ -614,13 +623,23 @@ class Overrides(_Model):
     spares: list[str] | None = None  # up --spares: spares (replaces the file's list)
 
 
+def config_path(path: str | None) -> tuple[str | None, str]:
+    """The config file the user named, and how: --config, else DOCKERLAUNCH_CONFIG (read by every command that reads
+    a config), else None (./dockerlaunch.yaml where it exists)."""
+    if path is not None:
+        return path, "--config"
+    env = os.environ.get(CONFIG_ENV, "").strip()
+    return (env, CONFIG_ENV) if env else (None, "")
+
+
 def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
-    """Raw mapping from YAML. An explicit path must exist; the default file is optional."""
+    """Raw mapping from YAML. An explicit path (--config, DOCKERLAUNCH_CONFIG) must exist; the default is optional."""
+    path, named_by = config_path(path)
     explicit = path is not None
     p = Path(path if explicit else DEFAULT_CONFIG_FILE)
     if not p.exists():
         if explicit:
-            raise ConfigError(f"config file {p} does not exist (--config)")
+            raise ConfigError(f"config file {p} does not exist ({named_by})")
         return {}, None
     try:
         data = yaml.safe_load(p.read_text())
@@ -806,7 +825,11 @@ def load_config(path: str | None = None, overrides: Overrides | None = None) -> 
     if source is not None and overrides is not None:
         # the file as written, even where a flag replaces a value: `job: {command: 5}` is wrong with `-- cmd` too
         validate_config({**data, "hosts": data.get("hosts") or [FILE_CHECK_HOST]}, source)
-    return validate_config(merged, source)
+    config = validate_config(merged, source)
+    ov = overrides or Overrides()
+    config._invocation = Invocation(config=config_path(path)[0], hosts=tuple(ov.hosts) if ov.hosts else None,
+                                    name=ov.name)
+    return config
 
 
 def config_schema() -> dict[str, Any]:

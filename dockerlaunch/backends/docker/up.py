@@ -197,8 +197,10 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
                 if config.spares and -1 not in bad and len(bad) <= len(config.spares) and len(bad) < len(
                         config.hosts):
                     raise _Replace(bad)
-                reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started. "
-                             "Fix the above or use --skip-preflight.", "bold red")
+                # the fix is each failed row's own (never --skip-preflight: it would start what cannot run)
+                reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started: fix what "
+                             f"failed above, then run `up` again ({config.invocation.command('doctor')} checks "
+                             "without starting)", "bold red")
                 return Ending(1, Cause.PREFLIGHT_FAILED)
             probes = prepare(session, reporter, listing=False)
             phases.done("prepare")
@@ -231,7 +233,9 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
             continue
         if not sources:
             raise DockerlaunchError(f"spare {session.fleet.hosts[r].address} lacks {image} and no other host of "
-                                    f"the job has it: push it first (dockerlaunch push {image} --hosts ...)")
+                                    "the job has it: push it first: " + session.config.invocation.fix(
+                                        "push", image, "--hosts", session.fleet.hosts[r].address, hosts=False,
+                                        name=False))
         dst = session.fleet.hosts[r]
         reporter.say(f"copying {image} from {sources[0].address} to spare {dst.address}")
         reporter.say(recovery.copy_image(sources[0], dst, image))  # type: ignore[misc]
@@ -316,7 +320,7 @@ def _clear_leftovers(session: Session, existing: list[tuple[str, ContainerState]
     if running:
         what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in running)
         raise DockerlaunchError(f"job {job} already has containers ({what}); "
-                                f"remove them: dockerlaunch down --name {job}")
+                                f"remove them: {session.config.invocation.fix('down', '--name', job, name=False)}")
     by_host: dict[str, list[str]] = {}
     for host, s in existing:
         by_host.setdefault(host, []).append(s.name)
@@ -362,7 +366,8 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
         if detach:
             run.started = False
             reporter.say(f"started {plan.nnodes} container(s) in {phases}; "
-                         f"follow with: dockerlaunch logs --follow --name {plan.job}")
+                         "follow with: " + session.config.invocation.fix("logs", "--follow", "--name", plan.job,
+                                                                         name=False))
             return Ending(0, Cause.DETACHED)
         reporter.say(f"started {plan.nnodes} container(s) in {phases}" + (f"; logs: {run_dir}/" if run_dir else ""))
         ending, watchers = _watch(session, plan, reporter, run, watchdogs, monitors, run_dir, on_hang)

@@ -269,22 +269,25 @@ def _judge_ib_container(report: Report, a: str, c: ContainerFacts) -> None:
         report.add(a, "image ibverbs", PASS, "libibverbs and a verbs provider")
 
 
-def _judge_image(report: Report, plan: JobPlan, obs: list[HostObservation]) -> None:
+def _judge_image(report: Report, config: ClusterConfig, plan: JobPlan, obs: list[HostObservation],
+                 image_here: bool | None = None) -> None:
     checked = [o for o in obs if o.usable and o.image_id is not None]
     # one image has two IDs (config digest in the classic store, manifest digest in containerd's): hosts
     # compare what it holds, its layers and creation time, where they report it
     reference = next((o for o in checked if o.image_id), None)
-    all_hosts = ",".join(h.address for h in plan.hosts)
+    push = config.invocation.fix("push", plan.image, name=False)
     for o in checked:
         same = reference is not None and (o.image_id == reference.image_id or (
             bool(o.image_content) and o.image_content == reference.image_content))
-        if not o.image_id:
-            report.add(o.address, "image", FAIL,
-                       f"{plan.image} is missing; copy it: dockerlaunch push {plan.image} --hosts {all_hosts}")
+        if not o.image_id and image_here is False:
+            report.add(o.address, "image", FAIL, f"{plan.image} is missing, and not on this machine either: build or "
+                       f"pull it first (`docker pull {plan.image}`, or `dockerlaunch build --stack NAME`), then "
+                       f"{push}")
+        elif not o.image_id:
+            report.add(o.address, "image", FAIL, f"{plan.image} is missing; copy it: {push}")
         elif not same:
             report.add(o.address, "image", FAIL, f"{plan.image} is {o.image_id[7:19]} here but "
-                       f"{reference.image_id[7:19]} on another host; "
-                       f"dockerlaunch push {plan.image} --hosts {all_hosts}")
+                       f"{reference.image_id[7:19]} on another host; copy one: {push}")
         else:
             report.add(o.address, "image", PASS, o.image_id[7:19])
 
@@ -374,7 +377,7 @@ def judge(config: ClusterConfig, plan: JobPlan, targets: list[SSHTarget], ob: Ob
     report = Report()
     for hp, target, o in zip(plan.hosts, targets, ob.hosts):
         _judge_host(report, config, hp, target, o, ob.master)
-    _judge_image(report, plan, ob.hosts)
+    _judge_image(report, config, plan, ob.hosts, ob.image_here)
     _judge_cluster(report, config, plan, ob)
     _judge_gpu_models(report, ob.hosts, plan)
     rank_of = {label: i for i, label in enumerate(labels)}

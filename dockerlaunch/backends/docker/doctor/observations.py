@@ -168,6 +168,7 @@ class Observations:
     reach_ports: tuple[int, int] | None = None  # (master port, a random high port) when tried
     reach_error: str | None = None  # the listener on host 0 did not start
     reach_missing: str | None = None  # no listener on host 0: the tool that is missing there, and how to add it
+    image_here: bool | None = None  # this machine has the job image (asked only when a host lacks it; None: unknown)
 
 
 OBSERVE_SINGLE = ("clock", "docker", "docker_error", "image", "image_content")

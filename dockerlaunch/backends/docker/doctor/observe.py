@@ -331,6 +331,22 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations) ->
             h0.remote.run(["kill", handle], timeout=30)
 
 
+def image_here(image: str) -> bool | None:
+    """Whether this machine's engine has the image (a host lacking it is then one push away); None: no engine here."""
+    import docker
+
+    from dockerlaunch.engine import engine
+    from dockerlaunch.errors import EngineError
+
+    try:
+        engine().images.get(image)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    except (EngineError, docker.errors.DockerException, OSError):
+        return None
+
+
 def observe(cluster: Fleet, plan: JobPlan) -> Observations:
     config = cluster.config
     master = plan.master_addr
@@ -357,6 +373,8 @@ def observe(cluster: Fleet, plan: JobPlan) -> Observations:
             if wants_gpus(plan.hosts[o.item.rank]):
                 ob.gpus = ob.gpus or ContainerFacts(error=why)
     observations = Observations(str(master), obs)
+    if any(o.usable and o.docker is not None and not o.image_id for o in obs):
+        observations.image_here = image_here(plan.image)
     try:
         _observe_shared(cluster, config, obs)
     except HostError as e:

@@ -146,7 +146,7 @@ def test_docker_without_answer():
 
 def test_image_missing_fails_with_the_push_hint():
     report = run(cfg(), host(0), host(1, image_id="", shm=None))
-    row(report, H1, "image", FAIL, "img:tag is missing", "dockerlaunch push img:tag --hosts 10.0.0.1,10.0.0.2")
+    row(report, H1, "image", FAIL, "img:tag is missing; copy it: fix: dockerlaunch push img:tag")
     row(report, H0, "image", PASS, "ab12cd34ef56")
     # no container could run there: no shm/gpus rows, and reachability is skipped instead of failed
     assert report.get(H1, "shm") is None and report.get(H1, "gpus") is None
@@ -159,11 +159,37 @@ def test_image_missing_everywhere():
     row(report, H1, "image", FAIL, "missing")
 
 
+def test_an_image_this_machine_lacks_too_is_built_or_pulled_first():
+    """A push hint for an image that is not here would fail when pasted: build or pull it first, then push."""
+    from dockerlaunch.backends.docker.doctor.judge import _judge_image
+    from dockerlaunch.backends.docker.doctor.report import Report
+
+    config = cfg()
+    report = Report()
+    _judge_image(report, config, make_plan(config), [host(0, image_id="")], image_here=False)
+    got = report.get(H0, "image")
+    assert got.status == FAIL and "not on this machine either: build or pull it first" in got.reason
+    assert "docker pull img:tag" in got.reason and got.reason.endswith("then fix: dockerlaunch push img:tag")
+
+
+def test_the_push_hint_repeats_the_users_own_config_and_hosts():
+    from dockerlaunch.backends.docker.doctor.judge import _judge_image
+    from dockerlaunch.backends.docker.doctor.report import Report
+    from dockerlaunch.job.invocation import Invocation
+
+    config = cfg()
+    config._invocation = Invocation(config="c.yaml", hosts=("10.0.0.1", "10.0.0.2"), name="ux2")
+    report = Report()
+    _judge_image(report, config, make_plan(config), [host(0, image_id="")], image_here=True)
+    assert report.get(H0, "image").reason == ("img:tag is missing; copy it: fix: dockerlaunch push img:tag --config "
+                                              "c.yaml --hosts 10.0.0.1,10.0.0.2")
+
+
 def test_a_different_image_id_on_one_host_fails():
     report = run(cfg(), host(0), host(1, image_id=OTHER_ID))
     row(report, H0, "image", PASS, "ab12cd34ef56")
     row(report, H1, "image", FAIL, "img:tag is 99ff88ee77dd here but ab12cd34ef56 on another host",
-        "dockerlaunch push img:tag --hosts 10.0.0.1,10.0.0.2")
+        "copy one: fix: dockerlaunch push img:tag")
 
 
 # ---------------------------------------------------------------- route, infiniband
