@@ -8,11 +8,11 @@ import sys
 import click
 
 from dockerlaunch.cli.console import RichReporter, host_text, print_table
-from dockerlaunch.cli.main import cli, config_options, load, output_option
+from dockerlaunch.cli.main import cli, config_options, job_ref_options, load, output_option
 
 
 @cli.command()
-@config_options
+@job_ref_options
 @output_option()
 def transport(output: str, **kw) -> None:
     """How NCCL moves data on each host (from its own logs): network, HCAs, GDRDMA, intra/inter-host path.
@@ -48,7 +48,7 @@ def transport(output: str, **kw) -> None:
 
 
 @cli.command()
-@config_options
+@job_ref_options
 @click.option("--native", is_flag=True, help="Native (C/C++) frames too: slower, and pauses each rank longer.")
 @click.option("--out", "out_dir", metavar="DIR", help="Folder for the files (default dockerlaunch-dumps/<job>-<time>).")
 def dump(native: bool, out_dir: str | None, **kw) -> None:

@@ -24,6 +24,7 @@ from dockerlaunch.cli.main import (
     cli,
     config_options,
     diagnostics_option,
+    job_ref_options,
     load,
     offline_option,
     output_option,
@@ -215,7 +216,7 @@ LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_def
 
 
 @cli.command()
-@config_options
+@job_ref_options
 @click.option("--ignore-missing", is_flag=True,
               help="Exit 0 when the job has no containers (by default that is an error naming the jobs there are).")
 @LOG_DIR_OPTION
@@ -263,7 +264,8 @@ def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: s
         say.say(f"host {h}: did not answer: {why}", "bold red")
     kept = [n for n in found.saved if n not in {j.name for j in found.jobs}]
     if kept:
-        say.say(f"finished, logs kept under {log_dir}/: {', '.join(kept)} (`dockerlaunch logs --name JOB`)")
+        say.say(f"finished, logs kept under {log_dir}/: {', '.join(kept)} "
+                f"(`{cfg.invocation.command('logs', '--name', 'JOB', name=False)}`)")
     sys.exit(1 if found.failed else 0)
 
 
@@ -285,7 +287,7 @@ def _states(job) -> str:
 
 
 @cli.command()
-@config_options
+@job_ref_options
 @output_option()
 @LOG_DIR_OPTION
 def status(output: str, log_dir: str, **kw) -> None:
@@ -313,7 +315,8 @@ def status(output: str, log_dir: str, **kw) -> None:
     if not found:
         LineReporter().say(f"job {cfg.job.name}: no containers on {len(cfg.hosts)} host(s)")
         if others:
-            LineReporter().say(manage.jobs_line(others, {}, log_dir) + " (`dockerlaunch ps` for more)")
+            LineReporter().say(manage.jobs_line(others, {}, log_dir)
+                               + f" (`{cfg.invocation.command('ps', name=False)}` for more)")
     else:
         rows = []
         for host, s in found:
@@ -328,7 +331,7 @@ def status(output: str, log_dir: str, **kw) -> None:
 
 
 @cli.command()
-@config_options
+@job_ref_options
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the containers exit.")
 @click.option("--rank", type=int, help="Only this rank.")
 @click.option("--tail", default="all", show_default=True, help="Lines from the end of each log.")
@@ -344,7 +347,7 @@ def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir
 
 
 @cli.command("exec", context_settings={**CONTEXT, "allow_interspersed_args": False})
-@config_options
+@job_ref_options
 @click.option("--rank", type=int, required=True, help="Which rank's container.")
 @LOG_DIR_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)

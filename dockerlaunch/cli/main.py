@@ -78,21 +78,47 @@ def split_hosts(ctx, param, value):
     return hosts
 
 
-def config_options(f):
-    """Flags that override the config file; shared by every command that reads it."""
-    opts = [
-        click.option("--config", "config_path", metavar="PATH", help="Cluster config (default ./dockerlaunch.yaml)."),
-        click.option("--hosts", callback=split_hosts, metavar="H1,H2", help="Hosts, rank 0 first: [user@]host[:port]."),
-        click.option("--image", metavar="IMAGE", help="Job image."),
-        click.option("--nproc-per-node", type=click.IntRange(1, 1024), help="Processes per host."),
-        click.option("--master-port", type=click.IntRange(1, 65535), help="Rendezvous port on host 0."),
-        click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:ro]", help="Extra mount (repeatable)."),
-        click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra env (repeatable; no secrets)."),
-        click.option("--name", metavar="NAME", help="Job name (containers are NAME-RANK)."),
-    ]
-    for opt in reversed(opts):
+def _apply(f, opts):
+    for opt in reversed(opts):  # click lists options in the order written here
         f = opt(f)
     return f
+
+
+def _target():
+    return [click.option("--config", "config_path", metavar="PATH",
+                         help="Cluster config (default $DOCKERLAUNCH_CONFIG, else ./dockerlaunch.yaml)."),
+            click.option("--hosts", callback=split_hosts, metavar="H1,H2",
+                         help="Hosts, rank 0 first: [user@]host[:port].")]
+
+
+def _name():
+    return [click.option("--name", metavar="NAME", help="Job name (containers are NAME-RANK).")]
+
+
+def _shape():
+    return [click.option("--image", metavar="IMAGE", help="Job image."),
+            click.option("--nproc-per-node", type=click.IntRange(1, 1024), help="Processes per host."),
+            click.option("--master-port", type=click.IntRange(1, 65535), help="Rendezvous port on host 0."),
+            click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:ro]", help="Extra mount (repeatable)."),
+            click.option("--env", "env", multiple=True, metavar="KEY=VALUE",
+                         help="Extra env (repeatable; no secrets).")]
+
+
+def target_options(f):
+    """Which hosts: --config and --hosts (every command that reaches the cluster)."""
+    return _apply(f, _target())
+
+
+def job_ref_options(f):
+    """Which job on those hosts: the target and --name (down, status, logs, exec, dump, transport)."""
+    return _apply(f, _target() + _name())
+
+
+def config_options(f):
+    """Everything that shapes the job's containers: the job reference and the flags that override the config file
+    (up, doctor, render, commtest, config show). A command declares only the options it reads
+    (tests/unit/cli/test_help.py holds the table)."""
+    return _apply(f, _target() + _name() + _shape())
 
 
 def output_option(help_text: str = "text for people, json for scripts"):
@@ -123,16 +149,16 @@ def warn_secret_env(config) -> None:
 
 
 def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None):
-    ov = Overrides(
-        hosts=kw.pop("hosts"), image=kw.pop("image"), nproc_per_node=kw.pop("nproc_per_node"),
-        master_port=kw.pop("master_port"), mounts=list(kw.pop("mounts")), env=list(kw.pop("env")),
-        name=kw.pop("name"), command=list(command) or None,
+    ov = Overrides(  # a command declares only the options it uses (target_options, job_ref_options, ...)
+        hosts=kw.pop("hosts", None), image=kw.pop("image", None), nproc_per_node=kw.pop("nproc_per_node", None),
+        master_port=kw.pop("master_port", None), mounts=list(kw.pop("mounts", ())), env=list(kw.pop("env", ())),
+        name=kw.pop("name", None), command=list(command) or None,
         diagnostics=False if kw.pop("no_diagnostics", False) else None,
         offline=True if kw.pop("offline", False) else None, infiniband=infiniband,
         max_restarts=kw.pop("max_restarts", None), hang_timeout=kw.pop("hang_timeout", None),
         spares=kw.pop("spares", None),
     )
-    return load_config(kw.pop("config_path"), ov)
+    return load_config(kw.pop("config_path", None), ov)
 
 
 # The signals that stopped this run, in order. An exception raised by a signal handler can land inside

@@ -64,7 +64,9 @@ def ib_ports(plan: JobPlan, rank: int) -> list[str] | None:
 
 
 def read_transport(cluster_hosts: list[Host], plan: JobPlan, where: str,
-                   ib_active: dict[int, list[str] | None] | None = None) -> TransportReport:
+                   ib_active: dict[int, list[str] | None] | None = None,
+                   doctor: str = "dockerlaunch doctor") -> TransportReport:
+    """`doctor`: the user's own `dockerlaunch doctor` (same --config), which a finding asks to run again."""
     ipc = plan.hosts[0].container.ipc
     results = each(lambda h: read_host(h, where), cluster_hosts)
     texts: dict[str, list[str]] = {}
@@ -83,7 +85,7 @@ def read_transport(cluster_hosts: list[Host], plan: JobPlan, where: str,
         ports = (ib_active or {}).get(h.rank) if ib_active is not None else ib_ports(plan, h.rank)
         rows.append((h.rank, address, t, errors.get(f"{h.rank}")))
         # said once per machine: `local` "hosts" share one, and each would name its own example channel
-        findings += [f for f in judge(t, ports, multi_host=multi, ipc=ipc)
+        findings += [f for f in judge(t, ports, multi_host=multi, ipc=ipc, doctor=doctor)
                      if not any((g.level, g.host) == (f.level, f.host) for g in findings)]
     return TransportReport(rows, findings)
 
@@ -112,7 +114,8 @@ def transport(config: ClusterConfig) -> TransportReport:
         master = master_addr_of(session)
         probes = session.fleet.each(lambda h: probelib.probe(h.remote, master))
         ib = {h.rank: (o.value.ib_active if o.ok else None) for h, o in zip(session.fleet.hosts, probes)}
-        report = read_transport(session.fleet.hosts, session.plan, diag_dir(config), ib)
+        report = read_transport(session.fleet.hosts, session.plan, diag_dir(config), ib,
+                                config.invocation.command("doctor"))
         why = unreadable(config)
         if why and not any(t and t.seen for _, _, t, _ in report.hosts):
             raise DockerlaunchError(f"no NCCL transport lines: {why}; then start the job again")
@@ -148,7 +151,8 @@ def watch_transport(session: Session, plan: JobPlan, reporter: Reporter, stop: t
     while True:
         last = stop.wait(every) or time.monotonic() >= deadline
         try:
-            report = read_transport(session.fleet.hosts, plan, plan.diag_dir)
+            report = read_transport(session.fleet.hosts, plan, plan.diag_dir,
+                                    doctor=session.config.invocation.command("doctor"))
         except Exception:  # noqa: BLE001 - a watcher must never disturb the job
             return
         seen = [t for _, _, t, _ in report.hosts if t is not None and t.seen]

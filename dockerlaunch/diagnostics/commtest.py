@@ -191,7 +191,8 @@ def _links_and_transport(holder: dict):
         stop.wait()
         try:
             if plan.diag_dir and session.config.diagnostics.nccl_log:
-                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir)
+                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir,
+                                                      doctor=session.config.invocation.command("doctor"))
             links = []
             for h, hp in zip(session.fleet.hosts, plan.hosts):
                 nic = hp.container.env.get("NCCL_SOCKET_IFNAME")
@@ -216,7 +217,9 @@ def sub_config(config: ClusterConfig, hosts: list[int] | None, command_argv: lis
     data["job"] = {**data["job"], "name": name, "command": command_argv}
     if hosts is not None:
         data["hosts"] = [data["hosts"][i] for i in hosts]
-    return ClusterConfig.model_validate(data)
+    out = ClusterConfig.model_validate(data)
+    out._invocation = config.invocation  # its hints are the user's own command line's
+    return out
 
 
 def run(config: ClusterConfig, lo: int, hi: int, iters: int = 0, hosts: list[int] | None = None,

@@ -70,7 +70,8 @@ def stragglers(steps: list[dict], higher_is_better: bool) -> list[tuple[dict, fl
     return out
 
 
-def judge(records: list[dict], hosts: list[str], transport: TransportReport | None, exit_code: int) -> list[Row]:
+def judge(records: list[dict], hosts: list[str], transport: TransportReport | None, exit_code: int,
+          transport_cmd: str = "dockerlaunch transport") -> list[Row]:
     """The smoke lines -> rows per host (pure). Each record carries `addr`, the host whose container printed it."""
     rows: list[Row] = []
     steps = [r for r in records if r.get("kind") == "step"]
@@ -123,7 +124,7 @@ def judge(records: list[dict], hosts: list[str], transport: TransportReport | No
             if t is None or not t.network:
                 why = error or "no NCCL INFO log"
                 rows.append(Row(address, "smoke transport", "WARN", f"NCCL's transport was not read here ({why}): "
-                                "run `dockerlaunch transport`"))
+                                f"run `{transport_cmd}`"))
             else:
                 rows.append(Row(address, "smoke transport", "PASS", describe(t)))
         for message in fails:
@@ -156,7 +157,8 @@ def run(config: ClusterConfig, reporter: Reporter | None = None) -> SmokeResult:
     data = cfg.model_dump(mode="json")
     data["job"].update({"max_restarts": 0, "hang_timeout": SILENT_S, "progress_regex": None})
     data["spares"] = []
-    cfg = ClusterConfig.model_validate(data)
+    cfg, invocation = ClusterConfig.model_validate(data), cfg.invocation
+    cfg._invocation = invocation
     capture = MarkedLines(reporter, MARK, host_key="addr")
     holder: dict = {}
 
@@ -165,11 +167,12 @@ def run(config: ClusterConfig, reporter: Reporter | None = None) -> SmokeResult:
         stop.wait()
         try:
             if plan.diag_dir and session.config.diagnostics.nccl_log:
-                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir)
+                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir,
+                                                      doctor=session.config.invocation.command("doctor"))
         except Exception as e:  # noqa: BLE001 - a missing transport verdict, never a crash
             holder["error"] = str(e)
 
     code = launch.up(cfg, preflight=False, log_dir=None, reporter=capture, monitors=[monitor])
     hosts = [h.address for h in cfg.hosts]
-    rows = judge(capture.records, hosts, holder.get("transport"), code)
+    rows = judge(capture.records, hosts, holder.get("transport"), code, config.invocation.command("transport"))
     return SmokeResult(rows, capture.records, code, capture.tail)

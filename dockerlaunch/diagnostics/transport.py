@@ -251,8 +251,8 @@ class Finding:
     message: str
 
 
-def judge(t: HostTransport, ib_active: list[str] | None, *, multi_host: bool, ipc: str | None = None
-          ) -> list[Finding]:
+def judge(t: HostTransport, ib_active: list[str] | None, *, multi_host: bool, ipc: str | None = None,
+          doctor: str = "dockerlaunch doctor") -> list[Finding]:
     """Warnings for one host. `ib_active`: the ACTIVE InfiniBand ports doctor saw there (None: not known).
 
     On one host NCCL's network is unused (ranks meet by P2P/SHM), so only a multi-host job's socket choice counts.
@@ -270,7 +270,7 @@ def judge(t: HostTransport, ib_active: list[str] | None, *, multi_host: bool, ip
         out.append(Finding("FAIL", t.host,
                            f"NCCL uses TCP sockets although InfiniBand port(s) {', '.join(ib_active)} are ACTIVE on "
                            f"this host: expect training 10-100x slower. Likely cause: {cause}; then re-run "
-                           "`dockerlaunch doctor`"))
+                           f"`{doctor}`"))
     if t.same_host_net:
         why = ("the containers do not share an IPC namespace (container.ipc is private: use ipc: host, the default)"
                if ipc in ("private", "shareable") else

@@ -33,3 +33,40 @@ def test_every_command_is_in_one_section_and_every_section_names_a_command():
     assert len(listed) == len(set(listed))
     registered = set(cli.list_commands(click.Context(cli)))
     assert set(listed) == registered, (set(listed) - registered, registered - set(listed))
+
+
+# What each command reads of the shared config options (cli/main.py: target_options, job_ref_options,
+# config_options): a command lists an option in its --help only where it uses it (`logs --mount` did nothing).
+TARGET = {"--config", "--hosts"}
+JOB_REF = TARGET | {"--name"}
+SHAPE = JOB_REF | {"--image", "--nproc-per-node", "--master-port", "--mount", "--env"}
+READS = {
+    "up": SHAPE, "doctor": SHAPE, "render": SHAPE, "commtest": SHAPE, "config show": SHAPE,
+    "down": JOB_REF, "status": JOB_REF, "logs": JOB_REF, "exec": JOB_REF, "dump": JOB_REF, "transport": JOB_REF,
+    "ps": TARGET, "push": TARGET | {"--image"}, "load": TARGET, "build": TARGET, "wheels build": {"--config"},
+    # the sim's commands: --name is the simulated cluster's
+    "sim up": {"--name"}, "sim down": {"--name"}, "sim shape": {"--name"}, "sim status": {"--name"},
+}
+
+
+def _commands(cmd, path=()):
+    import click
+
+    if isinstance(cmd, click.Group):
+        for name in cmd.list_commands(click.Context(cmd)):
+            yield from _commands(cmd.get_command(click.Context(cmd), name), (*path, name))
+    else:
+        yield " ".join(path), cmd
+
+
+def test_each_command_declares_only_the_config_options_it_reads():
+    import click
+
+    from dockerlaunch.cli import diagnose, images, jobs, render, sim, transfer  # noqa: F401 - registers commands
+
+    wrong = {}
+    for path, cmd in _commands(cli):
+        options = {o for p in cmd.params if isinstance(p, click.Option) for o in p.opts} & SHAPE
+        if options != READS.get(path, set()):
+            wrong[path] = sorted(options)
+    assert wrong == {}, wrong

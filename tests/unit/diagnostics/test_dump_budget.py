@@ -35,7 +35,7 @@ def test_a_bad_budget_is_one_line_naming_the_variable_before_any_host_is_contact
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "dump", "--hosts", "10.255.255.1", "--image", "i:1",
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "dump", "--hosts", "10.255.255.1",
                         "--name", "j", "--out", str(tmp_path / "d")], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "DOCKERLAUNCH_DUMP_BUDGET": "lots"})
     assert r.returncode == 1 and r.stderr.splitlines() == [
