@@ -46,6 +46,7 @@ def test_up_without_a_command_on_an_image_without_cmd_is_refused_before_any_cont
         assert (f"error: no command to run: nothing after `--`, no job.command, and the image {data['image']} has "
                 "no CMD or ENTRYPOINT; put the command after `--` or set `job.command`") in r.stderr, out
         assert "No command specified" not in out, out
+        assert "doctor:" not in out, out  # refused before the pre-flight: nothing to check for it
         assert job_containers(job) == []
     # the fix, as printed: the command after `--` runs
     job = job_name()

@@ -30,7 +30,14 @@ from dockerlaunch.backends.docker.secret_env import (
     remove_env_files,
     stale_env_files_argv,
 )
-from dockerlaunch.backends.docker.session import Phases, Session, gather_facts, master_addr_of, own_containers
+from dockerlaunch.backends.docker.session import (
+    Phases,
+    Session,
+    check_command,
+    gather_facts,
+    master_addr_of,
+    own_containers,
+)
 from dockerlaunch.backends.docker.watchdog import Watchdogs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, HostError, Terminated
 from dockerlaunch.hosts.fleet import Fleet, Host
@@ -178,7 +185,12 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
             _image_onto_spares(session, sorted(fresh), recovery, reporter)
             fresh.clear()
             phases.done("image")
-        probes = prepare(session, reporter, diag=not preflight, probe=not preflight)
+        # no command given: the probe (same round trip) reads the image's CMD, so a job that cannot start is
+        # refused before the pre-flight, not after it
+        no_command = not session.plan.hosts[0].container.command
+        probes = prepare(session, reporter, diag=not preflight, probe=not preflight or no_command)
+        if preflight and no_command and probes is not None:
+            check_command(config, probes)
         phases.done("prepare")
         for note in session.plan.advice:
             reporter.say(f"note: {note}", "yellow")
