@@ -220,7 +220,9 @@ def render_plan(plan: JobPlan, targets: list[SSHTarget]) -> str:
     for h, t in zip(plan.hosts, targets):
         out.append("")
         out.append(f"# rank {h.rank}: {h.address}  (ssh {t.describe()}; {h.nproc_per_node} process(es))")
-        out.append(format_argv(docker_argv(h.container), len(h.container.command)))
+        line = format_argv(docker_argv(h.container), len(h.container.command))
+        # no command given: the image's own CMD runs (a shell comment, so the line still pastes as it is)
+        out.append(line if h.container.command else f"{line}  # <the image's CMD>")
     pending = plan.unresolved()
     out.append("")
     r = plan.recovery()

@@ -542,3 +542,19 @@ def test_finding_a_job_needs_no_image_but_starting_one_does():
 def test_status_without_an_image_reaches_for_the_hosts(cli):
     r = cli("status", "--hosts", "127.0.0.1:1", "--name", "j")
     assert r.returncode != 0 and "no image" not in r.stderr and "127.0.0.1" in r.stderr, r.stderr
+
+
+def test_the_text_dry_run_says_the_images_cmd_runs_when_no_command_is_given():
+    """A shell comment, so the printed `docker run` still pastes and runs as it is."""
+    import shlex
+
+    from dockerlaunch.cli.console import render_plan
+
+    data = {"hosts": ["h1"], "image": "img:1", "ssh": {"config_file": None}}
+    plan = make_plan(ClusterConfig.model_validate(data))
+    text = render_plan(plan, resolve_all(plan.config))
+    last = next(line for line in text.splitlines() if "img:1" in line and not line.startswith("Plan"))
+    assert last.endswith("img:1  # <the image's CMD>") and shlex.split(last, comments=True) == ["img:1"], last
+    data["job"] = {"command": ["echo", "hi"]}
+    plan = make_plan(ClusterConfig.model_validate(data))
+    assert "<the image's CMD>" not in render_plan(plan, resolve_all(plan.config))
