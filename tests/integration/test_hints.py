@@ -38,6 +38,10 @@ def test_the_push_hint_of_a_missing_image_runs_as_printed(sim_cluster, remotes, 
         assert rows and all(c["verdict"] == "FAIL" for c in rows), rows
         reason = rows[0]["reason"]
         assert f"fix: dockerlaunch push {tag} --config {cfg}" in reason, reason
+        # quoted: `up` with the image missing ended with `Fix the above or use --skip-preflight`
+        up = dl("up", "--config", cfg, "--image", tag, "--name", job_name(), "--", "true")
+        assert up.returncode == 1 and "nothing was started" in up.stdout + up.stderr, up.stdout + up.stderr
+        assert "--skip-preflight" not in up.stdout + up.stderr and f"fix: dockerlaunch push {tag}" in up.stdout
         pushed = run_fix(reason, timeout=600)
         assert pushed.returncode == 0, pushed.stdout + pushed.stderr
         again = dl("doctor", "--config", cfg, "--image", tag, "--output", "json")

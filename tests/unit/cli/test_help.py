@@ -70,3 +70,16 @@ def test_each_command_declares_only_the_config_options_it_reads():
         if options != READS.get(path, set()):
             wrong[path] = sorted(options)
     assert wrong == {}, wrong
+
+
+def test_stacks_list_marks_the_recommended_stack():
+    """Quoted: `stacks list` did not mark the recommended stack (no field said which it is)."""
+    from dockerlaunch.images.stacks import load_matrix
+
+    recommended = load_matrix().recommended
+    assert recommended
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", "stacks", "list"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    [marked] = [line for line in r.stdout.splitlines() if line.startswith("* ")]
+    assert marked.split()[1] == recommended and "[recommended" in marked, marked
