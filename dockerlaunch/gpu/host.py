@@ -6,7 +6,7 @@ How a container reaches these GPUs (runtime, CDI, device nodes) is job/facts.Gpu
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Compute capability by model name, for drivers that do not know the `compute_cap` field (R470 and older: "Field
 # "compute_cap" is not a valid field to query", TensorRT-LLM#735, candle#733). NVIDIA's CUDA GPUs table
@@ -103,7 +103,6 @@ class GpuHost:
     uptime_s: float | None = None
     nvswitches: int | None = None  # NVSwitch devices the host's driver lists; None: not asked
     fabric_manager: str | None = None  # systemd's word for nvidia-fabricmanager, `running`/`stopped` (ps), None
-    notes: tuple[str, ...] = field(default=())
     vgpu_manager: bool = False  # `CUDA Version : Not Found`: a vGPU host (hypervisor) driver, no CUDA on the host
 
     def gpu(self, bus_id: str) -> Gpu | None:

@@ -36,8 +36,3 @@ CUDA = pin("cuda")
 def pins(labels: dict[str, str]) -> dict[str, str]:
     """The pins an image's labels carry, by key."""
     return {k[len(PIN):]: v for k, v in labels.items() if k.startswith(PIN)}
-
-
-def ours(labels: dict[str, str]) -> bool:
-    """Whether dockerlaunch labelled this image."""
-    return any(k.startswith(PREFIX) for k in labels)

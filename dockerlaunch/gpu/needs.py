@@ -8,7 +8,7 @@ bases). The rules are gpu/cuda.py's, the same verify applies to an image's cubin
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dockerlaunch.gpu import cuda, labels
 from dockerlaunch.gpu.host import Gpu, GpuHost
@@ -66,8 +66,6 @@ class ImageNeeds:
     compiled: tuple[str, ...] = ()  # the packages compiled for exactly `archs`
     stack: str | None = None
     compat: CudaCompat | None = None
-    labels_say: bool = False  # dockerlaunch built it (its labels are the source)
-    extra: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def of_image(cls, image_labels: dict[str, str] | None, env: tuple[str, ...] | None = None,
@@ -95,7 +93,7 @@ class ImageNeeds:
                    driver_min=lb.get(labels.DRIVER_MIN) or None, toolkit_driver=lb.get(labels.DRIVER_TOOLKIT) or None,
                    archs=tuple(a for a in label.split(";") if a) if label else None,
                    code=record.code if record is not None else None, compiled=compiled, stack=lb.get(labels.STACK),
-                   compat=compat, labels_say=labels.ours(lb))
+                   compat=compat)
 
     def runs_on(self, host: GpuHost, gpu_mode: str | None = None) -> list[Finding]:
         """The image against one host's driver and GPUs: the `driver` and `archs` findings. `gpu_mode`: how the job's

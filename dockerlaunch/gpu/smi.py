@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from dockerlaunch.errors import DockerlaunchError
-from dockerlaunch.gpu.host import Gpu, GpuHost, Holder, Xid, cap_of_model, parse_cap
+from dockerlaunch.gpu.host import Gpu, GpuHost, Holder, Xid, parse_cap, same_bus
 
 NA = re.compile(r"^\[?(N/A|Not Supported|Unknown Error|Insufficient Permissions|GPU requires reset|Not Found|"
                 r"Requested functionality has been deprecated)\]?$", re.I)
@@ -193,7 +193,7 @@ def parse(kv: dict[str, list[str]]) -> GpuHost | None:
     driver, cuda, fabric = parse_q(kv.get("smi_q", []))
     gpus = []
     for g in parse_query(kv.get("smi_gpu", [])):
-        state, status, health = next((v for bus, v in fabric.items() if _same(bus, g.bus_id)), (None, None, None))
+        state, status, health = next((v for bus, v in fabric.items() if same_bus(bus, g.bus_id)), (None, None, None))
         gpus.append(Gpu(**{**g.__dict__, "fabric_state": state, "fabric_status": status, "fabric_health": health}))
     rows = [line for line in kv.get("smi_gpu", [])]
     if driver is None:
@@ -215,12 +215,3 @@ def parse(kv: dict[str, list[str]]) -> GpuHost | None:
         errors=tuple(kv.get("smi_error", [])), unknown_fields=tuple(dict.fromkeys(kv.get("smi_unknown", []))),
         xids=xids, driver_loaded_s=_float(one("driver_loaded")), uptime_s=_float(one("uptime")),
         nvswitches=int(nvswitches) if nvswitches.isdigit() else None, fabric_manager=one("fabric_manager") or None)
-
-
-def _same(a: str, b: str) -> bool:
-    return a.strip().upper()[-12:] == b.strip().upper()[-12:]
-
-
-__all__ = ["CAPS_QUERY", "CapsUnknown", "QUERY", "cap_of_model", "driver_version", "parse", "parse_compute_caps",
-           "parse_q",
-           "parse_query", "value"]
