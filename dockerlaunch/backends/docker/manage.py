@@ -14,7 +14,7 @@ from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost
 from dockerlaunch.backends.docker.logsink import LogSink
 from dockerlaunch.backends.docker.runs import latest_run, saved_attempt, saved_jobs, tail_lines
 from dockerlaunch.backends.docker.secret_env import remove_stale_env_files
-from dockerlaunch.backends.docker.session import Session, existing_job_containers, open_session
+from dockerlaunch.backends.docker.session import Session, existing_job_containers, open_session, own_containers
 from dockerlaunch.errors import ConfigError, DockerError, DockerlaunchError
 from dockerlaunch.hosts.fleet import Fleet, Host, each
 from dockerlaunch.job.config import ClusterConfig
@@ -135,15 +135,8 @@ class JobRow:
 def group_jobs(hosts: list[str], found: list[list[JobContainer]]) -> list[JobRow]:
     """Per job, each container once (hosts that share an engine each see all of its containers: one goes to the
     host its label names, or, when no host of this config does, to the first that saw it), by job name."""
-    names = set(hosts)
-    owner: dict[str, tuple[str, JobContainer]] = {}
-    for host, states in zip(hosts, found):
-        for c in states:
-            key = c.id or f"{host}/{c.name}"
-            if c.host == host or (key not in owner and c.host not in names):
-                owner[key] = (host, c)
     rows: dict[str, JobRow] = {}
-    for host, c in sorted(owner.values(), key=lambda hc: (hc[1].rank is None, hc[1].rank, hc[0], hc[1].name)):
+    for host, c in own_containers(hosts, found):  # type: ignore[arg-type]  # the same fields: id, host, rank, name
         rows.setdefault(c.job, JobRow(c.job)).containers.append((host, c))
     return [rows[k] for k in sorted(rows)]
 
