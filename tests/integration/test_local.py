@@ -39,7 +39,8 @@ def local_containers(job: str) -> list[str]:
 
 def test_a_job_on_the_local_host_runs_without_ssh(demo_image, tmp_path):
     job = job_name()
-    r = dl("up", "--config", config(tmp_path, demo_image, name=job), "--nproc-per-node", "2", "--log-dir",
+    # -v: the whole pre-flight table (up prints only the rows that did not pass by default)
+    r = dl("up", "-v", "--config", config(tmp_path, demo_image, name=job), "--nproc-per-node", "2", "--log-dir",
            str(tmp_path / "logs"), "--", "sh", "-c", TORCHRUN, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "local (no SSH)" in r.stdout and "every rank is on this machine" in r.stdout, r.stdout
