@@ -66,7 +66,7 @@ def test_swift_sft_on_two_hosts_then_infer_on_one(swift_cluster, tmp_path, job_c
     config_path, layout, d, image = swift_cluster
     job = f"sft{secrets.token_hex(3)}"
     try:
-        r = dl("up", "--config", str(config_path), "--image", image, "--name", job, "--log-dir",
+        r = dl("up", "-v", "--config", str(config_path), "--image", image, "--name", job, "--log-dir",  # -v: the table
                str(tmp_path / "sft"), "--", "swift", "sft", *swift_args(d, "train.jsonl", "out"), timeout=900)
         logs = rank_logs(tmp_path / "sft")
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
