@@ -284,10 +284,10 @@ def _judge_image(report: Report, config: ClusterConfig, plan: JobPlan, obs: list
                        f"pull it first (`docker pull {plan.image}`, or `dockerlaunch build --stack NAME`), then "
                        f"{push}")
         elif not o.image_id:
-            report.add(o.address, "image", FAIL, f"{plan.image} is missing; copy it: {push}")
+            report.add(o.address, "image", FAIL, f"{plan.image} is missing here; {push}")
         elif not same:
             report.add(o.address, "image", FAIL, f"{plan.image} is {o.image_id[7:19]} here but "
-                       f"{reference.image_id[7:19]} on another host; copy one: {push}")
+                       f"{reference.image_id[7:19]} on another host; {push}")
         else:
             report.add(o.address, "image", PASS, o.image_id[7:19])
 

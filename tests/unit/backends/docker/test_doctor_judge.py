@@ -146,7 +146,7 @@ def test_docker_without_answer():
 
 def test_image_missing_fails_with_the_push_hint():
     report = run(cfg(), host(0), host(1, image_id="", shm=None))
-    row(report, H1, "image", FAIL, "img:tag is missing; copy it: fix: dockerlaunch push img:tag")
+    row(report, H1, "image", FAIL, "img:tag is missing here; fix: dockerlaunch push img:tag")
     row(report, H0, "image", PASS, "ab12cd34ef56")
     # no container could run there: no shm/gpus rows, and reachability is skipped instead of failed
     assert report.get(H1, "shm") is None and report.get(H1, "gpus") is None
@@ -181,7 +181,7 @@ def test_the_push_hint_repeats_the_users_own_config_and_hosts():
     config._invocation = Invocation(config="c.yaml", hosts=("10.0.0.1", "10.0.0.2"), name="ux2")
     report = Report()
     _judge_image(report, config, make_plan(config), [host(0, image_id="")], image_here=True)
-    assert report.get(H0, "image").reason == ("img:tag is missing; copy it: fix: dockerlaunch push img:tag --config "
+    assert report.get(H0, "image").reason == ("img:tag is missing here; fix: dockerlaunch push img:tag --config "
                                               "c.yaml --hosts 10.0.0.1,10.0.0.2")
 
 
@@ -189,7 +189,7 @@ def test_a_different_image_id_on_one_host_fails():
     report = run(cfg(), host(0), host(1, image_id=OTHER_ID))
     row(report, H0, "image", PASS, "ab12cd34ef56")
     row(report, H1, "image", FAIL, "img:tag is 99ff88ee77dd here but ab12cd34ef56 on another host",
-        "copy one: fix: dockerlaunch push img:tag")
+        "on another host; fix: dockerlaunch push img:tag")
 
 
 # ---------------------------------------------------------------- route, infiniband
