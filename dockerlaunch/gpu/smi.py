@@ -108,11 +108,12 @@ def parse_query(lines: list[str]) -> tuple[Gpu, ...]:
 
 
 class CapsUnknown(DockerlaunchError):
-    """nvidia-smi could not tell a GPU's compute capability; `missing`: there is no nvidia-smi at all."""
+    """nvidia-smi could not tell a GPU's compute capability; `missing`: there is no nvidia-smi at all; `no_gpu`: it
+    listed no GPU (its driver not loaded, or none there)."""
 
-    def __init__(self, why: str, missing: bool = False):
+    def __init__(self, why: str, missing: bool = False, no_gpu: bool = False):
         super().__init__(why)
-        self.why, self.missing = why, missing
+        self.why, self.missing, self.no_gpu = why, missing, no_gpu
 
 
 def parse_compute_caps(status: int | None, out: str) -> list[str]:
@@ -127,7 +128,7 @@ def parse_compute_caps(status: int | None, out: str) -> list[str]:
     if not gpus:
         why = next((line for line in lines if re.search(r"fail|error|unable", line, re.I)),
                    lines[-1] if lines else f"exit status {status}, no GPU listed")
-        raise CapsUnknown(f"nvidia-smi listed no GPU ({why})")
+        raise CapsUnknown(f"nvidia-smi listed no GPU ({why})", no_gpu=True)
     unknown = [g for g in gpus if g.arch is None]
     if unknown:
         raise CapsUnknown(f"nvidia-smi did not tell the compute capability of GPU {unknown[0].index} "

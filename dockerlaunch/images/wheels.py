@@ -665,7 +665,7 @@ def local_gpu_archs(run=subprocess.run) -> list[str]:
     try:
         caps = smi.parse_compute_caps(r.returncode, r.stdout)
     except smi.CapsUnknown as e:
-        if e.missing or "listed no GPU" in e.why:
+        if e.missing or e.no_gpu:
             return []
         raise DockerlaunchError(f"this machine's GPUs: {e.why}: pass --cuda-archs") from None
     return sorted(set(caps), key=version_tuple)

@@ -47,6 +47,7 @@ def bumped_dockerfiles(tmp_path_factory):
     shutil.copytree(src / "locks", d / "locks")
     data = yaml.safe_load((src / "stacks.yaml").read_text())
     data["stacks"] = {"cpu": {**data["stacks"]["cpu"], "ms_swift": OTHER_SWIFT}}
+    data.pop("recommended", None)  # a matrix of the cpu stack alone: its recommended stack is not in it
     (d / "stacks.yaml").write_text(yaml.safe_dump(data))
     env = {"DOCKERLAUNCH_DOCKERFILES": str(d)}
     stale = dl("stacks", "check", env=env)

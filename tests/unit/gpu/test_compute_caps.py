@@ -23,15 +23,18 @@ def test_a_driver_without_compute_cap_answers_by_the_models_name():
     assert smi.parse_compute_caps(0, out) == ["8.0"]
 
 
-@pytest.mark.parametrize("status, out, missing, words", [
-    (127, "sh: 1: nvidia-smi: not found\n", True, "has no nvidia-smi"),
-    (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", False, "listed no GPU"),
-    (0, "index, pci.bus_id, name\n0, 0:1:0.0, Graphics Device\n", False, "GPU 0 (Graphics Device)"),
+@pytest.mark.parametrize("status, out, missing, no_gpu, words", [
+    (127, "sh: 1: nvidia-smi: not found\n", True, False, "has no nvidia-smi"),
+    (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", False, True,
+     "listed no GPU"),
+    (0, "index, pci.bus_id, name\n0, 0:1:0.0, Graphics Device\n", False, False, "GPU 0 (Graphics Device)"),
 ])
-def test_unknown_is_never_a_guess(status, out, missing, words):
+def test_unknown_is_never_a_guess(status, out, missing, no_gpu, words):
+    """Callers decide: a build machine without GPUs (missing, no_gpu) builds for the default and says so; a GPU
+    whose capability is unknown is an error naming it (build --hosts: every failure is)."""
     with pytest.raises(smi.CapsUnknown) as e:
         smi.parse_compute_caps(status, out)
-    assert e.value.missing is missing and words in e.value.why
+    assert (e.value.missing, e.value.no_gpu) == (missing, no_gpu) and words in e.value.why
 
 
 @pytest.mark.parametrize("name, cap", [
