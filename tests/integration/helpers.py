@@ -265,3 +265,12 @@ def put_stub_driver(node, tmp: Path) -> None:
                        check=True)
         libs[soname] = (out.read_bytes(), 0o755)
     node.put_archive(GPU_LIBDIR, tar_files(libs))
+
+
+def ids_on_nodes(remotes, ref: str) -> list[str | None]:
+    """Each host's Image ID for `ref` (None where it has no such image)."""
+    out = []
+    for r in remotes:
+        res = r.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
+        out.append(res.stdout.strip() if res.ok else None)
+    return out

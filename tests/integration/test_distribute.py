@@ -17,7 +17,7 @@ from dockerlaunch.backends.docker.doctor.observations import listening_ports
 from dockerlaunch.transfer import chain, layer_source, push
 from dockerlaunch.transfer.push import push_to_host
 from dockerlaunch.transfer.streams import TransferError, chain_ids, local_image
-from tests.integration.helpers import engine_reads, nc_listeners, staged_bytes
+from tests.integration.helpers import engine_reads, ids_on_nodes, nc_listeners, staged_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -35,14 +35,6 @@ def load_bytes_read(remote) -> int:
     r = remote.run(["sh", "-c", script])
     assert r.ok, r.stderr
     return sum(int(x) for x in r.stdout.split())
-
-
-def ids_on_nodes(remotes, ref):
-    out = []
-    for r in remotes:
-        res = r.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
-        out.append(res.stdout.strip() if res.ok else None)
-    return out
 
 
 def test_push_to_two_nodes_then_skip(sim_cluster, engine, remotes, fresh_image):

@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from tests.integration.helpers import dl, variant
+from tests.integration.helpers import dl, ids_on_nodes, variant
 
 pytestmark = pytest.mark.integration
 
@@ -42,14 +42,6 @@ def test_render_k8s_of_the_sims_own_config_refuses_ulimits_and_names_drop_which_
     # a field the target expresses is never dropped: compose sets ulimits itself
     r = dl("render", "--to", "compose", "--config", cfg, "--drop", "container.ulimits", "--", "python", "x")
     assert r.returncode == 2 and "--drop container.ulimits: nothing to drop" in r.stderr, r.stderr
-
-
-def ids_on_nodes(remotes, ref):
-    out = []
-    for r in remotes:
-        res = r.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
-        out.append(res.stdout.strip() if res.ok else None)
-    return out
 
 
 def test_push_takes_the_image_from_image_flag_or_the_configs_image(sim_cluster, engine, remotes, fresh_image,
