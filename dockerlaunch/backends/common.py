@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from dockerlaunch.backends import RenderedFile, Unsupported
+from dockerlaunch.container import ContainerSpec, Deferred
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.job.plan import LABEL_HOST, LABEL_RANK, LABEL_RUN, JobPlan
-from dockerlaunch.job.spec import ContainerSpec, Deferred
 
 RESTARTS = ("jobset",)  # targets whose own controller restarts every node of a failed job (job.max_restarts)
 

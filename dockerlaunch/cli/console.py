@@ -20,8 +20,8 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
 from dockerlaunch.backends.docker.doctor.report import Report, Verdict
+from dockerlaunch.docker_run import argv as docker_argv
 from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.plan import JobPlan
 from dockerlaunch.reporting import Reporter, Task, Tasks

@@ -11,13 +11,13 @@ import time
 from dataclasses import dataclass
 
 from dockerlaunch.backends.docker.session import Session, open_session
+from dockerlaunch.container import Deferred
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.transport import Finding, HostTransport, describe, judge, parse_hosts
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.fleet import Host, each
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan, diag_dir
-from dockerlaunch.job.spec import Deferred
 from dockerlaunch.reporting import Reporter
 
 WATCH_WINDOW = 60.0  # `up` prints the transport table within this long of the start

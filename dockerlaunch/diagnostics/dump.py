@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from dockerlaunch import keyvalue
-from dockerlaunch.backends.docker.docker_cli import sandbox_argv, sidecar_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.callstacks import RankStack, parse_pyspy, summary
+from dockerlaunch.docker_run import sandbox_argv, sidecar_argv
 from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.job.config import ClusterConfig

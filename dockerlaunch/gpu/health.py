@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dockerlaunch.gpu.host import Gpu, GpuHost, same_bus
 from dockerlaunch.gpu.needs import gpus_named
-from dockerlaunch.gpu.verdict import Finding, Verdict
+from dockerlaunch.verdict import Finding, Verdict
 
 FOREIGN_MIB = 1024  # GPU memory a process that is not the job's may hold before the GPU counts as taken
 MPS = "nvidia-cuda-mps-server"

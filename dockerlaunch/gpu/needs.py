@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dockerlaunch.gpu import cuda, labels
 from dockerlaunch.gpu.host import Gpu, GpuHost
-from dockerlaunch.gpu.verdict import Finding, Verdict
+from dockerlaunch.verdict import Finding, Verdict
 
 # what each compiled package is called in an image's pins, for images built before the `compiled` label
 COMPILED_PINS = (("transformer_engine", "transformer-engine-torch"), ("apex", "apex"), ("flash_attn", "flash-attn"))

@@ -32,6 +32,8 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from dockerlaunch import shipped
+from dockerlaunch.container import BindMount
+from dockerlaunch.docker_run import tool_argv
 from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.images import index as idx
@@ -262,11 +264,12 @@ def record_base(stack: Stack, dockerfiles: Path, docker: str = "docker",
     pyelf = v.ensure_tool(v.PYELFTOOLS)
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-base-tables-") as tmp:
         scripts = v.scripts_folder(Path(tmp), "base_tables.py", "elfscan.py")
-        r = v._docker([docker, "run", "--rm", "--network", "none", "--label", "dockerlaunch.probe=1",
-                       "-e", f"DL_PYELFTOOLS={v.MOUNT}/py", "-v", f"{pyelf}:{v.MOUNT}/py:ro",
-                       "-v", f"{scripts}:{v.MOUNT}/scripts:ro",
-                       "--entrypoint", f"python{DEBIAN_PYTHON[stack.base.debian]}", tag,
-                       f"{v.MOUNT}/scripts/base_tables.py"], timeout=900)
+        r = v._docker(tool_argv(tag, [f"{v.MOUNT}/scripts/base_tables.py"],
+                                entrypoint=f"python{DEBIAN_PYTHON[stack.base.debian]}",
+                                labels={"dockerlaunch.probe": "1"}, env={"DL_PYELFTOOLS": f"{v.MOUNT}/py"},
+                                mounts=[BindMount(str(pyelf), f"{v.MOUNT}/py", True),
+                                        BindMount(str(scripts), f"{v.MOUNT}/scripts", True)], docker=docker),
+                      timeout=900)
     if r.returncode != 0:
         raise BinariesError(f"recording the tables of base {tag} failed (exit {r.returncode}): "
                             f"{(r.stderr.strip().splitlines() or [''])[-1][:300]}")

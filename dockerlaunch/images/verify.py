@@ -46,12 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockerlaunch import shipped
+from dockerlaunch.container import BindMount
+from dockerlaunch.docker_run import tool_argv
 from dockerlaunch.engine import cache_root, load_image_needs, save_image_needs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, EngineError
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.gpu.cuda import cubin_covers, runtime_cuda, version_tuple
 from dockerlaunch.gpu.needs import CudaCompat, DeviceCode, ImageNeeds, compat_on_path, require_branches
-from dockerlaunch.gpu.verdict import Verdict
+from dockerlaunch.verdict import Verdict
 
 _LOG = logging.getLogger(__name__)
 
@@ -851,20 +853,20 @@ def verify(image: str, gpus: bool = False, docker: str = "docker", cuda_archs: s
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-verify-") as tmp:
         scripts = scripts_folder(Path(tmp), "verify_image.py", "elfscan.py")
         name = f"dl-verify-{secrets.token_hex(4)}"
-        argv = [docker, "run", "--rm", "--name", name, "--label", "dockerlaunch.probe=1", "--network", "none",
-                "-e", "DL_LABELS", "-e", f"DL_CHECKS={','.join(wanted)}",
-                "-e", f"DL_PYELFTOOLS={MOUNT}/py", "-v", f"{pyelf}:{MOUNT}/py:ro",
-                "-v", f"{scripts}:{MOUNT}/scripts:ro"]
+        env: dict[str, str | None] = {"DL_LABELS": None, "DL_CHECKS": ",".join(wanted),
+                                      "DL_PYELFTOOLS": f"{MOUNT}/py"}
+        mounts = [BindMount(str(pyelf), f"{MOUNT}/py", True), BindMount(str(scripts), f"{MOUNT}/scripts", True)]
         if cuobj:
-            argv += ["-e", f"DL_CUOBJDUMP={MOUNT}/bin/cuobjdump", "-v", f"{cuobj}:{MOUNT}/bin:ro"]
+            env["DL_CUOBJDUMP"] = f"{MOUNT}/bin/cuobjdump"
+            mounts.append(BindMount(str(cuobj), f"{MOUNT}/bin", True))
         cache = _cubin_cache_path()
         if cuobj and cache.is_file():
-            argv += ["-e", f"DL_CUBIN_CACHE={MOUNT}/cubins.json", "-v", f"{cache}:{MOUNT}/cubins.json:ro"]
-        if gpus:
-            argv += ["--gpus", "all"]
+            env["DL_CUBIN_CACHE"] = f"{MOUNT}/cubins.json"
+            mounts.append(BindMount(str(cache), f"{MOUNT}/cubins.json", True))
         result, last_err = None, ""
         for python in ("python3", "python"):
-            run = argv + ["--entrypoint", python, image, f"{MOUNT}/scripts/verify_image.py"]
+            run = tool_argv(image, [f"{MOUNT}/scripts/verify_image.py"], entrypoint=python, name=name,
+                            labels={"dockerlaunch.probe": "1"}, env=env, mounts=mounts, gpus=gpus, docker=docker)
             try:
                 proc = _docker(run, timeout=timeout, env={**os.environ, "DL_LABELS": json.dumps(labels)})
             except subprocess.TimeoutExpired:

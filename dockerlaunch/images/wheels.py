@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dockerlaunch.container import BindMount
+from dockerlaunch.docker_run import tool_argv
 from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.gpu import labels as labels_
@@ -176,8 +178,8 @@ class BuilderFacts:
 
 def probe_builder(image: str, docker: str = "docker") -> BuilderFacts:
     try:
-        r = subprocess.run([docker, "run", "--rm", "--network", "none", "--entrypoint", "python", image, "-c",
-                            FACTS_PROBE], capture_output=True, text=True, timeout=300)
+        r = subprocess.run(tool_argv(image, ["-c", FACTS_PROBE], entrypoint="python", docker=docker),
+                           capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         raise WheelError(f"the builder image {image} did not answer in 300 s (is the engine overloaded?)") from None
     try:
@@ -731,10 +733,9 @@ def _compile_locked(pkg: Compiled, entry: Entry, builder: str, source: Path, job
         resumed = f", resuming at {done0}{of} objects" if done0 else ""
         log(f"{pkg.label}: compiling{place.where} in {builder} with MAX_JOBS={jobs} "
             f"({', '.join(f'{k}={v}' for k, v in pkg.env)}){resumed}; build folder {place.mount}")
-        code, out = place.docker("run", "--detach", "--name", name, "--network", "none",
-                                 "--label", f"{labels_.COMPILE}=" + entry.folder.name,
-                                 "-v", f"{place.mount}:{CONTAINER_DIR}", "--entrypoint", "bash", builder, "-c",
-                                 compile_command(pkg, jobs))
+        code, out = place.docker(*tool_argv(builder, ["-c", compile_command(pkg, jobs)], entrypoint="bash",
+                                            name=name, labels={labels_.COMPILE: entry.folder.name},
+                                            mounts=[BindMount(place.mount, CONTAINER_DIR)], detach=True)[1:])
         if code != 0:
             raise WheelError(f"{pkg.label}: cannot start the compile container{place.where}: {out.strip()[:300]}")
     cid = place.docker("inspect", "--format", "{{.Id}}", name)[1].strip()

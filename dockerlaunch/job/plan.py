@@ -14,11 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dockerlaunch import __version__
-from dockerlaunch.errors import ConfigError
-from dockerlaunch.gpu.needs import compat_to_load
-from dockerlaunch.job.config import ClusterConfig, HostConfig, is_ip, is_loopback
-from dockerlaunch.job.facts import HostFacts, HostGpuAccess
-from dockerlaunch.job.spec import (
+from dockerlaunch.container import (
     IB_CAP,
     IB_DEVICE,
     IB_MEMLOCK,
@@ -30,6 +26,10 @@ from dockerlaunch.job.spec import (
     GpuRequest,
     Ulimit,
 )
+from dockerlaunch.errors import ConfigError
+from dockerlaunch.gpu.needs import compat_to_load
+from dockerlaunch.job.config import ClusterConfig, HostConfig, is_ip, is_loopback
+from dockerlaunch.job.facts import HostFacts, HostGpuAccess
 
 RANK_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
 # Which attempt of a gang restart this is (0: the first start). TORCHELASTIC_RESTART_COUNT too, for commands that

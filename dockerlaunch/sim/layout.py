@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from dockerlaunch.container import NOFILE
 from dockerlaunch.engine import cache_root as engine_cache_root
 from dockerlaunch.errors import DockerlaunchError
-from dockerlaunch.job.spec import NOFILE
 
 SIM_LABEL = "dockerlaunch.sim"
 

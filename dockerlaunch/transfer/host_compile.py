@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dockerlaunch.container import BindMount
+from dockerlaunch.docker_run import tool_argv
 from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.gpu import smi
 from dockerlaunch.gpu.cuda import version_tuple
@@ -119,9 +121,8 @@ class HostPlace(Place):
         return self.dir
 
     def _in_builder(self, script: str, *args: str, stdin=None, what: str, timeout: float = 600) -> str:
-        r = self.remote.run(["docker", "run", "--rm", "-i", "--network", "none", "-v", f"{self.dir}:{CONTAINER_DIR}",
-                             "--entrypoint", "sh", self.builder, "-c", script, "sh", *args], timeout=timeout,
-                            stdin=stdin)
+        r = self.remote.run(tool_argv(self.builder, ["-c", script, "sh", *args], entrypoint="sh", stdin=True,
+                                      mounts=[BindMount(self.dir, CONTAINER_DIR)]), timeout=timeout, stdin=stdin)
         if not r.ok:
             raise WheelError(f"{self.on.what}: {what}: {r.last_line()[:300]}")
         return r.stdout

@@ -10,13 +10,13 @@ import time
 import pytest
 
 from dockerlaunch import sim
-from dockerlaunch.backends.docker.docker_cli import shell_command
+from dockerlaunch.container import ContainerSpec
+from dockerlaunch.docker_run import shell_command
 from dockerlaunch.errors import SSHError
 from dockerlaunch.hosts.ssh import Remote, connect
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import load_config
 from dockerlaunch.job.plan import make_plan
-from dockerlaunch.job.spec import ContainerSpec
 
 from .conftest import _leftovers
 

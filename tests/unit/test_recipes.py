@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.backends.docker.doctor.judge import CACHE_ENV, _judge_caches
 from dockerlaunch.backends.docker.doctor.report import PASS, Report
+from dockerlaunch.docker_run import run_argv
 from dockerlaunch.images.stacks import load_matrix
 from dockerlaunch.job.config import validate_config
 from dockerlaunch.job.facts import HostGpuAccess

@@ -13,8 +13,8 @@ import yaml
 
 from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
 from dockerlaunch.backends.common import common_refusals, env_file_paths, plain_labels
+from dockerlaunch.container import Deferred, GpuAccess
 from dockerlaunch.job.plan import HostPlan, JobPlan
-from dockerlaunch.job.spec import Deferred, GpuAccess
 
 TARGET = "compose"
 SERVICE = "node"

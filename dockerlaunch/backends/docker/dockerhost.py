@@ -12,12 +12,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dockerlaunch.backends.docker.docker_cli import run_argv
+from dockerlaunch.container import ContainerSpec
+from dockerlaunch.docker_run import run_argv
 from dockerlaunch.errors import DockerError
 from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.hosts.ssh import Remote, Result
 from dockerlaunch.job.plan import LABEL_HOST, LABEL_JOB, LABEL_RANK
-from dockerlaunch.job.spec import ContainerSpec
 
 
 @dataclass(frozen=True)

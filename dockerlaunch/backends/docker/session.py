@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost
+from dockerlaunch.container import Deferred
 from dockerlaunch.errors import ConfigError, DockerlaunchError
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.hosts.fleet import Fleet
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.facts import HostFacts
 from dockerlaunch.job.plan import JobPlan, command_refusal, plan_job, resolve
-from dockerlaunch.job.spec import Deferred
 
 
 class Phases:

@@ -18,8 +18,8 @@ import yaml
 
 from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
 from dockerlaunch.backends.common import common_refusals, droppable, per_host_refusals, plain_labels
+from dockerlaunch.container import IB_DEVICE, IB_MEMLOCK, NOFILE, Deferred, GpuAccess
 from dockerlaunch.job.plan import RESTART_ENV, JobPlan
-from dockerlaunch.job.spec import IB_DEVICE, IB_MEMLOCK, NOFILE, Deferred, GpuAccess
 
 GPU_RESOURCE = "nvidia.com/gpu"  # NVIDIA's device plugin / GPU operator
 # Mellanox/NVIDIA k8s-rdma-shared-dev-plugin's example resource; sites name their own (render --rdma-resource)

@@ -17,10 +17,10 @@ from importlib import resources
 
 from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
 from dockerlaunch.backends.common import common_refusals, env_file_paths, per_host_refusals, plain_labels
-from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
-from dockerlaunch.backends.docker.docker_cli import ib_flags
+from dockerlaunch.container import ContainerSpec, Deferred, GpuAccess
+from dockerlaunch.docker_run import argv as docker_argv
+from dockerlaunch.docker_run import ib_flags
 from dockerlaunch.job.plan import DEFAULT_ENV, JobPlan
-from dockerlaunch.job.spec import ContainerSpec, Deferred, GpuAccess
 
 TARGET = "slurm"
 NAME_TOKEN = "@@CONTAINER_NAME@@"  # becomes "$name" (job, Slurm job id, node id), unquoted by design

@@ -17,10 +17,10 @@ from dockerlaunch.backends import Unsupported, targets
 from dockerlaunch.backends.compose import files as compose
 from dockerlaunch.backends.kubernetes import objects as k8s
 from dockerlaunch.backends.slurm import sbatch as slurm
+from dockerlaunch.container import BindMount, ContainerSpec, Deferred, GpuAccess, Ulimit
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan, make_plan
-from dockerlaunch.job.spec import BindMount, ContainerSpec, Deferred, GpuAccess, Ulimit
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "render"
 GOLDEN = DATA / "golden"

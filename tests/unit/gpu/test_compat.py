@@ -12,8 +12,8 @@ import pytest
 from dockerlaunch.gpu import cuda
 from dockerlaunch.gpu.host import Gpu, GpuHost
 from dockerlaunch.gpu.needs import CudaCompat, ImageNeeds, compat_of_env, compat_to_load
-from dockerlaunch.gpu.verdict import Verdict
 from dockerlaunch.images import verify
+from dockerlaunch.verdict import Verdict
 
 # nvidia/cuda:13.0.1's environment (NVIDIA_REQUIRE_CUDA as its Dockerfiles write it)
 REQUIRE = ("cuda>=13.0 brand=tesla,driver>=535,driver<536 brand=tesla,driver>=550,driver<551 "

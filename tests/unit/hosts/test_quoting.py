@@ -6,8 +6,8 @@ import subprocess
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dockerlaunch.backends.docker.docker_cli import run_argv, shell_command
-from dockerlaunch.job.spec import ContainerSpec
+from dockerlaunch.container import ContainerSpec
+from dockerlaunch.docker_run import run_argv, shell_command
 
 NASTY = list("ab '\"$;\\\n\t`|&*?!#~{}()<>=-") + ["$(id)", "${HOME}", "'\"'", "\\n", "--rm", "-e"]
 text = st.lists(st.sampled_from(NASTY) | st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),

@@ -2,14 +2,14 @@ import json
 
 import pytest
 
-from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
-from dockerlaunch.backends.docker.docker_cli import run_argv
+from dockerlaunch.container import Deferred, UnresolvedError
+from dockerlaunch.docker_run import argv as docker_argv
+from dockerlaunch.docker_run import run_argv
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.hosts.targets import resolve_all, resolve_target
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.facts import HostFacts
 from dockerlaunch.job.plan import make_plan
-from dockerlaunch.job.spec import Deferred, UnresolvedError
 
 
 def cfg(**kw) -> ClusterConfig:
@@ -502,7 +502,7 @@ def test_offline_advice_reaches_the_plan_and_the_dry_run():
 def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container, ib):
     """`up --dry-run` prints the plan `up` applies: `resolve` may fill what was `<resolved at launch>` (and add what
     a deferred GPU or IB decision brings), never change a value the dry run showed."""
-    from dockerlaunch.backends.docker.docker_cli import argv as docker_argv
+    from dockerlaunch.docker_run import argv as docker_argv
     from dockerlaunch.job.facts import HostGpuAccess
     from dockerlaunch.job.plan import resolve
 
@@ -525,7 +525,7 @@ def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container
 
 def test_finding_a_job_needs_no_image_but_starting_one_does():
     """down/status/logs plan without an image; the placeholder they get can never start a container."""
-    from dockerlaunch.backends.docker.docker_cli import run_argv
+    from dockerlaunch.docker_run import run_argv
 
     config = ClusterConfig.model_validate({"hosts": ["10.0.0.1"], "ssh": {"config_file": None},
                                            "container": {"gpus": "none", "infiniband": "off"}})

@@ -22,13 +22,13 @@ from dockerlaunch.backends.docker.doctor.report import (
     WARN,
     Report,
 )
+from dockerlaunch.container import Ulimit
 from dockerlaunch.gpu import health
 from dockerlaunch.gpu.host import GpuHost
 from dockerlaunch.gpu.needs import ImageNeeds
 from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import HostPlan, JobPlan
-from dockerlaunch.job.spec import Ulimit
 
 SHM_DEFAULT_KB = 65536
 

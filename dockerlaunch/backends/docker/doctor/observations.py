@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import probe as probelib
+from dockerlaunch.container import GpuAccess
 from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.gpu.needs import ImageNeeds
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import HostPlan, gpu_access
-from dockerlaunch.job.spec import GpuAccess
 
 
 def local_ports(proc_net_tcp: str, state: str) -> set[int]:

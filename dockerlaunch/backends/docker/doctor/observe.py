@@ -9,7 +9,6 @@ import time
 
 from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import script
-from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
@@ -30,12 +29,13 @@ from dockerlaunch.backends.docker.doctor.observations import (
     uses_ib,
     wants_gpus,
 )
+from dockerlaunch.container import IB_CAP, BindMount, ContainerSpec, Deferred, GpuAccess
+from dockerlaunch.docker_run import run_argv
 from dockerlaunch.engine import load_image_needs
 from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, infiniband_needs
-from dockerlaunch.job.spec import IB_CAP, BindMount, ContainerSpec, Deferred, GpuAccess
 
 
 def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from dockerlaunch.gpu.verdict import Verdict
+from dockerlaunch.verdict import Verdict
 
 PASS, WARN, FAIL, SKIP, ERROR = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP, Verdict.ERROR
 # the verdicts doctor's rows use (verify's NOTE is not one): the JSON's `counts` keys

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from dockerlaunch.backends.docker.docker_cli import run_argv
 from dockerlaunch.backends.docker.doctor.judge import judge
 from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
@@ -18,6 +17,7 @@ from dockerlaunch.backends.docker.doctor.observations import (
 from dockerlaunch.backends.docker.doctor.observe import _probe_spec
 from dockerlaunch.backends.docker.doctor.report import CHECK_ORDER, FAIL, PASS, SKIP, WARN, Check, Report
 from dockerlaunch.backends.docker.probe import Probe, nic_problem
+from dockerlaunch.docker_run import run_argv
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import make_plan

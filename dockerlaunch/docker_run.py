@@ -1,15 +1,27 @@
-"""The one place that writes `docker run` for a container: the neutral spec (job/spec.py) as docker argv.
+"""The one writer of `docker run` argv: every container dockerlaunch starts is written here.
 
-Job containers, doctor's probes and dump's py-spy sidecar all come through here, so a docker flag of a job
-container has one home. `run_argv` refuses placeholders, so a half-resolved plan can never start a container;
-`argv` shows them (the dry run).
+Job containers (the neutral spec, container.py), doctor's probes, dump's py-spy sidecar and sandbox, and the
+one-tool containers of the image side (verify's scan, base tables, a builder's facts, a wheel compile, here or on a
+host) all come through this module, so a docker flag has one home. It sits below images/ and backends/ so both may
+use it. `run_argv` refuses placeholders, so a half-resolved plan can never start a container; `argv` shows them
+(the dry run).
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 
-from dockerlaunch.job.spec import IB_CAP, IB_DEVICE, IB_MEMLOCK, ContainerSpec, Deferred, GpuAccess, UnresolvedError
+from dockerlaunch.container import (
+    IB_CAP,
+    IB_DEVICE,
+    IB_MEMLOCK,
+    BindMount,
+    ContainerSpec,
+    Deferred,
+    GpuAccess,
+    UnresolvedError,
+)
 
 
 def ulimit_value(u) -> str:
@@ -127,6 +139,33 @@ def sidecar_argv(target: str, image: str, command: list[str], *, caps: list[str]
         a += ["--volume", v]
     for k, v in env.items():
         a += ["--env", f"{k}={v}"]
+    if entrypoint:
+        a += ["--entrypoint", entrypoint]
+    return a + [image, *command]
+
+
+def tool_argv(image: str, command: Sequence[str], *, entrypoint: str | None = None, name: str | None = None,
+              labels: Mapping[str, str] | None = None, env: Mapping[str, str | None] | None = None,
+              mounts: Sequence[BindMount] = (), gpus: bool = False, detach: bool = False, stdin: bool = False,
+              docker: str = "docker") -> list[str]:
+    """A container that runs one tool over an image (verify's scan, a base's tables, a builder's facts, a wheel
+    compile): no network, only the given mounts, removed when it ends unless detached (a compile outlives its
+    launcher and is found again by name and label). An env value None passes the variable from the caller's
+    environment (`-e NAME`), so a value that may be long or private never sits in the argv."""
+    a = [docker, "run", "--detach" if detach else "--rm"]
+    if stdin:
+        a.append("-i")
+    if name:
+        a += ["--name", name]
+    for k, v in (labels or {}).items():
+        a += ["--label", f"{k}={v}"]
+    a += ["--network", "none"]
+    for k, v in (env or {}).items():
+        a += ["-e", k if v is None else f"{k}={v}"]
+    for m in mounts:
+        a += ["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
+    if gpus:
+        a += ["--gpus", "all"]
     if entrypoint:
         a += ["--entrypoint", entrypoint]
     return a + [image, *command]
