@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dockerlaunch.engine import cache_root
+from dockerlaunch.cache import cache_root
 
 WATCH = ("nvidia-cublas", "torch", "transformer-engine-cu13", "nvidia-nccl-cu13", "peft")
 WHEELS = ("peft==0.18.1", "nvidia-cublas==13.1.0.3")

@@ -32,9 +32,9 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from dockerlaunch import shipped
+from dockerlaunch.cache import cache_root
 from dockerlaunch.container import BindMount
 from dockerlaunch.docker_run import tool_argv
-from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.images import index as idx
 from dockerlaunch.images import lock as locks

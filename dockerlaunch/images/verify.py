@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockerlaunch import shipped
+from dockerlaunch.cache import cache_root, load_image_needs, save_image_needs
 from dockerlaunch.container import BindMount
 from dockerlaunch.docker_run import tool_argv
-from dockerlaunch.engine import cache_root, load_image_needs, save_image_needs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, EngineError
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.gpu.cuda import cubin_covers, runtime_cuda, version_tuple

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dockerlaunch.cache import cache_root
 from dockerlaunch.container import BindMount
 from dockerlaunch.docker_run import tool_argv
-from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.gpu import smi
@@ -49,7 +49,7 @@ from dockerlaunch.tars import open_untrusted
 _LOG = logging.getLogger(__name__)
 
 FORMAT = 1
-CACHE_ENV = "DOCKERLAUNCH_CACHE_DIR"  # engine.cache_root's: one cache folder for everything dockerlaunch rebuilds
+CACHE_ENV = "DOCKERLAUNCH_CACHE_DIR"  # cache.cache_root's: one cache folder for everything dockerlaunch rebuilds
 SOURCE_DIRS_ENV = "DOCKERLAUNCH_SOURCE_DIRS"  # folders holding source archives (e.g. a vendored apex), ':'-separated
 CONTAINER_DIR = "/dl/build"  # where a key's build folder is mounted: the same path every time, so ninja resumes
 

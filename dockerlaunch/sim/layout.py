@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from dockerlaunch.cache import cache_root as engine_cache_root
 from dockerlaunch.container import NOFILE
-from dockerlaunch.engine import cache_root as engine_cache_root
 from dockerlaunch.errors import DockerlaunchError
 
 SIM_LABEL = "dockerlaunch.sim"

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
-from dockerlaunch.engine import cache_root
+from dockerlaunch.cache import cache_root
 from dockerlaunch.errors import TransferError
 from dockerlaunch.transfer.streams import (
     CHUNK,

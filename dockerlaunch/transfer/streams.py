@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from dockerlaunch.engine import cache_root
+from dockerlaunch.cache import cache_root
 from dockerlaunch.errors import TransferError
 from dockerlaunch.tars import open_untrusted
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dockerlaunch.engine import cache_root
+from dockerlaunch.cache import cache_root
 
 # The CLI runs in a scratch folder, so what it writes by default (`up`'s dockerlaunch-logs/) stays out of the checkout.
 SCRATCH = tempfile.mkdtemp(prefix="dlt-cwd-")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dockerlaunch.engine import cache_root
+from dockerlaunch.cache import cache_root
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images.stacks import load_matrix, shipped_dockerfiles_dir
 from tests.integration.helpers import torch_wheels

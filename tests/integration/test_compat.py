@@ -10,7 +10,7 @@ import secrets
 
 import pytest
 
-from dockerlaunch.engine import image_needs_path, load_image_needs
+from dockerlaunch.cache import image_needs_path, load_image_needs
 from dockerlaunch.gpu.needs import CudaCompat
 from tests import gpu_standin
 from tests.integration.helpers import GPU_HOST_SETUP, GPU_HOST_TEARDOWN, dl, put_stub_driver, tar_files, variant

@@ -14,7 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from dockerlaunch.engine import cache_root, load_image_needs
+from dockerlaunch.cache import cache_root, load_image_needs
 from tests.integration.helpers import dl, torch_wheels
 from tests.unit.images.test_verify import gcc, version_script
 

@@ -42,7 +42,7 @@ def test_the_tree_keeps_every_import_rule():
     ("backends/targets.py", "from dockerlaunch.backends import compose", "The render registry names its targets"),
     ("sim/layout.py", "from dockerlaunch.sim import images", "The sim's layout is pure"),
     ("gpu/needs.py", "import subprocess", "The GPU model is types and rules"),
-    ("gpu/host.py", "from dockerlaunch.engine import cache_root", "The GPU model is types and rules"),
+    ("gpu/host.py", "from dockerlaunch.cache import cache_root", "The GPU model is types and rules"),
     ("gpu/smi.py", "from dockerlaunch.job import facts", "Layers"),
 ])
 def test_a_broken_rule_fails(tmp_path, module, line, contract):

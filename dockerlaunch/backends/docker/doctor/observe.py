@@ -29,9 +29,9 @@ from dockerlaunch.backends.docker.doctor.observations import (
     uses_ib,
     wants_gpus,
 )
+from dockerlaunch.cache import load_image_needs
 from dockerlaunch.container import IB_CAP, BindMount, ContainerSpec, Deferred, GpuAccess
 from dockerlaunch.docker_run import run_argv
-from dockerlaunch.engine import load_image_needs
 from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.job.config import ClusterConfig
