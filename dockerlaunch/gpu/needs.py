@@ -2,7 +2,7 @@
 
 An image says what it needs in three ways, best first: dockerlaunch's labels (gpu/labels.py; build writes them),
 the record `dockerlaunch verify` keeps of its Image ID (each library's cubins and PTX, its runtime's CUDA; stored by
-engine.py in this type's `to_record` form), and its environment (CUDA_VERSION, NVIDIA_REQUIRE_CUDA of nvidia/cuda
+cache.py in this type's `to_record` form), and its environment (CUDA_VERSION, NVIDIA_REQUIRE_CUDA of nvidia/cuda
 bases). The rules are gpu/cuda.py's, the same verify applies to an image's cubins."""
 
 from __future__ import annotations
