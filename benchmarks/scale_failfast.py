@@ -17,7 +17,7 @@ import sys
 import time
 
 from harness import sizes, tail
-from harness.engines import JOB_LABEL, EngineEvents, job_containers, on_engine, remove_by_label
+from harness.direct import JOB_LABEL, EngineEvents, job_containers, on_engine, remove_by_label
 from harness.launcher import UpStream, wait_all_up
 from harness.sizes import Ctx
 

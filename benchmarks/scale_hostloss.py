@@ -15,7 +15,7 @@ import sys
 import time
 
 from harness import sizes, tail
-from harness.engines import JOB_LABEL, job_containers, remove_by_label
+from harness.direct import JOB_LABEL, job_containers, remove_by_label
 from harness.launcher import UpStream, wait_all_up
 from harness.sizes import HOST_TIMEOUT, Ctx, StepFailed, first_line_job, variant_config
 

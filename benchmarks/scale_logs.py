@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from harness import sizes
-from harness.engines import (
+from harness.direct import (
     ENGINE_TRUNCATED,
     JOB_LABEL,
     engine_log_count,

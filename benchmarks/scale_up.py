@@ -19,7 +19,7 @@ import json
 import sys
 
 from harness import sizes
-from harness.engines import JOB_LABEL, job_containers, remove_by_label
+from harness.direct import JOB_LABEL, job_containers, remove_by_label
 from harness.sizes import Ctx, first_line_job
 
 

@@ -8,7 +8,7 @@ asks one question and gets its sim cluster, shaped links, repeats, medians and r
   drop, ssh_argv a host made to lack an image again; OpenSSH to it, for the hand pipelines a push is compared with
   staged_bytes, engine_reads, cpu   what a host staged, what this machine's engine read, what the launcher spent
 
-The scale questions (8 to 256 hosts) share more: `harness.engines` (the sim's engines asked straight, without the
+The scale questions (8 to 256 hosts) share more: `harness.direct` (the sim's engines asked straight, without the
 launcher), `harness.launcher` (one CLI run, sampled) and `harness.sizes` (one run per size, its floors, the table).
 """
 

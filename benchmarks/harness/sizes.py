@@ -2,7 +2,7 @@
 the method every scale question shares (benchmarks/scale_*.py each ask one; benchmarks/scale.py asks them all in
 one run per size, for the growth table).
 
-Hosts come from a light sim cluster (`harness.engines`), or from a cluster given with --config FILE --cluster NAME
+Hosts come from a light sim cluster (`harness.direct`), or from a cluster given with --config FILE --cluster NAME
 (a regular sim: every node its own engine). For each size N, in one run (every launcher step is `.venv/bin/dockerlaunch
 ...` as a subprocess, sampled every 50 ms for peak RSS (VmHWM), threads and open fds, children included:
 `harness.launcher`), the question's steps -- each in its script: doctor (scale_doctor.py), up_status_down
@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from harness import REPO, log, ratio, tail
-from harness.engines import (
+from harness.direct import (
     ENGINE_TRUNCATED,
     JOB_LABEL,
     Cluster,
