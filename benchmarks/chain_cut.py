@@ -28,25 +28,18 @@ import argparse
 import os
 import re
 import secrets
-import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import drop, random_image, shape, sim_cluster, spread, staged_bytes
 
-from distribute import random_image  # noqa: E402
-
-from dockerlaunch import sim  # noqa: E402
-from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.hosts.ssh import Remote  # noqa: E402
-from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
-from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.sim import shaping  # noqa: E402
-from dockerlaunch.transfer import push  # noqa: E402
-from tests.integration.helpers import staged_bytes  # noqa: E402
+from dockerlaunch import sim
+from dockerlaunch.engine import engine
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.hosts.targets import resolve_target
+from dockerlaunch.job.config import load_config
+from dockerlaunch.transfer import push
 
 NODES = 4
 
@@ -57,15 +50,6 @@ def rx_bytes(client, node: str) -> int:
     if code != 0:
         raise SystemExit(f"chain_cut: cannot read node {node}'s eth0 counter: {out.decode(errors='replace')[:200]}")
     return int(out)
-
-
-def drop(remote: Remote, ref: str) -> None:
-    remote.run(["sh", "-c", 'docker rmi -f "$1" >/dev/null 2>&1; rm -rf "$HOME/.cache/dockerlaunch/push"; true',
-                "sh", ref], timeout=300)
-
-
-def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
-    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
 
 def main() -> int:
@@ -89,75 +73,73 @@ def main() -> int:
     wire_ratios: list[float] = []
     wire_mb: list[float] = []
     lacked_mb: list[float] = []
-    made = False
     try:
         random_image(client, ref, args.size_mb)
         image = push.source_image(client, ref)
-        cfg = load_config(sim.create(nodes=NODES, cluster=args.cluster, subnet=args.subnet))
-        made = True
-        if args.rate:
-            shaping.shape(args.cluster, args.rate)
-        remotes = [Remote(resolve_target(h, cfg.ssh)) for h in cfg.hosts]
-        addresses = [r.target.hostname for r in remotes]
-        cut_node = next(n.name for n in sim.node_layout(args.cluster, NODES, args.subnet) if n.ip == addresses[k])
+        with sim_cluster(args.cluster, nodes=NODES, subnet=args.subnet) as cfg_path:
+            cfg = load_config(cfg_path)
+            if args.rate:
+                shape(args.cluster, args.rate)
+            remotes = [Remote(resolve_target(h, cfg.ssh)) for h in cfg.hosts]
+            addresses = [r.target.hostname for r in remotes]
+            cut_node = next(n.name for n in sim.node_layout(args.cluster, NODES, args.subnet) if n.ip == addresses[k])
 
-        def chain() -> list:
-            return push.push(client, remotes, ref, compress="none", strategy="chain", addresses=addresses)
+            def chain() -> list:
+                return push.push(client, remotes, ref, compress="none", strategy="chain", addresses=addresses)
 
-        for run in range(args.runs):
-            for r in remotes:
-                drop(r, ref)
-            t0 = time.monotonic()
-            results = chain()
-            whole_s.append(time.monotonic() - t0)
-            assert all(x.status == "pushed" for x in results), results
-            stream = results[0].bytes_sent
+            for run in range(args.runs):
+                for r in remotes:
+                    drop(r, ref)
+                t0 = time.monotonic()
+                results = chain()
+                whole_s.append(time.monotonic() - t0)
+                assert all(x.status == "pushed" for x in results), results
+                stream = results[0].bytes_sent
 
-            for r in remotes:
-                drop(r, ref)
-            out: list = []
-            t0 = time.monotonic()
-            worker = threading.Thread(target=lambda got=out: got.append(chain()), daemon=True)
-            worker.start()
-            while staged_bytes(remotes[k]) < args.at * stream and worker.is_alive():
-                time.sleep(0.05)
-            remotes[k].run(["sh", "-c", "pkill -f '^nc -l' || true"])
-            rx0 = rx_bytes(client, cut_node)  # after the cut: the upstream relay's bytes are all in
-            worker.join()
-            wire = rx_bytes(client, cut_node) - rx0
-            cut_s.append(time.monotonic() - t0)
-            results = out[0]
-            assert all(x.status == "pushed" for x in results), results
-            detail = results[k].detail
-            m = re.search(r"stopped after (\d+) bytes", detail)
-            assert m and detail.startswith("chain again after a cut") and "star" not in detail, detail
-            kept = int(m.group(1))
-            resent, lacked = results[k].bytes_sent, stream - kept
-            ratios.append(resent / lacked)
-            resent_mb.append(resent / 1e6)
-            lacked_mb.append(lacked / 1e6)
-            wire_ratios.append(wire / lacked)
-            wire_mb.append(wire / 1e6)
-            print(f"run {run + 1}: whole {whole_s[-1]:.1f} s; cut at node{args.cut_node} after {kept / 1e6:.0f} MB of "
-                  f"{stream / 1e6:.0f} MB, resent {resent / 1e6:.1f} MB (reported) / {wire / 1e6:.1f} MB into its "
-                  f"eth0 (wire) for {lacked / 1e6:.1f} MB lacked ({ratios[-1]:.3f} x / {wire_ratios[-1]:.3f} x), "
-                  f"all pushed in {cut_s[-1]:.1f} s", flush=True)
-        print(f"\n{NODES} hosts, {args.size_mb} MiB image ({image.size / 1e9:.2f} GB), links "
-              f"{args.rate or 'unshaped'}, {args.runs} interleaved runs; median (spread):")
-        print("| figure | median (spread) |")
-        print("|---|---|")
-        print(f"| chain push, uncut | {spread(whole_s)} s |")
-        print(f"| chain push cut into node{args.cut_node} at {args.at:.0%}, resumed by a second chain | "
-              f"{spread(cut_s)} s |")
-        print(f"| bytes resent / bytes the hosts behind the cut lacked, as the push reports them | "
-              f"{spread(ratios, '{:.3f}')} x ({spread(resent_mb, '{:.0f}')} MB / {spread(lacked_mb, '{:.0f}')} MB) |")
-        print(f"| bytes into node{args.cut_node}'s eth0 after the cut (its kernel's counter) / bytes lacked | "
-              f"{spread(wire_ratios, '{:.3f}')} x ({spread(wire_mb, '{:.0f}')} MB / "
-              f"{spread(lacked_mb, '{:.0f}')} MB) |")
-        return 0
+                for r in remotes:
+                    drop(r, ref)
+                out: list = []
+                t0 = time.monotonic()
+                worker = threading.Thread(target=lambda got=out: got.append(chain()), daemon=True)
+                worker.start()
+                while staged_bytes(remotes[k]) < args.at * stream and worker.is_alive():
+                    time.sleep(0.05)
+                remotes[k].run(["sh", "-c", "pkill -f '^nc -l' || true"])
+                rx0 = rx_bytes(client, cut_node)  # after the cut: the upstream relay's bytes are all in
+                worker.join()
+                wire = rx_bytes(client, cut_node) - rx0
+                cut_s.append(time.monotonic() - t0)
+                results = out[0]
+                assert all(x.status == "pushed" for x in results), results
+                detail = results[k].detail
+                m = re.search(r"stopped after (\d+) bytes", detail)
+                assert m and detail.startswith("chain again after a cut") and "star" not in detail, detail
+                kept = int(m.group(1))
+                resent, lacked = results[k].bytes_sent, stream - kept
+                ratios.append(resent / lacked)
+                resent_mb.append(resent / 1e6)
+                lacked_mb.append(lacked / 1e6)
+                wire_ratios.append(wire / lacked)
+                wire_mb.append(wire / 1e6)
+                print(f"run {run + 1}: whole {whole_s[-1]:.1f} s; cut at node{args.cut_node} after "
+                      f"{kept / 1e6:.0f} MB of {stream / 1e6:.0f} MB, resent {resent / 1e6:.1f} MB (reported) / "
+                      f"{wire / 1e6:.1f} MB into its eth0 (wire) for {lacked / 1e6:.1f} MB lacked "
+                      f"({ratios[-1]:.3f} x / {wire_ratios[-1]:.3f} x), all pushed in {cut_s[-1]:.1f} s", flush=True)
+            print(f"\n{NODES} hosts, {args.size_mb} MiB image ({image.size / 1e9:.2f} GB), links "
+                  f"{args.rate or 'unshaped'}, {args.runs} interleaved runs; median (spread):")
+            print("| figure | median (spread) |")
+            print("|---|---|")
+            print(f"| chain push, uncut | {spread(whole_s)} s |")
+            print(f"| chain push cut into node{args.cut_node} at {args.at:.0%}, resumed by a second chain | "
+                  f"{spread(cut_s)} s |")
+            print(f"| bytes resent / bytes the hosts behind the cut lacked, as the push reports them | "
+                  f"{spread(ratios, '{:.3f}')} x ({spread(resent_mb, '{:.0f}')} MB / "
+                  f"{spread(lacked_mb, '{:.0f}')} MB) |")
+            print(f"| bytes into node{args.cut_node}'s eth0 after the cut (its kernel's counter) / bytes lacked | "
+                  f"{spread(wire_ratios, '{:.3f}')} x ({spread(wire_mb, '{:.0f}')} MB / "
+                  f"{spread(lacked_mb, '{:.0f}')} MB) |")
+            return 0
     finally:
-        if made:
-            sim.remove(args.cluster, quiet=True)
         client.images.remove(ref, force=True)
 
 

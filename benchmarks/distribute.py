@@ -21,56 +21,21 @@ Run (root, dockerd up, e.g. after scripts/install-docker):
 from __future__ import annotations
 
 import argparse
-import io
 import os
-import re
 import secrets
-import subprocess
 import sys
 import tarfile
-import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import random_image, rate_bytes_per_s, save_bytes, tc
 
-from dockerlaunch import sim  # noqa: E402
-from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.hosts import fleet as session  # noqa: E402
-from dockerlaunch.hosts.ssh import Remote  # noqa: E402
-from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import push as distribute  # noqa: E402
-from dockerlaunch.transfer import streams  # noqa: E402
-
-
-def rate_bytes_per_s(rate: str) -> float:
-    """tc rate in bits (200mbit, 1gbit) -> bytes/s."""
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(gbit|mbit|kbit|bit)", rate.lower())
-    if not m:
-        raise SystemExit(f"--rate {rate}: expected a rate in bits, e.g. 200mbit or 1gbit")
-    return float(m[1]) * {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0}[m[2]] / 8
-
-
-def random_image(client, tag: str, mb: int, base: str | None = None) -> str:
-    """An image of `mb` MiB of random (incompressible) bytes: from scratch, or `base` plus one layer."""
-    blob = os.urandom(mb << 20)
-    if base is None:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            sim._add_bytes(tar, "blob", blob, 0o644)
-        subprocess.run(["docker", "import", "-", tag], input=buf.getvalue(), check=True, capture_output=True)
-        return tag
-    with tempfile.TemporaryFile() as context:
-        with tarfile.open(fileobj=context, mode="w") as tar:
-            sim._add_bytes(tar, "Dockerfile", f"FROM {base}\nCOPY top /top\n".encode(), 0o644)
-            sim._add_bytes(tar, "top", blob, 0o644)
-        context.seek(0)
-        client.images.build(fileobj=context, custom_context=True, tag=tag, network_mode="host", rm=True)
-    return tag
-
-
-def save_bytes(client, image_id: str) -> int:
-    return sum(len(c) for c in streams.save_stream(client, image_id))
+from dockerlaunch import sim
+from dockerlaunch.engine import engine
+from dockerlaunch.hosts import fleet as session
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.job.config import load_config
+from dockerlaunch.transfer import push as distribute
+from dockerlaunch.transfer import streams
 
 
 def layer_tar_bytes(client, image: streams.LocalImage, index: int) -> int:
@@ -81,14 +46,6 @@ def layer_tar_bytes(client, image: streams.LocalImage, index: int) -> int:
             if m.name == want:
                 return m.size
     raise SystemExit(f"layer {want} not in docker save of {image.ref}")
-
-
-def tc(dev: str, rate: str | None) -> None:
-    """Shape (or, with rate None, unshape) a device of this machine, as sim.shape does a node's eth0."""
-    if rate:
-        subprocess.run(sim.tbf_argv(dev, rate), check=True)
-    else:
-        subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], check=False, capture_output=True)
 
 
 def each(fn, remotes: list[Remote]) -> list:

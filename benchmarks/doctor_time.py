@@ -9,6 +9,9 @@ trip and its parsing; doctor reads a known image's labels and never scans it. A 
 stand-in: NVML initialises per call (~0.1-1 s each without persistence mode), which this cannot measure.
 
   .venv/bin/python benchmarks/doctor_time.py [--before REV] [--runs 3] [--replay FOLDER]
+
+Why it imports tests/: tests/gpu_standin.py is the project's one stand-in nvidia-smi (its recorded outputs live in
+tests/data/nvidia-smi); a copy here would be a second one.
 """
 
 from __future__ import annotations

@@ -20,23 +20,16 @@ import secrets
 import shutil
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import cpu, drop, random_image, ssh_argv, tc
 
-from distribute import random_image, tc  # noqa: E402
-from ship import drop, ssh_argv  # noqa: E402
-from thin_push import cpu  # noqa: E402
-
-from dockerlaunch import sim  # noqa: E402
-from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.hosts.ssh import Remote  # noqa: E402
-from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
-from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import push, streams  # noqa: E402
+from dockerlaunch import sim
+from dockerlaunch.engine import engine
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.hosts.targets import resolve_target
+from dockerlaunch.job.config import load_config
+from dockerlaunch.transfer import push, streams
 
 
 def main() -> int:

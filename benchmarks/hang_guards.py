@@ -10,6 +10,10 @@ cluster, in one run:
   test_a_bare_debian_image, 90 s).
 
   .venv/bin/python benchmarks/hang_guards.py [--runs 3]
+
+Why it imports tests/ (the one benchmark beside doctor_time.py that does): it times the suite's own guards, so it
+starts, waits for and stops `up` with the very helpers those tests use (tests/integration/helpers.py); a copy
+could drift from what the guards guard.
 """
 
 from __future__ import annotations

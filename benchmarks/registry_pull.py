@@ -23,25 +23,19 @@ import secrets
 import shlex
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import random_image, ssh_argv
 
-from distribute import random_image  # noqa: E402
-from ship import ssh_argv  # noqa: E402
-
-from dockerlaunch import sim  # noqa: E402
-from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.hosts.ssh import Remote  # noqa: E402
-from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
-from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import layer_source, push, streams  # noqa: E402
+from dockerlaunch import sim
+from dockerlaunch.engine import engine
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.hosts.targets import resolve_target
+from dockerlaunch.job.config import load_config
+from dockerlaunch.transfer import layer_source, push, streams
 
 
 class CountingRelay:

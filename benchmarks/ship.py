@@ -26,49 +26,23 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import drop, random_image, save_bytes, ssh_argv, timed
 
-from distribute import random_image, save_bytes  # noqa: E402
-
-from dockerlaunch import sim  # noqa: E402
-from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.hosts import openssh  # noqa: E402
-from dockerlaunch.hosts.ssh import Remote  # noqa: E402
-from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
-from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import bundle as bundlelib  # noqa: E402
+from dockerlaunch import sim
+from dockerlaunch.engine import engine
+from dockerlaunch.hosts import openssh
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.hosts.targets import resolve_target
+from dockerlaunch.job.config import load_config
+from dockerlaunch.transfer import bundle as bundlelib
 from dockerlaunch.transfer import (
-    push,  # noqa: E402
-    streams,  # noqa: E402
+    push,
+    streams,
 )
-
-
-def ssh_argv(cfg, remote: Remote) -> list[str]:
-    """OpenSSH to the node with the sim's key and known_hosts (the same host-key policy as paramiko's)."""
-    t = remote.target
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-p", str(t.port),
-            "-o", f"UserKnownHostsFile={os.path.expanduser(t.known_hosts)}"]
-    for k in t.identity_files:
-        argv += ["-i", os.path.expanduser(k)]
-    return argv + [f"{t.user}@{t.hostname}"]
-
-
-def drop(remote: Remote, *refs: str) -> None:
-    remote.run(["sh", "-c", 'docker rmi -f "$@" >/dev/null 2>&1; rm -rf "$HOME/.cache/dockerlaunch/push"; true',
-                "sh", *refs], timeout=300)
-
-
-def timed(fn) -> float:
-    t0 = time.monotonic()
-    fn()
-    return time.monotonic() - t0
 
 
 def cut_then_push(client, remote: Remote, image: streams.LocalImage, frac: float):

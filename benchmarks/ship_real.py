@@ -21,22 +21,19 @@ import argparse
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import drop, ssh_argv, timed
+from ship import cut_then_push
 
-from ship import cut_then_push, drop, ssh_argv, timed  # noqa: E402
-
-from dockerlaunch import sim  # noqa: E402
-from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.hosts.ssh import Remote  # noqa: E402
-from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
-from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import bundle as bundlelib  # noqa: E402
-from dockerlaunch.transfer import push, streams  # noqa: E402
+from dockerlaunch import sim
+from dockerlaunch.engine import engine
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.hosts.targets import resolve_target
+from dockerlaunch.job.config import load_config
+from dockerlaunch.transfer import bundle as bundlelib
+from dockerlaunch.transfer import push, streams
 
 
 def main() -> int:

@@ -25,42 +25,30 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import secrets
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import cpu, drop, engine_reads, tc
+from registry_pull import into_registry, launcher_registry, pull
 
-from distribute import tc  # noqa: E402
-from registry_pull import into_registry, launcher_registry, pull  # noqa: E402
-from ship import drop  # noqa: E402
-
-from dockerlaunch import sim  # noqa: E402
-from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.hosts.ssh import Remote  # noqa: E402
-from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
-from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import layer_source, push, streams  # noqa: E402
-from tests.integration.helpers import engine_reads  # noqa: E402
+from dockerlaunch import sim
+from dockerlaunch.engine import engine
+from dockerlaunch.hosts.ssh import Remote
+from dockerlaunch.hosts.targets import resolve_target
+from dockerlaunch.job.config import load_config
+from dockerlaunch.transfer import layer_source, push, streams
 
 
 @dataclass
 class Pulled:
     bytes_sent: int  # what the registry served
     detail: str
-
-
-def cpu() -> float:
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
 def measured(fn) -> tuple[float, int, float, object]:

@@ -26,9 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.integration.helpers import engine_reads  # noqa: E402
+from harness import engine_reads
 
 
 def measured(argv: list[str], sink: bool = False) -> tuple[float, int]:
