@@ -41,7 +41,7 @@ from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import layer_source, push, streams  # noqa: E402
+from dockerlaunch.transfer import layer_cache, push, streams  # noqa: E402
 
 
 class CountingRelay:
@@ -83,18 +83,18 @@ class CountingRelay:
 
 
 @contextlib.contextmanager
-def launcher_registry() -> Iterator[layer_source.Served]:
-    """The launcher's own registry (transfer.layer_source: Debian's distribution over its cache), held open."""
-    with layer_source._locked(), layer_source._registry() as reg:
+def launcher_registry() -> Iterator[layer_cache.Served]:
+    """The launcher's own registry (transfer.layer_cache: Debian's distribution over its cache), held open."""
+    with layer_cache._locked(), layer_cache._registry() as reg:
         yield reg
 
 
-def into_registry(client, reg: layer_source.Served, ref: str) -> str:
+def into_registry(client, reg: layer_cache.Served, ref: str) -> str:
     """The engine's own `docker push` of `ref` into the registry (it sends only the layers the registry lacks);
     the repository:tag a host pulls."""
     image = streams.local_image(client, ref, facts=False)
-    layer_source._engine_push(client, image, reg)
-    return f"{layer_source.REPO}:{image.id[7:19]}"
+    layer_cache._engine_push(client, image, reg)
+    return f"{layer_cache.REPO}:{image.id[7:19]}"
 
 
 def pull(cfg, remote: Remote, port: int, password: str, repo_tag: str, ref: str) -> tuple[float, int]:
@@ -103,7 +103,7 @@ def pull(cfg, remote: Remote, port: int, password: str, repo_tag: str, ref: str)
     relay = CountingRelay(port)
     there = 20000 + secrets.randbelow(30000)
     src = f"127.0.0.1:{there}/{repo_tag}"
-    script = (f"docker login -u {layer_source.USER} --password-stdin 127.0.0.1:{there} >/dev/null && "
+    script = (f"docker login -u {layer_cache.USER} --password-stdin 127.0.0.1:{there} >/dev/null && "
               f"docker pull -q {shlex.quote(src)} >/dev/null && docker tag {shlex.quote(src)} {shlex.quote(ref)} && "
               f"docker rmi {shlex.quote(src)} >/dev/null; s=$?; docker logout 127.0.0.1:{there} >/dev/null; exit $s")
     argv = ssh_argv(cfg, remote)

@@ -289,7 +289,7 @@ def cache(ctx: click.Context, output: str) -> None:
     recently used layers go until it fits 30 GB (DOCKERLAUNCH_LAYER_CACHE_GB)."""
     if ctx.invoked_subcommand is not None:
         return
-    from dockerlaunch.transfer.layer_source import CAP_ENV, cache_facts
+    from dockerlaunch.transfer.layer_cache import CAP_ENV, cache_facts
 
     facts = cache_facts()
     if output == "json":
@@ -325,7 +325,7 @@ def cache_prune(older_than: str | None) -> None:
 
     All of them, or with --older-than those no push used for that long; a later push of an image whose layers
     went reads them again, once. Refused while a push is using the cache."""
-    from dockerlaunch.transfer.layer_source import prune, root
+    from dockerlaunch.transfer.layer_cache import prune, root
 
     got = prune(_duration(older_than) if older_than else None)
     which = f"unused for {older_than}" if older_than else "all"

@@ -145,7 +145,7 @@ def thin_source(client, image: LocalImage, note: Callable[[str], None] | None = 
     """The image as a thin push reads it: from the launcher's registry (the engine reads only the layers it lacks)
     where that can serve, else the save's facts (one read of the whole image, cached), with the reason. `note`
     hears one line when the read is still running after SLOW_NOTE_S (the first push of an image fills the cache)."""
-    from dockerlaunch.transfer import layer_source
+    from dockerlaunch.transfer import layer_cache
 
     if image.layer_blobs:
         return image
@@ -153,19 +153,19 @@ def thin_source(client, image: LocalImage, note: Callable[[str], None] | None = 
         info = client.info()
     except Exception:  # noqa: BLE001 - the engine's push says what is wrong, if anything
         info = None
-    why = layer_source.unavailable(image, info)
+    why = layer_cache.unavailable(image, info)
     t0 = time.monotonic()
     if why is None:
         timer = _slow_note(note, f"reading {image.ref}'s layers into the launcher's layer cache "
-                                 f"({layer_source.root()}, served by docker-registry on 127.0.0.1 during the push): "
+                                 f"({layer_cache.root()}, served by docker-registry on 127.0.0.1 during the push): "
                                  "the first push of an image reads and gzips all of it, once ...")
         try:
-            got = layer_source.registry_image(client, image)
+            got = layer_cache.registry_image(client, image)
             took = time.monotonic() - t0
             added = got.source.added if got.source else 0
             filled = f"; filled the layer cache with {added / 1e6:.0f} MB" if added else ""
             return replace(got, source_note=f"new layers read through the launcher's registry ({took:.0f} s{filled})",
-                           source=LayerSource("cache", took, added, str(layer_source.root())))
+                           source=LayerSource("cache", took, added, str(layer_cache.root())))
         except (DockerlaunchError, OSError, ValueError) as e:
             why = str(e)[:200]
         finally:

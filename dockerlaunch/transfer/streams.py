@@ -149,11 +149,11 @@ def save_stream(client, image_id: str) -> Iterator[bytes]:
 
 def source_chunks(client, image: LocalImage, skip: set[str]) -> Iterator[bytes]:
     """The image as a `docker save` tar: from the launcher's registry where it serves this push (only the layers
-    not in `skip` are read, transfer/layer_source.py), else `docker save <id>`."""
+    not in `skip` are read, transfer/layer_cache.py), else `docker save <id>`."""
     if image.layer_blobs:
-        from dockerlaunch.transfer import layer_source
+        from dockerlaunch.transfer import layer_cache
 
-        return layer_source.chunks(image, skip)
+        return layer_cache.chunks(image, skip)
     return save_stream(client, image.id)
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from dockerlaunch.backends.docker.doctor.observations import listening_ports
-from dockerlaunch.transfer import chain, layer_source, push
+from dockerlaunch.transfer import chain, layer_cache, push
 from dockerlaunch.transfer.push import push_to_host
 from dockerlaunch.transfer.streams import TransferError, chain_ids, local_image
 from tests.integration.helpers import engine_reads, ids_on_nodes, nc_listeners, staged_bytes
@@ -268,7 +268,7 @@ def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_clu
         out, read = push(bumps[1], DOCKERLAUNCH_LAYER_CACHE_GB="0")  # then all but this image's blobs go
         assert "thin: 3 of 4 layers already there (new layers read through the launcher's registry" in out, out
         assert read < 40 * 2**20, (read, out)  # ~8 MiB read; the image is 104 MiB
-        assert len(layer_source._blobs()) == 5  # its config and 4 layers: bumps[0]'s top layer went
+        assert len(layer_cache._blobs()) == 5  # its config and 4 layers: bumps[0]'s top layer went
         out, read_save = push(bumps[2], DOCKERLAUNCH_LAYER_SOURCE="save")
         assert "(docker save read the whole image (DOCKERLAUNCH_LAYER_SOURCE=save))" in out, out
         assert read_save > 96 * 2**20, (read_save, out)
@@ -292,7 +292,7 @@ def test_a_containerd_store_launcher_reads_only_the_new_layers_too(sim_cluster, 
     made on every push of a new image), and they are exactly the save's: hosts give the image the same ID."""
     import docker
 
-    from dockerlaunch.transfer import layer_source
+    from dockerlaunch.transfer import layer_cache
     from dockerlaunch.transfer.streams import with_facts
     from tests.integration.helpers import local_containerd_engine
 
@@ -336,7 +336,7 @@ def test_a_containerd_store_launcher_reads_only_the_new_layers_too(sim_cluster, 
             # the registry's facts are the save's: the ID every host gives the image is the one it always gave
             for ref in (base, *bumps):
                 img = local_image(c8d, ref, facts=False)
-                from_registry = layer_source.registry_image(c8d, img).facts
+                from_registry = layer_cache.registry_image(c8d, img).facts
                 assert from_registry == with_facts(c8d, img).facts, ref
                 got = remotes[0].run(["docker", "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
                 assert got == from_registry.config.digest, (ref, got)  # the node's classic store: the config digest
@@ -499,7 +499,7 @@ def test_a_chain_head_whose_stream_arrived_but_did_not_load_loses_its_stage(sim_
     of the whole stream fails (a layer it lacks). Its stage goes, as a star host's does (a stage of a stream that
     cannot load is no prefix worth keeping), the tail loads, and the head gets the star fallback in full."""
     monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
-    monkeypatch.setenv(layer_source.MODE_ENV, "save")  # the stream's shape is the same; no registry to fill
+    monkeypatch.setenv(layer_cache.MODE_ENV, "save")  # the stream's shape is the same; no registry to fill
     base = fresh_image(mb=8)
     top = f"dlt-dist/top-{secrets.token_hex(3)}:1"
     engine.images.build(fileobj=io.BytesIO(f"FROM {base}\nRUN head -c 8M /dev/urandom > /top\n".encode()),
