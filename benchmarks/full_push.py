@@ -36,7 +36,7 @@ from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import push, streams  # noqa: E402
+from dockerlaunch.transfer import image_facts, push  # noqa: E402
 
 
 def main() -> int:
@@ -57,7 +57,7 @@ def main() -> int:
     try:
         if not args.image:
             random_image(client, ref, args.size_mb)
-        image = streams.local_image(client, ref)
+        image = image_facts.local_image(client, ref)
         free = shutil.disk_usage("/var/lib/docker").free
         if free < 2 * image.size:  # the node's copy, its stage (compressed) and the save's temporary copy
             raise SystemExit(f"{free / 1e9:.0f} GB free; this needs about {2 * image.size / 1e9:.0f} GB")

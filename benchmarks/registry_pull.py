@@ -41,7 +41,7 @@ from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import layer_cache, push, streams  # noqa: E402
+from dockerlaunch.transfer import image_facts, layer_cache, push  # noqa: E402
 
 
 class CountingRelay:
@@ -92,7 +92,7 @@ def launcher_registry() -> Iterator[layer_cache.Served]:
 def into_registry(client, reg: layer_cache.Served, ref: str) -> str:
     """The engine's own `docker push` of `ref` into the registry (it sends only the layers the registry lacks);
     the repository:tag a host pulls."""
-    image = streams.local_image(client, ref, facts=False)
+    image = image_facts.local_image(client, ref, facts=False)
     layer_cache._engine_push(client, image, reg)
     return f"{layer_cache.REPO}:{image.id[7:19]}"
 
@@ -149,7 +149,7 @@ def main() -> int:
             port, password = reg.port, reg.password
             base_tag, new_tag = (into_registry(client, reg, ref) for ref in (base, new))
             for kind, remote in zip(kinds, remotes):
-                r = push.push_to_host(client, remote, streams.local_image(client, base), compress="none",
+                r = push.push_to_host(client, remote, image_facts.local_image(client, base), compress="none",
                                       thin=False)
                 assert r.status == "pushed", r
                 _, after_load = pull(cfg, remote, port, password, new_tag, new)

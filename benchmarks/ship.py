@@ -44,10 +44,7 @@ from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.transfer import bundle as bundlelib  # noqa: E402
-from dockerlaunch.transfer import (
-    push,  # noqa: E402
-    streams,  # noqa: E402
-)
+from dockerlaunch.transfer import image_facts, pipes, push  # noqa: E402
 
 
 def ssh_argv(cfg, remote: Remote) -> list[str]:
@@ -71,7 +68,7 @@ def timed(fn) -> float:
     return time.monotonic() - t0
 
 
-def cut_then_push(client, remote: Remote, image: streams.LocalImage, frac: float):
+def cut_then_push(client, remote: Remote, image: image_facts.LocalImage, frac: float):
     """(the push cut when `frac` of the image's bytes were sent -- uncompressed, so the fraction is the image's --,
     whether the host had the image tagged right after the cut, the push run again)."""
     plan, _, _ = push.observe_and_plan(client, [remote], image, strategy="star", compress="none", thin=False)
@@ -102,7 +99,7 @@ def main() -> int:
     remote = None
     try:
         random_image(client, old_ref, args.size_mb)
-        image = streams.local_image(client, old_ref)
+        image = image_facts.local_image(client, old_ref)
         s_bytes = save_bytes(client, image.id)
         cfg = load_config(sim.create(nodes=1, cluster=args.cluster, subnet=args.subnet))
         remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
@@ -120,7 +117,7 @@ def main() -> int:
             assert p.wait() == 0
 
         def stream(bulk: bool) -> None:
-            status = remote.stream(["sh", "-c", "cat > /dev/null"], stdin=streams.CountingReader(iter([zeros] * n)),
+            status = remote.stream(["sh", "-c", "cat > /dev/null"], stdin=pipes.CountingReader(iter([zeros] * n)),
                                    bulk=bulk)
             assert status == 0, status
 

@@ -36,7 +36,7 @@ from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.transfer import bundle as bundlelib  # noqa: E402
-from dockerlaunch.transfer import push, streams  # noqa: E402
+from dockerlaunch.transfer import image_facts, push  # noqa: E402
 
 
 def main() -> int:
@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--subnet", default="172.30.253.0/24")
     args = ap.parse_args()
     client = engine()
-    old, new = streams.local_image(client, args.old), streams.local_image(client, args.new)
+    old, new = image_facts.local_image(client, args.old), image_facts.local_image(client, args.new)
     free = shutil.disk_usage("/var/lib/docker").free
     if free < 3.5 * old.size:
         raise SystemExit(f"{free / 1e9:.0f} GB free under /var/lib/docker; this needs about "

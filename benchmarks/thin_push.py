@@ -48,7 +48,7 @@ from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import layer_cache, push, streams  # noqa: E402
+from dockerlaunch.transfer import image_facts, layer_cache, push  # noqa: E402
 from tests.integration.helpers import engine_reads  # noqa: E402
 
 
@@ -98,10 +98,10 @@ def main() -> int:
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
     ap.add_argument("--subnet", default="172.30.252.0/24")
     args = ap.parse_args()
-    if layer_cache.unavailable(streams.local_image(engine(), args.old)):
-        raise SystemExit(f"thin_push: {layer_cache.unavailable(streams.local_image(engine(), args.old))}")
+    if layer_cache.unavailable(image_facts.local_image(engine(), args.old)):
+        raise SystemExit(f"thin_push: {layer_cache.unavailable(image_facts.local_image(engine(), args.old))}")
     client = engine()
-    old = streams.local_image(client, args.old)
+    old = image_facts.local_image(client, args.old)
     free = shutil.disk_usage("/var/lib/docker").free
     # the node's copy and its load's, the registry (and the download of a first pull after a load)
     need = ((3.6 if "save" in args.routes else 2.6) + (0.5 if "pull" in args.routes else 0)) * old.size
@@ -134,7 +134,7 @@ def main() -> int:
         def thin(ref: str, source: str):
             os.environ[layer_cache.MODE_ENV] = source
             try:
-                res = push.push_to_host(client, remote, streams.local_image(client, ref), compress="zstd")
+                res = push.push_to_host(client, remote, image_facts.local_image(client, ref), compress="zstd")
             finally:
                 os.environ.pop(layer_cache.MODE_ENV)
             assert res.status == "pushed" and "thin:" in res.detail, res
@@ -177,7 +177,7 @@ def main() -> int:
                         drop(remote, new)
                     elif route == "alone":
                         rows["alone" + at].append(measured(lambda alone=alone: push.push_to_host(
-                            client, remote, streams.local_image(client, alone), compress="zstd")))
+                            client, remote, image_facts.local_image(client, alone), compress="zstd")))
                         drop(remote, alone)
                     elif route == "pull":
                         pnew = build(tmp, args.old, nonce + "p")  # its own layer: the registry holds NEW's

@@ -5,7 +5,7 @@ tar's sha256 and size, so `load` reads to the end and checks every image before 
 A delta bundle (`save --base OLD`) leaves out the layers OLD has: after an ms-swift bump, the top layers only.
 Its manifest names the layer stack (chain ID) the target must already hold, and `load` checks that before it
 loads anything; every entry records its own chain IDs, so a bundle's manifest can be the next delta's base.
-Each image tar is the stream `push` sends (streams.image_chunks): any engine loads it, and the manifest
+Each image tar is the stream `push` sends (restream.image_chunks): any engine loads it, and the manifest
 holds both IDs it can get -- `id` (config digest, the classic store's) and `manifest_id` (containerd's).
 """
 
@@ -30,15 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dockerlaunch.errors import DockerlaunchError, HostError, TransferError, describe_validation_error
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.tars import open_untrusted
-from dockerlaunch.transfer.streams import (
-    CHUNK,
-    CONTAINERD,
-    CountingReader,
-    image_chunks,
-    local_image,
-    save_stream,
-    untagged_chunks,
-)
+from dockerlaunch.transfer.image_facts import CONTAINERD, local_image, save_stream
+from dockerlaunch.transfer.pipes import CHUNK, CountingReader
+from dockerlaunch.transfer.restream import image_chunks, untagged_chunks
 
 MAX_WINDOW = 32 << 20  # zstd window a bundle may need to be read (memory the launcher gives it)
 BUNDLE_FORMAT = "dockerlaunch-bundle/1"  # delta entries add fields; a reader that predates them refuses them
@@ -80,7 +74,7 @@ def base_chains(client, base: str) -> tuple[str, frozenset[str]]:
             raise TransferError(f"--base {base}: its manifest records no layers (a bundle of an older dockerlaunch): "
                                 "give the base image instead")
         return ", ".join(e.ref for e in entries), frozenset(chains)
-    from dockerlaunch.transfer.streams import chain_ids
+    from dockerlaunch.transfer.oci import chain_ids
 
     try:
         img = local_image(client, base)
@@ -94,8 +88,9 @@ def save_bundle(client, refs: list[str], path: Path, level: int = 3, base: str |
     With `base`, each image leaves out the layers the base has (a delta)."""
     import zstandard
 
+    from dockerlaunch.transfer.image_facts import layer_map, with_facts
+    from dockerlaunch.transfer.oci import chain_ids
     from dockerlaunch.transfer.push_plan import thin_layers
-    from dockerlaunch.transfer.streams import chain_ids, layer_map, with_facts
 
     images = [local_image(client, r) for r in refs]
     label, have = base_chains(client, base) if base else ("", frozenset())
@@ -653,7 +648,7 @@ ENGINE_LAYERS = ("docker image ls -q --no-trunc | sort -u | xargs -r docker imag
 
 def engine_chains(run: Callable[[list[str]], tuple[int, str]]) -> set[str]:
     """Every layer stack (chain ID) the engine's images hold: what a delta bundle can be loaded on."""
-    from dockerlaunch.transfer.streams import chain_ids
+    from dockerlaunch.transfer.oci import chain_ids
 
     status, out = run(["sh", "-c", ENGINE_LAYERS])
     chains: set[str] = set()

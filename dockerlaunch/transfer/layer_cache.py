@@ -41,20 +41,9 @@ from typing import IO
 
 from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import TransferError
-from dockerlaunch.transfer.streams import (
-    CHUNK,
-    COMPRESSED_MAGIC,
-    GRAPHDRIVER,
-    OCI_CONFIG,
-    OCI_INDEX,
-    OCI_LAYER,
-    OCI_MANIFEST,
-    Blob,
-    LayerSource,
-    LocalImage,
-    Pipe,
-    SaveFacts,
-)
+from dockerlaunch.transfer.image_facts import GRAPHDRIVER, LayerSource, LocalImage
+from dockerlaunch.transfer.oci import COMPRESSED_MAGIC, OCI_CONFIG, OCI_INDEX, OCI_LAYER, OCI_MANIFEST, Blob, SaveFacts
+from dockerlaunch.transfer.pipes import CHUNK, Pipe
 
 MODE_ENV = "DOCKERLAUNCH_LAYER_SOURCE"  # auto (default): the registry where it can serve; save: always docker save
 CAP_ENV = "DOCKERLAUNCH_LAYER_CACHE_GB"  # after a push, the least recently used blobs go until the storage fits

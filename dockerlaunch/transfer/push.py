@@ -22,6 +22,17 @@ from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.reporting import Reporter
 from dockerlaunch.transfer import script
 from dockerlaunch.transfer.chain import push_chain
+from dockerlaunch.transfer.image_facts import (
+    CONTAINERD,
+    GRAPHDRIVER,
+    LayerSource,
+    LocalImage,
+    layer_map,
+    local_image,
+    with_facts,
+)
+from dockerlaunch.transfer.oci import chain_ids
+from dockerlaunch.transfer.pipes import CountingReader, Pipe, prefetched, stream_seconds
 from dockerlaunch.transfer.push_plan import (
     Action,
     HostResult,
@@ -34,21 +45,7 @@ from dockerlaunch.transfer.push_plan import (
     plan_push,
     star_fallback,
 )
-from dockerlaunch.transfer.streams import (
-    CONTAINERD,
-    GRAPHDRIVER,
-    CountingReader,
-    LayerSource,
-    LocalImage,
-    Pipe,
-    chain_ids,
-    layer_map,
-    local_image,
-    outgoing,
-    prefetched,
-    stream_seconds,
-    with_facts,
-)
+from dockerlaunch.transfer.streams import outgoing
 
 STAR_WINDOW = 32  # image streams from this machine at once: each reads the image and fills a link of its own
 

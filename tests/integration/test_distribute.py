@@ -14,9 +14,11 @@ import time
 import pytest
 
 from dockerlaunch.backends.docker.doctor.observations import listening_ports
+from dockerlaunch.errors import TransferError
 from dockerlaunch.transfer import chain, layer_cache, push
+from dockerlaunch.transfer.image_facts import local_image
+from dockerlaunch.transfer.oci import chain_ids
 from dockerlaunch.transfer.push import push_to_host
-from dockerlaunch.transfer.streams import TransferError, chain_ids, local_image
 from tests.integration.helpers import engine_reads, ids_on_nodes, nc_listeners, staged_bytes
 
 pytestmark = pytest.mark.integration
@@ -293,7 +295,7 @@ def test_a_containerd_store_launcher_reads_only_the_new_layers_too(sim_cluster, 
     import docker
 
     from dockerlaunch.transfer import layer_cache
-    from dockerlaunch.transfer.streams import with_facts
+    from dockerlaunch.transfer.image_facts import with_facts
     from tests.integration.helpers import local_containerd_engine
 
     with local_containerd_engine(engine, tmp_path / "c8d") as host_url:
@@ -616,8 +618,8 @@ def test_a_tag_a_load_moves_is_put_back_and_the_load_fails(engine, fresh_image, 
     """Were an engine's loader to set a tag the re-streaming did not see (here a loader that tags after its real
     `docker load`, moving a victim tag and adding one), the engine's tags compared before and after the load catch
     it: both put back, the bundle's own tag not set, one line naming the tag."""
+    from dockerlaunch.errors import TransferError
     from dockerlaunch.transfer.bundle import load_bundle, local_loader, local_runner
-    from dockerlaunch.transfer.streams import TransferError
 
     ref, victim = fresh_image(mb=1, scratch=True), fresh_image(mb=1, scratch=True)
     image_id, victim_id = engine.images.get(ref).id, engine.images.get(victim).id

@@ -12,7 +12,7 @@ import zstandard
 
 from dockerlaunch.errors import TransferError
 from dockerlaunch.transfer.bundle import BUNDLE_FORMAT, load_bundle, verify_bundle
-from dockerlaunch.transfer.streams import untagged_chunks
+from dockerlaunch.transfer.restream import untagged_chunks
 
 ID = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32

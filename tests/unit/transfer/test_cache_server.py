@@ -11,7 +11,7 @@ import pytest
 
 from dockerlaunch.errors import TransferError
 from dockerlaunch.transfer import layer_cache
-from dockerlaunch.transfer.streams import CONTAINERD, GRAPHDRIVER, LocalImage
+from dockerlaunch.transfer.image_facts import CONTAINERD, GRAPHDRIVER, LocalImage
 
 
 def image(store=GRAPHDRIVER) -> LocalImage:
@@ -290,7 +290,7 @@ def test_a_registry_killed_mid_push_stops_the_engines_push_in_one_line(tmp_path,
 
     import docker
 
-    from dockerlaunch.transfer.streams import local_image
+    from dockerlaunch.transfer.image_facts import local_image
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
     client = docker.from_env()
@@ -333,7 +333,7 @@ def test_a_push_whose_registry_port_is_squatted_goes_by_docker_save_and_says_who
     import docker
 
     from dockerlaunch.transfer import push
-    from dockerlaunch.transfer.streams import local_image
+    from dockerlaunch.transfer.image_facts import local_image
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(layer_cache.MODE_ENV, raising=False)

@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import pytest
 
+from dockerlaunch.transfer.image_facts import CONTAINERD, GRAPHDRIVER, LocalImage
+from dockerlaunch.transfer.oci import Blob, SaveFacts, chain_ids
 from dockerlaunch.transfer.push import parse_host_view
 from dockerlaunch.transfer.push_plan import (
     Action,
@@ -23,7 +25,6 @@ from dockerlaunch.transfer.push_plan import (
     plan_push,
     star_fallback,
 )
-from dockerlaunch.transfer.streams import CONTAINERD, GRAPHDRIVER, Blob, LocalImage, SaveFacts, chain_ids
 
 
 def sha(text: str) -> str:
