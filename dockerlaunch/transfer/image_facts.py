@@ -12,7 +12,7 @@ import posixpath
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Protocol
 
 from dockerlaunch.engine import cache_root
 from dockerlaunch.errors import TransferError
@@ -48,6 +48,26 @@ class LayerSource:
         return dict(self.__dict__)
 
 
+class TarSource(Protocol):
+    """Where a push reads the image as a `docker save` tar: `docker save` (DOCKER_SAVE, the default) or the
+    launcher's layer cache (layer_cache.CachedLayers). Chosen once, by push.thin_source, and carried on the
+    LocalImage; the stream (streams.outgoing) reads whichever it is given. The layer files in `skip` may be left
+    out (the receivers have them)."""
+
+    def tar(self, client, image: LocalImage, skip: set[str]) -> Iterator[bytes]: ...
+
+
+@dataclass(frozen=True)
+class DockerSave:
+    """`docker save <id>` from the launcher's engine: the whole image, whatever `skip` says."""
+
+    def tar(self, client, image: LocalImage, skip: set[str]) -> Iterator[bytes]:
+        return save_stream(client, image.id)
+
+
+DOCKER_SAVE = DockerSave()
+
+
 @dataclass(frozen=True)
 class LocalImage:
     """An image in the launcher's engine: what it is called, its ID, size and layers (RootFS diff IDs).
@@ -63,7 +83,7 @@ class LocalImage:
     platform: tuple[str, str, str] = ("linux", "amd64", "")  # os, architecture, variant
     store: str = GRAPHDRIVER  # the launcher engine's image store
     facts: SaveFacts | None = None  # from a read of the save (cached per ID); None until one was needed
-    layer_blobs: tuple[str, ...] = ()  # each layer's blob in the launcher's registry, when it serves the stream
+    tar_source: TarSource = DOCKER_SAVE  # where a push reads its tar (push.thin_source picks the layer cache)
     source_note: str = ""  # how the stream's layers are read, for the push's summary
     source: LayerSource | None = None  # the same, as facts (push --dry-run and its json say them)
 

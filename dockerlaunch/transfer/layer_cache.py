@@ -474,7 +474,7 @@ def registry_image(client, image: LocalImage) -> LocalImage:
         _cap({image.id, *(str(layer.get("digest")) for layer in layers)})
     facts = SaveFacts(Blob(f"blobs/sha256/{image.id[7:]}", image.id, len(cfg), OCI_CONFIG), tuple(facts_layers),
                       image.platform)
-    return replace(image, facts=facts, layer_blobs=tuple(blobs))
+    return replace(image, facts=facts, tar_source=CachedLayers(tuple(blobs)))
 
 
 def _content_store_image(image: LocalImage, manifest: dict) -> LocalImage:
@@ -502,14 +502,25 @@ def _content_store_image(image: LocalImage, manifest: dict) -> LocalImage:
         blobs.append(str(path))
     facts = SaveFacts(Blob(f"blobs/sha256/{cfg_digest[7:]}", cfg_digest, len(cfg), OCI_CONFIG), tuple(facts_layers),
                       image.platform)
-    return replace(image, facts=facts, layer_blobs=tuple(blobs))
+    return replace(image, facts=facts, tar_source=CachedLayers(tuple(blobs)))
 
 
-def chunks(image: LocalImage, skip: set[str]) -> Iterator[bytes]:
+@dataclass(frozen=True)
+class CachedLayers:
+    """A push's tar source (image_facts.TarSource) where the layer cache serves the image: each layer's blob in the
+    registry's storage, in RootFS order (registry_image finds them)."""
+
+    blobs: tuple[str, ...]
+
+    def tar(self, client, image: LocalImage, skip: set[str]) -> Iterator[bytes]:
+        return chunks(image, self.blobs, skip)
+
+
+def chunks(image: LocalImage, blobs: tuple[str, ...], skip: set[str]) -> Iterator[bytes]:
     """A `docker save`-shaped tar of the image from the registry's blobs: its config, every layer not in `skip`
     (uncompressed and checked against its diff ID; a containerd-store engine's as its save has them, checked
     against their digests), manifest.json. What image_chunks re-streams."""
-    assert image.facts is not None and len(image.layer_blobs) == len(image.facts.layers)
+    assert image.facts is not None and len(blobs) == len(image.facts.layers)
     facts = image.facts
     pipe = Pipe()
 
@@ -523,7 +534,7 @@ def chunks(image: LocalImage, skip: set[str]) -> Iterator[bytes]:
             with tarfile.open(fileobj=pipe, mode="w|", format=tarfile.GNU_FORMAT) as tar:
                 cfg = blob_path(facts.config.digest).read_bytes()
                 tar.addfile(member(facts.config.path, len(cfg)), io.BytesIO(cfg))
-                for blob, path in zip(facts.layers, image.layer_blobs):
+                for blob, path in zip(facts.layers, blobs):
                     if blob.path in skip:
                         continue
                     g = _Gunzip(Path(path), blob.digest, raw=image.store != GRAPHDRIVER)

@@ -20,10 +20,11 @@ from dockerlaunch.errors import DockerlaunchError, HostError, TransferError
 from dockerlaunch.hosts.fleet import each
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.reporting import Reporter
-from dockerlaunch.transfer import script
+from dockerlaunch.transfer import layer_cache, script
 from dockerlaunch.transfer.chain import push_chain
 from dockerlaunch.transfer.image_facts import (
     CONTAINERD,
+    DOCKER_SAVE,
     GRAPHDRIVER,
     LayerSource,
     LocalImage,
@@ -141,10 +142,9 @@ SLOW_NOTE_S = 1.0  # a layer read that takes longer than this says what it does 
 def thin_source(client, image: LocalImage, note: Callable[[str], None] | None = None) -> LocalImage:
     """The image as a thin push reads it: from the launcher's registry (the engine reads only the layers it lacks)
     where that can serve, else the save's facts (one read of the whole image, cached), with the reason. `note`
-    hears one line when the read is still running after SLOW_NOTE_S (the first push of an image fills the cache)."""
-    from dockerlaunch.transfer import layer_cache
-
-    if image.layer_blobs:
+    hears one line when the read is still running after SLOW_NOTE_S (the first push of an image fills the cache).
+    Where the push's bytes come from is decided here, once: the image's `tar_source` (streams.outgoing reads it)."""
+    if image.tar_source != DOCKER_SAVE:  # the layer cache serves it already (source_image chose)
         return image
     try:
         info = client.info()

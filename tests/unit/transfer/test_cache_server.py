@@ -11,7 +11,7 @@ import pytest
 
 from dockerlaunch.errors import TransferError
 from dockerlaunch.transfer import layer_cache
-from dockerlaunch.transfer.image_facts import CONTAINERD, GRAPHDRIVER, LocalImage
+from dockerlaunch.transfer.image_facts import CONTAINERD, DOCKER_SAVE, GRAPHDRIVER, LocalImage
 
 
 def image(store=GRAPHDRIVER) -> LocalImage:
@@ -348,6 +348,6 @@ def test_a_push_whose_registry_port_is_squatted_goes_by_docker_save_and_says_who
     finally:
         squatter.stop()
         client.images.remove(tag, force=True)
-    assert got.facts is not None and not got.layer_blobs
+    assert got.facts is not None and got.tar_source == DOCKER_SAVE
     assert got.source_note.startswith(f"docker save read the whole image (127.0.0.1:{squatter.port} is held by "
                                       f"another listener (uid {squatter.uid}"), got.source_note
