@@ -41,7 +41,7 @@ from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import image_facts, layer_cache, push  # noqa: E402
+from dockerlaunch.transfer import cache_server, image_facts, layer_cache, push  # noqa: E402
 
 
 class CountingRelay:
@@ -83,17 +83,17 @@ class CountingRelay:
 
 
 @contextlib.contextmanager
-def launcher_registry() -> Iterator[layer_cache.Served]:
+def launcher_registry() -> Iterator[cache_server.Served]:
     """The launcher's own registry (transfer.layer_cache: Debian's distribution over its cache), held open."""
-    with layer_cache._locked(), layer_cache._registry() as reg:
+    with layer_cache._locked(), cache_server.serve() as reg:
         yield reg
 
 
-def into_registry(client, reg: layer_cache.Served, ref: str) -> str:
+def into_registry(client, reg: cache_server.Served, ref: str) -> str:
     """The engine's own `docker push` of `ref` into the registry (it sends only the layers the registry lacks);
     the repository:tag a host pulls."""
     image = image_facts.local_image(client, ref, facts=False)
-    layer_cache._engine_push(client, image, reg)
+    cache_server.engine_push(client, image, reg)
     return f"{layer_cache.REPO}:{image.id[7:19]}"
 
 
@@ -103,7 +103,7 @@ def pull(cfg, remote: Remote, port: int, password: str, repo_tag: str, ref: str)
     relay = CountingRelay(port)
     there = 20000 + secrets.randbelow(30000)
     src = f"127.0.0.1:{there}/{repo_tag}"
-    script = (f"docker login -u {layer_cache.USER} --password-stdin 127.0.0.1:{there} >/dev/null && "
+    script = (f"docker login -u {cache_server.USER} --password-stdin 127.0.0.1:{there} >/dev/null && "
               f"docker pull -q {shlex.quote(src)} >/dev/null && docker tag {shlex.quote(src)} {shlex.quote(ref)} && "
               f"docker rmi {shlex.quote(src)} >/dev/null; s=$?; docker logout 127.0.0.1:{there} >/dev/null; exit $s")
     argv = ssh_argv(cfg, remote)

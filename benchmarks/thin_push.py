@@ -48,7 +48,7 @@ from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import image_facts, layer_cache, push  # noqa: E402
+from dockerlaunch.transfer import cache_server, image_facts, push  # noqa: E402
 from tests.integration.helpers import engine_reads  # noqa: E402
 
 
@@ -98,8 +98,8 @@ def main() -> int:
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
     ap.add_argument("--subnet", default="172.30.252.0/24")
     args = ap.parse_args()
-    if layer_cache.unavailable(image_facts.local_image(engine(), args.old)):
-        raise SystemExit(f"thin_push: {layer_cache.unavailable(image_facts.local_image(engine(), args.old))}")
+    if cache_server.unavailable(image_facts.local_image(engine(), args.old)):
+        raise SystemExit(f"thin_push: {cache_server.unavailable(image_facts.local_image(engine(), args.old))}")
     client = engine()
     old = image_facts.local_image(client, args.old)
     free = shutil.disk_usage("/var/lib/docker").free
@@ -132,11 +132,11 @@ def main() -> int:
             sim.shape(args.cluster, rate or None)
 
         def thin(ref: str, source: str):
-            os.environ[layer_cache.MODE_ENV] = source
+            os.environ[cache_server.MODE_ENV] = source
             try:
                 res = push.push_to_host(client, remote, image_facts.local_image(client, ref), compress="zstd")
             finally:
-                os.environ.pop(layer_cache.MODE_ENV)
+                os.environ.pop(cache_server.MODE_ENV)
             assert res.status == "pushed" and "thin:" in res.detail, res
             return res
 

@@ -20,7 +20,7 @@ from dockerlaunch.errors import DockerlaunchError, HostError, TransferError
 from dockerlaunch.hosts.fleet import each
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.reporting import Reporter
-from dockerlaunch.transfer import layer_cache, script
+from dockerlaunch.transfer import cache_server, layer_cache, script
 from dockerlaunch.transfer.chain import push_chain
 from dockerlaunch.transfer.image_facts import (
     CONTAINERD,
@@ -150,7 +150,7 @@ def thin_source(client, image: LocalImage, note: Callable[[str], None] | None = 
         info = client.info()
     except Exception:  # noqa: BLE001 - the engine's push says what is wrong, if anything
         info = None
-    why = layer_cache.unavailable(image, info)
+    why = cache_server.unavailable(image, info)
     t0 = time.monotonic()
     if why is None:
         timer = _slow_note(note, f"reading {image.ref}'s layers into the launcher's layer cache "

@@ -15,7 +15,7 @@ import pytest
 
 from dockerlaunch.backends.docker.doctor.observations import listening_ports
 from dockerlaunch.errors import TransferError
-from dockerlaunch.transfer import chain, layer_cache, push
+from dockerlaunch.transfer import cache_server, chain, layer_cache, push
 from dockerlaunch.transfer.image_facts import local_image
 from dockerlaunch.transfer.oci import chain_ids
 from dockerlaunch.transfer.push import push_to_host
@@ -501,7 +501,7 @@ def test_a_chain_head_whose_stream_arrived_but_did_not_load_loses_its_stage(sim_
     of the whole stream fails (a layer it lacks). Its stage goes, as a star host's does (a stage of a stream that
     cannot load is no prefix worth keeping), the tail loads, and the head gets the star fallback in full."""
     monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
-    monkeypatch.setenv(layer_cache.MODE_ENV, "save")  # the stream's shape is the same; no registry to fill
+    monkeypatch.setenv(cache_server.MODE_ENV, "save")  # the stream's shape is the same; no registry to fill
     base = fresh_image(mb=8)
     top = f"dlt-dist/top-{secrets.token_hex(3)}:1"
     engine.images.build(fileobj=io.BytesIO(f"FROM {base}\nRUN head -c 8M /dev/urandom > /top\n".encode()),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dockerlaunch.errors import TransferError
-from dockerlaunch.transfer import layer_cache
+from dockerlaunch.transfer import cache_server, layer_cache
 from dockerlaunch.transfer.image_facts import CONTAINERD, DOCKER_SAVE, GRAPHDRIVER, LocalImage
 
 
@@ -20,29 +20,29 @@ def image(store=GRAPHDRIVER) -> LocalImage:
 
 def test_a_rootless_launcher_engine_is_named_as_the_reason(monkeypatch):
     """`docker info` of a rootless engine (Docker 28 under rootlesskit): its loopback is its own namespace's."""
-    monkeypatch.delenv(layer_cache.MODE_ENV, raising=False)
+    monkeypatch.delenv(cache_server.MODE_ENV, raising=False)
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     rootless = {"SecurityOptions": ["name=seccomp,profile=builtin", "name=rootless", "name=cgroupns"]}
-    assert "rootless" in layer_cache.unavailable(image(), rootless)
-    assert layer_cache.unavailable(image(), {"SecurityOptions": ["name=seccomp,profile=builtin", "name=cgroupns"]}
+    assert "rootless" in cache_server.unavailable(image(), rootless)
+    assert cache_server.unavailable(image(), {"SecurityOptions": ["name=seccomp,profile=builtin", "name=cgroupns"]}
                                     ) is None
 
 
 def test_where_the_registry_cannot_serve_it_says_why(monkeypatch):
-    monkeypatch.setenv(layer_cache.MODE_ENV, "save")
-    assert layer_cache.unavailable(image()) == "DOCKERLAUNCH_LAYER_SOURCE=save"
-    monkeypatch.delenv(layer_cache.MODE_ENV)
-    assert layer_cache.unavailable(image(CONTAINERD)) is None  # its blobs are pushed as they are (issue 43)
+    monkeypatch.setenv(cache_server.MODE_ENV, "save")
+    assert cache_server.unavailable(image()) == "DOCKERLAUNCH_LAYER_SOURCE=save"
+    monkeypatch.delenv(cache_server.MODE_ENV)
+    assert cache_server.unavailable(image(CONTAINERD)) is None  # its blobs are pushed as they are (issue 43)
     monkeypatch.setenv("DOCKER_HOST", "ssh://root@gpu-host")
-    assert "not on this machine" in layer_cache.unavailable(image(CONTAINERD))
+    assert "not on this machine" in cache_server.unavailable(image(CONTAINERD))
     monkeypatch.delenv("DOCKER_HOST")
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert "no docker-registry on this machine" in layer_cache.unavailable(image())
+    assert "no docker-registry on this machine" in cache_server.unavailable(image())
     monkeypatch.undo()
-    monkeypatch.delenv(layer_cache.MODE_ENV, raising=False)
+    monkeypatch.delenv(cache_server.MODE_ENV, raising=False)
     monkeypatch.delenv("DOCKER_HOST", raising=False)
-    monkeypatch.setattr(layer_cache, "TCP_TABLES", ("/nonexistent/net/tcp", "/nonexistent/net/tcp6"))
-    assert "could not prove the registry's port" in layer_cache.unavailable(image())  # issue 50, finding 4
+    monkeypatch.setattr(cache_server, "TCP_TABLES", ("/nonexistent/net/tcp", "/nonexistent/net/tcp6"))
+    assert "could not prove the registry's port" in cache_server.unavailable(image())  # issue 50, finding 4
 
 
 def test_a_blob_streams_as_its_layer_and_is_refused_as_another(tmp_path):
@@ -71,16 +71,16 @@ def test_the_registry_answers_only_with_its_one_push_password(tmp_path, monkeypa
     import urllib.request
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
-    with layer_cache._registry() as reg:
+    with cache_server.serve() as reg:
         port, password = reg.port, reg.password
         url = f"http://127.0.0.1:{port}/v2/_catalog"
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(url, timeout=5)
         assert e.value.code == 401
         with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(layer_cache._authorized(url, "not-" + password), timeout=5)
+            urllib.request.urlopen(cache_server._authorized(url, "not-" + password), timeout=5)
         assert e.value.code == 401
-        with urllib.request.urlopen(layer_cache._authorized(url, password), timeout=5) as r:
+        with urllib.request.urlopen(cache_server._authorized(url, password), timeout=5) as r:
             assert r.status == 200
     assert oct((tmp_path / "cache" / "registry").stat().st_mode & 0o777) == "0o700"
     assert sorted(p.name for p in (tmp_path / "cache" / "registry").iterdir()) == ["registry.log"]  # no password left
@@ -140,8 +140,8 @@ def test_a_launcher_killed_outright_takes_its_registry_with_it(tmp_path):
     import sys
     import time
 
-    code = ("import os, signal\nfrom dockerlaunch.transfer import layer_cache as l\n"
-            "with l._registry() as reg:\n    print(reg.port, flush=True)\n"
+    code = ("import os, signal\nfrom dockerlaunch.transfer import cache_server as l\n"
+            "with l.serve() as reg:\n    print(reg.port, flush=True)\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "DOCKERLAUNCH_CACHE_DIR": str(tmp_path)})
@@ -235,11 +235,11 @@ def test_a_squatter_on_the_registrys_port_gets_neither_the_password_nor_a_reques
     answers. Nothing, the push password least of all, may reach it; the refusal names the port and the squatter."""
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
     squatter = Squatter(tmp_path)
-    monkeypatch.setattr(layer_cache, "_free_port", lambda: squatter.port)
+    monkeypatch.setattr(cache_server, "_free_port", lambda: squatter.port)
     try:
         err = None
         try:
-            with layer_cache._registry():
+            with cache_server.serve():
                 pass
         except TransferError as e:
             err = str(e)
@@ -261,7 +261,7 @@ def test_a_registry_that_exited_is_caught_before_the_engine_pushes_to_its_port(t
     import docker
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
-    with layer_cache._registry() as reg:
+    with cache_server.serve() as reg:
         reg.check()  # its own listener: no complaint
         reg.proc.send_signal(signal.SIGKILL)
         reg.proc.wait(10)
@@ -270,7 +270,7 @@ def test_a_registry_that_exited_is_caught_before_the_engine_pushes_to_its_port(t
             with pytest.raises(TransferError) as e:
                 reg.check()
             with pytest.raises(TransferError, match=f"^127.0.0.1:{reg.port} is held by another listener"):
-                layer_cache._engine_push(docker.from_env(), image(), reg)  # the real engine is never asked
+                cache_server.engine_push(docker.from_env(), image(), reg)  # the real engine is never asked
             assert squatter.received() == b""
         finally:
             squatter.stop()
@@ -336,11 +336,11 @@ def test_a_push_whose_registry_port_is_squatted_goes_by_docker_save_and_says_who
     from dockerlaunch.transfer.image_facts import local_image
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(layer_cache.MODE_ENV, raising=False)
+    monkeypatch.delenv(cache_server.MODE_ENV, raising=False)
     client = docker.from_env()
     tag = scratch_image(client, "squatted", 2)
     squatter = Squatter(tmp_path)
-    monkeypatch.setattr(layer_cache, "_free_port", lambda: squatter.port)
+    monkeypatch.setattr(cache_server, "_free_port", lambda: squatter.port)
     try:
         got = push.thin_source(client, local_image(client, tag, facts=False))
         assert b"Authorization: Basic" not in squatter.received()
