@@ -45,7 +45,7 @@ from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.sim import shaping  # noqa: E402
-from dockerlaunch.transfer import push  # noqa: E402
+from dockerlaunch.transfer import push, staging  # noqa: E402
 from tests.integration.helpers import staged_bytes  # noqa: E402
 
 NODES = 4
@@ -78,7 +78,7 @@ def main() -> int:
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
     ap.add_argument("--subnet", default="172.30.250.0/24")
     args = ap.parse_args()
-    os.environ[push.STAGE_MIN_ENV] = "0"  # every chain host stages, whatever the image's size (a small --size-mb)
+    os.environ[staging.STAGE_MIN_ENV] = "0"  # every chain host stages, whatever the image's size (a small --size-mb)
     client = engine()
     ref = f"dlbench/chain-{secrets.token_hex(4)}:1"
     k = args.cut_node - 1

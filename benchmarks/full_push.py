@@ -36,7 +36,7 @@ from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import image_facts, push  # noqa: E402
+from dockerlaunch.transfer import image_facts, push, staging  # noqa: E402
 
 
 def main() -> int:
@@ -48,7 +48,7 @@ def main() -> int:
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
     ap.add_argument("--subnet", default="172.30.248.0/24")
     args = ap.parse_args()
-    os.environ[push.STAGE_MIN_ENV] = "0"  # staged, as a big image's push is
+    os.environ[staging.STAGE_MIN_ENV] = "0"  # staged, as a big image's push is
     client = engine()
     ref = args.image or f"dlbench/full-{secrets.token_hex(4)}:1"
     rates = args.rates.split(",")

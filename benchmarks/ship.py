@@ -44,7 +44,7 @@ from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.transfer import bundle as bundlelib  # noqa: E402
-from dockerlaunch.transfer import image_facts, pipes, push  # noqa: E402
+from dockerlaunch.transfer import image_facts, pipes, push, staging  # noqa: E402
 
 
 def ssh_argv(cfg, remote: Remote) -> list[str]:
@@ -136,7 +136,7 @@ def main() -> int:
         drop(remote, old_ref, image.id)
         t_hand = timed(lambda: subprocess.run(["sh", "-c", hand], check=True, capture_output=True))
         drop(remote, old_ref, image.id)
-        os.environ[push.STAGE_MIN_ENV] = "0"
+        os.environ[staging.STAGE_MIN_ENV] = "0"
 
         def push_once(result: list) -> None:
             result.append(push.push_to_host(client, remote, image, compress="zstd", thin=False))
@@ -147,11 +147,11 @@ def main() -> int:
         rows.append(("push / hand pipeline", f"{t_push:.1f} s / {t_hand:.1f} s",
                      f"{t_push / t_hand:.2f} x (goal <= 1.0; {pushed[-1].detail.rsplit(', ', 1)[-1]})"))
         drop(remote, old_ref, image.id)
-        os.environ[push.STAGE_MIN_ENV] = str(1 << 62)  # what staging costs: the same push, streamed straight in
+        os.environ[staging.STAGE_MIN_ENV] = str(1 << 62)  # what staging costs: the same push, streamed straight in
         try:
             t_plain = timed(lambda: push_once(pushed))
         finally:
-            os.environ[push.STAGE_MIN_ENV] = "0"
+            os.environ[staging.STAGE_MIN_ENV] = "0"
         rows.append(("push, not staged / hand pipeline", f"{t_plain:.1f} s / {t_hand:.1f} s",
                      f"{t_plain / t_hand:.2f} x (staging's cost: the stream written to the host's disk once more)"))
         drop(remote, old_ref, image.id)

@@ -36,7 +36,7 @@ from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.transfer import bundle as bundlelib  # noqa: E402
-from dockerlaunch.transfer import image_facts, push  # noqa: E402
+from dockerlaunch.transfer import image_facts, push, staging  # noqa: E402
 
 
 def main() -> int:
@@ -62,7 +62,7 @@ def main() -> int:
         hand = f"docker save {old.id} | zstd -q -T0 | {' '.join(ssh)} 'zstd -dc | docker load'"
         t_hand = timed(lambda: subprocess.run(["sh", "-c", hand], check=True, capture_output=True))
         drop(remote, args.old, old.id)
-        os.environ.pop(push.STAGE_MIN_ENV, None)  # the real threshold: a 7.7 GB image is staged
+        os.environ.pop(staging.STAGE_MIN_ENV, None)  # the real threshold: a 7.7 GB image is staged
         pushed = []
         t_push = timed(lambda: pushed.append(push.push_to_host(client, remote, old, compress="zstd", thin=False)))
         r = pushed[0]

@@ -48,7 +48,7 @@ from dockerlaunch.engine import engine  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
-from dockerlaunch.transfer import cache_server, image_facts, push  # noqa: E402
+from dockerlaunch.transfer import cache_server, image_facts, push, staging  # noqa: E402
 from tests.integration.helpers import engine_reads  # noqa: E402
 
 
@@ -121,10 +121,10 @@ def main() -> int:
     try:
         cfg = load_config(sim.create(nodes=1, cluster=args.cluster, subnet=args.subnet))
         remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
-        os.environ[push.STAGE_MIN_ENV] = str(1 << 50)  # OLD unstaged: the disk holds no second copy
+        os.environ[staging.STAGE_MIN_ENV] = str(1 << 50)  # OLD unstaged: the disk holds no second copy
         r = push.push_to_host(client, remote, old, compress="zstd", thin=False)
         assert r.status == "pushed", r
-        os.environ.pop(push.STAGE_MIN_ENV)
+        os.environ.pop(staging.STAGE_MIN_ENV)
         bridge = "br-" + client.networks.get(sim.network_name(args.cluster)).id[:12]
 
         def shape(rate: str) -> None:

@@ -147,7 +147,7 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
 
 def _clean(cfg, output: str) -> int:
     from dockerlaunch.hosts.fleet import Fleet
-    from dockerlaunch.transfer.push import Cleaned, clean_staged
+    from dockerlaunch.transfer.staging import Cleaned, clean_staged
 
     with Fleet.connect(cfg, require_all=False) as cluster:
         done = clean_staged([h.remote for h in cluster.live])

@@ -328,12 +328,11 @@ class _Skipped:
 
 def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threading.Event | None = None,
                   on_bytes: Callable[[int], None] | None = None) -> Loader:
-    """`docker load` on a host over SSH. From push's STAGE_MIN bytes an image tar is staged on the host as it
+    """`docker load` on a host over SSH. From staging's STAGE_MIN bytes an image tar is staged on the host as it
     arrives (push's load.sh, without its tag: the bundle tags once every image is checked), so a load cut off
     resumes where it stopped, and one whose load finished after the cut is not sent again. `notes` gets what
     happened per image (resumed, not staged and why)."""
-    from dockerlaunch.transfer import push as pushlib
-    from dockerlaunch.transfer import script
+    from dockerlaunch.transfer import script, staging
 
     notes = notes if notes is not None else []
 
@@ -345,11 +344,11 @@ def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threadin
 
     def load(stream: BinaryIO, piece: Piece) -> tuple[int, str]:
         e = piece.entry
-        if e.bytes < pushlib.stage_min():
+        if e.bytes < staging.stage_min():
             return plain(stream)
         key = hashlib.sha256(f"{remote.name} bundle {e.sha256}".encode()).hexdigest()[:32]
         try:
-            pick = pushlib.pick_stage(remote, key, piece.expect_id, e.bytes)
+            pick = staging.pick_stage(remote, key, piece.expect_id, e.bytes)
         except HostError as err:
             return err.exit_status or 1, f"looking for a staged load failed: {err.detail}"
         if pick.delivered:  # an earlier load finished after it was cut off
@@ -367,7 +366,7 @@ def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threadin
         status = remote.stream(["sh", "-c", script("load.sh"), "sh", piece.expect_id, "-", "none", key, str(offset)],
                                out.extend, err.extend, stdin=reader, stop=stop, bulk=True)
         if status in (3, 4) and reader.finished is not None:  # it all arrived and did not load: the stage goes
-            pushlib.remove_stage(remote, key)
+            staging.remove_stage(remote, key)
         text = (err or out).decode(errors="replace").strip()
         return status, text.removeprefix("load failed: ")
 
