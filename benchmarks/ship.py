@@ -44,7 +44,7 @@ from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
 from dockerlaunch.job.config import load_config  # noqa: E402
 from dockerlaunch.transfer import bundle as bundlelib  # noqa: E402
-from dockerlaunch.transfer import image_facts, pipes, push, staging  # noqa: E402
+from dockerlaunch.transfer import bundle_parts, image_facts, pipes, push, staging  # noqa: E402
 
 
 def ssh_argv(cfg, remote: Remote) -> list[str]:
@@ -184,7 +184,7 @@ def main() -> int:
                      f"(the new layer: {args.top_mb} MiB)"))
         whole = work / "whole.dlb"
         shutil.copy(full, whole)
-        bundlelib.split_bundle(full, -(-full.stat().st_size // 4))
+        bundle_parts.split_bundle(full, -(-full.stat().st_size // 4))
         drop(remote, old_ref, image.id)
         runner, loader = bundlelib.remote_runner(remote), bundlelib.remote_loader(remote)
         t_whole = timed(lambda: bundlelib.load_bundle(whole, loader, runner))
