@@ -39,7 +39,7 @@ from dockerlaunch.engine import engine
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import load_config
-from dockerlaunch.transfer import push
+from dockerlaunch.transfer import push, staging
 
 NODES = 4
 
@@ -62,7 +62,7 @@ def main() -> int:
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
     ap.add_argument("--subnet", default="172.30.250.0/24")
     args = ap.parse_args()
-    os.environ[push.STAGE_MIN_ENV] = "0"  # every chain host stages, whatever the image's size (a small --size-mb)
+    os.environ[staging.STAGE_MIN_ENV] = "0"  # every chain host stages, whatever the image's size (a small --size-mb)
     client = engine()
     ref = f"dlbench/chain-{secrets.token_hex(4)}:1"
     k = args.cut_node - 1

@@ -34,14 +34,14 @@ from dockerlaunch.engine import engine
 from dockerlaunch.hosts import fleet as session
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.job.config import load_config
+from dockerlaunch.transfer import image_facts, pipes
 from dockerlaunch.transfer import push as distribute
-from dockerlaunch.transfer import streams
 
 
-def layer_tar_bytes(client, image: streams.LocalImage, index: int) -> int:
+def layer_tar_bytes(client, image: image_facts.LocalImage, index: int) -> int:
     """Bytes of one layer's tar inside `docker save` (what a thin push must send for it)."""
-    want = streams.layer_files(client, image)[index]
-    with tarfile.open(fileobj=streams.CountingReader(streams.save_stream(client, image.id)), mode="r|") as tar:
+    want = image_facts.layer_files(client, image)[index]
+    with tarfile.open(fileobj=pipes.CountingReader(image_facts.save_stream(client, image.id)), mode="r|") as tar:
         for m in tar:
             if m.name == want:
                 return m.size
@@ -83,7 +83,7 @@ def main() -> int:
     try:
         print(f"# building a {args.size_mb} MiB image of random bytes ...", file=sys.stderr)
         random_image(client, img_ref, args.size_mb)
-        image = streams.local_image(client, img_ref)
+        image = image_facts.local_image(client, img_ref)
         s_bytes = save_bytes(client, image.id)
         floor = s_bytes / bps
 
@@ -95,7 +95,7 @@ def main() -> int:
 
         # reference, links not shaped yet: docker load of the image from a local file on every node at once --
         # the work each host still does after the last byte arrives (docker load applies layers after EOF)
-        tar_bytes = b"".join(streams.save_stream(client, image.id))
+        tar_bytes = b"".join(image_facts.save_stream(client, image.id))
         each(lambda r: r.check(["sh", "-c", "cat > /tmp/dlbench.tar"], "copy", stdin=tar_bytes), remotes)
         t0 = time.monotonic()
         each(lambda r: r.check(["docker", "load", "-i", "/tmp/dlbench.tar"], "load", timeout=600), remotes)
@@ -112,7 +112,7 @@ def main() -> int:
 
         t0 = time.monotonic()
         remotes[0].check(["sh", "-c", "cat > /dev/null"], "raw copy",
-                         stdin=streams.CountingReader(iter([b"\0" * (1 << 20)] * (s_bytes >> 20))))
+                         stdin=pipes.CountingReader(iter([b"\0" * (1 << 20)] * (s_bytes >> 20))))
         raw = time.monotonic() - t0
         rows.append(("raw copy over SSH, 1 host (reference)", f"{raw:.1f} s", "", f"{raw / floor:.2f} x S/B"))
 
@@ -131,7 +131,7 @@ def main() -> int:
 
         # thin: every node has img_ref (from the chain push); top_ref adds one layer
         random_image(client, top_ref, args.top_mb, base=img_ref)
-        top = streams.local_image(client, top_ref)
+        top = image_facts.local_image(client, top_ref)
         changed = layer_tar_bytes(client, top, -1)
         t0 = time.monotonic()
         results = distribute.push(client, remotes, top_ref, compress="none", thin=True, strategy="star",

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dockerlaunch import sim  # noqa: E402
 from dockerlaunch.engine import engine  # noqa: E402
-from dockerlaunch.transfer import streams  # noqa: E402
+from dockerlaunch.transfer import image_facts  # noqa: E402
 
 KINDS = ["20.10", "26", "28", "28-containerd"]
 
@@ -88,7 +88,7 @@ def main() -> int:
             r = dl(local_env, "push", ref, "--config", str(cfg), "--strategy", "star", "--compress", "none")
             if r.returncode != 0:
                 raise SystemExit(f"seeding {ref}: {r.stdout[-1500:]} {r.stderr[-1500:]}")
-        layer = streams.with_facts(client, streams.local_image(client, child)).facts.layers[-1].size
+        layer = image_facts.with_facts(client, image_facts.local_image(client, child)).facts.layers[-1].size
 
         print(f"# thin re-push of a {layer / 1e6:.1f} MB layer between engine kinds ({len(KINDS)} nodes)")
         print("| from \\ to | to | bytes sent | x layer | full fallback | time | tag -> its store's ID, runs |")

@@ -29,7 +29,7 @@ from dockerlaunch.engine import engine
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import load_config
-from dockerlaunch.transfer import push, streams
+from dockerlaunch.transfer import image_facts, push, staging
 
 
 def main() -> int:
@@ -41,7 +41,7 @@ def main() -> int:
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
     ap.add_argument("--subnet", default="172.30.248.0/24")
     args = ap.parse_args()
-    os.environ[push.STAGE_MIN_ENV] = "0"  # staged, as a big image's push is
+    os.environ[staging.STAGE_MIN_ENV] = "0"  # staged, as a big image's push is
     client = engine()
     ref = args.image or f"dlbench/full-{secrets.token_hex(4)}:1"
     rates = args.rates.split(",")
@@ -50,7 +50,7 @@ def main() -> int:
     try:
         if not args.image:
             random_image(client, ref, args.size_mb)
-        image = streams.local_image(client, ref)
+        image = image_facts.local_image(client, ref)
         free = shutil.disk_usage("/var/lib/docker").free
         if free < 2 * image.size:  # the node's copy, its stage (compressed) and the save's temporary copy
             raise SystemExit(f"{free / 1e9:.0f} GB free; this needs about {2 * image.size / 1e9:.0f} GB")

@@ -35,7 +35,7 @@ from dockerlaunch.engine import engine
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import load_config
-from dockerlaunch.transfer import layer_source, push, streams
+from dockerlaunch.transfer import cache_server, image_facts, layer_cache, push
 
 
 class CountingRelay:
@@ -77,18 +77,18 @@ class CountingRelay:
 
 
 @contextlib.contextmanager
-def launcher_registry() -> Iterator[layer_source.Served]:
-    """The launcher's own registry (transfer.layer_source: Debian's distribution over its cache), held open."""
-    with layer_source._locked(), layer_source._registry() as reg:
+def launcher_registry() -> Iterator[cache_server.Served]:
+    """The launcher's own registry (transfer.cache_server: Debian's distribution over its cache), held open."""
+    with layer_cache._locked(), cache_server.serve() as reg:
         yield reg
 
 
-def into_registry(client, reg: layer_source.Served, ref: str) -> str:
+def into_registry(client, reg: cache_server.Served, ref: str) -> str:
     """The engine's own `docker push` of `ref` into the registry (it sends only the layers the registry lacks);
     the repository:tag a host pulls."""
-    image = streams.local_image(client, ref, facts=False)
-    layer_source._engine_push(client, image, reg)
-    return f"{layer_source.REPO}:{image.id[7:19]}"
+    image = image_facts.local_image(client, ref, facts=False)
+    cache_server.engine_push(client, image, reg)
+    return f"{cache_server.REPO}:{image.id[7:19]}"
 
 
 def pull(cfg, remote: Remote, port: int, password: str, repo_tag: str, ref: str) -> tuple[float, int]:
@@ -97,7 +97,7 @@ def pull(cfg, remote: Remote, port: int, password: str, repo_tag: str, ref: str)
     relay = CountingRelay(port)
     there = 20000 + secrets.randbelow(30000)
     src = f"127.0.0.1:{there}/{repo_tag}"
-    script = (f"docker login -u {layer_source.USER} --password-stdin 127.0.0.1:{there} >/dev/null && "
+    script = (f"docker login -u {cache_server.USER} --password-stdin 127.0.0.1:{there} >/dev/null && "
               f"docker pull -q {shlex.quote(src)} >/dev/null && docker tag {shlex.quote(src)} {shlex.quote(ref)} && "
               f"docker rmi {shlex.quote(src)} >/dev/null; s=$?; docker logout 127.0.0.1:{there} >/dev/null; exit $s")
     argv = ssh_argv(cfg, remote)
@@ -143,7 +143,7 @@ def main() -> int:
             port, password = reg.port, reg.password
             base_tag, new_tag = (into_registry(client, reg, ref) for ref in (base, new))
             for kind, remote in zip(kinds, remotes):
-                r = push.push_to_host(client, remote, streams.local_image(client, base), compress="none",
+                r = push.push_to_host(client, remote, image_facts.local_image(client, base), compress="none",
                                       thin=False)
                 assert r.status == "pushed", r
                 _, after_load = pull(cfg, remote, port, password, new_tag, new)

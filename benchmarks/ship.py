@@ -39,13 +39,10 @@ from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import load_config
 from dockerlaunch.transfer import bundle as bundlelib
-from dockerlaunch.transfer import (
-    push,
-    streams,
-)
+from dockerlaunch.transfer import bundle_parts, image_facts, pipes, push, staging
 
 
-def cut_then_push(client, remote: Remote, image: streams.LocalImage, frac: float):
+def cut_then_push(client, remote: Remote, image: image_facts.LocalImage, frac: float):
     """(the push cut when `frac` of the image's bytes were sent -- uncompressed, so the fraction is the image's --,
     whether the host had the image tagged right after the cut, the push run again)."""
     plan, _, _ = push.observe_and_plan(client, [remote], image, strategy="star", compress="none", thin=False)
@@ -76,7 +73,7 @@ def main() -> int:
     remote = None
     try:
         random_image(client, old_ref, args.size_mb)
-        image = streams.local_image(client, old_ref)
+        image = image_facts.local_image(client, old_ref)
         s_bytes = save_bytes(client, image.id)
         cfg = load_config(sim.create(nodes=1, cluster=args.cluster, subnet=args.subnet))
         remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
@@ -94,7 +91,7 @@ def main() -> int:
             assert p.wait() == 0
 
         def stream(bulk: bool) -> None:
-            status = remote.stream(["sh", "-c", "cat > /dev/null"], stdin=streams.CountingReader(iter([zeros] * n)),
+            status = remote.stream(["sh", "-c", "cat > /dev/null"], stdin=pipes.CountingReader(iter([zeros] * n)),
                                    bulk=bulk)
             assert status == 0, status
 
@@ -113,7 +110,7 @@ def main() -> int:
         drop(remote, old_ref, image.id)
         t_hand = timed(lambda: subprocess.run(["sh", "-c", hand], check=True, capture_output=True))
         drop(remote, old_ref, image.id)
-        os.environ[push.STAGE_MIN_ENV] = "0"
+        os.environ[staging.STAGE_MIN_ENV] = "0"
 
         def push_once(result: list) -> None:
             result.append(push.push_to_host(client, remote, image, compress="zstd", thin=False))
@@ -124,11 +121,11 @@ def main() -> int:
         rows.append(("push / hand pipeline", f"{t_push:.1f} s / {t_hand:.1f} s",
                      f"{t_push / t_hand:.2f} x (goal <= 1.0; {pushed[-1].detail.rsplit(', ', 1)[-1]})"))
         drop(remote, old_ref, image.id)
-        os.environ[push.STAGE_MIN_ENV] = str(1 << 62)  # what staging costs: the same push, streamed straight in
+        os.environ[staging.STAGE_MIN_ENV] = str(1 << 62)  # what staging costs: the same push, streamed straight in
         try:
             t_plain = timed(lambda: push_once(pushed))
         finally:
-            os.environ[push.STAGE_MIN_ENV] = "0"
+            os.environ[staging.STAGE_MIN_ENV] = "0"
         rows.append(("push, not staged / hand pipeline", f"{t_plain:.1f} s / {t_hand:.1f} s",
                      f"{t_plain / t_hand:.2f} x (staging's cost: the stream written to the host's disk once more)"))
         drop(remote, old_ref, image.id)
@@ -161,7 +158,7 @@ def main() -> int:
                      f"(the new layer: {args.top_mb} MiB)"))
         whole = work / "whole.dlb"
         shutil.copy(full, whole)
-        bundlelib.split_bundle(full, -(-full.stat().st_size // 4))
+        bundle_parts.split_bundle(full, -(-full.stat().st_size // 4))
         drop(remote, old_ref, image.id)
         runner, loader = bundlelib.remote_runner(remote), bundlelib.remote_loader(remote)
         t_whole = timed(lambda: bundlelib.load_bundle(whole, loader, runner))

@@ -33,7 +33,7 @@ from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import load_config
 from dockerlaunch.transfer import bundle as bundlelib
-from dockerlaunch.transfer import push, streams
+from dockerlaunch.transfer import image_facts, push, staging
 
 
 def main() -> int:
@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument("--subnet", default="172.30.253.0/24")
     args = ap.parse_args()
     client = engine()
-    old, new = streams.local_image(client, args.old), streams.local_image(client, args.new)
+    old, new = image_facts.local_image(client, args.old), image_facts.local_image(client, args.new)
     free = shutil.disk_usage("/var/lib/docker").free
     if free < 3.5 * old.size:
         raise SystemExit(f"{free / 1e9:.0f} GB free under /var/lib/docker; this needs about "
@@ -59,7 +59,7 @@ def main() -> int:
         hand = f"docker save {old.id} | zstd -q -T0 | {' '.join(ssh)} 'zstd -dc | docker load'"
         t_hand = timed(lambda: subprocess.run(["sh", "-c", hand], check=True, capture_output=True))
         drop(remote, args.old, old.id)
-        os.environ.pop(push.STAGE_MIN_ENV, None)  # the real threshold: a 7.7 GB image is staged
+        os.environ.pop(staging.STAGE_MIN_ENV, None)  # the real threshold: a 7.7 GB image is staged
         pushed = []
         t_push = timed(lambda: pushed.append(push.push_to_host(client, remote, old, compress="zstd", thin=False)))
         r = pushed[0]

@@ -42,7 +42,7 @@ from dockerlaunch.engine import engine
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import load_config
-from dockerlaunch.transfer import layer_source, push, streams
+from dockerlaunch.transfer import cache_server, image_facts, push, staging
 
 
 @dataclass
@@ -86,10 +86,10 @@ def main() -> int:
     ap.add_argument("--cluster", default=f"dlbench{os.getpid()}")
     ap.add_argument("--subnet", default="172.30.252.0/24")
     args = ap.parse_args()
-    if layer_source.unavailable(streams.local_image(engine(), args.old)):
-        raise SystemExit(f"thin_push: {layer_source.unavailable(streams.local_image(engine(), args.old))}")
+    if cache_server.unavailable(image_facts.local_image(engine(), args.old)):
+        raise SystemExit(f"thin_push: {cache_server.unavailable(image_facts.local_image(engine(), args.old))}")
     client = engine()
-    old = streams.local_image(client, args.old)
+    old = image_facts.local_image(client, args.old)
     free = shutil.disk_usage("/var/lib/docker").free
     # the node's copy and its load's, the registry (and the download of a first pull after a load)
     need = ((3.6 if "save" in args.routes else 2.6) + (0.5 if "pull" in args.routes else 0)) * old.size
@@ -109,10 +109,10 @@ def main() -> int:
     try:
         cfg = load_config(sim.create(nodes=1, cluster=args.cluster, subnet=args.subnet))
         remote = Remote(resolve_target(cfg.hosts[0], cfg.ssh))
-        os.environ[push.STAGE_MIN_ENV] = str(1 << 50)  # OLD unstaged: the disk holds no second copy
+        os.environ[staging.STAGE_MIN_ENV] = str(1 << 50)  # OLD unstaged: the disk holds no second copy
         r = push.push_to_host(client, remote, old, compress="zstd", thin=False)
         assert r.status == "pushed", r
-        os.environ.pop(push.STAGE_MIN_ENV)
+        os.environ.pop(staging.STAGE_MIN_ENV)
         bridge = "br-" + client.networks.get(sim.network_name(args.cluster)).id[:12]
 
         def shape(rate: str) -> None:
@@ -120,11 +120,11 @@ def main() -> int:
             sim.shape(args.cluster, rate or None)
 
         def thin(ref: str, source: str):
-            os.environ[layer_source.MODE_ENV] = source
+            os.environ[cache_server.MODE_ENV] = source
             try:
-                res = push.push_to_host(client, remote, streams.local_image(client, ref), compress="zstd")
+                res = push.push_to_host(client, remote, image_facts.local_image(client, ref), compress="zstd")
             finally:
-                os.environ.pop(layer_source.MODE_ENV)
+                os.environ.pop(cache_server.MODE_ENV)
             assert res.status == "pushed" and "thin:" in res.detail, res
             return res
 
@@ -165,7 +165,7 @@ def main() -> int:
                         drop(remote, new)
                     elif route == "alone":
                         rows["alone" + at].append(measured(lambda alone=alone: push.push_to_host(
-                            client, remote, streams.local_image(client, alone), compress="zstd")))
+                            client, remote, image_facts.local_image(client, alone), compress="zstd")))
                         drop(remote, alone)
                     elif route == "pull":
                         pnew = build(tmp, args.old, nonce + "p")  # its own layer: the registry holds NEW's

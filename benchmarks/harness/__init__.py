@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dockerlaunch import sim  # noqa: E402
-from dockerlaunch.transfer import streams  # noqa: E402
+from dockerlaunch.transfer import image_facts  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -130,7 +130,7 @@ def random_image(client, tag: str, mb: int, base: str | None = None) -> str:
 
 
 def save_bytes(client, image_id: str) -> int:
-    return sum(len(c) for c in streams.save_stream(client, image_id))
+    return sum(len(c) for c in image_facts.save_stream(client, image_id))
 
 
 def drop(remote, *refs: str) -> None:

@@ -147,7 +147,7 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
 
 def _clean(cfg, output: str) -> int:
     from dockerlaunch.hosts.fleet import Fleet
-    from dockerlaunch.transfer.push import Cleaned, clean_staged
+    from dockerlaunch.transfer.staging import Cleaned, clean_staged
 
     with Fleet.connect(cfg, require_all=False) as cluster:
         done = clean_staged([h.remote for h in cluster.live])
@@ -184,6 +184,7 @@ def save(images: tuple[str, ...], out: str, base: str | None, split: str | None)
     """Write local images to one bundle file (zstd tar + manifest with Image IDs and sha256)."""
     from dockerlaunch.engine import engine
     from dockerlaunch.transfer import bundle as bundlelib
+    from dockerlaunch.transfer.bundle_parts import split_bundle
 
     size = _size(split) if split else None
     bundle = bundlelib.save_bundle(engine(), list(images), Path(out), base=base)
@@ -191,7 +192,7 @@ def save(images: tuple[str, ...], out: str, base: str | None, split: str | None)
         delta = f"  delta on {e.base}" if e.needs else ""
         click.echo(host_text(f"{e.ref}  {e.id[7:19]}  {e.bytes / 1e6:.0f} MB  sha256 {e.sha256[:12]}{delta}"))
     if size:
-        parts = bundlelib.split_bundle(Path(out), size)
+        parts = split_bundle(Path(out), size)
         click.echo(f"split into {len(parts)} part(s) of at most {split}: {parts[0].name} .. {parts[-1].name}; "
                    f"{out} is their index (carry them all; `load {out}`)")
     click.echo(f"wrote {out} ({Path(out).stat().st_size / 1e6:.0f} MB)")
@@ -211,9 +212,10 @@ def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> N
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.job.config import Overrides, load_config
     from dockerlaunch.transfer import bundle as bundlelib
+    from dockerlaunch.transfer.bundle_parts import bundle_path
     from dockerlaunch.transfer.push_plan import HostResult, PushState
 
-    path = bundlelib.bundle_path(bundle)
+    path = bundle_path(bundle)
     if not path.is_file():
         raise DockerlaunchError(f"bundle {bundle} does not exist")
     if not hosts and not config_path:
@@ -289,7 +291,7 @@ def cache(ctx: click.Context, output: str) -> None:
     recently used layers go until it fits 30 GB (DOCKERLAUNCH_LAYER_CACHE_GB)."""
     if ctx.invoked_subcommand is not None:
         return
-    from dockerlaunch.transfer.layer_source import CAP_ENV, cache_facts
+    from dockerlaunch.transfer.layer_cache import CAP_ENV, cache_facts
 
     facts = cache_facts()
     if output == "json":
@@ -325,7 +327,7 @@ def cache_prune(older_than: str | None) -> None:
 
     All of them, or with --older-than those no push used for that long; a later push of an image whose layers
     went reads them again, once. Refused while a push is using the cache."""
-    from dockerlaunch.transfer.layer_source import prune, root
+    from dockerlaunch.transfer.layer_cache import prune, root
 
     got = prune(_duration(older_than) if older_than else None)
     which = f"unused for {older_than}" if older_than else "all"

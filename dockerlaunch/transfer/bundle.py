@@ -5,8 +5,9 @@ tar's sha256 and size, so `load` reads to the end and checks every image before 
 A delta bundle (`save --base OLD`) leaves out the layers OLD has: after an ms-swift bump, the top layers only.
 Its manifest names the layer stack (chain ID) the target must already hold, and `load` checks that before it
 loads anything; every entry records its own chain IDs, so a bundle's manifest can be the next delta's base.
-Each image tar is the stream `push` sends (streams.image_chunks): any engine loads it, and the manifest
+Each image tar is the stream `push` sends (restream.image_chunks): any engine loads it, and the manifest
 holds both IDs it can get -- `id` (config digest, the classic store's) and `manifest_id` (containerd's).
+A bundle split into parts for small media is read through transfer/bundle_parts.py.
 """
 
 from __future__ import annotations
@@ -30,15 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dockerlaunch.errors import DockerlaunchError, HostError, TransferError, describe_validation_error
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.tars import open_untrusted
-from dockerlaunch.transfer.streams import (
-    CHUNK,
-    CONTAINERD,
-    CountingReader,
-    image_chunks,
-    local_image,
-    save_stream,
-    untagged_chunks,
-)
+from dockerlaunch.transfer.bundle_parts import check_parts, open_bundle
+from dockerlaunch.transfer.image_facts import CONTAINERD, local_image, save_stream
+from dockerlaunch.transfer.pipes import CHUNK, CountingReader
+from dockerlaunch.transfer.restream import image_chunks, untagged_chunks
 
 MAX_WINDOW = 32 << 20  # zstd window a bundle may need to be read (memory the launcher gives it)
 BUNDLE_FORMAT = "dockerlaunch-bundle/1"  # delta entries add fields; a reader that predates them refuses them
@@ -80,7 +76,7 @@ def base_chains(client, base: str) -> tuple[str, frozenset[str]]:
             raise TransferError(f"--base {base}: its manifest records no layers (a bundle of an older dockerlaunch): "
                                 "give the base image instead")
         return ", ".join(e.ref for e in entries), frozenset(chains)
-    from dockerlaunch.transfer.streams import chain_ids
+    from dockerlaunch.transfer.oci import chain_ids
 
     try:
         img = local_image(client, base)
@@ -94,8 +90,9 @@ def save_bundle(client, refs: list[str], path: Path, level: int = 3, base: str |
     With `base`, each image leaves out the layers the base has (a delta)."""
     import zstandard
 
+    from dockerlaunch.transfer.image_facts import layer_map, with_facts
+    from dockerlaunch.transfer.oci import chain_ids
     from dockerlaunch.transfer.push_plan import thin_layers
-    from dockerlaunch.transfer.streams import chain_ids, layer_map, with_facts
 
     images = [local_image(client, r) for r in refs]
     label, have = base_chains(client, base) if base else ("", frozenset())
@@ -126,125 +123,6 @@ def save_bundle(client, refs: list[str], path: Path, level: int = 3, base: str |
                 tar.addfile(info, io.BytesIO(manifest))
     tmp.rename(path)
     return bundle
-
-
-# ---------------------------------------------------------------- split bundles (media with a file-size limit)
-
-PARTS_FORMAT = "dockerlaunch-parts/1"
-MAX_INDEX = 1 << 20
-
-
-def split_bundle(path: Path, size: int) -> list[Path]:
-    """The bundle at `path` as parts `path.001`.. of at most `size` bytes, and `path` itself becomes their index
-    (each part's name, size and sha256, and the whole bundle's): FAT32 media hold 4 GiB files at most."""
-    parts: list[dict] = []
-    whole = hashlib.sha256()
-    tmp = path.with_name(path.name + ".parts")
-    with open(path, "rb") as src:
-        n = 0
-        while True:
-            n += 1
-            name = f"{path.name}.{n:03d}"
-            h, written = hashlib.sha256(), 0
-            part = path.with_name(name)
-            with open(part, "wb") as out:
-                while written < size:
-                    chunk = src.read(min(CHUNK, size - written))
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    h.update(chunk)
-                    whole.update(chunk)
-                    written += len(chunk)
-            if not written:
-                part.unlink()
-                break
-            parts.append({"name": name, "size": written, "sha256": h.hexdigest()})
-    tmp.write_text(json.dumps({"format": PARTS_FORMAT, "sha256": whole.hexdigest(), "parts": parts}, indent=1))
-    tmp.replace(path)
-    return [path.with_name(p["name"]) for p in parts]
-
-
-def _parts_index(path: Path) -> dict | None:
-    """The parts index at `path`, or None when `path` is a whole bundle."""
-    with open(path, "rb") as f:
-        head = f.read(MAX_INDEX + 1)
-    if not head.startswith(b"{"):
-        return None
-    try:
-        index = json.loads(head)
-    except ValueError:
-        raise TransferError(f"bundle {path}: not a bundle and not a parts index; nothing was loaded") from None
-    parts = index.get("parts") if isinstance(index, dict) else None
-    if index.get("format") != PARTS_FORMAT or not isinstance(parts, list) or not parts or not all(
-            isinstance(p, dict) and re.fullmatch(re.escape(path.name) + r"\.\d{3}", str(p.get("name", "")))
-            and isinstance(p.get("size"), int) and re.fullmatch(r"[0-9a-f]{64}", str(p.get("sha256", "")))
-            for p in parts):
-        raise TransferError(f"bundle {path}: a malformed parts index; nothing was loaded")
-    return index
-
-
-def check_parts(path: Path) -> None:
-    """Every part of a split bundle present beside its index (copied in any order), with its size and sha256:
-    one line naming the first that is missing or damaged."""
-    index = _parts_index(path)
-    if index is None:
-        return
-    for p in index["parts"]:
-        part = path.with_name(p["name"])
-        if not part.is_file():
-            raise TransferError(f"bundle {path}: part {p['name']} is missing (of {len(index['parts'])}); copy it "
-                                "beside the others; nothing was loaded")
-        h = hashlib.sha256()
-        with open(part, "rb") as f:
-            while chunk := f.read(CHUNK):
-                h.update(chunk)
-        if (h.hexdigest(), part.stat().st_size) != (p["sha256"], p["size"]):
-            raise TransferError(f"bundle {path}: part {p['name']} is damaged (sha256 {h.hexdigest()[:12]}, "
-                                f"expected {p['sha256'][:12]}); copy it again; nothing was loaded")
-
-
-class _Joined(io.RawIOBase):
-    """The parts of a split bundle read as one file, in the index's order."""
-
-    def __init__(self, files: list[Path]):
-        self.files, self.f = list(files), None
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        while True:
-            if self.f is None:
-                if not self.files:
-                    return 0
-                self.f = open(self.files.pop(0), "rb")
-            n = self.f.readinto(b)
-            if n:
-                return n
-            self.f.close()
-            self.f = None
-
-    def close(self) -> None:
-        if self.f is not None:
-            self.f.close()
-        super().close()
-
-
-def open_bundle(path: Path) -> BinaryIO:
-    index = _parts_index(path)
-    if index is None:
-        return open(path, "rb")
-    return io.BufferedReader(_Joined([path.with_name(p["name"]) for p in index["parts"]]), CHUNK)
-
-
-def bundle_path(given: str) -> Path:
-    """What `load` was given: a bundle, a split bundle's index, or one of its parts (`x.dlb.002` -> `x.dlb`)."""
-    path = Path(given)
-    m = re.fullmatch(r"(.+)\.\d{3}", path.name)
-    if m and path.with_name(m.group(1)).is_file():
-        return path.with_name(m.group(1))
-    return path
 
 
 def read_manifest(path: Path) -> list[BundleEntry]:
@@ -333,12 +211,11 @@ class _Skipped:
 
 def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threading.Event | None = None,
                   on_bytes: Callable[[int], None] | None = None) -> Loader:
-    """`docker load` on a host over SSH. From push's STAGE_MIN bytes an image tar is staged on the host as it
+    """`docker load` on a host over SSH. From staging's STAGE_MIN bytes an image tar is staged on the host as it
     arrives (push's load.sh, without its tag: the bundle tags once every image is checked), so a load cut off
     resumes where it stopped, and one whose load finished after the cut is not sent again. `notes` gets what
     happened per image (resumed, not staged and why)."""
-    from dockerlaunch.transfer import push as pushlib
-    from dockerlaunch.transfer import script
+    from dockerlaunch.transfer import script, staging
 
     notes = notes if notes is not None else []
 
@@ -350,11 +227,11 @@ def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threadin
 
     def load(stream: BinaryIO, piece: Piece) -> tuple[int, str]:
         e = piece.entry
-        if e.bytes < pushlib.stage_min():
+        if e.bytes < staging.stage_min():
             return plain(stream)
         key = hashlib.sha256(f"{remote.name} bundle {e.sha256}".encode()).hexdigest()[:32]
         try:
-            pick = pushlib.pick_stage(remote, key, piece.expect_id, e.bytes)
+            pick = staging.pick_stage(remote, key, piece.expect_id, e.bytes)
         except HostError as err:
             return err.exit_status or 1, f"looking for a staged load failed: {err.detail}"
         if pick.delivered:  # an earlier load finished after it was cut off
@@ -372,7 +249,7 @@ def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threadin
         status = remote.stream(["sh", "-c", script("load.sh"), "sh", piece.expect_id, "-", "none", key, str(offset)],
                                out.extend, err.extend, stdin=reader, stop=stop, bulk=True)
         if status in (3, 4) and reader.finished is not None:  # it all arrived and did not load: the stage goes
-            pushlib.remove_stage(remote, key)
+            staging.remove_stage(remote, key)
         text = (err or out).decode(errors="replace").strip()
         return status, text.removeprefix("load failed: ")
 
@@ -653,7 +530,7 @@ ENGINE_LAYERS = ("docker image ls -q --no-trunc | sort -u | xargs -r docker imag
 
 def engine_chains(run: Callable[[list[str]], tuple[int, str]]) -> set[str]:
     """Every layer stack (chain ID) the engine's images hold: what a delta bundle can be loaded on."""
-    from dockerlaunch.transfer.streams import chain_ids
+    from dockerlaunch.transfer.oci import chain_ids
 
     status, out = run(["sh", "-c", ENGINE_LAYERS])
     chains: set[str] = set()

@@ -29,8 +29,10 @@ from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.fleet import each
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.transfer import script
+from dockerlaunch.transfer.image_facts import LocalImage
+from dockerlaunch.transfer.pipes import CountingReader, stream_seconds
 from dockerlaunch.transfer.push_plan import HostResult, HostTransfer, PushState
-from dockerlaunch.transfer.streams import CountingReader, LocalImage, outgoing, stream_seconds
+from dockerlaunch.transfer.streams import outgoing
 
 LISTEN_TIMEOUT = 15.0  # for a relay's listener to come up
 RECEIVE_TIMEOUT = 30.0  # for a relay to be sent data once the host before it has finished

@@ -81,9 +81,9 @@ class OnHost(wheels.Here):
         if builder in self._sent:
             return
         from dockerlaunch.engine import engine
+        from dockerlaunch.transfer.image_facts import local_image
         from dockerlaunch.transfer.push import push_to_host
         from dockerlaunch.transfer.push_plan import PushState
-        from dockerlaunch.transfer.streams import local_image
 
         client = self.client or engine()
         image = local_image(client, builder)

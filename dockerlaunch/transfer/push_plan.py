@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from dockerlaunch.enums import StrEnum
-from dockerlaunch.transfer.streams import GRAPHDRIVER, LocalImage, chain_ids
+from dockerlaunch.transfer.image_facts import GRAPHDRIVER, LocalImage
+from dockerlaunch.transfer.oci import chain_ids
 
 CHAIN_MIN_HOSTS = 3  # below this a chain saves nothing over star: the launcher's uplink carries <= 2 copies
 

@@ -14,9 +14,11 @@ import time
 import pytest
 
 from dockerlaunch.backends.docker.doctor.observations import listening_ports
-from dockerlaunch.transfer import chain, layer_source, push
+from dockerlaunch.errors import TransferError
+from dockerlaunch.transfer import cache_server, chain, layer_cache, push, staging
+from dockerlaunch.transfer.image_facts import local_image
+from dockerlaunch.transfer.oci import chain_ids
 from dockerlaunch.transfer.push import push_to_host
-from dockerlaunch.transfer.streams import TransferError, chain_ids, local_image
 from tests.integration.helpers import engine_reads, ids_on_nodes, nc_listeners, staged_bytes
 
 pytestmark = pytest.mark.integration
@@ -69,7 +71,7 @@ def test_push_killed_mid_stream_leaves_tag_absent_or_unchanged(sim_cluster, engi
     """The launcher SIGKILLed mid-stream: no tag moves, no load outlives it, and the next push resumes on each
     host from the prefix it staged (zstd both times, the default: a stage holds the stream as it travels, and the
     launcher's zstd makes the same bytes again)."""
-    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")  # stage this 400 MB image as if it were a big one
+    monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")  # stage this 400 MB image as if it were a big one
     ref = fresh_image(mb=400)
     local_id = engine.images.get(ref).id
     old_id = engine.images.get(tools_image).id
@@ -268,7 +270,7 @@ def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_clu
         out, read = push(bumps[1], DOCKERLAUNCH_LAYER_CACHE_GB="0")  # then all but this image's blobs go
         assert "thin: 3 of 4 layers already there (new layers read through the launcher's registry" in out, out
         assert read < 40 * 2**20, (read, out)  # ~8 MiB read; the image is 104 MiB
-        assert len(layer_source._blobs()) == 5  # its config and 4 layers: bumps[0]'s top layer went
+        assert len(layer_cache._blobs()) == 5  # its config and 4 layers: bumps[0]'s top layer went
         out, read_save = push(bumps[2], DOCKERLAUNCH_LAYER_SOURCE="save")
         assert "(docker save read the whole image (DOCKERLAUNCH_LAYER_SOURCE=save))" in out, out
         assert read_save > 96 * 2**20, (read_save, out)
@@ -292,8 +294,8 @@ def test_a_containerd_store_launcher_reads_only_the_new_layers_too(sim_cluster, 
     made on every push of a new image), and they are exactly the save's: hosts give the image the same ID."""
     import docker
 
-    from dockerlaunch.transfer import layer_source
-    from dockerlaunch.transfer.streams import with_facts
+    from dockerlaunch.transfer import layer_cache
+    from dockerlaunch.transfer.image_facts import with_facts
     from tests.integration.helpers import local_containerd_engine
 
     with local_containerd_engine(engine, tmp_path / "c8d") as host_url:
@@ -336,7 +338,7 @@ def test_a_containerd_store_launcher_reads_only_the_new_layers_too(sim_cluster, 
             # the registry's facts are the save's: the ID every host gives the image is the one it always gave
             for ref in (base, *bumps):
                 img = local_image(c8d, ref, facts=False)
-                from_registry = layer_source.registry_image(c8d, img).facts
+                from_registry = layer_cache.registry_image(c8d, img).facts
                 assert from_registry == with_facts(c8d, img).facts, ref
                 got = remotes[0].run(["docker", "image", "inspect", "--format", "{{.Id}}", ref]).stdout.strip()
                 assert got == from_registry.config.digest, (ref, got)  # the node's classic store: the config digest
@@ -456,7 +458,7 @@ def test_a_relay_dying_mid_stream_is_resumed_by_a_second_chain(sim_cluster, engi
     """Node2's listener is killed once node2 has staged a third of the (zstd) stream: node1 still loads its copy;
     node2 is not sent a star push but a second chain that starts where its stage ends, so the bytes sent to it
     again are at most 1.1 x what it lacked."""
-    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=400)
     local_id = engine.images.get(ref).id
     ips = [n.ip for n in sim_cluster[2]]
@@ -498,8 +500,8 @@ def test_a_chain_head_whose_stream_arrived_but_did_not_load_loses_its_stage(sim_
     """A thin chain planned while both hosts had the base; the head loses it before the stream comes, so its load
     of the whole stream fails (a layer it lacks). Its stage goes, as a star host's does (a stage of a stream that
     cannot load is no prefix worth keeping), the tail loads, and the head gets the star fallback in full."""
-    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
-    monkeypatch.setenv(layer_source.MODE_ENV, "save")  # the stream's shape is the same; no registry to fill
+    monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")
+    monkeypatch.setenv(cache_server.MODE_ENV, "save")  # the stream's shape is the same; no registry to fill
     base = fresh_image(mb=8)
     top = f"dlt-dist/top-{secrets.token_hex(3)}:1"
     engine.images.build(fileobj=io.BytesIO(f"FROM {base}\nRUN head -c 8M /dev/urandom > /top\n".encode()),
@@ -533,7 +535,7 @@ def test_a_chain_whose_launcher_was_killed_resumes_on_every_host(sim_cluster, en
     """The launcher SIGKILLed mid-chain: each host keeps the prefix it got (the tail's stage is not thrown away
     though no checksum ever came); the next chain push sends the head only what it lacks, and the head feeds
     the tail from its own stage where the tail's ends. Nothing is tagged by the cut push."""
-    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=400)
     local_id = engine.images.get(ref).id
     config = str(sim_cluster[1])
@@ -616,8 +618,8 @@ def test_a_tag_a_load_moves_is_put_back_and_the_load_fails(engine, fresh_image, 
     """Were an engine's loader to set a tag the re-streaming did not see (here a loader that tags after its real
     `docker load`, moving a victim tag and adding one), the engine's tags compared before and after the load catch
     it: both put back, the bundle's own tag not set, one line naming the tag."""
+    from dockerlaunch.errors import TransferError
     from dockerlaunch.transfer.bundle import load_bundle, local_loader, local_runner
-    from dockerlaunch.transfer.streams import TransferError
 
     ref, victim = fresh_image(mb=1, scratch=True), fresh_image(mb=1, scratch=True)
     image_id, victim_id = engine.images.get(ref).id, engine.images.get(victim).id
@@ -692,7 +694,7 @@ def test_a_push_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, en
     staged), the Image ID checks out, and the staged file is gone."""
     import threading
 
-    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=48, scratch=True)
     image = local_image(engine, ref)
     plan, _, _ = push.observe_and_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
@@ -727,7 +729,7 @@ def test_load_hosts_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster
     the Image ID and tags; the staged file is gone. A stage that does not match the bundle's bytes is sent again."""
     from dockerlaunch.transfer import bundle as bundlelib
 
-    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=48, scratch=True)
     image_id = engine.images.get(ref).id
     path = tmp_path / "one.dlb"
@@ -779,11 +781,11 @@ def test_a_staged_prefix_that_is_not_the_streams_own_is_sent_again(sim_cluster, 
                                                                    monkeypatch):
     """A tampered staged file (same name, other bytes): its sha256 does not match this stream's prefix, so the
     push starts from byte 0 and the image still checks out."""
-    monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+    monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=8, scratch=True)
     image = local_image(engine, ref)
     plan, _, _ = push.observe_and_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
-    key = push.stage_key(plan.hosts[0])
+    key = staging.stage_key(plan.hosts[0])
     try:
         remotes[0].check(["sh", "-c", 'mkdir -p "$HOME/.cache/dockerlaunch/push" && head -c 1000000 /dev/urandom '
                           '> "$HOME/.cache/dockerlaunch/push/$1.tar"', "sh", key], "planting")
@@ -842,7 +844,7 @@ def test_a_lock_file_is_never_deleted_and_a_host_without_flock_stages_nothing(si
         after = remotes[0].run(["sh", "-c", inode, "sh", key])
         assert after.ok and after.stdout.strip() == before, "push --clean deleted a lock file"
         # the 7-day sweep of a staged push (any push's load.sh) keeps it too
-        monkeypatch.setenv(push.STAGE_MIN_ENV, "0")
+        monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")
         ref = fresh_image(mb=2)
         p = dl("push", ref, "--config", str(sim_cluster[1]), "--compress", "none")
         assert p.returncode == 0, p.stdout + p.stderr

@@ -212,14 +212,15 @@ def test_a_bundle_from_the_classic_launcher_loads_into_the_containerd_store(engi
 def test_a_layer_the_containerd_store_never_unpacked_is_sent_again(engine, mixed, image_pair, tmp_path):
     """containerd's store can hold an image it never unpacked (a load whose layer it lacked: it says so and exits
     0). Such a layer must not count as there: the thin push sends it, and the image runs."""
-    from dockerlaunch.transfer import streams
+    from dockerlaunch.transfer import image_facts, restream
 
     parent, child = image_pair
     node = mixed[1][3]
-    image = streams.with_facts(engine, streams.local_image(engine, parent))
+    image = image_facts.with_facts(engine, image_facts.local_image(engine, parent))
     top = {image.facts.layers[-1].path}
+    stream = restream.image_chunks(image_facts.save_stream(engine, image.id), image, top)
     broken = subprocess.run(["docker", "exec", "-i", node.name, "docker", "load"], capture_output=True,
-                            input=b"".join(streams.image_chunks(streams.save_stream(engine, image.id), image, top)))
+                            input=b"".join(stream))
     assert broken.returncode == 0 and b"rror unpacking image" in broken.stdout + broken.stderr  # exit 0 regardless
     r = dl("push", child, "--config", subset(mixed, tmp_path, [3]), "--strategy", "star", "--output", "json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -306,14 +307,14 @@ def tagging_tars(engine):
     crafted tar asks to tag `victim`: the attacker's files, a manifest.json naming both images (the attacker's
     RepoTags: the victim) and an index.json naming both manifests (the attacker's with the victim as its name).
     (the bundle entry's facts, {attack: inner tar bytes}, the victim tag)."""
-    from dockerlaunch.transfer import streams
+    from dockerlaunch.transfer import image_facts, restream
 
     good, attacker = (f"dlt-eng/tag-{secrets.token_hex(4)}:1" for _ in range(2))
     victim = f"dlt-victim/{secrets.token_hex(4)}:1"
     for tag in (good, attacker):
         _scratch_image(engine, tag)
-    imgs = [streams.with_facts(engine, streams.local_image(engine, t)) for t in (good, attacker)]
-    saved = [_members(b"".join(streams.image_chunks(streams.save_stream(engine, i.id), i))) for i in imgs]
+    imgs = [image_facts.with_facts(engine, image_facts.local_image(engine, t)) for t in (good, attacker)]
+    saved = [_members(b"".join(restream.image_chunks(image_facts.save_stream(engine, i.id), i))) for i in imgs]
     meta = {"manifest.json", "index.json", "oci-layout", "repositories"}
     body = [(m, d) for members in saved for m, d in members if m.name not in meta]
     entries = [json.loads(next(d for m, d in members if m.name == "manifest.json"))[0] for members in saved]

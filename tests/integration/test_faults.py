@@ -160,7 +160,8 @@ def test_a_failing_input_stream_ends_the_remote_load(sim_cluster, engine, remote
     its input end instead of waiting forever, and nothing is tagged."""
     from dockerlaunch.errors import SSHError
     from dockerlaunch.transfer import script
-    from dockerlaunch.transfer.streams import CountingReader, local_image, save_stream
+    from dockerlaunch.transfer.image_facts import local_image, save_stream
+    from dockerlaunch.transfer.pipes import CountingReader
 
     image = local_image(engine, tools_image)
     ref = f"dlt-broken/{secrets.token_hex(3)}:1"
@@ -192,7 +193,7 @@ def test_a_broken_input_is_reported_even_when_the_command_exits_first(remotes):
     the status. Whatever the far end said, the cause is here (docker save died): `stream` must say so, as the
     OpenSSH route does. A command that exits at once on EOF makes that order the usual one, not a rare one."""
     from dockerlaunch.errors import SSHError
-    from dockerlaunch.transfer.streams import CountingReader
+    from dockerlaunch.transfer.pipes import CountingReader
 
     def breaks_after(limit):
         sent = 0
@@ -218,7 +219,7 @@ def test_a_stranger_on_a_chain_port_feeds_nothing_into_docker_load(sim_cluster, 
 
     from dockerlaunch.errors import SSHError
     from dockerlaunch.transfer import script
-    from dockerlaunch.transfer.streams import local_image
+    from dockerlaunch.transfer.image_facts import local_image
 
     legit = local_image(engine, fresh_image(mb=1))
     evil_ref = fresh_image(mb=1)
@@ -264,7 +265,7 @@ def test_a_valid_token_with_bytes_that_are_not_the_launchers_loads_and_tags_noth
 
     from dockerlaunch.errors import SSHError
     from dockerlaunch.transfer import script
-    from dockerlaunch.transfer.streams import local_image
+    from dockerlaunch.transfer.image_facts import local_image
 
     legit = local_image(engine, fresh_image(mb=1))
     victim = f"dlt-victim/base:{secrets.token_hex(3)}"  # a tag of the user's on node2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dockerlaunch.transfer import layer_source
+from dockerlaunch.transfer import layer_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -142,12 +142,12 @@ def test_the_readme_quotes_no_benchmark_ratio():
 def test_the_readme_says_where_the_local_registry_is_and_how_big_it_grows(monkeypatch):
     """Its words match the code: the registry `push` runs on 127.0.0.1, its folder and its cap."""
     monkeypatch.delenv("DOCKERLAUNCH_CACHE_DIR", raising=False)
-    monkeypatch.delenv(layer_source.CAP_ENV, raising=False)
-    folder = "~/" + str(layer_source.root().relative_to(Path.home()))
+    monkeypatch.delenv(layer_cache.CAP_ENV, raising=False)
+    folder = "~/" + str(layer_cache.root().relative_to(Path.home()))
     opening = " ".join(head(70).split())
-    for said in ("docker-registry", "127.0.0.1", folder, f"{layer_source.CAP_GB} GB", layer_source.CAP_ENV):
+    for said in ("docker-registry", "127.0.0.1", folder, f"{layer_cache.CAP_GB} GB", layer_cache.CAP_ENV):
         assert said in opening, f"the README's opening does not say {said!r}"
-    assert layer_source._limit() == layer_source.CAP_GB * 1e9
+    assert layer_cache._limit() == layer_cache.CAP_GB * 1e9
 
 
 def slug(heading: str) -> str:

@@ -93,7 +93,7 @@ def read_bundle(tmp_path, tar):
 
 
 def read_stream(tmp_path, make):
-    from dockerlaunch.transfer.streams import untagged_chunks
+    from dockerlaunch.transfer.restream import untagged_chunks
 
     tar = make()
     with pytest.raises(TransferError) as e:

@@ -5,7 +5,7 @@
 # a push cut off (the link, the launcher killed) leaves its prefix there, and the next push of the same stream
 # sends only the rest (OFFSET: the bytes it found staged and checked); docker load reads the staged prefix,
 # then the new bytes. The staged file goes once the image is tagged; staged files older than 7 days go too.
-# Whether to stage at all (disk space) is the launcher's choice (push.stage_choice).
+# Whether to stage at all (disk space) is the launcher's choice (staging.stage_choice).
 # usage: load.sh IMAGE_ID REF|- zstd|none [KEY OFFSET]
 set -u
 image_id=$1 ref=$2 compress=$3 key=${4:-} offset=${5:-0}

@@ -12,7 +12,7 @@ import zstandard
 
 from dockerlaunch.errors import TransferError
 from dockerlaunch.transfer.bundle import BUNDLE_FORMAT, load_bundle, verify_bundle
-from dockerlaunch.transfer.streams import untagged_chunks
+from dockerlaunch.transfer.restream import untagged_chunks
 
 ID = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32
@@ -163,7 +163,7 @@ def test_a_split_bundle_verifies_from_its_parts_and_names_a_missing_or_damaged_o
     import os
     import random
 
-    from dockerlaunch.transfer.bundle import bundle_path, split_bundle
+    from dockerlaunch.transfer.bundle_parts import bundle_path, split_bundle
 
     noisy = (f"images/{ID[7:]}.tar", image_tar() + random.Random(1).randbytes(200_000))
     path = bundle(tmp_path, [noisy], manifest={"format": BUNDLE_FORMAT, "images": [

@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import pytest
 
+from dockerlaunch.transfer.image_facts import CONTAINERD, GRAPHDRIVER, LocalImage
+from dockerlaunch.transfer.oci import Blob, SaveFacts, chain_ids
 from dockerlaunch.transfer.push import parse_host_view
 from dockerlaunch.transfer.push_plan import (
     Action,
@@ -23,7 +25,6 @@ from dockerlaunch.transfer.push_plan import (
     plan_push,
     star_fallback,
 )
-from dockerlaunch.transfer.streams import CONTAINERD, GRAPHDRIVER, Blob, LocalImage, SaveFacts, chain_ids
 
 
 def sha(text: str) -> str:
@@ -565,7 +566,7 @@ def probe_text(staged="", present="", cache="2049 262144000 41943040", docker="2
 
 
 def test_the_stage_probe_is_parsed_by_key():
-    from dockerlaunch.transfer.push import parse_stage_probe
+    from dockerlaunch.transfer.staging import parse_stage_probe
 
     p = parse_stage_probe(probe_text(staged=f"123 {'a' * 64}", present="sha256:" + "b" * 64))
     assert (p.staged, p.digest, p.present_id) == (123, "a" * 64, "sha256:" + "b" * 64)
@@ -576,7 +577,7 @@ def test_the_stage_probe_is_parsed_by_key():
 
 
 def test_a_push_stages_only_where_the_stage_the_load_and_a_reserve_fit():
-    from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
+    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
 
     # one 250 GiB disk with 40 GiB free: a 3 GiB image stages (3 + 6 + 12.5 reserve)
     assert stage_choice("h", 3 * GIB, parse_stage_probe(probe_text())) == (True, "")
@@ -599,7 +600,7 @@ def test_a_push_stages_only_where_the_stage_the_load_and_a_reserve_fit():
 
 def test_an_image_that_cannot_fit_where_docker_keeps_images_is_refused_before_a_byte_is_sent():
     from dockerlaunch.errors import TransferError
-    from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
+    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
 
     full = probe_text(docker="2049 262144000 5242880")  # 5 GiB free: the load takes 6
     with pytest.raises(TransferError, match=r"host gpu7: 5.0 GiB free in /var/lib/docker.*6.0 GiB.*docker image prune"):
@@ -615,7 +616,7 @@ def test_an_image_that_cannot_fit_where_docker_keeps_images_is_refused_before_a_
 def test_a_home_on_shared_storage_is_never_staged_on(fs, stages):
     """issue 42, finding 4: on a cluster whose homes are NFS, every host would stage in one folder (one lock, one
     growing file, one host's cleanup deleting the others' stages): a network file system is not staged on."""
-    from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
+    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
 
     ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text(fs=fs)))
     assert ok is stages
@@ -626,15 +627,15 @@ def test_a_home_on_shared_storage_is_never_staged_on(fs, stages):
 @pytest.mark.parametrize("fs", ["UNKNOWN (0x19830327)", "", None])
 def test_a_file_system_stat_does_not_know_is_never_staged_on(fs):
     """issue 50, finding 9: a type GNU stat has no name for may be shared storage too."""
-    from dockerlaunch.transfer.push import parse_stage_probe, stage_choice
+    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
 
     ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text(fs=fs)))
     assert not ok and why.startswith("not staged ($HOME/.cache is on a file system stat does not know: "), why
 
 
 def test_two_hosts_never_share_a_stage_key():
-    from dockerlaunch.transfer.push import stage_key
     from dockerlaunch.transfer.push_plan import Action, HostTransfer
+    from dockerlaunch.transfer.staging import stage_key
 
     def to(host):
         return HostTransfer(host, Action.SEND, expect_id="sha256:" + "a" * 64)

@@ -1,9 +1,9 @@
-"""Where receivers of one stream resume (push.resume_points): pure, over an in-memory stream."""
+"""Where receivers of one stream resume (staging.resume_points): pure, over an in-memory stream."""
 
 import hashlib
 import os
 
-from dockerlaunch.transfer.push import resume_points
+from dockerlaunch.transfer.staging import resume_points
 
 STREAM = os.urandom(1 << 20)
 

@@ -7,7 +7,10 @@ from dataclasses import replace
 import pytest
 
 from dockerlaunch.errors import TransferError
-from dockerlaunch.transfer.streams import CountingReader, LocalImage, chain_ids, image_chunks
+from dockerlaunch.transfer.image_facts import LocalImage
+from dockerlaunch.transfer.oci import chain_ids
+from dockerlaunch.transfer.pipes import CountingReader
+from dockerlaunch.transfer.restream import image_chunks
 
 
 def test_chain_ids_follow_the_oci_definition():
@@ -115,7 +118,7 @@ def test_prefetched_keeps_order_raises_upstream_errors_and_stops_its_thread_when
     import threading
     import time
 
-    from dockerlaunch.transfer.streams import prefetched
+    from dockerlaunch.transfer.pipes import prefetched
 
     chunks = [bytes([i]) * 1000 for i in range(200)]
     assert list(prefetched(iter(chunks), depth=3)) == chunks

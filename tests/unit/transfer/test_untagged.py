@@ -10,7 +10,8 @@ import tarfile
 import pytest
 
 from dockerlaunch.errors import TransferError
-from dockerlaunch.transfer.streams import LocalImage, image_chunks, untagged_chunks
+from dockerlaunch.transfer.image_facts import LocalImage
+from dockerlaunch.transfer.restream import image_chunks, untagged_chunks
 
 
 def sha(data: bytes) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dockerlaunch.errors import TransferError
-from dockerlaunch.transfer import layer_source
-from dockerlaunch.transfer.streams import CONTAINERD, GRAPHDRIVER, LocalImage
+from dockerlaunch.transfer import cache_server, layer_cache
+from dockerlaunch.transfer.image_facts import CONTAINERD, DOCKER_SAVE, GRAPHDRIVER, LocalImage
 
 
 def image(store=GRAPHDRIVER) -> LocalImage:
@@ -20,29 +20,29 @@ def image(store=GRAPHDRIVER) -> LocalImage:
 
 def test_a_rootless_launcher_engine_is_named_as_the_reason(monkeypatch):
     """`docker info` of a rootless engine (Docker 28 under rootlesskit): its loopback is its own namespace's."""
-    monkeypatch.delenv(layer_source.MODE_ENV, raising=False)
+    monkeypatch.delenv(cache_server.MODE_ENV, raising=False)
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     rootless = {"SecurityOptions": ["name=seccomp,profile=builtin", "name=rootless", "name=cgroupns"]}
-    assert "rootless" in layer_source.unavailable(image(), rootless)
-    assert layer_source.unavailable(image(), {"SecurityOptions": ["name=seccomp,profile=builtin", "name=cgroupns"]}
+    assert "rootless" in cache_server.unavailable(image(), rootless)
+    assert cache_server.unavailable(image(), {"SecurityOptions": ["name=seccomp,profile=builtin", "name=cgroupns"]}
                                     ) is None
 
 
 def test_where_the_registry_cannot_serve_it_says_why(monkeypatch):
-    monkeypatch.setenv(layer_source.MODE_ENV, "save")
-    assert layer_source.unavailable(image()) == "DOCKERLAUNCH_LAYER_SOURCE=save"
-    monkeypatch.delenv(layer_source.MODE_ENV)
-    assert layer_source.unavailable(image(CONTAINERD)) is None  # its blobs are pushed as they are (issue 43)
+    monkeypatch.setenv(cache_server.MODE_ENV, "save")
+    assert cache_server.unavailable(image()) == "DOCKERLAUNCH_LAYER_SOURCE=save"
+    monkeypatch.delenv(cache_server.MODE_ENV)
+    assert cache_server.unavailable(image(CONTAINERD)) is None  # its blobs are pushed as they are (issue 43)
     monkeypatch.setenv("DOCKER_HOST", "ssh://root@gpu-host")
-    assert "not on this machine" in layer_source.unavailable(image(CONTAINERD))
+    assert "not on this machine" in cache_server.unavailable(image(CONTAINERD))
     monkeypatch.delenv("DOCKER_HOST")
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert "no docker-registry on this machine" in layer_source.unavailable(image())
+    assert "no docker-registry on this machine" in cache_server.unavailable(image())
     monkeypatch.undo()
-    monkeypatch.delenv(layer_source.MODE_ENV, raising=False)
+    monkeypatch.delenv(cache_server.MODE_ENV, raising=False)
     monkeypatch.delenv("DOCKER_HOST", raising=False)
-    monkeypatch.setattr(layer_source, "TCP_TABLES", ("/nonexistent/net/tcp", "/nonexistent/net/tcp6"))
-    assert "could not prove the registry's port" in layer_source.unavailable(image())  # issue 50, finding 4
+    monkeypatch.setattr(cache_server, "TCP_TABLES", ("/nonexistent/net/tcp", "/nonexistent/net/tcp6"))
+    assert "could not prove the registry's port" in cache_server.unavailable(image())  # issue 50, finding 4
 
 
 def test_a_blob_streams_as_its_layer_and_is_refused_as_another(tmp_path):
@@ -50,18 +50,18 @@ def test_a_blob_streams_as_its_layer_and_is_refused_as_another(tmp_path):
     blob = tmp_path / "data"
     blob.write_bytes(gzip.compress(layer))
     right = "sha256:" + hashlib.sha256(layer).hexdigest()
-    assert layer_source._measure(blob, right) == len(layer)
-    raw = layer_source._Gunzip(blob, "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest(), raw=True)
+    assert layer_cache._measure(blob, right) == len(layer)
+    raw = layer_cache._Gunzip(blob, "sha256:" + hashlib.sha256(blob.read_bytes()).hexdigest(), raw=True)
     assert raw.read() == blob.read_bytes()  # a content-store blob: as it is, checked against its own digest
     with pytest.raises(TransferError, match="is not layer"):
-        layer_source._Gunzip(blob, right, raw=True).read()
-    g = layer_source._Gunzip(blob, right)
+        layer_cache._Gunzip(blob, right, raw=True).read()
+    g = layer_cache._Gunzip(blob, right)
     got = b""
     while chunk := g.read(4096):
         got += chunk
     assert got == layer
     with pytest.raises(TransferError, match=r"is not layer cccccccccccc \(its sha256 is "):
-        layer_source._measure(blob, "sha256:" + "c" * 64)
+        layer_cache._measure(blob, "sha256:" + "c" * 64)
 
 
 def test_the_registry_answers_only_with_its_one_push_password(tmp_path, monkeypatch):
@@ -71,23 +71,23 @@ def test_the_registry_answers_only_with_its_one_push_password(tmp_path, monkeypa
     import urllib.request
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
-    with layer_source._registry() as reg:
+    with cache_server.serve() as reg:
         port, password = reg.port, reg.password
         url = f"http://127.0.0.1:{port}/v2/_catalog"
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(url, timeout=5)
         assert e.value.code == 401
         with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(layer_source._authorized(url, "not-" + password), timeout=5)
+            urllib.request.urlopen(cache_server._authorized(url, "not-" + password), timeout=5)
         assert e.value.code == 401
-        with urllib.request.urlopen(layer_source._authorized(url, password), timeout=5) as r:
+        with urllib.request.urlopen(cache_server._authorized(url, password), timeout=5) as r:
             assert r.status == 200
     assert oct((tmp_path / "cache" / "registry").stat().st_mode & 0o777) == "0o700"
     assert sorted(p.name for p in (tmp_path / "cache" / "registry").iterdir()) == ["registry.log"]  # no password left
 
 
 def _blob(tmp_path, hexd: str, size: int, age: float):
-    data = layer_source.blob_path("sha256:" + hexd)
+    data = layer_cache.blob_path("sha256:" + hexd)
     data.parent.mkdir(parents=True)
     data.write_bytes(b"x" * size)
     os.utime(data, (time.time() - age, time.time() - age))
@@ -102,34 +102,34 @@ def test_a_registry_over_its_cap_drops_the_least_recently_used_blobs_but_never_t
     upload = tmp_path / "registry" / "store" / "docker" / "registry" / "v2" / "repositories" / "r" / "_uploads" / "u"
     upload.mkdir(parents=True)
     (upload / "data").write_bytes(b"half a layer a killed push left")
-    monkeypatch.setenv(layer_source.CAP_ENV, "0.000016")  # 16 kB: all four fit
-    layer_source._cap(set())
+    monkeypatch.setenv(layer_cache.CAP_ENV, "0.000016")  # 16 kB: all four fit
+    layer_cache._cap(set())
     assert all(p.is_file() for p in (old, mid, new, used))
-    monkeypatch.setenv(layer_source.CAP_ENV, "0.000009")  # 9 kB: two go, the oldest not just used
-    layer_source._cap({"sha256:" + "d" * 64})  # the push used d (the oldest): it is kept and now the newest
+    monkeypatch.setenv(layer_cache.CAP_ENV, "0.000009")  # 9 kB: two go, the oldest not just used
+    layer_cache._cap({"sha256:" + "d" * 64})  # the push used d (the oldest): it is kept and now the newest
     assert [p.is_file() for p in (old, mid, new, used)] == [False, False, True, True]
     assert used.stat().st_mtime > new.stat().st_mtime
-    layer_source._clean_uploads()
+    layer_cache._clean_uploads()
     assert not upload.parent.exists()
-    monkeypatch.setenv(layer_source.CAP_ENV, "0")  # nothing fits: all but what the push used go
-    layer_source._cap({"sha256:" + "c" * 64})
+    monkeypatch.setenv(layer_cache.CAP_ENV, "0")  # nothing fits: all but what the push used go
+    layer_cache._cap({"sha256:" + "c" * 64})
     assert [p.is_file() for p in (new, used)] == [True, False]
 
 
 @pytest.mark.parametrize("bad", ["thirty", "-1", "1e3", "30GB"])
 def test_a_cap_that_is_not_a_number_is_named_with_the_fix(monkeypatch, bad):
-    monkeypatch.setenv(layer_source.CAP_ENV, bad)
+    monkeypatch.setenv(layer_cache.CAP_ENV, bad)
     with pytest.raises(TransferError) as e:
-        layer_source._limit()
-    assert str(e.value).startswith(f"{layer_source.CAP_ENV}={bad!r}: give the registry's cap in GB, e.g. "), e.value
+        layer_cache._limit()
+    assert str(e.value).startswith(f"{layer_cache.CAP_ENV}={bad!r}: give the registry's cap in GB, e.g. "), e.value
 
 
 def test_evictions_take_the_oldest_first_until_enough_is_freed():
     blobs = [(Path("/s") / h, size, mtime) for h, size, mtime in (("x", 10, 3), ("y", 10, 1), ("z", 10, 2))]
-    assert layer_source.evictions(blobs, set(), 15) == [Path("/s/y"), Path("/s/z")]
-    assert layer_source.evictions(blobs, {"sha256:y"}, 15) == [Path("/s/z"), Path("/s/x")]
-    assert layer_source.evictions(blobs, set(), 0) == []
-    assert layer_source.evictions(blobs, {"sha256:x", "sha256:y", "sha256:z"}, 100) == []
+    assert layer_cache.evictions(blobs, set(), 15) == [Path("/s/y"), Path("/s/z")]
+    assert layer_cache.evictions(blobs, {"sha256:y"}, 15) == [Path("/s/z"), Path("/s/x")]
+    assert layer_cache.evictions(blobs, set(), 0) == []
+    assert layer_cache.evictions(blobs, {"sha256:x", "sha256:y", "sha256:z"}, 100) == []
 
 
 def test_a_launcher_killed_outright_takes_its_registry_with_it(tmp_path):
@@ -140,8 +140,8 @@ def test_a_launcher_killed_outright_takes_its_registry_with_it(tmp_path):
     import sys
     import time
 
-    code = ("import os, signal\nfrom dockerlaunch.transfer import layer_source as l\n"
-            "with l._registry() as reg:\n    print(reg.port, flush=True)\n"
+    code = ("import os, signal\nfrom dockerlaunch.transfer import cache_server as l\n"
+            "with l.serve() as reg:\n    print(reg.port, flush=True)\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "DOCKERLAUNCH_CACHE_DIR": str(tmp_path)})
@@ -235,11 +235,11 @@ def test_a_squatter_on_the_registrys_port_gets_neither_the_password_nor_a_reques
     answers. Nothing, the push password least of all, may reach it; the refusal names the port and the squatter."""
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
     squatter = Squatter(tmp_path)
-    monkeypatch.setattr(layer_source, "_free_port", lambda: squatter.port)
+    monkeypatch.setattr(cache_server, "_free_port", lambda: squatter.port)
     try:
         err = None
         try:
-            with layer_source._registry():
+            with cache_server.serve():
                 pass
         except TransferError as e:
             err = str(e)
@@ -261,7 +261,7 @@ def test_a_registry_that_exited_is_caught_before_the_engine_pushes_to_its_port(t
     import docker
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
-    with layer_source._registry() as reg:
+    with cache_server.serve() as reg:
         reg.check()  # its own listener: no complaint
         reg.proc.send_signal(signal.SIGKILL)
         reg.proc.wait(10)
@@ -270,7 +270,7 @@ def test_a_registry_that_exited_is_caught_before_the_engine_pushes_to_its_port(t
             with pytest.raises(TransferError) as e:
                 reg.check()
             with pytest.raises(TransferError, match=f"^127.0.0.1:{reg.port} is held by another listener"):
-                layer_source._engine_push(docker.from_env(), image(), reg)  # the real engine is never asked
+                cache_server.engine_push(docker.from_env(), image(), reg)  # the real engine is never asked
             assert squatter.received() == b""
         finally:
             squatter.stop()
@@ -290,7 +290,7 @@ def test_a_registry_killed_mid_push_stops_the_engines_push_in_one_line(tmp_path,
 
     import docker
 
-    from dockerlaunch.transfer.streams import local_image
+    from dockerlaunch.transfer.image_facts import local_image
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
     client = docker.from_env()
@@ -314,7 +314,7 @@ def test_a_registry_killed_mid_push_stops_the_engines_push_in_one_line(tmp_path,
         killer.start()
         t0 = time.monotonic()
         with pytest.raises(TransferError) as e:
-            layer_source.registry_image(client, local_image(client, tag, facts=False))
+            layer_cache.registry_image(client, local_image(client, tag, facts=False))
         took = time.monotonic() - t0
         killer.join(5)
     finally:
@@ -323,7 +323,7 @@ def test_a_registry_killed_mid_push_stops_the_engines_push_in_one_line(tmp_path,
     msg = str(e.value)
     assert msg.startswith("the launcher's registry for 127.0.0.1:") and " exited (see " in msg, msg
     assert "\n" not in msg and took < 30, (took, msg)
-    assert not [r for img in client.api.images() for r in img.get("RepoTags") or [] if layer_source.REPO in r]
+    assert not [r for img in client.api.images() for r in img.get("RepoTags") or [] if layer_cache.REPO in r]
 
 
 def test_a_push_whose_registry_port_is_squatted_goes_by_docker_save_and_says_who_holds_the_port(tmp_path,
@@ -333,14 +333,14 @@ def test_a_push_whose_registry_port_is_squatted_goes_by_docker_save_and_says_who
     import docker
 
     from dockerlaunch.transfer import push
-    from dockerlaunch.transfer.streams import local_image
+    from dockerlaunch.transfer.image_facts import local_image
 
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(layer_source.MODE_ENV, raising=False)
+    monkeypatch.delenv(cache_server.MODE_ENV, raising=False)
     client = docker.from_env()
     tag = scratch_image(client, "squatted", 2)
     squatter = Squatter(tmp_path)
-    monkeypatch.setattr(layer_source, "_free_port", lambda: squatter.port)
+    monkeypatch.setattr(cache_server, "_free_port", lambda: squatter.port)
     try:
         got = push.thin_source(client, local_image(client, tag, facts=False))
         assert b"Authorization: Basic" not in squatter.received()
@@ -348,6 +348,6 @@ def test_a_push_whose_registry_port_is_squatted_goes_by_docker_save_and_says_who
     finally:
         squatter.stop()
         client.images.remove(tag, force=True)
-    assert got.facts is not None and not got.layer_blobs
+    assert got.facts is not None and got.tar_source == DOCKER_SAVE
     assert got.source_note.startswith(f"docker save read the whole image (127.0.0.1:{squatter.port} is held by "
                                       f"another listener (uid {squatter.uid}"), got.source_note
