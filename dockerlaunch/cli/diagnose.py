@@ -20,7 +20,7 @@ def transport(output: str, **kw) -> None:
     Warns when NCCL fell back to TCP sockets though InfiniBand ports are ACTIVE, and when ranks of one host
     talk through the network. Works for a running or a finished job (until its next `up`).
     """
-    from dockerlaunch.diagnostics.collect import transport as read
+    from dockerlaunch.diagnostics.nccl_logs import transport as read
     from dockerlaunch.diagnostics.transport import describe
 
     report = read(load(kw))

@@ -19,7 +19,7 @@ from dockerlaunch.backends.docker import up as launch
 from dockerlaunch.backends.docker.session import Session
 from dockerlaunch.container import Deferred
 from dockerlaunch.diagnostics import script
-from dockerlaunch.diagnostics.collect import TransportReport, read_transport
+from dockerlaunch.diagnostics.nccl_logs import TransportReport, read_transport
 from dockerlaunch.errors import ConfigError, DockerlaunchError
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from dockerlaunch.backends.docker import up as launch
 from dockerlaunch.backends.docker.doctor.report import Report, Verdict
 from dockerlaunch.diagnostics import script
-from dockerlaunch.diagnostics.collect import TransportReport, read_transport
 from dockerlaunch.diagnostics.commtest import TORCHRUN, MarkedLines, sub_config
+from dockerlaunch.diagnostics.nccl_logs import TransportReport, read_transport
 from dockerlaunch.diagnostics.transport import describe
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.reporting import Reporter

@@ -49,7 +49,7 @@ def test_a_hostile_container_in_status_rows_shows_as_text():
 
 
 def test_a_hostile_error_in_the_transport_summary_shows_as_text():
-    from dockerlaunch.diagnostics.collect import TransportReport, report_to
+    from dockerlaunch.diagnostics.nccl_logs import TransportReport, report_to
     from dockerlaunch.diagnostics.transport import Finding
 
     out = terminal()

@@ -15,8 +15,8 @@ import pytest
 
 from dockerlaunch.diagnostics import commtest as ct
 from dockerlaunch.diagnostics.callstacks import RankStack, parse_pyspy, ranges, summary
-from dockerlaunch.diagnostics.collect import split_files
 from dockerlaunch.diagnostics.dump import parse_ranks, safe_extract, split_marked
+from dockerlaunch.diagnostics.nccl_logs import split_files
 from dockerlaunch.diagnostics.transport import describe, judge, parse_hosts, parse_log, path_kind
 from dockerlaunch.errors import ConfigError
 
@@ -306,7 +306,7 @@ def test_verdict_wrong_results_one_host_and_unknown_link():
 
 
 def test_verdict_fails_on_an_ib_fallback_whatever_the_speed():
-    from dockerlaunch.diagnostics.collect import TransportReport
+    from dockerlaunch.diagnostics.nccl_logs import TransportReport
 
     a, b = two_hosts(net="Socket")
     report = TransportReport([(0, "a", a, None), (1, "b", b, None)], judge(a, ["mlx5_0:1"], multi_host=True))
@@ -344,7 +344,7 @@ def test_one_file_of_several_processes_is_split_by_pid():
     ("container", "env", {"NCCL_DEBUG_FILE": "/tmp/nccl.log"}, "not in the job's diagnostics folder"),
 ])
 def test_configs_that_hide_the_transport_say_why(section, key, value, words):
-    from dockerlaunch.diagnostics.collect import unreadable
+    from dockerlaunch.diagnostics.nccl_logs import unreadable
     from dockerlaunch.job.config import validate_config
 
     ok = validate_config({"hosts": ["h1"], "container": {"env": {"NCCL_DEBUG": "info"}}})
@@ -355,7 +355,7 @@ def test_configs_that_hide_the_transport_say_why(section, key, value, words):
 
 def test_nccls_own_warnings_are_said_with_the_transport_line():
     """NCCL_DEBUG_FILE takes NCCL's WARN lines off the console: the transport report says the first few."""
-    from dockerlaunch.diagnostics.collect import TransportReport, report_to
+    from dockerlaunch.diagnostics.nccl_logs import TransportReport, report_to
     from dockerlaunch.reporting import Reporter
 
     said = []
