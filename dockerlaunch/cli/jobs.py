@@ -82,8 +82,8 @@ class UpReporter(LineReporter):
             self.checks(report)
             return
         self.flush()
-        rows = [[c.host, c.name, styled(str(c.status), VERDICT_STYLE[c.status]), c.reason]
-                for c in report.checks if c.status not in (PASS, SKIP)]
+        rows = [[c.host, c.check, styled(str(c.verdict), VERDICT_STYLE[c.verdict]), c.detail]
+                for c in report.checks if c.verdict not in (PASS, SKIP)]
         if rows:
             print_table(["host", "check", "verdict", "reason"], rows, self.out)
         self.say(preflight_line(report.counts(), hosts, seconds) + " (-v: every check)",

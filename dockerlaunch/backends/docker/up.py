@@ -204,7 +204,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
             if report.failed:
                 bad: dict[int, str] = {}
                 for c in report.failed:
-                    bad.setdefault(c.rank, f"doctor: {c.name}: {c.reason}"[:200])
+                    bad.setdefault(c.rank, f"doctor: {c.check}: {c.detail}"[:200])
                 # a failure on every host is the job's or the image's, not a host's: no spare would pass
                 if config.spares and -1 not in bad and len(bad) <= len(config.spares) and len(bad) < len(
                         config.hosts):
