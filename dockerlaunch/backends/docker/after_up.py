@@ -184,11 +184,12 @@ def down(config: ClusterConfig, reporter: Reporter | None = None, ignore_missing
     reporter = reporter or Reporter()
     session = open_session(config)
     try:
-        found = existing_job_containers(session, config.job.name)
+        found = existing_job_containers(session, session.plan.job)
         if not found:
-            remove_stale_env_files(session, config.job.name)
+            remove_stale_env_files(session, session.plan.job)
             if ignore_missing:
-                reporter.say(f"job {config.job.name}: no containers on {len(config.hosts)} host(s); nothing to remove")
+                reporter.say(f"job {session.plan.job}: no containers on {session.plan.nnodes} host(s); nothing to "
+                             "remove")
                 return 0
             raise missing_job(config, session, log_dir, then=" (nothing removed; with --ignore-missing that exits 0)")
         by_host: dict[str, list[str]] = {}
@@ -196,8 +197,8 @@ def down(config: ClusterConfig, reporter: Reporter | None = None, ignore_missing
             by_host.setdefault(host, []).append(s.name)
         for o in session.fleet.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []))).failed:
             raise DockerlaunchError(f"host {o.item.name}: removing containers failed: {o.error}")
-        remove_stale_env_files(session, config.job.name)
-        reporter.say(f"removed {len(found)} container(s) of job {config.job.name}")
+        remove_stale_env_files(session, session.plan.job)
+        reporter.say(f"removed {len(found)} container(s) of job {session.plan.job}")
         return 0
     finally:
         session.close()
@@ -212,7 +213,7 @@ def status_and_others(config: ClusterConfig) -> tuple[list[tuple[str, ContainerS
     """The job's containers (as `status`) and, when it has none, every job there is on the hosts instead."""
     session = open_session(config)
     try:
-        found = existing_job_containers(session, config.job.name)
+        found = existing_job_containers(session, session.plan.job)
         return found, [] if found else list_on(session.fleet)[0]
     finally:
         session.close()
@@ -240,9 +241,9 @@ def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, t
     stop = threading.Event()
     try:
         ranks = _rank_hosts(session, rank)
-        names = {s.name for _, s in existing_job_containers(session, config.job.name)}
+        names = {s.name for _, s in existing_job_containers(session, session.plan.job)}
         if not any(session.plan.hosts[i].container.name in names for i in ranks):
-            if not names and latest_run(log_dir, config.job.name) is None:
+            if not names and latest_run(log_dir, session.plan.job) is None:
                 raise missing_job(config, session, log_dir)
             session.close()
             return saved_logs(config, rank, tail, reporter, None, log_dir)
@@ -311,11 +312,11 @@ def exec_in(config: ClusterConfig, rank: int, command: list[str], out: BinaryIO,
     try:
         [i] = _rank_hosts(session, rank)
         name = session.plan.hosts[i].container.name
-        found = existing_job_containers(session, config.job.name)
+        found = existing_job_containers(session, session.plan.job)
         if not found:
             raise missing_job(config, session, log_dir, "exec: ")
         if name not in {s.name for _, s in found}:
-            raise DockerlaunchError(f"exec: rank {rank} of job {config.job.name} has no container {name} on "
+            raise DockerlaunchError(f"exec: rank {rank} of job {session.plan.job} has no container {name} on "
                                     f"{session.plan.hosts[i].address} (the job has: "
                                     f"{', '.join(f'{s.name}@{h} {s.status}' for h, s in found)})")
 
