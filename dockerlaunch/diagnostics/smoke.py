@@ -112,7 +112,7 @@ def judge(records: list[dict], hosts: list[str], transport: TransportReport | No
         rows.append(Finding("smoke transport", SKIP, "gloo over TCP (the CPU path): NCCL's transport is read where "
                                                      "the smoke runs on GPUs", hosts[0]))
     elif transport is not None:
-        fails = [f.message for f in transport.findings if f.level == "FAIL"]
+        fails = [f.detail for f in transport.findings if f.verdict == FAIL]
         for _, address, t, error in transport.hosts:
             if fails:
                 continue
