@@ -1,7 +1,7 @@
 """One backend per target, behind one small interface (SkyPilot's `provision/<cloud>/` shape).
 
 Every backend reads the same neutral plan (`job/plan.py`). `docker/` applies it over SSH (`up`, `down`, ...);
-`compose/`, `kubernetes/` and `slurm/` render it to their own files, each registered by one line in `targets.py`.
+`compose/`, `kubernetes/` and `slurm/` render it to their own files, each named by one line in `renderers.py`.
 A renderer is a pure function `render(plan, options) -> list[RenderedFile]` that refuses, with one line naming
 the field and the target, whatever it cannot express, so a rendered job is never silently different from the one
 `up` would run.

@@ -172,8 +172,8 @@ class RichReporter(Reporter):
 def print_report(report: Report, out: Console) -> None:
     table = Table("host", "check", "verdict", "reason", box=None, pad_edge=False)
     for c in report.checks:
-        table.add_row(_cell(c.host), _cell(c.name), Text(str(c.status), style=VERDICT_STYLE[c.status]),
-                      _cell(c.reason))
+        table.add_row(_cell(c.host), _cell(c.check), Text(str(c.verdict), style=VERDICT_STYLE[c.verdict]),
+                      _cell(c.detail))
     out.print(table)
     out.print(host_text(report.summary(), newlines=True), highlight=False, markup=False)
 

@@ -20,7 +20,7 @@ def transport(output: str, **kw) -> None:
     Warns when NCCL fell back to TCP sockets though InfiniBand ports are ACTIVE, and when ranks of one host
     talk through the network. Works for a running or a finished job (until its next `up`).
     """
-    from dockerlaunch.diagnostics.collect import transport as read
+    from dockerlaunch.diagnostics.nccl_logs import transport as read
     from dockerlaunch.diagnostics.transport import describe
 
     report = read(load(kw))
@@ -40,11 +40,11 @@ def transport(output: str, **kw) -> None:
         print_table(["rank", "host", "network", "HCAs / NICs", "GDRDMA", "intra-host", "inter-host", "notes"], rows)
         reporter = RichReporter()
         for f in report.findings:
-            reporter.say(f"{f.level}: {f.host}: {f.message}", "bold red" if f.level == "FAIL" else "bold yellow")
+            reporter.say(f"{f.verdict}: {f.host}: {f.detail}", "bold red" if f.verdict == "FAIL" else "bold yellow")
         if not any(t and t.seen for _, _, t, _ in report.hosts):
             reporter.say("no NCCL transport lines: a gloo/CPU job, NCCL not initialized yet, or diagnostics.nccl_log "
                          "off when the job started")
-    sys.exit(1 if any(f.level == "FAIL" for f in report.findings) else 0)
+    sys.exit(1 if any(f.verdict == "FAIL" for f in report.findings) else 0)
 
 
 @cli.command()
@@ -118,7 +118,7 @@ def _print_result(r, reporter) -> None:
             if t is not None and t.seen:
                 reporter.say(f"transport host {rank} ({address}): {describe(t)}")
         for f in r.transport.findings:
-            reporter.say(f"{f.level}: {f.host}: {f.message}", "bold red" if f.level == "FAIL" else "bold yellow")
+            reporter.say(f"{f.verdict}: {f.host}: {f.detail}", "bold red" if f.verdict == "FAIL" else "bold yellow")
     style = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red"}.get(r.verdict.status, "bold")
     reporter.say(f"{r.verdict.status}: {r.verdict.reason}", style)
 

@@ -82,8 +82,8 @@ class UpReporter(LineReporter):
             self.checks(report)
             return
         self.flush()
-        rows = [[c.host, c.name, styled(str(c.status), VERDICT_STYLE[c.status]), c.reason]
-                for c in report.checks if c.status not in (PASS, SKIP)]
+        rows = [[c.host, c.check, styled(str(c.verdict), VERDICT_STYLE[c.verdict]), c.detail]
+                for c in report.checks if c.verdict not in (PASS, SKIP)]
         if rows:
             print_table(["host", "check", "verdict", "reason"], rows, self.out)
         self.say(preflight_line(report.counts(), hosts, seconds) + " (-v: every check)",
@@ -143,8 +143,8 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     """
     from dockerlaunch.backends.docker import up as launch
     from dockerlaunch.backends.docker.secret_env import read_env_files
-    from dockerlaunch.diagnostics.collect import watch_transport
     from dockerlaunch.diagnostics.dump import hang_dump
+    from dockerlaunch.diagnostics.nccl_logs import watch_transport
     from dockerlaunch.transfer.push import copy_between
 
     cfg = load(kw, command)
@@ -222,9 +222,9 @@ LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_def
 @LOG_DIR_OPTION
 def down(ignore_missing: bool, log_dir: str, **kw) -> None:
     """Stop and remove the job's containers on every host."""
-    from dockerlaunch.backends.docker import manage
+    from dockerlaunch.backends.docker import after_up
 
-    sys.exit(manage.down(load(kw), LineReporter(), ignore_missing=ignore_missing, log_dir=log_dir))
+    sys.exit(after_up.down(load(kw), LineReporter(), ignore_missing=ignore_missing, log_dir=log_dir))
 
 
 PS_JSON = """{"hosts": N, "jobs": [{"name", "image", "created", "age_seconds", "hosts": [{"host", "rank",
@@ -244,10 +244,10 @@ def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: s
     """
     from datetime import datetime, timezone
 
-    from dockerlaunch.backends.docker import manage
+    from dockerlaunch.backends.docker import after_up
 
     cfg = load_hosts(config_path, hosts)
-    found = manage.list_jobs(cfg, log_dir)
+    found = after_up.list_jobs(cfg, log_dir)
     now = datetime.now(timezone.utc)
     if output == "json":
         click.echo(json.dumps({"hosts": found.hosts, "jobs": [j.to_dict(now) for j in found.jobs],
@@ -257,7 +257,7 @@ def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: s
     say = LineReporter()
     if found.jobs:
         print_table(["job", "hosts", "state", "age", "image"],
-                    [[j.name, _few(j.hosts), _states(j), manage.age_text(j.age(now)), j.image] for j in found.jobs])
+                    [[j.name, _few(j.hosts), _states(j), after_up.age_text(j.age(now)), j.image] for j in found.jobs])
     else:
         say.say(f"no dockerlaunch job on {found.hosts - len(found.failed)} host(s)")
     for h, why in found.failed:
@@ -298,14 +298,14 @@ def status(output: str, log_dir: str, **kw) -> None:
     """
     from datetime import datetime, timezone
 
-    from dockerlaunch.backends.docker import manage
+    from dockerlaunch.backends.docker import after_up
 
     named = kw.get("name") is not None
     cfg = load(kw)
-    found, others = manage.status_and_others(cfg)
-    run, attempts = manage.attempts(cfg, log_dir)
+    found, others = after_up.status_and_others(cfg)
+    run, attempts = after_up.attempts(cfg, log_dir)
     if not found and run is None and named:
-        raise manage.missing_job(cfg, others, log_dir)
+        raise after_up.missing_job(cfg, others, log_dir)
     if output == "json":
         now = datetime.now(timezone.utc)
         click.echo(json.dumps({"job": cfg.job.name, "containers": [{"host": host, **s.to_dict()} for host, s in found],
@@ -315,7 +315,7 @@ def status(output: str, log_dir: str, **kw) -> None:
     if not found:
         LineReporter().say(f"job {cfg.job.name}: no containers on {len(cfg.hosts)} host(s)")
         if others:
-            LineReporter().say(manage.jobs_line(others, {}, log_dir)
+            LineReporter().say(after_up.jobs_line(others, {}, log_dir)
                                + f" (`{cfg.invocation.command('ps', name=False)}` for more)")
     else:
         rows = []
@@ -340,9 +340,9 @@ def status(output: str, log_dir: str, **kw) -> None:
 @LOG_DIR_OPTION
 def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir: str, **kw) -> None:
     """Show the job's logs, prefixed by rank and host; once its containers are gone, the logs `up` saved."""
-    from dockerlaunch.backends.docker import manage
+    from dockerlaunch.backends.docker import after_up
 
-    sys.exit(manage.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=LineReporter(), attempt=attempt,
+    sys.exit(after_up.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=LineReporter(), attempt=attempt,
                          log_dir=log_dir))
 
 
@@ -353,6 +353,6 @@ def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def exec_cmd(rank: int, log_dir: str, command: tuple[str, ...], **kw) -> None:
     """Run a command in one rank's container, e.g. `exec --rank 1 -- py-spy dump --pid 1`."""
-    from dockerlaunch.backends.docker import manage
+    from dockerlaunch.backends.docker import after_up
 
-    sys.exit(manage.exec_in(load(kw), rank, list(command), sys.stdout.buffer, sys.stderr.buffer, log_dir=log_dir))
+    sys.exit(after_up.exec_in(load(kw), rank, list(command), sys.stdout.buffer, sys.stderr.buffer, log_dir=log_dir))

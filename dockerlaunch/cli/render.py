@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from dockerlaunch.backends import targets
-from dockerlaunch.backends.common import with_header
+from dockerlaunch.backends import renderers
+from dockerlaunch.backends.refusals import with_header
 from dockerlaunch.cli.main import (
     CONTEXT,
     cli,
@@ -22,11 +22,11 @@ from dockerlaunch.job.config import NoHostsError
 
 
 def _per_host() -> list[str]:
-    return [t.name for t in targets.TARGETS if t.per_host]
+    return [t.name for t in renderers.TARGETS if t.per_host]
 
 
 def _scheduled() -> list[str]:
-    return [t.name for t in targets.TARGETS if not t.per_host]
+    return [t.name for t in renderers.TARGETS if not t.per_host]
 
 
 
@@ -50,7 +50,7 @@ def _dropped(to, cfg, options, dropping):
     """The config without the fields --drop names, and their WARN lines: a field is dropped only where this
     render refuses it (asked of the unprobed plan: what a probe settles is never a dropped field)."""
     from dockerlaunch.backends import Unsupported
-    from dockerlaunch.backends.common import drop_fields, refused
+    from dockerlaunch.backends.refusals import drop_fields, refused
     from dockerlaunch.hosts.targets import resolve_all
     from dockerlaunch.job.plan import plan_job
 
@@ -63,16 +63,16 @@ def _dropped(to, cfg, options, dropping):
 
 
 def _target_flags(f):
-    """Every target's own flags (backends/targets.py), in registry order."""
-    for flag in reversed(targets.all_flags()):
+    """Every target's own flags (backends/renderers.py), in the order of renderers.TARGETS."""
+    for flag in reversed(renderers.all_flags()):
         f = click.option(f"--{flag.name}", flag.key, is_flag=flag.is_flag, metavar=flag.metavar, help=flag.help)(f)
     return f
 
 
 @cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
 @config_options
-@click.option("--to", "target", type=click.Choice(targets.names()), required=True,
-              help="; ".join(f"{t.name}: {t.summary}" for t in targets.TARGETS) + ".")
+@click.option("--to", "target", type=click.Choice(renderers.names()), required=True,
+              help="; ".join(f"{t.name}: {t.summary}" for t in renderers.TARGETS) + ".")
 @click.option("--out", metavar="DIR", help="Write the files here (a new or empty folder); default: print them.")
 @click.option("--force", is_flag=True, help="With --out: write into a folder that is not empty.")
 @click.option("--nodes", type=click.IntRange(1, 4096), help=f"{'/'.join(_scheduled())}: the number of nodes, "
@@ -97,14 +97,14 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
     Whatever the target cannot express is refused in one line, never silently dropped; `--drop FIELD` leaves
     out one the refusal names, with a WARN line in the file's header.
     """
-    from dockerlaunch.backends.common import drop_named
     from dockerlaunch.backends.docker.secret_env import read_env_files
     from dockerlaunch.backends.docker.session import probed_plan
+    from dockerlaunch.backends.refusals import drop_named
     from dockerlaunch.hosts.targets import resolve_all
     from dockerlaunch.job.plan import plan_job
 
-    to = targets.get(target)
-    values = {f.key: kw.pop(f.key) for f in targets.all_flags()}
+    to = renderers.get(target)
+    values = {f.key: kw.pop(f.key) for f in renderers.all_flags()}
     if nodes is not None:
         if kw.get("hosts"):
             raise ConfigError("render: give --nodes or --hosts, not both")
@@ -115,7 +115,7 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
         raise ConfigError(f"render --to {target}: --probe is for {', '.join(_per_host())} (the scheduler picks "
                           f"{target}'s nodes)")
     dropping = list({d.field: d for d in map(drop_named, drops)}.values())  # a bad name fails before anything
-    foreign = targets.foreign_flags(to, values)
+    foreign = renderers.foreign_flags(to, values)
     if foreign:
         raise ConfigError(f"render --to {target}: {foreign[0]}")
     try:

@@ -19,7 +19,7 @@ from dockerlaunch.backends.docker import up as launch
 from dockerlaunch.backends.docker.session import Session
 from dockerlaunch.container import Deferred
 from dockerlaunch.diagnostics import script
-from dockerlaunch.diagnostics.collect import TransportReport, read_transport
+from dockerlaunch.diagnostics.nccl_logs import TransportReport, read_transport
 from dockerlaunch.errors import ConfigError, DockerlaunchError
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan
@@ -113,34 +113,37 @@ def expectation(links: list[Link], network: str) -> Expectation | None:
 
 
 @dataclass
-class Verdict:
+class SweepVerdict:
+    """The sweep's one judgement. Not a verdict.Verdict: its INFO (one host, or no link speed to compare with) has no
+    place there, and `commtest --output json` says `{"status", "reason"}`."""
+
     status: str  # PASS / WARN / FAIL / INFO
     reason: str
 
 
 def judge(rows: list[dict], nhosts: int, backend: str, expected: Expectation | None,
-          transport: TransportReport | None) -> Verdict:
+          transport: TransportReport | None) -> SweepVerdict:
     if not rows:
-        return Verdict("FAIL", "no results (see the job's output above)")
+        return SweepVerdict("FAIL", "no results (see the job's output above)")
     wrong = sum(r["wrong"] for r in rows)
     if wrong:
-        return Verdict("FAIL", f"{wrong} wrong element(s) in all_reduce results: a broken link, GPU or driver")
-    fails = [f for f in (transport.findings if transport else []) if f.level == "FAIL"]
+        return SweepVerdict("FAIL", f"{wrong} wrong element(s) in all_reduce results: a broken link, GPU or driver")
+    fails = [f for f in (transport.findings if transport else []) if f.verdict == "FAIL"]
     if fails:
-        return Verdict("FAIL", fails[0].message)
+        return SweepVerdict("FAIL", fails[0].detail)
     top = max(rows, key=lambda r: r["bytes"])
     bus = top["busbw"]
     if nhosts < 2:
-        return Verdict("INFO", f"one host: busbw {bus:.2f} GB/s at {human(top['bytes'])} is intra-host "
-                               "(NVLink/PCIe/CPU); no network link to compare with")
+        return SweepVerdict("INFO", f"one host: busbw {bus:.2f} GB/s at {human(top['bytes'])} is intra-host "
+                                    "(NVLink/PCIe/CPU); no network link to compare with")
     if expected is None:
-        return Verdict("INFO", f"busbw {bus:.2f} GB/s at {human(top['bytes'])}; link speed unknown "
-                               "(virtual NIC or no /sys speed), so no verdict")
+        return SweepVerdict("INFO", f"busbw {bus:.2f} GB/s at {human(top['bytes'])}; link speed unknown "
+                                    "(virtual NIC or no /sys speed), so no verdict")
     ratio = bus / expected.gbs
     status = "PASS" if ratio >= PASS_RATIO else "WARN" if ratio >= WARN_RATIO else "FAIL"
     note = " (gloo on CPU: the reduction's CPU time counts as much as the link)" if backend == "gloo" else ""
-    return Verdict(status, f"busbw {bus:.2f} GB/s at {human(top['bytes'])} is {ratio:.0%} of the "
-                           f"{expected.gbs:.2f} GB/s that {expected.what} carries{note}")
+    return SweepVerdict(status, f"busbw {bus:.2f} GB/s at {human(top['bytes'])} is {ratio:.0%} of the "
+                                f"{expected.gbs:.2f} GB/s that {expected.what} carries{note}")
 
 
 @dataclass
@@ -150,7 +153,7 @@ class Result:
     rows: list[dict]
     transport: TransportReport | None
     links: list[Link]
-    verdict: Verdict
+    verdict: SweepVerdict
     exit_code: int
     output_tail: list[str] = field(default_factory=list)
 
@@ -239,7 +242,7 @@ def run(config: ClusterConfig, lo: int, hi: int, iters: int = 0, hosts: list[int
     expected = expectation(links, network) if links else None
     verdict = judge(rows, len(cfg.hosts), backend, expected, transport)
     if code != 0 and not rows:
-        verdict = Verdict("FAIL", f"the test job exited with {code}")
+        verdict = SweepVerdict("FAIL", f"the test job exited with {code}")
     return Result([h.address for h in cfg.hosts], header, rows, transport, links, verdict, code, capture.tail)
 
 

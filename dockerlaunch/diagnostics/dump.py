@@ -201,7 +201,7 @@ class _HostDumper:
         # the rank's PID namespace and its own mounts (its code, and the tools of an image that takes them there)
         argv = sidecar_argv(self.name, image, ["-c", loop, "sh", *pids], caps=["SYS_PTRACE"],
                             volumes=[f"{binary}:{SIDECAR_PYSPY}:ro"], env={"SPY": SIDECAR_PYSPY},
-                            labels={"dockerlaunch.dump": self.session.config.job.name}, entrypoint="sh")
+                            labels={"dockerlaunch.dump": self.session.plan.job}, entrypoint="sh")
         res = self.h.connection().run(argv, timeout=PYSPY_TIMEOUT)
         if not res.ok and not res.stdout:
             self.result.notes.append(f"py-spy sidecar failed: {res.last_line()}")
@@ -454,7 +454,7 @@ def dump(config: ClusterConfig, out_dir: str | None = None, native: bool = False
         raise DockerlaunchError(f"--out {base}: cannot create the folder: {e.strerror}") from None
     session = open_session(config)
     try:
-        reporter.say(f"dumping job {config.job.name} on {len(session.fleet.hosts)} host(s) into {base}/")
+        reporter.say(f"dumping job {session.plan.job} on {len(session.fleet.hosts)} host(s) into {base}/")
         return dump_session(session, base, native)
     finally:
         session.close()

@@ -9,16 +9,17 @@ transport NCCL chose is read as `transport` reads it.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dockerlaunch.backends.docker import up as launch
-from dockerlaunch.backends.docker.doctor.report import Report, Verdict
+from dockerlaunch.backends.docker.doctor.report import FAIL, PASS, SKIP, WARN, Report
 from dockerlaunch.diagnostics import script
-from dockerlaunch.diagnostics.collect import TransportReport, read_transport
 from dockerlaunch.diagnostics.commtest import TORCHRUN, MarkedLines, sub_config
+from dockerlaunch.diagnostics.nccl_logs import TransportReport, read_transport
 from dockerlaunch.diagnostics.transport import describe
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.reporting import Reporter
+from dockerlaunch.verdict import Finding
 
 MARK = "DLSMOKE "
 SILENT_S = 180  # the smoke prints within seconds on any machine; this long without a line is a hang
@@ -31,23 +32,15 @@ def command() -> list[str]:
 
 
 @dataclass
-class Row:
-    host: str
-    check: str
-    verdict: str  # PASS / WARN / FAIL / SKIP
-    reason: str
-
-
-@dataclass
 class SmokeResult:
-    rows: list[Row]
+    rows: list[Finding]  # each with its host; its rank is the doctor report's (add_to)
     records: list[dict]
     exit_code: int
     output_tail: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
-        return any(r.verdict == "FAIL" for r in self.rows)
+        return any(r.verdict == FAIL for r in self.rows)
 
 
 def _who(r: dict) -> str:
@@ -71,20 +64,20 @@ def stragglers(steps: list[dict], higher_is_better: bool) -> list[tuple[dict, fl
 
 
 def judge(records: list[dict], hosts: list[str], transport: TransportReport | None, exit_code: int,
-          transport_cmd: str = "dockerlaunch transport") -> list[Row]:
+          transport_cmd: str = "dockerlaunch transport") -> list[Finding]:
     """The smoke lines -> rows per host (pure). Each record carries `addr`, the host whose container printed it."""
-    rows: list[Row] = []
+    rows: list[Finding] = []
     steps = [r for r in records if r.get("kind") == "step"]
     where = lambda r: r.get("addr", "?")  # noqa: E731
     if not steps:
         for h in hosts:
-            rows.append(Row(h, "smoke", "FAIL", f"the smoke job printed no results (exit {exit_code}); its output "
-                                                "is above"))
+            rows.append(Finding("smoke", FAIL, f"the smoke job printed no results (exit {exit_code}); its output is "
+                                               "above", h))
         return rows
     seen_hosts = {where(r) for r in steps}
     for h in hosts:
         if h not in seen_hosts:
-            rows.append(Row(h, "smoke", "FAIL", "no rank on this host reported (the smoke job's output is above)"))
+            rows.append(Finding("smoke", FAIL, "no rank on this host reported (the smoke job's output is above)", h))
     for name in dict.fromkeys(r["step"] for r in steps):
         these = [r for r in steps if r["step"] == name]
         for h in hosts:
@@ -97,46 +90,46 @@ def judge(records: list[dict], hosts: list[str], transport: TransportReport | No
                 detail = "; ".join(
                     f"{_who(r)}: " + (r.get("error") or f"error {r.get('err'):.3g} above {r.get('tol')} against "
                                                           "the reference") for r in bad[:4])
-                rows.append(Row(h, f"smoke {name}", "FAIL", detail))
+                rows.append(Finding(f"smoke {name}", FAIL, detail, h))
             elif len(skipped) == len(mine):
-                rows.append(Row(h, f"smoke {name}", "SKIP", mine[0]["skip"]))
+                rows.append(Finding(f"smoke {name}", SKIP, mine[0]["skip"], h))
             else:
                 vals = [r["value"] for r in mine if isinstance(r.get("value"), (int, float))]
                 unit = mine[0].get("unit", "")
                 span = f"{min(vals):g}" if len(set(vals)) <= 1 else f"{min(vals):g}..{max(vals):g}"
                 errs = [r["err"] for r in mine if isinstance(r.get("err"), (int, float))]
-                rows.append(Row(h, f"smoke {name}", "PASS", f"{span} {unit} on {len(mine)} rank(s)"
-                                + (f", max error {max(errs):.2g} (tolerance {mine[0].get('tol')})" if errs else "")))
+                rows.append(Finding(f"smoke {name}", PASS, f"{span} {unit} on {len(mine)} rank(s)"
+                                    + (f", max error {max(errs):.2g} (tolerance {mine[0].get('tol')})" if errs else ""),
+                                    h))
         if name in TIMED:
             for r, ratio in stragglers(these, TIMED[name]):
-                rows.append(Row(where(r), "straggler", "WARN",
-                                f"{_who(r)} is {1 - ratio:.0%} slower than the median of its peers at {name} "
-                                f"({r['value']:g} {r.get('unit', '')}): every rank of the job waits for it"))
+                rows.append(Finding("straggler", WARN,
+                                    f"{_who(r)} is {1 - ratio:.0%} slower than the median of its peers at {name} "
+                                    f"({r['value']:g} {r.get('unit', '')}): every rank of the job waits for it",
+                                    where(r)))
     header = next((r for r in records if r.get("kind") == "header"), {})
     if header.get("backend") == "gloo":
-        rows.append(Row(hosts[0], "smoke transport", "SKIP", "gloo over TCP (the CPU path): NCCL's transport is read "
-                                                             "where the smoke runs on GPUs"))
+        rows.append(Finding("smoke transport", SKIP, "gloo over TCP (the CPU path): NCCL's transport is read where "
+                                                     "the smoke runs on GPUs", hosts[0]))
     elif transport is not None:
-        fails = [f.message for f in transport.findings if f.level == "FAIL"]
+        fails = [f.detail for f in transport.findings if f.verdict == FAIL]
         for _, address, t, error in transport.hosts:
             if fails:
                 continue
             if t is None or not t.network:
                 why = error or "no NCCL INFO log"
-                rows.append(Row(address, "smoke transport", "WARN", f"NCCL's transport was not read here ({why}): "
-                                f"run `{transport_cmd}`"))
+                rows.append(Finding("smoke transport", WARN, f"NCCL's transport was not read here ({why}): "
+                                                             f"run `{transport_cmd}`", address))
             else:
-                rows.append(Row(address, "smoke transport", "PASS", describe(t)))
+                rows.append(Finding("smoke transport", PASS, describe(t), address))
         for message in fails:
-            rows.append(Row(hosts[0], "smoke transport", "FAIL", message))
+            rows.append(Finding("smoke transport", FAIL, message, hosts[0]))
     return rows
 
 
 def add_to(report: Report, result: SmokeResult, hosts: list[str]) -> None:
-    """The smoke's rows into a doctor report, after its own."""
-    for row in result.rows:
-        report.add(row.host, row.check, Verdict(row.verdict), row.reason,
-                   rank=hosts.index(row.host) if row.host in hosts else -1)
+    """The smoke's rows into a doctor report, after its own, with each host's rank."""
+    report.checks += [replace(r, rank=hosts.index(r.host) if r.host in hosts else -1) for r in result.rows]
 
 
 def dry_run_text() -> str:

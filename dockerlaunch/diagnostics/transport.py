@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dockerlaunch.verdict import Finding, Verdict
+
+CHECK = "transport"  # the check its rows name (their JSON says only level, host, message)
 # `host:pid:tid [cudaDev] NCCL INFO message` (WARN lines have the same prefix)
 _LINE = re.compile(
     r"^(?P<host>[^:\s]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>[^\]]*)\] NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
@@ -244,16 +247,10 @@ def describe(t: HostTransport) -> str:
     return f"network {net}; GDRDMA {gdr}; intra-host {intra}; inter-host {_list(t.inter)}"
 
 
-@dataclass(frozen=True)
-class Finding:
-    level: str  # "WARN" or "FAIL"
-    host: str
-    message: str
-
-
 def judge(t: HostTransport, ib_active: list[str] | None, *, multi_host: bool, ipc: str | None = None,
           doctor: str = "dockerlaunch doctor") -> list[Finding]:
-    """Warnings for one host. `ib_active`: the ACTIVE InfiniBand ports doctor saw there (None: not known).
+    """Warnings for one host: WARN or FAIL rows on `t.host`. `ib_active`: the ACTIVE InfiniBand ports doctor saw
+    there (None: not known).
 
     On one host NCCL's network is unused (ranks meet by P2P/SHM), so only a multi-host job's socket choice counts.
     """
@@ -267,16 +264,16 @@ def judge(t: HostTransport, ib_active: list[str] | None, *, multi_host: bool, ip
                      "(container.infiniband: on) and the image has ibverbs-providers (libmlx5)")
         else:
             cause = "check NCCL_IB_DISABLE and NCCL_IB_HCA in container.env, and NCCL_NET if you set it"
-        out.append(Finding("FAIL", t.host,
+        out.append(Finding(CHECK, Verdict.FAIL,
                            f"NCCL uses TCP sockets although InfiniBand port(s) {', '.join(ib_active)} are ACTIVE on "
                            f"this host: expect training 10-100x slower. Likely cause: {cause}; then re-run "
-                           f"`{doctor}`"))
+                           f"`{doctor}`", t.host))
     if t.same_host_net:
         why = ("the containers do not share an IPC namespace (container.ipc is private: use ipc: host, the default)"
                if ipc in ("private", "shareable") else
                "ranks of this host are in separate containers or namespaces, or NCCL_P2P_DISABLE/NCCL_SHM_DISABLE "
                "is set; run one container per host with all its GPUs and --ipc host (dockerlaunch's default)")
-        out.append(Finding("WARN", t.host,
+        out.append(Finding(CHECK, Verdict.WARN,
                            f"ranks on this host talk through the network ({t.same_host_net[0]}) instead of "
-                           f"NVLink/PCIe P2P or shared memory: often 10-100x slower. Likely cause: {why}"))
+                           f"NVLink/PCIe P2P or shared memory: often 10-100x slower. Likely cause: {why}", t.host))
     return out

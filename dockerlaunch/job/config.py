@@ -3,8 +3,8 @@
 One validated `ClusterConfig` is the only input of the planning layer, so every check on user
 input lives here and fails with a one-line `ConfigError` that names the field.
 
-Why one file of ~730 lines: the models are one schema (`dockerlaunch schema` prints it whole) and their
-validators refer to each other; split, the schema would be assembled from pieces that cannot be read alone.
+Why one file: its ~850 lines are one schema (`dockerlaunch schema` prints it whole) whose models' validators
+refer to each other; split, the schema would be assembled from pieces that cannot be read alone.
 """
 
 from __future__ import annotations

@@ -91,6 +91,11 @@ class JobPlan:
     master_hostname: str | None = None  # host 0's address as SSH resolves it (~/.ssh/config HostName)
     attempt: int = 0  # 0 for the first start, N for the Nth gang restart
 
+    @property
+    def known_image(self) -> str | None:
+        """The image, or None where the plan holds its placeholder (commands that only find the job's containers)."""
+        return None if isinstance(self.image, Deferred) else self.image
+
     def unresolved(self) -> list[str]:
         return [f"rank {h.rank} ({h.address}) {u}" for h in self.hosts for u in h.container.unresolved()]
 

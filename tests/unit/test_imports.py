@@ -39,7 +39,7 @@ def test_the_tree_keeps_every_import_rule():
     ("backends/docker/doctor/judge.py", "from dockerlaunch.hosts import ssh", "doctor judges what was observed"),
     ("backends/docker/doctor/observations.py", "from dockerlaunch.backends.docker import dockerhost",
      "doctor judges what was observed"),
-    ("backends/targets.py", "from dockerlaunch.backends import compose", "The render registry names its targets"),
+    ("backends/renderers.py", "from dockerlaunch.backends import compose", "The renderers list names its targets"),
     ("sim/layout.py", "from dockerlaunch.sim import images", "The sim's layout is pure"),
     ("gpu/needs.py", "import subprocess", "The GPU model is types and rules"),
     ("gpu/host.py", "from dockerlaunch.cache import cache_root", "The GPU model is types and rules"),

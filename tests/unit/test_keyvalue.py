@@ -100,7 +100,7 @@ def test_the_review_cases_old_output_is_a_probe_fail_naming_the_host():
                         (old.replace("lib=\t", "lib="), "it said docker_info= twice")):
         obs = parse_observation(HostObservation(1, H1, ssh=f"root@{H1}:22"), text)
         assert obs.probe is None and obs.docker is None and not obs.usable
-        rows = [(c.name, c.status, c.reason) for c in run(cfg(), host(0), obs).checks if c.host == H1]
+        rows = [(c.check, c.verdict, c.detail) for c in run(cfg(), host(0), obs).checks if c.host == H1]
         assert [r[0] for r in rows] == ["ssh", "probe"] and rows[1][1] == FAIL and words in rows[1][2], rows
 
 

@@ -77,7 +77,7 @@ def test_recipe_plans_the_flags_multi_node_training_needs(name, body):
     report = Report()
     _judge_caches(report, config, "h0")
     assert any(k in config.container.env for k in CACHE_ENV), name
-    assert report.checks and all(c.status == PASS for c in report.checks), [c.reason for c in report.checks]
+    assert report.checks and all(c.verdict == PASS for c in report.checks), [c.detail for c in report.checks]
 
 
 @pytest.mark.parametrize("name,body", recipes(), ids=[n for n, _ in recipes()])

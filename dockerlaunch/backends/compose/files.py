@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import yaml
 
 from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
-from dockerlaunch.backends.common import common_refusals, env_file_paths, plain_labels
+from dockerlaunch.backends.refusals import common_refusals, env_file_paths, plain_labels
 from dockerlaunch.container import Deferred, GpuAccess
 from dockerlaunch.job.plan import HostPlan, JobPlan
 

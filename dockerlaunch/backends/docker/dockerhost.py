@@ -22,6 +22,8 @@ from dockerlaunch.job.plan import LABEL_HOST, LABEL_JOB, LABEL_RANK
 
 @dataclass(frozen=True)
 class ContainerState:
+    """One container as `docker inspect` describes it: one job's (`up`, `status`, `down`) or any job's (`ps`)."""
+
     name: str
     rank: int | None
     status: str  # created | running | exited | ...
@@ -30,31 +32,45 @@ class ContainerState:
     finished_at: str
     id: str = ""
     host: str | None = None  # LABEL_HOST: the host that started it
+    job: str | None = None  # LABEL_JOB: None on a container without it
+    image: str = ""  # the reference it was started from
+    created: str = ""  # ISO time, the host's clock
+
+    @property
+    def state(self) -> str:
+        """`running`, `exited 3`, `created`, ..."""
+        return f"{self.status} {self.exit_code}" if self.status in ("exited", "dead") else self.status
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("id", "host")}
+        """`status --output json`'s keys (the label facts and the id stay out)."""
+        return {"name": self.name, "rank": self.rank, "status": self.status, "exit_code": self.exit_code,
+                "started_at": self.started_at, "finished_at": self.finished_at}
 
 
 def parse_inspect(text: str) -> list[ContainerState]:
-    """`docker inspect` JSON -> states (pure; tested on fixture output)."""
+    """`docker inspect` JSON -> states in rank order (pure; tested on fixture output): the one parser of it."""
     text = text.strip()
     if not text:
         return []
     out = []
     for c in json.loads(text):
-        state = c.get("State", {})
-        labels = (c.get("Config") or {}).get("Labels") or {}
+        state = c.get("State") or {}
+        config = c.get("Config") or {}
+        labels = config.get("Labels") or {}
         rank = labels.get(LABEL_RANK)
         out.append(
             ContainerState(
                 name=c.get("Name", "").lstrip("/"),
                 rank=int(rank) if rank is not None and rank.isdigit() else None,
                 status=state.get("Status", "unknown"),
-                exit_code=int(state.get("ExitCode", 0)),
+                exit_code=int(state.get("ExitCode") or 0),
                 started_at=state.get("StartedAt", ""),
                 finished_at=state.get("FinishedAt", ""),
                 id=c.get("Id", ""),
                 host=labels.get(LABEL_HOST),
+                job=labels.get(LABEL_JOB),
+                image=config.get("Image") or c.get("Image", ""),
+                created=c.get("Created", ""),
             )
         )
     return sorted(out, key=lambda s: (s.rank is None, s.rank, s.name))

@@ -87,10 +87,10 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
     line naming every host that cannot be planned."""
     master = master_addr_of(session)
     if probes is None:
-        image = session.config.image
+        image = session.plan.known_image
         probes = [o.value if o.ok else o.error  # type: ignore[misc]
                   for o in session.fleet.each(lambda h: probelib.probe(h.remote, master, image))]
-    check_command(session.config, probes)
+    check_command(session.plan, probes)
     user_env = session.config.container.env
     one_machine = session.config.one_machine
     out: dict[int, HostFacts] = {}
@@ -128,11 +128,11 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
     return out
 
 
-def check_command(config: ClusterConfig, probes: Sequence[probelib.Probe | Exception]) -> None:
+def check_command(plan: JobPlan, probes: Sequence[probelib.Probe | Exception]) -> None:
     """No command given and an image that runs nothing (no CMD, no ENTRYPOINT, as the probe read it where it asked
     for the image: host 0): one line, before any container starts (Docker would say `No command specified`)."""
     said = next((p.image_command for p in probes if not isinstance(p, Exception) and p.image_command), None)
-    why = command_refusal(config, config.image or "?", said.runs_something if said is not None else None)
+    why = command_refusal(plan.config, plan.known_image or "?", said.runs_something if said is not None else None)
     if why:
         raise ConfigError(why)
 

@@ -166,7 +166,6 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
              recovery: Recovery, fresh: set[int]) -> Ending:
     """One start of every host: connect, prepare, check, plan for real, start, watch, tear down. Raises _Replace
     (before anything started) for hosts a spare should replace."""
-    job = config.job.name
     phases = Phases()
     cluster = Fleet.connect(config, require_all=not config.spares)
     unreachable = {h.rank: h.error.reason if h.error else "unreachable" for h in cluster.hosts if not h.connected}
@@ -190,7 +189,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
         no_command = not session.plan.hosts[0].container.command
         probes = prepare(session, reporter, diag=not preflight, probe=not preflight or no_command)
         if preflight and no_command and probes is not None:
-            check_command(config, probes)
+            check_command(session.plan, probes)
         phases.done("prepare")
         for note in session.plan.advice:
             reporter.say(f"note: {note}", "yellow")
@@ -204,7 +203,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
             if report.failed:
                 bad: dict[int, str] = {}
                 for c in report.failed:
-                    bad.setdefault(c.rank, f"doctor: {c.name}: {c.reason}"[:200])
+                    bad.setdefault(c.rank, f"doctor: {c.check}: {c.detail}"[:200])
                 # a failure on every host is the job's or the image's, not a host's: no spare would pass
                 if config.spares and -1 not in bad and len(bad) <= len(config.spares) and len(bad) < len(
                         config.hosts):
@@ -216,7 +215,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
                 return Ending(1, Cause.PREFLIGHT_FAILED)
             probes = prepare(session, reporter, listing=False)
             phases.done("prepare")
-        env_paths = env_file_paths(session, job) if secrets_blob else {}
+        env_paths = env_file_paths(session, session.plan.job) if secrets_blob else {}
         try:
             run_id = secrets.token_hex(6)
             applied = resolve(session.plan, gather_facts(session, env_paths, probes), run_id, attempt)
@@ -260,7 +259,7 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
     diagnostics folder, the probe. A host where the job has any container stops its batch at the listing, so
     nothing is touched beside a running job; running ones make `up` refuse, stopped ones are removed and that
     host's remaining steps run again. Returns each host's probe when asked."""
-    config, job = session.config, session.config.job.name
+    config, job = session.config, session.plan.job
     master = master_addr_of(session) if probe else ""
     diag_argv = None
     if diag and session.plan.diag_dir is not None:
@@ -287,7 +286,7 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
             # the image's labels (its torch) from host 0 only: every host runs the same image, and each question
             # is a docker CLI run on an engine that the sim's hosts share
             gets_gpus = session.plan.hosts[h.rank].container.gpus is not None
-            out.append(probelib.probe_argv(master, config.image if h.rank == 0 else None, gpu=gets_gpus))
+            out.append(probelib.probe_argv(master, session.plan.image if h.rank == 0 else None, gpu=gets_gpus))
         return out
 
     hosts = session.fleet.hosts
@@ -327,7 +326,7 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
 
 def _clear_leftovers(session: Session, existing: list[tuple[str, ContainerState]], reporter: Reporter) -> None:
     """Containers of an earlier run that are not running are removed; running ones make `up` refuse."""
-    job = session.config.job.name
+    job = session.plan.job
     running = [(host, s) for host, s in existing if s.status in ("running", "restarting", "paused")]
     if running:
         what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in running)

@@ -1,6 +1,6 @@
 """Kubernetes: an Indexed Job + headless Service, or a JobSet, from the job plan (`render --to k8s|jobset`)."""
 
-from dockerlaunch.backends.targets import Flag
+from dockerlaunch.backends.renderers import Flag
 
 FLAGS = (
     Flag("host-network", "k8s/jobset: pods on the nodes' network (hostNetwork).", is_flag=True),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import yaml
 
 from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
-from dockerlaunch.backends.common import common_refusals, droppable, per_host_refusals, plain_labels
+from dockerlaunch.backends.refusals import common_refusals, droppable, per_host_refusals, plain_labels
 from dockerlaunch.container import IB_DEVICE, IB_MEMLOCK, NOFILE, Deferred, GpuAccess
 from dockerlaunch.job.plan import RESTART_ENV, JobPlan
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from importlib import resources
 
 from dockerlaunch.backends import RenderedFile, Unsupported, caught, refuse_all
-from dockerlaunch.backends.common import common_refusals, env_file_paths, per_host_refusals, plain_labels
+from dockerlaunch.backends.refusals import common_refusals, env_file_paths, per_host_refusals, plain_labels
 from dockerlaunch.container import ContainerSpec, Deferred, GpuAccess
 from dockerlaunch.docker_run import argv as docker_argv
 from dockerlaunch.docker_run import ib_flags

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dockerlaunch.backends import RenderedFile, Unsupported, targets
-from dockerlaunch.backends.common import DROPS, drop_fields, drop_named, refused, with_header
+from dockerlaunch.backends import RenderedFile, Unsupported, renderers
+from dockerlaunch.backends.refusals import DROPS, drop_fields, drop_named, refused, with_header
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import make_plan
@@ -23,7 +23,7 @@ def config(**container) -> ClusterConfig:
 
 
 def refusals(target: str, cfg: ClusterConfig) -> list[Unsupported]:
-    to = targets.get(target)
+    to = renderers.get(target)
     try:
         to.render(make_plan(cfg), to.options({}))
     except Unsupported as e:
@@ -47,7 +47,7 @@ def test_dropping_every_refused_field_renders_with_one_warn_line_each():
     assert refusals("k8s", cleared) == []
     assert len(warns) == 5 and all(w.startswith("# WARN dropped ") for w in warns), warns
     assert "# WARN dropped container.ulimits (nofile=16384) for k8s: " in warns[0]
-    to = targets.get("k8s")
+    to = renderers.get("k8s")
     text = with_header(to.render(make_plan(cleared), to.options({})), warns)[0].text
     assert text.splitlines()[:5] == warns and "ulimit" not in text.split("apiVersion", 1)[1].lower()
 

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dockerlaunch.backends import Unsupported, targets
+from dockerlaunch.backends import Unsupported, renderers
 from dockerlaunch.backends.compose import files as compose
 from dockerlaunch.backends.kubernetes import objects as k8s
 from dockerlaunch.backends.slurm import sbatch as slurm
@@ -49,8 +49,8 @@ def plan_of(**changes) -> JobPlan:
 
 
 def rendered(target: str, plan: JobPlan | None = None) -> dict[str, str]:
-    """Through the registry, as the CLI renders: the target's options from no flags, then its render."""
-    to = targets.get(target)
+    """Through renderers.TARGETS, as the CLI renders: the target's options from no flags, then its render."""
+    to = renderers.get(target)
     files = to.render(plan or plan_of(), to.options({}))
     return {f.name: f.text for f in files}
 
@@ -58,7 +58,7 @@ def rendered(target: str, plan: JobPlan | None = None) -> dict[str, str]:
 # ---------------------------------------------------------------- golden files
 
 
-@pytest.mark.parametrize("target", targets.names())
+@pytest.mark.parametrize("target", renderers.names())
 def test_output_matches_the_golden_files(target):
     """A change of what a renderer writes shows here; DOCKERLAUNCH_UPDATE_GOLDEN=1 rewrites them (then review)."""
     files = rendered(target)
@@ -297,7 +297,7 @@ def test_every_spec_field_has_a_changed_value_here():
 
 
 @pytest.mark.parametrize("target, field", [(t, f) for f in sorted(set(CHANGED) - LAUNCHER_ONLY)
-                                           for t in targets.names()
+                                           for t in renderers.names()
                                            if (f, t) not in NAMED_BY_SCHEDULER])
 def test_a_spec_field_is_rendered_or_refused(target, field):
     """Change one field of every node's spec: the output changes, or the renderer refuses in one line."""
@@ -619,13 +619,13 @@ def test_pyxis_gets_registry_images_in_enroots_form(ref, enroot):
     assert f"--container-image={enroot} " in text or f"--container-image='{enroot}' " in text
 
 
-# ---------------------------------------------------------------- a new target: a folder and one registry line
+# ---------------------------------------------------------------- a new target: a folder and one line in TARGETS
 
 TOY = '''"""A toy target: a plain shell script per host that runs the container (a test adds it, then it is gone)."""
 
 import shlex
 
-from dockerlaunch.backends.targets import Flag
+from dockerlaunch.backends.renderers import Flag
 
 FLAGS = (Flag("shell", "script: the shell the scripts start with.", metavar="PATH"),)
 
@@ -636,7 +636,7 @@ def options(target, values):
 
 def render(plan, options=None):
     from dockerlaunch.backends import RenderedFile
-    from dockerlaunch.backends.common import common_refusals
+    from dockerlaunch.backends.refusals import common_refusals
     from dockerlaunch.backends import refuse_all
 
     refuse_all(common_refusals(plan, "script"))
@@ -646,7 +646,7 @@ def render(plan, options=None):
 '''
 
 
-def test_a_target_is_a_folder_and_one_registry_line(tmp_path):
+def test_a_target_is_a_folder_and_one_line_in_targets(tmp_path):
     """Added as a real package beside the others plus one line in TARGETS (in a copy of the code), the toy target
     is listed by `render --help`, renders through the CLI with its own flag, and its flag is refused elsewhere."""
     import sys
@@ -656,9 +656,9 @@ def test_a_target_is_a_folder_and_one_registry_line(tmp_path):
     shutil.copytree(src, copy / "dockerlaunch", ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "dockerlaunch" / "backends" / "script").mkdir()
     (copy / "dockerlaunch" / "backends" / "script" / "__init__.py").write_text(TOY)
-    registry = copy / "dockerlaunch" / "backends" / "targets.py"
-    last = [line for line in registry.read_text().splitlines() if line.startswith("    Target(")][-1]
-    registry.write_text(registry.read_text().replace(
+    listing = copy / "dockerlaunch" / "backends" / "renderers.py"
+    last = [line for line in listing.read_text().splitlines() if line.startswith("    Target(")][-1]
+    listing.write_text(listing.read_text().replace(
         last + "\n", last + '\n    Target("script", "dockerlaunch.backends.script", "a shell script per host", '
         'per_host=True),\n'))
     env = {**os.environ, "PYTHONPATH": str(copy)}
@@ -678,5 +678,5 @@ def test_a_target_is_a_folder_and_one_registry_line(tmp_path):
     wrong = cli("render", "--to", "slurm", *job, "--shell", "/bin/bash", "--", "python", "train.py")
     assert wrong.returncode == 2 and wrong.stderr.strip() == "error: render --to slurm: --shell is for script"
     # the real package knows nothing of it
-    assert "script" not in targets.names()
+    assert "script" not in renderers.names()
     assert not (src / "backends" / "script").exists()

@@ -49,12 +49,13 @@ def test_a_hostile_container_in_status_rows_shows_as_text():
 
 
 def test_a_hostile_error_in_the_transport_summary_shows_as_text():
-    from dockerlaunch.diagnostics.collect import TransportReport, report_to
-    from dockerlaunch.diagnostics.transport import Finding
+    from dockerlaunch.diagnostics.nccl_logs import TransportReport, report_to
+    from dockerlaunch.verdict import Finding, Verdict
 
     out = terminal()
     report_to(RichReporter(out, quiet_progress=True),
-              TransportReport([(0, "10.0.0.1", None, HOSTILE)], [Finding("WARN", "10.0.0.1", HOSTILE)]))
+              TransportReport([(0, "10.0.0.1", None, HOSTILE)],
+                              [Finding("transport", Verdict.WARN, HOSTILE, "10.0.0.1")]))
     assert_visible(shown(out))
 
 

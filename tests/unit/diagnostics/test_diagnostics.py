@@ -15,8 +15,8 @@ import pytest
 
 from dockerlaunch.diagnostics import commtest as ct
 from dockerlaunch.diagnostics.callstacks import RankStack, parse_pyspy, ranges, summary
-from dockerlaunch.diagnostics.collect import split_files
 from dockerlaunch.diagnostics.dump import parse_ranks, safe_extract, split_marked
+from dockerlaunch.diagnostics.nccl_logs import split_files
 from dockerlaunch.diagnostics.transport import describe, judge, parse_hosts, parse_log, path_kind
 from dockerlaunch.errors import ConfigError
 
@@ -46,9 +46,9 @@ def test_same_host_ranks_over_the_network_warn_and_the_good_cases_do_not():
     # NCCL itself reports nNodes 2 here: only the hostnames say both ranks share the machine
     assert t.same_host_net and t.same_host_net[0].endswith("via NET/Socket/0")
     [w] = judge(t, None, multi_host=False)
-    assert w.level == "WARN" and "ranks on this host talk through the network" in w.message
+    assert w.verdict == "WARN" and "ranks on this host talk through the network" in w.detail
     [w] = judge(t, None, multi_host=False, ipc="private")
-    assert "ipc: host" in w.message
+    assert "ipc: host" in w.detail
     assert "intra-host NET/Socket" in describe(t)
 
 
@@ -111,8 +111,8 @@ def test_socket_fallback_beside_active_ib_ports_fails_and_names_the_cause():
     a, _ = two_hosts(net="Socket")
     assert a.inter == ["NET/Socket"] and a.intra == ["P2P/IPC"] and not a.same_host_net
     [f] = judge(a, ["mlx5_0:1"], multi_host=True)
-    assert f.level == "FAIL" and "TCP sockets although InfiniBand port(s) mlx5_0:1 are ACTIVE" in f.message
-    assert "no InfiniBand device in the container" in f.message
+    assert f.verdict == "FAIL" and "TCP sockets although InfiniBand port(s) mlx5_0:1 are ACTIVE" in f.detail
+    assert "no InfiniBand device in the container" in f.detail
     assert judge(a, [], multi_host=True) == []  # no ACTIVE ports seen: sockets are all there is
     assert judge(a, None, multi_host=True) == []
 
@@ -122,7 +122,7 @@ def test_missing_libibverbs_is_named_as_the_cause():
     [t, _] = parse_hosts({"a": [log], "b": [ib_log("node-b", 20, 2, "Socket")]})
     assert t.ibverbs_missing and "NCCL WARN" not in t.nccl_warnings[0]
     [f] = judge(t, ["mlx5_0:1"], multi_host=True)
-    assert "could not load libibverbs" in f.message
+    assert "could not load libibverbs" in f.detail
 
 
 def test_plugin_network_and_path_kinds():
@@ -306,7 +306,7 @@ def test_verdict_wrong_results_one_host_and_unknown_link():
 
 
 def test_verdict_fails_on_an_ib_fallback_whatever_the_speed():
-    from dockerlaunch.diagnostics.collect import TransportReport
+    from dockerlaunch.diagnostics.nccl_logs import TransportReport
 
     a, b = two_hosts(net="Socket")
     report = TransportReport([(0, "a", a, None), (1, "b", b, None)], judge(a, ["mlx5_0:1"], multi_host=True))
@@ -315,7 +315,7 @@ def test_verdict_fails_on_an_ib_fallback_whatever_the_speed():
 
 
 def pair(i, j, busbw):
-    r = ct.Result([], {}, [{"bytes": 1 << 22, "busbw": busbw, "wrong": 0}], None, [], ct.Verdict("PASS", ""), 0)
+    r = ct.Result([], {}, [{"bytes": 1 << 22, "busbw": busbw, "wrong": 0}], None, [], ct.SweepVerdict("PASS", ""), 0)
     return ct.PairResult((i, j), r)
 
 
@@ -344,7 +344,7 @@ def test_one_file_of_several_processes_is_split_by_pid():
     ("container", "env", {"NCCL_DEBUG_FILE": "/tmp/nccl.log"}, "not in the job's diagnostics folder"),
 ])
 def test_configs_that_hide_the_transport_say_why(section, key, value, words):
-    from dockerlaunch.diagnostics.collect import unreadable
+    from dockerlaunch.diagnostics.nccl_logs import unreadable
     from dockerlaunch.job.config import validate_config
 
     ok = validate_config({"hosts": ["h1"], "container": {"env": {"NCCL_DEBUG": "info"}}})
@@ -355,7 +355,7 @@ def test_configs_that_hide_the_transport_say_why(section, key, value, words):
 
 def test_nccls_own_warnings_are_said_with_the_transport_line():
     """NCCL_DEBUG_FILE takes NCCL's WARN lines off the console: the transport report says the first few."""
-    from dockerlaunch.diagnostics.collect import TransportReport, report_to
+    from dockerlaunch.diagnostics.nccl_logs import TransportReport, report_to
     from dockerlaunch.reporting import Reporter
 
     said = []

@@ -17,7 +17,7 @@ def step(name, rank, addr, value, ok=True, unit="TFLOP/s", local=0, **kw):
 
 
 def rows(records, hosts=(H1, H2), code=0):
-    return {(r.host, r.check): (r.verdict, r.reason) for r in s.judge(records, list(hosts), None, code)}
+    return {(r.host, r.check): (r.verdict, r.detail) for r in s.judge(records, list(hosts), None, code)}
 
 
 def test_a_gpu_20_percent_slower_than_its_peers_is_named_and_nothing_fails():
@@ -58,7 +58,7 @@ def test_a_step_the_image_lacks_is_a_skip_and_a_silent_host_a_failure():
 def test_rows_go_into_a_doctor_report_by_host_rank():
     report = Report()
     s.add_to(report, s.SmokeResult(s.judge([step("matmul", 0, H2, 1.0)], [H1, H2], None, 0), [], 0), [H1, H2])
-    assert [(c.host, c.name, c.rank) for c in report.checks] == [(H1, "smoke", 0), (H2, "smoke matmul", 1)]
+    assert [(c.host, c.check, c.rank) for c in report.checks] == [(H1, "smoke", 0), (H2, "smoke matmul", 1)]
 
 
 def test_the_gpu_steps_are_ready_and_need_no_torch_to_list():

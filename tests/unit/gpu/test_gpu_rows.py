@@ -33,7 +33,7 @@ def probed(tmp_path, case: str):
 def rows(smi, labels=LABELS, record=None, env=None, window=None) -> dict[str, tuple[str, str]]:
     report = Report()
     judge_gpu_facts(report, "h1", smi, ImageNeeds.of_image(labels, env, ImageNeeds.from_record(record)), window)
-    return {c.name: (c.status, c.reason) for c in report.checks}
+    return {c.check: (c.verdict, c.detail) for c in report.checks}
 
 
 def test_a_healthy_h100_host_passes_every_gpu_row(tmp_path):
@@ -195,7 +195,7 @@ def test_different_gpu_models_across_hosts_are_a_warning():
     o1.probe = o1.probe.__class__(**{**o1.probe.__dict__, "gpu_host": a100})
     report = run(config, o0, o1)
     row = report.get(H0, "gpu models")
-    assert row.status == WARN and f"{H1}: NVIDIA A100-SXM4-80GB" in row.reason
+    assert row.verdict == WARN and f"{H1}: NVIDIA A100-SXM4-80GB" in row.detail
 
 
 @pytest.mark.parametrize("case", gpu_standin.WRITTEN)
@@ -228,7 +228,7 @@ def test_an_image_without_labels_is_judged_from_what_verify_recorded_of_its_id(t
     a100 = probed(tmp_path, "a100").gpu_host
     report = Report()
     judge_gpu_facts(report, "h1", a100, ImageNeeds.of_image({}, None, ImageNeeds.from_record(SCAN)))
-    got = {c.name: (c.status, c.reason) for c in report.checks}
+    got = {c.check: (c.verdict, c.detail) for c in report.checks}
     assert got["archs"][0] == FAIL
     assert got["archs"][1].startswith("GPUs of compute capability 8.0: no cubin or PTX in "
                                       "flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so (flash-attn 2.8.3: sm_90)")
@@ -238,12 +238,12 @@ def test_an_image_without_labels_is_judged_from_what_verify_recorded_of_its_id(t
     report = Report()
     judge_gpu_facts(report, "h1", probed(tmp_path, "h100-healthy").gpu_host,
                     ImageNeeds.of_image({}, None, ImageNeeds.from_record(SCAN)))
-    assert {c.name: c.status for c in report.checks}["archs"] == PASS
+    assert {c.check: c.verdict for c in report.checks}["archs"] == PASS
     # nvidia/cuda bases say their CUDA in the environment
     report = Report()
     judge_gpu_facts(report, "h1", probed(tmp_path, "driver-570").gpu_host,
                     ImageNeeds.of_image({}, ("CUDA_VERSION=13.0.1", "PATH=/x")))
-    assert {c.name: c.status for c in report.checks}["driver"] == FAIL
+    assert {c.check: c.verdict for c in report.checks}["driver"] == FAIL
 
 
 def test_the_images_own_driver_labels_are_what_doctor_reads():

@@ -114,8 +114,7 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSH
 def judge_gpu_facts(report: Report, a: str, host: GpuHost, needs: ImageNeeds,
                     xid_window_s: float | None = None, gpu_mode: str | None = None) -> None:
     """The image against this host's driver and GPUs (gpu.needs), and the GPUs' health (gpu.health)."""
-    for f in [*needs.runs_on(host, gpu_mode), health.judge(host, xid_window_s)]:
-        report.add(a, f.check, f.verdict, f.detail)
+    report.checks += [replace(f, host=a) for f in [*needs.runs_on(host, gpu_mode), health.judge(host, xid_window_s)]]
 
 
 def _judge_gpu_models(report: Report, obs: list[HostObservation], plan: JobPlan) -> None:
@@ -381,9 +380,8 @@ def judge(config: ClusterConfig, plan: JobPlan, targets: list[SSHTarget], ob: Ob
     _judge_cluster(report, config, plan, ob)
     _judge_gpu_models(report, ob.hosts, plan)
     rank_of = {label: i for i, label in enumerate(labels)}
-    for c in report.checks:
-        c.rank = rank_of[c.host]
-    report.checks.sort(key=lambda c: (c.rank, CHECK_ORDER.index(c.name)))
+    report.checks = sorted((replace(c, rank=rank_of[c.host]) for c in report.checks),
+                           key=lambda c: (c.rank, CHECK_ORDER.index(c.check)))
     return report
 
 

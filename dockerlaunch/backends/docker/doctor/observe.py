@@ -58,7 +58,7 @@ def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu:
     return spec
 
 
-def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> HostObservation:
+def _observe_host(h: Host, image: str, config: ClusterConfig, master: str) -> HostObservation:
     obs = HostObservation(h.rank, h.address, ssh=h.target.describe())
     first: list[float] = []
     out = bytearray()
@@ -69,7 +69,7 @@ def _observe_host(h: Host, hp: HostPlan, config: ClusterConfig, master: str) -> 
         out.extend(data)
 
     t0 = time.time()
-    argv = ["sh", "-c", script("observe.sh") + script("probe.sh"), "sh", master, config.image or "",
+    argv = ["sh", "-c", script("observe.sh") + script("probe.sh"), "sh", master, image,
             *[m.source for m in config.container.mounts]]
     err = bytearray()
     status = h.remote.stream(argv, on_out, err.extend, timeout=120)
@@ -354,7 +354,7 @@ def observe(cluster: Fleet, plan: JobPlan) -> Observations:
         master = cluster.peer_ip(0) or master
     obs = [HostObservation(h.rank, h.address, ssh=h.target.describe(),
                            ssh_error=h.error.reason if h.error else None) for h in cluster.hosts]
-    for o in cluster.each(lambda h: _observe_host(h, plan.hosts[h.rank], config, master)):
+    for o in cluster.each(lambda h: _observe_host(h, plan.known_image or "", config, master)):
         if o.ok:
             obs[o.item.rank] = o.value
         else:

@@ -1,11 +1,12 @@
-"""What doctor says: one Check per host and check name (a gpu.verdict.Verdict and its line), in a Report."""
+"""What doctor says: one verdict.Finding per host and check (its Verdict and its line), in a Report. The smoke's
+rows join the same Report; the JSON keeps its own keys (`check`, `verdict`, `reason`)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
-from dockerlaunch.verdict import Verdict
+from dockerlaunch.verdict import Finding, Verdict
 
 PASS, WARN, FAIL, SKIP, ERROR = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP, Verdict.ERROR
 # the verdicts doctor's rows use (verify's NOTE is not one): the JSON's `counts` keys
@@ -21,31 +22,22 @@ CHECK_ORDER = ["ssh", "probe", "docker", "image", "route", "master port", "reach
 
 
 @dataclass
-class Check:
-    host: str
-    name: str
-    status: Verdict
-    reason: str
-    rank: int = -1  # which host (two hosts may share an address behind one gateway, by port)
-
-
-@dataclass
 class Report:
-    checks: list[Check] = field(default_factory=list)
+    checks: list[Finding] = field(default_factory=list)
 
     @property
-    def failed(self) -> list[Check]:
+    def failed(self) -> list[Finding]:
         """FAIL and ERROR rows: a check that could not run proves nothing."""
-        return [c for c in self.checks if c.status in (FAIL, ERROR)]
+        return [c for c in self.checks if c.verdict in (FAIL, ERROR)]
 
-    def add(self, host: str, name: str, status: Verdict, reason: str, rank: int = -1) -> None:
-        self.checks.append(Check(host, name, status, reason, rank))
+    def add(self, host: str, check: str, verdict: Verdict, detail: str, rank: int = -1) -> None:
+        self.checks.append(Finding(check, verdict, detail, host, rank))
 
-    def get(self, host: str, name: str) -> Check | None:
-        return next((c for c in self.checks if c.host == host and c.name == name), None)
+    def get(self, host: str, check: str) -> Finding | None:
+        return next((c for c in self.checks if c.host == host and c.check == check), None)
 
     def counts(self) -> dict[Verdict, int]:
-        return {v: sum(1 for c in self.checks if c.status == v) for v in DOCTOR_VERDICTS}
+        return {v: sum(1 for c in self.checks if c.verdict == v) for v in DOCTOR_VERDICTS}
 
     def summary(self) -> str:
         n = self.counts()
@@ -54,7 +46,7 @@ class Report:
 
     def to_dict(self) -> dict:
         return {"ok": not self.failed, "counts": {str(k): v for k, v in self.counts().items()},
-                "checks": [{"host": c.host, "check": c.name, "verdict": str(c.status), "reason": c.reason}
+                "checks": [{"host": c.host, "check": c.check, "verdict": str(c.verdict), "reason": c.detail}
                            for c in self.checks]}
 
     def to_json(self) -> str:

@@ -15,12 +15,13 @@ from dockerlaunch.backends.docker.doctor.observations import (
     parse_observation,
 )
 from dockerlaunch.backends.docker.doctor.observe import _probe_spec
-from dockerlaunch.backends.docker.doctor.report import CHECK_ORDER, FAIL, PASS, SKIP, WARN, Check, Report
+from dockerlaunch.backends.docker.doctor.report import CHECK_ORDER, FAIL, PASS, SKIP, WARN, Report
 from dockerlaunch.backends.docker.probe import Probe, nic_problem
 from dockerlaunch.docker_run import run_argv
 from dockerlaunch.hosts.targets import resolve_target
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import make_plan
+from dockerlaunch.verdict import Finding
 
 H0, H1 = "10.0.0.1", "10.0.0.2"
 MASTER = H0
@@ -74,19 +75,19 @@ def run(config: ClusterConfig, *hosts: HostObservation, reach_ports=(29500, HIGH
                  Observations(MASTER, list(hosts), reach_ports=reach_ports, reach_error=reach_error))
 
 
-def row(report: Report, address: str, name: str, verdict, *words: str) -> Check:
+def row(report: Report, address: str, name: str, verdict, *words: str) -> Finding:
     """The one row for (address, check), with the expected verdict and key words in its reason."""
-    rows = [c for c in report.checks if c.host == address and c.name == name]
+    rows = [c for c in report.checks if c.host == address and c.check == name]
     assert len(rows) == 1, f"{address} {name}: {rows} in {report.checks}"
     c = rows[0]
-    assert c.status == verdict, c
+    assert c.verdict == verdict, c
     for w in words:
-        assert w in c.reason, (w, c)
+        assert w in c.detail, (w, c)
     return c
 
 
 def names(report: Report, address: str) -> list[str]:
-    return [c.name for c in report.checks if c.host == address]
+    return [c.check for c in report.checks if c.host == address]
 
 
 # ---------------------------------------------------------------- ssh, docker
@@ -126,7 +127,7 @@ def test_docker_permission_denied_hints_the_docker_group():
            "permission denied")
     report = run(config, host(0), host(1, docker=None, docker_error=why, image_id=None, disk=None))
     c = row(report, H1, "docker", FAIL, "docker not usable by alice", "permission denied")
-    assert c.reason.endswith("(add the user to the docker group)")
+    assert c.detail.endswith("(add the user to the docker group)")
     # the host itself still answers: route, InfiniBand and clock are judged, nothing that needs docker is
     assert names(report, H1) == ["ssh", "docker", "route", "infiniband", "clock"]
 
@@ -134,7 +135,7 @@ def test_docker_permission_denied_hints_the_docker_group():
 def test_docker_not_installed_has_no_group_hint():
     report = run(cfg(), host(0), host(1, docker=None, docker_error="sh: 1: docker: not found", image_id=None))
     c = row(report, H1, "docker", FAIL, "docker not usable by root: sh: 1: docker: not found")
-    assert "docker group" not in c.reason
+    assert "docker group" not in c.detail
 
 
 def test_docker_without_answer():
@@ -168,8 +169,8 @@ def test_an_image_this_machine_lacks_too_is_built_or_pulled_first():
     report = Report()
     _judge_image(report, config, make_plan(config), [host(0, image_id="")], image_here=False)
     got = report.get(H0, "image")
-    assert got.status == FAIL and "not on this machine either: build or pull it first" in got.reason
-    assert "docker pull img:tag" in got.reason and got.reason.endswith("then fix: dockerlaunch push img:tag")
+    assert got.verdict == FAIL and "not on this machine either: build or pull it first" in got.detail
+    assert "docker pull img:tag" in got.detail and got.detail.endswith("then fix: dockerlaunch push img:tag")
 
 
 def test_the_push_hint_repeats_the_users_own_config_and_hosts():
@@ -181,7 +182,7 @@ def test_the_push_hint_repeats_the_users_own_config_and_hosts():
     config._invocation = Invocation(config="c.yaml", hosts=("10.0.0.1", "10.0.0.2"), name="ux2")
     report = Report()
     _judge_image(report, config, make_plan(config), [host(0, image_id="")], image_here=True)
-    assert report.get(H0, "image").reason == ("img:tag is missing here; fix: dockerlaunch push img:tag --config "
+    assert report.get(H0, "image").detail == ("img:tag is missing here; fix: dockerlaunch push img:tag --config "
                                               "c.yaml --hosts 10.0.0.1,10.0.0.2")
 
 
@@ -237,7 +238,7 @@ def test_no_probe_no_route_or_infiniband_rows():
 )
 def test_infiniband(mode, p, verdict, words):
     c = row(run(cfg(infiniband=mode), host(0), host(1, probe=p)), H1, "infiniband", verdict, *words)
-    assert c.reason.startswith(words[0]), c
+    assert c.detail.startswith(words[0]), c
 
 
 # ---------------------------------------------------------------- shm, memlock
@@ -265,7 +266,7 @@ def test_shm(shm, verdict, words):
 def test_shm_pass_reason_shows_sizes_under_a_gigabyte():
     # shm_size: 512m is above docker's 64 MB default, so PASS; the reason must not claim "0 GB"
     c = row(run(cfg(), host(0), host(1, shm=ContainerFacts(shm_kb=512 * 1024, memlock="8192"))), H1, "shm", PASS)
-    assert "0 GB" not in c.reason, c.reason
+    assert "0 GB" not in c.detail, c.detail
 
 
 @pytest.mark.parametrize("memlock,verdict", [("unlimited", PASS), ("8192", FAIL), ("64", FAIL)])
@@ -356,8 +357,8 @@ def test_shared_storage():
     config = cfg(mounts=[{"source": "/shared", "target": "/shared", "shared": True},
                          {"source": "/scratch", "target": "/scratch", "shared": True}])
     report = run(config, host(0), host(1, shared={"/shared": True, "/scratch": False}))
-    rows = [c for c in report.checks if c.name == "shared"]
-    assert [(c.status, c.reason) for c in rows] == [
+    rows = [c for c in report.checks if c.check == "shared"]
+    assert [(c.verdict, c.detail) for c in rows] == [
         (PASS, "/shared is shared with host 0"),
         (FAIL, "/scratch is not the same storage as on host 0 (marked shared: true)"),
     ]
@@ -458,14 +459,14 @@ def test_clock(h0, h1, verdict, words):
 
 def test_no_clock_rows_with_one_timed_host():
     report = run(cfg(), host(0), host(1, clock_offset=None))
-    assert all(c.name != "clock" for c in report.checks)
+    assert all(c.check != "clock" for c in report.checks)
 
 
 def test_clock_reference_is_named_when_host_0_is_not_timed():
     hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
     report = run(cfg(hosts=hosts), unreachable(0), host(1, clock_offset=0.0), host(2, clock_offset=0.2))
     c = row(report, "10.0.0.3", "clock", PASS, "0.20s")
-    assert "host 0" not in c.reason, c.reason  # host 0 was never timed: the skew is measured from 10.0.0.2
+    assert "host 0" not in c.detail, c.detail  # host 0 was never timed: the skew is measured from 10.0.0.2
 
 
 # ---------------------------------------------------------------- the report
@@ -474,7 +475,7 @@ def test_clock_reference_is_named_when_host_0_is_not_timed():
 def test_report_is_sorted_by_host_rank_then_check_order():
     config = cfg(mounts=[{"source": "/shared", "target": "/shared", "shared": True}], infiniband="auto")
     report = run(config, host(0, clock_offset=0.1), host(1, shared={"/shared": True}, clock_offset=0.2))
-    keys = [(c.host, c.name) for c in report.checks]
+    keys = [(c.host, c.check) for c in report.checks]
     assert keys == sorted(keys, key=lambda k: ((H0, H1).index(k[0]), CHECK_ORDER.index(k[1])))
     # rows judged last (image, master port, reachability, shared, clock) are in place, not appended
     assert names(report, H0) == ["ssh", "docker", "image", "route", "master port", "shm", "nofile", "gpus",
@@ -488,8 +489,8 @@ def test_report_rows_of_hosts_sharing_an_address_are_told_apart():
     # two hosts behind one gateway, by port: the config accepts it (hosts are unique by address and port)
     config = cfg(hosts=[{"address": "gw:2201", "advertise_addr": "10.0.0.1"}, "gw:2202"])
     report = run(config, host(0, address="gw", ssh="root@gw:2201"), unreachable(1, address="gw"))
-    ssh_rows = [c for c in report.checks if c.name == "ssh"]
-    assert [c.status for c in ssh_rows] == [PASS, FAIL]  # sorted by rank: rank 0 first
+    ssh_rows = [c for c in report.checks if c.check == "ssh"]
+    assert [c.verdict for c in ssh_rows] == [PASS, FAIL]  # sorted by rank: rank 0 first
     assert len({c.host for c in ssh_rows}) == 2, ssh_rows  # a reader must tell which host failed
 
 
@@ -504,7 +505,7 @@ def test_report_dict_json_and_summary():
     assert [(c["host"], c["check"]) for c in failed] == [(H1, "image")]
     assert json.loads(report.to_json()) == d
     assert report.summary() == "doctor: 16 PASS, 1 FAIL, 1 WARN, 4 SKIP"
-    assert [c.name for c in report.failed] == ["image"]
+    assert [c.check for c in report.failed] == ["image"]
 
 
 def test_report_of_warnings_only_is_ok():
@@ -625,7 +626,7 @@ def test_judge_on_parsed_observations():
     row(report, H1, "shm", FAIL, "64 MB")
     row(report, H1, "infiniband", SKIP, "no /dev/infiniband")
     row(report, H1, "reachability", PASS)
-    assert sorted((c.host, c.name) for c in report.failed) == [(H1, "mounts"), (H1, "shm")]
+    assert sorted((c.host, c.check) for c in report.failed) == [(H1, "mounts"), (H1, "shm")]
 
     config2 = cfg()
     busy = parse_observation(HostObservation(0, H0), DEBIAN_MASTER.replace(":7531 ", ":733C "))
@@ -913,7 +914,7 @@ def test_an_image_without_a_shell_where_infiniband_is_used():
     report = run(cfg(infiniband="on"), host(0, probe=ib), host(1, probe=ib, shm=NO_SH))
     row(report, H1, "ib in container", WARN, "the image has no /bin/sh: /dev/infiniband and libibverbs not checked")
     assert report.get(H1, "memlock") is None and report.get(H1, "image ibverbs") is None
-    assert not [c for c in report.checks if c.host == H1 and c.status == FAIL]
+    assert not [c for c in report.checks if c.host == H1 and c.verdict == FAIL]
 
 
 def test_hubs_row_of_an_image_without_a_shell():
@@ -944,7 +945,7 @@ def test_reachability_never_blames_the_network_for_a_missing_tool(h1, kw, verdic
         report = judge(cfg(), make_plan(cfg()), [resolve_target(h, cfg().ssh, None, "root") for h in cfg().hosts],
                        Observations(MASTER, [host(0), host(1, **h1)], reach_ports=(29500, HIGH_PORT), **kw))
     c = row(report, H1, "reachability", verdict, *words)
-    assert ("firewall" in c.reason) == (verdict == FAIL), c
+    assert ("firewall" in c.detail) == (verdict == FAIL), c
 
 
 # ---------------------------------------------------------------- nofile
@@ -963,7 +964,7 @@ def test_nofile_is_judged_against_what_the_plan_asks(ulimits, seen, verdict, wor
     shm = ContainerFacts(shm_kb=64 * GB, memlock="8192", nofile=seen)
     report = run(cfg(ulimits=ulimits), host(0), host(1, shm=shm))
     c = row(report, H1, "nofile", verdict, *words)
-    assert "firewall" not in c.reason
+    assert "firewall" not in c.detail
 
 
 def test_an_engine_that_refuses_the_open_files_limit_is_named_with_the_fix():

@@ -42,9 +42,10 @@ def test_check_command_reads_the_probe_of_the_host_that_inspected_the_image():
     empty = parse_probe("has_ip=0\nimage_cmd=[null,null]\n")
     unasked = parse_probe("has_ip=0\n")  # hosts other than 0 are not asked for the image
     with pytest.raises(ConfigError, match=r"has no CMD or ENTRYPOINT; put the command after `--`"):
-        check_command(cfg(), [empty, unasked])
-    check_command(cfg(), [parse_probe('has_ip=0\nimage_cmd=[null,["sh"]]\n'), unasked])  # nothing raised
-    check_command(cfg(), [RuntimeError("host 0 unreachable"), unasked])  # not known: left to the host's error
+        check_command(make_plan(cfg()), [empty, unasked])
+    check_command(make_plan(cfg()), [parse_probe('has_ip=0\nimage_cmd=[null,["sh"]]\n'), unasked])  # nothing raised
+    # not known: left to the host's error
+    check_command(make_plan(cfg()), [RuntimeError("host 0 unreachable"), unasked])
 
 
 def test_the_dry_run_shows_the_image_s_cmd_where_the_command_would_be():

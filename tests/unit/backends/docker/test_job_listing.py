@@ -4,9 +4,9 @@
 import json
 from datetime import datetime, timezone
 
-from dockerlaunch.backends.docker import manage
+from dockerlaunch.backends.docker import after_up
+from dockerlaunch.backends.docker.after_up import age_text, group_jobs, jobs_line, parse_all_jobs
 from dockerlaunch.backends.docker.doctor.report import FAIL, PASS, SKIP, WARN, Report
-from dockerlaunch.backends.docker.manage import age_text, group_jobs, jobs_line, parse_all_jobs
 from dockerlaunch.backends.docker.runs import saved_jobs
 from dockerlaunch.reporting import preflight_line
 
@@ -73,16 +73,16 @@ def test_an_unknown_name_and_a_finished_job_are_told_apart(tmp_path):
     (tmp_path / "done-20261126-150000" / "attempt-0").mkdir(parents=True)
     rows = group_jobs(["h1"], [parse_all_jobs(json.dumps([_inspect("det", 0, "h1")]))])
     cfg = ClusterConfig.model_validate({"hosts": ["h1", "h2"], "job": {"name": "typo-job"}})
-    e = str(manage.missing_job(cfg, rows, str(tmp_path)))
+    e = str(after_up.missing_job(cfg, rows, str(tmp_path)))
     assert e == (f"no job named typo-job: no containers on 2 host(s) and no saved logs under {tmp_path}/; "
                  f"jobs on the hosts: det (1 running); finished, logs kept under {tmp_path}/: done")
     cfg = ClusterConfig.model_validate({"hosts": ["h1", "h2"], "job": {"name": "done"}})
-    e = str(manage.missing_job(cfg, rows, str(tmp_path)))
+    e = str(after_up.missing_job(cfg, rows, str(tmp_path)))
     assert e.startswith("job done: no containers on 2 host(s) (it ended; its logs are kept under") and "\n" not in e
     assert "jobs on the hosts: det (1 running)" in e and "finished, logs kept" not in e  # itself is not listed
     # `logs --attempt N` asks no host: the message says only what the log folder holds
     cfg = ClusterConfig.model_validate({"hosts": ["h1"], "job": {"name": "nope"}})
-    e = str(manage.missing_job(cfg, None, str(tmp_path), "--attempt: "))
+    e = str(after_up.missing_job(cfg, None, str(tmp_path), "--attempt: "))
     assert e == f"--attempt: no saved logs of job nope under {tmp_path}/; finished, logs kept under {tmp_path}/: done"
 
 
@@ -126,14 +126,14 @@ def test_logs_of_an_attempt_that_left_no_file_say_its_recorded_cause(tmp_path):
     run = RunFolder.create(str(tmp_path), "j")
     run.record(AttemptRecord.of(0, Ending(1, Cause.PREFLIGHT_FAILED), "2026-11-26T15:00:00", 2.0, ["h1", "h2"], []))
     said = Said()
-    assert manage.saved_logs(cfg, None, "all", said, None, str(tmp_path)) == 0
+    assert after_up.saved_logs(cfg, None, "all", said, None, str(tmp_path)) == 0
     assert said.lines == [f"job j: attempt 0 logged nothing ({run.root}/): preflight failed, after 2.0s; "
                           "up's exit code 1"]
     run.attempt_dir(1)
     run.record(AttemptRecord.of(1, Ending(1, Cause.START_FAILED, 1, "h2", detail="host h2: starting container j-1 "
                                           "failed: no such user"), "2026-11-26T15:00:05", 1.0, ["h1", "h2"], []))
     said = Said()
-    assert manage.saved_logs(cfg, None, "all", said, None, str(tmp_path)) == 0
+    assert after_up.saved_logs(cfg, None, "all", said, None, str(tmp_path)) == 0
     assert said.lines[0].startswith("job j: attempt 1 logged nothing") and said.lines[0].endswith("no such user")
     said = Said()
-    assert manage.saved_logs(cfg, None, "all", said, 0, str(tmp_path)) == 0 and "preflight failed" in said.lines[0]
+    assert after_up.saved_logs(cfg, None, "all", said, 0, str(tmp_path)) == 0 and "preflight failed" in said.lines[0]

@@ -1,4 +1,6 @@
-"""What every renderer checks the same way: fields a target cannot express become one-line refusals."""
+"""What every renderer refuses the same way: fields a target cannot express become one-line refusals, and
+`--drop FIELD`, the explicit way out of one; plus the two values every rendered file writes alike (the secret
+files' paths, the job's labels without the launcher's own)."""
 
 from __future__ import annotations
 

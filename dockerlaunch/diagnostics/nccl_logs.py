@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.container import Deferred
 from dockerlaunch.diagnostics import script
-from dockerlaunch.diagnostics.transport import Finding, HostTransport, describe, judge, parse_hosts
+from dockerlaunch.diagnostics.transport import HostTransport, describe, judge, parse_hosts
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.fleet import Host, each
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan, diag_dir
 from dockerlaunch.reporting import Reporter
+from dockerlaunch.verdict import Finding, Verdict
 
 WATCH_WINDOW = 60.0  # `up` prints the transport table within this long of the start
 WATCH_EVERY = 5.0
@@ -51,7 +52,7 @@ class TransportReport:
         return {
             "hosts": [{"rank": r, "host": a, "summary": describe(t) if t else None, "error": e,
                        **({"transport": t.to_dict()} if t else {})} for r, a, t, e in self.hosts],
-            "findings": [f.__dict__ for f in self.findings],
+            "findings": [{"level": str(f.verdict), "host": f.host, "message": f.detail} for f in self.findings],
         }
 
 
@@ -86,7 +87,7 @@ def read_transport(cluster_hosts: list[Host], plan: JobPlan, where: str,
         rows.append((h.rank, address, t, errors.get(f"{h.rank}")))
         # said once per machine: `local` "hosts" share one, and each would name its own example channel
         findings += [f for f in judge(t, ports, multi_host=multi, ipc=ipc, doctor=doctor)
-                     if not any((g.level, g.host) == (f.level, f.host) for g in findings)]
+                     if not any((g.verdict, g.host) == (f.verdict, f.host) for g in findings)]
     return TransportReport(rows, findings)
 
 
@@ -134,7 +135,7 @@ def report_to(reporter: Reporter, report: TransportReport, prefix: str = "transp
             for w in t.nccl_warnings[:MAX_NCCL_WARNINGS]:
                 reporter.say(f"{prefix} rank {rank} ({address}): NCCL WARN {w}", "bold yellow")
     for f in report.findings:
-        reporter.say(f"{f.level}: {f.host}: {f.message}", "bold red" if f.level == "FAIL" else "bold yellow")
+        reporter.say(f"{f.verdict}: {f.host}: {f.detail}", "bold red" if f.verdict == Verdict.FAIL else "bold yellow")
 
 
 def watch_transport(session: Session, plan: JobPlan, reporter: Reporter, stop: threading.Event,

@@ -1,4 +1,5 @@
-"""The render targets, one registry line each (torchx's scheduler registry, SkyPilot's `provision/<cloud>/`).
+"""The render targets (`render --to`), one line each in TARGETS (torchx's list of schedulers, SkyPilot's
+`provision/<cloud>/`). Not hosts/targets.py, which resolves the SSH targets a job runs on.
 
 A target is a package under backends/ whose `__init__` exports, importing nothing heavy at load:
   FLAGS                     the CLI flags it takes; `render --help` shows them, other targets refuse them
@@ -74,7 +75,7 @@ def get(name: str) -> Target:
 
 
 def all_flags() -> list[Flag]:
-    """Every target's flags, each once, in registry order (the CLI declares them all)."""
+    """Every target's flags, each once, in the order of TARGETS (the CLI declares them all)."""
     seen: dict[str, Flag] = {}
     for t in TARGETS:
         for f in t.flags:

@@ -3,14 +3,13 @@ dockerlaunch job on the hosts (found by the `dockerlaunch.job` label, as the oth
 
 from __future__ import annotations
 
-import json
 import shlex
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import BinaryIO
 
-from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost
+from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost, parse_inspect
 from dockerlaunch.backends.docker.logsink import LogSink
 from dockerlaunch.backends.docker.runs import latest_run, saved_attempt, saved_jobs, tail_lines
 from dockerlaunch.backends.docker.secret_env import remove_stale_env_files
@@ -18,7 +17,7 @@ from dockerlaunch.backends.docker.session import Session, existing_job_container
 from dockerlaunch.errors import ConfigError, DockerError, DockerlaunchError
 from dockerlaunch.hosts.fleet import Fleet, Host, each
 from dockerlaunch.job.config import ClusterConfig
-from dockerlaunch.job.plan import LABEL_HOST, LABEL_JOB, LABEL_RANK
+from dockerlaunch.job.plan import LABEL_JOB
 from dockerlaunch.job.recovery import AttemptRecord
 from dockerlaunch.reporting import Reporter
 
@@ -28,49 +27,9 @@ ALL_JOBS_SCRIPT = (f"ids=$(docker ps -aq --filter label={shlex.quote(LABEL_JOB)}
                    '[ -z "$ids" ] && exit 0\ndocker inspect $ids && exit 0\nexit 4')
 
 
-@dataclass(frozen=True)
-class JobContainer:
-    """One container of some dockerlaunch job, as its engine describes it."""
-
-    job: str
-    name: str
-    rank: int | None
-    status: str  # created | running | exited | ...
-    exit_code: int
-    image: str  # the reference it was started from
-    created: str  # ISO time, the host's clock
-    started_at: str = ""
-    finished_at: str = ""
-    id: str = ""
-    host: str | None = None  # LABEL_HOST: the host that started it
-
-    @property
-    def state(self) -> str:
-        """`running`, `exited 3`, `created`, ..."""
-        return f"{self.status} {self.exit_code}" if self.status in ("exited", "dead") else self.status
-
-
-def parse_all_jobs(text: str) -> list[JobContainer]:
-    """`docker inspect` JSON of labelled containers -> JobContainers (pure; tested on fixture output)."""
-    text = text.strip()
-    if not text:
-        return []
-    out = []
-    for c in json.loads(text):
-        state = c.get("State") or {}
-        config = c.get("Config") or {}
-        labels = config.get("Labels") or {}
-        if LABEL_JOB not in labels:
-            continue
-        rank = labels.get(LABEL_RANK)
-        out.append(JobContainer(
-            job=labels[LABEL_JOB], name=c.get("Name", "").lstrip("/"),
-            rank=int(rank) if rank is not None and rank.isdigit() else None,
-            status=state.get("Status", "unknown"), exit_code=int(state.get("ExitCode") or 0),
-            image=config.get("Image") or c.get("Image", ""), created=c.get("Created", ""),
-            started_at=state.get("StartedAt", ""), finished_at=state.get("FinishedAt", ""), id=c.get("Id", ""),
-            host=labels.get(LABEL_HOST)))
-    return out
+def parse_all_jobs(text: str) -> list[ContainerState]:
+    """`docker inspect` JSON -> the containers of dockerlaunch jobs (those with the job label) (pure)."""
+    return [c for c in parse_inspect(text) if c.job is not None]
 
 
 def _when(iso: str) -> datetime | None:
@@ -101,7 +60,7 @@ class JobRow:
     """One job on the hosts: its containers, (host, container) in rank order."""
 
     name: str
-    containers: list[tuple[str, JobContainer]] = field(default_factory=list)
+    containers: list[tuple[str, ContainerState]] = field(default_factory=list)
 
     @property
     def hosts(self) -> list[str]:
@@ -132,16 +91,16 @@ class JobRow:
                            "finished_at": c.finished_at} for h, c in self.containers]}
 
 
-def group_jobs(hosts: list[str], found: list[list[JobContainer]]) -> list[JobRow]:
+def group_jobs(hosts: list[str], found: list[list[ContainerState]]) -> list[JobRow]:
     """Per job, each container once (hosts that share an engine each see all of its containers: one goes to the
     host its label names, or, when no host of this config does, to the first that saw it), by job name."""
     rows: dict[str, JobRow] = {}
-    for host, c in own_containers(hosts, found):  # type: ignore[arg-type]  # the same fields: id, host, rank, name
+    for host, c in own_containers(hosts, found):
         rows.setdefault(c.job, JobRow(c.job)).containers.append((host, c))
     return [rows[k] for k in sorted(rows)]
 
 
-def _list_host(h: Host) -> list[JobContainer]:
+def _list_host(h: Host) -> list[ContainerState]:
     r = h.connection().run(ALL_JOBS_SCRIPT, timeout=60)
     vanished = r.exit_status == 4 and r.stderr.strip() and all(
         "No such object" in line or "No such container" in line for line in r.stderr.strip().splitlines())
@@ -225,11 +184,12 @@ def down(config: ClusterConfig, reporter: Reporter | None = None, ignore_missing
     reporter = reporter or Reporter()
     session = open_session(config)
     try:
-        found = existing_job_containers(session, config.job.name)
+        found = existing_job_containers(session, session.plan.job)
         if not found:
-            remove_stale_env_files(session, config.job.name)
+            remove_stale_env_files(session, session.plan.job)
             if ignore_missing:
-                reporter.say(f"job {config.job.name}: no containers on {len(config.hosts)} host(s); nothing to remove")
+                reporter.say(f"job {session.plan.job}: no containers on {session.plan.nnodes} host(s); nothing to "
+                             "remove")
                 return 0
             raise missing_job(config, session, log_dir, then=" (nothing removed; with --ignore-missing that exits 0)")
         by_host: dict[str, list[str]] = {}
@@ -237,8 +197,8 @@ def down(config: ClusterConfig, reporter: Reporter | None = None, ignore_missing
             by_host.setdefault(host, []).append(s.name)
         for o in session.fleet.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []))).failed:
             raise DockerlaunchError(f"host {o.item.name}: removing containers failed: {o.error}")
-        remove_stale_env_files(session, config.job.name)
-        reporter.say(f"removed {len(found)} container(s) of job {config.job.name}")
+        remove_stale_env_files(session, session.plan.job)
+        reporter.say(f"removed {len(found)} container(s) of job {session.plan.job}")
         return 0
     finally:
         session.close()
@@ -253,7 +213,7 @@ def status_and_others(config: ClusterConfig) -> tuple[list[tuple[str, ContainerS
     """The job's containers (as `status`) and, when it has none, every job there is on the hosts instead."""
     session = open_session(config)
     try:
-        found = existing_job_containers(session, config.job.name)
+        found = existing_job_containers(session, session.plan.job)
         return found, [] if found else list_on(session.fleet)[0]
     finally:
         session.close()
@@ -281,9 +241,9 @@ def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, t
     stop = threading.Event()
     try:
         ranks = _rank_hosts(session, rank)
-        names = {s.name for _, s in existing_job_containers(session, config.job.name)}
+        names = {s.name for _, s in existing_job_containers(session, session.plan.job)}
         if not any(session.plan.hosts[i].container.name in names for i in ranks):
-            if not names and latest_run(log_dir, config.job.name) is None:
+            if not names and latest_run(log_dir, session.plan.job) is None:
                 raise missing_job(config, session, log_dir)
             session.close()
             return saved_logs(config, rank, tail, reporter, None, log_dir)
@@ -352,11 +312,11 @@ def exec_in(config: ClusterConfig, rank: int, command: list[str], out: BinaryIO,
     try:
         [i] = _rank_hosts(session, rank)
         name = session.plan.hosts[i].container.name
-        found = existing_job_containers(session, config.job.name)
+        found = existing_job_containers(session, session.plan.job)
         if not found:
             raise missing_job(config, session, log_dir, "exec: ")
         if name not in {s.name for _, s in found}:
-            raise DockerlaunchError(f"exec: rank {rank} of job {config.job.name} has no container {name} on "
+            raise DockerlaunchError(f"exec: rank {rank} of job {session.plan.job} has no container {name} on "
                                     f"{session.plan.hosts[i].address} (the job has: "
                                     f"{', '.join(f'{s.name}@{h} {s.status}' for h, s in found)})")
 
