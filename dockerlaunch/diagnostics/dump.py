@@ -391,7 +391,7 @@ MERGED_LIMIT = 2048 * 2**20  # the flight-recorder dumps of all hosts together, 
 
 
 def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump]) -> str | None:
-    """Every host's dumps side by side, read by PyTorch's own analyzer in a sandbox on host 0 (docker_cli's
+    """Every host's dumps side by side, read by PyTorch's own analyzer in a sandbox on host 0 (docker_run's
     sandbox_argv: the dumps are pickles)."""
     paths = [p for hd in hosts for p in sorted((hd.folder / "fr").glob("rank_*"))]
     if not paths:
@@ -417,7 +417,7 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
         h0.remote.check(["sh", "-c", 'cd "$1" && rm -rf fr-all && tar -xf -', "sh", where],
                         "copying flight-recorder dumps", timeout=300, stdin=spool)
     # fr_trace unpickles the dumps, and a dump is a file a rank's uid could write: it is read in a throwaway
-    # container of the job's image with nothing to lose (docker_cli.sandbox_argv), never in a rank's container
+    # container of the job's image with nothing to lose (docker_run.sandbox_argv), never in a rank's container
     name = f"dl-frtrace-{secrets.token_hex(4)}"
     # the image rank 0 runs (its ID: the config may name another image than the one the job was started with)
     ran = DockerHost.on(h0).docker("inspect", "--format", "{{.Image}}", session.plan.hosts[0].container.name,

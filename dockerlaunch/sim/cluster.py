@@ -379,7 +379,7 @@ def _container_ip(c) -> str:
 
 def engine_nofile(container) -> int | None:
     """The open-files hard limit of a node's dockerd: an engine without CAP_SYS_RESOURCE (these nodes) cannot give
-    a container more, and refuses the launcher's default (job/spec.NOFILE) at start."""
+    a container more, and refuses the launcher's default (container.NOFILE) at start."""
     code, out = container.exec_run(["sh", "-c", 'grep "^Max open files" "/proc/$(pidof dockerd)/limits"'])
     words = out.decode(errors="replace").split()
     return int(words[-2]) if code == 0 and len(words) >= 2 and words[-2].isdigit() else None

@@ -141,7 +141,7 @@ NODE_SHM = "2g"
 
 
 # The open-files limit every sim container (and so its dockerd) runs with: without CAP_SYS_RESOURCE a node's engine
-# cannot give a container more than its own hard limit, so the launcher's default (job/spec.NOFILE) is refused at
+# cannot give a container more than its own hard limit, so the launcher's default (container.NOFILE) is refused at
 # start, as on hosts whose dockerd runs with a low LimitNOFILE. Fixed, so that this case is the same on every machine
 # the suite runs on, not only where the outer engine happens to run low (20000 on the test VMs); lowering a limit
 # needs no capability.

@@ -3,8 +3,8 @@
 Slurm decides the nodes, so the host list only gives their number; every value a host supplies at launch
 (`<resolved at launch>` in the plan) is computed by the script on the node, as `up` computes it over SSH:
 NODE_RANK from SLURM_NODEID, MASTER_ADDR from the allocation's first node, the NIC from the route toward it,
-InfiniBand flags where /dev/infiniband exists. The Docker variant's `docker run` line is the docker backend's
-own argv (backends/docker/docker_cli.py), so it cannot drift from what `up` runs.
+InfiniBand flags where /dev/infiniband exists. The Docker variant's `docker run` line is dockerlaunch's one
+argv writer (docker_run.py), so it cannot drift from what `up` runs.
 """
 
 from __future__ import annotations
