@@ -125,16 +125,6 @@ def check_archs(stack: Stack, archs: list[str]) -> None:
             raise ConfigError(problem)
 
 
-def nccl_ep_off(stack: Stack) -> bool:
-    """TE 2.17-2.19 include torch's symm_mem nccl_dev_cap.hpp when NVTE_WITH_NCCL_EP is on (their default) and
-    fail to build against torch < 2.11 (NVIDIA-NeMo/Export-Deploy#720; 2.20 guards it with __has_include)."""
-    if not stack.transformer_engine:
-        return False
-    te = tuple(int(x) for x in stack.transformer_engine.split(".")[:2])
-    torch = tuple(int(x) for x in stack.torch.split("+")[0].split(".")[:2])
-    return (2, 17) <= te < (2, 20) and torch < (2, 11)
-
-
 def build_args(stack: Stack, opts: BuildOptions, torch_from_index: bool | None = None,
                base_tag: str | None = None) -> dict[str, str]:
     """`torch_from_index`: the locked torch is a local variant (+cpu, +cu128) that only the PyTorch index has.

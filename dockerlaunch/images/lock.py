@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.images import index as idx
+from dockerlaunch.images.index import normalize
 from dockerlaunch.images.layers import LAYERS, layer_roots
 from dockerlaunch.images.stacks import PIN, Stack
 
@@ -39,11 +40,6 @@ HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 class LockError(ConfigError):
     """A stack's lock is missing, stale or changed, or its pins do not resolve: the user fixes it (exit 2)."""
-
-
-def normalize(name: str) -> str:
-    """PEP 503: `Transformer_Engine` and `transformer-engine` are one distribution."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def pin_name(pin: str) -> str:

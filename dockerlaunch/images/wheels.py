@@ -104,7 +104,7 @@ def compiled_packages(stack: Stack, lock: locks.Lock, archs: list[str], flash_pr
             (("NVTE_FRAMEWORK", "pytorch"), ("NVTE_PYTORCH_FORCE_BUILD", "TRUE"),
              ("NVTE_BUILD_USE_NVIDIA_WHEELS", "1"), ("NVTE_CUDA_ARCHS", arch_numbers(archs)),
              ("TORCH_CUDA_ARCH_LIST", arch_list), ("NVTE_BUILD_THREADS_PER_JOB", "1"),
-             *((("NVTE_WITH_NCCL_EP", "0"),) if _nccl_ep_off(stack) else ())),
+             *((("NVTE_WITH_NCCL_EP", "0"),) if nccl_ep_off(stack) else ())),
             3.5))
     if stack.apex:
         out.append(Compiled(
@@ -135,10 +135,14 @@ def _one_hash(entry: locks.Entry) -> str:
     return entry.hashes[0].removeprefix("sha256:") if entry.hashes else ""
 
 
-def _nccl_ep_off(stack: Stack) -> bool:
-    from dockerlaunch.images.build import nccl_ep_off  # build imports this module: import at call time
-
-    return nccl_ep_off(stack)
+def nccl_ep_off(stack: Stack) -> bool:
+    """TE 2.17-2.19 include torch's symm_mem nccl_dev_cap.hpp when NVTE_WITH_NCCL_EP is on (their default) and
+    fail to build against torch < 2.11 (NVIDIA-NeMo/Export-Deploy#720; 2.20 guards it with __has_include)."""
+    if not stack.transformer_engine:
+        return False
+    te = tuple(int(x) for x in stack.transformer_engine.split(".")[:2])
+    torch = tuple(int(x) for x in stack.torch.split("+")[0].split(".")[:2])
+    return (2, 17) <= te < (2, 20) and torch < (2, 11)
 
 
 # ---------------------------------------------------------------- the builder's facts and the key
