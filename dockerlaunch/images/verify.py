@@ -42,7 +42,7 @@ import subprocess
 import tempfile
 import urllib.request
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dockerlaunch import shipped
@@ -53,17 +53,17 @@ from dockerlaunch.errors import ConfigError, DockerlaunchError, EngineError
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.gpu.cuda import cubin_covers, runtime_cuda, version_tuple
 from dockerlaunch.gpu.needs import CudaCompat, DeviceCode, ImageNeeds, compat_on_path, require_branches
-from dockerlaunch.verdict import Verdict
+from dockerlaunch.verdict import Finding, Verdict
 
 _LOG = logging.getLogger(__name__)
 
 CHECKS = ("symbols", "load", "archs", "pip", "imports", "dists")
 MOUNT = "/opt/dockerlaunch-verify"  # where the scripts and tools appear inside the verify container
 
-# the shared verdicts (gpu.verdict), and verify's own NEEDS-DRIVER (a check that needs a GPU driver the build lacks)
-PASS, FAIL, WARN, NOTE, SKIP, ERROR = (Verdict.PASS, Verdict.FAIL, Verdict.WARN, Verdict.NOTE, Verdict.SKIP,
-                                       Verdict.ERROR)
-NEEDS_DRIVER = "NEEDS-DRIVER"
+# the one verdict enum (dockerlaunch.verdict), under short names
+PASS, FAIL, WARN, NOTE, SKIP, ERROR, NEEDS_DRIVER = (Verdict.PASS, Verdict.FAIL, Verdict.WARN, Verdict.NOTE,
+                                                     Verdict.SKIP, Verdict.ERROR, Verdict.NEEDS_DRIVER)
+# every verdict, in the order verify counts them (the JSON's `counts` keys and the summary line)
 VERDICTS = (PASS, FAIL, ERROR, WARN, NOTE, NEEDS_DRIVER, SKIP)
 
 
@@ -218,21 +218,16 @@ def canonical(name: str) -> str:
 
 
 @dataclass
-class Check:
-    check: str
-    verdict: str
-    detail: str
-
-
-@dataclass
 class VerifyReport:
+    """verify's rows (dockerlaunch.verdict.Finding, one per check) for one image, with what the table abbreviates."""
+
     image: str
-    checks: list[Check] = field(default_factory=list)
+    checks: list[Finding] = field(default_factory=list)
     versions: dict[str, dict] = field(default_factory=dict)  # name -> {"installed": v, "pinned": p or None}
     facts: dict = field(default_factory=dict)  # what the table abbreviates (json only)
 
-    def add(self, check: str, verdict: str, detail: str) -> None:
-        self.checks.append(Check(check, verdict, detail))
+    def add(self, check: str, verdict: Verdict, detail: str) -> None:
+        self.checks.append(Finding(check, verdict, detail))
 
     @property
     def ok(self) -> bool:
@@ -240,14 +235,14 @@ class VerifyReport:
         return not any(c.verdict in (FAIL, ERROR) for c in self.checks)
 
     @property
-    def failed(self) -> list[Check]:
+    def failed(self) -> list[Finding]:
         return [c for c in self.checks if c.verdict == FAIL]
 
     @property
     def outcome(self) -> str:
         return FAIL if self.failed else ERROR if any(c.verdict == ERROR for c in self.checks) else PASS
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[Verdict, int]:
         return {v: sum(1 for c in self.checks if c.verdict == v) for v in VERDICTS}
 
     def summary(self) -> str:
@@ -369,7 +364,7 @@ def judge_symbols(report: VerifyReport, sym: dict | None, loads: dict | None, lo
         where = ", ".join(roots) if roots else "site-packages"
         clean = sym.get("clean", libraries)
         others = libraries - clean
-        summary.append(Check("symbols", PASS, f"{clean} of {libraries} libraries under {where}: every undefined "
+        summary.append(Finding("symbols", PASS, f"{clean} of {libraries} libraries under {where}: every undefined "
                                               "symbol is defined by a library they load or by the interpreter"
                                               + (f" ({via} symbols only by libraries their package loads first)"
                                                  if via else "")
@@ -378,7 +373,7 @@ def judge_symbols(report: VerifyReport, sym: dict | None, loads: dict | None, lo
     explained = {c.check.split(" ", 1)[1] for c in report.checks[head:] if c.verdict == FAIL and " " in c.check}
     if loads_ok is not None and not any(lib in explained for lib in failing) and \
             not any(c.check.startswith("load ") and c.verdict == FAIL for c in report.checks[head:]):
-        summary.append(Check("load", PASS, f"{loads_ok} of {libraries} libraries load with dlopen(RTLD_NOW) after "
+        summary.append(Finding("load", PASS, f"{loads_ok} of {libraries} libraries load with dlopen(RTLD_NOW) after "
                                            "import torch" + ("" if loads_ok == libraries else
                                                              "; the others are in the rows below")))
     report.checks[head:head] = summary
@@ -601,7 +596,7 @@ def judge_import_orders(report: VerifyReport, runs: list[dict] | None, copies: d
                    f"order took the system's copy: {_first(twice, 6)}")
     if not shadowed and not any(run.get("failed") or run.get("died") for run in runs):
         both = ", TE before torch and torch before TE" if any(len(r["order"]) > 1 for r in runs) else ""
-        report.checks.insert(head, Check("import orders", PASS, f"{len(runs)} runs (each component alone{both}): "
+        report.checks.insert(head, Finding("import orders", PASS, f"{len(runs)} runs (each component alone{both}): "
                                                                 "every CUDA library came from the lock's wheels"))
 
 
@@ -764,9 +759,9 @@ def judge(image: str, labels: dict, result: dict, archs: list[str], archs_source
     judge_symbols(report, sym, result.get("loads"), result.get("loads_ok"), result.get("libraries", 0), roots,
                   gpus=gpus)
     if result.get("load_torch_error"):
-        for c in report.checks:
-            if c.check == "load":
-                c.detail += f" (import torch itself failed there: {result['load_torch_error'][:200]})"
+        report.checks = [replace(c, detail=c.detail + f" (import torch itself failed there: "
+                                                   f"{result['load_torch_error'][:200]})") if c.check == "load" else c
+                         for c in report.checks]
     judge_archs(report, result.get("cubins"), archs, result.get("device_dists", {}), archs_source)
     judge_pip(report, result.get("pip_check"), parse_pins(labels.get(labels_.OVERRIDES)),
               (labels.get(labels_.DROP) or "").split(), dockerlaunch_built=labels_.STACK in labels)
