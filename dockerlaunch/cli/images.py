@@ -316,10 +316,10 @@ def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, hosts
         buildlib.check_archs(stack, archs)
         opts = replace(opts, cuda_archs=archs, archs_from=said)
     if dry_run:
-        from dockerlaunch.images import wheels
+        from dockerlaunch.images import compiles, wheels
 
         lock = locks.checked(stack, opts.dockerfiles)
-        archs = buildlib.cuda_archs(stack, opts, buildlib.local_gpu_archs() if stack.cuda else [])
+        archs = buildlib.cuda_archs(stack, opts, compiles.local_gpu_archs() if stack.cuda else [])
         buildlib.check_archs(stack, archs)
         opts = replace(opts, cuda_archs=archs)
         if opts.archs_from:
@@ -446,6 +446,7 @@ def wheels_build(stack_name: str, out_dir: str | None, on_host: str | None, conf
 @wheels.command("list")
 def wheels_list() -> None:
     """The wheel cache: each key's package, architectures, state (built, or objects done of total) and figures."""
+    from dockerlaunch.images import compiles
     from dockerlaunch.images import wheels as wheelcache
 
     root = wheelcache.cache_root() / "compiled"
@@ -463,7 +464,7 @@ def wheels_list() -> None:
             state = (f"built {info.get('built', '?')}{where}: {info['file']} ({info['size'] / 2**20:.0f} MB), "
                      f"{info.get('cpu_s', 0) / 60:.0f} CPU-min, peak {info.get('peak_rss', 0) / 2**30:.1f} GB")
         else:
-            done, total = wheelcache.ninja_progress(folder / "build")
+            done, total = compiles.ninja_progress(folder / "build")
             state = f"not finished: {done}/{total} objects" if total else "not started"
         rows.append(f"{key['package']} {key['version']}  archs {archs}  torch {key.get('torch', '?').split()[0]}  "
                     f"python {key.get('python')}  [{folder.name[-16:]}]  {state}")

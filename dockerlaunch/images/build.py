@@ -22,14 +22,13 @@ from dockerlaunch import __version__, shipped
 from dockerlaunch.errors import BuildError, ConfigError
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.gpu.cuda import DRIVER_MIN, TOOLKIT_DRIVER
+from dockerlaunch.images import compiles, sources, wheels
 from dockerlaunch.images import lock as locks
-from dockerlaunch.images import wheels
 from dockerlaunch.images.builder import Builder, _one_line, find_builder
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
 from dockerlaunch.images.index import check_credentials, file_sha256
 from dockerlaunch.images.layers import LAYERS
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
-from dockerlaunch.images.wheels import local_gpu_archs
 
 _LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use stays quiet
 
@@ -433,10 +432,10 @@ def flash_attn_prebuilt(stack: Stack, opts: BuildOptions, log, dest_dir: Path | 
     name = prebuilt_flash(stack)
     if not name:
         return []
-    src = wheels.Source(f"stack {stack.name}: flash-attn {stack.flash_attn}'s prebuilt wheel", "5-flash", name,
+    src = sources.Source(f"stack {stack.name}: flash-attn {stack.flash_attn}'s prebuilt wheel", "5-flash", name,
                         stack.flash_attn_wheel_sha256 or "", "file", flash_attn_wheel_url(stack))
     wh = Path(opts.wheelhouse) if opts.wheelhouse else None
-    return [wheels.get_source(src, wh, None, opts.offline, log, dest_dir=dest_dir)]
+    return [sources.get_source(src, wh, None, opts.offline, log, dest_dir=dest_dir)]
 
 
 def megatron_archive(stack: Stack, opts: BuildOptions, log) -> list[Path]:
@@ -444,10 +443,10 @@ def megatron_archive(stack: Stack, opts: BuildOptions, log) -> list[Path]:
     pin = stack.megatron_lm
     if not pin:
         return []
-    src = wheels.Source(f"Megatron-LM {pin.ref[:12]} source", "6-megatron", pin.archive_name, pin.sha256 or "",
+    src = sources.Source(f"Megatron-LM {pin.ref[:12]} source", "6-megatron", pin.archive_name, pin.sha256 or "",
                         "archive", pin.archive_url)
     wh = Path(opts.wheelhouse) if opts.wheelhouse else None
-    return [wheels.get_source(src, wh, opts.pip_index_url, opts.offline, log)]
+    return [sources.get_source(src, wh, opts.pip_index_url, opts.offline, log)]
 
 
 def _stream(argv: list[str], env: dict[str, str], out) -> tuple[int, str]:
@@ -478,7 +477,7 @@ class BuildSession:
     work: Path
     archives: list[Path] = field(default_factory=list)
     prebuilt: list[Path] = field(default_factory=list)  # flash-attn's checked prebuilt wheel
-    where: wheels.Here | None = None  # where packages compile: here (None) or a cluster host (--on HOST)
+    where: compiles.Here | None = None  # where packages compile: here (None) or a cluster host (--on HOST)
 
     def say(self, msg: str) -> None:
         self.out.write(f"[dockerlaunch] {msg}\n")
@@ -499,7 +498,7 @@ class BuildSession:
 
 
 def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | None = None,
-          where: wheels.Here | None = None) -> BuildSession:
+          where: compiles.Here | None = None) -> BuildSession:
     """Everything checked before anything runs (rules, lock, wheelhouse, architectures), then the base (made, or
     a registry image that must be here or pullable) and the pinned source archives. `where` compiles elsewhere
     (`--on HOST`): its GPUs set the default architectures."""
@@ -517,7 +516,7 @@ def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | 
         raise ConfigError(f"--ca-cert {opts.ca_cert}: no such file")
     if not opts.ca_cert and not opts.offline:
         opts = replace(opts, ca_cert=system_ca())
-    gpus = (where.gpu_archs() if where else local_gpu_archs()) if stack.cuda and not opts.cuda_archs else []
+    gpus = (where.gpu_archs() if where else compiles.local_gpu_archs()) if stack.cuda and not opts.cuda_archs else []
     archs = cuda_archs(stack, opts, gpus)
     check_archs(stack, archs)
     s = BuildSession(stack, replace(opts, cuda_archs=archs), lock, builder or find_builder(), out, work, where=where)
@@ -557,14 +556,14 @@ def build_wheels(s: BuildSession) -> list[tuple[Path, str]]:
         raise BuildError(f"build of stack {s.stack.name}: the builder stage failed (exit {code}); its log is above")
     facts = wheels.probe_builder(tag, s.builder.docker)
     wh = Path(s.opts.wheelhouse) if s.opts.wheelhouse else None
-    return [wheels.ensure_wheel(pkg, facts, s.lock, tag, wheelhouse=wh, index_url=s.opts.pip_index_url,
+    return [compiles.ensure_wheel(pkg, facts, s.lock, tag, wheelhouse=wh, index_url=s.opts.pip_index_url,
                                 offline=s.opts.offline, max_jobs=s.opts.max_jobs, docker=s.builder.docker,
                                 log=s.say, trust_carried=s.opts.trust_carried_wheels, where=s.where)
             for pkg in pkgs]
 
 
 def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
-          builder: Builder | None = None, stage: str = "train", where: wheels.Here | None = None) -> tuple[int, str]:
+          builder: Builder | None = None, stage: str = "train", where: compiles.Here | None = None) -> tuple[int, str]:
     """Run the build; returns (exit code, full log). `out` (the CLI passes stdout) gets the log as it comes.
     `builder`: default `find_builder()`. Order: base (made or checked), the builder stage, each compiled package
     from the wheel cache or compiled now, then the image, which installs those wheels; then verify. `stage` cuda

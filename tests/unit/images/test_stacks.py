@@ -331,7 +331,7 @@ def test_every_fact_section_a_rule_or_stack_points_to_is_in_the_stacks_doc(matri
 
 
 def test_compile_jobs_follow_the_available_memory():
-    from dockerlaunch.images.wheels import default_jobs
+    from dockerlaunch.images.compiles import default_jobs
 
     gib = 2**20  # /proc/meminfo counts kB
     assert default_jobs(6.5, f"MemAvailable:   {20 * gib} kB\n", cpus=2) == (2, None)  # this CI machine: the cores
