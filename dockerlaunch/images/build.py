@@ -24,7 +24,7 @@ from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.gpu.cuda import DRIVER_MIN, TOOLKIT_DRIVER
 from dockerlaunch.images import compiles, sources, wheels
 from dockerlaunch.images import lock as locks
-from dockerlaunch.images.builder import Builder, _one_line, find_builder
+from dockerlaunch.images.buildkit import BuildCLI, _one_line, find_cli
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel, flash_attn_wheel_url
 from dockerlaunch.images.index import check_credentials, file_sha256
 from dockerlaunch.images.layers import LAYERS
@@ -466,13 +466,13 @@ def _stream(argv: list[str], env: dict[str, str], out) -> tuple[int, str]:
 
 @dataclass
 class BuildSession:
-    """What every phase of a build shares: the checked lock, the architectures, the builder CLI, where log lines
-    go, and the secret file of --pip-index-url (written once, 0600, removed with the session)."""
+    """What every phase of a build shares: the checked lock, the architectures, the docker CLI that builds, where
+    log lines go, and the secret file of --pip-index-url (written once, 0600, removed with the session)."""
 
     stack: Stack
     opts: BuildOptions
     lock: locks.Lock
-    builder: Builder
+    cli: BuildCLI
     out: object
     work: Path
     archives: list[Path] = field(default_factory=list)
@@ -484,7 +484,7 @@ class BuildSession:
         self.out.flush()
 
     def argv(self, ctx: Path, target: str, tag: str | None = None) -> list[str]:
-        argv = [*self.builder.prefix, *render_build(self.stack, self.opts, self.lock, str(ctx), target=target,
+        argv = [*self.cli.prefix, *render_build(self.stack, self.opts, self.lock, str(ctx), target=target,
                                                     tag=tag)[2:]]
         secret = self.work / "pip_index_url"
         if self.opts.pip_index_url and not secret.exists():
@@ -494,10 +494,10 @@ class BuildSession:
         return [a if not a.startswith("id=pip_index_url,") else f"id=pip_index_url,src={secret}" for a in argv]
 
     def run(self, argv: list[str]) -> tuple[int, str]:
-        return _stream(argv, {**os.environ, **self.builder.env}, self.out)
+        return _stream(argv, {**os.environ, **self.cli.env}, self.out)
 
 
-def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | None = None,
+def start(stack: Stack, opts: BuildOptions, out, work: Path, cli: BuildCLI | None = None,
           where: compiles.Here | None = None) -> BuildSession:
     """Everything checked before anything runs (rules, lock, wheelhouse, architectures), then the base (made, or
     a registry image that must be here or pullable) and the pinned source archives. `where` compiles elsewhere
@@ -519,7 +519,7 @@ def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | 
     gpus = (where.gpu_archs() if where else compiles.local_gpu_archs()) if stack.cuda and not opts.cuda_archs else []
     archs = cuda_archs(stack, opts, gpus)
     check_archs(stack, archs)
-    s = BuildSession(stack, replace(opts, cuda_archs=archs), lock, builder or find_builder(), out, work, where=where)
+    s = BuildSession(stack, replace(opts, cuda_archs=archs), lock, cli or find_cli(), out, work, where=where)
     if stack.cuda and opts.archs_from:
         s.say(f"compiling for compute capability {';'.join(archs)} ({opts.archs_from})")
     elif stack.cuda and not opts.cuda_archs:
@@ -527,14 +527,14 @@ def start(stack: Stack, opts: BuildOptions, out, work: Path, builder: Builder | 
         why = f"{what}'s GPUs" if gpus else f"H100/H200; no GPU on {what} to ask"
         s.say(f"compiling for compute capability {';'.join(archs)} ({why}); --cuda-archs '8.0;9.0;10.0' adds A100 "
               "and B200 (each architecture more multiplies the compile time)")
-    s.say(f"building with {s.builder.what}")
+    s.say(f"building with {s.cli.what}")
     if stack.base and not opts.base_image:
-        base_tag, found = bases.ensure_base(stack.base.debian, s.builder.docker, log=s.say)
+        base_tag, found = bases.ensure_base(stack.base.debian, s.cli.docker, log=s.say)
         gcc = next((v for k, v in sorted(found.items()) if k.startswith("gcc")), "?")
         s.say(f"base {base_tag}: Debian {stack.base.debian}, gcc {gcc}, glibc {found.get('libc6', '?')}, Python "
               f"{found.get('python', '?')}")
     else:
-        ensure_registry_base(s.builder.docker, opts.base_image or stack.base_image)
+        ensure_registry_base(s.cli.docker, opts.base_image or stack.base_image)
     return s
 
 
@@ -554,23 +554,23 @@ def build_wheels(s: BuildSession) -> list[tuple[Path, str]]:
     if code != 0:
         _fail(s.stack, s.opts, text)
         raise BuildError(f"build of stack {s.stack.name}: the builder stage failed (exit {code}); its log is above")
-    facts = wheels.probe_builder(tag, s.builder.docker)
+    facts = wheels.probe_builder(tag, s.cli.docker)
     wh = Path(s.opts.wheelhouse) if s.opts.wheelhouse else None
     return [compiles.ensure_wheel(pkg, facts, s.lock, tag, wheelhouse=wh, index_url=s.opts.pip_index_url,
-                                offline=s.opts.offline, max_jobs=s.opts.max_jobs, docker=s.builder.docker,
+                                offline=s.opts.offline, max_jobs=s.opts.max_jobs, docker=s.cli.docker,
                                 log=s.say, trust_carried=s.opts.trust_carried_wheels, where=s.where)
             for pkg in pkgs]
 
 
 def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
-          builder: Builder | None = None, stage: str = "train", where: compiles.Here | None = None) -> tuple[int, str]:
+          cli: BuildCLI | None = None, stage: str = "train", where: compiles.Here | None = None) -> tuple[int, str]:
     """Run the build; returns (exit code, full log). `out` (the CLI passes stdout) gets the log as it comes.
-    `builder`: default `find_builder()`. Order: base (made or checked), the builder stage, each compiled package
+    `cli`: default `find_cli()`. Order: base (made or checked), the builder stage, each compiled package
     from the wheel cache or compiled now, then the image, which installs those wheels; then verify. `stage` cuda
     or builder stops there (tagged --tag, else dockerlaunch/<stage>:<stack>; nothing compiled or verified)."""
     out = out or io.StringIO()
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-build-") as tmp:
-        s = start(stack, opts, out, Path(tmp), builder, where)
+        s = start(stack, opts, out, Path(tmp), cli, where)
         if stage != "train":
             tag = opts.tag or (builder_tag(stack) if stage == "builder" else f"dockerlaunch/cuda:{stack.name}")
             code, text = s.run(s.argv(prepare_context(stack, s.opts, s.lock, s.work / stage), stage, tag))
@@ -586,7 +586,7 @@ def build(stack: Stack, opts: BuildOptions, out=None, verify_after: bool = True,
         from dockerlaunch.images.verify import verify
 
         tag = opts.tag or stack.tag
-        report = verify(tag, docker=s.builder.docker, cuda_archs=s.opts.cuda_archs or None)
+        report = verify(tag, docker=s.cli.docker, cuda_archs=s.opts.cuda_archs or None)
         out.write(report.render() + "\n")
         if not report.ok:
             return 1, text
@@ -605,15 +605,15 @@ def stamp_report(s: BuildSession, tag: str, report, ctx: Path) -> None:
     (ctx / "verify.json").write_text(report.to_json() + "\n")
     (ctx / "Dockerfile").write_text(f"FROM {tag}\nCOPY verify.txt verify.json {REPORT_DIR}/\n"
                                     f"LABEL {labels_.VERIFY}={REPORT_DIR}/verify.json\n")
-    before = subprocess.run([s.builder.docker, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
+    before = subprocess.run([s.cli.docker, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
                             text=True).stdout.strip()
-    r = subprocess.run([*s.builder.prefix, "--network", "none", "-t", tag, str(ctx)], capture_output=True, text=True,
-                       env={**os.environ, **s.builder.env})
+    r = subprocess.run([*s.cli.prefix, "--network", "none", "-t", tag, str(ctx)], capture_output=True, text=True,
+                       env={**os.environ, **s.cli.env})
     if r.returncode != 0:
         raise BuildError(f"{tag} built and verified, but its report could not be added to it: "
                          f"{_one_line(r.stderr or r.stdout, 300)}")
     if before:  # the unstamped image, now untagged: its layers live on in the stamped one; no dangling copy
-        subprocess.run([s.builder.docker, "rmi", before], capture_output=True)
+        subprocess.run([s.cli.docker, "rmi", before], capture_output=True)
     s.say(f"verify report in the image: {REPORT_DIR}/verify.txt and verify.json")
 
 
