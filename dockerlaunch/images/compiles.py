@@ -27,11 +27,9 @@ from pathlib import Path
 from dockerlaunch.cache import cache_root
 from dockerlaunch.container import BindMount
 from dockerlaunch.docker_run import tool_argv
-from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.gpu import labels as labels_
-from dockerlaunch.gpu import smi
-from dockerlaunch.gpu.cuda import version_tuple
 from dockerlaunch.images import lock as locks
+from dockerlaunch.images.archs import local_gpu_archs
 from dockerlaunch.images.index import file_sha256
 from dockerlaunch.images.sources import WheelError, get_source
 from dockerlaunch.images.wheels import (
@@ -267,22 +265,6 @@ class Place:
 
     def log_path(self) -> str:
         return str(self.build / "log")
-
-
-def local_gpu_archs(run=subprocess.run) -> list[str]:
-    """The compute capabilities of this machine's GPUs, each once ([] where it has no nvidia-smi or its driver does
-    not answer: the build then compiles for 9.0 and says so); a GPU whose capability is unknown is an error."""
-    try:
-        r = run(["sh", "-c", smi.CAPS_QUERY], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    try:
-        caps = smi.parse_compute_caps(r.returncode, r.stdout)
-    except smi.CapsUnknown as e:
-        if e.missing or e.no_gpu:
-            return []
-        raise DockerlaunchError(f"this machine's GPUs: {e.why}: pass --cuda-archs") from None
-    return sorted(set(caps), key=version_tuple)
 
 
 class Here:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dockerlaunch.images import build, sources, wheels
+from dockerlaunch.images import build, constraints, recipe, sources, wheels
 from dockerlaunch.images.sources import SourceError, check_archive, tree_sha256
-from dockerlaunch.images.stacks import load_matrix
+from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
 ROOT = Path(__file__).resolve().parents[3]
 VENDOR = ROOT / "Dockerfiles" / "sources"  # the archives GitHub has, made by git archive (its README says how)
@@ -95,11 +95,11 @@ def test_a_wrong_sha256_in_stacks_yaml_stops_the_build_in_one_line(matrix, monke
     s = matrix.stacks["swift3.12-mcore0.15"]
     wrong = s.model_copy(update={"megatron_lm": s.megatron_lm.model_copy(update={"sha256": "0" * 64})})
     with pytest.raises(SourceError) as e:
-        build.megatron_archive(wrong, build.BuildOptions(), print)
+        build.megatron_archive(wrong, recipe.BuildOptions(), print)
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and msg.startswith("Megatron-LM 309ffca6a405 source: ")
     assert f"expected sha256 {'0' * 64}, got {s.megatron_lm.sha256}" in msg
-    assert build.megatron_archive(s, build.BuildOptions(), print)[0].name == s.megatron_lm.archive_name
+    assert build.megatron_archive(s, recipe.BuildOptions(), print)[0].name == s.megatron_lm.archive_name
 
 
 def test_flash_attns_prebuilt_wheel_is_used_only_when_pinned_by_hash_else_flash_attn_compiles(matrix, tmp_path,
@@ -110,28 +110,28 @@ def test_flash_attns_prebuilt_wheel_is_used_only_when_pinned_by_hash_else_flash_
 
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
     s = matrix.stacks["swift4.6-mcore0.19-cu128"]
-    assert s.flash_attn_wheel_sha256 is None and build.flash_attn_wheel(s)  # a wheel exists, unpinned
-    assert build.prebuilt_flash(s) is None and build.flash_attn_prebuilt(s, build.BuildOptions(), print) == []
-    assert build.flash_drop(s) == frozenset()  # the lock's sdist stays in
-    lock = locks.checked(s, build.default_dockerfiles_dir())
-    compiled = wheels.compiled_packages(s, lock, ["9.0"], flash_prebuilt=bool(build.prebuilt_flash(s)))
+    assert s.flash_attn_wheel_sha256 is None and constraints.flash_attn_wheel(s)  # a wheel exists, unpinned
+    assert recipe.prebuilt_flash(s) is None and build.flash_attn_prebuilt(s, recipe.BuildOptions(), print) == []
+    assert recipe.flash_drop(s) == frozenset()  # the lock's sdist stays in
+    lock = locks.checked(s, default_dockerfiles_dir())
+    compiled = wheels.compiled_packages(s, lock, ["9.0"], flash_prebuilt=bool(recipe.prebuilt_flash(s)))
     [fa] = [p for p in compiled if p.name == "flash-attn"]
     assert (fa.version, fa.kind, fa.source) == ("2.8.3", "sdist", "flash_attn-2.8.3.tar.gz")
     assert [f"sha256:{fa.source_sha256}"] == list(lock.get("flash-attn").hashes)  # the sdist, the only file
     # an unpinned file is still refused wherever it would be read (no path reaches here from build any more)
-    unpinned = sources.Source("flash-attn's prebuilt wheel", "5-flash", build.flash_attn_wheel(s), "", "file",
-                              build.flash_attn_wheel_url(s))
+    unpinned = sources.Source("flash-attn's prebuilt wheel", "5-flash", constraints.flash_attn_wheel(s), "", "file",
+                              constraints.flash_attn_wheel_url(s))
     with pytest.raises(wheels.WheelError, match="is not pinned by hash"):
         sources.get_source(unpinned, None, None, False, print)
     # pinned, and a wheelhouse file with other bytes: refused, naming both hashes
     pinned = s.model_copy(update={"flash_attn_wheel_sha256": "1" * 64})
-    assert build.prebuilt_flash(pinned) and build.flash_drop(pinned) == {"flash-attn"}
+    assert recipe.prebuilt_flash(pinned) and recipe.flash_drop(pinned) == {"flash-attn"}
     wh = tmp_path / "wh"
     (wh / "5-flash").mkdir(parents=True)
-    (wh / "5-flash" / build.flash_attn_wheel(s)).write_bytes(b"a wheel from somewhere")
+    (wh / "5-flash" / constraints.flash_attn_wheel(s)).write_bytes(b"a wheel from somewhere")
     with pytest.raises(wheels.WheelError, match=r"does not match its pin \(expected sha256 1{64}, got "):
-        build.flash_attn_prebuilt(pinned, build.BuildOptions(wheelhouse=str(wh), offline=True), print)
-    assert build.flash_attn_prebuilt(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], build.BuildOptions(), print) == []
+        build.flash_attn_prebuilt(pinned, recipe.BuildOptions(wheelhouse=str(wh), offline=True), print)
+    assert build.flash_attn_prebuilt(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], recipe.BuildOptions(), print) == []
     assert os.environ[wheels.CACHE_ENV].startswith(str(tmp_path))
 
 
