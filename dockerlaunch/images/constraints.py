@@ -8,7 +8,7 @@ Some rules also read the stack's lock (`Rule.lock`): what the image really insta
 leave it open (the CUDA the index's torch is built for, the cuBLAS it pulls, which TE core wheel comes with
 TE's torch binding). `check_stack(stack, lock=...)` runs them; without a lock, rules that need one are skipped.
 
-Why one file of ~600 lines: it is a list of independent rules, each a few lines with its source beside it; one
+Why one file: ~630 lines, but a list of independent rules, each a few lines with its source beside it; one
 place to read every rule (and its evidence) matters more than the file's length.
 """
 

@@ -265,7 +265,7 @@ def test_bad_input_is_one_line_with_the_fix(cuda_base, images, tmp_path):
 def broken_tool_cache(tmp_path: Path, what: str) -> dict[str, str]:
     """A cache folder whose pinned tool is there (marked complete) but cannot work: pyelftools that fails to import,
     or a cuobjdump that cannot run. The environment for `dockerlaunch verify` to use it."""
-    from dockerlaunch.images.verify import CUOBJDUMP, PYELFTOOLS, ensure_tool
+    from dockerlaunch.images.verify_tools import CUOBJDUMP, PYELFTOOLS, ensure_tool
 
     cache = tmp_path / "cache"
     real = ensure_tool(PYELFTOOLS)  # the real one (the machine's cache), copied, so only `what` is broken

@@ -414,7 +414,7 @@ def test_build_for_a_cluster_compiles_for_exactly_its_gpus(sim_cluster, engine, 
     """node1 answers as an H100 host (9.0), node2 as an A100 host (8.0), through stand-in nvidia-smis asked over SSH
     (tests/gpu_standin.py): the build plans the union, says where it came from, and the tiny package compiled with
     that plan holds cubins for exactly sm_80 and sm_90. A host without nvidia-smi is one line, not a 9.0 guess."""
-    from dockerlaunch.images import verify
+    from dockerlaunch.images import verify_tools
     from tests import gpu_standin
     from tests.integration.helpers import dl
     from tests.integration.helpers import tar_files as _tar
@@ -451,7 +451,7 @@ def test_build_for_a_cluster_compiles_for_exactly_its_gpus(sim_cluster, engine, 
         (tmp_path / "lib.so").write_bytes(z.read(member))
     # each of the package's six kernels has a cubin for exactly the plan's architectures (the library also holds
     # the CUDA runtime's own sm_75 code, linked from libcudart_static: not the package's)
-    tool = verify.ensure_tool(verify.CUOBJDUMP["amd64"]) / "cuobjdump"
+    tool = verify_tools.ensure_tool(verify_tools.CUOBJDUMP["amd64"]) / "cuobjdump"
     dumped = subprocess.run([str(tool), "--dump-elf-symbols", str(tmp_path / "lib.so")], capture_output=True,
                             text=True)
     kernels: dict[str, set[str]] = {}

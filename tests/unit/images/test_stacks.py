@@ -13,7 +13,7 @@ from dockerlaunch.images.constraints import RULES, check_stack, flash_attn_wheel
 from dockerlaunch.images.layers import te_extras
 from dockerlaunch.images.recipe import BuildOptions, build_args, components
 from dockerlaunch.images.stacks import GitPin, Stack, default_dockerfiles_dir, load_matrix
-from dockerlaunch.images.verify import version_matches
+from dockerlaunch.images.verify_judges import version_matches
 from tests.conftest import venv_tool
 
 ROOT = Path(__file__).resolve().parents[3]
