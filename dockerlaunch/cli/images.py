@@ -260,7 +260,7 @@ def _cluster_archs(hosts: list[str] | None, config_path: str | None) -> tuple[li
 
 def _build_options(kw: dict):
     from dockerlaunch.images.archs import parse_cuda_archs
-    from dockerlaunch.images.recipe import BuildOptions
+    from dockerlaunch.images.build_argv import BuildOptions
 
     return BuildOptions(tag=kw["tag"], base_image=kw["base_image"], ca_cert=kw["ca_cert"],
                         pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"], offline=kw["offline"],
@@ -307,8 +307,8 @@ def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, hosts
     from dataclasses import replace
 
     from dockerlaunch.images import build as buildlib
+    from dockerlaunch.images import build_argv
     from dockerlaunch.images import lock as locks
-    from dockerlaunch.images import recipe
     from dockerlaunch.images.archs import check_archs
     from dockerlaunch.images.stacks import load_matrix
 
@@ -324,16 +324,16 @@ def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, hosts
         from dockerlaunch.images.constraints import flash_attn_wheel
 
         lock = locks.checked(stack, opts.dockerfiles)
-        archs = recipe.cuda_archs(stack, opts, local_gpu_archs() if stack.cuda else [])
+        archs = build_argv.cuda_archs(stack, opts, local_gpu_archs() if stack.cuda else [])
         check_archs(stack, archs)
         opts = replace(opts, cuda_archs=archs)
         if opts.archs_from:
             click.echo(f"# compiling for compute capability {';'.join(archs)} ({opts.archs_from})")
-        click.echo(format_argv(recipe.render_build(stack, opts, lock, target=stage), 0))
+        click.echo(format_argv(build_argv.render_build(stack, opts, lock, target=stage), 0))
         if stage != "train":
             return
-        pkgs = wheels.compiled_packages(stack, lock, archs, flash_prebuilt=bool(recipe.prebuilt_flash(stack)))
-        if flash_attn_wheel(stack) and not recipe.prebuilt_flash(stack):
+        pkgs = wheels.compiled_packages(stack, lock, archs, flash_prebuilt=bool(build_argv.prebuilt_flash(stack)))
+        if flash_attn_wheel(stack) and not build_argv.prebuilt_flash(stack):
             click.echo(f"# flash-attn {stack.flash_attn}: a prebuilt GitHub wheel exists for this torch, but "
                        "stacks.yaml pins no sha256 for it (flash_attn_wheel_sha256), so it compiles from the lock's "
                        "PyPI sdist")
@@ -342,8 +342,8 @@ def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, hosts
             click.echo(f"# compiled in the builder stage (MAX_JOBS={jobs}): " + "; ".join(
                 f"{p.label} ({' '.join(f'{k}={v}' for k, v in p.env)})" for p in pkgs))
             click.echo("# the builder stage, before them:")
-            click.echo(format_argv(recipe.render_build(stack, opts, lock, target="builder",
-                                                       tag=buildlib.builder_tag(stack)), 0))
+            click.echo(format_argv(build_argv.render_build(stack, opts, lock, target="builder",
+                                                           tag=buildlib.builder_tag(stack)), 0))
         return
     with compile_place(on_host, config_path) as where:
         code, _ = buildlib.build(stack, opts, out=sys.stdout, stage=stage, where=where)
@@ -430,7 +430,7 @@ def wheels_build(stack_name: str, out_dir: str | None, on_host: str | None, conf
     from dockerlaunch.images import build as buildlib
     from dockerlaunch.images import wheels as wheelcache
     from dockerlaunch.images.archs import parse_cuda_archs
-    from dockerlaunch.images.recipe import BuildOptions
+    from dockerlaunch.images.build_argv import BuildOptions
     from dockerlaunch.images.stacks import load_matrix
 
     stack = load_matrix().get(stack_name)

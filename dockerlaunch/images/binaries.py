@@ -319,8 +319,8 @@ def check(stack: Stack, lock: locks.Lock, dockerfiles: Path, *, archs: list[str]
           log: Callable[[str], None] | None = None) -> BinaryReport:
     """Rows as verify writes them, for the lock as the image would install it."""
     from dockerlaunch.images import wheels
+    from dockerlaunch.images.build_argv import flash_drop
     from dockerlaunch.images.fetch import lock_sources
-    from dockerlaunch.images.recipe import flash_drop
 
     log = log or (lambda msg: None)
     t0 = time.monotonic()

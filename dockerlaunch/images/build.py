@@ -4,7 +4,7 @@ stack's layers, then verify inside the image and stamp its report into it.
 `fetch` fills a wheelhouse (one folder per image layer) on a connected machine so that
 `build --wheelhouse DIR --offline` needs no network for Python packages. Build context = those
 folders (hard links, or empty folders online; images/build_context.py); CA and index URL go in as BuildKit secrets.
-What `docker build` is told is images/recipe.py's; which GPU architectures it compiles for, images/archs.py's.
+What `docker build` is told is images/build_argv.py's; which GPU architectures it compiles for, images/archs.py's.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.images import compiles, sources, wheels
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images.archs import check_archs, local_gpu_archs
+from dockerlaunch.images.build_argv import BuildOptions, cuda_archs, prebuilt_flash, render_build
 from dockerlaunch.images.build_context import check_wheelhouse, prepare_context
 from dockerlaunch.images.buildkit import BuildCLI, _one_line, find_cli
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel_url
-from dockerlaunch.images.recipe import BuildOptions, cuda_archs, prebuilt_flash, render_build
 from dockerlaunch.images.stacks import Stack
 
 _LOG = logging.getLogger(__name__)  # the CLI shows it (cli/main.py); library use stays quiet

@@ -13,9 +13,9 @@ from dockerlaunch import shipped
 from dockerlaunch.errors import BuildError, ConfigError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
+from dockerlaunch.images.build_argv import BuildOptions, flash_drop
 from dockerlaunch.images.index import file_sha256
 from dockerlaunch.images.layers import LAYERS
-from dockerlaunch.images.recipe import BuildOptions, flash_drop
 from dockerlaunch.images.stacks import Stack
 
 # What an image's PIP_CONSTRAINT holds still: what is compiled against torch or CUDA, and the CUDA libraries, whose

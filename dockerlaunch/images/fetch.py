@@ -13,10 +13,10 @@ from dockerlaunch.errors import BuildError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import sources
 from dockerlaunch.images.build import _LOG, flash_attn_prebuilt
+from dockerlaunch.images.build_argv import BuildOptions, flash_drop
 from dockerlaunch.images.build_context import _dist_of
 from dockerlaunch.images.index import file_sha256
 from dockerlaunch.images.layers import LAYERS
-from dockerlaunch.images.recipe import BuildOptions, flash_drop
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
 
 FETCH_STAMPS = ".dockerlaunch-fetch.json"  # in the wheelhouse: each layer's requirements when last fetched

@@ -15,12 +15,12 @@ import pytest
 
 from dockerlaunch import sim
 from dockerlaunch.images import build as buildlib
+from dockerlaunch.images import build_argv
 from dockerlaunch.images import buildkit as builderlib
 from dockerlaunch.images import lock as locks
-from dockerlaunch.images import recipe
 from dockerlaunch.images.build import cached_steps
+from dockerlaunch.images.build_argv import BuildOptions
 from dockerlaunch.images.buildkit import choose_cli, probe_client
-from dockerlaunch.images.recipe import BuildOptions
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
 pytestmark = pytest.mark.integration
@@ -80,7 +80,7 @@ def test_build_with_each_cli(engine, tmp_path, builder_of):
     stack = load_matrix().get("cpu")
     dockerfiles = tmp_path / "dockerfiles"
     dockerfiles.mkdir()
-    (dockerfiles / recipe.DOCKERFILE).write_text(TINY_DOCKERFILE)
+    (dockerfiles / build_argv.DOCKERFILE).write_text(TINY_DOCKERFILE)
     shutil.copytree(default_dockerfiles_dir() / "locks", dockerfiles / "locks")
     nonce = uuid.uuid4().hex  # a new file in the layer's wheelhouse: the RUN cannot come from an earlier run
     (tmp_path / "wh" / "1-torch").mkdir(parents=True)

@@ -473,12 +473,12 @@ def shadowed_fixed(shadowed, images, tmp_path_factory):
     """The shadowed image with what train.Dockerfile does for every image: scripts/wheels_first.sh puts the wheels'
     library folders first for the loader, and TE's loader is pointed at the wheels (the recommended stack's values,
     whose Python, 3.13, is this base's)."""
-    from dockerlaunch.images import recipe
+    from dockerlaunch.images import build_argv
     from dockerlaunch.images.stacks import load_matrix
 
     ctx = tmp_path_factory.mktemp("fixed")
     shutil.copy(Path(__file__).resolve().parents[2] / WHEELS_FIRST, ctx / "wheels_first.sh")
-    homes = recipe.te_wheel_homes(load_matrix().stacks["swift4.6-mcore0.19-cu13-py313"])
+    homes = build_argv.te_wheel_homes(load_matrix().stacks["swift4.6-mcore0.19-cu13-py313"])
     env = " ".join(f"{k.removesuffix('_WHEELS')}={v}" for k, v in homes.items())
     return docker_build(new_tag(images, "shadowed-fixed"), ctx, f"""\
 FROM {shadowed}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dockerlaunch.images import build, constraints, recipe, sources, wheels
+from dockerlaunch.images import build, build_argv, constraints, sources, wheels
+from dockerlaunch.images.build_argv import BuildOptions
 from dockerlaunch.images.sources import SourceError, check_archive, tree_sha256
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
@@ -95,11 +96,11 @@ def test_a_wrong_sha256_in_stacks_yaml_stops_the_build_in_one_line(matrix, monke
     s = matrix.stacks["swift3.12-mcore0.15"]
     wrong = s.model_copy(update={"megatron_lm": s.megatron_lm.model_copy(update={"sha256": "0" * 64})})
     with pytest.raises(SourceError) as e:
-        build.megatron_archive(wrong, recipe.BuildOptions(), print)
+        build.megatron_archive(wrong, BuildOptions(), print)
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and msg.startswith("Megatron-LM 309ffca6a405 source: ")
     assert f"expected sha256 {'0' * 64}, got {s.megatron_lm.sha256}" in msg
-    assert build.megatron_archive(s, recipe.BuildOptions(), print)[0].name == s.megatron_lm.archive_name
+    assert build.megatron_archive(s, BuildOptions(), print)[0].name == s.megatron_lm.archive_name
 
 
 def test_flash_attns_prebuilt_wheel_is_used_only_when_pinned_by_hash_else_flash_attn_compiles(matrix, tmp_path,
@@ -111,10 +112,10 @@ def test_flash_attns_prebuilt_wheel_is_used_only_when_pinned_by_hash_else_flash_
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
     s = matrix.stacks["swift4.6-mcore0.19-cu128"]
     assert s.flash_attn_wheel_sha256 is None and constraints.flash_attn_wheel(s)  # a wheel exists, unpinned
-    assert recipe.prebuilt_flash(s) is None and build.flash_attn_prebuilt(s, recipe.BuildOptions(), print) == []
-    assert recipe.flash_drop(s) == frozenset()  # the lock's sdist stays in
+    assert build_argv.prebuilt_flash(s) is None and build.flash_attn_prebuilt(s, BuildOptions(), print) == []
+    assert build_argv.flash_drop(s) == frozenset()  # the lock's sdist stays in
     lock = locks.checked(s, default_dockerfiles_dir())
-    compiled = wheels.compiled_packages(s, lock, ["9.0"], flash_prebuilt=bool(recipe.prebuilt_flash(s)))
+    compiled = wheels.compiled_packages(s, lock, ["9.0"], flash_prebuilt=bool(build_argv.prebuilt_flash(s)))
     [fa] = [p for p in compiled if p.name == "flash-attn"]
     assert (fa.version, fa.kind, fa.source) == ("2.8.3", "sdist", "flash_attn-2.8.3.tar.gz")
     assert [f"sha256:{fa.source_sha256}"] == list(lock.get("flash-attn").hashes)  # the sdist, the only file
@@ -125,13 +126,13 @@ def test_flash_attns_prebuilt_wheel_is_used_only_when_pinned_by_hash_else_flash_
         sources.get_source(unpinned, None, None, False, print)
     # pinned, and a wheelhouse file with other bytes: refused, naming both hashes
     pinned = s.model_copy(update={"flash_attn_wheel_sha256": "1" * 64})
-    assert recipe.prebuilt_flash(pinned) and recipe.flash_drop(pinned) == {"flash-attn"}
+    assert build_argv.prebuilt_flash(pinned) and build_argv.flash_drop(pinned) == {"flash-attn"}
     wh = tmp_path / "wh"
     (wh / "5-flash").mkdir(parents=True)
     (wh / "5-flash" / constraints.flash_attn_wheel(s)).write_bytes(b"a wheel from somewhere")
     with pytest.raises(wheels.WheelError, match=r"does not match its pin \(expected sha256 1{64}, got "):
-        build.flash_attn_prebuilt(pinned, recipe.BuildOptions(wheelhouse=str(wh), offline=True), print)
-    assert build.flash_attn_prebuilt(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], recipe.BuildOptions(), print) == []
+        build.flash_attn_prebuilt(pinned, BuildOptions(wheelhouse=str(wh), offline=True), print)
+    assert build.flash_attn_prebuilt(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], BuildOptions(), print) == []
     assert os.environ[wheels.CACHE_ENV].startswith(str(tmp_path))
 
 

@@ -7,11 +7,11 @@ import yaml
 from pydantic import ValidationError
 
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.images import recipe
+from dockerlaunch.images import build_argv
 from dockerlaunch.images.build import cached_steps
+from dockerlaunch.images.build_argv import BuildOptions, build_args, components
 from dockerlaunch.images.constraints import RULES, check_stack, flash_attn_wheel, te_flash_attn_ceiling
 from dockerlaunch.images.layers import te_extras
-from dockerlaunch.images.recipe import BuildOptions, build_args, components
 from dockerlaunch.images.stacks import GitPin, Stack, default_dockerfiles_dir, load_matrix
 from dockerlaunch.images.verify_judges import version_matches
 from tests.conftest import venv_tool
@@ -366,7 +366,7 @@ def test_an_image_says_what_it_needs_of_the_hosts_driver(matrix):
 
     def argv(name):
         s = matrix.stacks[name]
-        return " ".join(recipe.render_build(s, BuildOptions(cuda_archs=["9.0"]), locks.checked(
+        return " ".join(build_argv.render_build(s, BuildOptions(cuda_archs=["9.0"]), locks.checked(
             s, default_dockerfiles_dir())))
 
     made, registry, cpu = argv("swift4.6-mcore0.19-cu13-py313"), argv("swift4.6-mcore0.19-cu128"), argv("cpu")
@@ -377,11 +377,11 @@ def test_an_image_says_what_it_needs_of_the_hosts_driver(matrix):
 
 
 def test_tes_loader_is_pointed_at_the_wheels_of_each_cuda_layout(matrix):
-    cu13 = recipe.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu13-py313"])
+    cu13 = build_argv.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu13-py313"])
     site = "/opt/venv/lib/python3.13/site-packages/nvidia"
     assert cu13 == {"NVRTC_HOME_WHEELS": f"{site}/cu13", "CURAND_HOME_WHEELS": f"{site}/cu13",
                     "CUDNN_HOME_WHEELS": f"{site}/cudnn"}
-    cu12 = recipe.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu128"])
+    cu12 = build_argv.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu128"])
     assert cu12["NVRTC_HOME_WHEELS"].endswith("python3.12/site-packages/nvidia/cuda_nvrtc")
     assert cu12["CURAND_HOME_WHEELS"].endswith("/nvidia/curand")
-    assert recipe.te_wheel_homes(matrix.stacks["cpu"]) == {}  # no TE: nothing to point
+    assert build_argv.te_wheel_homes(matrix.stacks["cpu"]) == {}  # no TE: nothing to point
