@@ -84,7 +84,7 @@ def stacks_check(names: tuple[str, ...], skip: tuple[str, ...], binaries: bool, 
     """Every compatibility rule on every stack, and every stack's lock against its pins (no network); exit 1 on
     any error. With --binaries, the lock's wheels too: FAIL or ERROR there also exits 1."""
     from dockerlaunch.images import lock as locks
-    from dockerlaunch.images.build import DEFAULT_ARCH, check_archs, parse_cuda_archs
+    from dockerlaunch.images.archs import DEFAULT_ARCH, check_archs, parse_cuda_archs
     from dockerlaunch.images.constraints import RULES, check_stack
     from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
@@ -259,7 +259,8 @@ def _cluster_archs(hosts: list[str] | None, config_path: str | None) -> tuple[li
 
 
 def _build_options(kw: dict):
-    from dockerlaunch.images.build import BuildOptions, parse_cuda_archs
+    from dockerlaunch.images.archs import parse_cuda_archs
+    from dockerlaunch.images.build_argv import BuildOptions
 
     return BuildOptions(tag=kw["tag"], base_image=kw["base_image"], ca_cert=kw["ca_cert"],
                         pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"], offline=kw["offline"],
@@ -306,29 +307,33 @@ def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, hosts
     from dataclasses import replace
 
     from dockerlaunch.images import build as buildlib
+    from dockerlaunch.images import build_argv
     from dockerlaunch.images import lock as locks
+    from dockerlaunch.images.archs import check_archs
     from dockerlaunch.images.stacks import load_matrix
 
     stack = load_matrix().get(stack_name)
     opts = _build_options(kw)
     if stack.cuda and not opts.cuda_archs and (hosts or config_path):
         archs, said = _cluster_archs(hosts, config_path)
-        buildlib.check_archs(stack, archs)
+        check_archs(stack, archs)
         opts = replace(opts, cuda_archs=archs, archs_from=said)
     if dry_run:
         from dockerlaunch.images import wheels
+        from dockerlaunch.images.archs import local_gpu_archs
+        from dockerlaunch.images.constraints import flash_attn_wheel
 
         lock = locks.checked(stack, opts.dockerfiles)
-        archs = buildlib.cuda_archs(stack, opts, buildlib.local_gpu_archs() if stack.cuda else [])
-        buildlib.check_archs(stack, archs)
+        archs = build_argv.cuda_archs(stack, opts, local_gpu_archs() if stack.cuda else [])
+        check_archs(stack, archs)
         opts = replace(opts, cuda_archs=archs)
         if opts.archs_from:
             click.echo(f"# compiling for compute capability {';'.join(archs)} ({opts.archs_from})")
-        click.echo(format_argv(buildlib.render_build(stack, opts, lock, target=stage), 0))
+        click.echo(format_argv(build_argv.render_build(stack, opts, lock, target=stage), 0))
         if stage != "train":
             return
-        pkgs = wheels.compiled_packages(stack, lock, archs, flash_prebuilt=bool(buildlib.prebuilt_flash(stack)))
-        if buildlib.flash_attn_wheel(stack) and not buildlib.prebuilt_flash(stack):
+        pkgs = wheels.compiled_packages(stack, lock, archs, flash_prebuilt=bool(build_argv.prebuilt_flash(stack)))
+        if flash_attn_wheel(stack) and not build_argv.prebuilt_flash(stack):
             click.echo(f"# flash-attn {stack.flash_attn}: a prebuilt GitHub wheel exists for this torch, but "
                        "stacks.yaml pins no sha256 for it (flash_attn_wheel_sha256), so it compiles from the lock's "
                        "PyPI sdist")
@@ -337,8 +342,8 @@ def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, hosts
             click.echo(f"# compiled in the builder stage (MAX_JOBS={jobs}): " + "; ".join(
                 f"{p.label} ({' '.join(f'{k}={v}' for k, v in p.env)})" for p in pkgs))
             click.echo("# the builder stage, before them:")
-            click.echo(format_argv(buildlib.render_build(stack, opts, lock, target="builder",
-                                                         tag=buildlib.builder_tag(stack)), 0))
+            click.echo(format_argv(build_argv.render_build(stack, opts, lock, target="builder",
+                                                           tag=buildlib.builder_tag(stack)), 0))
         return
     with compile_place(on_host, config_path) as where:
         code, _ = buildlib.build(stack, opts, out=sys.stdout, stage=stage, where=where)
@@ -424,13 +429,14 @@ def wheels_build(stack_name: str, out_dir: str | None, on_host: str | None, conf
 
     from dockerlaunch.images import build as buildlib
     from dockerlaunch.images import wheels as wheelcache
+    from dockerlaunch.images.archs import parse_cuda_archs
+    from dockerlaunch.images.build_argv import BuildOptions
     from dockerlaunch.images.stacks import load_matrix
 
     stack = load_matrix().get(stack_name)
-    opts = buildlib.BuildOptions(ca_cert=kw["ca_cert"], pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"],
-                                 offline=kw["offline"], max_jobs=kw["max_jobs"],
-                                 cuda_archs=buildlib.parse_cuda_archs(kw["cuda_archs"]),
-                                 trust_carried_wheels=kw["trust_carried_wheels"])
+    opts = BuildOptions(ca_cert=kw["ca_cert"], pip_index_url=kw["pip_index_url"], wheelhouse=kw["wheelhouse"],
+                        offline=kw["offline"], max_jobs=kw["max_jobs"], cuda_archs=parse_cuda_archs(kw["cuda_archs"]),
+                        trust_carried_wheels=kw["trust_carried_wheels"])
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-wheels-") as tmp, \
             compile_place(on_host, config_path) as where:
         s = buildlib.start(stack, opts, sys.stdout, Path(tmp), where=where)
@@ -446,6 +452,7 @@ def wheels_build(stack_name: str, out_dir: str | None, on_host: str | None, conf
 @wheels.command("list")
 def wheels_list() -> None:
     """The wheel cache: each key's package, architectures, state (built, or objects done of total) and figures."""
+    from dockerlaunch.images import compiles
     from dockerlaunch.images import wheels as wheelcache
 
     root = wheelcache.cache_root() / "compiled"
@@ -463,7 +470,7 @@ def wheels_list() -> None:
             state = (f"built {info.get('built', '?')}{where}: {info['file']} ({info['size'] / 2**20:.0f} MB), "
                      f"{info.get('cpu_s', 0) / 60:.0f} CPU-min, peak {info.get('peak_rss', 0) / 2**30:.1f} GB")
         else:
-            done, total = wheelcache.ninja_progress(folder / "build")
+            done, total = compiles.ninja_progress(folder / "build")
             state = f"not finished: {done}/{total} objects" if total else "not started"
         rows.append(f"{key['package']} {key['version']}  archs {archs}  torch {key.get('torch', '?').split()[0]}  "
                     f"python {key.get('python')}  [{folder.name[-16:]}]  {state}")

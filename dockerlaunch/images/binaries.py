@@ -39,7 +39,10 @@ from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.images import index as idx
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import verify as v
+from dockerlaunch.images import verify_judges as judges
+from dockerlaunch.images import verify_tools as tools
 from dockerlaunch.images.stacks import DEBIAN_PYTHON, Stack
+from dockerlaunch.images.verify_judges import ERROR, FAIL, NOTE, PASS, VERDICTS, WARN
 
 FORMAT = 1
 SITE = "/opt/venv/lib/python{python}/site-packages"  # train.Dockerfile's venv
@@ -58,7 +61,7 @@ def load_elfscan():
     """scripts/elfscan.py as a module, with the hash-pinned pyelftools verify mounts into images."""
     if "dl_elfscan" in sys.modules:
         return sys.modules["dl_elfscan"]
-    tool = str(v.ensure_tool(v.PYELFTOOLS))
+    tool = str(tools.ensure_tool(tools.PYELFTOOLS))
     if tool not in sys.path:
         sys.path.insert(0, tool)
     mod = types.ModuleType("dl_elfscan")
@@ -261,7 +264,7 @@ def record_base(stack: Stack, dockerfiles: Path, docker: str = "docker",
         raise BinariesError(f"stack {stack.name} builds FROM {stack.base_image}, a registry base: its tables are not "
                             "recorded (verify checks the built image)")
     tag, versions = bases.ensure_base(stack.base.debian, docker=docker, log=log)
-    pyelf = v.ensure_tool(v.PYELFTOOLS)
+    pyelf = tools.ensure_tool(tools.PYELFTOOLS)
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-base-tables-") as tmp:
         scripts = v.scripts_folder(Path(tmp), "base_tables.py", "elfscan.py")
         r = v._docker(tool_argv(tag, [f"{v.MOUNT}/scripts/base_tables.py"],
@@ -290,13 +293,13 @@ def record_base(stack: Stack, dockerfiles: Path, docker: str = "docker",
 
 
 @dataclass
-class BinaryReport(v.VerifyReport):
+class BinaryReport(judges.VerifyReport):
     costs: dict = field(default_factory=dict)
 
     def summary(self) -> str:
         n = self.counts()
         return f"stacks check --binaries {self.image}: " + \
-            ", ".join(f"{n[x]} {x}" for x in v.VERDICTS if n[x] or x in (v.PASS, v.FAIL))
+            ", ".join(f"{n[x]} {x}" for x in VERDICTS if n[x] or x in (PASS, FAIL))
 
     def render(self) -> str:
         return super().render().rsplit("\n", 1)[0] + f"\nbinaries {self.image}: {self.outcome}"
@@ -316,7 +319,7 @@ def check(stack: Stack, lock: locks.Lock, dockerfiles: Path, *, archs: list[str]
           log: Callable[[str], None] | None = None) -> BinaryReport:
     """Rows as verify writes them, for the lock as the image would install it."""
     from dockerlaunch.images import wheels
-    from dockerlaunch.images.build import flash_drop
+    from dockerlaunch.images.build_argv import flash_drop
     from dockerlaunch.images.fetch import lock_sources
 
     log = log or (lambda msg: None)
@@ -324,8 +327,8 @@ def check(stack: Stack, lock: locks.Lock, dockerfiles: Path, *, archs: list[str]
     report = BinaryReport(stack.name)
     elfscan = load_elfscan()
     machine = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    tool = v.CUOBJDUMP.get(machine)
-    cuobjdump = str(v.ensure_tool(tool) / "cuobjdump") if tool else None
+    tool = tools.CUOBJDUMP.get(machine)
+    cuobjdump = str(tools.ensure_tool(tool) / "cuobjdump") if tool else None
     indexes, folders = lock_sources(lock)
     if index_url:
         indexes = [index_url, *indexes[1:]]
@@ -364,13 +367,13 @@ def check(stack: Stack, lock: locks.Lock, dockerfiles: Path, *, archs: list[str]
         except idx.FetchError as err:
             unreadable.append(str(err))
     if not_cached:
-        report.add("wheels", v.ERROR, f"not checked: {len(not_cached)} distributions have no tables in the cache and "
-                                      f"--offline forbids a download ({v._first(not_cached, 4)}): run once without "
-                                      "--offline, or pass --find-links DIR holding their files")
+        report.add("wheels", ERROR, f"not checked: {len(not_cached)} distributions have no tables in the cache and "
+                                    f"--offline forbids a download ({judges._first(not_cached, 4)}): run once without "
+                                    "--offline, or pass --find-links DIR holding their files")
     for line in unreadable:
-        report.add("wheels", v.ERROR, f"not checked: {line}")
+        report.add("wheels", ERROR, f"not checked: {line}")
     if not_cached or unreadable:  # half a site-packages would pass or fail for the wrong reasons
-        report.add("symbols", v.ERROR, "not run: the lock's binaries are not all here (rows above)")
+        report.add("symbols", ERROR, "not run: the lock's binaries are not all here (rows above)")
         return _with_costs(report, costs, t0)
 
     site = SITE.format(python=stack.python)
@@ -386,8 +389,8 @@ def check(stack: Stack, lock: locks.Lock, dockerfiles: Path, *, archs: list[str]
         for member, c in t["cubins"].items():
             cubins[member] = c
         for member, err in t.get("errors", {}).items():
-            report.add(f"symbols {member}", v.ERROR, f"not checked: {t['filename']} holds it, and it could not be "
-                                                     f"read as ELF ({err})")
+            report.add(f"symbols {member}", ERROR, f"not checked: {t['filename']} holds it, and it could not be "
+                                                   f"read as ELF ({err})")
     libs = sorted(objects)
     links: dict[str, str] = {}
     ldcache: dict[str, list[str]] = {}
@@ -408,11 +411,11 @@ def check(stack: Stack, lock: locks.Lock, dockerfiles: Path, *, archs: list[str]
         want = bases.stack_base_tag(stack)
         made = ", ".join(f"{k} {val}" for k, val in sorted(base.get("versions", {}).items()))
         if base.get("base") != want:
-            report.add("base", v.WARN, f"the tables in {base_path.name} were recorded from {base.get('base')}, the "
-                                       f"stack's base is now {want}: record them again ({base.get('how')})")
+            report.add("base", WARN, f"the tables in {base_path.name} were recorded from {base.get('base')}, the "
+                                     f"stack's base is now {want}: record them again ({base.get('how')})")
         else:
-            report.add("base", v.NOTE, f"{base.get('base')} ({made}): {len(base['objects'])} system objects from "
-                                       f"its recorded tables ({base_path.name}, {base.get('recorded')})")
+            report.add("base", NOTE, f"{base.get('base')} ({made}): {len(base['objects'])} system objects from "
+                                     f"its recorded tables ({base_path.name}, {base.get('recorded')})")
     res = elfscan.TableResolver(objects, links, package_dirs=package_dirs(site, libs, elfscan), ldcache=ldcache,
                                 global_objects=global_objects, scanned=libs)
     sym = elfscan.findings(res, libs, lambda p: p[len(site) + 1:] if p.startswith(site + "/") else p,
@@ -421,18 +424,18 @@ def check(stack: Stack, lock: locks.Lock, dockerfiles: Path, *, archs: list[str]
         from_base = _registry_base(sym, {os.path.basename(p) for p in libs} |
                                    {o.soname for p in libs if (o := objects[p]).soname})
         if from_base:
-            report.add("base", v.NOTE, f"{stack.base_image} is a registry base, not checked here: "
-                                       f"{len(from_base)} libraries the wheels need come from it "
-                                       f"({v._first(sorted(from_base), 6)}); verify checks them in the built image")
+            report.add("base", NOTE, f"{stack.base_image} is a registry base, not checked here: "
+                                     f"{len(from_base)} libraries the wheels need come from it "
+                                     f"({judges._first(sorted(from_base), 6)}); verify checks them in the built image")
     sym["driver"] = {}
-    v.judge_symbols(report, sym, None, None, len(libs), [site])
+    judges.judge_symbols(report, sym, None, None, len(libs), [site])
     dists = {p[len(site) + 1:]: d for p, d in dist_of.items()}
-    v.judge_archs(report, cubins, archs, dists, archs_source)
+    judges.judge_archs(report, cubins, archs, dists, archs_source)
     for line in clashes[:3]:
-        report.add("wheels: same file", v.WARN, f"two wheels install {line}: the one installed last wins")
+        report.add("wheels: same file", WARN, f"two wheels install {line}: the one installed last wins")
     names = sorted(n for n in compiled if lock.get(n))
     kinds = {k: sum(1 for t in tables if t.get("kind") == k) for k in ("binary", "pure", "sdist")}
-    report.add("wheels", v.NOTE,
+    report.add("wheels", NOTE,
                f"{len(tables)} of the lock's {len(lock.entries)} distributions: {kinds['binary']} binary wheels "
                f"({len(libs)} libraries), {kinds['pure']} pure, {kinds['sdist']} sdists; compiled by the build, so "
                f"checked by verify in the image: {', '.join(names) or 'none'}")
@@ -453,7 +456,7 @@ def _registry_base(sym: dict, in_wheels: set[str]) -> set[str]:
         if "error" in info:
             continue
         base_libs = {m["name"] for m in info["missing_libraries"]
-                     if m["name"] not in in_wheels and not v._is_driver_lib(m["name"])}  # the driver: its own row
+                     if m["name"] not in in_wheels and not judges._is_driver_lib(m["name"])}  # the driver: its own row
         if not base_libs:
             continue
         from_base |= base_libs

@@ -5,10 +5,10 @@ A rule sees one Stack and returns None or what is wrong. `error` rules stop `bui
 --force); `warn` rules are printed. Rules that need the installed tree run in `verify`.
 
 Some rules also read the stack's lock (`Rule.lock`): what the image really installs, where the stack's pins
-leave it open (the CUDA a registry torch is built for, the cuBLAS it pulls, which TE core wheel comes with
+leave it open (the CUDA the index's torch is built for, the cuBLAS it pulls, which TE core wheel comes with
 TE's torch binding). `check_stack(stack, lock=...)` runs them; without a lock, rules that need one are skipped.
 
-Why one file of ~600 lines: it is a list of independent rules, each a few lines with its source beside it; one
+Why one file: ~630 lines, but a list of independent rules, each a few lines with its source beside it; one
 place to read every rule (and its evidence) matters more than the file's length.
 """
 

@@ -11,11 +11,15 @@ from pathlib import Path
 
 from dockerlaunch.errors import BuildError
 from dockerlaunch.images import lock as locks
-from dockerlaunch.images import wheels
-from dockerlaunch.images.build import _LOG, FETCH_STAMPS, BuildOptions, _dist_of, flash_attn_prebuilt, flash_drop
+from dockerlaunch.images import sources
+from dockerlaunch.images.build import _LOG, flash_attn_prebuilt
+from dockerlaunch.images.build_argv import BuildOptions, flash_drop
+from dockerlaunch.images.build_context import _dist_of
 from dockerlaunch.images.index import file_sha256
 from dockerlaunch.images.layers import LAYERS
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
+
+FETCH_STAMPS = ".dockerlaunch-fetch.json"  # in the wheelhouse: each layer's requirements when last fetched
 
 
 def lock_sources(lock: locks.Lock) -> tuple[list[str], list[str]]:
@@ -88,9 +92,9 @@ def fetch(stack: Stack, out_dir: Path, log=None, dockerfiles: Path | None = None
     for pin, layer in ((stack.apex, "4-apex"), (stack.megatron_lm, "6-megatron")):
         if pin:
             name = "apex" if pin is stack.apex else "Megatron-LM"
-            src = wheels.Source(f"{name} {pin.ref[:12]} source", layer, pin.archive_name, pin.sha256 or "",
+            src = sources.Source(f"{name} {pin.ref[:12]} source", layer, pin.archive_name, pin.sha256 or "",
                                 "archive", pin.archive_url)
-            got = wheels.get_source(src, None, index_url, False, log, dest_dir=out_dir / layer)
+            got = sources.get_source(src, None, index_url, False, log, dest_dir=out_dir / layer)
             if got.parent != out_dir / layer:
                 shutil.copy2(got, out_dir / layer / got.name)
     for got in flash_attn_prebuilt(stack, BuildOptions(), log, dest_dir=out_dir / "5-flash"):

@@ -23,12 +23,15 @@ from dataclasses import dataclass
 from functools import cache
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 
 from dockerlaunch.errors import DockerlaunchError
-from dockerlaunch.images import lock as locks
+
+if TYPE_CHECKING:  # the lock names what to fetch; the index knows only an entry's name, version and hashes
+    from dockerlaunch.images.lock import Entry
 
 
 class FetchError(DockerlaunchError):
@@ -234,11 +237,16 @@ def folder_files(folder: str, project: str) -> list[IndexFile]:
     return out
 
 
+def normalize(name: str) -> str:
+    """PEP 503: `Transformer_Engine` and `transformer-engine` are one distribution."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def dist_name(filename: str) -> str | None:
     try:
         if filename.endswith(".whl"):
-            return locks.normalize(parse_wheel_filename(filename)[0])
-        return locks.normalize(parse_sdist_filename(filename)[0])
+            return normalize(parse_wheel_filename(filename)[0])
+        return normalize(parse_sdist_filename(filename)[0])
     except (InvalidWheelFilename, InvalidSdistFilename):
         return None
 
@@ -251,7 +259,7 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def choose(entry: locks.Entry, files: list[IndexFile], tags: list[Tag]) -> IndexFile | None:
+def choose(entry: Entry, files: list[IndexFile], tags: list[Tag]) -> IndexFile | None:
     """The locked file the target installs: the best-ranked compatible wheel among the entry's hashes, else its
     sdist. Files without a hash on the page (find-links) are hashed here."""
     want = {h.removeprefix("sha256:") for h in entry.hashes}
@@ -316,7 +324,7 @@ def download(f: IndexFile, dest: Path) -> Path:
     return target
 
 
-def locate(entry: locks.Entry, indexes: list[str], folders: list[str], tags: list[Tag]) -> IndexFile:
+def locate(entry: Entry, indexes: list[str], folders: list[str], tags: list[Tag]) -> IndexFile:
     """Where the entry's file is: the find-links folders first (a local copy), then each index in order."""
     for folder in folders:
         f = choose(entry, folder_files(folder, entry.name), tags)

@@ -63,7 +63,7 @@ def toolkit_pin(stack: Stack) -> str | None:
 
 
 def layer_roots(stack: Stack) -> dict[str, list[str]]:
-    """The pins each layer asks for (apex is a git archive, not a Python distribution of the registry)."""
+    """The pins each layer asks for (apex is a git archive, not a Python distribution of the package index)."""
     roots = {
         "0-cuda": [toolkit_pin(stack)] if stack.cuda_toolkit else [],
         "1-torch": [f"torch=={stack.torch}"],

@@ -2,7 +2,7 @@
 
 A stack pins a dozen packages; they pull a hundred more, and pip resolves those afresh at every build, so two
 builds a month apart differ. `dockerlaunch stacks lock` resolves a stack's pins together (uv, for the stack's
-own Python and manylinux x86-64, against the registry) and writes Dockerfiles/locks/<stack>.lock. Each image
+own Python and manylinux x86-64, against the package index) and writes Dockerfiles/locks/<stack>.lock. Each image
 layer then installs its part with `pip install --no-deps --require-hashes`, and `fetch` downloads exactly the
 locked files. `stacks check` needs no network: a lock carries the digest of the pins it was resolved from
 (stale when they change) and of its own body (changed by hand when that differs).
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.images import index as idx
+from dockerlaunch.images.index import normalize
 from dockerlaunch.images.layers import LAYERS, layer_roots
 from dockerlaunch.images.stacks import PIN, Stack
 
@@ -32,18 +33,13 @@ FORMAT = 1
 PLATFORM = "x86_64-manylinux_2_28"
 DEFAULT_INDEX = "https://pypi.org/simple"
 UV_FIX = "pip install 'uv>=0.13,<0.14' (in dockerlaunch's environment)"
-# The CUDA runtime wheel torch pulls tells which CUDA the registry's torch was built for.
+# The CUDA runtime wheel torch pulls tells which CUDA the index's torch was built for.
 CUDA_RUNTIME = ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime")
 HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 class LockError(ConfigError):
     """A stack's lock is missing, stale or changed, or its pins do not resolve: the user fixes it (exit 2)."""
-
-
-def normalize(name: str) -> str:
-    """PEP 503: `Transformer_Engine` and `transformer-engine` are one distribution."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def pin_name(pin: str) -> str:
@@ -55,7 +51,7 @@ def pin_name(pin: str) -> str:
 class Entry:
     name: str  # normalized
     version: str
-    hashes: tuple[str, ...]  # "sha256:<hex>", one per file the registry has for this version
+    hashes: tuple[str, ...]  # "sha256:<hex>", one per file the index has for this version
     layer: str
 
     def requirement(self) -> str:
@@ -141,7 +137,7 @@ def assign_layers(resolved: dict, subsets: dict[str, set[str]]) -> dict[str, str
 
 
 def cuda_problem(stack: Stack, versions: dict[str, str]) -> str | None:
-    """The registry's torch must be the stack's CUDA build (apex needs nvcc == torch.version.cuda) or its CPU
+    """The index's torch must be the stack's CUDA build (apex needs nvcc == torch.version.cuda) or its CPU
     build: a CUDA 13 torch locked into a CUDA 12.8 image imports, then fails on the first kernel."""
     runtime = next(((n, versions[n]) for n in CUDA_RUNTIME if n in versions), None)
     torch = versions.get("torch", stack.torch)
@@ -318,7 +314,7 @@ def uv_binary() -> str:
 
 
 def torch_index_for(stack: Stack, torch_index: str | None) -> str | None:
-    """A local variant (2.13.0+cpu, 2.9.0+cu126) lives only on the PyTorch index; a plain version on the registry."""
+    """A local variant (2.13.0+cpu, 2.9.0+cu126) lives only on the PyTorch index; a plain version on the main index."""
     if torch_index is not None:
         return torch_index or None  # "" -> none
     return stack.torch_index_url if "+" in stack.torch else None

@@ -27,8 +27,9 @@ from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.gpu import smi
 from dockerlaunch.gpu.cuda import version_tuple
 from dockerlaunch.hosts.ssh import Remote
-from dockerlaunch.images import wheels
-from dockerlaunch.images.wheels import CONTAINER_DIR, Entry, Place, Sample, WheelError
+from dockerlaunch.images import compiles as wheels  # the compiling half of the wheel cache (images/compiles.py)
+from dockerlaunch.images.compiles import CONTAINER_DIR, Place, Sample
+from dockerlaunch.images.wheels import Entry, WheelError
 
 _LOG = logging.getLogger(__name__)
 

@@ -155,18 +155,18 @@ def test_a_wheelhouse_file_that_is_not_the_locked_one_stops_the_build_in_one_lin
 
 
 def test_the_built_images_constraint_file_keeps_its_pins_against_a_later_pip_install(engine, cpu_stack, tmp_path):
-    """The cpu image as `build` made it: train.Dockerfile's top layer put the file build.keep_pins_text generates
+    """The cpu image as `build` made it: train.Dockerfile's top layer put the file keep_pins_text generates
     from the lock at /etc/dockerlaunch/constraints.txt and PIP_CONSTRAINT names it. An offline `pip install` in the
     image of something that needs another torch fails naming the pin; one that takes the image's torch moves
     nothing; with PIP_CONSTRAINT emptied (how the file says to move a pin on purpose) pip would move torch: the
     constraint is what holds it."""
-    from dockerlaunch.images import build
+    from dockerlaunch.images import build_context
     from dockerlaunch.images import lock as locks
     from tests.integration.test_verify import tiny_wheel
 
     stack = load_matrix().get("cpu")
     lock_path = default_dockerfiles_dir() / "locks" / "cpu.lock"
-    generated = build.keep_pins_text(stack, locks.parse(lock_path.read_text(), lock_path))
+    generated = build_context.keep_pins_text(stack, locks.parse(lock_path.read_text(), lock_path))
     assert f"torch=={stack.torch}\n" in generated, generated
     env = dict(kv.split("=", 1) for kv in engine.images.get(cpu_stack.tag).attrs["Config"]["Env"])
     assert env["PIP_CONSTRAINT"] == "/etc/dockerlaunch/constraints.txt", env

@@ -15,10 +15,12 @@ import pytest
 
 from dockerlaunch import sim
 from dockerlaunch.images import build as buildlib
-from dockerlaunch.images import builder as builderlib
+from dockerlaunch.images import build_argv
+from dockerlaunch.images import buildkit as builderlib
 from dockerlaunch.images import lock as locks
-from dockerlaunch.images.build import BuildOptions, cached_steps
-from dockerlaunch.images.builder import choose_builder, probe_client
+from dockerlaunch.images.build import cached_steps
+from dockerlaunch.images.build_argv import BuildOptions
+from dockerlaunch.images.buildkit import choose_cli, probe_client
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
 pytestmark = pytest.mark.integration
@@ -59,14 +61,14 @@ def buildx_builder():
     new = [c for c in clients().values() if not c.error and c.release and c.release >= (23, 0)]
     assert new, f"no Docker 23+ CLI on this machine nor in {TEST_CLIS}: run scripts/install-docker"
     assert new[0].buildx, f"{new[0].path} ({new[0].version}) has no buildx plugin: run scripts/install-docker"
-    return choose_builder(new[:1])
+    return choose_cli(new[:1])
 
 
 def built_in_builder():
     old = [c for c in clients().values() if not c.error and c.release and c.release < (23, 0)]
     assert old, f"no docker CLI older than 23 on this machine nor in {TEST_CLIS}: run scripts/install-docker"
     # the plugin is there for this CLI too: hide it, so the built-in BuildKit builds
-    return choose_builder([dataclasses.replace(old[0], buildx=None)])
+    return choose_cli([dataclasses.replace(old[0], buildx=None)])
 
 
 @pytest.mark.parametrize("builder_of", [buildx_builder, built_in_builder], ids=["28-buildx", "20.10-built-in"])
@@ -78,7 +80,7 @@ def test_build_with_each_cli(engine, tmp_path, builder_of):
     stack = load_matrix().get("cpu")
     dockerfiles = tmp_path / "dockerfiles"
     dockerfiles.mkdir()
-    (dockerfiles / buildlib.DOCKERFILE).write_text(TINY_DOCKERFILE)
+    (dockerfiles / build_argv.DOCKERFILE).write_text(TINY_DOCKERFILE)
     shutil.copytree(default_dockerfiles_dir() / "locks", dockerfiles / "locks")
     nonce = uuid.uuid4().hex  # a new file in the layer's wheelhouse: the RUN cannot come from an earlier run
     (tmp_path / "wh" / "1-torch").mkdir(parents=True)
@@ -90,7 +92,7 @@ def test_build_with_each_cli(engine, tmp_path, builder_of):
     opts = BuildOptions(tag=tag, base_image=sim.ensure_base_image(engine), ca_cert=str(ca), pip_index_url=index,
                         wheelhouse=str(tmp_path / "wh"), dockerfiles=dockerfiles)
     try:
-        code, log = buildlib.build(stack, opts, verify_after=False, builder=builder)
+        code, log = buildlib.build(stack, opts, verify_after=False, cli=builder)
         assert code == 0, log[-3000:]
         assert index not in log and nonce not in log.replace(f"torch-{nonce}.whl", "")  # secrets stay out
 
@@ -107,7 +109,7 @@ def test_build_with_each_cli(engine, tmp_path, builder_of):
         cached, ran = cached_steps(log)
         assert len(ran) == 1 and cached == [] and "RUN --mount=type=cache" in ran[0], (cached, ran)
         # the same build again: the log says the RUN step came from the cache
-        code, log2 = buildlib.build(stack, opts, verify_after=False, builder=builder)
+        code, log2 = buildlib.build(stack, opts, verify_after=False, cli=builder)
         assert code == 0, log2[-3000:]
         assert cached_steps(log2) == (ran, []), log2[-3000:]
         assert engine.images.get(tag).attrs["RootFS"]["Layers"] == image.attrs["RootFS"]["Layers"]  # same layers

@@ -52,10 +52,10 @@ def test_a_wheel_install_lists_and_plans_stacks_from_any_directory(tmp_path):
     env["DOCKERLAUNCH_CACHE_DIR"] = str(tmp_path / "empty-cache")
     found = subprocess.run(
         [str(venv / "bin" / "python"), "-c",
-         "from dockerlaunch.images import wheels; from dockerlaunch.images.stacks import load_matrix;"
+         "from dockerlaunch.images import sources; from dockerlaunch.images.stacks import load_matrix;"
          "s = load_matrix().stacks['swift4.6-mcore0.19-cu13-py313'];"
-         "p = s.apex; src = wheels.Source('apex', '4-apex', p.archive_name, p.sha256, 'archive', p.archive_url);"
-         "print(wheels.get_source(src, None, None, True, print))"],
+         "p = s.apex; src = sources.Source('apex', '4-apex', p.archive_name, p.sha256, 'archive', p.archive_url);"
+         "print(sources.get_source(src, None, None, True, print))"],
         cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert found.returncode == 0, found.stderr
     assert "site-packages" in found.stdout and "apex-6424da3b" in found.stdout

@@ -265,7 +265,7 @@ def test_bad_input_is_one_line_with_the_fix(cuda_base, images, tmp_path):
 def broken_tool_cache(tmp_path: Path, what: str) -> dict[str, str]:
     """A cache folder whose pinned tool is there (marked complete) but cannot work: pyelftools that fails to import,
     or a cuobjdump that cannot run. The environment for `dockerlaunch verify` to use it."""
-    from dockerlaunch.images.verify import CUOBJDUMP, PYELFTOOLS, ensure_tool
+    from dockerlaunch.images.verify_tools import CUOBJDUMP, PYELFTOOLS, ensure_tool
 
     cache = tmp_path / "cache"
     real = ensure_tool(PYELFTOOLS)  # the real one (the machine's cache), copied, so only `what` is broken
@@ -376,11 +376,11 @@ RUN --mount=type=bind,source=.,target=/w pip install --no-cache-dir --no-index -
 @pytest.fixture(scope="module")
 def kept(cublas133, images, tmp_path_factory):
     """cublas133 made to keep its pins by what train.Dockerfile's top layer runs: keep_pins.py over a constraint
-    file in build.keep_pins_text's format, and PIP_CONSTRAINT."""
-    from dockerlaunch.images import build
+    file in build_context.keep_pins_text's format, and PIP_CONSTRAINT."""
+    from dockerlaunch.images import build_context
 
     ctx = tmp_path_factory.mktemp("kept")
-    (ctx / "keep_pins.py").write_text((Path(build.__file__).parent / "scripts" / "keep_pins.py").read_text())
+    (ctx / "keep_pins.py").write_text((Path(build_context.__file__).parent / "scripts" / "keep_pins.py").read_text())
     (ctx / "constraints.txt").write_text("# dockerlaunch\ntorch==2.11.0\nnvidia-nccl-cu13==2.28.9\n"
                                          "nvidia-cublas==13.3.0.5  # override\n")
     return docker_build(new_tag(images, "kept"), ctx, f"""\
@@ -473,12 +473,12 @@ def shadowed_fixed(shadowed, images, tmp_path_factory):
     """The shadowed image with what train.Dockerfile does for every image: scripts/wheels_first.sh puts the wheels'
     library folders first for the loader, and TE's loader is pointed at the wheels (the recommended stack's values,
     whose Python, 3.13, is this base's)."""
-    from dockerlaunch.images import build
+    from dockerlaunch.images import build_argv
     from dockerlaunch.images.stacks import load_matrix
 
     ctx = tmp_path_factory.mktemp("fixed")
     shutil.copy(Path(__file__).resolve().parents[2] / WHEELS_FIRST, ctx / "wheels_first.sh")
-    homes = build.te_wheel_homes(load_matrix().stacks["swift4.6-mcore0.19-cu13-py313"])
+    homes = build_argv.te_wheel_homes(load_matrix().stacks["swift4.6-mcore0.19-cu13-py313"])
     env = " ".join(f"{k.removesuffix('_WHEELS')}={v}" for k, v in homes.items())
     return docker_build(new_tag(images, "shadowed-fixed"), ctx, f"""\
 FROM {shadowed}

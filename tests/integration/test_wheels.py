@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from dockerlaunch.images import compiles, wheels
 from dockerlaunch.images import lock as locks
-from dockerlaunch.images import wheels
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 from tests.integration.conftest import CUDA_STACK as STACK
 
@@ -110,7 +110,7 @@ def tiny(sdist: tuple[Path, str], archs: str = "90", delay: str = "0") -> wheels
 def ensure(pkg, builder, sdist_dir, logs, **kw):
     facts = wheels.probe_builder(builder)
     lock = locks.read(load_matrix().get(STACK), default_dockerfiles_dir())
-    return wheels.ensure_wheel(pkg, facts, lock, builder, wheelhouse=sdist_dir, index_url=None, offline=True,
+    return compiles.ensure_wheel(pkg, facts, lock, builder, wheelhouse=sdist_dir, index_url=None, offline=True,
                                max_jobs=1, log=logs.append, **kw)
 
 
@@ -206,16 +206,16 @@ def test_a_killed_compile_resumes_from_its_objects(tiny_builder, tiny_sdist, cac
     entry = None
     for _ in range(600):
         folders = list((cache / "compiled").glob("dltiny-0.1-*"))
-        if folders and wheels.ninja_progress(folders[0] / "build")[0] >= 2:
+        if folders and compiles.ninja_progress(folders[0] / "build")[0] >= 2:
             entry = wheels.Entry(folders[0])
             break
         t.join(0.2)
     assert entry is not None, logs
-    docker("kill", wheels.container_name(entry))
+    docker("kill", compiles.container_name(entry))
     t.join(120)
     assert errors and isinstance(errors[0], wheels.WheelError), (errors, logs)
     assert "run again to resume from the" in str(errors[0]) and "failed (exit 137)" in str(errors[0])
-    done_before = wheels.ninja_progress(entry.folder / "build")[0]
+    done_before = compiles.ninja_progress(entry.folder / "build")[0]
     assert 2 <= done_before < 6
     logs.clear()
     wheel, _ = ensure(pkg, tiny_builder, wh, logs)
@@ -253,9 +253,9 @@ def running_compile(cache: Path, objects: int = 1, timeout: float = 300) -> tupl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         folders = list((cache / "compiled").glob("dltiny-0.1-*"))
-        if folders and wheels.ninja_progress(folders[0] / "build")[0] >= objects:
+        if folders and compiles.ninja_progress(folders[0] / "build")[0] >= objects:
             entry = wheels.Entry(folders[0])
-            return entry, docker("inspect", "--format", "{{.Id}}", wheels.container_name(entry)).stdout.strip()
+            return entry, docker("inspect", "--format", "{{.Id}}", compiles.container_name(entry)).stdout.strip()
         time.sleep(0.2)
     raise AssertionError(f"no compile reached {objects} object(s) in {timeout} s")
 
@@ -307,7 +307,7 @@ def test_a_compile_of_a_killed_launcher_is_waited_for_not_doubled(tiny_builder, 
     finally:
         watching.set()
         watcher.join(30)
-    assert any(f"a compile of this key is already running ({wheels.container_name(entry)}); waiting for it" in ln
+    assert any(f"a compile of this key is already running ({compiles.container_name(entry)}); waiting for it" in ln
                for ln in logs), logs
     assert not any("compiling in" in ln for ln in logs), logs
     assert seen <= {cid}, seen  # never a second container
@@ -414,7 +414,7 @@ def test_build_for_a_cluster_compiles_for_exactly_its_gpus(sim_cluster, engine, 
     """node1 answers as an H100 host (9.0), node2 as an A100 host (8.0), through stand-in nvidia-smis asked over SSH
     (tests/gpu_standin.py): the build plans the union, says where it came from, and the tiny package compiled with
     that plan holds cubins for exactly sm_80 and sm_90. A host without nvidia-smi is one line, not a 9.0 guess."""
-    from dockerlaunch.images import verify
+    from dockerlaunch.images import verify_tools
     from tests import gpu_standin
     from tests.integration.helpers import dl
     from tests.integration.helpers import tar_files as _tar
@@ -451,7 +451,7 @@ def test_build_for_a_cluster_compiles_for_exactly_its_gpus(sim_cluster, engine, 
         (tmp_path / "lib.so").write_bytes(z.read(member))
     # each of the package's six kernels has a cubin for exactly the plan's architectures (the library also holds
     # the CUDA runtime's own sm_75 code, linked from libcudart_static: not the package's)
-    tool = verify.ensure_tool(verify.CUOBJDUMP["amd64"]) / "cuobjdump"
+    tool = verify_tools.ensure_tool(verify_tools.CUOBJDUMP["amd64"]) / "cuobjdump"
     dumped = subprocess.run([str(tool), "--dump-elf-symbols", str(tmp_path / "lib.so")], capture_output=True,
                             text=True)
     kernels: dict[str, set[str]] = {}

@@ -123,7 +123,7 @@ def read_source(tmp_path, make):
 
 
 def read_source_unpack(tmp_path, make):
-    from dockerlaunch.images.wheels import WheelError, unpack
+    from dockerlaunch.images.compiles import WheelError, unpack
 
     tar = make()
     path = tmp_path / "src.tar.gz"

@@ -5,6 +5,9 @@ next to this file, pyelftools (DL_PYELFTOOLS) and cuobjdump (DL_CUOBJDUMP). Envi
   DL_LABELS   the image's labels as JSON ({} for an image without dockerlaunch labels)
   DL_CHECKS   comma-separated subset of: symbols, load, archs, pip, imports, dists (default: all)
 Every step runs in its own child process or catches its own errors, so one broken piece never hides the others.
+
+Why one file: ~620 lines, copied into a temporary folder and mounted read-only into an image it knows
+nothing of, with elfscan.py its only companion; every module more is one more file to ship, mount and keep in step.
 """
 
 import glob

@@ -12,7 +12,7 @@ import pytest
 from dockerlaunch.gpu import cuda
 from dockerlaunch.gpu.host import Gpu, GpuHost
 from dockerlaunch.gpu.needs import CudaCompat, ImageNeeds, compat_of_env, compat_to_load
-from dockerlaunch.images import verify
+from dockerlaunch.images import verify_judges
 from dockerlaunch.verdict import Verdict
 
 # nvidia/cuda:13.0.1's environment (NVIDIA_REQUIRE_CUDA as its Dockerfiles write it)
@@ -161,7 +161,7 @@ def test_the_record_keeps_every_compat_field():
 
 def _script_functions(*names: str) -> dict:
     """Functions of images/scripts/verify_image.py (which runs its checks when imported), with its imports."""
-    path = Path(verify.__file__).parent / "scripts" / "verify_image.py"
+    path = Path(verify_judges.__file__).parent / "scripts" / "verify_image.py"
     tree = ast.parse(path.read_text())
     keep = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
             or (isinstance(n, ast.FunctionDef) and n.name in names)
@@ -193,18 +193,18 @@ def scan(note=None, ld_path="/usr/local/nvidia/lib64", conf=(), dirs=None, **ite
 
 
 def test_verify_reads_version_branches_and_cuda_from_the_note_and_says_so():
-    report = verify.VerifyReport("img")
-    c = verify.judge_compat(report, scan(NOTE_590))
+    report = verify_judges.VerifyReport("img")
+    c = verify_judges.judge_compat(report, scan(NOTE_590))
     assert c == CudaCompat("590.44.01", (535, 550, 570, 575, 580), "/usr/local/cuda/compat", "13.1")
     [row] = report.checks
-    assert (row.check, row.verdict) == ("cuda-compat", verify.NOTE)
+    assert (row.check, row.verdict) == ("cuda-compat", verify_judges.NOTE)
     assert row.detail.startswith("cuda-compat 590.44.01 in /usr/local/cuda/compat (CUDA 13.1): forward "
                                  "compatibility for R535, R550, R570, R575, R580, from its ELF note")
 
 
 def test_without_a_note_the_branches_come_from_nvidia_require_cuda():
-    report = verify.VerifyReport("img")
-    c = verify.judge_compat(report, scan(None, note_error="not an ELF file"))
+    report = verify_judges.VerifyReport("img")
+    c = verify_judges.judge_compat(report, scan(None, note_error="not an ELF file"))
     assert c.branches == (535, 550, 570) and c.cuda is None
     assert "from the image's NVIDIA_REQUIRE_CUDA; its ELF note could not be read (not an ELF file)" \
         in report.checks[0].detail
@@ -215,26 +215,26 @@ def test_without_a_note_the_branches_come_from_nvidia_require_cuda():
     (dict(conf=["/etc/ld.so.conf.d/00-compat.conf"]), "/etc/ld.so.conf.d/00-compat.conf"),
 ])
 def test_an_image_that_puts_compat_on_its_loader_path_is_a_warning_naming_803(kw, where):
-    report = verify.VerifyReport("img")
-    c = verify.judge_compat(report, scan(NOTE_590, **kw))
+    report = verify_judges.VerifyReport("img")
+    c = verify_judges.judge_compat(report, scan(NOTE_590, **kw))
     assert c.on_path == where
-    assert report.checks[0].verdict == verify.WARN and "error 803" in report.checks[0].detail
+    assert report.checks[0].verdict == verify_judges.WARN and "error 803" in report.checks[0].detail
 
 
 def test_the_folder_cuda_resolves_to_is_the_one_recorded():
     other = {"dir": "/usr/local/cuda-12.9/compat", "real": "/usr/local/cuda-12.9/compat",
              "files": ["libcuda.so.575.57.08"]}
     mine = {"dir": "/usr/local/cuda/compat", "real": "/usr/local/cuda-13.1/compat", "files": ["libcuda.so.590.44.01"]}
-    assert verify.compat_of_scan(scan(dirs=[other, mine])).version == "590.44.01"
-    assert verify.compat_of_scan(scan(dirs=[other])).path == "/usr/local/cuda-12.9/compat"
-    assert verify.compat_of_scan({"dirs": [], "env": {}, "ld_conf": []}) is None
+    assert verify_judges.compat_of_scan(scan(dirs=[other, mine])).version == "590.44.01"
+    assert verify_judges.compat_of_scan(scan(dirs=[other])).path == "/usr/local/cuda-12.9/compat"
+    assert verify_judges.compat_of_scan({"dirs": [], "env": {}, "ld_conf": []}) is None
 
 
 def test_an_image_without_compat_has_no_row_and_a_scan_that_broke_is_a_warning():
-    report = verify.VerifyReport("img")
-    assert verify.judge_compat(report, {"dirs": [], "env": {}, "ld_conf": []}) is None and report.checks == []
-    assert verify.judge_compat(report, {"error": "PermissionError: /usr/local"}) is None
-    assert report.checks[0].verdict == verify.WARN
+    report = verify_judges.VerifyReport("img")
+    assert verify_judges.judge_compat(report, {"dirs": [], "env": {}, "ld_conf": []}) is None and report.checks == []
+    assert verify_judges.judge_compat(report, {"error": "PermissionError: /usr/local"}) is None
+    assert report.checks[0].verdict == verify_judges.WARN
 
 
 # ---------------------------------------------------------------- the plan (device mode)

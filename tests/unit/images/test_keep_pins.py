@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from dockerlaunch.images import build
+from dockerlaunch.images import build_context
 from dockerlaunch.images import lock as locks
-from dockerlaunch.images.stacks import load_matrix
+from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
-SCRIPT = Path(build.__file__).parent / "scripts" / "keep_pins.py"
+SCRIPT = Path(build_context.__file__).parent / "scripts" / "keep_pins.py"
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def keep_pins():
 
 def constraints(name: str) -> str:
     s = load_matrix().stacks[name]
-    return build.keep_pins_text(s, locks.checked(s, build.default_dockerfiles_dir()))
+    return build_context.keep_pins_text(s, locks.checked(s, default_dockerfiles_dir()))
 
 
 def test_the_recommended_stack_keeps_its_binary_core_and_marks_its_override():

@@ -12,7 +12,9 @@ import pytest
 
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.images import lock as locks
-from dockerlaunch.images.build import BuildOptions, check_wheelhouse, hash_mismatch
+from dockerlaunch.images.build import hash_mismatch
+from dockerlaunch.images.build_argv import BuildOptions
+from dockerlaunch.images.build_context import check_wheelhouse
 from dockerlaunch.images.layers import LAYERS, layer_roots
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dockerlaunch.images import build, wheels
+from dockerlaunch.images import build, build_argv, constraints, sources, wheels
+from dockerlaunch.images.build_argv import BuildOptions
 from dockerlaunch.images.sources import SourceError, check_archive, tree_sha256
-from dockerlaunch.images.stacks import load_matrix
+from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
 ROOT = Path(__file__).resolve().parents[3]
 VENDOR = ROOT / "Dockerfiles" / "sources"  # the archives GitHub has, made by git archive (its README says how)
@@ -90,16 +91,16 @@ def test_a_wrong_sha256_in_stacks_yaml_stops_the_build_in_one_line(matrix, monke
     """A changed Megatron-LM archive (or a wrong pin): `build` refuses before anything runs, naming the source,
     the expected and the actual hash. The archive is the one vendored in Dockerfiles/sources: found with no
     environment variable."""
-    monkeypatch.delenv(wheels.SOURCE_DIRS_ENV, raising=False)
+    monkeypatch.delenv(sources.SOURCE_DIRS_ENV, raising=False)
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
     s = matrix.stacks["swift3.12-mcore0.15"]
     wrong = s.model_copy(update={"megatron_lm": s.megatron_lm.model_copy(update={"sha256": "0" * 64})})
     with pytest.raises(SourceError) as e:
-        build.megatron_archive(wrong, build.BuildOptions(), print)
+        build.megatron_archive(wrong, BuildOptions(), print)
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and msg.startswith("Megatron-LM 309ffca6a405 source: ")
     assert f"expected sha256 {'0' * 64}, got {s.megatron_lm.sha256}" in msg
-    assert build.megatron_archive(s, build.BuildOptions(), print)[0].name == s.megatron_lm.archive_name
+    assert build.megatron_archive(s, BuildOptions(), print)[0].name == s.megatron_lm.archive_name
 
 
 def test_flash_attns_prebuilt_wheel_is_used_only_when_pinned_by_hash_else_flash_attn_compiles(matrix, tmp_path,
@@ -110,42 +111,42 @@ def test_flash_attns_prebuilt_wheel_is_used_only_when_pinned_by_hash_else_flash_
 
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
     s = matrix.stacks["swift4.6-mcore0.19-cu128"]
-    assert s.flash_attn_wheel_sha256 is None and build.flash_attn_wheel(s)  # a wheel exists, unpinned
-    assert build.prebuilt_flash(s) is None and build.flash_attn_prebuilt(s, build.BuildOptions(), print) == []
-    assert build.flash_drop(s) == frozenset()  # the lock's sdist stays in
-    lock = locks.checked(s, build.default_dockerfiles_dir())
-    compiled = wheels.compiled_packages(s, lock, ["9.0"], flash_prebuilt=bool(build.prebuilt_flash(s)))
+    assert s.flash_attn_wheel_sha256 is None and constraints.flash_attn_wheel(s)  # a wheel exists, unpinned
+    assert build_argv.prebuilt_flash(s) is None and build.flash_attn_prebuilt(s, BuildOptions(), print) == []
+    assert build_argv.flash_drop(s) == frozenset()  # the lock's sdist stays in
+    lock = locks.checked(s, default_dockerfiles_dir())
+    compiled = wheels.compiled_packages(s, lock, ["9.0"], flash_prebuilt=bool(build_argv.prebuilt_flash(s)))
     [fa] = [p for p in compiled if p.name == "flash-attn"]
     assert (fa.version, fa.kind, fa.source) == ("2.8.3", "sdist", "flash_attn-2.8.3.tar.gz")
     assert [f"sha256:{fa.source_sha256}"] == list(lock.get("flash-attn").hashes)  # the sdist, the only file
     # an unpinned file is still refused wherever it would be read (no path reaches here from build any more)
-    unpinned = wheels.Source("flash-attn's prebuilt wheel", "5-flash", build.flash_attn_wheel(s), "", "file",
-                             build.flash_attn_wheel_url(s))
+    unpinned = sources.Source("flash-attn's prebuilt wheel", "5-flash", constraints.flash_attn_wheel(s), "", "file",
+                              constraints.flash_attn_wheel_url(s))
     with pytest.raises(wheels.WheelError, match="is not pinned by hash"):
-        wheels.get_source(unpinned, None, None, False, print)
+        sources.get_source(unpinned, None, None, False, print)
     # pinned, and a wheelhouse file with other bytes: refused, naming both hashes
     pinned = s.model_copy(update={"flash_attn_wheel_sha256": "1" * 64})
-    assert build.prebuilt_flash(pinned) and build.flash_drop(pinned) == {"flash-attn"}
+    assert build_argv.prebuilt_flash(pinned) and build_argv.flash_drop(pinned) == {"flash-attn"}
     wh = tmp_path / "wh"
     (wh / "5-flash").mkdir(parents=True)
-    (wh / "5-flash" / build.flash_attn_wheel(s)).write_bytes(b"a wheel from somewhere")
+    (wh / "5-flash" / constraints.flash_attn_wheel(s)).write_bytes(b"a wheel from somewhere")
     with pytest.raises(wheels.WheelError, match=r"does not match its pin \(expected sha256 1{64}, got "):
-        build.flash_attn_prebuilt(pinned, build.BuildOptions(wheelhouse=str(wh), offline=True), print)
-    assert build.flash_attn_prebuilt(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], build.BuildOptions(), print) == []
+        build.flash_attn_prebuilt(pinned, BuildOptions(wheelhouse=str(wh), offline=True), print)
+    assert build.flash_attn_prebuilt(matrix.stacks["swift4.6-mcore0.19-cu13-py313"], BuildOptions(), print) == []
     assert os.environ[wheels.CACHE_ENV].startswith(str(tmp_path))
 
 
 def test_every_vendored_source_is_found_with_no_environment_and_no_network(matrix, monkeypatch, tmp_path):
     """Each stack's apex and Megatron-LM archive comes from Dockerfiles/sources offline, checked against its pin."""
-    monkeypatch.delenv(wheels.SOURCE_DIRS_ENV, raising=False)
+    monkeypatch.delenv(sources.SOURCE_DIRS_ENV, raising=False)
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
     for s in matrix.stacks.values():
         for pin, layer in ((s.apex, "4-apex"), (s.megatron_lm, "6-megatron")):
             if pin:
-                src = wheels.Source(f"{pin.repo} source", layer, pin.archive_name, pin.sha256, "archive",
+                src = sources.Source(f"{pin.repo} source", layer, pin.archive_name, pin.sha256, "archive",
                                     pin.archive_url)
                 said: list[str] = []
-                got = wheels.get_source(src, None, None, True, said.append)
+                got = sources.get_source(src, None, None, True, said.append)
                 assert got == VENDOR / pin.archive_name, s.name
                 assert said == [f"{pin.repo} source: {got} (its tree matches the pin)"]
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.tar.gz"))
@@ -153,17 +154,17 @@ def test_every_vendored_source_is_found_with_no_environment_and_no_network(matri
 
 def test_a_source_neither_vendored_nor_reachable_names_the_archive_its_sha256_and_where_to_put_it(
         monkeypatch, tmp_path):
-    monkeypatch.delenv(wheels.SOURCE_DIRS_ENV, raising=False)
+    monkeypatch.delenv(sources.SOURCE_DIRS_ENV, raising=False)
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
     name, sha = f"apex-{'f' * 40}.tar.gz", "ab" * 32
-    offline = wheels.Source("apex ffffffffffff source", "4-apex", name, sha, "archive",
+    offline = sources.Source("apex ffffffffffff source", "4-apex", name, sha, "archive",
                             f"https://github.com/NVIDIA/apex/archive/{'f' * 40}.tar.gz")
-    unreachable = wheels.Source("apex ffffffffffff source", "4-apex", name, sha, "archive",
+    unreachable = sources.Source("apex ffffffffffff source", "4-apex", name, sha, "archive",
                                 "http://127.0.0.1:9/apex.tar.gz")  # the discard port: nothing listens
     for src, offline_flag, why in ((offline, True, "--offline forbids a download"),
                                    (unreachable, False, "http://127.0.0.1:9/apex.tar.gz cannot be reached")):
         with pytest.raises(wheels.WheelError) as e:
-            wheels.get_source(src, None, None, offline_flag, print)
+            sources.get_source(src, None, None, offline_flag, print)
         msg = str(e.value)
         assert len(msg.splitlines()) == 1, msg
         assert msg.startswith(f"apex ffffffffffff source {name} (tree sha256 {sha}) is not vendored with "
@@ -180,11 +181,11 @@ def test_a_source_from_a_shared_folder_is_used_as_the_copy_that_was_checked(matr
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / pin.archive_name).write_bytes(vendored(pin.archive_name).read_bytes())
-    monkeypatch.setenv(wheels.SOURCE_DIRS_ENV, str(shared))
+    monkeypatch.setenv(sources.SOURCE_DIRS_ENV, str(shared))
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
-    src = wheels.Source(f"{pin.repo} source", "4-apex", pin.archive_name, pin.sha256, "archive", pin.archive_url)
+    src = sources.Source(f"{pin.repo} source", "4-apex", pin.archive_name, pin.sha256, "archive", pin.archive_url)
     said: list[str] = []
-    got = wheels.get_source(src, None, None, True, said.append)
+    got = sources.get_source(src, None, None, True, said.append)
     (shared / pin.archive_name).write_bytes(b"swapped after the check")  # someone else's write, a moment later
     assert tree_sha256(got) == pin.sha256  # what the build unpacks is what was checked
     assert said == [f"{pin.repo} source: {shared / pin.archive_name} (its tree matches the pin; copied to {got})"]
@@ -210,9 +211,9 @@ def test_a_shared_source_swapped_between_the_copy_and_the_hash_never_reaches_the
 
     theirs = repack(vendored(pin.archive_name), tmp_path / "theirs.tar.gz", change=their_setup)
     assert tree_sha256(theirs) != pin.sha256
-    monkeypatch.setenv(wheels.SOURCE_DIRS_ENV, str(shared))
+    monkeypatch.setenv(sources.SOURCE_DIRS_ENV, str(shared))
     monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "cache"))
-    real_check, hashed = wheels.check_source, []
+    real_check, hashed = sources.check_source, []
 
     def swap_around_the_hash(src, path):
         if moment == "after the copy, before the hash":
@@ -222,9 +223,9 @@ def test_a_shared_source_swapped_between_the_copy_and_the_hash_never_reaches_the
         if moment == "after the hash":
             (shared / pin.archive_name).write_bytes(theirs.read_bytes())
 
-    monkeypatch.setattr(wheels, "check_source", swap_around_the_hash)
-    src = wheels.Source(f"{pin.repo} source", "4-apex", pin.archive_name, pin.sha256, "archive", pin.archive_url)
-    got = wheels.get_source(src, None, None, True, lambda line: None)
+    monkeypatch.setattr(sources, "check_source", swap_around_the_hash)
+    src = sources.Source(f"{pin.repo} source", "4-apex", pin.archive_name, pin.sha256, "archive", pin.archive_url)
+    got = sources.get_source(src, None, None, True, lambda line: None)
     assert (shared / pin.archive_name).read_bytes() == theirs.read_bytes()  # the swap did happen
     assert tree_sha256(got) == pin.sha256 and got.parent == tmp_path / "cache" / "sources"
     assert hashed and shared / pin.archive_name not in hashed, hashed  # the hash read the launcher's copy

@@ -7,11 +7,13 @@ import yaml
 from pydantic import ValidationError
 
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.images.build import BuildOptions, build_args, cached_steps, components
+from dockerlaunch.images import build_argv
+from dockerlaunch.images.build import cached_steps
+from dockerlaunch.images.build_argv import BuildOptions, build_args, components
 from dockerlaunch.images.constraints import RULES, check_stack, flash_attn_wheel, te_flash_attn_ceiling
 from dockerlaunch.images.layers import te_extras
-from dockerlaunch.images.stacks import GitPin, Stack, load_matrix
-from dockerlaunch.images.verify import version_matches
+from dockerlaunch.images.stacks import GitPin, Stack, default_dockerfiles_dir, load_matrix
+from dockerlaunch.images.verify_judges import version_matches
 from tests.conftest import venv_tool
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -331,7 +333,7 @@ def test_every_fact_section_a_rule_or_stack_points_to_is_in_the_stacks_doc(matri
 
 
 def test_compile_jobs_follow_the_available_memory():
-    from dockerlaunch.images.wheels import default_jobs
+    from dockerlaunch.images.compiles import default_jobs
 
     gib = 2**20  # /proc/meminfo counts kB
     assert default_jobs(6.5, f"MemAvailable:   {20 * gib} kB\n", cpus=2) == (2, None)  # this CI machine: the cores
@@ -342,7 +344,7 @@ def test_compile_jobs_follow_the_available_memory():
 
 
 def test_cuda_archs_option(cli):
-    from dockerlaunch.images.build import parse_cuda_archs
+    from dockerlaunch.images.archs import parse_cuda_archs
 
     assert parse_cuda_archs("8.0;9.0") == ["8.0", "9.0"] and parse_cuda_archs("90,100") == ["9.0", "10.0"]
     assert parse_cuda_archs("9.0+PTX") == ["9.0"] and parse_cuda_archs(None) == []
@@ -360,12 +362,12 @@ def test_cuda_archs_option(cli):
 def test_an_image_says_what_it_needs_of_the_hosts_driver(matrix):
     """Labels for doctor (the major's minimum, the toolkit release's own driver: docs/STACKS.md, Facts: driver
     minimums), and NVIDIA_REQUIRE_CUDA for a made base's image only (an nvidia/cuda base sets its own)."""
-    from dockerlaunch.images import build
+    from dockerlaunch.images import lock as locks
 
     def argv(name):
         s = matrix.stacks[name]
-        return " ".join(build.render_build(s, BuildOptions(cuda_archs=["9.0"]), build.locks.checked(
-            s, build.default_dockerfiles_dir())))
+        return " ".join(build_argv.render_build(s, BuildOptions(cuda_archs=["9.0"]), locks.checked(
+            s, default_dockerfiles_dir())))
 
     made, registry, cpu = argv("swift4.6-mcore0.19-cu13-py313"), argv("swift4.6-mcore0.19-cu128"), argv("cpu")
     assert "--build-arg REQUIRE_CUDA=cuda>=13.0 " in made and "--label ai.dockerlaunch.driver-min=580.65.06 " in made
@@ -375,13 +377,11 @@ def test_an_image_says_what_it_needs_of_the_hosts_driver(matrix):
 
 
 def test_tes_loader_is_pointed_at_the_wheels_of_each_cuda_layout(matrix):
-    from dockerlaunch.images import build
-
-    cu13 = build.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu13-py313"])
+    cu13 = build_argv.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu13-py313"])
     site = "/opt/venv/lib/python3.13/site-packages/nvidia"
     assert cu13 == {"NVRTC_HOME_WHEELS": f"{site}/cu13", "CURAND_HOME_WHEELS": f"{site}/cu13",
                     "CUDNN_HOME_WHEELS": f"{site}/cudnn"}
-    cu12 = build.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu128"])
+    cu12 = build_argv.te_wheel_homes(matrix.stacks["swift4.6-mcore0.19-cu128"])
     assert cu12["NVRTC_HOME_WHEELS"].endswith("python3.12/site-packages/nvidia/cuda_nvrtc")
     assert cu12["CURAND_HOME_WHEELS"].endswith("/nvidia/curand")
-    assert build.te_wheel_homes(matrix.stacks["cpu"]) == {}  # no TE: nothing to point
+    assert build_argv.te_wheel_homes(matrix.stacks["cpu"]) == {}  # no TE: nothing to point

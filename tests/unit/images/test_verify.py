@@ -16,7 +16,8 @@ import pytest
 
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.gpu import cuda
-from dockerlaunch.images import verify as v
+from dockerlaunch.images import verify, verify_tools
+from dockerlaunch.images import verify_judges as v
 
 SCRIPTS = Path(v.__file__).parent / "scripts"
 
@@ -27,7 +28,7 @@ SCRIPTS = Path(v.__file__).parent / "scripts"
 @pytest.fixture(scope="module")
 def elfscan():
     """scripts/elfscan.py as a module, with the pinned pyelftools verify mounts into images (fetched once)."""
-    tool = v.ensure_tool(v.PYELFTOOLS)
+    tool = verify_tools.ensure_tool(verify_tools.PYELFTOOLS)
     sys.path.insert(0, str(tool))
     spec = importlib.util.spec_from_file_location("dl_elfscan", SCRIPTS / "elfscan.py")
     mod = importlib.util.module_from_spec(spec)
@@ -187,20 +188,20 @@ def fake_wheel(tmp_path: Path) -> tuple[Path, str]:
 
 def test_a_tool_is_downloaded_once_checked_and_unpacked_without_its_metadata(tmp_path):
     whl, sha = fake_wheel(tmp_path)
-    tool = v.Tool("fake", "0.1", whl.name, whl.as_uri(), sha, "elftools/")
-    d = v.ensure_tool(tool, tmp_path / "tools")
+    tool = verify_tools.Tool("fake", "0.1", whl.name, whl.as_uri(), sha, "elftools/")
+    d = verify_tools.ensure_tool(tool, tmp_path / "tools")
     assert (d / "elftools/__init__.py").read_text() == "X = 1\n"
     assert not list(d.glob("*.dist-info")) and (d / ".complete").is_file()
     whl.unlink()  # a second call needs nothing
-    assert v.ensure_tool(tool, tmp_path / "tools") == d
+    assert verify_tools.ensure_tool(tool, tmp_path / "tools") == d
 
 
 def test_a_download_with_another_hash_is_refused_with_the_file_to_bring(tmp_path):
     whl, sha = fake_wheel(tmp_path)
-    tool = v.Tool("fake", "0.1", whl.name, whl.as_uri(), "0" * 64, "elftools/")
-    with pytest.raises(v.VerifyError, match=rf"sha256 {sha}, not the pinned 0+; put {whl.name} .* into "
+    tool = verify_tools.Tool("fake", "0.1", whl.name, whl.as_uri(), "0" * 64, "elftools/")
+    with pytest.raises(verify_tools.VerifyError, match=rf"sha256 {sha}, not the pinned 0+; put {whl.name} .* into "
                                             rf"{tmp_path / 'tools' / 'wheels'}/"):
-        v.ensure_tool(tool, tmp_path / "tools")
+        verify_tools.ensure_tool(tool, tmp_path / "tools")
     assert not list((tmp_path / "tools" / "wheels").iterdir())
 
 
@@ -209,19 +210,19 @@ def test_an_offline_machine_uses_a_wheel_put_into_the_tools_folder(tmp_path):
     wheels = tmp_path / "tools" / "wheels"
     wheels.mkdir(parents=True)
     shutil.copy(whl, wheels / whl.name)
-    tool = v.Tool("fake", "0.1", whl.name, "http://127.0.0.1:9/unreachable.whl", sha, "elftools/")
-    assert (v.ensure_tool(tool, tmp_path / "tools") / "elftools/__init__.py").is_file()
+    tool = verify_tools.Tool("fake", "0.1", whl.name, "http://127.0.0.1:9/unreachable.whl", sha, "elftools/")
+    assert (verify_tools.ensure_tool(tool, tmp_path / "tools") / "elftools/__init__.py").is_file()
 
 
 # ---------------------------------------------------------------- labels, architectures
 
 
 def test_arch_lists():
-    assert v.parse_archs("8.0;9.0") == ["8.0", "9.0"]
-    assert v.parse_archs("90, sm_100a 9.0") == ["9.0", "10.0a"]
-    assert v.parse_archs(None) == [] and v.parse_archs("") == []
+    assert verify.parse_archs("8.0;9.0") == ["8.0", "9.0"]
+    assert verify.parse_archs("90, sm_100a 9.0") == ["9.0", "10.0a"]
+    assert verify.parse_archs(None) == [] and verify.parse_archs("") == []
     with pytest.raises(ConfigError, match="'hopper' is not a compute capability"):
-        v.parse_archs("9.0;hopper")
+        verify.parse_archs("9.0;hopper")
 
 
 @pytest.mark.parametrize("cubins, arch, ok", [

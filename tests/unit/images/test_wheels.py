@@ -3,7 +3,7 @@ line, and why a cached wheel does not fit."""
 
 from pathlib import Path
 
-from dockerlaunch.images import wheels
+from dockerlaunch.images import compiles, wheels
 
 # a real log excerpt: apex 6424da3b on the PyPI toolkit without its profiler part
 APEX_LOG = """\
@@ -21,13 +21,13 @@ ERROR: Failed to build one or more wheels
 
 
 def test_a_failed_compile_is_its_file_and_first_error_not_the_warnings():
-    assert wheels.first_error(APEX_LOG) == (
+    assert compiles.first_error(APEX_LOG) == (
         "scaled_upper_triang_masked_softmax_cuda/csrc/megatron/scaled_upper_triang_masked_softmax_cuda.o: "
         "csrc/megatron/scaled_upper_triang_masked_softmax_cuda.cu:21:10: fatal error: cuda_profiler_api.h: No such "
         "file or directory")
     old_ninja = APEX_LOG.replace("FAILED: [code=1] ", "FAILED: ")
-    assert wheels.first_error(old_ninja).startswith("scaled_upper_triang_masked_softmax_cuda/csrc/megatron/")
-    assert wheels.first_error("running bdist_wheel\nOSError: CUDA_HOME not set\n") == "OSError: CUDA_HOME not set"
+    assert compiles.first_error(old_ninja).startswith("scaled_upper_triang_masked_softmax_cuda/csrc/megatron/")
+    assert compiles.first_error("running bdist_wheel\nOSError: CUDA_HOME not set\n") == "OSError: CUDA_HOME not set"
 
 
 def ninja_tree(tmp_path: Path, objects: dict[str, bool], ext: str = "") -> Path:
@@ -39,8 +39,8 @@ def ninja_tree(tmp_path: Path, objects: dict[str, bool], ext: str = "") -> Path:
     rel = f"src/build/temp.linux-x86_64-cpython-313/{ext + '/' if ext else ''}"
     lines, log = ["rule compile", "  command = nvcc $in"], ["# ninja log v7"]
     for name, finished in objects.items():
-        target = f"{wheels.CONTAINER_DIR}/{rel}{name}.o"
-        lines.append(f"build {target}: compile {wheels.CONTAINER_DIR}/src/{name}.cu")
+        target = f"{compiles.CONTAINER_DIR}/{rel}{name}.o"
+        lines.append(f"build {target}: compile {compiles.CONTAINER_DIR}/src/{name}.cu")
         (temp / f"{name}.o").write_bytes(b"\x7fELF")
         if finished:
             log.append(f"0\t10\t1\t{target}\tabc")
@@ -50,20 +50,20 @@ def ninja_tree(tmp_path: Path, objects: dict[str, bool], ext: str = "") -> Path:
 
 
 def test_progress_counts_finished_objects_of_every_extension(tmp_path):
-    assert wheels.ninja_progress(tmp_path / "nothing") == (0, 0)
+    assert compiles.ninja_progress(tmp_path / "nothing") == (0, 0)
     build = ninja_tree(tmp_path, {"a": True, "b": True, "c": False, "d": False})
-    assert wheels.ninja_progress(build) == (2, 4)  # c was cut off mid-write: in the folder, not in ninja's log
+    assert compiles.ninja_progress(build) == (2, 4)  # c was cut off mid-write: in the folder, not in ninja's log
     ninja_tree(tmp_path, {"e": True}, ext="amp_C")  # apex: one build.ninja per extension, as it reaches them
-    assert wheels.ninja_progress(build) == (3, 5)
+    assert compiles.ninja_progress(build) == (3, 5)
 
 
 def test_progress_lines():
     pkg = wheels.Compiled("flash-attn", "2.8.3", "5-flash", "f.tar.gz", "0" * 64, "sdist", (), 6.5)
-    assert wheels._progress_line(pkg, 0, 0, 0, 90, None) == "flash-attn 2.8.3: preparing the build (2 min)"
-    assert wheels._progress_line(pkg, 30, 73, 20, 600, None) == \
+    assert compiles._progress_line(pkg, 0, 0, 0, 90, None) == "flash-attn 2.8.3: preparing the build (2 min)"
+    assert compiles._progress_line(pkg, 30, 73, 20, 600, None) == \
         "flash-attn 2.8.3: 30/73 objects, 10 min, ~43 min left at this rate"
     last = {"wall_s": 7300, "objects": 73}
-    assert wheels._progress_line(pkg, 20, 73, 20, 30, last) == \
+    assert compiles._progress_line(pkg, 20, 73, 20, 30, last) == \
         "flash-attn 2.8.3: 20/73 objects, 0 min, ~89 min left (last build)"
 
 
@@ -72,18 +72,18 @@ def test_a_build_that_lists_its_objects_as_it_goes_never_shows_an_eta_on_a_movin
     left" for eight minutes was an estimate on a moving total. The whole count comes from a finished build."""
     known = wheels.Compiled("apex", "6424da3b4faa", "4-apex", "a.tar.gz", "0" * 64, "archive", (), 3.0,
                             lists_grow=True)
-    assert wheels._progress_line(known, 2, 16, 0, 120, None) == \
+    assert compiles._progress_line(known, 2, 16, 0, 120, None) == \
         "apex 6424da3b4faa: 2/37 objects, 2 min, ~35 min left at this rate"  # KNOWN_OBJECTS: measured, 37
-    assert wheels._progress_line(known, 31, 32, 0, 1800, None).startswith("apex 6424da3b4faa: 31/37 objects, 30 min")
+    assert compiles._progress_line(known, 31, 32, 0, 1800, None).startswith("apex 6424da3b4faa: 31/37 objects, 30 min")
     other = wheels.Compiled("apex", "10417aceddd7", "4-apex", "a.tar.gz", "0" * 64, "archive", (), 3.0,
                             lists_grow=True)
     for done, seen in ((2, 16), (31, 32)):
-        assert wheels._progress_line(other, done, seen, 0, 600, None) == (
+        assert compiles._progress_line(other, done, seen, 0, 600, None) == (
             f"apex 10417aceddd7: {done} objects built, 10 min (the total is not known until the build reaches its "
             "last extension: no estimate yet)")
-    assert wheels._progress_line(other, 0, 0, 0, 60, None) == "apex 10417aceddd7: preparing the build (1 min)"
+    assert compiles._progress_line(other, 0, 0, 0, 60, None) == "apex 10417aceddd7: preparing the build (1 min)"
     finished = {"wall_s": 2000, "objects": 40}  # a finished build of this version in the cache's history
-    assert wheels._progress_line(other, 10, 16, 10, 30, finished) == \
+    assert compiles._progress_line(other, 10, 16, 10, 30, finished) == \
         "apex 10417aceddd7: 10/40 objects, 0 min, ~25 min left (last build)"
 
 
@@ -98,8 +98,8 @@ def test_count_objects_reads_ninja_files_as_text():
     """What `--on HOST` reads over SSH: build.ninja and .ninja_log texts, no files to stat."""
     ninja = "build /dl/build/src/a.o: compile a.cu\nbuild /dl/build/src/b.o: compile b.cu\nbuild x: phony\n"
     log = "# ninja log v5\n0\t9\t0\t/dl/build/src/a.o\tabc\n"
-    assert wheels.count_objects([(ninja, log)]) == (1, 2)
-    assert wheels.count_objects([(ninja, log), (ninja, "")]) == (1, 4)
+    assert compiles.count_objects([(ninja, log)]) == (1, 2)
+    assert compiles.count_objects([(ninja, log), (ninja, "")]) == (1, 4)
     from dockerlaunch.transfer.host_compile import parse_progress
 
     assert parse_progress(f"@@dl-ninja\n{ninja}@@dl-log\n{log}@@dl-ninja\n{ninja}@@dl-log\n") == [(ninja, log),

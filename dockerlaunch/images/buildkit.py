@@ -1,5 +1,9 @@
-"""Which docker CLI builds: BuildKit in the client (18.09 to 22.x) or the buildx plugin (23+, where the classic
-builder is all that is left without it), probed on every candidate; a client that cannot is one line with the fix."""
+"""Which docker CLI builds (`BuildCLI`): BuildKit in the client (18.09 to 22.x) or the buildx plugin (23+, where
+the classic builder is all that is left without it), probed on every candidate; a client that cannot is one line
+with the fix.
+
+"builder" here is only buildx's word (a buildx builder and its driver); elsewhere in images/ it is the
+Dockerfile's builder stage and its image, which compiled packages build in."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ BUILDX_FIX = ("apt-get install docker-buildx (from Docker's own apt repository: 
 
 @dataclass(frozen=True)
 class DockerClient:
-    """What one docker CLI said about itself (`probe_client`): the facts `choose_builder` decides on."""
+    """What one docker CLI said about itself (`probe_client`): the facts `choose_cli` decides on."""
 
     path: str
     version: str | None = None  # `docker --version`: "28.2.2", "20.10.24+dfsg1"
@@ -50,7 +54,7 @@ class BuildxFile:
 
 
 @dataclass(frozen=True)
-class Builder:
+class BuildCLI:
     prefix: tuple[str, ...]  # the argv before the build flags
     env: dict[str, str]  # added to the environment
     what: str  # one line for the log
@@ -65,7 +69,7 @@ def _buildx_release(line: str) -> str:
     return m.group(1) if m else line
 
 
-def choose_builder(clients: Sequence[DockerClient], plugins: Sequence[BuildxFile] = ()) -> Builder | str:
+def choose_cli(clients: Sequence[DockerClient], plugins: Sequence[BuildxFile] = ()) -> BuildCLI | str:
     """Pure: the first client with a working buildx plugin, else the first with BuildKit built in; else the one
     line that says what to install (`plugins`: docker-buildx files found, to tell a broken plugin from none)."""
     for c in clients:
@@ -74,15 +78,15 @@ def choose_builder(clients: Sequence[DockerClient], plugins: Sequence[BuildxFile
             if c.driver and c.driver != "docker" and c.context:
                 # a docker-container (or kubernetes, remote) builder cannot see the engine's images: the made
                 # base and the builder stage are local images, so the build uses the engine's own builder
-                return Builder((c.path, "buildx", "build", "--builder", c.context, "--load"), {},
-                               f"{what}, builder {c.context} (the engine's own: the current builder's driver "
-                               f"{c.driver} cannot see local images such as the made base)")
-            return Builder((c.path, "buildx", "build", "--load"), {}, what)
+                return BuildCLI((c.path, "buildx", "build", "--builder", c.context, "--load"), {},
+                                f"{what}, builder {c.context} (the engine's own: the current builder's driver "
+                                f"{c.driver} cannot see local images such as the made base)")
+            return BuildCLI((c.path, "buildx", "build", "--load"), {}, what)
     lo, hi = BUILDKIT_BUILT_IN
     for c in clients:
         if not c.error and c.release and lo <= c.release < hi:
-            return Builder((c.path, "build"), {"DOCKER_BUILDKIT": "1"},
-                           f"the docker CLI at {c.path} ({c.version}, BuildKit built in)")
+            return BuildCLI((c.path, "build"), {"DOCKER_BUILDKIT": "1"},
+                            f"the docker CLI at {c.path} ({c.version}, BuildKit built in)")
     if not clients:
         return ("no docker CLI found (looked for docker on PATH, " + ", ".join(DOCKER_CANDIDATES) + "): install "
                 "Debian's docker.io (20.10 on Debian 12: BuildKit built in), or a Docker CLI and its buildx plugin")
@@ -183,11 +187,11 @@ def docker_candidates() -> list[str]:
     return out
 
 
-def find_builder(candidates: list[str] | None = None) -> Builder:
-    """A docker CLI that can run BuildKit builds (`choose_builder` on probed facts), or a one-line BuildError."""
+def find_cli(candidates: list[str] | None = None) -> BuildCLI:
+    """A docker CLI that can run BuildKit builds (`choose_cli` on probed facts), or a one-line BuildError."""
     clients = [probe_client(p) for p in (docker_candidates() if candidates is None else candidates)]
     plugins = [] if any(c.buildx for c in clients) else probe_buildx_files()
-    choice = choose_builder(clients, plugins)
+    choice = choose_cli(clients, plugins)
     if isinstance(choice, str):
         raise BuildError(choice)
     return choice

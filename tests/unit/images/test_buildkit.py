@@ -1,4 +1,4 @@
-"""Which docker CLI `build` runs BuildKit with, decided from probed facts (pure `choose_builder`), and the one
+"""Which docker CLI `build` runs BuildKit with, decided from probed facts (pure `choose_cli`), and the one
 line it says when none can: no engine here. Probing is checked against stand-in `docker` scripts."""
 
 import json
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from dockerlaunch.errors import BuildError
-from dockerlaunch.images import builder as builderlib
-from dockerlaunch.images.builder import BuildxFile, DockerClient, choose_builder
+from dockerlaunch.images import buildkit as builderlib
+from dockerlaunch.images.buildkit import BuildxFile, DockerClient, choose_cli
 
 NEW = DockerClient("/usr/local/bin/docker", "28.5.2")
 NEW_BUILDX = DockerClient("/usr/local/bin/docker", "28.5.2", buildx="github.com/docker/buildx 0.29.1+ds1 0.29.1+ds1-4")
@@ -20,35 +20,35 @@ DEBIAN_BUILDX = DockerClient("/usr/bin/docker", "20.10.24+dfsg1", buildx="github
 
 
 def message(clients, plugins=()) -> str:
-    out = choose_builder(clients, plugins)
+    out = choose_cli(clients, plugins)
     assert isinstance(out, str), out
     assert "\n" not in out and out.strip() == out, out
     return out
 
 
 def test_buildx_plugin_builds_with_load_and_no_env():
-    b = choose_builder([NEW_BUILDX, DEBIAN])
+    b = choose_cli([NEW_BUILDX, DEBIAN])
     assert b.prefix == ("/usr/local/bin/docker", "buildx", "build", "--load") and b.env == {}
     assert b.docker == "/usr/local/bin/docker"
     assert b.what == "buildx 0.29.1+ds1 with the docker CLI at /usr/local/bin/docker (28.5.2)"
 
 
 def test_buildx_is_preferred_to_a_built_in_buildkit_listed_first():
-    b = choose_builder([DEBIAN, NEW_BUILDX])
+    b = choose_cli([DEBIAN, NEW_BUILDX])
     assert b.prefix[1:] == ("buildx", "build", "--load") and b.docker == "/usr/local/bin/docker"
 
 
 def test_an_old_cli_with_the_plugin_uses_buildx_too():
-    b = choose_builder([NEW, DEBIAN_BUILDX])
+    b = choose_cli([NEW, DEBIAN_BUILDX])
     assert b.prefix == ("/usr/bin/docker", "buildx", "build", "--load") and "v0.13.1" in b.what
 
 
 def test_a_cli_older_than_23_has_buildkit_built_in():
-    b = choose_builder([NEW, DEBIAN])  # the 28 CLI first on PATH, no plugin: Debian's 20.10 builds
+    b = choose_cli([NEW, DEBIAN])  # the 28 CLI first on PATH, no plugin: Debian's 20.10 builds
     assert b.prefix == ("/usr/bin/docker", "build") and b.env == {"DOCKER_BUILDKIT": "1"}
     assert b.what == "the docker CLI at /usr/bin/docker (20.10.24+dfsg1, BuildKit built in)"
     for version in ("18.09.1", "19.03.15", "22.06.0-beta.0"):
-        assert choose_builder([DockerClient("/x/docker", version)]).env == {"DOCKER_BUILDKIT": "1"}
+        assert choose_cli([DockerClient("/x/docker", version)]).env == {"DOCKER_BUILDKIT": "1"}
 
 
 def test_a_new_cli_without_buildx_says_what_to_install_in_one_line():
@@ -92,7 +92,7 @@ def test_clis_that_do_not_run_or_are_too_old_are_each_named():
 
 
 def test_a_cli_that_failed_is_never_chosen_even_with_facts_that_look_good():
-    assert isinstance(choose_builder([DockerClient("/d", "20.10.24", buildx="b 0.1", error="boom")]), str)
+    assert isinstance(choose_cli([DockerClient("/d", "20.10.24", buildx="b 0.1", error="boom")]), str)
 
 
 # ---------------------------------------------------------------- probing, with stand-in CLIs
@@ -156,7 +156,7 @@ def test_find_builder_raises_the_one_line(tmp_path, monkeypatch):
     d = fake_docker(tmp_path, "docker", "Docker version 28.5.2, build 1234567", None)
     monkeypatch.setattr(builderlib, "plugin_dirs", lambda env=None: [str(tmp_path / "no-plugins")])
     with pytest.raises(BuildError) as e:
-        builderlib.find_builder([d])
+        builderlib.find_cli([d])
     assert str(e.value) == f"the docker CLI at {d} (28.5.2) needs the buildx plugin for BuildKit: " + \
         builderlib.BUILDX_FIX
 
@@ -167,9 +167,9 @@ def test_build_command_prints_the_line_not_a_traceback(tmp_path):
     d = fake_docker(tmp_path, "docker", "Docker version 28.5.2, build 1234567", None)
     program = (
         "import sys\n"
-        "from dockerlaunch.images import build, builder\n"
-        f"builder.docker_candidates = lambda: [{d!r}]\n"
-        "builder.plugin_dirs = lambda env=None: []\n"
+        "from dockerlaunch.images import build, buildkit\n"
+        f"buildkit.docker_candidates = lambda: [{d!r}]\n"
+        "buildkit.plugin_dirs = lambda env=None: []\n"
         "def no_verify(*a, **k): raise SystemExit('nothing was built, nothing to verify')\n"
         "build.verify = no_verify\n"
         "from dockerlaunch.cli.main import main\n"
@@ -188,9 +188,9 @@ def test_a_docker_container_builder_is_passed_over_for_the_engines_own():
     cannot see the engine's images (the made base, the builder stage): the build names the context's builder."""
     current = DockerClient("/usr/local/bin/docker", "28.5.2", buildx=NEW_BUILDX.buildx, driver="docker-container",
                            context="default")
-    b = choose_builder([current])
+    b = choose_cli([current])
     assert b.prefix == ("/usr/local/bin/docker", "buildx", "build", "--builder", "default", "--load")
     assert "driver docker-container cannot see local images" in b.what
     same = DockerClient("/usr/local/bin/docker", "28.5.2", buildx=NEW_BUILDX.buildx, driver="docker",
                         context="default")
-    assert choose_builder([same]).prefix == ("/usr/local/bin/docker", "buildx", "build", "--load")
+    assert choose_cli([same]).prefix == ("/usr/local/bin/docker", "buildx", "build", "--load")
