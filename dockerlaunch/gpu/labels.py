@@ -21,7 +21,7 @@ DRIVER_MIN = PREFIX + "driver-min"  # the least driver the image's CUDA major ru
 DRIVER_TOOLKIT = PREFIX + "driver-toolkit"  # the driver the image's CUDA toolkit shipped with
 STAGE = PREFIX + "stage"  # a build stage's image (not a stack's): '<target> of <stack>'
 VERIFY = PREFIX + "verify"  # where a build-time verify report is kept in the image
-COMPILE = PREFIX + "compile"  # a compile container's build folder (wheels.py)
+COMPILE = PREFIX + "compile"  # a compile container's build folder (compiles.py)
 BASE = PREFIX + "base"  # the made base image (images/base.py): base.suite, base.format, base.version.<pkg>
 
 

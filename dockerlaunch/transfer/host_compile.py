@@ -1,6 +1,6 @@
 """`--on HOST`: compile a stack's packages on a cluster host, where the cores (and GPUs) are.
 
-A laptop or CI box has a few cores; a GPU host has 100+. The compile is the wheel cache's own (images/wheels.py),
+A laptop or CI box has a few cores; a GPU host has 100+. The compile is the wheel cache's own (images/compiles.py),
 only its place moves: the builder image goes to the host the way `push` sends any image (only the layers it
 lacks), the source goes as a checked tree, the container runs on the host's engine with its build folder on the
 host's disk (so a killed compile resumes there too), and the finished wheel comes back into this machine's cache
@@ -27,7 +27,7 @@ from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.gpu import smi
 from dockerlaunch.gpu.cuda import version_tuple
 from dockerlaunch.hosts.ssh import Remote
-from dockerlaunch.images import compiles as wheels  # the compiling half of the wheel cache (images/compiles.py)
+from dockerlaunch.images import compiles  # the compiling half of the wheel cache (images/compiles.py)
 from dockerlaunch.images.compiles import CONTAINER_DIR, Place, Sample
 from dockerlaunch.images.wheels import Entry, WheelError
 
@@ -37,7 +37,7 @@ WHEEL_NAME = re.compile(r"[A-Za-z0-9_.+-]+\.whl")
 POLL = 2.0  # seconds between looks at the container's state
 
 
-class OnHost(wheels.Here):
+class OnHost(compiles.Here):
     """Compiles on one cluster host's engine, over an SSH connection `up` would use (same host-key policy)."""
 
     def __init__(self, remote: Remote, client=None, log: Callable[[str], None] | None = None):
@@ -65,7 +65,7 @@ class OnHost(wheels.Here):
     def default_jobs(self, gb_per_job: float) -> tuple[int, str | None]:
         out = self._run(["sh", "-c", "nproc; cat /proc/meminfo"], "reading its cores and memory")
         first, _, meminfo = out.partition("\n")
-        return wheels.default_jobs(gb_per_job, meminfo, int(first) if first.strip().isdigit() else 1)
+        return compiles.default_jobs(gb_per_job, meminfo, int(first) if first.strip().isdigit() else 1)
 
     @property
     def home(self) -> str:
@@ -111,7 +111,7 @@ class HostPlace(Place):
         self.host = on.remote.name
         self.where = f" on {on.what}"
         self.dir = f"{on.home}/.cache/dockerlaunch/compiled/{entry.folder.name}/build"
-        self.name = wheels.container_name(entry, where=self.host)
+        self.name = compiles.container_name(entry, where=self.host)
 
     def docker(self, *args: str, timeout: float = 120) -> tuple[int, str]:
         r = self.remote.run(["docker", *args], timeout=timeout)
@@ -133,7 +133,7 @@ class HostPlace(Place):
         if marker.ok and marker.stdout.strip() == source.name:
             return  # unpacked by an earlier run: its objects stay, ninja resumes
         with tempfile.TemporaryDirectory(prefix="dockerlaunch-src-") as tmp:
-            wheels.unpack(source, Path(tmp) / "src")  # checked here: no member leaves the folder
+            compiles.unpack(source, Path(tmp) / "src")  # checked here: no member leaves the folder
             archive = Path(tmp) / "src.tar"
             with tarfile.open(archive, "w") as tar:
                 tar.add(Path(tmp) / "src", arcname="src")
@@ -148,7 +148,7 @@ class HostPlace(Place):
 
     def progress(self) -> tuple[int, int]:
         r = self.remote.run(["sh", "-c", PROGRESS_SCRIPT, "sh", self.dir], timeout=120)
-        return wheels.count_objects(parse_progress(r.stdout)) if r.ok else (0, 0)
+        return compiles.count_objects(parse_progress(r.stdout)) if r.ok else (0, 0)
 
     def log_text(self) -> str:
         r = self.remote.run(["cat", f"{self.dir}/log"], timeout=300)
@@ -190,7 +190,7 @@ class HostPlace(Place):
 
     def sampler(self, cid: str) -> Sample:
         sample = Sample()
-        paths = [f"/sys/fs/cgroup/{p.format(id=cid)}" for pair in wheels.CGROUP_FILES for p in pair]
+        paths = [f"/sys/fs/cgroup/{p.format(id=cid)}" for pair in compiles.CGROUP_FILES for p in pair]
 
         def run() -> None:
             while not sample.stop.is_set():
@@ -219,7 +219,7 @@ class HostPlace(Place):
             time.sleep(POLL)
 
 
-# Each build.ninja below the build folder with its .ninja_log (see wheels.ninja_progress), between markers.
+# Each build.ninja below the build folder with its .ninja_log (see compiles.ninja_progress), between markers.
 PROGRESS_SCRIPT = r'''cd "$1" 2>/dev/null || exit 0
 find src/build -path 'src/build/temp*' -name build.ninja 2>/dev/null | sort | while read -r f; do
   printf '@@dl-ninja\n'; cat "$f"; printf '@@dl-log\n'; cat "$(dirname "$f")/.ninja_log" 2>/dev/null

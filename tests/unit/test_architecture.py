@@ -15,7 +15,7 @@ TOP = {"dockerlaunch", "tests", "scripts", "docs", "benchmarks", "compose", "Doc
        "images", "job", "transfer", "diagnostics", "sim", "gpu", "cli"}
 # heads of dotted names that are not dockerlaunch's (the standard library, torch): not checked
 FILE_TYPES = {"json", "jsonl", "yaml", "yml", "md", "tar", "txt", "log", "toml", "sh", "py"}
-EXTERNAL = {"tarfile", "torch", "docker", "paramiko", "subprocess", "os", "sys", "importlib", "dataclasses"}
+EXTERNAL = {"shlex", "tarfile", "torch", "docker", "paramiko", "subprocess", "os", "sys", "importlib", "dataclasses"}
 DOTTED = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
@@ -121,19 +121,31 @@ def test_every_path_and_name_in_backticks_exists():
 
 
 def test_the_diagram_names_real_modules():
-    """The package map: each `pkg/  a · b · c` line names modules of that package."""
+    """The package map: each `pkg/  a · b · c` line names modules of that package (a line that goes on without a
+    folder continues the one above; `a · b` after an arrow names top-level modules)."""
     block = re.search(r"```\n(.*?)```", DOC.read_text(), re.S).group(1)
-    wrong = []
+    names_re = r"((?:[a-z_]+(?:\{[a-z_,]+\})?\s*·\s*)+[a-z_]+)"
+    wrong, folder, seen, prev = [], None, 0, ""
     for line in block.splitlines():
-        m = re.search(r"([a-z_]+(?:/[a-z_]+)*)/\s+((?:[a-z_]+(?:\{[a-z_,]+\})?\s*·\s*)+[a-z_]+)", line)
-        if not m:
+        m = re.search(r"([a-z_]+(?:/[a-z_]+)*)/\s+" + names_re, line)
+        if m:
+            folder, names = m.group(1), m.group(2)
+        elif (c := re.search(r"^[\s│]+" + names_re, line)):
+            names = c.group(1)  # a continuation line, or the top-level modules
+            if "▼" in prev:
+                folder = ""
+        else:
+            prev = line if line.strip() else prev
             continue
-        folder = PKG / m.group(1)
-        for name in re.split(r"\s*·\s*", m.group(2)):
+        prev = line
+        for name in re.split(r"\s*·\s*", names):
             for n in expand(name):
-                if not ((folder / f"{n}.py").is_file() or (folder / n / "__init__.py").is_file()):
-                    wrong.append(f"{m.group(1)}/{n}")
+                seen += 1
+                base = PKG / folder if folder else PKG
+                if not ((base / f"{n}.py").is_file() or (base / n / "__init__.py").is_file()):
+                    wrong.append(f"{folder}/{n}" if folder else n)
     assert wrong == []
+    assert seen > 60  # the map was really read
 
 
 def test_it_is_one_page():

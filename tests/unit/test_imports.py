@@ -103,3 +103,42 @@ def test_the_module_lists_name_every_top_level_module():
     assert set(contracts["Only the CLI imports the simulator"]["source_modules"]) == \
         top - {"dockerlaunch.cli", "dockerlaunch.sim"}
     assert set(contracts["Only the CLI prints with rich"]["source_modules"]) == top - {"dockerlaunch.cli"}
+
+
+def test_no_import_circle_but_the_clis():
+    """No two modules import each other, directly or round a ring (imports inside functions count), except the CLI's
+    click registration (cli/main imports the command modules, which import main's group)."""
+    import grimp
+
+    graph = grimp.build_graph("dockerlaunch", cache_dir=None, exclude_type_checking_imports=True)
+    edges = {m: {t for t in graph.find_modules_directly_imported_by(m) if t.startswith("dockerlaunch.") and t != m}
+             for m in graph.modules if m.startswith("dockerlaunch")}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            ring = []
+            while True:
+                w = stack.pop()
+                ring.append(w)
+                if w == v:
+                    break
+            if len(ring) > 1:
+                circles.append(sorted(ring))
+
+    for m in sorted(edges):
+        if m not in index:
+            visit(m)
+    assert [c for c in circles if not all(m.startswith("dockerlaunch.cli.") for m in c)] == []
+    assert len(edges) > 90  # the graph was really read
