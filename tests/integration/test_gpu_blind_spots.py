@@ -110,8 +110,12 @@ def _doctor(sim_cluster, tmp_path, node, image, smi: str, log: list[tuple[float,
 
 
 def _only_health(rows: dict[str, tuple[str, str]], verdict: str) -> str:
-    """The health row's reason, after checking it is the one row that is not PASS (or a SKIP/INFO)."""
-    off = {k: v for k, v in rows.items() if v[0] in ("FAIL", "ERROR", "WARN")}
+    """The health row's reason, after checking it is the one row that is not PASS (or a SKIP/INFO).
+
+    The disk row measures the real disk under the sim's docker root (a CI machine may have under 20 GB free): a WARN
+    there is this machine's fact, not the GPU's, so it is allowed; any other verdict of it still fails the test."""
+    off = {k: v for k, v in rows.items() if v[0] in ("FAIL", "ERROR", "WARN")
+           and not (k == "disk" and v[0] == "WARN" and v[1].endswith("GB free under the docker root"))}
     assert list(off) == ["gpu health"] and off["gpu health"][0] == verdict, rows
     return off["gpu health"][1]
 
