@@ -143,19 +143,19 @@ def cuda_problem(stack: Stack, versions: dict[str, str]) -> str | None:
     torch = versions.get("torch", stack.torch)
     if stack.cuda is None:
         if runtime or any(n.startswith("nvidia-") for n in versions):
-            return (f"stack {stack.name} is a CPU stack, but torch {torch} from the registry is a CUDA build "
+            return (f"stack {stack.name} is a CPU stack, but torch {torch} from the package index is a CUDA build "
                     f"({runtime[0] + ' ' + runtime[1] if runtime else 'it pulls nvidia-* wheels'}): pin torch "
                     f"{torch.split('+')[0]}+cpu and lock with its index (--torch-index, or --find-links)")
         return None
     if runtime is None:
         if "+" in torch:
             return None  # a local variant (+cu128) bundles its runtime: its index is the stack's own
-        return (f"stack {stack.name}: torch {torch} from the registry pulls no CUDA runtime wheel, so which CUDA "
+        return (f"stack {stack.name}: torch {torch} from the package index pulls no CUDA runtime wheel, so which CUDA "
                 f"it was built for is unknown: pin torch {torch}+cu{stack.cuda.replace('.', '')} and lock with "
                 "its index (--torch-index)")
     got = ".".join(runtime[1].split(".")[:2])
     if got != stack.cuda:
-        return (f"stack {stack.name}: torch {torch} from the registry is built for CUDA {got} ({runtime[0]} "
+        return (f"stack {stack.name}: torch {torch} from the package index is built for CUDA {got} ({runtime[0]} "
                 f"{runtime[1]}), the stack's base has CUDA {stack.cuda}: pin torch "
                 f"{torch.split('+')[0]}+cu{stack.cuda.replace('.', '')} and lock with --torch-index "
                 f"{stack.torch_index_url or 'https://download.pytorch.org/whl/cu' + stack.cuda.replace('.', '')}")
@@ -176,7 +176,7 @@ def render(stack: Stack, resolved: dict[str, tuple[str, tuple[str, ...]]], layer
         for n in names:
             version, hashes = resolved[n]
             if not hashes:
-                raise LockError(f"{n}=={version}: the registry gave no sha256 for it (a local folder without "
+                raise LockError(f"{n}=={version}: the package index gave no sha256 for it (a local folder without "
                                 "hashes?): lock against an index")
             body_lines.append(Entry(n, version, tuple(sorted(hashes)), layer).requirement())
     body = "\n".join(body_lines) + "\n"

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.gpu.cuda import cubin_covers, version_tuple
 from dockerlaunch.gpu.needs import CudaCompat, compat_on_path, require_branches
+from dockerlaunch.images.index import normalize
 from dockerlaunch.verdict import Finding, Verdict
 
 CHECKS = ("symbols", "load", "archs", "pip", "imports", "dists")
@@ -55,12 +56,8 @@ def parse_pins(text: str | None) -> dict[str, str]:
     for item in (text or "").split():
         name, _, version = item.partition("==")
         if name:
-            out[canonical(name)] = version
+            out[normalize(name)] = version
     return out
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 # ---------------------------------------------------------------- report
@@ -292,11 +289,11 @@ def parse_pip_check(output: str) -> list[dict]:
             want = m.group(3)
             wname = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", want)
             out.append({"line": line, "kind": "version", "dist": m.group(1), "requires": want,
-                        "name": canonical(wname.group(1) if wname else m.group(4)), "have": m.group(5)})
+                        "name": normalize(wname.group(1) if wname else m.group(4)), "have": m.group(5)})
             continue
         m = re.match(r"^(\S+) (\S+) requires (\S+?),? which is not installed\.?$", line)
         if m:
-            out.append({"line": line, "kind": "missing", "dist": m.group(1), "name": canonical(m.group(3))})
+            out.append({"line": line, "kind": "missing", "dist": m.group(1), "name": normalize(m.group(3))})
             continue
         m = re.match(r"^(\S+) (\S+) is not supported on this platform\.?$", line)
         if m:
@@ -317,7 +314,7 @@ def judge_pip(report: VerifyReport, pip: dict | None, overrides: dict[str, str],
     if pip.get("rc") not in (0, 1) and not lines:
         report.add("pip check", FAIL, f"pip check exited {pip.get('rc')}: {pip.get('output', '').strip()[-300:]}")
         return
-    drops = {canonical(d) for d in drop}
+    drops = {normalize(d) for d in drop}
     unsupported = pip.get("unsupported") or {}
     for item in lines:
         name = item.get("name")
@@ -514,7 +511,7 @@ def judge_versions(report: VerifyReport, labels: dict, dists: dict[str, str] | N
             report.versions["python"] = {"installed": python, "pinned": want}
             report.add("version python", PASS if got == want else FAIL, f"pinned {want}, installed {python}")
             continue
-        names = PIN_DISTS.get(key, [canonical(key)])
+        names = PIN_DISTS.get(key, [normalize(key)])
         installed = {n: dists[n] for n in names if n in dists}
         shown = ", ".join(f"{n} {v}" for n, v in installed.items())
         report.versions[key] = {"installed": (shown if len(names) > 1 else installed.get(names[0])) or None,
