@@ -19,7 +19,7 @@ from dockerlaunch.job.plan import JobPlan
 
 def check(cluster: Fleet, plan: JobPlan) -> Report:
     """Observe and judge a connected (maybe partly connected) cluster, for the job's one plan."""
-    return judge(cluster.config, plan, cluster.targets, observe(cluster, plan))
+    return judge(plan.config, plan, cluster.targets, observe(cluster, plan))
 
 
 def doctor(config: ClusterConfig, plan: JobPlan) -> Report:

@@ -348,7 +348,7 @@ def image_here(image: str) -> bool | None:
 
 
 def observe(cluster: Fleet, plan: JobPlan) -> Observations:
-    config = cluster.config
+    config = plan.config  # after planning only the plan is read (its config is the one it was made from)
     master = plan.master_addr
     if isinstance(master, Deferred):
         master = cluster.peer_ip(0) or master
