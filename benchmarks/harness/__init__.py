@@ -6,7 +6,8 @@ asks one question and gets its sim cluster, shaped links, repeats, medians and r
   spread / ratio a figure over repeats as its median and spread; a ratio against a floor of the same run
   random_image   an image of random (incompressible) bytes, so that a byte count is what went over the link
   drop, ssh_argv a host made to lack an image again; OpenSSH to it, for the hand pipelines a push is compared with
-  staged_bytes, engine_reads, cpu   what a host staged, what this machine's engine read, what the launcher spent
+  staged_bytes, engine_reads, cpu   what a host staged, what this machine's engine read (both dockerlaunch.sim.measure,
+                                    as the tests count them), what the launcher spent
 
 The scale questions (8 to 256 hosts) share more: `harness.direct` (the sim's engines asked straight, without the
 launcher), `harness.launcher` (one CLI run, sampled) and `harness.sizes` (one run per size, its floors, the table).
@@ -33,6 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dockerlaunch import sim  # noqa: E402
+from dockerlaunch.sim.measure import engine_reads, staged_bytes  # noqa: E402,F401  (the harness's names, counted as the tests count)
 from dockerlaunch.transfer import image_facts  # noqa: E402
 
 
@@ -148,28 +150,3 @@ def ssh_argv(cfg, remote) -> list[str]:
     for k in t.identity_files:
         argv += ["-i", os.path.expanduser(k)]
     return argv + [f"{t.user}@{t.hostname}"]
-
-
-def staged_bytes(remote) -> int:
-    """Bytes the host has staged (every stage's size, by stat), polled while a push runs."""
-    r = remote.run(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do [ -f "$f" ] && stat -c %s "$f"; '
-                    'done; true'])
-    return sum(int(x) for x in r.stdout.split())
-
-
-def engine_reads() -> int:
-    """Bytes the launcher's own dockerd and containerd have read (rchar, counted by the kernel): the processes of
-    this machine's pid namespace only, not the sim nodes' engines."""
-    mine = os.readlink("/proc/self/ns/pid")
-    total = 0
-    for name in ("dockerd", "containerd"):
-        pids = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                if os.readlink(f"/proc/{pid}/ns/pid") != mine:
-                    continue
-                io_text = open(f"/proc/{pid}/io").read()
-            except OSError:
-                continue
-            total += int(next(x.split()[1] for x in io_text.splitlines() if x.startswith("rchar:")))
-    return total

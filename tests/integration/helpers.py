@@ -161,24 +161,6 @@ def torch_wheels() -> Path:
     return dest
 
 
-def engine_reads() -> int:
-    """Bytes the launcher's own dockerd and containerd have read (rchar, counted by the kernel): the processes of
-    this machine's pid namespace only, not the sim nodes' engines."""
-    mine = os.readlink("/proc/self/ns/pid")
-    total = 0
-    for name in ("dockerd", "containerd"):
-        pids = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                if os.readlink(f"/proc/{pid}/ns/pid") != mine:
-                    continue
-                io_text = open(f"/proc/{pid}/io").read()
-            except OSError:
-                continue
-            total += int(next(x.split()[1] for x in io_text.splitlines() if x.startswith("rchar:")))
-    return total
-
-
 @contextlib.contextmanager
 def local_containerd_engine(client, root: Path):
     """A second engine for the launcher, Docker 28 with containerd's image store (the store Docker 29 makes the
@@ -222,13 +204,6 @@ def local_containerd_engine(client, root: Path):
     finally:
         box.remove(force=True)
         data.remove(force=True)
-
-
-def staged_bytes(remote) -> int:
-    """Bytes the host has staged (every stage's size, by stat: tests and benchmarks poll this while a push runs)."""
-    r = remote.run(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do [ -f "$f" ] && stat -c %s "$f"; '
-                    'done; true'])
-    return sum(int(x) for x in r.stdout.split())
 
 
 # A sim node as a GPU host as far as its probe can tell, for the GPU tests (the stand-in nvidia-smi of

@@ -15,11 +15,12 @@ import pytest
 
 from dockerlaunch.backends.docker.doctor.observations import listening_ports
 from dockerlaunch.errors import TransferError
+from dockerlaunch.sim.measure import engine_reads, staged_bytes
 from dockerlaunch.transfer import cache_server, chain, layer_cache, push, staging
 from dockerlaunch.transfer.image_facts import local_image
 from dockerlaunch.transfer.oci import chain_ids
 from dockerlaunch.transfer.push import push_to_host
-from tests.integration.helpers import engine_reads, ids_on_nodes, nc_listeners, staged_bytes
+from tests.integration.helpers import ids_on_nodes, nc_listeners
 
 pytestmark = pytest.mark.integration
 
