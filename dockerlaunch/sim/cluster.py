@@ -427,6 +427,9 @@ def _seed(client, node: SimNode, seeds: list[Path]) -> None:
             )
 
 
+NETWORK_TRIES = 15  # seconds apart: a network's endpoints go after its containers, late on a busy engine
+
+
 def remove(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
     """Remove every container, network and volume of the cluster, and its state directory."""
     check_name(cluster)
@@ -455,7 +458,7 @@ def remove(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
         list(pool.map(remove, containers))
     removed["containers"] = len(containers)
     for n in networks:
-        for attempt in range(3):
+        for attempt in range(NETWORK_TRIES):  # a loaded engine (2 cores, 32 hosts) frees endpoints late
             try:
                 n.remove()
                 removed["networks"] += 1
@@ -465,7 +468,7 @@ def remove(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
             except docker.errors.APIError as e:
                 if "active endpoints" not in str(e):
                     raise
-                if attempt == 2:
+                if attempt == NETWORK_TRIES - 1:
                     _log(f"network {n.name} keeps an endpoint of a removed container (a dockerd bug, moby#42119): "
                          "restarting dockerd removes it; later clusters need another --subnet")
                 time.sleep(1)

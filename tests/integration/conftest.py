@@ -25,6 +25,22 @@ def _leftovers(client, cluster: str | None) -> list[str]:
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _registry_cap():
+    """The launcher's registry lives in the user's cache (capped at 30 GB): the suite's pushes of random images
+    would fill it run after run on a small CI disk. 4 GB holds any one test's images (eviction keeps the blobs of
+    the push just made); a test that asks another cap sets its own, and a caller's own setting wins."""
+    from dockerlaunch.transfer.layer_cache import CAP_ENV
+    if CAP_ENV in os.environ:
+        yield
+        return
+    os.environ[CAP_ENV] = "4"
+    try:
+        yield
+    finally:
+        os.environ.pop(CAP_ENV, None)
+
+
 @pytest.fixture(scope="session")
 def engine():
     if os.environ.get("DOCKERLAUNCH_SKIP_INTEGRATION") == "1":

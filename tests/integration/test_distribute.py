@@ -547,6 +547,9 @@ def test_a_chain_whose_launcher_was_killed_resumes_on_every_host(sim_cluster, en
         deadline = time.monotonic() + 180
         while staged_bytes(remotes[1]) < 120 << 20 and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert p.poll() is None, (f"the push ended (exit {p.returncode}) before node2 staged 120 MiB "
+                                  f"({staged_bytes(remotes[1])}): a host that does not stage (low disk?) cannot "
+                                  "show a resume")
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
         deadline = time.monotonic() + 60
