@@ -66,6 +66,7 @@ def test_a_dry_run_says_it_fills_the_layer_cache_and_cache_shows_and_prunes_it(s
     """The first `push --dry-run` took 11 s and said nothing (it fills the layer cache); nothing showed the cache's
     size or pruned it."""
     monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path / "cache"))  # a cache of this test's own
+    monkeypatch.delenv("DOCKERLAUNCH_LAYER_CACHE_GB", raising=False)  # with the default cap a user has
     ref = fresh_image(mb=4)  # on the tools image, which the nodes have: a thin plan, which reads the new layers
     cfg = str(sim_cluster[1])
     where = str(tmp_path / "cache" / "registry")
