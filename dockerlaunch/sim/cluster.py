@@ -427,9 +427,6 @@ def _seed(client, node: SimNode, seeds: list[Path]) -> None:
             )
 
 
-NETWORK_TRIES = 15  # seconds apart: a network's endpoints go after its containers, late on a busy engine
-
-
 def remove(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
     """Remove every container, network and volume of the cluster, and its state directory."""
     check_name(cluster)
@@ -458,7 +455,7 @@ def remove(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
         list(pool.map(remove, containers))
     removed["containers"] = len(containers)
     for n in networks:
-        for attempt in range(NETWORK_TRIES):  # a loaded engine (2 cores, 32 hosts) frees endpoints late
+        for attempt in range(3):
             try:
                 n.remove()
                 removed["networks"] += 1
@@ -468,7 +465,7 @@ def remove(cluster: str = DEFAULT_NAME, quiet: bool = False) -> dict[str, int]:
             except docker.errors.APIError as e:
                 if "active endpoints" not in str(e):
                     raise
-                if attempt == NETWORK_TRIES - 1:
+                if attempt == 2:
                     _log(f"network {n.name} keeps an endpoint of a removed container (a dockerd bug, moby#42119): "
                          "restarting dockerd removes it; later clusters need another --subnet")
                 time.sleep(1)
