@@ -212,7 +212,8 @@ def dry_run_view(plan: JobPlan, targets: list[SSHTarget]) -> dict:
     return view
 
 
-def render_plan(plan: JobPlan, targets: list[SSHTarget]) -> str:
+def render_plan(plan: JobPlan, targets: list[SSHTarget], first: list[str] = ()) -> str:
+    """The dry run's text; `first`: what `up` does before the plan's containers start (a push)."""
     out = [
         f"Plan for job {plan.job!r}: {plan.nnodes} host(s), image {plan.image}, "
         f"MASTER_ADDR={plan.master_addr} MASTER_PORT={plan.master_port}",
@@ -225,6 +226,7 @@ def render_plan(plan: JobPlan, targets: list[SSHTarget]) -> str:
         out.append(line if h.container.command else f"{line}  # <the image's CMD>")
     pending = plan.unresolved()
     out.append("")
+    out += first
     r = plan.recovery()
     if r["max_restarts"] or r["hang_timeout"] or r["spares"]:
         out.append(f"After a failure: up to {r['max_restarts']} gang restart(s), {r['restart_backoff']:g}s apart; "

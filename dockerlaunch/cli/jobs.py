@@ -117,6 +117,9 @@ def config_show(fmt: str, **kw) -> None:
 @output_option("For --dry-run.")
 @click.option("--detach", is_flag=True, help="Return once every container has started.")
 @click.option("--skip-preflight", is_flag=True, help="Do not run the doctor checks first.")
+@click.option("--push", is_flag=True,
+              help="First push this machine's build of the image to every host that lacks it or holds another "
+                   "(thin, as `push`; job.push).")
 @click.option("--keep", is_flag=True, help="Keep the containers after the job ends (inspect, then `down`).")
 @click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
               help="Per-rank log files go to DIR/<job>-<time>/attempt-N/.")
@@ -152,13 +155,16 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
     targets = resolve_all(cfg)
     plan = plan_job(cfg, targets)  # the one plan: printed here, applied (placeholders filled) by up
+    pusher = _Pusher(cfg.image) if cfg.job.push else None  # this machine lacks the image: one line, nothing starts
     if dry_run:
         view = dry_run_view(plan, targets)
+        view["push"] = pusher.to_dict() if pusher else None
         if smoke:
             from dockerlaunch.diagnostics import smoke as smokelib
 
             view["smoke"] = smokelib.dry_run_text().splitlines()
-        click.echo(json.dumps(view, indent=2) if output == "json" else render_plan(plan, targets))
+        click.echo(json.dumps(view, indent=2) if output == "json"
+                   else render_plan(plan, targets, [pusher.plan_line(), ""] if pusher else []))
         if smoke and output != "json":
             click.echo(f"\nfirst, as job {cfg.job.name[:54]}-smoke in the same image and containers:")
             click.echo("\n".join(view["smoke"]))
@@ -175,9 +181,52 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
             RichReporter().say("smoke FAILED: the job was not started", "bold red")
             sys.exit(1)
     recovery = launch.Recovery(dump=hang_dump, copy_image=lambda src, dst, ref: copy_between(src.remote, dst.remote,
-                                                                                          ref))
+                                                                                          ref),
+                               push=pusher.push if pusher else None)
     sys.exit(launch.up(cfg, detach=detach, keep=keep, preflight=not skip_preflight, log_dir=log_dir or None,
                        reporter=UpReporter(verbose), monitors=[watch_transport], plan=plan, recovery=recovery))
+
+
+class _Pusher:
+    """`up --push`: this machine's build of the job's image, read once before any host is asked, pushed (as `push`
+    pushes: thin, only what each host lacks) to every host of an attempt that lacks it or holds another build."""
+
+    def __init__(self, ref: str | None):
+        from dockerlaunch.engine import engine
+        from dockerlaunch.transfer import push as pushlib
+
+        if not ref:
+            raise DockerlaunchError("--push (job.push) sends the job's image from this machine: give --image IMAGE")
+        self.client = engine()
+        try:
+            self.image = pushlib.source_image(self.client, ref, lambda line: click.echo(line, err=True))
+        except DockerlaunchError as e:
+            raise DockerlaunchError(f"--push (job.push): {e}; build or pull it here first, or drop --push") from None
+        self.created = str(self.client.images.get(self.image.id).attrs.get("Created") or "")
+
+    def to_dict(self) -> dict:
+        return {"image": self.image.ref, "image_id": self.image.id, "created": self.created,
+                "to": "every host that lacks it or holds another build", "thin": True}
+
+    def plan_line(self) -> str:
+        return (f"First: push {self.image.ref} ({self.image.id[7:19]}, built {self.created[:19] or '?'}) from this "
+                "machine to every host that lacks it or holds another build (thin: only the layers a host lacks).")
+
+    def push(self, session, reporter) -> None:
+        from dockerlaunch.transfer import push as pushlib
+        from dockerlaunch.transfer.push_plan import PushState
+
+        hosts = session.fleet.hosts
+        remotes = [h.remote for h in hosts]
+        plan, views, layers = pushlib.observe_and_plan(self.client, remotes, self.image,
+                                                       addresses=[h.target.hostname for h in hosts])
+        results = pushlib.apply(self.client, remotes, plan, views, layers, "auto", True, reporter)
+        failed = [r for r in results if r.status == PushState.FAILED]
+        if failed:
+            raise DockerlaunchError(f"--push: {self.image.ref} did not reach {failed[0].host}: {failed[0].detail}; "
+                                    "nothing was started")
+        done = [f"{r.host} {r.status}" + (f" ({r.bytes_sent / 1e6:.0f} MB)" if r.bytes_sent else "") for r in results]
+        reporter.say(f"pushed {self.image.ref} ({self.image.id[7:19]}): {', '.join(done)}")
 
 
 @cli.command()

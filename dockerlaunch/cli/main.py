@@ -154,7 +154,8 @@ def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None)
         master_port=kw.pop("master_port", None), mounts=list(kw.pop("mounts", ())), env=list(kw.pop("env", ())),
         name=kw.pop("name", None), command=list(command) or None,
         diagnostics=False if kw.pop("no_diagnostics", False) else None,
-        offline=True if kw.pop("offline", False) else None, infiniband=infiniband,
+        offline=True if kw.pop("offline", False) else None, push=True if kw.pop("push", False) else None,
+        infiniband=infiniband,
         max_restarts=kw.pop("max_restarts", None), hang_timeout=kw.pop("hang_timeout", None),
         spares=kw.pop("spares", None),
     )

@@ -343,6 +343,12 @@ class JobSettings(_Model):
         "TRANSFORMERS_OFFLINE, HF_DATASETS_OFFLINE) so each rank fails at once instead of retrying; models and "
         "datasets come from local paths.",
     )
+    push: bool = Field(
+        False,
+        description="`up` first pushes this machine's build of the image (as `dockerlaunch push`, thin) to every host "
+        "that lacks it or holds another build, so an edit-build-up loop never trains yesterday's build. Refused when "
+        "this machine lacks the image.",
+    )
     max_restarts: int = Field(
         0, ge=0, le=1000,
         description="Gang restarts: when a rank exits non-zero, a host is lost or the job hangs, `up` removes every "
@@ -617,6 +623,7 @@ class Overrides(_Model):
     command: list[str] | None = None
     diagnostics: bool | None = None  # --no-diagnostics: all of `diagnostics:` off
     offline: bool | None = None  # --offline: job.offline
+    push: bool | None = None  # up --push: job.push
     infiniband: Literal["on", "off"] | None = None  # render --infiniband: container.infiniband
     max_restarts: int | None = None  # up --max-restarts: job.max_restarts
     hang_timeout: str | None = None  # up --hang-timeout: job.hang_timeout
@@ -692,7 +699,7 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
     if ov.spares is not None:
         data["spares"] = _flag_hosts(ov.spares, data.get("spares"), "--spares")
     touches_job = (ov.nproc_per_node, ov.master_port, ov.name, ov.command or None, ov.offline or None,
-                   ov.max_restarts, ov.hang_timeout)
+                   ov.push or None, ov.max_restarts, ov.hang_timeout)
     job = _mapping(data.get("job"), "job") if any(x is not None for x in touches_job) else {}
     if ov.nproc_per_node is not None:
         job["nproc_per_node"] = ov.nproc_per_node
@@ -704,6 +711,8 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
         job["command"] = list(ov.command)
     if ov.offline:
         job["offline"] = True
+    if ov.push:
+        job["push"] = True
     if ov.max_restarts is not None:
         job["max_restarts"] = ov.max_restarts
     if ov.hang_timeout is not None:

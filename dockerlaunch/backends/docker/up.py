@@ -70,11 +70,13 @@ Monitor = Callable[[Session, JobPlan, Reporter, threading.Event], None]
 @dataclass
 class Recovery:
     """What `up` needs from the layers above it (the CLI wires them in): a dump of every rank when the job hangs
-    (into the folder given; returns a one-line summary), and the image copied from a host that has it onto a
-    spare that lacks it (raises DockerlaunchError when it cannot)."""
+    (into the folder given; returns a one-line summary), the image copied from a host that has it onto a
+    spare that lacks it or holds another build, and (`up --push`, job.push) this machine's build pushed to every
+    host that lacks it or holds another (each raises DockerlaunchError when it cannot)."""
 
     dump: Callable[[Session, Path], str] | None = None
     copy_image: Callable[[Host, Host, str], str] | None = None
+    push: Callable[[Session, Reporter], None] | None = None
 
 
 class _Replace(Exception):
@@ -180,7 +182,11 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
         raise
     phases.done("connect")
     try:
-        if fresh and recovery.copy_image is not None:
+        if recovery.push is not None and (attempt == 0 or fresh):  # spares that joined get it from here too
+            recovery.push(session, reporter)
+            fresh.clear()
+            phases.done("push")
+        elif fresh and recovery.copy_image is not None:
             _image_onto_spares(session, sorted(fresh), recovery, reporter)
             fresh.clear()
             phases.done("image")
@@ -204,9 +210,11 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
                 bad: dict[int, str] = {}
                 for c in report.failed:
                     bad.setdefault(c.rank, f"doctor: {c.check}: {c.detail}"[:200])
-                # a failure on every host is the job's or the image's, not a host's: no spare would pass
-                if config.spares and -1 not in bad and len(bad) <= len(config.spares) and len(bad) < len(
-                        config.hosts):
+                # a failure on every host is the job's, not a host's: no spare would pass; nor would one fix an
+                # image row (a push does, and a spare copies its image from another host)
+                image_rows = any(c.check == "image" for c in report.failed)
+                if config.spares and not image_rows and -1 not in bad and len(bad) <= len(config.spares) and len(
+                        bad) < len(config.hosts):
                     raise _Replace(bad)
                 # the fix is each failed row's own (never --skip-preflight: it would start what cannot run)
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started: fix what "
@@ -233,14 +241,26 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
         session.close()
 
 
+BUILD_FORMAT = "{{.Id}} {{.Created}} {{json .RootFS.Layers}}"  # observe.sh's `image` and `image_content` in one
+
+
 def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, reporter: Reporter) -> None:
-    """A spare that took a rank gets the job's image from a host that has it (no registry needed)."""
+    """A spare that took a rank gets the job's image from a host that has it (no registry needed), unless it holds
+    the very build that host holds (a spare with the tag at all may hold last week's)."""
+    from dockerlaunch.backends.docker.doctor.observations import ImageBuild
+
     image = session.plan.image
-    argv = ["docker", "image", "inspect", "--format", "{{.Id}}", image]
-    has = session.fleet.each(lambda h: h.remote.run(argv, timeout=60).ok).raise_first()
-    sources = [h for h, ok in zip(session.fleet.hosts, has) if ok and h.rank not in ranks]
+    argv = ["docker", "image", "inspect", "--format", BUILD_FORMAT, image]
+
+    def build(h: Host) -> ImageBuild | None:
+        r = h.remote.run(argv, timeout=60)
+        image_id, _, content = r.stdout.strip().partition(" ")
+        return ImageBuild.from_content(image_id, content) if r.ok and image_id.startswith("sha256:") else None
+
+    builds = session.fleet.each(build).raise_first()
+    sources = [(h, b) for h, b in zip(session.fleet.hosts, builds) if b is not None and h.rank not in ranks]
     for r in ranks:
-        if has[r]:
+        if sources and builds[r] is not None and builds[r].same_as(sources[0][1]):  # type: ignore[union-attr]
             continue
         if not sources:
             raise DockerlaunchError(f"spare {session.fleet.hosts[r].address} lacks {image} and no other host of "
@@ -248,8 +268,9 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
                                         "push", image, "--hosts", session.fleet.hosts[r].address, hosts=False,
                                         name=False))
         dst = session.fleet.hosts[r]
-        reporter.say(f"copying {image} from {sources[0].address} to spare {dst.address}")
-        reporter.say(recovery.copy_image(sources[0], dst, image))  # type: ignore[misc]
+        held = f" (it holds {builds[r].describe()}, not {sources[0][1].describe()})" if builds[r] else ""
+        reporter.say(f"copying {image} from {sources[0][0].address} to spare {dst.address}{held}")
+        reporter.say(recovery.copy_image(sources[0][0], dst, image))  # type: ignore[misc]
 
 
 def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag: bool = True, probe: bool = True

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 
 from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
     HostObservation,
+    ImageBuild,
     Observations,
     image_lacks,
     refused_rlimit,
@@ -269,26 +271,34 @@ def _judge_ib_container(report: Report, a: str, c: ContainerFacts) -> None:
 
 
 def _judge_image(report: Report, config: ClusterConfig, plan: JobPlan, obs: list[HostObservation],
-                 image_here: bool | None = None) -> None:
+                 image_here: bool | None = None, local: ImageBuild | None = None) -> None:
+    """Every host must hold the build this machine holds (the one the user just built: a forgotten push must not
+    train yesterday's code), or, where this machine lacks the image, the same build as the others."""
     checked = [o for o in obs if o.usable and o.image_id is not None]
-    # one image has two IDs (config digest in the classic store, manifest digest in containerd's): hosts
-    # compare what it holds, its layers and creation time, where they report it
-    reference = next((o for o in checked if o.image_id), None)
+    builds = {o.rank: o.image_build or ImageBuild(o.image_id) for o in checked if o.image_id}
+    reference = local or next(iter(builds.values()), None)
     push = config.invocation.fix("push", plan.image, name=False)
     for o in checked:
-        same = reference is not None and (o.image_id == reference.image_id or (
-            bool(o.image_content) and o.image_content == reference.image_content))
-        if not o.image_id and image_here is False:
+        build = builds.get(o.rank)
+        if build is None and image_here is False:
             report.add(o.address, "image", FAIL, f"{plan.image} is missing, and not on this machine either: build or "
                        f"pull it first (`docker pull {plan.image}`, or `dockerlaunch build --stack NAME`), then "
                        f"{push}")
-        elif not o.image_id:
+        elif build is None:
             report.add(o.address, "image", FAIL, f"{plan.image} is missing here; {push}")
-        elif not same:
-            report.add(o.address, "image", FAIL, f"{plan.image} is {o.image_id[7:19]} here but "
-                       f"{reference.image_id[7:19]} on another host; {push}")
+        elif local is not None and not build.same_as(local):
+            if local.older_than(build):  # a push of ours would overwrite a newer build (a teammate's, CI's)
+                report.add(o.address, "image", FAIL, f"{plan.image} is {build.describe()} here, newer than this "
+                           f"machine's {local.describe()}: no push over it. To run the hosts' build, remove the "
+                           f"older tag here (`docker image rm {shlex.quote(plan.image)}`); to run yours, rebuild it")
+            else:
+                report.add(o.address, "image", FAIL, f"{plan.image} is {build.describe()} here but "
+                           f"{local.describe()} on this machine (built, not pushed?); {push}")
+        elif local is None and reference is not None and not build.same_as(reference):
+            report.add(o.address, "image", FAIL, f"{plan.image} is {build.short} here but "
+                       f"{reference.short} on another host; {push}")
         else:
-            report.add(o.address, "image", PASS, o.image_id[7:19])
+            report.add(o.address, "image", PASS, build.short + (" (as on this machine)" if local else ""))
 
 
 def _judge_cluster(report: Report, config: ClusterConfig, plan: JobPlan, ob: Observations) -> None:
@@ -376,7 +386,7 @@ def judge(config: ClusterConfig, plan: JobPlan, targets: list[SSHTarget], ob: Ob
     report = Report()
     for hp, target, o in zip(plan.hosts, targets, ob.hosts):
         _judge_host(report, config, hp, target, o, ob.master)
-    _judge_image(report, config, plan, ob.hosts, ob.image_here)
+    _judge_image(report, config, plan, ob.hosts, ob.image_here, ob.local_build)
     _judge_cluster(report, config, plan, ob)
     _judge_gpu_models(report, ob.hosts, plan)
     rank_of = {label: i for i, label in enumerate(labels)}

@@ -3,8 +3,10 @@ containers print: everything `judge` reads, unit-tested on recorded output, with
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import probe as probelib
@@ -106,6 +108,76 @@ def parse_reach(text: str) -> dict[str, tuple[str, str, str]] | None:
     return out if lines is not None else None
 
 
+RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+LAYER_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def parse_created(text: str) -> int | None:
+    """An engine's `Created` (RFC 3339 with up to nanoseconds, as `docker image inspect` gives it) -> nanoseconds
+    since the epoch; None for anything else (an image may carry no creation time)."""
+    m = RFC3339.fullmatch(text.strip())
+    if not m:
+        return None
+    y, mo, d, h, mi, s, frac, zone = m.groups()
+    try:
+        offset = 0 if zone == "Z" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+        whole = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return (int(whole.timestamp()) - offset) * 10**9 + int((frac or "").ljust(9, "0"))
+
+
+@dataclass(frozen=True)
+class ImageBuild:
+    """One build of the job's image as an engine holds it. Its ID differs between image stores (the classic store's
+    config digest, containerd's manifest digest); its creation time and layers do not. So two engines hold the same
+    build when the IDs match or, across stores, the creation time and layers do; and which of two builds is newer
+    is known only from creation times both engines gave."""
+
+    id: str
+    created_ns: int | None = None  # since the epoch; None: not given, or not RFC 3339
+    layers: tuple[str, ...] | None = None  # RootFS diff IDs; None: not given, or not digests
+
+    @classmethod
+    def of(cls, image_id: str, created: str, layers: object) -> ImageBuild:
+        ok = isinstance(layers, list) and bool(layers) and all(
+            isinstance(x, str) and LAYER_DIGEST.fullmatch(x) for x in layers)
+        return cls(image_id, parse_created(created), tuple(layers) if ok else None)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_content(cls, image_id: str, content: str) -> ImageBuild:
+        """From observe.sh's `image_content`: `{{.Created}} {{json .RootFS.Layers}}`."""
+        created, _, layers = content.partition(" ")
+        try:
+            parsed = json.loads(layers) if layers else None
+        except ValueError:
+            parsed = None
+        return cls.of(image_id, created, parsed)
+
+    def same_as(self, other: ImageBuild) -> bool:
+        if self.id == other.id:
+            return True
+        return (self.created_ns is not None and self.layers is not None
+                and (self.created_ns, self.layers) == (other.created_ns, other.layers))
+
+    def older_than(self, other: ImageBuild) -> bool:
+        return self.created_ns is not None and other.created_ns is not None and self.created_ns < other.created_ns
+
+    @property
+    def short(self) -> str:
+        return self.id[7:19] if self.id.startswith("sha256:") else self.id[:12]
+
+    @property
+    def built(self) -> str:
+        if self.created_ns is None:
+            return "build time unknown"
+        when = datetime.fromtimestamp(self.created_ns // 10**9, timezone.utc)
+        return f"built {when:%Y-%m-%d %H:%M:%S} UTC"
+
+    def describe(self) -> str:
+        return f"{self.short} ({self.built})"
+
+
 @dataclass
 class ContainerFacts:
     """What a short-lived container with the job's flags saw (or why it did not run)."""
@@ -141,7 +213,7 @@ class HostObservation:
     docker: str | None = None  # engine version
     docker_error: str | None = None
     image_id: str | None = None  # "" when the image is missing
-    image_content: str = ""  # its creation time and layer digests: the same image in either image store
+    image_build: ImageBuild | None = None  # its ID, creation time and layers (None when missing)
     image_needs: ImageNeeds | None = None  # what `dockerlaunch verify` recorded of this Image ID here
     probe: probelib.Probe | None = None
     disk: tuple[int, int] | None = None  # (size, available) KiB under the docker root
@@ -168,7 +240,8 @@ class Observations:
     reach_ports: tuple[int, int] | None = None  # (master port, a random high port) when tried
     reach_error: str | None = None  # the listener on host 0 did not start
     reach_missing: str | None = None  # no listener on host 0: the tool that is missing there, and how to add it
-    image_here: bool | None = None  # this machine has the job image (asked only when a host lacks it; None: unknown)
+    image_here: bool | None = None  # this machine has the job image (None: unknown, no engine here)
+    local_build: ImageBuild | None = None  # ... and which build it is: what the user built is what must run
 
 
 OBSERVE_SINGLE = ("clock", "docker", "docker_error", "image", "image_content")
@@ -192,7 +265,8 @@ def parse_observation(obs: HostObservation, text: str) -> HostObservation:
     obs.docker, obs.docker_error = one("docker"), one("docker_error")
     if obs.docker is not None:
         obs.image_id = one("image") or ""
-        obs.image_content = one("image_content") or ""
+        if obs.image_id:
+            obs.image_build = ImageBuild.from_content(obs.image_id, one("image_content") or "")
         obs.disk = parse_df_kb("\n".join(kv.get("disk", [])))
     obs.mounts_missing = kv.get("mount_missing", [])
     obs.listening = listening_ports("\n".join(kv.get("tcp", [])))

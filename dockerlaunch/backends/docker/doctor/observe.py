@@ -13,6 +13,7 @@ from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
     HostObservation,
+    ImageBuild,
     Observations,
     can_connect,
     can_listen,
@@ -331,20 +332,22 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations) ->
             h0.remote.run(["kill", handle], timeout=30)
 
 
-def image_here(image: str) -> bool | None:
-    """Whether this machine's engine has the image (a host lacking it is then one push away); None: no engine here."""
+def image_here(image: str) -> tuple[bool | None, ImageBuild | None]:
+    """Whether this machine's engine has the image, and which build (the one the user just built is the one that
+    must run); (None, None): no engine here."""
     import docker
 
     from dockerlaunch.engine import engine
     from dockerlaunch.errors import EngineError
 
     try:
-        engine().images.get(image)
-        return True
+        attrs = engine().images.get(image).attrs
     except docker.errors.ImageNotFound:
-        return False
+        return False, None
     except (EngineError, docker.errors.DockerException, OSError):
-        return None
+        return None, None
+    return True, ImageBuild.of(str(attrs.get("Id") or ""), str(attrs.get("Created") or ""),
+                               (attrs.get("RootFS") or {}).get("Layers"))
 
 
 def observe(cluster: Fleet, plan: JobPlan) -> Observations:
@@ -373,8 +376,8 @@ def observe(cluster: Fleet, plan: JobPlan) -> Observations:
             if wants_gpus(plan.hosts[o.item.rank]):
                 ob.gpus = ob.gpus or ContainerFacts(error=why)
     observations = Observations(str(master), obs)
-    if any(o.usable and o.docker is not None and not o.image_id for o in obs):
-        observations.image_here = image_here(plan.image)
+    if plan.known_image:
+        observations.image_here, observations.local_build = image_here(plan.image)
     try:
         _observe_shared(cluster, config, obs)
     except HostError as e:
