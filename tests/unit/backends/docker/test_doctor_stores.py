@@ -101,8 +101,9 @@ def test_where_this_machine_lacks_the_image_the_hosts_are_compared_with_each_oth
     assert "as on this machine" not in report.get(H0, "image").detail
 
 
-# Real `docker image inspect` answers (Docker 28.2.2 here, and the moby API's documented RFC 3339 nano form): the
-# creation times that engines print, and what observe.sh sends for an image without one.
+# Creation times as `docker image inspect --format '{{.Created}}'` prints them (seen on this machine's Docker 20.10.24:
+# `2026-11-27T22:44:48.313405961Z`; the moby API documents Created as RFC 3339 with nanoseconds, and omits it when
+# the image has none), and forms that are not it.
 @pytest.mark.parametrize("text,ns", [
     ("2026-11-23T14:40:47.764912492Z", 1795444847764912492),
     ("2024-02-01T00:00:00Z", 1706745600000000000),
