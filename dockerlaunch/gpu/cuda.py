@@ -1,26 +1,112 @@
-"""What CUDA code needs of a GPU and its driver: one place for the rules verify (an image's cubins against the
-architectures asked for), build (the driver labels) and doctor (an image against each host's GPUs and driver)
-all apply. Sources: docs/STACKS.md, Facts: Driver minimums; NVIDIA's CUDA C++ Programming Guide, "Binary
-Compatibility" and "PTX Compatibility", and the CUDA Compatibility guide."""
+"""What CUDA code needs of a GPU and its driver: one place for the rules verify, build and doctor all apply. The
+tables are NVIDIA's, each row as published (tests/data/nvidia-tables/ holds the text each was read from, and a
+test per row); docs/GPU.md says which and up to when."""
 
 from __future__ import annotations
 
 import re
 
-# What an image of a CUDA major needs of the host's driver (the major's minimum: 13.x from 13.0 GA's driver; 12.x
-# from R525 through minor-version compatibility), and the driver each toolkit release shipped with (below it,
-# minor-version compatibility holds short of PTX JIT of newer code and new APIs).
-DRIVER_MIN = {"13": "580.65.06", "12": "525.60.13"}
-TOOLKIT_DRIVER = {"12.6": "560.28.03", "12.8": "570.26", "13.0": "580.65.06"}
-# The newest CUDA each driver branch runs without forward compatibility (NVIDIA's CUDA Toolkit release notes, table
-# "CUDA Toolkit and Corresponding Driver Versions"): what nvidia-smi's "CUDA Version" says for that branch.
-BRANCH_CUDA = ((580, "13.0"), (575, "12.9"), (570, "12.8"), (560, "12.6"), (555, "12.5"), (550, "12.4"),
-               (545, "12.3"), (535, "12.2"), (530, "12.1"), (525, "12.0"))
-
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
     """'580.65.06' -> (580, 65, 6); '' -> ()."""
     return tuple(int(x) for x in re.findall(r"\d+", text or ""))
+
+
+# NVIDIA's CUDA Toolkit release notes, Table 3 "CUDA Toolkit and Corresponding Driver Versions" (the driver each
+# toolkit release shipped with: Linux x86_64, Windows x86_64), as published with CUDA 13.2 GA:
+# https://docs.nvidia.com/cuda/archive/13.2.0/cuda-toolkit-release-notes/index.html (read 2026-11-27; the rows of
+# 13.2 Update 1 and later could not be read: tests/data/nvidia-tables/cuda-toolkit-driver-versions.txt).
+TOOLKIT_DRIVERS = (
+    ("13.2 GA", "595.45.04", None), ("13.1 Update 1", "590.48.01", None), ("13.1 GA", "590.44.01", None),
+    ("13.0 Update 2", "580.95.05", None), ("13.0 Update 1", "580.82.07", None), ("13.0 GA", "580.65.06", None),
+    ("12.9 Update 1", "575.57.08", "576.57"), ("12.9 GA", "575.51.03", "576.02"),
+    ("12.8 Update 1", "570.124.06", "572.61"), ("12.8 GA", "570.26", "570.65"),
+    ("12.6 Update 3", "560.35.05", "561.17"), ("12.6 Update 2", "560.35.03", "560.94"),
+    ("12.6 Update 1", "560.35.03", "560.94"), ("12.6 GA", "560.28.03", "560.76"),
+    ("12.5 Update 1", "555.42.06", "555.85"), ("12.5 GA", "555.42.02", "555.85"),
+    ("12.4 Update 1", "550.54.15", "551.78"), ("12.4 GA", "550.54.14", "551.61"),
+    ("12.3 Update 1", "545.23.08", "546.12"), ("12.3 GA", "545.23.06", "545.84"),
+    ("12.2 Update 2", "535.104.05", "537.13"), ("12.2 Update 1", "535.86.09", "536.67"),
+    ("12.2 GA", "535.54.03", "536.25"), ("12.1 Update 1", "530.30.02", "531.14"), ("12.1 GA", "530.30.02", "531.14"),
+    ("12.0 Update 1", "525.85.12", "528.33"), ("12.0 GA", "525.60.13", "527.41"), ("11.8 GA", "520.61.05", "520.06"),
+    ("11.7 Update 1", "515.48.07", "516.31"), ("11.7 GA", "515.43.04", "516.01"),
+    ("11.6 Update 2", "510.47.03", "511.65"), ("11.6 Update 1", "510.47.03", "511.65"),
+    ("11.6 GA", "510.39.01", "511.23"), ("11.5 Update 2", "495.29.05", "496.13"),
+    ("11.5 Update 1", "495.29.05", "496.13"), ("11.5 GA", "495.29.05", "496.04"),
+    ("11.4 Update 4", "470.82.01", "472.50"), ("11.4 Update 3", "470.82.01", "472.50"),
+    ("11.4 Update 2", "470.57.02", "471.41"), ("11.4 Update 1", "470.57.02", "471.41"),
+    ("11.4.0 GA", "470.42.01", "471.11"), ("11.3.1 Update 1", "465.19.01", "465.89"),
+    ("11.3.0 GA", "465.19.01", "465.89"), ("11.2.2 Update 2", "460.32.03", "461.33"),
+    ("11.2.1 Update 1", "460.32.03", "461.09"), ("11.2.0 GA", "460.27.03", "460.82"),
+    ("11.1.1 Update 1", "455.32", "456.81"), ("11.1 GA", "455.23", "456.38"),
+    ("11.0.3 Update 1", "450.51.06", "451.82"), ("11.0.2 GA", "450.51.05", "451.48"),
+    ("11.0.1 RC", "450.36.06", "451.22"), ("10.2.89", "440.33", "441.22"),
+    ("10.1 (10.1.105 general release, and updates)", "418.39", "418.96"), ("10.0.130", "410.48", "411.31"),
+    ("9.2 (9.2.148 Update 1)", "396.37", "398.26"), ("9.2 (9.2.88)", "396.26", "397.44"),
+    ("9.1 (9.1.85)", "390.46", "391.29"), ("9.0 (9.0.76)", "384.81", "385.54"),
+    ("8.0 (8.0.61 GA2)", "375.26", "376.51"), ("8.0 (8.0.44)", "367.48", "369.30"),
+    ("7.5 (7.5.16)", "352.31", "353.66"), ("7.0 (7.0.28)", "346.46", "347.62"),
+)
+TABLES_READ = "2026-11-27"  # when the tables above and below were read from NVIDIA's pages
+
+
+def release_cuda(label: str) -> str:
+    """A Table 3 label's CUDA major.minor: '13.0 Update 2' -> '13.0', '11.4.0 GA' -> '11.4'."""
+    return ".".join(re.match(r"(\d+)\.(\d+)", label).groups())
+
+
+def _ga_drivers() -> dict[str, str]:
+    """major.minor -> the Linux driver of its first release (its GA row; else, where Table 3 names none, the
+    release with the oldest driver)."""
+    out: dict[str, tuple[bool, tuple[int, ...], str]] = {}
+    for label, linux, _ in TOOLKIT_DRIVERS:
+        key = (" GA" not in f" {label}", version_tuple(linux), linux)
+        mm = release_cuda(label)
+        if mm not in out or key < out[mm]:
+            out[mm] = key
+    return {mm: v[2] for mm, v in out.items()}
+
+
+# Minor-version compatibility (Table 2 of the same notes, and the CUDA Compatibility guide's
+# https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html): the driver branches that run
+# every release of a CUDA major, short of PTX JIT of newer code and new APIs. (first branch, first branch past it)
+MINOR_COMPAT = {"13": (580, None), "12": (525, 580), "11": (450, 525)}
+# What an image of a CUDA major needs of the driver: its first GA's driver (Table 3: "CUDA 13.0 GA", "CUDA 12.0 GA");
+# for 11.x the driver Table 2's footnote *** names for minor-version compatibility across 11.x.
+DRIVER_MIN = {"13": "580.65.06", "12": "525.60.13", "11": "450.80.02"}
+# The driver each toolkit major.minor shipped with (its GA row of Table 3): below it, minor-version compatibility.
+TOOLKIT_DRIVER = _ga_drivers()
+# The newest CUDA each driver branch runs without forward compatibility: what nvidia-smi's "CUDA Version" says for
+# it. From Table 3 (the branch of each toolkit's driver; R580 the 13.0 GA's, R595 the 13.2 GA's, ...) and, where
+# Table 3 as read stops, from the CUDA of each branch's own cuda-compat in NVIDIA's driver manifests
+# (https://developer.download.nvidia.com/compute/nvidia-driver/redist/redistrib_610.57.04.json: 13.3,
+# .../redistrib_620.70.06.json: 13.5; tests/data/nvidia-tables/driver-cuda-compat-manifests.txt). Not read: R615/R616.
+BRANCH_CUDA_COMPAT = ((620, "13.5"), (610, "13.3"))
+
+
+def _branch_cuda() -> tuple[tuple[int, str], ...]:
+    """(branch, the newest CUDA it runs), newest branch first."""
+    newest: dict[int, str] = dict(BRANCH_CUDA_COMPAT)
+    for label, linux, _ in TOOLKIT_DRIVERS:
+        branch, cuda = version_tuple(linux)[0], release_cuda(label)
+        if branch not in newest or version_tuple(cuda) > version_tuple(newest[branch]):
+            newest[branch] = cuda
+    return tuple(sorted(newest.items(), reverse=True))
+
+
+BRANCH_CUDA = _branch_cuda()
+
+
+def branch_cuda(driver: str | None) -> tuple[str | None, bool]:
+    """(the newest CUDA the tables say this driver's branch runs, whether its branch is in them): '580.95.05' ->
+    ('13.0', True); '615.20' -> ('13.3', False) (R610's, the newest branch below it: a lower bound)."""
+    have = version_tuple(driver)
+    if not have:
+        return None, False
+    for branch, cuda in BRANCH_CUDA:
+        if have[0] >= branch:
+            return cuda, have[0] == branch
+    return None, False
 
 
 def cubin_covers(cubins: list[str], arch: str) -> bool:
@@ -76,27 +162,65 @@ def archs_as_cubins(archs: list[str]) -> tuple[list[str], list[str]]:
 
 
 def driver_problem(driver: str, cuda: str, has_compat: bool = False, need: str | None = None,
-                   own: str | None = None) -> tuple[str, str] | None:
+                   own: str | None = None, host_cuda: str | None = None) -> tuple[str, str] | None:
     """(verdict, why) when a host's driver cannot run (FAIL) or may not fully run (WARN) an image of CUDA `cuda`
-    ('13.0'); None when it runs it. `has_compat`: the image ships cuda-compat (forward compatibility, data-center GPUs
-    only), which lets an older branch run a newer CUDA. `need`/`own`: the image's own word for its driver minimum
-    and its toolkit's driver (labels driver-min, driver-toolkit), else the tables above."""
+    ('13.0'); None when it runs it. Who decides, first to last: the image's own word (`need`/`own`: its labels
+    driver-min and driver-toolkit), then the CUDA the host's nvidia-smi reports (`host_cuda`: its "CUDA Version",
+    the newest CUDA this driver runs), then NVIDIA's tables above. `has_compat`: the image ships cuda-compat
+    (forward compatibility, data-center GPUs only), which lets an older branch run a newer CUDA: WARN, never PASS."""
     have = version_tuple(driver)
-    major = cuda.split(".")[0]
-    need = need or DRIVER_MIN.get(major)
-    if not have or need is None:
+    want = version_tuple(cuda)[:2]
+    if not have or len(want) < 2:
         return None
-    runs = next((c for branch, c in BRANCH_CUDA if have[0] >= branch), None)
-    if have < version_tuple(need):
-        if has_compat:
-            return ("WARN", f"runs CUDA <= {runs or '?'}; the image needs {cuda} (R{need.split('.')[0]}+) and ships "
-                            "cuda-compat: forward compatibility holds only on data-center GPUs of a supported branch")
-        return ("FAIL", f"runs CUDA <= {runs or 'none of 12.x/13.x'}; the image needs {cuda} (R{need.split('.')[0]}+)")
-    own = own or TOOLKIT_DRIVER.get(cuda)
+    mm, major = f"{want[0]}.{want[1]}", str(want[0])
+    host = version_tuple(host_cuda)[:2]
+    runs = f"{host[0]}.{host[1]}" if len(host) == 2 else branch_cuda(driver)[0]
+    if need and have < version_tuple(need):
+        return _too_old(cuda, runs, f"R{version_tuple(need)[0]}+", has_compat)
     if own and have < version_tuple(own):
         return ("WARN", f"runs {cuda} through minor-version compatibility (the toolkit's own driver is {own}+): "
                         "PTX JIT of newer code and the newest APIs may not work")
-    return None
+    if len(host) == 2:
+        if host[0] < want[0]:
+            floor = DRIVER_MIN.get(major)
+            return _too_old(cuda, runs, f"R{version_tuple(floor)[0]}+" if floor else f"a driver of CUDA {major}.x",
+                            has_compat)
+        if host[0] > want[0] or host >= want:
+            return None
+        return ("WARN", f"runs CUDA {runs} (nvidia-smi), older than the image's {cuda}: it runs through "
+                        f"minor-version compatibility, short of PTX JIT of code newer than {runs} and APIs new in "
+                        f"{cuda}; a driver of CUDA {mm}+ runs all of it")
+    floor = DRIVER_MIN.get(major) or (TOOLKIT_DRIVER.get(mm) if want[0] < 11 else None)
+    if floor is None:
+        known = max(DRIVER_MIN, key=int)
+        return ("WARN", f"CUDA {major}.x is in none of NVIDIA's tables as read {TABLES_READ} (they end at "
+                        f"{known}.x) and nvidia-smi did not report the CUDA this driver runs (<= {runs or '?'} by "
+                        "the tables): it may not run the image")
+    if have < version_tuple(floor):
+        return _too_old(cuda, runs, f"R{version_tuple(floor)[0]}+", has_compat)
+    toolkit = TOOLKIT_DRIVER.get(mm)
+    if toolkit:
+        if have < version_tuple(toolkit):
+            return ("WARN", f"runs {cuda} through minor-version compatibility (the toolkit's own driver is "
+                            f"{toolkit}+): PTX JIT of newer code and the newest APIs may not work")
+        return None
+    # a release newer than Table 3 as read: the branch table says what this driver runs
+    if runs and version_tuple(runs) >= want:
+        return None
+    if branch_cuda(driver)[1]:
+        return ("WARN", f"R{have[0]} runs CUDA {runs} (NVIDIA's tables; nvidia-smi did not report it): the image's "
+                        f"{cuda} runs through minor-version compatibility, short of PTX JIT of newer code and the "
+                        "newest APIs")
+    return ("WARN", f"R{have[0]} is in none of NVIDIA's tables as read {TABLES_READ} (the branch below it runs "
+                    f"{runs or '?'}) and nvidia-smi did not report its CUDA: the image's {cuda} may run only "
+                    "through minor-version compatibility, short of PTX JIT of newer code and the newest APIs")
+
+
+def _too_old(cuda: str, runs: str | None, needs: str, has_compat: bool) -> tuple[str, str]:
+    if has_compat:
+        return ("WARN", f"runs CUDA <= {runs or '?'}; the image needs {cuda} ({needs}) and ships cuda-compat: "
+                        "forward compatibility holds only on data-center GPUs of a supported branch")
+    return ("FAIL", f"runs CUDA <= {runs or 'none of 12.x/13.x'}; the image needs {cuda} ({needs})")
 
 
 def runtime_cuda(dists: dict[str, str | None]) -> str | None:

@@ -8,26 +8,96 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# Compute capability by model name, for drivers that do not know the `compute_cap` field (R470 and older: "Field
-# "compute_cap" is not a valid field to query", TensorRT-LLM#735, candle#733). NVIDIA's CUDA GPUs table
-# (https://developer.nvidia.com/cuda-gpus); first match wins, so longer names come first.
-MODEL_CAPS = (
-    (r"\bGB300\b|\bB300\b", "10.3"), (r"\bGB200\b|\bB200\b|\bB100\b", "10.0"),
-    (r"RTX PRO \d+ Blackwell|RTX 50\d\d", "12.0"),
-    (r"\bGH200\b|\bH200\b|\bH100\b|\bH800\b|\bH20\b", "9.0"),
-    (r"\bL40S?\b|\bL4\b|\bL20\b|RTX 40\d\d|RTX \d+ Ada|\bAda Generation\b", "8.9"),
-    (r"\bA100\b|\bA800\b|\bA30\b", "8.0"),
-    (r"\bA10G?\b|\bA40\b|\bA16\b|\bA2\b|RTX 30\d\d|RTX A\d+", "8.6"),
-    (r"\bV100\b|TITAN V\b", "7.0"),
-    (r"\bT4\b|RTX 20\d\d|GTX 16\d\d|Quadro RTX|TITAN RTX", "7.5"),
-    (r"\bP100\b", "6.0"), (r"\bP40\b|\bP4\b|GTX 10\d\d|Quadro P\d+|TITAN Xp?\b", "6.1"),
-)
+# Compute capability by model name, for drivers without the `compute_cap` field (R470 and older: "Field
+# "compute_cap" is not a valid field to query", TensorRT-LLM#735, candle#733). NVIDIA's "CUDA GPU Compute Capability"
+# table, https://developer.nvidia.com/cuda-gpus, read 2026-11-27 (its rows below 8.6's "NVIDIA RTX A2000" from a copy
+# of it: tests/data/nvidia-tables/cuda-gpus.txt), each model as NVIDIA writes it.
+CUDA_GPUS = {
+    "12.1": ("NVIDIA GB10 (DGX Spark)",),
+    "12.0": (
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+        "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "NVIDIA RTX PRO 5000 Blackwell",
+        "NVIDIA RTX PRO 4500 Blackwell", "NVIDIA RTX PRO 4000 Blackwell", "NVIDIA RTX PRO 4000 Blackwell SFF Edition",
+        "NVIDIA RTX PRO 2000 Blackwell", "GeForce RTX 5090", "GeForce RTX 5080", "GeForce RTX 5070 Ti",
+        "GeForce RTX 5070", "GeForce RTX 5060 Ti", "GeForce RTX 5060", "GeForce RTX 5050",
+    ),
+    "11.0": ("Jetson T5000", "Jetson T4000"),
+    "10.3": ("NVIDIA GB300", "NVIDIA B300"),
+    "10.0": ("NVIDIA GB200", "NVIDIA B200"),
+    "9.0": ("NVIDIA GH200", "NVIDIA H200", "NVIDIA H100"),
+    "8.9": (
+        "NVIDIA L4", "NVIDIA L40", "NVIDIA L40S", "NVIDIA RTX 6000 Ada", "NVIDIA RTX 5000 Ada", "NVIDIA RTX 4500 Ada",
+        "NVIDIA RTX 4000 Ada", "NVIDIA RTX 4000 SFF Ada", "NVIDIA RTX 2000 Ada", "GeForce RTX 4090", "GeForce RTX 4080",
+        "GeForce RTX 4070 Ti", "GeForce RTX 4070", "GeForce RTX 4060 Ti", "GeForce RTX 4060", "GeForce RTX 4050",
+    ),
+    "8.7": ("Jetson AGX Orin", "Jetson Orin NX", "Jetson Orin Nano"),
+    "8.6": (
+        "NVIDIA A40", "NVIDIA A10", "NVIDIA A16", "NVIDIA A2", "NVIDIA RTX A6000", "NVIDIA RTX A5000",
+        "NVIDIA RTX A4000", "NVIDIA RTX A3000", "NVIDIA RTX A2000", "GeForce RTX 3090 Ti", "GeForce RTX 3090",
+        "GeForce RTX 3080 Ti", "GeForce RTX 3080", "GeForce RTX 3070 Ti", "GeForce RTX 3070", "GeForce RTX 3060 Ti",
+        "GeForce RTX 3060", "GeForce RTX 3050 Ti", "GeForce RTX 3050",
+    ),
+    "8.0": ("NVIDIA A100", "NVIDIA A30"),
+    "7.5": (
+        "NVIDIA T4", "QUADRO RTX 8000", "QUADRO RTX 6000", "QUADRO RTX 5000", "QUADRO RTX 4000", "QUADRO RTX 3000",
+        "QUADRO  T2000", "NVIDIA T1200", "NVIDIA T1000", "NVIDIA T600", "NVIDIA T500", "NVIDIA T400",
+        "GeForce GTX 1650 Ti", "NVIDIA TITAN RTX", "GeForce RTX 2080 Ti", "GeForce RTX 2080", "GeForce RTX 2070",
+        "GeForce RTX 2060",
+    ),
+}
+# NVIDIA's "Legacy CUDA GPU Compute Capability" table, https://developer.nvidia.com/cuda-legacy-gpus, read 2026-11-27
+# down to 5.0's "GeForce 940M" (tests/data/nvidia-tables/cuda-gpus.txt).
+CUDA_LEGACY_GPUS = {
+    "7.2": ("Jetson AGX Xavier", "Jetson Xavier NX"),
+    "7.0": ("NVIDIA V100", "Quadro GV100", "NVIDIA TITAN V"),
+    "6.2": ("Jetson TX2",),
+    "6.1": (
+        "Tesla P40", "Tesla P4", "Quadro P6000", "Quadro P5200", "Quadro P5000", "Quadro P4200", "Quadro P4000",
+        "Quadro P3200", "Quadro P3000", "Quadro P2200", "Quadro P2000", "Quadro P1000", "Quadro P620", "Quadro P600",
+        "Quadro P500", "Quadro P400", "P620", "P520", "NVIDIA TITAN Xp", "NVIDIA TITAN X", "GeForce GTX 1080 Ti",
+        "GeForce GTX 1080", "GeForce GTX 1070 Ti", "GeForce GTX 1070", "GeForce GTX 1060", "GeForce GTX 1050",
+    ),
+    "6.0": ("Tesla P100", "Quadro GP100"),
+    "5.3": ("Jetson Nano",),
+    "5.2": (
+        "Tesla M60", "Tesla M40", "Quadro M6000 24GB", "Quadro M6000", "Quadro M5000", "Quadro M4000", "Quadro M2000",
+        "Quadro M5500M", "Quadro M2200", "Quadro M620", "GeForce GTX TITAN X", "GeForce GTX 980 Ti", "GeForce GTX 980",
+        "GeForce GTX 970", "GeForce GTX 960", "GeForce GTX 950", "GeForce GTX 980M", "GeForce GTX 970M",
+        "GeForce GTX 965M", "GeForce 910M",
+    ),
+    "5.0": (
+        "Quadro K2200", "Quadro K1200", "Quadro K620", "Quadro M1200", "Quadro M520", "Quadro M5000M", "Quadro M4000M",
+        "Quadro M3000M", "Quadro M2000M", "Quadro M1000M", "Quadro K620M", "Quadro M600M", "Quadro M500M",
+        "NVIDIA NVS 810", "GeForce GTX 750 Ti", "GeForce GTX 750", "GeForce GTX 960M", "GeForce GTX 950M",
+        "GeForce 940M",
+    ),
+}
+# Names nvidia-smi prints that NVIDIA's tables word otherwise ("Jetson T5000" prints "NVIDIA Thor"), and models they
+# omit: public nvidia-smi output, not NVIDIA's tables (tests/data/nvidia-tables/nvidia-smi-names.txt says whose).
+SMI_NAMES = {
+    "12.1": ("NVIDIA GB10",), "11.0": ("NVIDIA Thor",), "9.0": ("NVIDIA H20", "NVIDIA H800"), "8.9": ("NVIDIA L20",),
+    "8.6": ("NVIDIA A10G",), "8.0": ("NVIDIA A800",),
+}
+
+
+def model_tokens(name: str) -> tuple[str, ...]:
+    """A model name as words to match: lower case, no parenthesis, no 'NVIDIA'/'Tesla' (nvidia-smi prints 'Tesla
+    T4' for NVIDIA's 'NVIDIA T4', 'NVIDIA GeForce RTX 4090' for its 'GeForce RTX 4090')."""
+    words = re.findall(r"[a-z0-9]+", re.sub(r"\([^)]*\)", " ", name.lower()))
+    return tuple(w for w in words if w not in ("nvidia", "tesla"))
+
+
+# every name, longest first: the most specific one that matches wins ("GeForce GTX TITAN X" over "NVIDIA TITAN X")
+_BY_NAME = sorted(((model_tokens(n), cap) for table in (CUDA_GPUS, CUDA_LEGACY_GPUS, SMI_NAMES)
+                   for cap, names in table.items() for n in names), key=lambda t: -len(t[0]))
 
 
 def cap_of_model(name: str | None) -> str | None:
-    """The compute capability NVIDIA's table gives the model `name` ('NVIDIA A100-SXM4-80GB' -> '8.0'), or None."""
-    for pattern, cap in MODEL_CAPS:
-        if name and re.search(pattern, name):
+    """The compute capability the tables give the model `name` ('NVIDIA A100-SXM4-80GB' -> '8.0'): the longest
+    table name whose words stand together in it ('Quadro RTX 5000' is not 'NVIDIA RTX 5000 Ada'), or None."""
+    have = model_tokens(name or "")
+    for words, cap in _BY_NAME:
+        if any(have[i:i + len(words)] == words for i in range(len(have) - len(words) + 1)):
             return cap
     return None
 
@@ -62,7 +132,7 @@ class Gpu:
 
     @property
     def arch(self) -> str | None:
-        """The compute capability to build and judge for: nvidia-smi's, else the model's (see MODEL_CAPS)."""
+        """The compute capability to build and judge for: nvidia-smi's, else the model's (cap_of_model)."""
         return self.compute_cap or cap_of_model(self.name)
 
     @property

@@ -116,7 +116,8 @@ class ImageNeeds:
             return Finding("driver", Verdict.SKIP, f"driver {host.driver}{runs}; the image does not say which CUDA it "
                            f"needs (no {labels.CUDA} label or CUDA_VERSION; `dockerlaunch verify IMAGE` here records "
                            "it)")
-        problem = cuda.driver_problem(host.driver, self.cuda, need=self.driver_min, own=self.toolkit_driver)
+        problem = cuda.driver_problem(host.driver, self.cuda, need=self.driver_min, own=self.toolkit_driver,
+                                      host_cuda=host.cuda)
         compat = self._compat(host, problem is not None and problem[0] == "FAIL", gpu_mode)
         if compat is not None:
             return Finding("driver", Verdict(compat[0]), f"driver {host.driver}{runs}: {compat[1]}")

@@ -28,8 +28,14 @@ def parse_cuda_archs(text: str | None) -> list[str]:
 DEFAULT_ARCH = "9.0"  # H100/H200: one architecture, since each one more multiplies flash-attn's hours
 
 
-# What nvcc can target (sm_XY cubins), by CUDA release: 13.0 dropped Maxwell, Pascal and Volta; 12.8 added
-# Blackwell (10.0, 12.0). NVIDIA's CUDA toolkit release notes.
+# What nvcc can target (sm_XY cubins), by CUDA release, each row its release's change as NVIDIA wrote it
+# (tests/data/nvidia-tables/cuda-archs.txt, read 2026-11-27). 13.0: "Offline compilation and library support for
+# [Maxwell, Pascal, Volta] have been removed" (https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html
+# #deprecated-architectures); its set is what CUDA 13.3's `nvcc --list-gpu-code` prints (a third party's record).
+# 12.9: "adds compiler target support for SM architecture 10.3 ... and 12.1"; 12.8: "adds compiler support for ...
+# SM_100, SM_101, SM_120"; 11.8: "introduces support for both the Hopper and Ada Lovelace GPU families"
+# (https://docs.nvidia.com/cuda/cuda-features-archive/index.html). The older architectures of the 11.8 and 12.x rows
+# are the earlier table's, not checked against NVIDIA's text.
 ARCHS_BY_CUDA = [
     ((13, 0), {"7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1"}),
     ((12, 9), {"5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0",
@@ -39,18 +45,27 @@ ARCHS_BY_CUDA = [
     ((11, 8), {"3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7",
                "8.9", "9.0"}),
 ]
+# The newest release whose list was read: a newer one may target architectures the table lacks (third parties say
+# 13.4 adds Rubin, 10.7), so past it only an architecture older than every one of the newest row is refused.
+ARCHS_READ_UP_TO = (13, 3)
+
+
+def _cap(arch: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in arch.split("."))
 
 
 def arch_problem(stack: Stack, arch: str) -> str | None:
-    """Why nvcc of the stack's CUDA cannot compile for `arch` (None when it can)."""
+    """Why nvcc of the stack's CUDA cannot compile for `arch` (None when it can, or when the tables cannot tell)."""
     if not stack.cuda:
         return None
     cuda = tuple(int(x) for x in stack.cuda.split("."))
     known = next((archs for since, archs in ARCHS_BY_CUDA if cuda >= since), None)
     if known is None or arch in known:
         return None
+    if cuda > ARCHS_READ_UP_TO and _cap(arch) > min(_cap(a) for a in known):
+        return None
     return (f"--cuda-archs {arch}: CUDA {stack.cuda}'s nvcc cannot target compute capability {arch} (it can: "
-            f"{', '.join(sorted(known, key=lambda a: tuple(int(x) for x in a.split('.'))))})")
+            f"{', '.join(sorted(known, key=_cap))})")
 
 
 def check_archs(stack: Stack, archs: list[str]) -> None:

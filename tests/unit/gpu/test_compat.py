@@ -142,7 +142,8 @@ def test_verifys_record_wins_over_the_environment():
 def test_the_environment_gives_the_branches_and_an_estimated_version():
     c = compat_of_env(ENV)
     assert c == CudaCompat("580.65.06", (535, 550, 570), cuda="13.0", estimated=True)
-    assert compat_of_env(("CUDA_VERSION=12.9.1", f"NVIDIA_REQUIRE_CUDA={REQUIRE}")).version == "575"
+    # 12.9 GA's own driver (NVIDIA's Table 3), where the table once stopped at 12.8 and the branch stood in
+    assert compat_of_env(("CUDA_VERSION=12.9.1", f"NVIDIA_REQUIRE_CUDA={REQUIRE}")).version == "575.51.03"
     assert compat_of_env(("CUDA_VERSION=13.0.1", "NVIDIA_REQUIRE_CUDA=cuda>=13.0")) is None  # no brand=tesla
     assert compat_of_env(("CUDA_VERSION=13.0.1",)) is None
     assert compat_of_env((*ENV[:3], "LD_LIBRARY_PATH=/usr/local/cuda-13.0/compat/")).on_path == "LD_LIBRARY_PATH"

@@ -31,7 +31,54 @@ def test_the_failure_says_what_the_driver_runs_and_what_the_image_needs():
 
 def test_an_unreadable_driver_is_no_verdict_here():
     assert cuda.driver_problem("", "13.0") is None
-    assert cuda.driver_problem("580.65.06", "11.8") is None  # a major without a recorded minimum
+    assert cuda.driver_problem("580.65.06", "11.8") is None  # an older major: backward compatibility
+
+
+@pytest.mark.parametrize("driver, image, verdict", [
+    ("570.86", "12.9", "WARN"),  # 12.9 GA's own driver is 575.51.03: minor-version compatibility
+    ("580.95.05", "13.2", "WARN"),  # 13.2 GA's is 595.45.04
+    ("580.95", "14.0", "WARN"),  # a major no table read knows: said, not passed
+    ("595.45.04", "13.2", None),
+    ("590.48.01", "13.1", None),
+    ("610.57.04", "13.3", None),  # past Table 3 as read: R610 runs 13.3 (its cuda-compat manifest)
+    ("620.70.06", "13.5", None),
+    ("610.57.04", "13.5", "WARN"),
+    ("616.10", "13.4", "WARN"),  # a branch in no table read
+    ("450.80.02", "11.8", "WARN"),  # 11.x minor-version compatibility from 450.80.02 (Table 2's footnote)
+    ("440.33", "11.0", "FAIL"),
+    ("418.39", "10.1", None), ("410.48", "10.1", "FAIL"),  # 10.x: the toolkit's own driver, no minor compatibility
+])
+def test_issue_58s_rows_and_nvidias_tables(driver, image, verdict):
+    got = cuda.driver_problem(driver, image)
+    assert (got[0] if got else None) == verdict, got
+
+
+@pytest.mark.parametrize("driver, reported, image, verdict", [
+    ("580.95.05", "13.0", "13.2", "WARN"),  # older than the image's toolkit: minor-version compatibility
+    ("595.71.05", "13.2", "13.2", None),
+    ("620.70.06", "13.5", "13.0", None),  # newer runs older
+    ("616.10", "13.4", "13.4", None),  # the host's word, where no table has the branch
+    ("616.10", "13.4", "13.5", "WARN"),
+    ("590.48.01", "13.1", "14.0", "FAIL"),  # a CUDA 13 driver runs no CUDA 14 image
+    ("570.86.15", "12.8", "13.0", "FAIL"),
+    ("620.70.06", "13.5", "12.4", None),
+])
+def test_the_cuda_the_host_reports_decides_before_any_table(driver, reported, image, verdict):
+    got = cuda.driver_problem(driver, image, host_cuda=reported)
+    assert (got[0] if got else None) == verdict, got
+
+
+def test_the_warnings_say_why():
+    _, why = cuda.driver_problem("580.95.05", "13.2", host_cuda="13.0")
+    assert why.startswith("runs CUDA 13.0 (nvidia-smi), older than the image's 13.2") and "PTX JIT" in why
+    _, why = cuda.driver_problem("580.95", "14.0")
+    assert "CUDA 14.x is in none of NVIDIA's tables" in why and "<= 13.0" in why
+    assert cuda.driver_problem("590.48.01", "14.0", host_cuda="13.1")[1] == \
+        "runs CUDA <= 13.1; the image needs 14.0 (a driver of CUDA 14.x)"
+    # the image's own labels still come first: a driver-min it states fails even where nvidia-smi reports enough
+    assert cuda.driver_problem("580.95.05", "13.0", need="590.44.01", host_cuda="13.0")[0] == "FAIL"
+    # and forward compatibility turns the host's FAIL into a WARN, never a pass
+    assert cuda.driver_problem("570.86.15", "13.0", has_compat=True, host_cuda="12.8")[0] == "WARN"
 
 
 @pytest.mark.parametrize("label, cubins, ptx", [
