@@ -33,7 +33,7 @@ from dockerlaunch.docker_run import sandbox_argv, sidecar_argv
 from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.job.config import ClusterConfig
-from dockerlaunch.job.plan import diag_dir
+from dockerlaunch.job.plan import diag_dir, diag_root
 from dockerlaunch.reporting import Reporter
 from dockerlaunch.tars import open_untrusted
 
@@ -136,7 +136,7 @@ class _HostDumper:
         self.h, self.session, self.native, self.pyspy, self.budget = h, session, native, pyspy, budget
         self.hp = session.plan.hosts[h.rank]
         self.name = self.hp.container.name
-        self.where = diag_dir(session.config)
+        self.where = diag_dir(session.plan.config)
         self.result = HostDump(h.rank, self.hp.address, out / _label(h.rank, self.hp.address))
 
     def run(self) -> HostDump:
@@ -221,7 +221,7 @@ class _HostDumper:
             # the shared parent, where this makes it, is sticky and world-writable as diagdir.sh makes it
             ["sh", "-c", OWNED + '{ [ -d "$2" ] || { mkdir -p "$2" && chmod 1777 "$2"; }; } && mkdir -p "${1%/*}" '
              '&& owned "${1%/*}" && cat > "$1.$$" && chmod 755 "$1.$$" && mv -f "$1.$$" "$1"', "sh", path,
-             self.session.config.diagnostics.dir],
+             diag_root(self.session.plan.config)],
             "copying py-spy to the host", timeout=300, stdin=data)
         return path
 
@@ -403,7 +403,7 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
     merged = out / "fr"
     merged.mkdir(exist_ok=True)
     h0 = session.fleet.hosts[0]
-    where = diag_dir(session.config)
+    where = diag_dir(session.plan.config)
     with tempfile.TemporaryFile(dir=out) as spool:  # on disk: up to MERGED_LIMIT, never in memory
         with tarfile.open(fileobj=spool, mode="w") as tar:
             for p in paths:

@@ -115,9 +115,9 @@ def transport(config: ClusterConfig) -> TransportReport:
         master = master_addr_of(session)
         probes = session.fleet.each(lambda h: probelib.probe(h.remote, master))
         ib = {h.rank: (o.value.ib_active if o.ok else None) for h, o in zip(session.fleet.hosts, probes)}
-        report = read_transport(session.fleet.hosts, session.plan, diag_dir(config), ib,
+        report = read_transport(session.fleet.hosts, session.plan, diag_dir(session.plan.config), ib,
                                 config.invocation.command("doctor"))
-        why = unreadable(config)
+        why = unreadable(session.plan.config)
         if why and not any(t and t.seen for _, _, t, _ in report.hosts):
             raise DockerlaunchError(f"no NCCL transport lines: {why}; then start the job again")
         return report
@@ -144,7 +144,7 @@ def watch_transport(session: Session, plan: JobPlan, reporter: Reporter, stop: t
     (or at `window`), warnings with them. Silent for jobs without NCCL (gloo, CPU)."""
     if plan.diag_dir is None:
         return
-    why = unreadable(session.config)
+    why = unreadable(session.plan.config)
     if why:
         reporter.say(f"transport: not watched: {why}", "dim")
         return

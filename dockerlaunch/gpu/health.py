@@ -33,6 +33,12 @@ SLOWDOWNS = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal 
 FABRIC_MANAGER_UP = ("active", "running", "activating")
 
 
+# kernel.dmesg_restrict (1 by default on Debian and on Ubuntu since 20.10; Documentation/admin-guide/sysctl/
+# kernel.rst): the kernel log, where the driver writes XIDs, is root's (CAP_SYSLOG) only
+XIDS_UNSEEN = ("XIDs not checked: this login cannot read the kernel log (kernel.dmesg_restrict; root or CAP_SYSLOG "
+               "can: `sudo dmesg | grep Xid`)")
+
+
 def judge(host: GpuHost, xid_window_s: float | None = None) -> Finding:
     fails: list[str] = []
     warns: list[str] = []
@@ -52,18 +58,19 @@ def judge(host: GpuHost, xid_window_s: float | None = None) -> Finding:
     if mig:
         warns.append(f"MIG is on for {gpus_named(mig)}: the job sees MIG instances, not whole GPUs")
     _xids(host, xid_window_s, fails, warns)
+    unseen = [XIDS_UNSEEN] if host.xids is None else []  # said in every verdict: a login without root sees no XID
     if fails:
-        return Finding("gpu health", Verdict.FAIL, "; ".join(fails + warns + list(host.errors)))
+        return Finding("gpu health", Verdict.FAIL, "; ".join(fails + warns + list(host.errors) + unseen))
     if host.errors:
         return Finding("gpu health", Verdict.ERROR, "could not check: " + "; ".join(host.errors))
     if warns:
-        return Finding("gpu health", Verdict.WARN, "; ".join(warns))
+        return Finding("gpu health", Verdict.WARN, "; ".join(warns + unseen))
     used = len(host.holders)
     return Finding("gpu health", Verdict.PASS, f"{len(host.gpus)} GPU(s): no memory held by other processes"
                    + (f" ({used} small or MPS)" if used else "") + ", no uncorrectable ECC errors or pending remaps"
                    + (", fabric Completed" if any(g.fabric_state for g in host.gpus) else "")
                    + (f", fabric manager {host.fabric_manager}" if host.nvswitches and host.fabric_manager else "")
-                   + ("" if host.xids is None else f", no fatal XID {_since(xid_window_s)}"))
+                   + (f"; {XIDS_UNSEEN}" if host.xids is None else f", no fatal XID {_since(xid_window_s)}"))
 
 
 def _holders(host: GpuHost, fails: list[str], warns: list[str]) -> None:

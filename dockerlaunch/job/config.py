@@ -408,9 +408,11 @@ class DiagnosticsSettings(_Model):
     nccl_log: bool = Field(
         True, description="NCCL_DEBUG=INFO (INIT,NET) to files, not the console: `transport` reads NCCL's choices."
     )
-    dir: str = Field(
-        "/var/tmp/dockerlaunch",
-        description="On each host, DIR/<job>/ holds the NCCL logs and flight-recorder files; mounted at the same path.",
+    dir: str | None = Field(
+        None,
+        description="On each host, DIR/<job>/ holds the NCCL logs and flight-recorder files; mounted at the same path. "
+        "Default: /var/tmp/dockerlaunch for root, /var/tmp/dockerlaunch-USER for another SSH user (host 0's): a "
+        "folder one login made is not safe for another's jobs, so logins never share one.",
     )
     xid_window: float | None = Field(
         None, ge=60, le=365 * 86400,
@@ -427,7 +429,9 @@ class DiagnosticsSettings(_Model):
 
     @field_validator("dir")
     @classmethod
-    def _dir(cls, v: str) -> str:
+    def _dir(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         if not v.startswith("/") or v.rstrip("/") == "" or "," in v or ":" in v or any(c.isspace() for c in v):
             raise ValueError(f"{v!r} is not an absolute folder path (no ',', ':' or spaces), "
                              "e.g. /var/tmp/dockerlaunch")

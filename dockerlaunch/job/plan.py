@@ -308,8 +308,28 @@ def _nproc(config: ClusterConfig, host: HostConfig, gpus, facts: HostFacts | Non
     return Deferred("GPU count of the host", "gpu_count")
 
 
+DIAG_ROOT = "/var/tmp/dockerlaunch"  # diagnostics.dir's default for root (another login: DIAG_ROOT-<user>)
+_LOGIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,31}")
+
+
+def diag_root(config: ClusterConfig, login: str | None = None) -> str:
+    """diagnostics.dir, else DIAG_ROOT for root and DIAG_ROOT-<login> for another SSH login: diagdir.sh refuses a
+    parent another non-root user owns (they could swap the job's folder in it), so two logins never share one."""
+    if config.diagnostics.dir:
+        return config.diagnostics.dir
+    return f"{DIAG_ROOT}-{login}" if login and login != "root" and _LOGIN.fullmatch(login) else DIAG_ROOT
+
+
+def with_login(config: ClusterConfig, login: str | None) -> ClusterConfig:
+    """The config with diagnostics.dir settled for this SSH login (plan_job: the plan's config is read after it)."""
+    if config.diagnostics.dir:
+        return config
+    return config.model_copy(update={"diagnostics": config.diagnostics.model_copy(
+        update={"dir": diag_root(config, login)})})
+
+
 def diag_dir(config: ClusterConfig) -> str:
-    return f"{config.diagnostics.dir}/{config.job.name}"
+    return f"{diag_root(config)}/{config.job.name}"
 
 
 FR_NEW_NAMES_ONLY = (2, 11)  # torch 2.11 (seen) reads TORCH_FR_* and warns at every rank about the old names
@@ -398,13 +418,15 @@ def _command(config: ClusterConfig) -> list[str]:
 
 class Resolved(Protocol):
     hostname: str  # where SSH connects (hosts/targets.SSHTarget)
+    user: str  # the SSH login
 
 
 def plan_job(config: ClusterConfig, targets: Sequence[Resolved], require_image: bool = True) -> JobPlan:
     """The job's one plan before any host was asked, with host 0's address as SSH resolves it (`targets`:
     hosts/targets.resolve_all) as a candidate for MASTER_ADDR. Commands that only find the job's containers (down,
     status, logs, exec, transport, dump) need no image: the plan then holds a placeholder no container starts with."""
-    return make_plan(config, master_hostname=targets[0].hostname, require_image=require_image)
+    return make_plan(with_login(config, targets[0].user), master_hostname=targets[0].hostname,
+                     require_image=require_image)
 
 
 def make_plan(

@@ -18,6 +18,7 @@ from dockerlaunch.sim.layout import (
     MAX_NODES,
     SHARED_DIR,
     SIM_LABEL,
+    SIM_USERS,
     SimError,
     SimNode,
     default_light_engines,
@@ -34,7 +35,8 @@ from dockerlaunch.sim.slurm import parse_slurmd_hw, render_slurm_conf, slurm_nod
 
 __all__ = [
     "BASE_TAG", "DEFAULT_LIGHT_SUBNET", "DEFAULT_NAME", "DEFAULT_SUBNET", "ENGINES", "MAX_LIGHT_NODES", "MAX_NODES",
-    "SHARED_DIR", "SIM_LABEL", "SimError", "SimNode", "_add_bytes", "build_demo_image", "create", "create_light",
+    "SHARED_DIR", "SIM_LABEL", "SIM_USERS", "SimError", "SimNode", "_add_bytes", "build_demo_image", "create",
+    "create_light",
     "default_light_engines", "engine_nofile", "ensure_base_image", "fetch_demo_wheels", "inventory",
     "light_engines", "light_layout", "network_name", "node_engine", "node_layout", "parse_engine_info",
     "parse_engines", "parse_rate", "parse_slurmd_hw", "remove", "render_cluster_config", "render_slurm_conf",

@@ -48,6 +48,7 @@ from dockerlaunch.sim.layout import (
     SERVED_BY_LABEL,
     SHARED_DIR,
     SIM_LABEL,
+    SIM_USERS,
     SLURM_LABEL,
     SLURM_READY_TIMEOUT,
     SimEngine,
@@ -248,6 +249,7 @@ def _start_node(client, net, image: str, name: str, hostname: str, ip: str, labe
         "etc/ssh/ssh_host_ed25519_key": (host_private, 0o600),
         "etc/ssh/ssh_host_ed25519_key.pub": (host_public.encode() + b"\n", 0o644),
         "root/.ssh/authorized_keys": (authorized, 0o600),
+        **{f"home/{user}/.ssh/authorized_keys": (authorized, 0o600, uid, uid) for user, uid in SIM_USERS.items()},
     }
     if daemon_json:  # what a user writes to turn the containerd store on (Docker 29 has it on by default)
         files["etc/docker/daemon.json"] = (CONTAINERD_STORE_DAEMON_JSON, 0o644)

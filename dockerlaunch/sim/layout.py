@@ -152,6 +152,10 @@ NODE_NOFILE = 16384
 # models, datasets and checkpoints that every rank must see.
 SHARED_DIR = "/shared"
 
+# The non-root logins of every regular node (node.Dockerfile makes them): name -> uid, each in the docker group and
+# given the cluster's key, as the seed users log in (no root on the hosts). `ssh: {user: alice}` in a config uses one.
+SIM_USERS = {"alice": 1001, "bob": 1002}
+
 
 SLURM_CONF = "/etc/slurm/slurm.conf"
 

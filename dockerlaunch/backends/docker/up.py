@@ -42,7 +42,7 @@ from dockerlaunch.backends.docker.watchdog import Watchdogs
 from dockerlaunch.errors import ConfigError, DockerlaunchError, HostError, Terminated
 from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.job.config import ClusterConfig
-from dockerlaunch.job.plan import DIAG_SUBDIRS, JobPlan, plan_job, resolve
+from dockerlaunch.job.plan import DIAG_SUBDIRS, JobPlan, diag_root, plan_job, resolve
 from dockerlaunch.job.recovery import AttemptRecord, Cause, Ending, NoSpareLeft, should_restart, swap_hosts
 from dockerlaunch.reporting import Reporter
 
@@ -280,7 +280,7 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
     diagnostics folder, the probe. A host where the job has any container stops its batch at the listing, so
     nothing is touched beside a running job; running ones make `up` refuse, stopped ones are removed and that
     host's remaining steps run again. Returns each host's probe when asked."""
-    config, job = session.config, session.plan.job
+    config, job = session.plan.config, session.plan.job  # the plan's: diagnostics.dir settled for the login
     master = master_addr_of(session) if probe else ""
     diag_argv = None
     if diag and session.plan.diag_dir is not None:
@@ -288,13 +288,12 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
         uid = user.split(":")[0] if user else ""
         # a container user other than root: its own folders where it is a uid (chown), else sticky like /tmp
         mode, owner = ("0755", "-") if not user else ("1777", uid if uid.isdigit() else "-")
-        diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", config.diagnostics.dir, job, mode, owner,
-                     *DIAG_SUBDIRS]
+        diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", diag_root(config), job, mode, owner, *DIAG_SUBDIRS]
     locals_ = [h.rank for h in session.fleet.hosts if h.target.local]
 
     def elsewhere(user: str) -> str:  # beside the refused folder, never inside it
-        return f"{config.diagnostics.dir}-{user}" if not config.diagnostics.dir.endswith(f"-{user}") else \
-            f"{config.diagnostics.dir}-{job}"
+        root = diag_root(config)
+        return f"{root}-{user}" if not root.endswith(f"-{user}") else f"{root}-{job}"
     diag_ranks = {h.rank for h in session.fleet.hosts if not h.target.local} | set(locals_[:1])  # one folder
 
     def steps(h) -> list:

@@ -136,6 +136,17 @@ def test_gpu_health_verdicts(gpu, apps, xids, verdict, words):
     assert status == verdict and words in reason, reason
 
 
+@pytest.mark.parametrize("gpu, verdict", [(_gpu(), PASS), (_gpu(persistence="Disabled"), WARN),
+                                           (_gpu(ecc_volatile=3), FAIL)])
+def test_a_login_that_cannot_read_the_kernel_log_is_told_its_xids_went_unseen(gpu, verdict):
+    """dmesg_restrict: a non-root login reads no XID; every verdict of the row says so (never `no fatal XID`)."""
+    status, reason = rows(GpuHost(driver="580.95.05", cuda="13.0", gpus=(gpu,), xids=None))["gpu health"]
+    assert status == verdict and "XIDs not checked: this login cannot read the kernel log" in reason, reason
+    assert "no fatal XID" not in reason
+    status, reason = rows(GpuHost(driver="580.95.05", cuda="13.0", gpus=(gpu,), xids=()))["gpu health"]
+    assert "XIDs not checked" not in reason
+
+
 def test_an_image_that_does_not_say_what_it_needs_is_not_judged_on_it():
     smi = GpuHost(driver="570.86.15", cuda="12.8", gpus=(_gpu(),))
     got = rows(smi, {})

@@ -240,6 +240,27 @@ def test_env_files_are_never_inlined():
 # ---------------------------------------------------------------- diagnostics
 
 
+@pytest.mark.parametrize("login, folder", [
+    ("root", "/var/tmp/dockerlaunch/qwen"), ("alice", "/var/tmp/dockerlaunch-alice/qwen"),
+    ("bad/../name", "/var/tmp/dockerlaunch/qwen"),  # never a path from a login's name: the default, diagdir.sh checks
+])
+def test_each_ssh_login_gets_a_diagnostics_folder_of_its_own_by_default(login, folder):
+    """Two logins without root on one host: a folder one made is refused to the other (it could swap the job's
+    folder in it), so they never share one; the plan says which, and the container's flags and env follow it."""
+    from types import SimpleNamespace
+
+    from dockerlaunch.job.plan import plan_job
+
+    plan = plan_job(cfg(job={"name": "qwen"}), [SimpleNamespace(hostname="10.0.0.1", user=login)])
+    assert plan.diag_dir == folder and plan.config.diagnostics.dir == folder.rsplit("/", 1)[0]
+    c = plan.hosts[1].container
+    assert f"{folder}:{folder}" in flag_values(docker_argv(c), "--volume")
+    assert c.env["NCCL_DEBUG_FILE"].startswith(folder + "/nccl/")
+    own = plan_job(cfg(job={"name": "qwen"}, diagnostics={"dir": "/scratch/dl"}),
+                   [SimpleNamespace(hostname="10.0.0.1", user=login)])
+    assert own.diag_dir == "/scratch/dl/qwen"  # the user's own setting is never changed
+
+
 def test_diagnostics_are_on_by_default_and_write_into_the_job_folder():
     plan = make_plan(cfg(job={"name": "qwen"}, diagnostics={"dir": "/scratch/dl/"}))
     c = plan.hosts[1].container

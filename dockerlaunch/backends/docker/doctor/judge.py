@@ -18,6 +18,7 @@ from dockerlaunch.backends.docker.doctor.observations import (
 )
 from dockerlaunch.backends.docker.doctor.report import (
     CHECK_ORDER,
+    ERROR,
     FAIL,
     PASS,
     SKIP,
@@ -305,12 +306,14 @@ def _judge_cluster(report: Report, config: ClusterConfig, plan: JobPlan, ob: Obs
     obs = ob.hosts
     h0 = obs[0]
     for o in obs:
-        for source, same in o.shared.items():
-            if isinstance(same, str):
-                report.add(o.address, "shared", FAIL, same)
+        for source, got in o.shared.items():
+            if got.same is None:
+                report.add(o.address, "shared", ERROR, got.how)
+            elif got.same:
+                report.add(o.address, "shared", PASS, f"{source} is shared with host 0 ({got.how})")
             else:
-                report.add(o.address, "shared", PASS if same else FAIL, f"{source} is shared with host 0" if same
-                           else f"{source} is not the same storage as on host 0 (marked shared: true)")
+                report.add(o.address, "shared", FAIL, f"{source} is not the same storage as on host 0 (marked "
+                           f"shared: true; {got.how})")
     _judge_caches(report, config, h0.address)
     port_free = None
     if h0.usable and h0.listening is not None:

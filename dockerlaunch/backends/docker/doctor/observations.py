@@ -4,6 +4,7 @@ containers print: everything `judge` reads, unit-tested on recorded output, with
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -178,6 +179,72 @@ class ImageBuild:
         return f"{self.short} ({self.built})"
 
 
+# Filesystems whose mounts are served from elsewhere (the kernel's type names, as mountinfo's field after " - "):
+# NFS, Lustre, IBM Storage Scale (gpfs), CephFS (kernel and FUSE), BeeGFS, WEKA, GlusterFS, SMB, OrangeFS, JuiceFS.
+NETWORK_FS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "ceph", "fuse.ceph-fuse", "beegfs", "wekafs", "glusterfs",
+                        "fuse.glusterfs", "cifs", "smb3", "orangefs", "pvfs2", "fuse.juicefs"})
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+@dataclass(frozen=True)
+class MountIdentity:
+    """Which filesystem holds a path, and where in it: the same network filesystem at the same place on two hosts
+    is the same storage; on a local filesystem the same device name on two hosts proves nothing."""
+
+    fstype: str
+    source: str  # the mount source: server:/export, an MGS list, a device
+    path: str  # the path inside that filesystem (the mount's root joined with the rest of the path)
+
+    @property
+    def networked(self) -> bool:
+        return self.fstype in NETWORK_FS
+
+    def __str__(self) -> str:
+        return f"{self.fstype} {self.source} {self.path}"
+
+
+def mount_identity(mountinfo: str, real: str) -> MountIdentity | None:
+    """The mount that holds `real` (a resolved path) in /proc/self/mountinfo's text: the longest mount point above
+    it, the later of two at one point (it is mounted on top). proc(5): `ID PARENT MAJ:MIN ROOT POINT OPTIONS
+    [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS`, with space, tab, newline and backslash in paths as octal escapes."""
+    if not real.startswith("/"):
+        return None
+    best: tuple[str, str, str, str] | None = None
+    for line in mountinfo.split("\n"):
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(" "), right.split(" ")
+        if not sep or len(fields) < 6 or len(tail) < 2:
+            continue
+        root, point = (_OCTAL.sub(lambda m: chr(int(m[1], 8)), f) for f in fields[3:5])
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            if best is None or len(point) >= len(best[0]):
+                best = (point, tail[0], _OCTAL.sub(lambda m: chr(int(m[1], 8)), tail[1]), root)
+    if best is None:
+        return None
+    point, fstype, source, root = best
+    rest = real[len(point):].strip("/")
+    return MountIdentity(fstype, source, posixpath.join(root, rest) if rest else root)
+
+
+def parse_mounts(text: str, sources: list[str]) -> dict[str, MountIdentity | None]:
+    """mounts.sh's answer -> each source's identity (None where it does not resolve or no mount holds it)."""
+    kv = keyvalue.parse(text, (), ("real", "mountinfo"))
+    reals = kv.get("real", [])
+    if len(reals) != len(sources):
+        raise keyvalue.Malformed(f"it said real= {len(reals)} times for {len(sources)} source(s)")
+    table = "\n".join(kv.get("mountinfo", []))
+    return {s: mount_identity(table, r) for s, r in zip(sources, reals)}
+
+
+@dataclass(frozen=True)
+class Shared:
+    """One `shared: true` mount on one host against host 0: the same storage (True), not (False), or not known
+    (None, `how` says why); `how` says how it was decided."""
+
+    same: bool | None
+    how: str = ""
+
+
 @dataclass
 class ContainerFacts:
     """What a short-lived container with the job's flags saw (or why it did not run)."""
@@ -222,7 +289,7 @@ class HostObservation:
     clock_offset: float | None = None  # host clock minus ours, seconds
     shm: ContainerFacts | None = None
     gpus: ContainerFacts | None = None
-    shared: dict[str, bool | str] = field(default_factory=dict)  # mount source -> same storage as host 0 / error
+    shared: dict[str, Shared] = field(default_factory=dict)  # mount source -> the same storage as on host 0?
     reach: list[str] | str | None = None  # unreachable listeners on host 0, or why it was not tried
     reach_note: str = ""  # where the check ran when not in a job container ("checked from the host: ...")
     reach_missing: str | None = None  # not checked: the tool that is missing here, and how to add it

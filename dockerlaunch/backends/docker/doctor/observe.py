@@ -14,7 +14,9 @@ from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
     HostObservation,
     ImageBuild,
+    MountIdentity,
     Observations,
+    Shared,
     can_connect,
     can_listen,
     count_gpus,
@@ -24,6 +26,7 @@ from dockerlaunch.backends.docker.doctor.observations import (
     missing_executable,
     parse_container_facts,
     parse_df_kb,
+    parse_mounts,
     parse_observation,
     parse_reach,
     refused_rlimit,
@@ -34,7 +37,7 @@ from dockerlaunch.cache import load_image_needs
 from dockerlaunch.container import IB_CAP, BindMount, ContainerSpec, Deferred, GpuAccess
 from dockerlaunch.docker_run import run_argv
 from dockerlaunch.errors import ConfigError, HostError
-from dockerlaunch.hosts.fleet import Fleet, Host
+from dockerlaunch.hosts.fleet import Fleet, Host, each
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, infiniband_needs
 
@@ -157,25 +160,104 @@ def container_probe(hubs: bool, ib: bool) -> list[str]:
             str(HUB_WAIT_S)]
 
 
-def _observe_shared(cluster: Fleet, config: ClusterConfig, obs: list[HostObservation]) -> None:
-    """A token written under each `shared: true` mount on host 0 must be readable on every other host."""
-    h0 = cluster.hosts[0]
-    if not h0.connected:
+MARKER = ".dockerlaunch-shared-"  # + a random token: the file doctor writes on host 0 and reads on the others
+IN_CONTAINER = "/dl-shared"  # where a marker container sees the mount
+
+
+def _observe_shared(cluster: Fleet, plan: JobPlan, obs: list[HostObservation]) -> None:
+    """Is each `shared: true` mount the same storage on every host as on host 0? The mount's identity decides where
+    it proves sameness (the same network filesystem at the same place, from each host's mount table); else a file
+    written on host 0 and read on the others, written by the SSH user or, where that login may not write (no root
+    on the hosts), from a container as the job's user. A mount nothing may write (read-only: models) is compared by
+    the names at its top level."""
+    mounts = [m for m in plan.config.container.mounts if m.shared]
+    if not mounts or not cluster.hosts[0].connected:
         return
-    readers = [h for h in cluster.live if h.rank != 0]
-    for m in (m for m in config.container.mounts if m.shared):
-        token = secrets.token_hex(8)
-        path = f"{m.source.rstrip('/')}/.dockerlaunch-shared-{token}"
-        w = h0.remote.run(["sh", "-c", 'printf %s "$1" > "$2"', "sh", token, path], timeout=30)
-        if not w.ok:
-            obs[0].shared[m.source] = f"cannot write to {m.source}: {w.last_line()}"
-            continue
-        try:
-            for o in cluster.each(lambda h, path=path: h.remote.run(["cat", path], timeout=30), readers):
-                obs[o.item.rank].shared[m.source] = (o.ok and o.value.ok and o.value.stdout == token) if o.ok \
-                    else str(o.error)
-        finally:
+    sources = [m.source for m in mounts]
+    argv = ["sh", "-c", script("mounts.sh"), "sh", *sources]
+    ids: dict[int, dict[str, MountIdentity | None]] = {}
+    for o in cluster.each(lambda h: h.remote.run(argv, timeout=30), cluster.live):
+        if o.ok and o.value.ok:
+            try:
+                ids[o.item.rank] = parse_mounts(o.value.stdout, sources)
+            except keyvalue.Malformed:
+                pass  # no identity from this host: the marker decides
+    for m in mounts:
+        id0 = ids.get(0, {}).get(m.source)
+        pending = []
+        for h in (h for h in cluster.live if h.rank != 0):
+            if id0 is not None and id0.networked and ids.get(h.rank, {}).get(m.source) == id0:
+                obs[h.rank].shared[m.source] = Shared(True, f"{id0.fstype} {id0.source} on both (mount table)")
+            else:
+                pending.append(h)
+        if pending:
+            _shared_by_marker(cluster.hosts[0], pending, plan, m, obs)
+
+
+def _in_job_container(h: Host, plan: JobPlan, source: str, command: list[str], read_only: bool = False):
+    """`command` in a container of the job's image as the job's user, the mount at IN_CONTAINER."""
+    spec = _probe_spec(plan.hosts[h.rank], plan.image, command, f"dlprobe-shared-{secrets.token_hex(3)}",
+                       mounts=[BindMount(source, IN_CONTAINER, read_only)])
+    spec.user = plan.hosts[h.rank].container.user
+    return h.remote.run(run_argv(spec), timeout=60)
+
+
+def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list[HostObservation]) -> None:
+    login = h0.target.user
+    if m.read_only:  # the job only reads it (models): doctor writes nothing there either
+        _shared_by_listing(h0, readers, m, obs, "mounted read-only")
+        return
+    token = secrets.token_hex(8)
+    name = MARKER + token
+    path = f"{m.source.rstrip('/')}/{name}"
+    w = h0.remote.run(["sh", "-c", 'printf %s "$1" > "$2"', "sh", token, path], timeout=30)
+    as_job = None
+    if not w.ok and obs[0].image_id:  # a login without root may not write where the job's containers do
+        as_job = _in_job_container(h0, plan, m.source, ["sh", "-c", 'printf %s "$1" > "$2/$3"', "sh", token,
+                                                        IN_CONTAINER, name])
+    if not w.ok and not (as_job and as_job.ok):
+        why = f"{login} cannot write to {m.source} ({w.last_line()})" + (
+            f", nor the job's user in a container ({as_job.last_line()})" if as_job else
+            ", and the image is missing on host 0 to try as the job's user")
+        if "Read-only file system" in (w.last_line() + (as_job.last_line() if as_job else "")):
+            _shared_by_listing(h0, readers, m, obs, why)
+        else:
+            obs[0].shared[m.source] = Shared(None, f"could not check: {why}")
+        return
+    how = f"reads the file {login} wrote there" if w.ok else "reads the file the job's user wrote there, in a container"
+    try:
+        for o in each(lambda h: h.remote.run(["cat", path], timeout=30), readers):
+            r = o.value if o.ok else None
+            if r is not None and r.ok:
+                obs[o.item.rank].shared[m.source] = Shared(r.stdout == token, how)
+            elif r is not None and "No such file" in r.last_line():
+                obs[o.item.rank].shared[m.source] = Shared(False, "the file written there on host 0 is not here")
+            else:
+                obs[o.item.rank].shared[m.source] = Shared(None, "could not check: " + (
+                    r.last_line() if r is not None else str(o.error)))
+    finally:
+        if w.ok:
             h0.remote.run(["rm", "-f", path], timeout=30)
+        else:
+            _in_job_container(h0, plan, m.source, ["rm", "-f", f"{IN_CONTAINER}/{name}"])
+
+
+def _shared_by_listing(h0: Host, readers: list[Host], m, obs: list[HostObservation], why: str) -> None:
+    """A read-only mount: the same names at its top level as on host 0 (a replica of the same files serves the job
+    as well as one store); nothing more can be proven without writing."""
+    def names(h: Host) -> list[str] | None:
+        r = h.remote.run(["ls", "-A", "--", m.source], timeout=30)
+        return sorted(r.stdout.split("\n")) if r.ok else None
+
+    want = names(h0)
+    for o in each(names, readers):
+        got = o.value if o.ok else None
+        if want is None or got is None:
+            obs[o.item.rank].shared[m.source] = Shared(None, f"could not check: {why}; nor list it")
+        else:
+            obs[o.item.rank].shared[m.source] = Shared(
+                got == want, f"{why}: the names at its top level compared, {len(want)} on host 0"
+                + ("" if got == want else f", {len(got)} here"))
 
 
 REACH = script("reach.sh")
@@ -379,9 +461,10 @@ def observe(cluster: Fleet, plan: JobPlan) -> Observations:
     if plan.known_image:
         observations.image_here, observations.local_build = image_here(plan.image)
     try:
-        _observe_shared(cluster, config, obs)
+        _observe_shared(cluster, plan, obs)
     except HostError as e:
-        obs[0].shared = {m.source: f"could not check: {e.reason}" for m in config.container.mounts if m.shared}
+        obs[0].shared = {m.source: Shared(None, f"could not check: {e.reason}") for m in config.container.mounts
+                         if m.shared}
     try:
         _observe_reach(cluster, plan, observations)
     except HostError as e:

@@ -12,10 +12,11 @@ from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
     HostObservation,
     Observations,
+    Shared,
     parse_observation,
 )
 from dockerlaunch.backends.docker.doctor.observe import _probe_spec
-from dockerlaunch.backends.docker.doctor.report import CHECK_ORDER, FAIL, PASS, SKIP, WARN, Report
+from dockerlaunch.backends.docker.doctor.report import CHECK_ORDER, ERROR, FAIL, PASS, SKIP, WARN, Report
 from dockerlaunch.backends.docker.probe import Probe, nic_problem
 from dockerlaunch.docker_run import run_argv
 from dockerlaunch.hosts.targets import resolve_target
@@ -356,19 +357,24 @@ def test_no_mounts_row_without_mounts():
 def test_shared_storage():
     config = cfg(mounts=[{"source": "/shared", "target": "/shared", "shared": True},
                          {"source": "/scratch", "target": "/scratch", "shared": True}])
-    report = run(config, host(0), host(1, shared={"/shared": True, "/scratch": False}))
+    report = run(config, host(0), host(1, shared={"/shared": Shared(True, "nfs4 nas:/export on both (mount table)"),
+                                                   "/scratch": Shared(False, "the file written there on host 0 is "
+                                                                             "not here")}))
     rows = [c for c in report.checks if c.check == "shared"]
     assert [(c.verdict, c.detail) for c in rows] == [
-        (PASS, "/shared is shared with host 0"),
-        (FAIL, "/scratch is not the same storage as on host 0 (marked shared: true)"),
+        (PASS, "/shared is shared with host 0 (nfs4 nas:/export on both (mount table))"),
+        (FAIL, "/scratch is not the same storage as on host 0 (marked shared: true; the file written there on host "
+               "0 is not here)"),
     ]
 
 
-def test_shared_storage_error_is_a_fail():
+def test_a_shared_check_that_could_not_run_is_an_error():
     config = cfg(mounts=[{"source": "/shared", "target": "/shared", "shared": True}])
-    report = run(config, host(0, shared={"/shared": "cannot write to /shared: Permission denied"}), host(1))
-    row(report, H0, "shared", FAIL, "cannot write to /shared: Permission denied")
-    assert report.get(H1, "shared") is None
+    report = run(config, host(0, shared={"/shared": Shared(None, "could not check: alice cannot write to /shared "
+                                                                 "(Permission denied), nor the job's user in a "
+                                                                 "container (Permission denied)")}), host(1))
+    row(report, H0, "shared", ERROR, "could not check: alice cannot write to /shared")
+    assert report.get(H1, "shared") is None and report.failed
 
 
 # ---------------------------------------------------------------- master port, reachability
@@ -474,7 +480,8 @@ def test_clock_reference_is_named_when_host_0_is_not_timed():
 
 def test_report_is_sorted_by_host_rank_then_check_order():
     config = cfg(mounts=[{"source": "/shared", "target": "/shared", "shared": True}], infiniband="auto")
-    report = run(config, host(0, clock_offset=0.1), host(1, shared={"/shared": True}, clock_offset=0.2))
+    report = run(config, host(0, clock_offset=0.1),
+                 host(1, shared={"/shared": Shared(True, "a test")}, clock_offset=0.2))
     keys = [(c.host, c.check) for c in report.checks]
     assert keys == sorted(keys, key=lambda k: ((H0, H1).index(k[0]), CHECK_ORDER.index(k[1])))
     # rows judged last (image, master port, reachability, shared, clock) are in place, not appended
