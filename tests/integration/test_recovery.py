@@ -134,16 +134,21 @@ def test_sigterm_during_the_backoff_starts_nothing(sim_cluster, remotes, tmp_pat
         stop_up(p)
 
 
+@pytest.mark.parametrize("spare_holds", ["nothing", "another build"])
 def test_an_unreachable_host_is_replaced_by_a_spare_that_gets_the_image_from_a_host(sim_cluster, engine, remotes,
-                                                                                    tmp_path):
+                                                                                    tmp_path, demo_image,
+                                                                                    spare_holds):
     """hosts: [node1, a dead address], spares: [node2]. The dead host is replaced before anything starts; node2
-    lacks the job's image (tagged on node1 only) and gets it from node1 over the launcher, verified by ID."""
+    lacks the job's image (tagged on node1 only), or holds another build under its tag (last week's: a spare with
+    the tag at all was taken as it was), and gets it from node1 over the launcher, verified by ID."""
     job = job_name()
     node1, node2 = sim_cluster[2]
     tag = f"dlt-spare:{secrets.token_hex(3)}"
     base = yaml.safe_load(open(sim_cluster[1]))["image"]  # the tools image every sim node holds
     src = engine.containers.get(node1.name)
     assert src.exec_run(["docker", "tag", base, tag]).exit_code == 0
+    if spare_holds == "another build":
+        assert engine.containers.get(node2.name).exec_run(["docker", "tag", demo_image, tag]).exit_code == 0
     dead = node1.ip.rsplit(".", 1)[0] + ".98"
     cfg = variant(sim_cluster, tmp_path, hosts=[{"address": node1.ip}, {"address": dead}],
                   spares=[{"address": node2.ip}], ssh={"connect_timeout": 3}, image=tag)
@@ -154,6 +159,7 @@ def test_an_unreachable_host_is_replaced_by_a_spare_that_gets_the_image_from_a_h
         assert r.returncode == 0, out[-3000:]
         assert f"replacing rank 1: {dead} -> spare {node2.ip}" in out, out[-3000:]
         assert f"copying {tag} from {node1.ip} to spare {node2.ip}" in out and "verified" in out, out[-3000:]
+        assert ("(it holds " in out) == (spare_holds == "another build"), out[-3000:]
         assert "rank 1 of 2 on" in out and f"master {node1.ip}" in out
         ids = [rm.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag]).stdout.strip() for rm in remotes]
         assert ids[0] and ids[0] == ids[1]

@@ -246,7 +246,8 @@ BUILD_FORMAT = "{{.Id}} {{.Created}} {{json .RootFS.Layers}}"  # observe.sh's `i
 
 def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, reporter: Reporter) -> None:
     """A spare that took a rank gets the job's image from a host that has it (no registry needed), unless it holds
-    the very build that host holds (a spare with the tag at all may hold last week's)."""
+    the very build that host holds (a spare with the tag at all may hold last week's); where every host is a
+    spare, one holding the image is kept, and the pre-flight compares it with this machine's build."""
     from dockerlaunch.backends.docker.doctor.observations import ImageBuild
 
     image = session.plan.image
@@ -260,7 +261,9 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
     builds = session.fleet.each(build).raise_first()
     sources = [(h, b) for h, b in zip(session.fleet.hosts, builds) if b is not None and h.rank not in ranks]
     for r in ranks:
-        if sources and builds[r] is not None and builds[r].same_as(sources[0][1]):  # type: ignore[union-attr]
+        mine = builds[r]
+        # no host to compare with (every host is a spare): doctor's image row compares it with this machine's
+        if mine is not None and (not sources or mine.same_as(sources[0][1])):
             continue
         if not sources:
             raise DockerlaunchError(f"spare {session.fleet.hosts[r].address} lacks {image} and no other host of "
@@ -268,7 +271,7 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
                                         "push", image, "--hosts", session.fleet.hosts[r].address, hosts=False,
                                         name=False))
         dst = session.fleet.hosts[r]
-        held = f" (it holds {builds[r].describe()}, not {sources[0][1].describe()})" if builds[r] else ""
+        held = f" (it holds {mine.describe()}, not {sources[0][1].describe()})" if mine else ""
         reporter.say(f"copying {image} from {sources[0][0].address} to spare {dst.address}{held}")
         reporter.say(recovery.copy_image(sources[0][0], dst, image))  # type: ignore[misc]
 
