@@ -1,41 +1,10 @@
 """job/facts.py: EngineSecurity, the one reader of `docker info`'s SecurityOptions, on real outputs of both forms
 (tests/data/docker-info/, each file's first lines say where it is from and what was cut)."""
 
-from pathlib import Path
-
 import pytest
 
 from dockerlaunch.job.facts import EngineSecurity
-
-DOCKER_INFO = Path(__file__).resolve().parents[2] / "data" / "docker-info"
-SAVED = sorted(p.name for p in DOCKER_INFO.glob("*.txt"))
-
-
-def security_options(text: str) -> list[str]:
-    """The API's SecurityOptions list as `docker info` printed it (what users paste). The 1.12 CLI prints the list as
-    the daemon gave it, space-separated after `Security Options:`; from 1.13 on, docker/cli's prettyPrintServerInfo
-    prints each option's name one level deeper and its profile as `Profile: X`, one more (a WARNING line beside it),
-    which a 1.13+ daemon sent as `name=NAME[,profile=X]`."""
-    lines = [line for line in text.splitlines() if not line.startswith("# ")]
-    for i, line in enumerate(lines):
-        head = line.strip()
-        if not head.startswith("Security Options:"):
-            continue
-        rest = head.removeprefix("Security Options:").strip()
-        if rest:
-            return rest.split()
-        indent = len(line) - len(line.lstrip())
-        out: list[str] = []
-        for sub in lines[i + 1:]:
-            depth = len(sub) - len(sub.lstrip())
-            if not sub.strip() or depth <= indent:
-                break
-            if depth == indent + 1:
-                out.append(f"name={sub.strip()}")
-            elif sub.strip().startswith("Profile: "):
-                out[-1] += f",profile={sub.strip().removeprefix('Profile: ')}"
-        return out
-    raise AssertionError("no Security Options in the output")
+from tests.docker_standin import DOCKER_INFO, SAVED, security_options
 
 
 def test_every_saved_output_says_where_it_is_from_and_what_was_cut():
@@ -48,7 +17,7 @@ def test_every_saved_output_says_where_it_is_from_and_what_was_cut():
 
 @pytest.mark.parametrize("name", SAVED)
 def test_selinux_is_read_from_real_outputs_of_both_forms(name):
-    options = security_options((DOCKER_INFO / name).read_text())
+    options = security_options(name)
     security = EngineSecurity.parse(options)
     assert security is not None and security.selinux is ("-no-selinux" not in name), (name, options)
     assert not security.rootless
@@ -56,10 +25,9 @@ def test_selinux_is_read_from_real_outputs_of_both_forms(name):
 
 
 def test_the_two_forms_as_the_api_gives_them():
-    bare = security_options((DOCKER_INFO / "moby-31556-docker-1.12.5-centos7.3-selinux.txt").read_text())
+    bare = security_options("moby-31556-docker-1.12.5-centos7.3-selinux.txt")
     assert bare == ["seccomp", "selinux"]  # a daemon before 1.13: the bare names
-    named = security_options((DOCKER_INFO / "projectatomic-docker-338-rhel-docker-1.13.1-selinux-userns.txt")
-                             .read_text())
+    named = security_options("projectatomic-docker-338-rhel-docker-1.13.1-selinux-userns.txt")
     assert named == ["name=seccomp,profile=/etc/docker/seccomp.json", "name=selinux", "name=userns"]
     assert EngineSecurity.parse(bare).names == ("seccomp", "selinux")
     assert EngineSecurity.parse(named).names == ("seccomp", "selinux", "userns")
