@@ -23,6 +23,17 @@ from dockerlaunch.container import (
     UnresolvedError,
 )
 
+# The engine's SELinux labels off for one container (container.selinux). Docker itself turns them off for --ipc host,
+# --pid host and --privileged containers (moby daemon/create.go, generateSecurityOpt); every other container of an
+# engine that labels gets a label of its own, and a bind mount of an unlabelled host folder is denied in it.
+LABEL_DISABLE = ("--security-opt", "label=disable")
+
+
+def label_disabled(security_opt: object) -> bool:
+    """Whether a container's HostConfig.SecurityOpt (`docker inspect`) has its labels off: `label=disable`, or
+    `label:disable` as Docker before 1.11 wrote it (an engine that disabled them itself writes it too)."""
+    return isinstance(security_opt, list) and any(o in ("label=disable", "label:disable") for o in security_opt)
+
 
 def ulimit_value(u) -> str:
     return f"{u.soft}:{u.hard}"
@@ -68,6 +79,8 @@ def argv(spec: ContainerSpec, inherit: tuple[str, ...] = ()) -> list[str]:
         a.append("--tty")
     if spec.privileged:
         a.append("--privileged")
+    if spec.label_disable is True:
+        a += LABEL_DISABLE
     if isinstance(spec.gpu, GpuAccess):
         a += gpu_flags(spec.gpu)
     for d in spec.devices:
@@ -80,6 +93,8 @@ def argv(spec: ContainerSpec, inherit: tuple[str, ...] = ()) -> list[str]:
         a.append(spec.gpu)
     if isinstance(spec.infiniband, Deferred):
         a.append(Deferred("if the host has /dev/infiniband: " + " ".join(ib_flags()), "infiniband"))
+    if isinstance(spec.label_disable, Deferred):
+        a.append(spec.label_disable)
     for m in spec.mounts:
         a += ["--volume", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
     for k, v in spec.env.items():
