@@ -17,7 +17,7 @@ class Deferred(str):
     """A value resolved on the host at launch. Displays as `<resolved at launch: WHAT>`.
 
     `key` says which host fact fills it (`nic`, `gpu_count`, `ib_hca`, `master_addr`, `run_id`, `env_file`,
-    `gpu_access`, `infiniband`), so a backend can map it to its own mechanism without parsing text."""
+    `gpu_access`, `infiniband`, `selinux`), so a backend can map it to its own mechanism without parsing text."""
 
     what: str
     key: str
@@ -121,6 +121,9 @@ class ContainerSpec:
     workdir: str | None = None
     user: str | None = None
     privileged: bool = False
+    # True: the engine's SELinux labels off for this container (`--security-opt label=disable`, container.selinux):
+    # its bind mounts of host folders are not denied, and SELinux does not confine it
+    label_disable: bool | Deferred = False
     init: bool = True  # an init reaps torchrun's children and forwards signals
     tty: bool = False  # a terminal for its output: each write whole, lines of several processes never mixed
     detach: bool = True  # runs in the background (a job); False: in the foreground (a probe)
@@ -135,4 +138,5 @@ class ContainerSpec:
         out += [f"label {k}: {v.what}" for k, v in self.labels.items() if isinstance(v, Deferred)]
         out += [f"gpus: {self.gpu.what}"] if isinstance(self.gpu, Deferred) else []
         out += [f"infiniband: {self.infiniband.what}"] if isinstance(self.infiniband, Deferred) else []
+        out += [f"selinux: {self.label_disable.what}"] if isinstance(self.label_disable, Deferred) else []
         return out

@@ -23,6 +23,17 @@ from dockerlaunch.container import (
     UnresolvedError,
 )
 
+# The engine's SELinux labels off for one container (container.selinux). Docker itself turns them off for --ipc host,
+# --pid host and --privileged containers (moby daemon/create.go, generateSecurityOpt); every other container of an
+# engine that labels gets a label of its own, and a bind mount of an unlabelled host folder is denied in it.
+LABEL_DISABLE = ("--security-opt", "label=disable")
+
+
+def label_disabled(security_opt: object) -> bool:
+    """Whether a container's HostConfig.SecurityOpt (`docker inspect`) has its labels off: `label=disable`, or
+    `label:disable` as Docker before 1.11 wrote it (an engine that disabled them itself writes it too)."""
+    return isinstance(security_opt, list) and any(o in ("label=disable", "label:disable") for o in security_opt)
+
 
 def ulimit_value(u) -> str:
     return f"{u.soft}:{u.hard}"
@@ -68,6 +79,8 @@ def argv(spec: ContainerSpec, inherit: tuple[str, ...] = ()) -> list[str]:
         a.append("--tty")
     if spec.privileged:
         a.append("--privileged")
+    if spec.label_disable is True:
+        a += LABEL_DISABLE
     if isinstance(spec.gpu, GpuAccess):
         a += gpu_flags(spec.gpu)
     for d in spec.devices:
@@ -80,6 +93,8 @@ def argv(spec: ContainerSpec, inherit: tuple[str, ...] = ()) -> list[str]:
         a.append(spec.gpu)
     if isinstance(spec.infiniband, Deferred):
         a.append(Deferred("if the host has /dev/infiniband: " + " ".join(ib_flags()), "infiniband"))
+    if isinstance(spec.label_disable, Deferred):
+        a.append(spec.label_disable)
     for m in spec.mounts:
         a += ["--volume", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
     for k, v in spec.env.items():
@@ -113,13 +128,16 @@ def shell_command(spec: ContainerSpec) -> str:
 
 
 def sandbox_argv(name: str, image: str, command: list[str], *, ro_volumes: list[str], labels: dict[str, str],
-                 memory: str = "8g", pids: int = 256) -> list[str]:
+                 memory: str = "8g", pids: int = 256, label_disable: bool = False) -> list[str]:
     """A throwaway container for reading untrusted files (dump's flight-recorder analysis, which unpickles them):
     no network, no capabilities, no new privileges, a read-only root with a small /tmp, memory and pid limits, an
-    unprivileged user, only the given folders mounted read-only; none of the job's env, mounts or GPUs."""
+    unprivileged user, only the given folders mounted read-only; none of the job's env, mounts or GPUs.
+    `label_disable`: SELinux labels off, as the job's container has them (else the engine's label would deny the
+    host folder it reads)."""
     a = ["docker", "run", "--rm", "--name", name, "--network", "none", "--cap-drop", "ALL",
-         "--security-opt", "no-new-privileges", "--read-only", "--tmpfs", "/tmp:rw,size=64m", "--memory", memory,
-         "--pids-limit", str(pids), "--user", "65534:65534", "--entrypoint", "sh"]
+         "--security-opt", "no-new-privileges", *(LABEL_DISABLE if label_disable else ()), "--read-only",
+         "--tmpfs", "/tmp:rw,size=64m", "--memory", memory, "--pids-limit", str(pids), "--user", "65534:65534",
+         "--entrypoint", "sh"]
     for k, v in labels.items():
         a += ["--label", f"{k}={v}"]
     for v in ro_volumes:
@@ -128,9 +146,15 @@ def sandbox_argv(name: str, image: str, command: list[str], *, ro_volumes: list[
 
 
 def sidecar_argv(target: str, image: str, command: list[str], *, caps: list[str], volumes: list[str],
-                 env: dict[str, str], labels: dict[str, str], entrypoint: str | None = None) -> list[str]:
-    """A throwaway container in `target`'s PID namespace with its mounts (dump's py-spy beside a rank)."""
+                 env: dict[str, str], labels: dict[str, str], entrypoint: str | None = None,
+                 label_disable: bool = False) -> list[str]:
+    """A throwaway container in `target`'s PID namespace with its mounts (dump's py-spy beside a rank).
+    `label_disable`: where `target`'s SELinux labels are off. Docker gives a `--pid container:` container the
+    target's label, but a fresh one where the target has none: its py-spy could then neither read the mounted
+    binary nor trace the rank."""
     a = ["docker", "run", "--rm", "--pid", f"container:{target}", "--volumes-from", target, "--network", "none"]
+    if label_disable:
+        a += LABEL_DISABLE
     for c in caps:
         a += ["--cap-add", c]
     for k, v in labels.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import secrets
@@ -29,7 +30,7 @@ from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.callstacks import RankStack, parse_pyspy, summary
-from dockerlaunch.docker_run import sandbox_argv, sidecar_argv
+from dockerlaunch.docker_run import label_disabled, sandbox_argv, sidecar_argv
 from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.job.config import ClusterConfig
@@ -126,6 +127,22 @@ class HostDump:
     fr_files: int = 0
 
 
+# a rank's container: its state, the image it runs and its security options (SELinux labels off or not)
+INSPECT = "{{.State.Status}} {{.Image}} {{json .HostConfig.SecurityOpt}}"
+
+
+def parse_state(text: str) -> tuple[str, str, bool]:
+    """INSPECT's line -> (status, image ID, whether its SELinux labels are off). dump's containers get the labels
+    the rank's container has (the job's container.selinux, or Docker's own choice for --ipc host): the py-spy
+    sidecar and the flight-recorder sandbox read host folders, which an engine's label would deny them. (pure)"""
+    status, image, options = (text.strip().split(" ", 2) + ["", "", ""])[:3]
+    try:
+        security = json.loads(options) if options else None
+    except ValueError:
+        security = None
+    return status, image, label_disabled(security)
+
+
 def _label(rank: int, address: str) -> str:
     return f"host{rank}-" + re.sub(r"[^A-Za-z0-9_.-]", "_", address)
 
@@ -138,16 +155,17 @@ class _HostDumper:
         self.name = self.hp.container.name
         self.where = diag_dir(session.plan.config)
         self.result = HostDump(h.rank, self.hp.address, out / _label(h.rank, self.hp.address))
+        self.label_disable = False  # the rank's container has its SELinux labels off: its sidecar gets them off
 
     def run(self) -> HostDump:
         r = self.result
         r.folder.mkdir(parents=True, exist_ok=True)
         docker = DockerHost.on(self.h)
-        state = docker.docker("inspect", "--format", "{{.State.Status}} {{.Image}}", self.name, timeout=30)
+        state = docker.docker("inspect", "--format", INSPECT, self.name, timeout=30)
         if not state.ok:
             r.notes.append(f"no container {self.name} on this host")
             return r
-        status, image = (state.stdout.split() + ["", ""])[:2]
+        status, image, self.label_disable = parse_state(state.stdout)
         if status != "running":
             r.notes.append(f"container {self.name} is {status}: no process to dump")
         else:
@@ -201,7 +219,8 @@ class _HostDumper:
         # the rank's PID namespace and its own mounts (its code, and the tools of an image that takes them there)
         argv = sidecar_argv(self.name, image, ["-c", loop, "sh", *pids], caps=["SYS_PTRACE"],
                             volumes=[f"{binary}:{SIDECAR_PYSPY}:ro"], env={"SPY": SIDECAR_PYSPY},
-                            labels={"dockerlaunch.dump": self.session.plan.job}, entrypoint="sh")
+                            labels={"dockerlaunch.dump": self.session.plan.job}, entrypoint="sh",
+                            label_disable=self.label_disable)
         res = self.h.connection().run(argv, timeout=PYSPY_TIMEOUT)
         if not res.ok and not res.stdout:
             self.result.notes.append(f"py-spy sidecar failed: {res.last_line()}")
@@ -420,13 +439,13 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
     # container of the job's image with nothing to lose (docker_run.sandbox_argv), never in a rank's container
     name = f"dl-frtrace-{secrets.token_hex(4)}"
     # the image rank 0 runs (its ID: the config may name another image than the one the job was started with)
-    ran = DockerHost.on(h0).docker("inspect", "--format", "{{.Image}}", session.plan.hosts[0].container.name,
-                                   timeout=60)
-    image = ran.stdout.strip() if ran.ok and ran.stdout.strip() else session.plan.hosts[0].container.image
+    ran = DockerHost.on(h0).docker("inspect", "--format", INSPECT, session.plan.hosts[0].container.name, timeout=60)
+    _, image, label_disable = parse_state(ran.stdout) if ran.ok else ("", "", False)
+    image = image or session.plan.hosts[0].container.image
     argv = sandbox_argv(name, image, [
         "-c", 'for py in python3 python; do command -v "$py" >/dev/null && exec "$py" -m '
         'torch.distributed.flight_recorder.fr_trace /fr -p rank_; done; echo "no python in the image"'],
-        ro_volumes=[f"{where}/fr-all:/fr"], labels={"dockerlaunch.dump": "1"})
+        ro_volumes=[f"{where}/fr-all:/fr"], labels={"dockerlaunch.dump": "1"}, label_disable=label_disable)
     kept = Capped(FR_TRACE_KEEP)  # fr_trace reports through logging, on stderr: both, in arrival order
     try:
         status = h0.remote.stream(argv, kept.add, kept.add, timeout=FR_TRACE_S)

@@ -228,6 +228,14 @@ class ContainerSettings(_Model):
     workdir: str | None = None
     user: str | None = None
     privileged: bool = Field(False, description="Only when you really need it.")
+    selinux: Literal["auto", "disable", "keep"] = Field(
+        "auto", description="Where an engine labels containers (SELinux: its `docker info` lists selinux), a bind "
+        "mount of a host folder is denied in a labelled container unless the folder is labelled for containers. "
+        "auto: asked per host at launch; on such an engine the job's, doctor's and dump's containers get "
+        "--security-opt label=disable (SELinux then does not confine them), elsewhere nothing. disable: always. "
+        "keep: never (label the folders: chcon -R -t container_file_t DIR). Never :z, which would relabel the "
+        "folder itself (a shared home's files).",
+    )
     extra_args: list[str] = Field(default_factory=list, description="Appended to docker run before the image.")
 
     _gpus = field_validator("gpus", mode="before")(lambda cls, v: normalize_gpus(v))

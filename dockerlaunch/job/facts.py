@@ -6,6 +6,47 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class EngineSecurity:
+    """What an engine says of itself in `docker info`'s SecurityOptions: the one reader of that list (the probe's
+    SELinux fact, the launcher's rootless check in transfer/cache_server.py).
+
+    Two forms: Docker 1.13 and later write `name=NAME[,KEY=VALUE...]` (`name=seccomp,profile=default`,
+    `name=selinux`, `name=rootless`); daemons before it the bare name (`selinux`), which docker/cli's
+    DecodeSecurityOptions still reads as a name. Real outputs of both: tests/data/docker-info/. The names are only
+    ever compared, never printed or used as paths."""
+
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, options: object) -> EngineSecurity | None:
+        """The API's list (JSON null: an engine with none) -> its names; None for anything else (not an answer)."""
+        if options is None:
+            return cls()
+        if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+            return None
+        names = []
+        for option in options:
+            if "=" not in option:
+                names.append(option.strip())
+                continue
+            for part in option.split(","):
+                key, _, value = part.partition("=")
+                if key.strip() == "name":
+                    names.append(value.strip())
+        return cls(tuple(names))
+
+    @property
+    def selinux(self) -> bool:
+        """The engine labels its containers (dockerd --selinux-enabled on a kernel running SELinux): a bind mount
+        of a host folder is denied in a labelled container unless the folder is labelled for containers."""
+        return "selinux" in self.names
+
+    @property
+    def rootless(self) -> bool:
+        return "rootless" in self.names
+
+
+@dataclass(frozen=True)
 class HostGpuAccess:
     """How containers on a host can reach its GPUs (probe.sh; the toolkit and libraries only where
     /dev/nvidiactl exists, the engine and CDI everywhere)."""
@@ -36,3 +77,4 @@ class HostFacts:
     env_files: tuple[str, ...] | None = None  # remote paths of the uploaded secret env files
     access: HostGpuAccess | None = None  # how containers there reach the GPUs
     torch: str | None = None  # the image's torch, where its labels say (dockerlaunch-built images do)
+    selinux: bool | None = None  # the engine labels containers (EngineSecurity.selinux); None: not known

@@ -474,6 +474,20 @@ def resolve(plan: JobPlan, facts: dict[int, HostFacts], run_id: str, attempt: in
     return make_plan(plan.config, facts, master_hostname=plan.master_hostname, run_id=run_id, attempt=attempt)
 
 
+def label_disable(mode: str, labels: bool | None) -> bool | Deferred:
+    """container.selinux on one host: whether its containers get `--security-opt label=disable`. `labels`: the
+    host's engine labels containers (HostFacts.selinux; None: not asked yet, a dry run or a render). auto turns the
+    labels off exactly where the engine has them; never `:z`, which relabels the host's folder itself."""
+    if mode == "disable":
+        return True
+    if mode == "keep":
+        return False
+    if labels is None:
+        return Deferred("--security-opt label=disable where the engine of the host labels containers (SELinux)",
+                        "selinux")
+    return labels
+
+
 def infiniband_needs(spec: ContainerSpec, user_ulimits: dict[str, Ulimit]) -> None:
     """What InfiniBand needs in a container, added to the spec: the device folder, IPC_LOCK, unlimited memlock
     (the user's own memlock wins)."""
@@ -531,6 +545,7 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
         workdir=c.workdir,
         user=c.user,
         privileged=c.privileged,
+        label_disable=label_disable(c.selinux, f.selinux if f else None),
         docker_args=list(c.extra_args),
     )
     if isinstance(access, GpuAccess):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dockerlaunch.cache import cache_root
 from dockerlaunch.errors import TransferError
+from dockerlaunch.job.facts import EngineSecurity
 from dockerlaunch.transfer.image_facts import GRAPHDRIVER, LocalImage
 from dockerlaunch.transfer.oci import OCI_INDEX, OCI_MANIFEST
 
@@ -48,7 +49,8 @@ def unavailable(image: LocalImage, info: dict | None = None) -> str | None:
         return f"{MODE_ENV}=save"
     if os.environ.get("DOCKER_HOST", "unix://").split(":", 1)[0] not in ("unix", ""):
         return "the launcher's engine is not on this machine (DOCKER_HOST): it cannot reach 127.0.0.1 here"
-    if any(str(o).split(",")[0] == "name=rootless" for o in (info or {}).get("SecurityOptions") or []):
+    security = EngineSecurity.parse((info or {}).get("SecurityOptions"))
+    if security is not None and security.rootless:
         return "the launcher's engine is rootless: its 127.0.0.1 is not this machine's, where the registry listens"
     if not shutil.which(REGISTRY):
         return "no docker-registry on this machine (apt-get install docker-registry)"

@@ -100,6 +100,45 @@ def test_doctor_up_fail_fast_status_logs_down_across_engines(mixed):
     assert "no containers on 4 host(s)" in st.stdout and "attempt 0: rank failed: rank 3 (" in st.stdout, st.stdout
 
 
+def test_label_disable_is_taken_by_every_engine(engine, mixed, tmp_path):
+    """container.selinux disable on the engines users run (20.10, 26, 28, 28 with the containerd store; none of them
+    labels containers, as Docker CE's default and this kernel have it): doctor's probe containers start with
+    --security-opt label=disable, the job's containers run with it (each engine records it; ipc private, so it is
+    dockerlaunch's flag and not Docker's own choice for --ipc host), and dump's sidecar and sandbox argv start
+    beside them. An engine that labels (SELinux) is not here: docs/STATUS.md says so."""
+    from dockerlaunch.docker_run import sandbox_argv, sidecar_argv
+
+    data = yaml.safe_load(open(mixed[0]))
+    container = {k: v for k, v in (data.get("container") or {}).items() if k != "ipc"}
+    data["container"] = {**container, "selinux": "disable", "shm_size": "256m"}
+    cfg = tmp_path / "selinux-disable.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    doc = dl("doctor", "--config", str(cfg), "--output", "json", timeout=300)
+    assert doc.returncode == 0, doc.stdout[-3000:] + doc.stderr[-1000:]
+    report = json.loads(doc.stdout)
+    assert report["ok"] and not [c for c in report["checks"] if c["check"] == "selinux"]  # no engine labels here
+    job = job_name()
+    r = dl("up", "--skip-preflight", "--detach", "--config", str(cfg), "--name", job, "--", "sleep", "600",
+           timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    try:
+        for rank, node in enumerate(mixed[1]):
+            code, out = node_docker(engine, node, "inspect", "--format",
+                                    "{{.HostConfig.IpcMode}} {{json .HostConfig.SecurityOpt}}", f"{job}-{rank}")
+            assert code == 0 and out.split(" ", 1)[0] == "private" and "label=disable" in out, (node.name, out)
+            sidecar = sidecar_argv(f"{job}-{rank}", data["image"], ["-c", "echo sidecar"], caps=["SYS_PTRACE"],
+                                   volumes=[], env={}, labels={"dockerlaunch.dump": job}, entrypoint="sh",
+                                   label_disable=True)
+            sandbox = sandbox_argv(f"{job}-fr-{rank}", data["image"], ["-c", "ls /fr >/dev/null && echo sandbox"],
+                                   ro_volumes=["/tmp:/fr"], labels={"dockerlaunch.dump": "1"}, label_disable=True)
+            for argv, said in ((sidecar, "sidecar"), (sandbox, "sandbox")):
+                code, out = engine.containers.get(node.name).exec_run(argv)
+                assert code == 0 and out.decode().strip().endswith(said), (node.name, said, out)
+    finally:
+        d = dl("down", "--config", str(cfg), "--name", job)
+    assert d.returncode == 0 and "removed 4 container(s)" in d.stdout, d.stdout + d.stderr
+
+
 def test_push_chain_then_thin_star_to_every_engine(engine, mixed, image_pair):
     cfg = str(mixed[0])
     parent, child = image_pair

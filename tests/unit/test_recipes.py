@@ -49,7 +49,7 @@ def test_recipe_plans_the_flags_multi_node_training_needs(name, body):
     assert n >= 2
     facts = {r: HostFacts(interface="ib0", gpu_count=8, infiniband=True, ib_hca="mlx5_0:1,mlx5_1:1",
                           master_addr="10.0.0.1" if r == 0 else None,
-                          access=HostGpuAccess(nvidia_runtime=True, device_nodes=("/dev/nvidiactl",)))
+                          access=HostGpuAccess(nvidia_runtime=True, device_nodes=("/dev/nvidiactl",)), selinux=False)
              for r in range(n)}
     plan = make_plan(config, facts=facts, run_id="abc123")
     for hp in plan.hosts:

@@ -106,6 +106,14 @@ def service(plan: JobPlan, hp: HostPlan) -> tuple[dict, list[str]]:
         svc["command"] = list(c.command)
     if c.privileged:
         svc["privileged"] = True
+    if c.label_disable is not False:
+        # container.selinux auto: a compose file cannot ask the engine, and label=disable changes nothing where
+        # Docker does not label containers (render --probe asks each host instead, as `up` does)
+        svc["security_opt"] = ["label=disable"]
+        if isinstance(c.label_disable, Deferred):
+            notes.append("security_opt label=disable (container.selinux auto): where Docker labels containers "
+                         "(SELinux) the bind mounts are then not denied and SELinux does not confine the container; "
+                         "elsewhere it changes nothing")
     devices = list(gpu_devices) + [d for d in c.devices if d not in gpu_devices]
     if devices:
         svc["devices"] = devices

@@ -28,7 +28,7 @@ from dockerlaunch.backends.docker import script
 from dockerlaunch.errors import HostError
 from dockerlaunch.gpu import smi
 from dockerlaunch.gpu.host import GpuHost
-from dockerlaunch.job.facts import HostGpuAccess
+from dockerlaunch.job.facts import EngineSecurity, HostGpuAccess
 
 if TYPE_CHECKING:  # probe() only calls what it is given: the parsers stay free of SSH
     from dockerlaunch.hosts.ssh import Remote
@@ -101,6 +101,8 @@ class Probe:
     image_labels: dict[str, str] | None = None  # the job image's labels there (None: not asked or no image)
     gpu_host: GpuHost | None = None  # the driver and each GPU (None: no nvidia-smi, or not asked)
     image_command: ImageCommand | None = None  # the job image's Entrypoint and Cmd there (None: not asked or no image)
+    selinux: bool | None = None  # the engine labels containers (SELinux); None: not known (see parse_selinux)
+    selinux_mode: str | None = None  # the kernel's: enforcing or permissive; None where it runs no SELinux
 
 
 @dataclass(frozen=True)
@@ -210,10 +212,35 @@ def docker_info(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+SELINUX_MODES = {"1": "enforcing", "0": "permissive"}
+
+
+def parse_selinux(kv: dict[str, list[str]]) -> tuple[bool | None, str | None]:
+    """(the engine labels containers, the kernel's mode) from probe.sh's selinuxfs=, selinux_enforce= and the
+    engine's SecurityOptions (in docker_info=, or security_options= from a host that gets no GPUs). The engine's
+    word decides; without it, a kernel with no selinuxfs mounted is one whose engine cannot label (False), and one
+    with it is not known (None): `up` refuses to guess under container.selinux auto. (pure)"""
+    info = docker_info((kv.get("docker_info") or [""])[0])
+    text = (kv.get("security_options") or [""])[0]
+    security = None
+    if info is not None and "SecurityOptions" in info:
+        security = EngineSecurity.parse(info["SecurityOptions"])
+    elif text:
+        try:
+            security = EngineSecurity.parse(json.loads(text))
+        except ValueError:
+            security = None
+    mounted = (kv.get("selinuxfs") or [None])[0]
+    mode = SELINUX_MODES.get((kv.get("selinux_enforce") or [""])[0].strip()) if mounted else None
+    if security is not None:
+        return security.selinux, mode
+    return (False if mounted == "" else None), mode
+
+
 # probe.sh's keys: said once, or a line each (engine, cdi_dirs, runtimes: probe.sh before issue 21)
 SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info", "image_env",
           "smi_driver", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager", "engine",
-          "cdi_dirs", "runtimes", "image_cmd")
+          "cdi_dirs", "runtimes", "image_cmd", "selinuxfs", "selinux_enforce", "security_options")
 LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_error", "smi_unknown", "xid", "gpu_dev", "cdi", "lib", "file")
 
 
@@ -238,6 +265,7 @@ def parse_probe(text: str, host: str = "?") -> Probe:
     active, seen = parse_ib_ports(kv.get("ib_port", []))
     gpus = get("gpus")
     gpu_host = smi.parse(kv)
+    selinux, selinux_mode = parse_selinux(kv)
     return Probe(
         interface=iface,
         source=src,
@@ -250,6 +278,8 @@ def parse_probe(text: str, host: str = "?") -> Probe:
         image_labels=_labels(get("image_labels")),
         gpu_host=gpu_host,
         image_command=parse_image_command(get("image_cmd")),
+        selinux=selinux,
+        selinux_mode=selinux_mode,
     )
 
 

@@ -107,6 +107,14 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
                 "container.env NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME"
             )
             continue
+        if p.selinux is None and session.config.container.selinux == "auto":
+            mode = f" ({p.selinux_mode})" if p.selinux_mode else ""
+            errors.append(
+                f"host {hp.address}: could not tell whether its engine labels containers: the kernel runs "
+                f"SELinux{mode} and `docker info` gave no SecurityOptions; set container.selinux: disable "
+                "(--security-opt label=disable) or keep (the engine's labels)"
+            )
+            continue
         if isinstance(hp.nproc_per_node, Deferred) and not p.gpu_count:
             errors.append(
                 f"host {hp.address}: no GPUs found (nvidia-smi -L) to set NPROC_PER_NODE; "
@@ -122,6 +130,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             env_files=(env_files or {}).get(hp.rank),
             access=p.access,
             torch=(p.image_labels or labels or {}).get(labels_.TORCH),
+            selinux=p.selinux,
         )
     if errors:
         raise DockerlaunchError("; ".join(errors))

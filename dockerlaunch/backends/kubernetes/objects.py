@@ -142,6 +142,8 @@ def pod_template(plan: JobPlan, target: str, master_addr: str, opts: Options) ->
         security["capabilities"] = {"add": caps}
     if spec.privileged:
         security["privileged"] = True
+    if spec.label_disable is not False:  # docker's label=disable: the process runs as spc_t (container.selinux)
+        security["seLinuxOptions"] = {"type": "spc_t"}
     if spec.user:
         uid, _, gid = spec.user.partition(":")
         security["runAsUser"] = int(uid)
@@ -221,6 +223,11 @@ def _header(plan: JobPlan, target: str, master_addr: str, opts: Options) -> list
     if spec.ulimits.get("nofile") == NOFILE:
         lines.append(f"#   - open files: a pod has no ulimits and gets its node runtime's; where that is 1024 "
                      f"(containerd 2.x) raise containerd's LimitNOFILE (dockerlaunch asks Docker for {NOFILE.soft})")
+    if spec.label_disable is not False:
+        mode = "auto" if isinstance(spec.label_disable, Deferred) else "disable"
+        lines.append(f"# seLinuxOptions type spc_t (container.selinux {mode}, docker's label=disable): hostPath "
+                     "folders are not denied on SELinux nodes, where SELinux then does not confine the pod; nodes "
+                     "without SELinux ignore it (Pod Security baseline refuses it, as it does hostPath and hostIPC)")
     lines.append("# NCCL_SOCKET_IFNAME / NCCL_IB_HCA are not set: NCCL picks them in the pod.")
     if spec.init:
         lines.append("# No init process (docker's --init): the command is PID 1; torchrun forwards signals itself, "

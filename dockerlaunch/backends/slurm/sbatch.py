@@ -81,9 +81,11 @@ def docker_script(plan: JobPlan, file: str) -> str:
     gpu = spec.gpu
     if isinstance(gpu, Deferred):  # gpu_mode auto: the toolkit, as compose and most sites have it
         gpu = GpuAccess("gpus", "the node's nvidia-container-toolkit", spec.gpus)  # type: ignore[arg-type]
+    # container.selinux auto: label=disable, which changes nothing on a node whose Docker does not label containers
+    label_disable = spec.label_disable if isinstance(spec.label_disable, bool) else True
     node = replace(
         spec, name=NAME_TOKEN, env=env, labels=plain_labels(spec, template=True), gpu=gpu,
-        env_files=env_file_paths(spec, plan),
+        env_files=env_file_paths(spec, plan), label_disable=label_disable,
         detach=False, remove=False,  # in the foreground: the task's exit status is the container's
     )
     argv = docker_argv(node, inherit=inherit)

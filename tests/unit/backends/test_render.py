@@ -278,6 +278,7 @@ CHANGED = {
     "host_network": False, "ipc": "host", "shm_size": "1g", "cap_add": ["SYS_ADMIN"],
     "ulimits": {"nofile": Ulimit(1024, 2048)}, "workdir": "/elsewhere", "user": "1000:1000", "privileged": True,
     "init": False, "tty": False, "detach": False, "remove": True, "docker_args": ["--pids-limit", "-1"],
+    "label_disable": False,  # container.selinux keep (the golden plan's auto renders label=disable)
 }
 # fields that describe how a launcher runs a container, not the job: no rendered target has them
 LAUNCHER_ONLY = {"detach", "remove"}
@@ -289,7 +290,7 @@ NAMED_BY_SCHEDULER |= {("gpu", "k8s"), ("gpu", "jobset")}
 
 # the config's name for a spec field, as a refusal names it
 REFUSED_AS = {"docker_args": "container.extra_args", "infiniband": "container.infiniband",
-              "ulimits": "container.ulimits", "host_network": "network"}
+              "ulimits": "container.ulimits", "host_network": "network", "label_disable": "container.selinux"}
 
 
 def test_every_spec_field_has_a_changed_value_here():
@@ -438,14 +439,37 @@ def test_compose_with_probed_facts_carries_each_hosts_own_values():
     from dockerlaunch.job.plan import resolve
 
     plan = plan_of(container__infiniband="auto", container__gpus="all")
-    facts = {0: HostFacts(interface="ens1", gpu_count=8, infiniband=True, ib_hca="mlx5_0:1", master_addr="10.0.0.1"),
-             1: HostFacts(interface="ens7", gpu_count=4, infiniband=False, ib_hca="")}
+    facts = {0: HostFacts(interface="ens1", gpu_count=8, infiniband=True, ib_hca="mlx5_0:1", master_addr="10.0.0.1",
+                          selinux=True),
+             1: HostFacts(interface="ens7", gpu_count=4, infiniband=False, ib_hca="", selinux=False)}
     files = compose.render(resolve(plan, facts, run_id="render"))
     node0, node1 = (yaml.safe_load(f.text)["services"]["node"] for f in files)
     assert node0["environment"]["NCCL_SOCKET_IFNAME"] == "ens1" and node1["environment"]["GLOO_SOCKET_IFNAME"] == "ens7"
     assert node0["environment"]["NPROC_PER_NODE"] == "8" and node1["environment"]["NPROC_PER_NODE"] == "4"
     assert node0["environment"]["NCCL_IB_HCA"] == "mlx5_0:1" and "/dev/infiniband" in node0["devices"]
-    assert "devices" not in node1 and "note:" not in files[0].text
+    assert "devices" not in node1 and "note:" not in files[0].text + files[1].text
+    # only the host whose engine labels containers (SELinux) gets its labels off
+    assert node0["security_opt"] == ["label=disable"] and "security_opt" not in node1
+
+
+@pytest.mark.parametrize("mode", ["auto", "disable", "keep"])
+def test_container_selinux_is_carried_by_every_target(mode):
+    """auto, where a render cannot ask the engines: what auto does on an engine that labels containers, which
+    changes nothing on one that does not (compose and Docker's label=disable, a pod's seLinuxOptions type spc_t);
+    disable the same; keep nothing. pyxis/enroot runs containers unlabelled (no --security-opt to give)."""
+    plan = plan_of(container__selinux=mode)
+    carried = mode != "keep"
+    for text in rendered("compose", plan).values():
+        service = yaml.safe_load(text)["services"]["node"]
+        assert (service.get("security_opt") == ["label=disable"]) is carried
+        assert ("note: security_opt label=disable (container.selinux auto)" in text) is (mode == "auto")
+    for target in ("k8s", "jobset"):
+        [text] = rendered(target, plan).values()
+        assert ("seLinuxOptions:\n" in text and "type: spc_t" in text) is carried, target
+        assert (f"# seLinuxOptions type spc_t (container.selinux {mode}" in text) is carried
+    files = rendered("slurm", plan)
+    assert ("--security-opt label=disable" in files["sft-qwen.docker.sbatch"]) is carried
+    assert "security" not in files["sft-qwen.pyxis.sbatch"] and "label" not in files["sft-qwen.pyxis.sbatch"]
 
 
 @pytest.mark.parametrize("flag, value, words", [

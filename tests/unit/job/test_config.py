@@ -231,6 +231,7 @@ def test_documented_example_config_is_valid():
     plan = make_plan(cfg)
     assert plan.master_addr == "10.0.0.1"
     assert plan.hosts[2].container.env["NPROC_PER_NODE"] == "4"
+    assert cfg.container.selinux == "auto" and plan.hosts[0].container.unresolved()[-1].startswith("selinux: ")
 
 
 def test_mapping_address_may_carry_user_and_port_but_not_contradict():

@@ -212,7 +212,7 @@ def test_resolved_plan_has_no_placeholders_and_unresolved_is_refused():
     assert dry.unresolved()
     with pytest.raises(UnresolvedError):
         run_argv(dry.hosts[0].container)
-    facts = {r: HostFacts(interface="eth0", gpu_count=8, infiniband=False) for r in range(2)}
+    facts = {r: HostFacts(interface="eth0", gpu_count=8, infiniband=False, selinux=False) for r in range(2)}
     no_run = make_plan(cfg(), facts=facts)
     assert [u.split(":")[0] for u in no_run.unresolved()] == ["rank 0 (10.0.0.1) label dockerlaunch.run",
                                                               "rank 1 (10.0.0.2) label dockerlaunch.run"]
@@ -231,7 +231,8 @@ def test_env_files_are_never_inlined():
     plan = make_plan(cfg(container={"env_files": ["/home/me/secrets.env"], "infiniband": "off"}))
     c = plan.hosts[0].container
     assert any("secrets.env" in u for u in c.unresolved())
-    facts = {r: HostFacts(interface="eth0", gpu_count=1, env_files=(f"/tmp/dl-{r}.env",)) for r in range(2)}
+    facts = {r: HostFacts(interface="eth0", gpu_count=1, env_files=(f"/tmp/dl-{r}.env",), selinux=False)
+             for r in range(2)}
     c = make_plan(cfg(container={"env_files": ["/home/me/secrets.env"], "infiniband": "off"}),
                   facts=facts, run_id="r1").hosts[1].container
     assert flag_values(run_argv(c), "--env-file") == ["/tmp/dl-1.env"]
@@ -530,7 +531,7 @@ def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container
     dry = make_plan(cfg(container=container))
     gpu = HostGpuAccess(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"), nvidia_runtime=True)
     facts = {r: HostFacts(interface="eth0", gpu_count=1, infiniband=ib, ib_hca="mlx5_0:1" if ib else "",
-                          master_addr="10.0.0.1" if r == 0 else None, access=gpu) for r in range(2)}
+                          master_addr="10.0.0.1" if r == 0 else None, access=gpu, selinux=ib) for r in range(2)}
     applied = resolve(dry, facts, run_id="r1")
     assert not applied.unresolved()
     for d, a in zip(dry.hosts, applied.hosts):
@@ -552,7 +553,8 @@ def test_finding_a_job_needs_no_image_but_starting_one_does():
                                            "container": {"gpus": "none", "infiniband": "off"}})
     with pytest.raises(ConfigError, match="no image"):
         make_plan(config)
-    plan = make_plan(config, require_image=False, facts={0: HostFacts(interface="eth0", gpu_count=1)}, run_id="r")
+    plan = make_plan(config, require_image=False, facts={0: HostFacts(interface="eth0", gpu_count=1, selinux=False)},
+                     run_id="r")
     assert plan.hosts[0].container.name == "dockerlaunch-0"
     assert plan.hosts[0].container.unresolved() == ["image: the job image: --image or image: (not needed to find "
                                                     "a job's containers)"]
@@ -579,3 +581,45 @@ def test_the_text_dry_run_says_the_images_cmd_runs_when_no_command_is_given():
     data["job"] = {"command": ["echo", "hi"]}
     plan = make_plan(ClusterConfig.model_validate(data))
     assert "<the image's CMD>" not in render_plan(plan, resolve_all(plan.config))
+
+
+# ---------------------------------------------------------------- SELinux (container.selinux, issue 58 item 5)
+
+LABEL_DISABLE = ["--security-opt", "label=disable"]
+
+
+def has_label_disable(argv) -> bool:
+    return any(argv[i:i + 2] == LABEL_DISABLE for i in range(len(argv)))
+
+
+def test_auto_is_decided_per_host_from_its_engine_and_the_dry_run_says_so(cli):
+    dry = make_plan(cfg())
+    shown = docker_argv(dry.hosts[0].container)
+    placeholder = [a for a in shown if isinstance(a, Deferred) and a.key == "selinux"]
+    assert placeholder and "label=disable" in placeholder[0] and "SELinux" in placeholder[0]
+    assert any(u.startswith("selinux: ") for u in dry.hosts[0].container.unresolved())
+    base = {"interface": "eth0", "gpu_count": 8, "infiniband": False}
+    facts = {0: HostFacts(**base, selinux=True), 1: HostFacts(**base, selinux=False)}
+    labelled, plain = (run_argv(h.container) for h in make_plan(cfg(), facts=facts, run_id="r").hosts)
+    assert has_label_disable(labelled) and not has_label_disable(plain)
+    assert labelled.index("--security-opt") < labelled.index("img:tag")
+    r = cli("up", "--dry-run", "--hosts", "10.0.0.1,10.0.0.2", "--image", "img:tag", "--", "python", "train.py")
+    assert r.returncode == 0 and r.stdout.count("label=disable where the engine of the host labels containers") == 2, \
+        r.stdout
+
+
+@pytest.mark.parametrize("mode, engine_labels, expected", [
+    ("disable", False, True), ("disable", None, True),  # always: nothing to ask
+    ("keep", True, False), ("keep", None, False),  # never: the engine's labels (and Docker's own rules) stay
+    ("auto", True, True), ("auto", False, False),
+])
+def test_disable_and_keep_need_no_host(mode, engine_labels, expected):
+    facts = {r: HostFacts(interface="eth0", gpu_count=8, infiniband=False, selinux=engine_labels) for r in range(2)}
+    for h in make_plan(cfg(container={"selinux": mode}), facts=facts, run_id="r").hosts:
+        assert h.container.label_disable is expected
+        assert has_label_disable(run_argv(h.container)) is expected
+
+
+def test_selinux_takes_three_words():
+    with pytest.raises(ValueError, match="selinux"):
+        cfg(container={"selinux": "z"})  # relabelling (:z) is never offered: on a shared home it relabels files

@@ -32,9 +32,9 @@ def test_rendered_config_is_a_valid_cluster_config():
     plan = make_plan(cfg)
     assert plan.master_addr == "172.30.0.11"
     c = plan.hosts[0].container
-    assert c.infiniband is False and c.gpu is None  # IB and GPUs off: nothing left to the host but the NIC
+    assert c.infiniband is False and c.gpu is None  # IB and GPUs off: left to the host are the NIC and SELinux
     assert [u.split(":")[0] for u in c.unresolved()] == ["env NCCL_SOCKET_IFNAME", "env GLOO_SOCKET_IFNAME",
-                                                        "label dockerlaunch.run"]
+                                                        "label dockerlaunch.run", "selinux"]
 
 
 @pytest.mark.parametrize("rate", ["200mbit", "1gbit", "1.5mbit"])

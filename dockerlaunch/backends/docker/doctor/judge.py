@@ -89,6 +89,8 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSH
             report.add(a, "mounts", FAIL, f"missing on the host: {', '.join(o.mounts_missing)}")
         else:
             report.add(a, "mounts", PASS, f"{len(config.container.mounts)} host path(s) exist")
+    if p is not None:
+        _judge_selinux(report, a, config, hp, p)
     if not o.image_id:
         return
     _judge_shm(report, a, o.shm, uses_ib(config.container.infiniband, p), hp.container.ulimits.get("nofile"))
@@ -112,6 +114,40 @@ def _judge_host(report: Report, config: ClusterConfig, hp: HostPlan, target: SSH
         needs = ImageNeeds.of_image(p.image_labels, p.access.image_env, o.image_needs)
         judge_gpu_facts(report, a, p.gpu_host, needs, config.diagnostics.xid_window,
                         o.gpus.gpu_mode if o.gpus is not None else None)
+
+
+def _judge_selinux(report: Report, a: str, config: ClusterConfig, hp: HostPlan, p: probelib.Probe) -> None:
+    """Where the engine labels containers (SELinux), a bind mount of a host folder is denied in a labelled container
+    unless the folder is labelled for containers: say what the job's containers get here. No row where nothing
+    labels containers."""
+    mode = config.container.selinux
+    kernel = f"SELinux {p.selinux_mode}" if p.selinux_mode else "SELinux"
+    if p.selinux is None:
+        if mode == "auto":  # `up` refuses to guess as well
+            report.add(a, "selinux", ERROR, f"could not tell whether the engine labels containers: the kernel runs "
+                       f"{kernel} and `docker info` gave no SecurityOptions; set container.selinux: disable "
+                       "(--security-opt label=disable) or keep (the engine's labels)")
+        return
+    if not p.selinux:
+        return
+    folders = [m.source for m in hp.container.mounts]
+    if mode != "keep":
+        report.add(a, "selinux", PASS, f"the engine labels containers ({kernel}): the job's, doctor's and dump's "
+                   f"containers get --security-opt label=disable (container.selinux {mode}), so their bind mounts "
+                   "are not denied; SELinux does not confine them")
+    elif hp.container.ipc == "host" or hp.container.privileged:
+        report.add(a, "selinux", PASS, f"the engine labels containers ({kernel}), but Docker turns the labels off "
+                   "itself for --ipc host and --privileged containers, as the job's is (container.selinux keep)")
+    elif folders:
+        shown = ", ".join(folders[:3]) + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
+        fate = ("denials are only logged while the kernel is permissive" if p.selinux_mode == "permissive"
+                else "reading or writing them fails (Permission denied)")
+        report.add(a, "selinux", WARN, f"the engine labels containers ({kernel}) and container.selinux keep leaves "
+                   f"the job's labelled: its host folders ({shown}) are denied in it unless labelled for containers "
+                   f"({fate}): chcon -R -t container_file_t DIR, or container.selinux auto")
+    else:
+        report.add(a, "selinux", PASS, f"the engine labels containers ({kernel}) and the job mounts no host folder "
+                   "(container.selinux keep)")
 
 
 def judge_gpu_facts(report: Report, a: str, host: GpuHost, needs: ImageNeeds,

@@ -15,7 +15,7 @@ from dockerlaunch.container import GpuAccess
 from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.gpu.needs import ImageNeeds
 from dockerlaunch.job.config import ClusterConfig
-from dockerlaunch.job.plan import HostPlan, gpu_access
+from dockerlaunch.job.plan import HostPlan, gpu_access, label_disable
 
 
 def local_ports(proc_net_tcp: str, state: str) -> set[int]:
@@ -353,6 +353,12 @@ def host_gpu_access(config: ClusterConfig, hp: HostPlan, probe: probelib.Probe |
     if not isinstance(access, GpuAccess):
         raise ConfigError("could not check: the host's GPU facts were not gathered")
     return access
+
+
+def host_label_disable(config: ClusterConfig, probe: probelib.Probe | None) -> bool:
+    """Whether doctor's containers on this host get `--security-opt label=disable`, as the job's would
+    (container.selinux, from what the host's engine said); not known: none (the selinux row says why)."""
+    return label_disable(config.container.selinux, probe.selinux if probe else None) is True
 
 
 def uses_ib(mode: str, probe: probelib.Probe | None) -> bool:

@@ -21,6 +21,7 @@ from dockerlaunch.backends.docker.doctor.observations import (
     can_listen,
     count_gpus,
     host_gpu_access,
+    host_label_disable,
     image_lacks,
     listening_ports,
     missing_executable,
@@ -43,13 +44,13 @@ from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, infiniband_need
 
 
 def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,
-                ib: bool = False, mounts: list[BindMount] | None = None, env: dict[str, str] | None = None
-                ) -> ContainerSpec:
+                ib: bool = False, mounts: list[BindMount] | None = None, env: dict[str, str] | None = None,
+                label_disable: bool = False) -> ContainerSpec:
     """A short-lived container with the job's runtime flags that matter for the check, and the job's own mounts
-    (an image may take its tools from them)."""
+    (an image may take its tools from them); its SELinux labels off where the job's are (`label_disable`)."""
     c = hp.container
     spec = ContainerSpec(
-        name=name, image=image, command=command, ipc=c.ipc, shm_size=c.shm_size,
+        name=name, image=image, command=command, ipc=c.ipc, shm_size=c.shm_size, label_disable=label_disable,
         gpus=gpu.request if gpu else None, gpu=gpu, devices=list(gpu.devices if gpu else ()),
         ulimits=dict(c.ulimits) if ib else {k: v for k, v in c.ulimits.items() if k != "memlock"},
         cap_add=list(c.cap_add) if ib else [x for x in c.cap_add if x != IB_CAP],
@@ -60,6 +61,12 @@ def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu:
     if ib:  # what the job gets where IB is used, even when the dry plan left it to the host (infiniband: auto)
         infiniband_needs(spec, spec.ulimits)  # a memlock the job has (the user's own) wins, as in the plan
     return spec
+
+
+def observe_argv(master: str, image: str, config: ClusterConfig) -> list[str]:
+    """observe.sh then probe.sh, one round trip: what a host can say of itself (parse_observation reads it)."""
+    return ["sh", "-c", script("observe.sh") + script("probe.sh"), "sh", master, image,
+            *[m.source for m in config.container.mounts]]
 
 
 def _observe_host(h: Host, image: str, config: ClusterConfig, master: str) -> HostObservation:
@@ -73,8 +80,7 @@ def _observe_host(h: Host, image: str, config: ClusterConfig, master: str) -> Ho
         out.extend(data)
 
     t0 = time.time()
-    argv = ["sh", "-c", script("observe.sh") + script("probe.sh"), "sh", master, image,
-            *[m.source for m in config.container.mounts]]
+    argv = observe_argv(master, image, config)
     err = bytearray()
     status = h.remote.stream(argv, on_out, err.extend, timeout=120)
     text = out.decode(errors="replace")
@@ -110,8 +116,9 @@ def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: Clu
     ib = uses_ib(config.container.infiniband, obs.probe)
     mounts = [BindMount(m.source, m.target, m.read_only) for m in config.container.mounts]
     hubs = not config.job.offline
+    off = host_label_disable(config, obs.probe)
     spec = _probe_spec(hp, image, container_probe(hubs, ib),
-                       f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib, mounts=mounts,
+                       f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib, mounts=mounts, label_disable=off,
                        env={k: v for k, v in config.container.env.items() if k.upper() in HUB_ENV} if hubs else None)
     out = _in_container(h, spec)
     obs.shm = parse_container_facts(out) if isinstance(out, str) else out
@@ -127,7 +134,8 @@ def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: Clu
         # no shell: the toolkit and CDI put nvidia-smi on PATH; device mode mounts the host's under NVIDIA_DIR
         smi = f"{NVIDIA_DIR}/bin/nvidia-smi"
         smi = smi if any(m.target == smi for m in access.mounts) else "nvidia-smi"
-        spec = _probe_spec(hp, image, [smi, "-L"], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access, mounts=mounts)
+        spec = _probe_spec(hp, image, [smi, "-L"], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access, mounts=mounts,
+                           label_disable=off)
         out = _in_container(h, spec)
         if isinstance(out, str):
             facts = ContainerFacts(gpus=count_gpus(out))
@@ -284,14 +292,14 @@ def _image_why(facts: ContainerFacts | None, need: str) -> str:
     return f"the image has no {need}"
 
 
-def _connect(h: Host, image: str, facts: ContainerFacts | None, master: str, ports: tuple[int, int]
-             ) -> tuple[dict[str, tuple[str, str, str]] | str, str]:
+def _connect(h: Host, image: str, facts: ContainerFacts | None, master: str, ports: tuple[int, int],
+             label_disable: bool = False) -> tuple[dict[str, tuple[str, str, str]] | str, str]:
     """reach.sh connect in a container of the job's image when it has a tool, else on the host (the same network:
     job containers use --network host). -> (per port results, or why nothing was checked; the note)."""
     args = ["sh", "-c", REACH, "sh", "connect", master, *map(str, ports)]
     if can_connect(facts.tools if facts else None):
         spec = ContainerSpec(name=f"dlprobe-reach-{secrets.token_hex(4)}", image=image, command=args, detach=False,
-                             remove=True, init=False, labels=PROBE_LABELS)
+                             remove=True, init=False, labels=PROBE_LABELS, label_disable=label_disable)
         r = h.remote.run(run_argv(spec), timeout=60)
         got = parse_reach(r.stdout)
         if got:
@@ -310,7 +318,7 @@ def _connect(h: Host, image: str, facts: ContainerFacts | None, master: str, por
     return got, f"checked from the host: {why}"
 
 
-def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int, int]
+def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int, int], label_disable: bool = False
             ) -> tuple[str, str, str | None]:
     """Listeners on host 0: in a --network host container of the job's image when it has a tool, else on the
     host. -> (how, a container name or a host PID to end them with, why there are none)."""
@@ -318,7 +326,7 @@ def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int
         name = f"dlprobe-listen-{secrets.token_hex(4)}"
         spec = ContainerSpec(name=name, image=image, command=["sh", "-c", REACH, "sh", "serve", str(LISTEN_TTL_S),
                                                               *map(str, ports)],
-                             init=True, remove=True, labels=PROBE_LABELS)
+                             init=True, remove=True, labels=PROBE_LABELS, label_disable=label_disable)
         try:
             started = h0.remote.run(run_argv(spec), timeout=60)
         except BaseException:
@@ -357,7 +365,8 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations) ->
     observations.reach_ports = ports
     h0, how, handle = cluster.hosts[0], "", ""
     try:  # from before the start: an interrupt between start and cleanup must not leave the listener
-        how, handle, missing = _listen(h0, plan.image, obs[0].shm, ports)
+        how, handle, missing = _listen(h0, plan.image, obs[0].shm, ports,
+                                       host_label_disable(plan.config, obs[0].probe))
         if missing:
             observations.reach_missing = missing
             return
@@ -381,10 +390,11 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations) ->
         def probe(h: Host) -> tuple[list[str] | str, str]:
             if not obs[h.rank].image_id:
                 return "image missing here", ""
-            got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports)
+            off = host_label_disable(plan.config, obs[h.rank].probe)
+            got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, off)
             if isinstance(got, dict) and any(v[0] == "fail" for v in got.values()):
                 time.sleep(0.5)  # once more, for a connection lost on the way
-                got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports)
+                got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, off)
             return got, note  # type: ignore[return-value]
 
         for o in cluster.each(probe, others):

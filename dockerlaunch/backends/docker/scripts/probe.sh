@@ -126,6 +126,19 @@ for d in /dev/nvidia*; do [ -c "$d" ] && kv gpu_dev "$d"; done
 # directories it reads (none: CDI is off there; the field is missing before Docker 25) and its runtimes;
 # not asked for a host that gets no GPUs (DL_PROBE_GPU=0)
 [ "${DL_PROBE_GPU:-1}" = 0 ] || kv docker_info "$(docker info --format '{{json .}}' 2>/dev/null)"
+# SELinux: an engine labels containers only on a kernel running SELinux (moby asks go-selinux, which needs
+# selinuxfs mounted), and then says so in its SecurityOptions (name=selinux; a bare `selinux` before Docker 1.13).
+# The mount point and the kernel's mode (enforce: 1 enforcing, 0 permissive); a host without selinuxfs asks its
+# engine nothing more, and a host that gets no GPUs asks only for that list where selinuxfs is mounted.
+# (DL_PROBE_MOUNTS: another mounts table, for tests)
+sefs=$(awk '$3 == "selinuxfs" { print $2; exit }' "${DL_PROBE_MOUNTS:-/proc/mounts}" 2>/dev/null)
+kv selinuxfs "$sefs"
+if [ -n "$sefs" ]; then
+  kv selinux_enforce "$(cat "$sefs/enforce" 2>/dev/null)"
+  if [ "${DL_PROBE_GPU:-1}" = 0 ]; then
+    kv security_options "$(docker info --format '{{json .SecurityOptions}}' 2>/dev/null)"
+  fi
+fi
 for f in /etc/cdi/* /var/run/cdi/*; do
   [ -f "$f" ] && grep -q 'nvidia.com/gpu' "$f" 2>/dev/null && kv cdi "$f"
 done

@@ -45,9 +45,12 @@ def cfg(hosts=(H0, H1), job=None, **container) -> ClusterConfig:
     return ClusterConfig.model_validate(data)
 
 
-def probe(interface="eth0", source=None, problem=None, ib=False, active=(), seen=None, gpus=None) -> Probe:
+def probe(interface="eth0", source=None, problem=None, ib=False, active=(), seen=None, gpus=None, selinux=False,
+          selinux_mode=None) -> Probe:
+    """`selinux`: the host's engine labels containers (False: a kernel without SELinux, as most hosts)."""
     return Probe(interface=interface, source=source, problem=problem, ib_device=ib, ib_active=list(active),
-                 ib_seen=list(seen if seen is not None else [f"{p} ACTIVE" for p in active]), gpu_count=gpus)
+                 ib_seen=list(seen if seen is not None else [f"{p} ACTIVE" for p in active]), gpu_count=gpus,
+                 selinux=selinux, selinux_mode=selinux_mode)
 
 
 def host(rank: int, **kw) -> HostObservation:
@@ -548,6 +551,7 @@ owner=
 ib_dev=0
 gpus=none
 has_ip=1
+selinuxfs=
 """
 
 # the same scripts on host 0 itself: the route to its own address is local, the owning NIC is named
@@ -564,6 +568,7 @@ owner=2: eth0    inet 10.0.0.1/24 brd 10.0.0.255 scope global eth0\\       valid
 ib_dev=0
 gpus=none
 has_ip=1
+selinuxfs=
 """
 
 # a user outside the docker group: docker version fails, everything else is still printed
@@ -580,6 +585,7 @@ owner=
 ib_dev=0
 gpus=none
 has_ip=1
+selinuxfs=
 """
 
 
@@ -999,3 +1005,96 @@ def test_probe_container_gets_the_jobs_open_files_limit():
     assert "nofile=20000:20000" in run_argv(spec)
     default = _probe_spec(make_plan(cfg()).hosts[0], IMAGE, ["true"], "dlprobe-shm-y")
     assert "nofile=1048576:1048576" in run_argv(default)
+
+
+# ---------------------------------------------------------------- SELinux (container.selinux, issue 58 item 5)
+
+LABELLING = {"selinux": True, "selinux_mode": "enforcing"}
+
+
+def test_selinux_row_only_where_the_engine_labels_containers():
+    report = run(cfg(), host(0), host(1, probe=probe(source=H1, **LABELLING)))
+    assert report.get(H0, "selinux") is None  # nothing labels there: no row
+    row(report, H1, "selinux", PASS, "the engine labels containers (SELinux enforcing)", "label=disable",
+        "container.selinux auto", "SELinux does not confine them")
+
+
+@pytest.mark.parametrize("container, verdict, words", [
+    ({"selinux": "disable"}, PASS, ("label=disable", "container.selinux disable")),
+    ({"selinux": "keep"}, PASS, ("Docker turns the labels off itself for --ipc host",)),  # the default ipc
+    ({"selinux": "keep", "shm_size": "16g"}, WARN, ("container.selinux keep", "/data", "chcon -R -t container_file_t",
+                                                     "Permission denied", "container.selinux auto")),
+    ({"selinux": "keep", "privileged": True}, PASS, ("--privileged",)),
+])
+def test_keep_warns_where_the_jobs_own_container_is_labelled_and_mounts_host_folders(container, verdict, words):
+    config = cfg(mounts=["/data:/data"], **container)
+    report = run(config, host(0, probe=probe(source=H0, **LABELLING)), host(1))
+    row(report, H0, "selinux", verdict, *words)
+
+
+def test_keep_on_a_permissive_host_says_denials_are_only_logged():
+    config = cfg(mounts=["/data:/data"], selinux="keep", shm_size="16g")
+    report = run(config, host(0, probe=probe(source=H0, selinux=True, selinux_mode="permissive")), host(1))
+    row(report, H0, "selinux", WARN, "SELinux permissive", "only logged")
+
+
+def test_an_engine_that_did_not_say_is_an_error_under_auto_only():
+    unknown = probe(source=H1, selinux=None, selinux_mode="enforcing")
+    report = run(cfg(), host(0), host(1, probe=unknown))
+    row(report, H1, "selinux", ERROR, "could not tell whether the engine labels containers", "container.selinux")
+    assert report.failed  # an ERROR stops `up` as a FAIL does
+    assert run(cfg(selinux="keep"), host(0), host(1, probe=unknown)).get(H1, "selinux") is None
+
+
+@pytest.mark.parametrize("mode, engine_labels, expected", [
+    ("auto", True, True), ("auto", False, False), ("auto", None, False), ("disable", False, True),
+    ("keep", True, False)])
+def test_doctors_containers_get_the_labels_the_jobs_get(mode, engine_labels, expected):
+    from dockerlaunch.backends.docker.doctor.observations import host_label_disable
+    from dockerlaunch.backends.docker.doctor.observe import _observe_containers
+
+    config = cfg(selinux=mode)
+    said = probe(selinux=engine_labels)
+    assert host_label_disable(config, said) is expected
+    argvs = []
+
+    class Remote:
+        def run(self, argv, timeout=None):
+            argvs.append(argv)
+            return type("R", (), {"ok": True, "stdout": "shm=\n", "stderr": "", "exit_status": 0})()
+
+    h = type("H", (), {"remote": Remote(), "rank": 0})()
+    obs = HostObservation(0, H0, probe=said)
+    _observe_containers(h, make_plan(config).hosts[0], obs, config, IMAGE)
+    [shm] = argvs
+    assert any(shm[i:i + 2] == ["--security-opt", "label=disable"] for i in range(len(shm))) is expected
+
+
+def test_the_real_observe_script_with_a_stand_in_engine_of_each_saved_docker_info(tmp_path):
+    """observe.sh + probe.sh as doctor runs them, against a stand-in `docker` answering with each saved real `docker
+    info` (both forms) on a host whose kernel runs SELinux (enforcing): the row doctor prints from it."""
+    import subprocess
+
+    from dockerlaunch.backends.docker.doctor.observe import observe_argv
+    from tests import docker_standin
+
+    config = cfg(mounts=["/data:/data"])
+    for i, saved in enumerate(docker_standin.SAVED):
+        folder = tmp_path / str(i)
+        docker_standin.install(folder / "bin", docker_standin.security_options(saved))
+        table = docker_standin.mounts(folder, "1")
+        r = subprocess.run(observe_argv(H0, IMAGE, config), capture_output=True, text=True, timeout=60,
+                           env={"PATH": f"{folder / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin",
+                                "DL_PROBE_MOUNTS": str(table)})
+        assert r.returncode == 0, r.stderr
+        o = parse_observation(HostObservation(0, H0, ssh="root@10.0.0.1:22"), r.stdout)
+        assert o.docker == "28.5.2" and o.image_id == docker_standin.IMAGE_ID and o.probe_error is None, saved
+        o.shm, o.listening = ContainerFacts(shm_kb=64 * GB, memlock="unlimited", nofile="1048576"), {22}
+        report = run(config, o, host(1))
+        if "-no-selinux" in saved:
+            assert report.get(H0, "selinux") is None, saved
+        else:
+            row(report, H0, "selinux", PASS, "the engine labels containers (SELinux enforcing)", "label=disable")
+        # doctor asks the engine one `docker info` for everything it reads of it (and the docker root's path)
+        info = [c for c in docker_standin.asked(folder / "bin") if c.startswith("info")]
+        assert info == ["info --format {{.DockerRootDir}}", "info --format {{json .}}"], info

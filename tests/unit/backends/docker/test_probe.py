@@ -13,6 +13,7 @@ from dockerlaunch.backends.docker.probe import (
     parse_probe,
     parse_route_get,
 )
+from tests import docker_standin
 
 
 def test_route_via_gateway():
@@ -178,3 +179,60 @@ def test_the_probe_asks_the_engine_for_gpu_facts_only_for_hosts_that_get_gpus(tm
     assert ("info" in asked) is gpu and "image" in asked, asked
     p = parse_probe(r.stdout)
     assert (p.access.engine == "28.5.2") is gpu
+
+
+# ---------------------------------------------------------------- SELinux (issue 58, item 5)
+
+
+def run_probe(tmp_path, options, enforce, gpu=True):
+    """The real probe.sh against a stand-in `docker` answering with `options` (a saved real output's list) on a
+    host whose mounts table has selinuxfs (its enforce file says `enforce`) or not (`enforce` None)."""
+    import subprocess
+
+    from dockerlaunch.backends.docker.probe import probe_argv
+
+    bin_dir = tmp_path / "bin"
+    docker_standin.install(bin_dir, options)
+    table = docker_standin.mounts(tmp_path / "host", enforce)
+    r = subprocess.run(probe_argv("127.0.0.1", "img:1", gpu=gpu), capture_output=True, text=True, timeout=30,
+                       env={"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "DL_PROBE_MOUNTS": str(table)})
+    assert r.returncode == 0, r.stderr
+    return parse_probe(r.stdout), [c for c in docker_standin.asked(bin_dir) if c.startswith("info")]
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gets-gpus", "cpu-host"])
+@pytest.mark.parametrize("saved", docker_standin.SAVED)
+def test_the_probe_reads_whether_the_engine_labels_containers_from_real_docker_info_outputs(tmp_path, saved, gpu):
+    """Each saved real `docker info` (both forms) through the real probe.sh on a host with selinuxfs (enforcing):
+    a host that gets GPUs reads it from its one `docker info`, a CPU host asks the engine for the list alone."""
+    probe, asked = run_probe(tmp_path, docker_standin.security_options(saved), "1", gpu=gpu)
+    assert probe.selinux is ("-no-selinux" not in saved) and probe.selinux_mode == "enforcing", saved
+    assert asked == (["info --format {{json .}}"] if gpu else ["info --format {{json .SecurityOptions}}"]), asked
+
+
+def test_a_cpu_host_without_selinuxfs_asks_its_engine_nothing_and_cannot_label(tmp_path):
+    """Hosts may share an engine (the sim's light hosts, several `local` entries): a host that gets no GPUs asks no
+    `docker info` unless its kernel runs SELinux, whose absence already says the engine cannot label."""
+    probe, asked = run_probe(tmp_path, ["name=seccomp,profile=default", "name=selinux"], None, gpu=False)
+    assert asked == [] and probe.selinux is False and probe.selinux_mode is None
+
+
+def test_permissive_and_an_engine_that_does_not_answer(tmp_path):
+    probe, _ = run_probe(tmp_path, ["name=seccomp,profile=default", "name=selinux"], "0", gpu=False)
+    assert (probe.selinux, probe.selinux_mode) == (True, "permissive")
+    silent, asked = run_probe(tmp_path / "2", None, "1", gpu=False)  # `docker info` fails: not known, not a guess
+    assert asked and (silent.selinux, silent.selinux_mode) == (None, "enforcing")
+    silent, _ = run_probe(tmp_path / "3", None, "1", gpu=True)
+    assert silent.selinux is None
+
+
+@pytest.mark.parametrize("text, selinux", [
+    ('docker_info={"SecurityOptions": ["name=selinux"]}\nselinuxfs=\n', True),  # the engine's word decides
+    ('docker_info={"ServerVersion": "1.10.3"}\nselinuxfs=/sys/fs/selinux\n', None),  # no SecurityOptions field
+    ('docker_info={"ServerVersion": "1.10.3"}\nselinuxfs=\n', False),
+    ('security_options=null\nselinuxfs=/sys/fs/selinux\n', False),  # an engine with no options at all
+    ('security_options=not json\nselinuxfs=/sys/fs/selinux\n', None),
+    ("has_ip=0\n", None),  # said nothing (an answer of an older probe.sh)
+])
+def test_selinux_facts_from_probe_lines(text, selinux):
+    assert parse_probe("has_ip=0\n" + text if "has_ip" not in text else text).selinux is selinux
