@@ -202,10 +202,12 @@ def _observe_shared(cluster: Fleet, plan: JobPlan, obs: list[HostObservation]) -
             _shared_by_marker(cluster.hosts[0], pending, plan, m, obs)
 
 
-def _in_job_container(h: Host, plan: JobPlan, source: str, command: list[str], read_only: bool = False):
-    """`command` in a container of the job's image as the job's user, the mount at IN_CONTAINER."""
+def _in_job_container(h: Host, plan: JobPlan, ob: HostObservation, source: str, command: list[str]):
+    """`command` in a container of the job's image as the job's user (its SELinux labels as the job's), the mount at
+    IN_CONTAINER."""
     spec = _probe_spec(plan.hosts[h.rank], plan.image, command, f"dlprobe-shared-{secrets.token_hex(3)}",
-                       mounts=[BindMount(source, IN_CONTAINER, read_only)])
+                       mounts=[BindMount(source, IN_CONTAINER)],
+                       label_disable=host_label_disable(plan.config, ob.probe))
     spec.user = plan.hosts[h.rank].container.user
     return h.remote.run(run_argv(spec), timeout=60)
 
@@ -221,8 +223,8 @@ def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list
     w = h0.remote.run(["sh", "-c", 'printf %s "$1" > "$2"', "sh", token, path], timeout=30)
     as_job = None
     if not w.ok and obs[0].image_id:  # a login without root may not write where the job's containers do
-        as_job = _in_job_container(h0, plan, m.source, ["sh", "-c", 'printf %s "$1" > "$2/$3"', "sh", token,
-                                                        IN_CONTAINER, name])
+        as_job = _in_job_container(h0, plan, obs[0], m.source,
+                                   ["sh", "-c", 'printf %s "$1" > "$2/$3"', "sh", token, IN_CONTAINER, name])
     if not w.ok and not (as_job and as_job.ok):
         why = f"{login} cannot write to {m.source} ({w.last_line()})" + (
             f", nor the job's user in a container ({as_job.last_line()})" if as_job else
@@ -247,7 +249,7 @@ def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list
         if w.ok:
             h0.remote.run(["rm", "-f", path], timeout=30)
         else:
-            _in_job_container(h0, plan, m.source, ["rm", "-f", f"{IN_CONTAINER}/{name}"])
+            _in_job_container(h0, plan, obs[0], m.source, ["rm", "-f", f"{IN_CONTAINER}/{name}"])
 
 
 def _shared_by_listing(h0: Host, readers: list[Host], m, obs: list[HostObservation], why: str) -> None:
