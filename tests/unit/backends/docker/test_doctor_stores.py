@@ -125,7 +125,8 @@ def test_what_a_host_says_of_layers_is_taken_only_as_digests():
 
 
 def test_a_local_engines_attrs_read_as_a_build():
-    attrs = json.loads('{"Id": "%s", "Created": "%s", "RootFS": {"Type": "layers", "Layers": ["%s", "%s"]}}'
-                       % (IMAGE_ID, CREATED, L1, L2))
+    attrs = json.loads(json.dumps({"Id": IMAGE_ID, "Created": CREATED, "RootFS": {"Type": "layers",
+                                                                                  "Layers": [L1, L2]}}))
     local = ImageBuild.of(attrs["Id"], attrs["Created"], attrs["RootFS"]["Layers"])
-    assert local.same_as(built(OTHER_ID, CONTENT)) and local.describe() == "ab12cd34ef56 (built 2026-11-23 14:40:47 UTC)"
+    assert local.same_as(built(OTHER_ID, CONTENT))
+    assert local.describe() == "ab12cd34ef56 (built 2026-11-23 14:40:47 UTC)"
