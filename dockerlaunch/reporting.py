@@ -33,6 +33,10 @@ class Reporter:
         """A status line from dockerlaunch itself (`style`: bold, bold red, bold yellow, bold green). It may quote
         what a host said: a printer shows that as text, never as terminal controls or markup (console.host_text)."""
 
+    def command(self, label: str, command: str) -> None:
+        """A command the user may paste, after one label on a line of its own (`follow with:`, `fix:`): a printer
+        shows it whole, never wrapped, with nothing else before the label (job/invocation.py: one label per line)."""
+
     def line(self, rank: int, host: str, text: str) -> None:
         """One line of a rank's output: the job's own, printed as it is (its colours and bars are the user's)."""
 

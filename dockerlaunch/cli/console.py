@@ -125,6 +125,12 @@ class RichReporter(Reporter):
         self.out.print(f"[dockerlaunch] {host_text(msg, newlines=True)}", style=style, markup=False,
                        highlight=False)
 
+    def command(self, label: str, command: str) -> None:
+        """`label command` on a line of its own, never wrapped and without the `[dockerlaunch]` prefix: selected
+        after its one label, the command is whole."""
+        self.flush()
+        self.out.print(host_text(f"{label} {command}"), style="bold", markup=False, highlight=False, soft_wrap=True)
+
     def line(self, rank: int, host: str, text: str) -> None:
         prefix = self._prefixes.get((rank, host))
         if prefix is None:

@@ -34,6 +34,7 @@ from dockerlaunch.cli.main import (
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.targets import resolve_all
 from dockerlaunch.job.config import config_schema
+from dockerlaunch.job.invocation import DEFAULT_LOG_DIR
 from dockerlaunch.job.plan import plan_job
 
 SMOKE_HELP = ("Then run the image on the hosts' GPUs for real (about a minute): per GPU a bf16 matmul, TE's Linear, "
@@ -50,10 +51,10 @@ def config_and_hosts_options(f):
                         help="Cluster config (default ./dockerlaunch.yaml).")(f)
 
 
-def load_hosts(config_path: str | None, hosts: list[str] | None):
-    """The config with only --config and --hosts given."""
+def load_hosts(config_path: str | None, hosts: list[str] | None, log_dir: str | None = None):
+    """The config with only --config and --hosts given (and the command's --log-dir, for its hints)."""
     return load({"config_path": config_path, "hosts": hosts, "image": None, "nproc_per_node": None,
-                 "master_port": None, "mounts": (), "env": (), "name": None})
+                 "master_port": None, "mounts": (), "env": (), "name": None}, log_dir=log_dir)
 
 
 class LineReporter(RichReporter):
@@ -150,7 +151,7 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     from dockerlaunch.diagnostics.nccl_logs import watch_transport
     from dockerlaunch.transfer.push import copy_between
 
-    cfg = load(kw, command)
+    cfg = load(kw, command, log_dir=log_dir)
     warn_secret_env(cfg)
     read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
     targets = resolve_all(cfg)
@@ -260,7 +261,7 @@ def doctor(output: str, smoke: bool, **kw) -> None:
     sys.exit(1 if report.failed else 0)
 
 
-LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
+LOG_DIR_OPTION = click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True, metavar="DIR",
                               help="Where `up` saved the job's runs (its --log-dir).")
 
 
@@ -273,7 +274,8 @@ def down(ignore_missing: bool, log_dir: str, **kw) -> None:
     """Stop and remove the job's containers on every host."""
     from dockerlaunch.backends.docker import after_up
 
-    sys.exit(after_up.down(load(kw), LineReporter(), ignore_missing=ignore_missing, log_dir=log_dir))
+    sys.exit(after_up.down(load(kw, log_dir=log_dir), LineReporter(), ignore_missing=ignore_missing,
+                           log_dir=log_dir))
 
 
 PS_JSON = """{"hosts": N, "jobs": [{"name", "image", "created", "age_seconds", "hosts": [{"host", "rank",
@@ -295,7 +297,7 @@ def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: s
 
     from dockerlaunch.backends.docker import after_up
 
-    cfg = load_hosts(config_path, hosts)
+    cfg = load_hosts(config_path, hosts, log_dir)
     found = after_up.list_jobs(cfg, log_dir)
     now = datetime.now(timezone.utc)
     if output == "json":
@@ -350,7 +352,7 @@ def status(output: str, log_dir: str, **kw) -> None:
     from dockerlaunch.backends.docker import after_up
 
     named = kw.get("name") is not None
-    cfg = load(kw)
+    cfg = load(kw, log_dir=log_dir)
     found, others = after_up.status_and_others(cfg)
     run, attempts = after_up.attempts(cfg, log_dir)
     if not found and run is None and named:
@@ -391,8 +393,8 @@ def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir
     """Show the job's logs, prefixed by rank and host; once its containers are gone, the logs `up` saved."""
     from dockerlaunch.backends.docker import after_up
 
-    sys.exit(after_up.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=LineReporter(), attempt=attempt,
-                         log_dir=log_dir))
+    sys.exit(after_up.logs(load(kw, log_dir=log_dir), rank=rank, follow=follow, tail=tail, reporter=LineReporter(),
+                           attempt=attempt, log_dir=log_dir))
 
 
 @cli.command("exec", context_settings={**CONTEXT, "allow_interspersed_args": False})
@@ -404,4 +406,5 @@ def exec_cmd(rank: int, log_dir: str, command: tuple[str, ...], **kw) -> None:
     """Run a command in one rank's container, e.g. `exec --rank 1 -- py-spy dump --pid 1`."""
     from dockerlaunch.backends.docker import after_up
 
-    sys.exit(after_up.exec_in(load(kw), rank, list(command), sys.stdout.buffer, sys.stderr.buffer, log_dir=log_dir))
+    sys.exit(after_up.exec_in(load(kw, log_dir=log_dir), rank, list(command), sys.stdout.buffer, sys.stderr.buffer,
+                              log_dir=log_dir))

@@ -148,7 +148,9 @@ def warn_secret_env(config) -> None:
                    "--env-file; renders refer to the file, or use the target's secrets)", err=True)
 
 
-def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None):
+def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None, log_dir: str | None = None):
+    """The config from the file and the command's flags (popped from `kw`); `log_dir`: the command's --log-dir,
+    which the commands it prints repeat (job/invocation.py)."""
     ov = Overrides(  # a command declares only the options it uses (target_options, job_ref_options, ...)
         hosts=kw.pop("hosts", None), image=kw.pop("image", None), nproc_per_node=kw.pop("nproc_per_node", None),
         master_port=kw.pop("master_port", None), mounts=list(kw.pop("mounts", ())), env=list(kw.pop("env", ())),
@@ -159,7 +161,7 @@ def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None)
         max_restarts=kw.pop("max_restarts", None), hang_timeout=kw.pop("hang_timeout", None),
         spares=kw.pop("spares", None),
     )
-    return load_config(kw.pop("config_path", None), ov)
+    return load_config(kw.pop("config_path", None), ov, log_dir=log_dir)
 
 
 # The signals that stopped this run, in order. An exception raised by a signal handler can land inside

@@ -21,12 +21,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from dockerlaunch.errors import ConfigError, _loc
-from dockerlaunch.job.invocation import CONFIG_ENV, Invocation
+from dockerlaunch.job.invocation import CONFIG_ENV, DEFAULT_LOG_DIR, Invocation
 
 DEFAULT_CONFIG_FILE = "dockerlaunch.yaml"
 LOCAL = "local"  # a host address: this machine, through its own Docker engine, without SSH
 FILE_CHECK_HOST = "file-without-hosts"  # stands in for a file's missing host list while the file alone is checked
 
+# an env name that looks like a secret: warned of in container.env, never repeated in a printed command
+SECRET_NAME = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$")
@@ -828,7 +830,43 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> ClusterC
         raise ConfigError(f"{where}{describe_config_error(e)}") from None
 
 
-def load_config(path: str | None = None, overrides: Overrides | None = None) -> ClusterConfig:
+def plan_flags(ov: Overrides) -> tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]]:
+    """The flags of `ov` that change the plan, as the user gave them (job/invocation.py repeats them in printed
+    commands), and the --env names whose values are never repeated (they look like secrets: SECRET_NAME)."""
+    out: list[tuple[str, str | None]] = []
+    secret: list[str] = []
+    for flag, value in (("--image", ov.image), ("--nproc-per-node", ov.nproc_per_node),
+                        ("--master-port", ov.master_port)):
+        if value is not None:
+            out.append((flag, str(value)))
+    out += [("--mount", m) for m in ov.mounts]
+    for text in ov.env:
+        key = text.partition("=")[0]
+        if SECRET_NAME.search(key):
+            secret.append(key)
+        else:
+            out.append(("--env", text))
+    if ov.offline:
+        out.append(("--offline", None))
+    if ov.infiniband:
+        out.append(("--infiniband", ov.infiniband))
+    if ov.push:
+        out.append(("--push", None))
+    if ov.diagnostics is False:
+        out.append(("--no-diagnostics", None))
+    if ov.max_restarts is not None:
+        out.append(("--max-restarts", str(ov.max_restarts)))
+    if ov.spares is not None:
+        out.append(("--spares", ",".join(ov.spares)))
+    if ov.hang_timeout is not None:
+        out.append(("--hang-timeout", ov.hang_timeout))
+    return tuple(out), tuple(dict.fromkeys(secret))
+
+
+def load_config(path: str | None = None, overrides: Overrides | None = None,
+                log_dir: str | None = None) -> ClusterConfig:
+    """The file (--config, DOCKERLAUNCH_CONFIG or ./dockerlaunch.yaml) with the flags merged. `log_dir`: the
+    command's --log-dir, which the hints it prints repeat (absolute; None: the default's)."""
     data, source = read_config_file(path)
     merged = apply_overrides(data, overrides) if overrides is not None else data
     if source is not None and overrides is not None:
@@ -836,16 +874,18 @@ def load_config(path: str | None = None, overrides: Overrides | None = None) -> 
         validate_config({**data, "hosts": data.get("hosts") or [FILE_CHECK_HOST]}, source)
     config = validate_config(merged, source)
     ov = overrides or Overrides()
-    config._invocation = Invocation(config=config_path(path)[0], hosts=tuple(ov.hosts) if ov.hosts else None,
-                                    name=ov.name)
+    flags, secret_env = plan_flags(ov)
+    # absolute: a printed command is pasted in another folder (./dockerlaunch.yaml and dockerlaunch-logs/ are not
+    # there) or another shell (without DOCKERLAUNCH_CONFIG)
+    config._invocation = Invocation(config=os.path.abspath(source) if source else None,
+                                    hosts=tuple(ov.hosts) if ov.hosts else None, name=ov.name,
+                                    log_dir=os.path.abspath(log_dir or DEFAULT_LOG_DIR), flags=flags,
+                                    secret_env=secret_env)
     return config
 
 
 def config_schema() -> dict[str, Any]:
     return ClusterConfig.model_json_schema()
-
-
-SECRET_NAME = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
 
 
 def secret_looking_env(config: ClusterConfig) -> list[str]:

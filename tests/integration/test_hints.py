@@ -1,12 +1,16 @@
-"""Every printed fix works as printed (issue 52): each test provokes a hint on the sim through the CLI, takes the
-`fix: dockerlaunch ...` line exactly as it was printed, runs it, and checks that it did what the hint was about.
-The user's own --config (and --name, --hosts) must be in it: the hints that dropped --config failed when pasted."""
+"""Every printed command works as printed, pasted in ANOTHER folder (issues 52 and 58): each test provokes a hint on
+the sim through the CLI, in a project folder that holds the config as ./dockerlaunch.yaml (the default) or as a
+relative --config, takes the command exactly as it was printed, runs it from another folder, and checks that it did
+what the hint was about. Hints that carried no --config (the default file) or a relative one failed there with
+`no hosts to run on`; a doctor pointer that dropped --image checked another image and printed a false all-clear."""
 
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,34 +21,72 @@ pytestmark = pytest.mark.integration
 FIX = re.compile(r"fix: (dockerlaunch .+?)(?:\)|$)", re.M)
 
 
-def run_fix(text: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The first `fix: dockerlaunch ...` in `text`, run as a user would paste it (shell words, this dockerlaunch)."""
+@pytest.fixture
+def folders(sim_cluster, tmp_path):
+    """(project, elsewhere): the sim's config as project/dockerlaunch.yaml and project/ux/v2.yaml; another folder
+    to paste in."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "ux").mkdir(parents=True)
+    elsewhere.mkdir()
+    text = Path(sim_cluster[1]).read_text()
+    (project / "dockerlaunch.yaml").write_text(text)
+    (project / "ux" / "v2.yaml").write_text(text)
+    return project, elsewhere
+
+
+def paste(command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`dockerlaunch ...` as a user pastes it: shell words, this dockerlaunch, in `cwd`, without
+    DOCKERLAUNCH_CONFIG."""
+    words = shlex.split(command)
+    assert words[0] == "dockerlaunch", command
+    env = {k: v for k, v in os.environ.items() if k != "DOCKERLAUNCH_CONFIG"}
+    return subprocess.run([sys.executable, "-m", "dockerlaunch", *words[1:]], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+def fix_in(text: str) -> str:
     m = FIX.search(text)
     assert m, f"no fix printed in: {text}"
-    words = shlex.split(m.group(1))
-    assert words[0] == "dockerlaunch"
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *words[1:]], capture_output=True, text=True,
-                          timeout=timeout)
+    return m.group(1)
 
 
-def test_the_push_hint_of_a_missing_image_runs_as_printed(sim_cluster, remotes, demo_image, engine):
-    cfg = str(sim_cluster[1])
-    tag = f"dlt-hint/{job_name()}:1"
+def after_label(label: str, text: str) -> str:
+    """The command on the line that starts with `label` (one label, then the command whole)."""
+    lines = [line for line in text.splitlines() if line.startswith(label + " ")]
+    assert len(lines) == 1, f"no single `{label}` line in: {text}"
+    return lines[0][len(label) + 1:]
+
+
+def test_the_push_hint_and_the_doctor_pointer_run_as_printed_from_another_folder(folders, remotes, demo_image,
+                                                                                   engine):
+    """The default ./dockerlaunch.yaml; quoted: after `up --image myteam/train:v3` failed pre-flight, the pointer
+    `dockerlaunch doctor --hosts ... --name ux4` dropped --image (pasted: it checked v1, 23 PASS)."""
+    project, elsewhere = folders
+    cfg = project / "dockerlaunch.yaml"
+    tag = f"dlt-hint/{job_name()}:3"
+    job = job_name()
     engine.images.get(demo_image).tag(tag)  # here, on no host: one push away
     try:
-        r = dl("doctor", "--config", cfg, "--image", tag, "--output", "json")
+        r = dl("doctor", "--image", tag, "--output", "json", cwd=project)
         assert r.returncode == 1, r.stdout + r.stderr
         rows = [c for c in json.loads(r.stdout)["checks"] if c["check"] == "image"]
         assert rows and all(c["verdict"] == "FAIL" for c in rows), rows
-        reason = rows[0]["reason"]
-        assert f"fix: dockerlaunch push {tag} --config {cfg}" in reason, reason
-        # quoted: `up` with the image missing ended with `Fix the above or use --skip-preflight`
-        up = dl("up", "--config", cfg, "--image", tag, "--name", job_name(), "--", "true")
-        assert up.returncode == 1 and "nothing was started" in up.stdout + up.stderr, up.stdout + up.stderr
-        assert "--skip-preflight" not in up.stdout + up.stderr and f"fix: dockerlaunch push {tag}" in up.stdout
-        pushed = run_fix(reason, timeout=600)
+        assert f"fix: dockerlaunch push {tag} --config {cfg}" in rows[0]["reason"], rows[0]["reason"]
+
+        up = dl("up", "--image", tag, "--name", job, "--", "true", cwd=project)
+        out = up.stdout + up.stderr
+        assert up.returncode == 1 and "nothing was started" in out and "--skip-preflight" not in out, out
+        assert "answered" not in out, out  # no progress line where no terminal is
+        assert f"fix: dockerlaunch push {tag} --config {cfg}" in up.stdout, up.stdout
+        pointer = after_label("check without starting:", up.stdout)
+        assert pointer == f"dockerlaunch doctor --config {cfg} --name {job} --image {tag}", pointer
+        checked = paste(pointer + " --output json", elsewhere)
+        assert checked.returncode == 1, checked.stdout + checked.stderr  # the image asked for, not the file's
+        assert {c["verdict"] for c in json.loads(checked.stdout)["checks"] if c["check"] == "image"} == {"FAIL"}
+
+        pushed = paste(fix_in(rows[0]["reason"]), elsewhere, timeout=600)
         assert pushed.returncode == 0, pushed.stdout + pushed.stderr
-        again = dl("doctor", "--config", cfg, "--image", tag, "--output", "json")
+        again = paste(pointer + " --output json", elsewhere)
         assert {c["verdict"] for c in json.loads(again.stdout)["checks"] if c["check"] == "image"} == {"PASS"}
     finally:
         for remote in remotes:
@@ -52,21 +94,42 @@ def test_the_push_hint_of_a_missing_image_runs_as_printed(sim_cluster, remotes, 
         engine.images.remove(tag)
 
 
-def test_the_logs_hint_after_detach_and_the_down_hint_of_a_running_name_run_as_printed(sim_cluster, remotes,
-                                                                                       tmp_path):
-    cfg = str(sim_cluster[1])
+def test_the_pointer_after_a_master_port_in_use_keeps_the_port_and_names_what_it_leaves_out(folders):
+    """A relative --config; quoted: the same dropped flag after `up --master-port 22`. An --env value whose name
+    looks secret is never repeated; up's own flags are named."""
+    project, elsewhere = folders
+    job = job_name()
+    up = dl("up", "--config", "ux/v2.yaml", "--name", job, "--master-port", "22", "--max-restarts", "1",
+            "--env", "HF_TOKEN=hf_not_for_logs", "--env", "A=1", "--", "true", cwd=project)
+    out = up.stdout + up.stderr
+    assert up.returncode == 1 and "port 22 is already in use on host 0" in out, out
+    pointer = after_label("check without starting:", up.stdout)
+    assert pointer == (f"dockerlaunch doctor --config {project / 'ux' / 'v2.yaml'} --name {job} --master-port 22 "
+                       "--env A=1"), pointer
+    assert ("that doctor leaves out --max-restarts (doctor does not take it); --env HF_TOKEN (looks secret: add it "
+            "yourself)") in up.stdout, up.stdout
+    assert "hf_not_for_logs" not in out
+    checked = paste(pointer + " --output json", elsewhere)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert [c["verdict"] for c in json.loads(checked.stdout)["checks"] if c["check"] == "master port"] == ["FAIL"]
+
+
+def test_the_follow_and_down_hints_run_as_printed_from_another_folder(folders, remotes):
+    """A relative --config; quoted: `follow with: fix: dockerlaunch logs --follow --name train` had two labels."""
+    project, elsewhere = folders
+    cfg = project / "ux" / "v2.yaml"
     job = job_name()
     try:
-        r = dl("up", "--skip-preflight", "--detach", "--config", cfg, "--name", job, "--", "sh", "-c",
-               "echo hint-ran; sleep 600")
+        r = dl("up", "--skip-preflight", "--detach", "--config", "ux/v2.yaml", "--name", job, "--", "sh", "-c",
+               "echo hint-ran; sleep 600", cwd=project)
         assert r.returncode == 0, r.stdout + r.stderr
-        out = r.stdout + r.stderr
-        assert f"follow with: fix: dockerlaunch logs --follow --name {job} --config {cfg}" in out, out
-        # as printed it follows forever: it must find the job (the old hint said `no hosts to run on`)
-        m = FIX.search(out[out.index("follow with:"):])
-        words = shlex.split(m.group(1))
-        p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", *words[1:]], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        follow = after_label("follow with:", r.stdout)
+        assert follow == (f"dockerlaunch logs --follow --name {job} --config {cfg} --log-dir "
+                          f"{project / 'dockerlaunch-logs'}"), follow
+        assert "fix:" not in r.stdout, r.stdout
+        env = {k: v for k, v in os.environ.items() if k != "DOCKERLAUNCH_CONFIG"}
+        p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", *shlex.split(follow)[1:]], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=elsewhere, env=env)
         try:
             got, err = p.communicate(timeout=20)
         except subprocess.TimeoutExpired:
@@ -75,11 +138,11 @@ def test_the_logs_hint_after_detach_and_the_down_hint_of_a_running_name_run_as_p
         assert "hint-ran" in got and "error" not in err.lower(), got + err
 
         # the same name again: refused, with the fix that removes the running job
-        again = dl("up", "--skip-preflight", "--config", cfg, "--name", job, "--", "true")
+        again = dl("up", "--skip-preflight", "--config", "ux/v2.yaml", "--name", job, "--", "true", cwd=project)
         assert again.returncode != 0 and "already has containers" in again.stderr, again.stdout + again.stderr
-        assert f"fix: dockerlaunch down --name {job} --config {cfg}" in again.stderr, again.stderr
-        down = run_fix(again.stderr)
+        assert f"); fix: dockerlaunch down --name {job} --config {cfg}" in again.stderr, again.stderr
+        down = paste(fix_in(again.stderr), elsewhere)
         assert down.returncode == 0, down.stdout + down.stderr
         assert all(containers_on(remote, job) == [] for remote in remotes)
     finally:
-        dl("down", "--config", cfg, "--name", job, "--ignore-missing")
+        dl("down", "--config", str(cfg), "--name", job, "--ignore-missing")

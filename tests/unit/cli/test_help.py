@@ -83,3 +83,19 @@ def test_stacks_list_marks_the_recommended_stack():
     assert r.returncode == 0, r.stderr
     [marked] = [line for line in r.stdout.splitlines() if line.startswith("* ")]
     assert marked.split()[1] == recommended and "[recommended" in marked, marked
+
+
+def test_a_printed_command_repeats_the_plan_flags_its_command_takes():
+    """job/invocation.py's TAKES is what each command's options are: a hint to doctor that repeated --push would
+    fail when pasted, one that dropped --image checked another image."""
+    import click
+
+    from dockerlaunch.cli import diagnose, images, jobs, render, sim, transfer  # noqa: F401 - registers commands
+    from dockerlaunch.job.invocation import PLAN_FLAGS, TAKES
+
+    commands = dict(_commands(cli))
+    for path, takes in TAKES.items():
+        options = {o for p in commands[path].params if isinstance(p, click.Option) for o in p.opts}
+        assert options & set(PLAN_FLAGS) == takes, path
+    shaped = {path for path, reads in READS.items() if reads == SHAPE}
+    assert shaped == set(TAKES), shaped ^ set(TAKES)  # a command that shapes the plan is in TAKES

@@ -65,3 +65,15 @@ def test_ps_state_column():
     assert _states(job("running", "running")) == "running (all 2)"
     assert _states(job("running", "exited 3")) == "running, exited 3"
     assert _states(job(*["running"] * 6, "exited 1")) == "6 running, 1 exited 1"
+
+
+def test_a_command_to_paste_has_one_label_and_is_never_wrapped():
+    """Quoted: `follow with: fix: dockerlaunch logs --follow --name train` had two labels; pasted whole,
+    `fix:: command not found`."""
+    from dockerlaunch.cli.console import RichReporter
+
+    buf = io.StringIO()
+    rep = RichReporter(Console(file=buf, width=40, color_system=None, highlight=False))
+    command = "dockerlaunch logs --follow --name train --config /a/long/path/to/dockerlaunch.yaml"
+    rep.command("follow with:", command)
+    assert buf.getvalue() == f"follow with: {command}\n"
