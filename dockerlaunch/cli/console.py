@@ -23,6 +23,7 @@ from rich.text import Text
 from dockerlaunch.backends.docker.doctor.report import Report, Verdict
 from dockerlaunch.docker_run import argv as docker_argv
 from dockerlaunch.hosts.targets import SSHTarget
+from dockerlaunch.job.invocation import FIX
 from dockerlaunch.job.plan import JobPlan
 from dockerlaunch.reporting import Reporter, Task, Tasks
 
@@ -175,21 +176,81 @@ class RichReporter(Reporter):
             yield _Bars(p)
 
 
+_FIX_COMMAND = f"{FIX} dockerlaunch "
+
+
+def _command_end(text: str, i: int) -> int:
+    """Where a shell command that starts at `i` ends: at the first `;` or `)` outside quotes, else the text's end
+    (shlex.join quotes every `;`, `)` and space of a word, so neither ends a printed command early)."""
+    quote = ""
+    while i < len(text):
+        c = text[i]
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in ";)":
+            break
+        i += 1
+    return i
+
+
+def pull_commands(text: str, found: dict[str, int]) -> str:
+    """`text` with each command in it replaced by `[N]`, N its number in `found` (one number per distinct command,
+    across a table): a `fix: dockerlaunch ...` and a backticked span of several words. A table wraps a command at
+    its cell's width (`ssh-keyscan -H` / `172.30.10.12 >> ...`), so the table holds the number and the command is
+    printed whole under it (`commands_below`). (pure)"""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        start = end = -1
+        if text.startswith(_FIX_COMMAND, i):
+            start = i + len(FIX) + 1
+            end = _command_end(text, start)
+            out.append(text[i:start])
+        elif text[i] == "`":
+            close = text.find("`", i + 1)
+            if close > 0 and " " in text[i + 1:close].strip():
+                start, end = i + 1, close
+        if start < 0:
+            out.append(text[i])
+            i += 1
+            continue
+        command = text[start:end].rstrip()
+        n = found.setdefault(command, len(found) + 1)
+        out.append(f"[{n}]" + text[start + len(command):end])
+        i = end + (1 if text[i] == "`" else 0)
+    return "".join(out)
+
+
+def commands_below(found: dict[str, int], out: Console) -> None:
+    """Under a table: each command `pull_commands` took out of its cells, whole, after its one label `[N]`."""
+    for command, n in found.items():
+        out.print(host_text(f"[{n}] {command}"), markup=False, highlight=False, soft_wrap=True)
+
+
 def print_report(report: Report, out: Console) -> None:
     table = Table("host", "check", "verdict", "reason", box=None, pad_edge=False)
+    found: dict[str, int] = {}
     for c in report.checks:
         table.add_row(_cell(c.host), _cell(c.check), Text(str(c.verdict), style=VERDICT_STYLE[c.verdict]),
-                      _cell(c.detail))
+                      _cell(pull_commands(c.detail, found)))
     out.print(table)
+    commands_below(found, out)
     out.print(host_text(report.summary(), newlines=True), highlight=False, markup=False)
 
 
-def print_table(columns: list[str], rows: list[list[str | Text]], out: Console | None = None) -> None:
-    """Cells are host text (a str is shown literally, never read as markup); style one with a rich Text."""
+def print_table(columns: list[str], rows: list[list[str | Text]], out: Console | None = None,
+                commands: bool = False) -> None:
+    """Cells are host text (a str is shown literally, never read as markup); style one with a rich Text.
+    `commands`: the commands in str cells are printed whole under the table (`pull_commands`)."""
     table = Table(*columns, box=None)
+    found: dict[str, int] = {}
     for row in rows:
-        table.add_row(*(_cell(v) for v in row))
-    (out or console()).print(table)
+        table.add_row(*(_cell(pull_commands(v, found) if commands and isinstance(v, str) else v) for v in row))
+    out = out or console()
+    out.print(table)
+    commands_below(found, out)
 
 
 def format_argv(argv: list[str], n_command: int) -> str:

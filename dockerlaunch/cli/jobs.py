@@ -86,7 +86,7 @@ class UpReporter(LineReporter):
         rows = [[c.host, c.check, styled(str(c.verdict), VERDICT_STYLE[c.verdict]), c.detail]
                 for c in report.checks if c.verdict not in (PASS, SKIP)]
         if rows:
-            print_table(["host", "check", "verdict", "reason"], rows, self.out)
+            print_table(["host", "check", "verdict", "reason"], rows, self.out, commands=True)
         self.say(preflight_line(report.counts(), hosts, seconds) + " (-v: every check)",
                  "bold red" if report.failed else "bold")
 

@@ -180,7 +180,7 @@ def known_hosts_fix(path: str, hosts: list[tuple[str, int, str]]) -> str:
     if os.path.expanduser(path) != os.path.expanduser(DEFAULT_KNOWN_HOSTS):
         port_flag += f"-o UserKnownHostsFile={shlex.quote(path)} "
     return (f"add the host's key once its fingerprint (`{scan} | ssh-keygen -lf -`) matches the host's own "
-            f"(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` there): {scan} >> {shlex.quote(path)}{more}; "
+            f"(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` there): `{scan} >> {shlex.quote(path)}`{more}; "
             f"or connect once with `ssh {port_flag}{shlex.quote(user)}@{shlex.quote(host)}` and accept the key")
 
 

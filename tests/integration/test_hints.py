@@ -77,14 +77,15 @@ def test_the_push_hint_and_the_doctor_pointer_run_as_printed_from_another_folder
         out = up.stdout + up.stderr
         assert up.returncode == 1 and "nothing was started" in out and "--skip-preflight" not in out, out
         assert "answered" not in out, out  # no progress line where no terminal is
-        assert f"fix: dockerlaunch push {tag} --config {cfg}" in up.stdout, up.stdout
+        # the row's command is under the table, whole, after its one label
+        assert "fix: [1]" in up.stdout and f"\n[1] dockerlaunch push {tag} --config {cfg}\n" in up.stdout, up.stdout
         pointer = after_label("check without starting:", up.stdout)
         assert pointer == f"dockerlaunch doctor --config {cfg} --name {job} --image {tag}", pointer
         checked = paste(pointer + " --output json", elsewhere)
         assert checked.returncode == 1, checked.stdout + checked.stderr  # the image asked for, not the file's
         assert {c["verdict"] for c in json.loads(checked.stdout)["checks"] if c["check"] == "image"} == {"FAIL"}
 
-        pushed = paste(fix_in(rows[0]["reason"]), elsewhere, timeout=600)
+        pushed = paste(after_label("[1]", up.stdout), elsewhere, timeout=600)
         assert pushed.returncode == 0, pushed.stdout + pushed.stderr
         again = paste(pointer + " --output json", elsewhere)
         assert {c["verdict"] for c in json.loads(again.stdout)["checks"] if c["check"] == "image"} == {"PASS"}
