@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import containers_on, dl, job_name
+from tests.integration.helpers import containers_on, dl, job_name, until
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +147,33 @@ def test_the_follow_and_down_hints_run_as_printed_from_another_folder(folders, r
         assert all(containers_on(remote, job) == [] for remote in remotes)
     finally:
         dl("down", "--config", str(cfg), "--name", job, "--ignore-missing")
+
+
+def test_exec_into_an_exited_rank_says_the_jobs_state_and_its_fix_runs_from_another_folder(folders, remotes):
+    """Quoted: `exec` into an exited rank printed Docker's `Container ... is not running`."""
+    project, elsewhere = folders
+    job = job_name()
+    try:
+        r = dl("up", "--skip-preflight", "--detach", "--name", job, "--", "sh", "-c",
+               'if [ "$NODE_RANK" = 1 ]; then echo rank1-said-this; exit 3; fi; sleep 600', cwd=project)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert until(lambda: "exited" in dl("status", "--name", job, cwd=project).stdout, 60) is not None
+        ex = dl("exec", "--name", job, "--rank", "1", "--", "true", cwd=project)
+        assert ex.returncode == 1 and "is not running" not in ex.stderr, ex.stderr
+        assert f"exec: rank 1 of job {job} exited with code 3" in ex.stderr, ex.stderr
+        assert "(the job: rank 0 running, rank 1 exited 3); exec into a running rank (0)" in ex.stderr, ex.stderr
+        logs = paste(fix_in(ex.stderr), elsewhere)
+        assert logs.returncode == 0 and "rank1-said-this" in logs.stdout, logs.stdout + logs.stderr
+    finally:
+        dl("down", "--name", job, "--ignore-missing", cwd=project)
+
+
+def test_a_wrong_ssh_port_says_where_the_port_came_from(folders, sim_cluster):
+    """Quoted: `cannot connect to 172.30.10.11:2222: Unable to connect to port 2222`, with no fix."""
+    project, _ = folders
+    ip = sim_cluster[2][0].ip
+    r = dl("status", "--hosts", f"{ip}:2222", cwd=project)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert (f"cannot connect to {ip}:2222: connection refused (the address answered, but nothing listens on port "
+            "2222); the port is the host's entry (host:PORT in --hosts or hosts:, or its port:)") in r.stderr, r.stderr
+    assert "Unable to connect" not in r.stderr
