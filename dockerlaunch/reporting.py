@@ -8,7 +8,7 @@ Keeping rich out of the layers below the CLI is an import rule (tests/unit/test_
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class Task:
@@ -47,6 +47,13 @@ class Reporter:
         """`up`'s pre-flight report, checked on `hosts` hosts in `seconds`: the whole table here; a printer may
         show less (the CLI's `up` shows the rows that did not pass and `preflight_line`; `up -v` the table)."""
         self.checks(report)
+
+    @contextlib.contextmanager
+    def pending(self, what: str) -> Iterator[Callable[[str, int, int], None]]:
+        """A step over many hosts that prints nothing until it ends (`up`'s pre-flight): the block is given a
+        function to call with (the part under way, hosts that answered, hosts asked); a printer may show it (the
+        CLI: one line that updates, on a terminal, once the step has taken a while)."""
+        yield lambda part, done, asked: None
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[Tasks]:

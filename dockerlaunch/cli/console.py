@@ -11,7 +11,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rich.color import ColorSystem
 from rich.console import Console
@@ -106,6 +106,8 @@ _CONTROL = {c: None for c in (7, 8, 11, 12, 13)}
 _COLOR_SYSTEMS = {"standard": ColorSystem.STANDARD, "256": ColorSystem.EIGHT_BIT, "truecolor": ColorSystem.TRUECOLOR,
                   "windows": ColorSystem.WINDOWS}
 FLUSH_EVERY = 0.1  # seconds: rank lines reach the terminal or pipe at least this often
+PENDING_AFTER_S = 2.0  # a step over the hosts that prints nothing shows its progress line after this long
+PENDING_REDRAW_S = 0.25
 
 
 class RichReporter(Reporter):
@@ -164,6 +166,46 @@ class RichReporter(Reporter):
     def checks(self, report: Report) -> None:
         self.flush()
         print_report(report, self.out)
+
+    @contextlib.contextmanager
+    def pending(self, what: str) -> Iterator[Callable[[str, int, int], None]]:
+        """On a terminal, once the step has taken PENDING_AFTER_S: one line, redrawn in place, of how many hosts
+        answered (`[dockerlaunch] pre-flight: 41 of 64 hosts answered (probe containers), 9 s`), erased when the
+        step ends. Elsewhere (a pipe, a log) nothing: the step's result line follows anyway."""
+        if not self.out.is_terminal:
+            yield lambda part, done, asked: None
+            return
+        state = ["", 0, 0]
+        t0 = time.monotonic()
+        stop = threading.Event()
+        drawn = [False]
+
+        def tell(part: str, done: int, asked: int) -> None:
+            state[:] = [part, done, asked]
+
+        def draw() -> None:
+            while not stop.wait(PENDING_REDRAW_S):
+                took = time.monotonic() - t0
+                if took < PENDING_AFTER_S:
+                    continue
+                part, done, asked = state
+                line = f"[dockerlaunch] {what}: {done} of {asked} host(s) answered ({part}), {took:.0f} s"
+                with self._lock:
+                    self.out.file.write("\r\x1b[K" + host_text(line)[:max(self.out.width - 1, 20)])
+                    self.out.file.flush()
+                    drawn[0] = True
+
+        drawer = threading.Thread(target=draw, daemon=True, name="dl-pending")
+        drawer.start()
+        try:
+            yield tell
+        finally:
+            stop.set()
+            drawer.join(timeout=1)
+            if drawn[0]:
+                with self._lock:
+                    self.out.file.write("\r\x1b[K")
+                    self.out.file.flush()
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[Tasks]:

@@ -36,6 +36,7 @@ from dockerlaunch.hosts.targets import resolve_all
 from dockerlaunch.job.config import config_schema
 from dockerlaunch.job.invocation import DEFAULT_LOG_DIR
 from dockerlaunch.job.plan import plan_job
+from dockerlaunch.reporting import Reporter
 
 SMOKE_HELP = ("Then run the image on the hosts' GPUs for real (about a minute): per GPU a bf16 matmul, TE's Linear, "
               "flash-attn and apex's fused norm where the image has them, each against a reference, and an "
@@ -243,10 +244,11 @@ def doctor(output: str, smoke: bool, **kw) -> None:
     cfg = load(kw)
     if not cfg.image:
         raise DockerlaunchError("doctor needs the job image: pass --image IMAGE or set image:")
-    report = doctorlib.doctor(cfg, plan_job(cfg, resolve_all(cfg)))
+    plan = plan_job(cfg, resolve_all(cfg))
+    with (RichReporter() if output == "text" else Reporter()).pending("doctor") as progress:
+        report = doctorlib.doctor(cfg, plan, progress)
     if smoke:
         from dockerlaunch.diagnostics import smoke as smokelib
-        from dockerlaunch.reporting import Reporter
 
         hosts = [h.address for h in cfg.hosts]
         if report.failed:

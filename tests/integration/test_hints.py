@@ -6,15 +6,20 @@ what the hint was about. Hints that carried no --config (the default file) or a 
 
 import json
 import os
+import pty
 import re
+import select
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.integration.helpers import containers_on, dl, job_name, until
+from tests.integration.helpers import containers_on, default_signals, dl, job_name, probe_containers_on, until
 
 pytestmark = pytest.mark.integration
 
@@ -177,3 +182,66 @@ def test_a_wrong_ssh_port_says_where_the_port_came_from(folders, sim_cluster):
     assert (f"cannot connect to {ip}:2222: connection refused (the address answered, but nothing listens on port "
             "2222); the port is the host's entry (host:PORT in --hosts or hosts:, or its port:)") in r.stderr, r.stderr
     assert "Unable to connect" not in r.stderr
+
+
+SLOW = "dlt-slowprobe:1"  # the demo image with an entrypoint that waits 5 s: every probe container takes that long
+
+
+@pytest.fixture
+def slow_image(remotes, sim_cluster):
+    image = yaml.safe_load(Path(sim_cluster[1]).read_text())["image"]
+    entry = 'ENTRYPOINT ["sh", "-c", "sleep 5; exec \\"$@\\"", "sh"]'
+    for remote in remotes:
+        name = f"dlt-slow-{job_name()}"
+        for argv in (["docker", "create", "--name", name, image, "true"],
+                     ["docker", "commit", "--change", entry, name, SLOW], ["docker", "rm", name]):
+            r = remote.run(argv, timeout=120)
+            assert r.ok, r.stderr
+    yield SLOW
+    for remote in remotes:
+        remote.run(["docker", "rmi", "-f", SLOW])
+
+
+def test_preflight_shows_progress_on_a_terminal_and_an_interrupt_removes_its_probe_containers(folders, remotes,
+                                                                                             slow_image):
+    """Quoted: pre-flight printed nothing for its whole length (8 s; minutes at 64 hosts); a Ctrl-C during it left
+    a `dlprobe-reach-*` container on the nodes."""
+    project, _ = folders
+    master, child = pty.openpty()
+    env = {**os.environ, "COLUMNS": "150"}
+    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", "--image", slow_image, "--name", job_name(),
+                          "--", "true"], stdin=subprocess.DEVNULL, stdout=child, stderr=child, cwd=project, env=env,
+                         preexec_fn=default_signals)
+    os.close(child)
+    seen = b""
+
+    def read(until_s: float) -> None:
+        nonlocal seen
+        end = time.monotonic() + until_s
+        while time.monotonic() < end:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:
+                    return
+
+    try:
+        deadline = time.monotonic() + 120
+        while b"host(s) answered" not in seen and time.monotonic() < deadline and p.poll() is None:
+            read(0.5)
+        text = seen.decode(errors="replace")
+        assert re.search(r"\[dockerlaunch\] pre-flight: \d of 2 host\(s\) answered \([a-z ]+\), \d+ s", text), text
+        assert until(lambda: any(probe_containers_on(r) for r in remotes), 60) is not None, "no probe container"
+        p.send_signal(signal.SIGINT)
+        while p.poll() is None and time.monotonic() < deadline:
+            read(0.5)
+        read(0.5)
+        assert p.returncode == 130, (p.returncode, seen.decode(errors="replace"))
+        # gone before `up` exited: nothing waits for them to end by themselves
+        assert [probe_containers_on(r) for r in remotes] == [[], []], seen.decode(errors="replace")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+        os.close(master)

@@ -203,7 +203,8 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
             from dockerlaunch.backends.docker import doctor
 
             t_check = time.monotonic()
-            report = doctor.check(session.fleet, session.plan)
+            with reporter.pending("pre-flight") as progress:
+                report = doctor.check(session.fleet, session.plan, progress)
             phases.done("preflight")
             reporter.preflight(report, len(session.fleet.hosts), time.monotonic() - t_check)
             if report.failed:

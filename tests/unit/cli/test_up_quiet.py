@@ -112,3 +112,26 @@ def test_a_command_to_paste_has_one_label_and_is_never_wrapped():
     command = "dockerlaunch logs --follow --name train --config /a/long/path/to/dockerlaunch.yaml"
     rep.command("follow with:", command)
     assert buf.getvalue() == f"follow with: {command}\n"
+
+
+def test_a_long_step_shows_one_progress_line_on_a_terminal_only(monkeypatch):
+    """Quoted: pre-flight printed nothing for its whole length (8 s; minutes at 64 hosts)."""
+    import time
+
+    from dockerlaunch.cli import console as consolelib
+    from dockerlaunch.cli.console import RichReporter
+
+    monkeypatch.setattr(consolelib, "PENDING_AFTER_S", 0.1)
+    monkeypatch.setattr(consolelib, "PENDING_REDRAW_S", 0.05)
+    for terminal in (True, False):
+        buf = io.StringIO()
+        rep = RichReporter(Console(file=buf, width=100, color_system=None, force_terminal=terminal))
+        with rep.pending("pre-flight") as tell:
+            tell("probe containers", 41, 64)
+            time.sleep(0.5)
+        drawn = buf.getvalue()
+        if terminal:
+            assert "\r\x1b[K[dockerlaunch] pre-flight: 41 of 64 host(s) answered (probe containers), 0 s" in drawn
+            assert drawn.endswith("\r\x1b[K"), repr(drawn)  # erased when the step ends
+        else:
+            assert drawn == ""
