@@ -21,6 +21,7 @@ from dockerlaunch.cli.console import (
 )
 from dockerlaunch.cli.main import (
     CONTEXT,
+    SectionedCommand,
     cli,
     config_options,
     diagnostics_option,
@@ -49,7 +50,7 @@ def config_and_hosts_options(f):
     f = click.option("--hosts", callback=split_hosts, metavar="H1,H2",
                      help="Hosts to look on: [user@]host[:port].")(f)
     return click.option("--config", "config_path", metavar="PATH",
-                        help="Cluster config (default ./dockerlaunch.yaml).")(f)
+                        help="Config file [$DOCKERLAUNCH_CONFIG, ./dockerlaunch.yaml].")(f)
 
 
 def load_hosts(config_path: str | None, hosts: list[str] | None, log_dir: str | None = None):
@@ -113,38 +114,40 @@ def config_show(fmt: str, **kw) -> None:
     click.echo(json.dumps(data, indent=2) if fmt == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
 
 
-@cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+UP_SECTIONS = (
+    ("Job", ("config_path", "hosts", "name", "image", "nproc_per_node", "master_port", "mounts", "env", "offline",
+             "no_diagnostics")),
+    ("Run", ("detach", "keep", "log_dir", "push", "skip_preflight", "smoke", "verbose")),
+    ("After a failure", ("max_restarts", "spares", "hang_timeout")),
+    ("Output", ("dry_run", "output", "help")),
+)
+
+
+@cli.command(cls=SectionedCommand, sections=UP_SECTIONS,
+             context_settings={**CONTEXT, "allow_interspersed_args": False})
 @config_options
 @click.option("--dry-run", is_flag=True, help="Print the per-host plan; contact no host.")
-@output_option("For --dry-run.")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text",
+              help="With --dry-run: text (default) or json.")
 @click.option("--detach", is_flag=True, help="Return once every container has started.")
 @click.option("--skip-preflight", is_flag=True, help="Do not run the doctor checks first.")
-@click.option("--push", is_flag=True,
-              help="First push this machine's build of the image to every host that lacks it or holds another "
-                   "(thin, as `push`; job.push).")
-@click.option("--keep", is_flag=True, help="Keep the containers after the job ends (inspect, then `down`).")
-@click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
-              help="Per-rank log files go to DIR/<job>-<time>/attempt-N/.")
-@click.option("--max-restarts", type=click.IntRange(0, 1000), metavar="N",
-              help="Start every host again after a failure, up to N times (job.max_restarts).")
-@click.option("--spares", callback=split_hosts, metavar="H1,H2",
-              help="Hosts that replace a lost or unhealthy host before the next attempt (spares:).")
-@click.option("--hang-timeout", metavar="DURATION",
-              help="Dump and fail the attempt when no rank printed for this long, e.g. 30m (job.hang_timeout).")
+@click.option("--push", is_flag=True, help="First push this machine's build to the hosts.")
+@click.option("--keep", is_flag=True, help="Keep the containers after the job ends.")
+@click.option("--log-dir", default=DEFAULT_LOG_DIR, metavar="DIR", help=f"Run logs go under DIR [./{DEFAULT_LOG_DIR}].")
+@click.option("--max-restarts", type=click.IntRange(0, 1000), metavar="N", help="Restart every host, up to N times.")
+@click.option("--spares", callback=split_hosts, metavar="H1,H2", help="Hosts that replace a lost or unhealthy one.")
+@click.option("--hang-timeout", metavar="DURATION", help="Fail when no rank printed for this long (30m).")
 @diagnostics_option
 @offline_option
-@click.option("--smoke", is_flag=True, help=SMOKE_HELP.replace("Then run", "First run") + " A FAIL starts nothing.")
-@click.option("-v", "--verbose", is_flag=True,
-              help="Print the pre-flight's whole table (by default: only the rows that did not pass, and a count).")
+@click.option("--smoke", is_flag=True, help="First doctor's smoke test; a FAIL starts nothing.")
+@click.option("-v", "--verbose", is_flag=True, help="The pre-flight's whole table, not only problems.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: bool, log_dir: str, smoke: bool,
        verbose: bool, command: tuple[str, ...], **kw) -> None:
-    """Start the job: one container per host. Put the training command after `--`.
+    """Start the job: one container per host; the training command goes after `--`.
 
-    Checks every host first (see `doctor`), then starts the containers concurrently, streams their
-    logs, and stops every container on every host as soon as one rank fails or on Ctrl-C. Within a
-    minute it prints NCCL's transport per host (see `transport`). With --max-restarts it starts every
-    host again after a failure (a spare replaces a lost host); a job whose ranks all exit 0 is done.
+    Checks every host first (`doctor`), starts the containers, streams their logs, and removes every container
+    when a rank fails or on Ctrl-C (or, with --max-restarts, starts every host again).
     """
     from dockerlaunch.backends.docker import up as launch
     from dockerlaunch.backends.docker.secret_env import read_env_files
@@ -280,14 +283,18 @@ def down(ignore_missing: bool, log_dir: str, **kw) -> None:
                            log_dir=log_dir))
 
 
-PS_JSON = """{"hosts": N, "jobs": [{"name", "image", "created", "age_seconds", "hosts": [{"host", "rank",
-"container", "state", "exit_code", "started_at", "finished_at"}]}], "unanswered": [{"host", "error"}], "saved":
-[{"name", "latest_run"}]}"""
+# `ps --output json`, as its --help shows it (docs/CLI-JSON.md says what each key holds)
+PS_JSON = """{"hosts": N,
+ "jobs": [{"name", "image", "created", "age_seconds",
+           "hosts": [{"host", "rank", "container", "state", "exit_code",
+                      "started_at", "finished_at"}]}],
+ "unanswered": [{"host", "error"}],
+ "saved": [{"name", "latest_run"}]}"""
 
 
-@cli.command()
+@cli.command(epilog="\b\n--output json prints (keys are only ever added: ignore unknown ones):\n" + PS_JSON)
 @config_and_hosts_options
-@output_option("text for people; json for scripts (docs/CLI-JSON.md): " + PS_JSON.replace("\n", " "))
+@output_option("text for people; json for scripts (its keys below)")
 @LOG_DIR_OPTION
 def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: str) -> None:
     """List every dockerlaunch job on the config's hosts: name, hosts, state per host, age, image.
