@@ -8,7 +8,7 @@ Keeping rich out of the layers below the CLI is an import rule (tests/unit/test_
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class Task:
@@ -33,6 +33,10 @@ class Reporter:
         """A status line from dockerlaunch itself (`style`: bold, bold red, bold yellow, bold green). It may quote
         what a host said: a printer shows that as text, never as terminal controls or markup (console.host_text)."""
 
+    def command(self, label: str, command: str) -> None:
+        """A command the user may paste, after one label on a line of its own (`follow with:`, `fix:`): a printer
+        shows it whole, never wrapped, with nothing else before the label (job/invocation.py: one label per line)."""
+
     def line(self, rank: int, host: str, text: str) -> None:
         """One line of a rank's output: the job's own, printed as it is (its colours and bars are the user's)."""
 
@@ -43,6 +47,13 @@ class Reporter:
         """`up`'s pre-flight report, checked on `hosts` hosts in `seconds`: the whole table here; a printer may
         show less (the CLI's `up` shows the rows that did not pass and `preflight_line`; `up -v` the table)."""
         self.checks(report)
+
+    @contextlib.contextmanager
+    def pending(self, what: str) -> Iterator[Callable[[str, int, int], None]]:
+        """A step over many hosts that prints nothing until it ends (`up`'s pre-flight): the block is given a
+        function to call with (the part under way, hosts that answered, hosts asked); a printer may show it (the
+        CLI: one line that updates, on a terminal, once the step has taken a while)."""
+        yield lambda part, done, asked: None
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[Tasks]:

@@ -11,7 +11,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rich.color import ColorSystem
 from rich.console import Console
@@ -23,6 +23,7 @@ from rich.text import Text
 from dockerlaunch.backends.docker.doctor.report import Report, Verdict
 from dockerlaunch.docker_run import argv as docker_argv
 from dockerlaunch.hosts.targets import SSHTarget
+from dockerlaunch.job.invocation import FIX
 from dockerlaunch.job.plan import JobPlan
 from dockerlaunch.reporting import Reporter, Task, Tasks
 
@@ -105,6 +106,8 @@ _CONTROL = {c: None for c in (7, 8, 11, 12, 13)}
 _COLOR_SYSTEMS = {"standard": ColorSystem.STANDARD, "256": ColorSystem.EIGHT_BIT, "truecolor": ColorSystem.TRUECOLOR,
                   "windows": ColorSystem.WINDOWS}
 FLUSH_EVERY = 0.1  # seconds: rank lines reach the terminal or pipe at least this often
+PENDING_AFTER_S = 2.0  # a step over the hosts that prints nothing shows its progress line after this long
+PENDING_REDRAW_S = 0.25
 
 
 class RichReporter(Reporter):
@@ -124,6 +127,12 @@ class RichReporter(Reporter):
         self.flush()
         self.out.print(f"[dockerlaunch] {host_text(msg, newlines=True)}", style=style, markup=False,
                        highlight=False)
+
+    def command(self, label: str, command: str) -> None:
+        """`label command` on a line of its own, never wrapped and without the `[dockerlaunch]` prefix: selected
+        after its one label, the command is whole."""
+        self.flush()
+        self.out.print(host_text(f"{label} {command}"), style="bold", markup=False, highlight=False, soft_wrap=True)
 
     def line(self, rank: int, host: str, text: str) -> None:
         prefix = self._prefixes.get((rank, host))
@@ -159,6 +168,46 @@ class RichReporter(Reporter):
         print_report(report, self.out)
 
     @contextlib.contextmanager
+    def pending(self, what: str) -> Iterator[Callable[[str, int, int], None]]:
+        """On a terminal, once the step has taken PENDING_AFTER_S: one line, redrawn in place, of how many hosts
+        answered (`[dockerlaunch] pre-flight: 41 of 64 hosts answered (probe containers), 9 s`), erased when the
+        step ends. Elsewhere (a pipe, a log) nothing: the step's result line follows anyway."""
+        if not self.out.is_terminal:
+            yield lambda part, done, asked: None
+            return
+        state = ["", 0, 0]
+        t0 = time.monotonic()
+        stop = threading.Event()
+        drawn = [False]
+
+        def tell(part: str, done: int, asked: int) -> None:
+            state[:] = [part, done, asked]
+
+        def draw() -> None:
+            while not stop.wait(PENDING_REDRAW_S):
+                took = time.monotonic() - t0
+                if took < PENDING_AFTER_S:
+                    continue
+                part, done, asked = state
+                line = f"[dockerlaunch] {what}: {done} of {asked} host(s) answered ({part}), {took:.0f} s"
+                with self._lock:
+                    self.out.file.write("\r\x1b[K" + host_text(line)[:max(self.out.width - 1, 20)])
+                    self.out.file.flush()
+                    drawn[0] = True
+
+        drawer = threading.Thread(target=draw, daemon=True, name="dl-pending")
+        drawer.start()
+        try:
+            yield tell
+        finally:
+            stop.set()
+            drawer.join(timeout=1)
+            if drawn[0]:
+                with self._lock:
+                    self.out.file.write("\r\x1b[K")
+                    self.out.file.flush()
+
+    @contextlib.contextmanager
     def progress(self) -> Iterator[Tasks]:
         if self.quiet_progress:
             yield Tasks()
@@ -169,21 +218,81 @@ class RichReporter(Reporter):
             yield _Bars(p)
 
 
+_FIX_COMMAND = f"{FIX} dockerlaunch "
+
+
+def _command_end(text: str, i: int) -> int:
+    """Where a shell command that starts at `i` ends: at the first `;` or `)` outside quotes, else the text's end
+    (shlex.join quotes every `;`, `)` and space of a word, so neither ends a printed command early)."""
+    quote = ""
+    while i < len(text):
+        c = text[i]
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in ";)":
+            break
+        i += 1
+    return i
+
+
+def pull_commands(text: str, found: dict[str, int]) -> str:
+    """`text` with each command in it replaced by `[N]`, N its number in `found` (one number per distinct command,
+    across a table): a `fix: dockerlaunch ...` and a backticked span of several words. A table wraps a command at
+    its cell's width (`ssh-keyscan -H` / `172.30.10.12 >> ...`), so the table holds the number and the command is
+    printed whole under it (`commands_below`). (pure)"""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        start = end = -1
+        if text.startswith(_FIX_COMMAND, i):
+            start = i + len(FIX) + 1
+            end = _command_end(text, start)
+            out.append(text[i:start])
+        elif text[i] == "`":
+            close = text.find("`", i + 1)
+            if close > 0 and " " in text[i + 1:close].strip():
+                start, end = i + 1, close
+        if start < 0:
+            out.append(text[i])
+            i += 1
+            continue
+        command = text[start:end].rstrip()
+        n = found.setdefault(command, len(found) + 1)
+        out.append(f"[{n}]" + text[start + len(command):end])
+        i = end + (1 if text[i] == "`" else 0)
+    return "".join(out)
+
+
+def commands_below(found: dict[str, int], out: Console) -> None:
+    """Under a table: each command `pull_commands` took out of its cells, whole, after its one label `[N]`."""
+    for command, n in found.items():
+        out.print(host_text(f"[{n}] {command}"), markup=False, highlight=False, soft_wrap=True)
+
+
 def print_report(report: Report, out: Console) -> None:
     table = Table("host", "check", "verdict", "reason", box=None, pad_edge=False)
+    found: dict[str, int] = {}
     for c in report.checks:
         table.add_row(_cell(c.host), _cell(c.check), Text(str(c.verdict), style=VERDICT_STYLE[c.verdict]),
-                      _cell(c.detail))
+                      _cell(pull_commands(c.detail, found)))
     out.print(table)
+    commands_below(found, out)
     out.print(host_text(report.summary(), newlines=True), highlight=False, markup=False)
 
 
-def print_table(columns: list[str], rows: list[list[str | Text]], out: Console | None = None) -> None:
-    """Cells are host text (a str is shown literally, never read as markup); style one with a rich Text."""
+def print_table(columns: list[str], rows: list[list[str | Text]], out: Console | None = None,
+                commands: bool = False) -> None:
+    """Cells are host text (a str is shown literally, never read as markup); style one with a rich Text.
+    `commands`: the commands in str cells are printed whole under the table (`pull_commands`)."""
     table = Table(*columns, box=None)
+    found: dict[str, int] = {}
     for row in rows:
-        table.add_row(*(_cell(v) for v in row))
-    (out or console()).print(table)
+        table.add_row(*(_cell(pull_commands(v, found) if commands and isinstance(v, str) else v) for v in row))
+    out = out or console()
+    out.print(table)
+    commands_below(found, out)
 
 
 def format_argv(argv: list[str], n_command: int) -> str:

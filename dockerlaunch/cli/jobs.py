@@ -21,6 +21,7 @@ from dockerlaunch.cli.console import (
 )
 from dockerlaunch.cli.main import (
     CONTEXT,
+    SectionedCommand,
     cli,
     config_options,
     diagnostics_option,
@@ -34,7 +35,9 @@ from dockerlaunch.cli.main import (
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.targets import resolve_all
 from dockerlaunch.job.config import config_schema
+from dockerlaunch.job.invocation import DEFAULT_LOG_DIR
 from dockerlaunch.job.plan import plan_job
+from dockerlaunch.reporting import Reporter
 
 SMOKE_HELP = ("Then run the image on the hosts' GPUs for real (about a minute): per GPU a bf16 matmul, TE's Linear, "
               "flash-attn and apex's fused norm where the image has them, each against a reference, and an "
@@ -47,13 +50,13 @@ def config_and_hosts_options(f):
     f = click.option("--hosts", callback=split_hosts, metavar="H1,H2",
                      help="Hosts to look on: [user@]host[:port].")(f)
     return click.option("--config", "config_path", metavar="PATH",
-                        help="Cluster config (default ./dockerlaunch.yaml).")(f)
+                        help="Config file [$DOCKERLAUNCH_CONFIG, ./dockerlaunch.yaml].")(f)
 
 
-def load_hosts(config_path: str | None, hosts: list[str] | None):
-    """The config with only --config and --hosts given."""
+def load_hosts(config_path: str | None, hosts: list[str] | None, log_dir: str | None = None):
+    """The config with only --config and --hosts given (and the command's --log-dir, for its hints)."""
     return load({"config_path": config_path, "hosts": hosts, "image": None, "nproc_per_node": None,
-                 "master_port": None, "mounts": (), "env": (), "name": None})
+                 "master_port": None, "mounts": (), "env": (), "name": None}, log_dir=log_dir)
 
 
 class LineReporter(RichReporter):
@@ -85,7 +88,7 @@ class UpReporter(LineReporter):
         rows = [[c.host, c.check, styled(str(c.verdict), VERDICT_STYLE[c.verdict]), c.detail]
                 for c in report.checks if c.verdict not in (PASS, SKIP)]
         if rows:
-            print_table(["host", "check", "verdict", "reason"], rows, self.out)
+            print_table(["host", "check", "verdict", "reason"], rows, self.out, commands=True)
         self.say(preflight_line(report.counts(), hosts, seconds) + " (-v: every check)",
                  "bold red" if report.failed else "bold")
 
@@ -111,38 +114,40 @@ def config_show(fmt: str, **kw) -> None:
     click.echo(json.dumps(data, indent=2) if fmt == "json" else yaml.safe_dump(data, sort_keys=False).rstrip())
 
 
-@cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+UP_SECTIONS = (
+    ("Job", ("config_path", "hosts", "name", "image", "nproc_per_node", "master_port", "mounts", "env", "offline",
+             "no_diagnostics")),
+    ("Run", ("detach", "keep", "log_dir", "push", "skip_preflight", "smoke", "verbose")),
+    ("After a failure", ("max_restarts", "spares", "hang_timeout")),
+    ("Output", ("dry_run", "output", "help")),
+)
+
+
+@cli.command(cls=SectionedCommand, sections=UP_SECTIONS,
+             context_settings={**CONTEXT, "allow_interspersed_args": False})
 @config_options
 @click.option("--dry-run", is_flag=True, help="Print the per-host plan; contact no host.")
-@output_option("For --dry-run.")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text",
+              help="With --dry-run: text (default) or json.")
 @click.option("--detach", is_flag=True, help="Return once every container has started.")
 @click.option("--skip-preflight", is_flag=True, help="Do not run the doctor checks first.")
-@click.option("--push", is_flag=True,
-              help="First push this machine's build of the image to every host that lacks it or holds another "
-                   "(thin, as `push`; job.push).")
-@click.option("--keep", is_flag=True, help="Keep the containers after the job ends (inspect, then `down`).")
-@click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
-              help="Per-rank log files go to DIR/<job>-<time>/attempt-N/.")
-@click.option("--max-restarts", type=click.IntRange(0, 1000), metavar="N",
-              help="Start every host again after a failure, up to N times (job.max_restarts).")
-@click.option("--spares", callback=split_hosts, metavar="H1,H2",
-              help="Hosts that replace a lost or unhealthy host before the next attempt (spares:).")
-@click.option("--hang-timeout", metavar="DURATION",
-              help="Dump and fail the attempt when no rank printed for this long, e.g. 30m (job.hang_timeout).")
+@click.option("--push", is_flag=True, help="First push this machine's build to the hosts.")
+@click.option("--keep", is_flag=True, help="Keep the containers after the job ends.")
+@click.option("--log-dir", default=DEFAULT_LOG_DIR, metavar="DIR", help=f"Run logs go under DIR [./{DEFAULT_LOG_DIR}].")
+@click.option("--max-restarts", type=click.IntRange(0, 1000), metavar="N", help="Restart every host, up to N times.")
+@click.option("--spares", callback=split_hosts, metavar="H1,H2", help="Hosts that replace a lost or unhealthy one.")
+@click.option("--hang-timeout", metavar="DURATION", help="Fail when no rank printed for this long (30m).")
 @diagnostics_option
 @offline_option
-@click.option("--smoke", is_flag=True, help=SMOKE_HELP.replace("Then run", "First run") + " A FAIL starts nothing.")
-@click.option("-v", "--verbose", is_flag=True,
-              help="Print the pre-flight's whole table (by default: only the rows that did not pass, and a count).")
+@click.option("--smoke", is_flag=True, help="First doctor's smoke test; a FAIL starts nothing.")
+@click.option("-v", "--verbose", is_flag=True, help="The pre-flight's whole table, not only problems.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: bool, log_dir: str, smoke: bool,
        verbose: bool, command: tuple[str, ...], **kw) -> None:
-    """Start the job: one container per host. Put the training command after `--`.
+    """Start the job: one container per host; the training command goes after `--`.
 
-    Checks every host first (see `doctor`), then starts the containers concurrently, streams their
-    logs, and stops every container on every host as soon as one rank fails or on Ctrl-C. Within a
-    minute it prints NCCL's transport per host (see `transport`). With --max-restarts it starts every
-    host again after a failure (a spare replaces a lost host); a job whose ranks all exit 0 is done.
+    Checks every host first (`doctor`), starts the containers, streams their logs, and removes every container
+    when a rank fails or on Ctrl-C (or, with --max-restarts, starts every host again).
     """
     from dockerlaunch.backends.docker import up as launch
     from dockerlaunch.backends.docker.secret_env import read_env_files
@@ -150,7 +155,7 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     from dockerlaunch.diagnostics.nccl_logs import watch_transport
     from dockerlaunch.transfer.push import copy_between
 
-    cfg = load(kw, command)
+    cfg = load(kw, command, log_dir=log_dir)
     warn_secret_env(cfg)
     read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
     targets = resolve_all(cfg)
@@ -242,10 +247,11 @@ def doctor(output: str, smoke: bool, **kw) -> None:
     cfg = load(kw)
     if not cfg.image:
         raise DockerlaunchError("doctor needs the job image: pass --image IMAGE or set image:")
-    report = doctorlib.doctor(cfg, plan_job(cfg, resolve_all(cfg)))
+    plan = plan_job(cfg, resolve_all(cfg))
+    with (RichReporter() if output == "text" else Reporter()).pending("doctor") as progress:
+        report = doctorlib.doctor(cfg, plan, progress)
     if smoke:
         from dockerlaunch.diagnostics import smoke as smokelib
-        from dockerlaunch.reporting import Reporter
 
         hosts = [h.address for h in cfg.hosts]
         if report.failed:
@@ -260,7 +266,7 @@ def doctor(output: str, smoke: bool, **kw) -> None:
     sys.exit(1 if report.failed else 0)
 
 
-LOG_DIR_OPTION = click.option("--log-dir", default="dockerlaunch-logs", show_default=True, metavar="DIR",
+LOG_DIR_OPTION = click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default=True, metavar="DIR",
                               help="Where `up` saved the job's runs (its --log-dir).")
 
 
@@ -273,17 +279,22 @@ def down(ignore_missing: bool, log_dir: str, **kw) -> None:
     """Stop and remove the job's containers on every host."""
     from dockerlaunch.backends.docker import after_up
 
-    sys.exit(after_up.down(load(kw), LineReporter(), ignore_missing=ignore_missing, log_dir=log_dir))
+    sys.exit(after_up.down(load(kw, log_dir=log_dir), LineReporter(), ignore_missing=ignore_missing,
+                           log_dir=log_dir))
 
 
-PS_JSON = """{"hosts": N, "jobs": [{"name", "image", "created", "age_seconds", "hosts": [{"host", "rank",
-"container", "state", "exit_code", "started_at", "finished_at"}]}], "unanswered": [{"host", "error"}], "saved":
-[{"name", "latest_run"}]}"""
+# `ps --output json`, as its --help shows it (docs/CLI-JSON.md says what each key holds)
+PS_JSON = """{"hosts": N,
+ "jobs": [{"name", "image", "created", "age_seconds",
+           "hosts": [{"host", "rank", "container", "state", "exit_code",
+                      "started_at", "finished_at"}]}],
+ "unanswered": [{"host", "error"}],
+ "saved": [{"name", "latest_run"}]}"""
 
 
-@cli.command()
+@cli.command(epilog="\b\n--output json prints (keys are only ever added: ignore unknown ones):\n" + PS_JSON)
 @config_and_hosts_options
-@output_option("text for people; json for scripts (docs/CLI-JSON.md): " + PS_JSON.replace("\n", " "))
+@output_option("text for people; json for scripts (its keys below)")
 @LOG_DIR_OPTION
 def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: str) -> None:
     """List every dockerlaunch job on the config's hosts: name, hosts, state per host, age, image.
@@ -295,7 +306,7 @@ def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: s
 
     from dockerlaunch.backends.docker import after_up
 
-    cfg = load_hosts(config_path, hosts)
+    cfg = load_hosts(config_path, hosts, log_dir)
     found = after_up.list_jobs(cfg, log_dir)
     now = datetime.now(timezone.utc)
     if output == "json":
@@ -350,7 +361,7 @@ def status(output: str, log_dir: str, **kw) -> None:
     from dockerlaunch.backends.docker import after_up
 
     named = kw.get("name") is not None
-    cfg = load(kw)
+    cfg = load(kw, log_dir=log_dir)
     found, others = after_up.status_and_others(cfg)
     run, attempts = after_up.attempts(cfg, log_dir)
     if not found and run is None and named:
@@ -391,8 +402,8 @@ def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir
     """Show the job's logs, prefixed by rank and host; once its containers are gone, the logs `up` saved."""
     from dockerlaunch.backends.docker import after_up
 
-    sys.exit(after_up.logs(load(kw), rank=rank, follow=follow, tail=tail, reporter=LineReporter(), attempt=attempt,
-                         log_dir=log_dir))
+    sys.exit(after_up.logs(load(kw, log_dir=log_dir), rank=rank, follow=follow, tail=tail, reporter=LineReporter(),
+                           attempt=attempt, log_dir=log_dir))
 
 
 @cli.command("exec", context_settings={**CONTEXT, "allow_interspersed_args": False})
@@ -404,4 +415,5 @@ def exec_cmd(rank: int, log_dir: str, command: tuple[str, ...], **kw) -> None:
     """Run a command in one rank's container, e.g. `exec --rank 1 -- py-spy dump --pid 1`."""
     from dockerlaunch.backends.docker import after_up
 
-    sys.exit(after_up.exec_in(load(kw), rank, list(command), sys.stdout.buffer, sys.stderr.buffer, log_dir=log_dir))
+    sys.exit(after_up.exec_in(load(kw, log_dir=log_dir), rank, list(command), sys.stdout.buffer, sys.stderr.buffer,
+                              log_dir=log_dir))

@@ -63,6 +63,37 @@ class SectionedGroup(click.Group):
         formatter.write_text("Run `dockerlaunch COMMAND --help` for a command's options.")
 
 
+class SectionedCommand(click.Command):
+    """A command whose --help lists its options under headings, one line each where its help fits, aligned across
+    the headings. click has no option groups; click-option-group (a dependency for ~30 lines of formatting) or
+    rich-click (which restyles every help page and patches click) would do more than this needs. `sections`:
+    (heading, parameter names; `help` for -h/--help) in order; an option in none is listed under "Other"
+    (tests/unit/cli/test_help.py fails on it)."""
+
+    def __init__(self, *args, sections: tuple[tuple[str, tuple[str, ...]], ...] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sections = sections
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        help_option = self.get_help_option(ctx)
+        records = {"help" if p is help_option else p.name: r for p in self.get_params(ctx)
+                   if isinstance(p, click.Option) and (r := p.get_help_record(ctx))}
+        placed = {n for _, names in self.sections for n in names}
+        groups = [(title, [records[n] for n in names if n in records]) for title, names in self.sections]
+        groups.append(("Other", [r for n, r in records.items() if n not in placed]))
+        width = min(max(len(term) for term, _ in records.values()), OPTION_COLUMN)
+        formatter.write_paragraph()
+        for title, rows in groups:
+            if rows:
+                formatter.write_text(f"{title}:")
+                with formatter.indentation():
+                    formatter.write_dl([(term.ljust(width), text) for term, text in rows], col_max=width,
+                                       col_spacing=2)
+
+
+OPTION_COLUMN = 24  # an option's name and value wider than this puts its help on the next line
+
+
 @click.group(cls=SectionedGroup, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="dockerlaunch")
 def cli() -> None:
@@ -86,7 +117,7 @@ def _apply(f, opts):
 
 def _target():
     return [click.option("--config", "config_path", metavar="PATH",
-                         help="Cluster config (default $DOCKERLAUNCH_CONFIG, else ./dockerlaunch.yaml)."),
+                         help="Config file [$DOCKERLAUNCH_CONFIG, ./dockerlaunch.yaml]."),
             click.option("--hosts", callback=split_hosts, metavar="H1,H2",
                          help="Hosts, rank 0 first: [user@]host[:port].")]
 
@@ -97,8 +128,9 @@ def _name():
 
 def _shape():
     return [click.option("--image", metavar="IMAGE", help="Job image."),
-            click.option("--nproc-per-node", type=click.IntRange(1, 1024), help="Processes per host."),
-            click.option("--master-port", type=click.IntRange(1, 65535), help="Rendezvous port on host 0."),
+            click.option("--nproc-per-node", type=click.IntRange(1, 1024), metavar="N", help="Processes per host."),
+            click.option("--master-port", type=click.IntRange(1, 65535), metavar="PORT",
+                         help="Rendezvous port on host 0."),
             click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:ro]", help="Extra mount (repeatable)."),
             click.option("--env", "env", multiple=True, metavar="KEY=VALUE",
                          help="Extra env (repeatable; no secrets).")]
@@ -128,12 +160,11 @@ def output_option(help_text: str = "text for people, json for scripts"):
 
 def diagnostics_option(f):
     return click.option("--no-diagnostics", "no_diagnostics", is_flag=True,
-                        help="No SYS_PTRACE, flight recorder or NCCL log files (see `diagnostics:` in the config).")(f)
+                        help="No SYS_PTRACE, flight recorder, NCCL log files.")(f)
 
 
 def offline_option(f):
-    return click.option("--offline", is_flag=True,
-                        help="No model hub on the hosts: set the hubs' offline switches in the job (job.offline).")(f)
+    return click.option("--offline", is_flag=True, help="No model hub on the hosts (job.offline).")(f)
 
 
 def warn_secret_env(config) -> None:
@@ -148,7 +179,9 @@ def warn_secret_env(config) -> None:
                    "--env-file; renders refer to the file, or use the target's secrets)", err=True)
 
 
-def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None):
+def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None, log_dir: str | None = None):
+    """The config from the file and the command's flags (popped from `kw`); `log_dir`: the command's --log-dir,
+    which the commands it prints repeat (job/invocation.py)."""
     ov = Overrides(  # a command declares only the options it uses (target_options, job_ref_options, ...)
         hosts=kw.pop("hosts", None), image=kw.pop("image", None), nproc_per_node=kw.pop("nproc_per_node", None),
         master_port=kw.pop("master_port", None), mounts=list(kw.pop("mounts", ())), env=list(kw.pop("env", ())),
@@ -159,7 +192,7 @@ def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None)
         max_restarts=kw.pop("max_restarts", None), hang_timeout=kw.pop("hang_timeout", None),
         spares=kw.pop("spares", None),
     )
-    return load_config(kw.pop("config_path", None), ov)
+    return load_config(kw.pop("config_path", None), ov, log_dir=log_dir)
 
 
 # The signals that stopped this run, in order. An exception raised by a signal handler can land inside

@@ -10,6 +10,7 @@ from dockerlaunch.backends import renderers
 from dockerlaunch.backends.refusals import with_header
 from dockerlaunch.cli.main import (
     CONTEXT,
+    SectionedCommand,
     cli,
     config_options,
     diagnostics_option,
@@ -69,33 +70,39 @@ def _target_flags(f):
     return f
 
 
-@cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+def _sections() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`render --help`'s headings; every target's own flags go under Target (a new target's too)."""
+    return (
+        ("Job", ("config_path", "hosts", "name", "image", "nproc_per_node", "master_port", "mounts", "env", "offline",
+                 "no_diagnostics", "infiniband")),
+        ("Target", ("target", "nodes", "probe", "drops", *(f.key for f in renderers.all_flags()))),
+        ("Output", ("out", "force", "help")),
+    )
+
+
+@cli.command(cls=SectionedCommand, sections=_sections(), context_settings={**CONTEXT, "allow_interspersed_args": False},
+             epilog="Targets: " + "; ".join(f"{t.name}: {t.summary}" for t in renderers.TARGETS) + ".")
 @config_options
-@click.option("--to", "target", type=click.Choice(renderers.names()), required=True,
-              help="; ".join(f"{t.name}: {t.summary}" for t in renderers.TARGETS) + ".")
-@click.option("--out", metavar="DIR", help="Write the files here (a new or empty folder); default: print them.")
-@click.option("--force", is_flag=True, help="With --out: write into a folder that is not empty.")
-@click.option("--nodes", type=click.IntRange(1, 4096), help=f"{'/'.join(_scheduled())}: the number of nodes, "
-              "instead of --hosts (the scheduler picks them).")
-@click.option("--infiniband", type=click.Choice(["on", "off"]), help="Set container.infiniband (auto is decided "
-              "per host at launch, which only `up` and --probe can do).")
-@click.option("--probe", is_flag=True, help=f"{'/'.join(_per_host())}: ask each host for its values (NIC, GPUs, "
-              "InfiniBand) over SSH, as `up` does, instead of leaving them to the host.")
+@click.option("--to", "target", type=click.Choice(renderers.names()), required=True, metavar="TARGET",
+              help=f"{', '.join(renderers.names())} (below).")
+@click.option("--out", metavar="DIR", help="Write the files into a new or empty DIR.")
+@click.option("--force", is_flag=True, help="With --out: a DIR that is not empty.")
+@click.option("--nodes", type=click.IntRange(1, 4096), metavar="N",
+              help=f"Nodes for {'/'.join(_scheduled())} (not --hosts).")
+@click.option("--infiniband", type=click.Choice(["on", "off"]), help="Set container.infiniband (not auto).")
+@click.option("--probe", is_flag=True, help=f"{'/'.join(_per_host())}: ask the hosts their values, as `up` does.")
 @click.option("--drop", "drops", multiple=True, metavar="FIELD",
-              help="Render without a field the target refuses (e.g. container.ulimits on k8s), said in a WARN line "
-                   "at the top of each file; repeatable. Without it, such a field is refused, never dropped.")
+              help="Leave out a field the target refuses (repeatable).")
 @_target_flags
 @diagnostics_option
 @offline_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def render(target: str, out: str | None, force: bool, nodes: int | None, infiniband: str | None, probe: bool,
            drops: tuple[str, ...], command: tuple[str, ...], **kw) -> None:
-    """Render the job `up` would run for another launcher. Put the training command after `--`.
+    """Render the job `up` would run for another launcher; the training command goes after `--`.
 
-    The same plan as `up --dry-run` (flags, env, mounts, GPUs, InfiniBand, rank variables); values only a host
-    knows become the target's own mechanism (NODE_RANK from the Job's completion index or SLURM_NODEID, ...).
-    Whatever the target cannot express is refused in one line, never silently dropped; `--drop FIELD` leaves
-    out one the refusal names, with a WARN line in the file's header.
+    The same plan as `up --dry-run`; what only a host knows becomes the target's own mechanism. What a target
+    cannot express is refused in one line (--drop FIELD leaves it out, said in each file's header).
     """
     from dockerlaunch.backends.docker.secret_env import read_env_files
     from dockerlaunch.backends.docker.session import probed_plan

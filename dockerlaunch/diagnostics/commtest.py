@@ -174,6 +174,9 @@ class MarkedLines(Reporter):
     def say(self, msg: str, style: str = "bold") -> None:
         self.outer.say(msg, style)
 
+    def command(self, label: str, command: str) -> None:
+        self.outer.command(label, command)
+
     def line(self, rank: int, host: str, text: str) -> None:
         with self.lock:
             if self.mark in text:

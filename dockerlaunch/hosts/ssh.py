@@ -7,6 +7,7 @@ streams from a file; every command has a deadline.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -69,6 +70,14 @@ def _dropped(e: BaseException) -> bool:
         msg = str(e)
         return "protocol banner" in msg or "Connection reset" in msg or isinstance(e.__cause__, (EOFError, OSError))
     return False
+
+
+def _refused(e: BaseException) -> bool:
+    """A connection refused at every address of the host (paramiko says `Unable to connect to port N`)."""
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+        return bool(e.errors) and all(isinstance(x, ConnectionRefusedError) or getattr(x, "errno", None) ==
+                                      errno.ECONNREFUSED for x in e.errors.values())
+    return isinstance(e, ConnectionRefusedError)
 
 
 class _Jump:
@@ -235,6 +244,14 @@ def _connect_error(target: SSHTarget, known: Path, key_filenames: list[str], e: 
             target.alias,
             f"no answer from {target.hostname}:{target.port} within {target.connect_timeout:g}s "
             "(host down, wrong address, or a firewall)"
+        )
+    if _refused(e):
+        return SSHError(
+            target.alias,
+            f"cannot connect to {target.hostname}:{target.port}: connection refused (the address answered, but "
+            f"nothing listens on port {target.port}); the port is {target.port_from}: give sshd's port there "
+            f"(ssh -p PORT {shlex.quote(target.user)}@{shlex.quote(target.hostname)} tries one), or start sshd on "
+            "the host"
         )
     if isinstance(e, OSError):
         return SSHError(target.alias, f"cannot connect to {target.hostname}:{target.port}: {e.strerror or e}")

@@ -25,6 +25,11 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 MAX_JUMPS = 8
 DNS_WAIT = 5.0  # seconds for a ProxyJump name that ~/.ssh/config does not define to resolve
+# where a host's SSH port came from, most specific first (resolve_target)
+PORT_HOST = "the host's entry (host:PORT in --hosts or hosts:, or its port:)"
+PORT_SSH = "ssh.port in the config"
+PORT_SSH_CONFIG = "Port in ~/.ssh/config (or ssh.config_file) for this host"
+PORT_DEFAULT = "the default (no port set anywhere)"
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class SSHTarget:
     connect_timeout: float = 10.0
     jumps: tuple[SSHTarget, ...] = field(default=())
     local: bool = False  # this machine, no SSH (`local` in the host list)
+    port_from: str = PORT_DEFAULT  # which setting gave `port` (a refused connection names it)
 
     def describe(self) -> str:
         if self.local:
@@ -97,6 +103,8 @@ def resolve_target(
         hostname=looked.get("hostname", host.address),
         user=host.user or settings.user or looked.get("user") or local_user,
         port=host.port or settings.port or int(looked.get("port", 22)),
+        port_from=PORT_HOST if host.port else PORT_SSH if settings.port else PORT_SSH_CONFIG if "port" in looked
+        else PORT_DEFAULT,
         identity_files=identities,
         known_hosts=known,
         host_key_policy=settings.host_key_policy,
@@ -180,7 +188,7 @@ def known_hosts_fix(path: str, hosts: list[tuple[str, int, str]]) -> str:
     if os.path.expanduser(path) != os.path.expanduser(DEFAULT_KNOWN_HOSTS):
         port_flag += f"-o UserKnownHostsFile={shlex.quote(path)} "
     return (f"add the host's key once its fingerprint (`{scan} | ssh-keygen -lf -`) matches the host's own "
-            f"(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` there): {scan} >> {shlex.quote(path)}{more}; "
+            f"(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` there): `{scan} >> {shlex.quote(path)}`{more}; "
             f"or connect once with `ssh {port_flag}{shlex.quote(user)}@{shlex.quote(host)}` and accept the key")
 
 

@@ -21,12 +21,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from dockerlaunch.errors import ConfigError, _loc
-from dockerlaunch.job.invocation import CONFIG_ENV, Invocation
+from dockerlaunch.job.invocation import CONFIG_ENV, DEFAULT_LOG_DIR, Invocation
 
 DEFAULT_CONFIG_FILE = "dockerlaunch.yaml"
 LOCAL = "local"  # a host address: this machine, through its own Docker engine, without SSH
 FILE_CHECK_HOST = "file-without-hosts"  # stands in for a file's missing host list while the file alone is checked
 
+# an env name that looks like a secret: warned of in container.env, never repeated in a printed command
+SECRET_NAME = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$")
@@ -801,16 +803,29 @@ def suggest_field(loc: tuple, root: type[BaseModel] = None) -> str | None:  # ty
     return close[0] if close else None
 
 
-def describe_config_error(err: ValidationError, root: type[BaseModel] = None) -> str:  # type: ignore[assignment]
-    """errors.describe_validation_error, with "did you mean" for an unknown key (the closest field at its level)."""
+# a location in the merged mapping -> (the flag behind it, the location below the flag's value, a hint), or None
+Blame = typing.Callable[[tuple], "tuple[str, tuple, str] | None"]
+
+
+def describe_config_error(err: ValidationError, root: type[BaseModel] = None,  # type: ignore[assignment]
+                          blame: Blame | None = None, where: str = "") -> str:
+    """errors.describe_validation_error, with "did you mean" for an unknown key (the closest field at its level).
+    `blame`: the flag that put the value at a location there (and the location below the flag's value), which the
+    line then names instead of the field; a line it does not blame starts with `where`."""
     seen: list[str] = []
     for e in err.errors(include_url=False):
+        loc = tuple(e["loc"])
         if e["type"] == "extra_forbidden":
-            close = suggest_field(tuple(e["loc"]), root)
+            close = suggest_field(loc, root)
             hint = f"did you mean `{close}`?" if close else "check the spelling;"
-            line = f"{_loc(tuple(e['loc']))}: unknown field ({hint} `dockerlaunch schema` lists the fields)"
+            msg = f"unknown field ({hint} `dockerlaunch schema` lists the fields)"
         else:
-            line = f"{_loc(tuple(e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
+            msg = e["msg"].removeprefix("Value error, ")
+        flag = blame(tuple(p for p in loc if not (isinstance(p, str) and "[" in p))) if blame else None
+        if flag is None:
+            line = f"{where}{_loc(loc)}: {msg}"
+        else:
+            line = (f"{flag[0]}: {_loc(flag[1])}: {msg}" if flag[1] else f"{flag[0]}: {msg}") + flag[2]
         if line not in seen:
             seen.append(line)
     return "; ".join(seen).replace("\n", " ")
@@ -826,7 +841,11 @@ def unknown_top_level(data: dict[str, Any]) -> str | None:
     return None
 
 
-def validate_config(data: dict[str, Any], source: str | None = None) -> ClusterConfig:
+def validate_config(data: dict[str, Any], source: str | None = None, blame: Blame | None = None,
+                    flags: str = "") -> ClusterConfig:
+    """`data` as a ClusterConfig, or a one-line ConfigError naming each wrong field (and `source`, the file). With
+    `blame` (data is the file with the flags merged, the file already valid alone), an error names the flag that
+    gave the value; one it cannot place names the file with `flags`, the flags given."""
     check_shape(data, source or "config")
     where = f"{source}: " if source else ""
     if not data.get("hosts"):
@@ -837,27 +856,121 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> ClusterC
     try:
         return ClusterConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{where}{describe_config_error(e)}") from None
+        if blame is not None and flags:
+            where = f"{source} with {flags}: " if source else f"{flags}: "
+        raise ConfigError(describe_config_error(e, blame=blame, where=where)) from None
 
 
-def load_config(path: str | None = None, overrides: Overrides | None = None) -> ClusterConfig:
+def _blamer(ov: Overrides, file: dict[str, Any]) -> Blame:
+    """For the merged pass: the flag behind the value at a location (pure). The file was valid alone, so a wrong
+    value that a flag set is the flag's: `--hosts '1.2.3.4;5.6.7.8'` said `dockerlaunch.yaml: hosts[0].address`."""
+    import shlex
+
+    def listed(flag: str, given: list[str], rest: tuple, first: int = 0) -> tuple[str, tuple, str] | None:
+        if rest and isinstance(rest[0], int) and first <= rest[0] < first + len(given):
+            text = given[rest[0] - first]
+            if rest[1:] in ((), ("address",)):  # the value itself (its message quotes it)
+                hint = f"; separate hosts with ',' ({flag} h1,h2)" if flag in ("--hosts", "--spares") and (
+                    ";" in text or any(c.isspace() for c in text.strip())) else ""
+                return flag, (), hint
+            return f"{flag} {shlex.quote(text)}", rest[1:], ""
+        return (flag, rest, "") if not first else None
+
+    job = {"name": ("--name", ov.name), "nproc_per_node": ("--nproc-per-node", ov.nproc_per_node),
+           "master_port": ("--master-port", ov.master_port), "command": ("the command after --", ov.command),
+           "hang_timeout": ("--hang-timeout", ov.hang_timeout), "max_restarts": ("--max-restarts", ov.max_restarts),
+           "offline": ("--offline", ov.offline), "push": ("--push", ov.push)}
+    container = file.get("container") if isinstance(file.get("container"), dict) else {}
+    file_mounts = len(container.get("mounts") or []) if isinstance(container.get("mounts"), list) else 0
+    env_flags = {t.partition("=")[0] for t in ov.env}
+
+    def blame(loc: tuple) -> tuple[str, tuple, str] | None:
+        if not loc:  # the whole config's checks are of its host lists (a host listed twice)
+            lists = [f for f, given in (("--hosts", ov.hosts), ("--spares", ov.spares)) if given is not None]
+            return (" and ".join(lists), (), "") if lists else None
+        head, rest = loc[0], loc[1:]
+        if head == "hosts" and ov.hosts is not None:
+            return listed("--hosts", ov.hosts, rest)
+        if head == "spares" and ov.spares is not None:
+            return listed("--spares", ov.spares, rest)
+        if head == "image" and ov.image is not None:
+            return "--image", rest, ""
+        if head == "job" and rest and rest[0] in job and job[rest[0]][1] is not None:
+            return job[rest[0]][0], rest[1:], ""
+        if head == "container" and rest:
+            if rest[0] == "mounts" and ov.mounts:
+                return listed("--mount", ov.mounts, rest[1:], first=file_mounts)
+            if rest[0] == "env" and len(rest) > 1 and rest[1] in env_flags:
+                return f"--env {rest[1]}", rest[2:], ""
+            if rest[0] == "infiniband" and ov.infiniband:
+                return "--infiniband", rest[1:], ""
+        if head == "diagnostics" and ov.diagnostics is False:
+            return "--no-diagnostics", rest, ""
+        return None
+
+    return blame
+
+
+def plan_flags(ov: Overrides) -> tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]]:
+    """The flags of `ov` that change the plan, as the user gave them (job/invocation.py repeats them in printed
+    commands), and the --env names whose values are never repeated (they look like secrets: SECRET_NAME)."""
+    out: list[tuple[str, str | None]] = []
+    secret: list[str] = []
+    for flag, value in (("--image", ov.image), ("--nproc-per-node", ov.nproc_per_node),
+                        ("--master-port", ov.master_port)):
+        if value is not None:
+            out.append((flag, str(value)))
+    out += [("--mount", m) for m in ov.mounts]
+    for text in ov.env:
+        key = text.partition("=")[0]
+        if SECRET_NAME.search(key):
+            secret.append(key)
+        else:
+            out.append(("--env", text))
+    if ov.offline:
+        out.append(("--offline", None))
+    if ov.infiniband:
+        out.append(("--infiniband", ov.infiniband))
+    if ov.push:
+        out.append(("--push", None))
+    if ov.diagnostics is False:
+        out.append(("--no-diagnostics", None))
+    if ov.max_restarts is not None:
+        out.append(("--max-restarts", str(ov.max_restarts)))
+    if ov.spares is not None:
+        out.append(("--spares", ",".join(ov.spares)))
+    if ov.hang_timeout is not None:
+        out.append(("--hang-timeout", ov.hang_timeout))
+    return tuple(out), tuple(dict.fromkeys(secret))
+
+
+def load_config(path: str | None = None, overrides: Overrides | None = None,
+                log_dir: str | None = None) -> ClusterConfig:
+    """The file (--config, DOCKERLAUNCH_CONFIG or ./dockerlaunch.yaml) with the flags merged. `log_dir`: the
+    command's --log-dir, which the hints it prints repeat (absolute; None: the default's)."""
     data, source = read_config_file(path)
     merged = apply_overrides(data, overrides) if overrides is not None else data
     if source is not None and overrides is not None:
         # the file as written, even where a flag replaces a value: `job: {command: 5}` is wrong with `-- cmd` too
         validate_config({**data, "hosts": data.get("hosts") or [FILE_CHECK_HOST]}, source)
-    config = validate_config(merged, source)
     ov = overrides or Overrides()
-    config._invocation = Invocation(config=config_path(path)[0], hosts=tuple(ov.hosts) if ov.hosts else None,
-                                    name=ov.name)
+    flags, secret_env = plan_flags(ov)
+    given = [f for f, _ in flags] + (["--hosts"] if ov.hosts else []) + (["--name"] if ov.name else []) + (
+        ["the command after --"] if ov.command else []) + (["--env"] if secret_env else [])
+    # the file was valid as written (above): what is wrong now came with a flag, so the error names the flag
+    config = validate_config(merged, source, blame=_blamer(ov, data) if overrides is not None else None,
+                             flags=", ".join(dict.fromkeys(given)))
+    # absolute: a printed command is pasted in another folder (./dockerlaunch.yaml and dockerlaunch-logs/ are not
+    # there) or another shell (without DOCKERLAUNCH_CONFIG)
+    config._invocation = Invocation(config=os.path.abspath(source) if source else None,
+                                    hosts=tuple(ov.hosts) if ov.hosts else None, name=ov.name,
+                                    log_dir=os.path.abspath(log_dir or DEFAULT_LOG_DIR), flags=flags,
+                                    secret_env=secret_env)
     return config
 
 
 def config_schema() -> dict[str, Any]:
     return ClusterConfig.model_json_schema()
-
-
-SECRET_NAME = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
 
 
 def secret_looking_env(config: ClusterConfig) -> list[str]:

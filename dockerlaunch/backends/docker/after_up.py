@@ -303,6 +303,22 @@ def attempts(config: ClusterConfig, log_dir: str = "dockerlaunch-logs") -> tuple
     return (str(run.root), run.attempts()) if run else (None, [])
 
 
+def not_running(config: ClusterConfig, rank: int, mine: ContainerState, address: str,
+                found: list[tuple[str, ContainerState]]) -> DockerlaunchError:
+    """`exec` into a rank whose container is not running: the job's state and what to run, in one line. (pure)"""
+    when = (mine.finished_at or "")[:19].replace("T", " ")
+    said = f"exited with code {mine.exit_code}" + (f" at {when}" if when and not when.startswith("0001") else "") \
+        if mine.status in ("exited", "dead") else f"is {mine.status}"
+    ranks = ", ".join(f"rank {s.rank} {s.state}" for _, s in found)
+    running = [s for _, s in found if s.status == "running"]
+    job = config.job.name
+    after = (f"; exec into a running rank ({', '.join(str(s.rank) for s in running)}), or see what rank {rank} "
+             "printed" if running else f"; nothing of job {job} runs (`down` removes its containers): see what "
+             f"rank {rank} printed") + ", " + config.invocation.fix("logs", "--rank", str(rank))
+    return DockerlaunchError(f"exec: rank {rank} of job {job} {said}: its container {mine.name} on {address} runs "
+                             f"nothing to exec into (the job: {ranks}){after}")
+
+
 def exec_in(config: ClusterConfig, rank: int, command: list[str], out: BinaryIO, err: BinaryIO,
             log_dir: str = "dockerlaunch-logs") -> int:
     """`docker exec` in one rank's container; its output goes to `out`/`err` as it comes (the CLI's stdout)."""
@@ -319,6 +335,9 @@ def exec_in(config: ClusterConfig, rank: int, command: list[str], out: BinaryIO,
             raise DockerlaunchError(f"exec: rank {rank} of job {session.plan.job} has no container {name} on "
                                     f"{session.plan.hosts[i].address} (the job has: "
                                     f"{', '.join(f'{s.name}@{h} {s.status}' for h, s in found)})")
+        [mine] = [s for _, s in found if s.name == name]
+        if mine.status != "running":  # docker's own words: `Container 4f0c... is not running`
+            raise not_running(config, rank, mine, session.plan.hosts[i].address, found)
 
         def w(stream):
             def write(data: bytes):

@@ -203,7 +203,8 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
             from dockerlaunch.backends.docker import doctor
 
             t_check = time.monotonic()
-            report = doctor.check(session.fleet, session.plan)
+            with reporter.pending("pre-flight") as progress:
+                report = doctor.check(session.fleet, session.plan, progress)
             phases.done("preflight")
             reporter.preflight(report, len(session.fleet.hosts), time.monotonic() - t_check)
             if report.failed:
@@ -218,8 +219,11 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
                     raise _Replace(bad)
                 # the fix is each failed row's own (never --skip-preflight: it would start what cannot run)
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started: fix what "
-                             f"failed above, then run `up` again ({config.invocation.command('doctor')} checks "
-                             "without starting)", "bold red")
+                             "failed above, then run `up` again", "bold red")
+                reporter.command("check without starting:", config.invocation.command("doctor"))
+                left_out = config.invocation.left_out_note("doctor")
+                if left_out:
+                    reporter.say(f"that doctor {left_out}", "yellow")
                 return Ending(1, Cause.PREFLIGHT_FAILED)
             probes = prepare(session, reporter, listing=False)
             phases.done("prepare")
@@ -267,7 +271,7 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
             continue
         if not sources:
             raise DockerlaunchError(f"spare {session.fleet.hosts[r].address} lacks {image} and no other host of "
-                                    "the job has it: push it first: " + session.config.invocation.fix(
+                                    "the job has it; " + session.config.invocation.fix(
                                         "push", image, "--hosts", session.fleet.hosts[r].address, hosts=False,
                                         name=False))
         dst = session.fleet.hosts[r]
@@ -354,7 +358,7 @@ def _clear_leftovers(session: Session, existing: list[tuple[str, ContainerState]
     if running:
         what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in running)
         raise DockerlaunchError(f"job {job} already has containers ({what}); "
-                                f"remove them: {session.config.invocation.fix('down', '--name', job, name=False)}")
+                                f"{session.config.invocation.fix('down', '--name', job, name=False)}")
     by_host: dict[str, list[str]] = {}
     for host, s in existing:
         by_host.setdefault(host, []).append(s.name)
@@ -399,9 +403,9 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
             return failed
         if detach:
             run.started = False
-            reporter.say(f"started {plan.nnodes} container(s) in {phases}; "
-                         "follow with: " + session.config.invocation.fix("logs", "--follow", "--name", plan.job,
-                                                                         name=False))
+            reporter.say(f"started {plan.nnodes} container(s) in {phases}")
+            reporter.command("follow with:", session.config.invocation.command("logs", "--follow", "--name",
+                                                                               plan.job, name=False))
             return Ending(0, Cause.DETACHED)
         reporter.say(f"started {plan.nnodes} container(s) in {phases}" + (f"; logs: {run_dir}/" if run_dir else ""))
         ending, watchers = _watch(session, plan, reporter, run, watchdogs, monitors, run_dir, on_hang)

@@ -3,9 +3,8 @@
 from dockerlaunch.backends.renderers import Flag
 
 FLAGS = (
-    Flag("host-network", "k8s/jobset: pods on the nodes' network (hostNetwork).", is_flag=True),
-    Flag("rdma-resource", "k8s/jobset: the extended resource that gives a pod RDMA devices (default "
-         "rdma/rdma_shared_device_a).", metavar="NAME"),
+    Flag("host-network", "k8s/jobset: pods on the nodes' network.", is_flag=True),
+    Flag("rdma-resource", "k8s/jobset: a pod's RDMA resource [rdma/rdma_shared_device_a].", metavar="NAME"),
     Flag("namespace", "k8s/jobset: metadata.namespace of the objects.", metavar="NS"),
 )
 

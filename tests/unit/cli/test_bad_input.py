@@ -134,3 +134,31 @@ def test_a_config_file_without_hosts_names_the_file(cli, tmp_path):
         f"error: no hosts to run on: list them under `hosts:` in {cfg}"
     assert one_line_error(cli("render", "--to", "k8s", "--config", cfg, "--", "true")) == \
         f"error: render --to k8s needs the number of nodes ({cfg} lists no hosts): pass --nodes N"
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--hosts", "172.30.10.11;172.30.10.12"],
+     "error: --hosts: '172.30.10.11;172.30.10.12' is not a host name or IP address (letters, digits, '.', '-', '_'); "
+     "separate hosts with ',' (--hosts h1,h2)"),
+    (["--name", "UX bad"],
+     "error: --name: 'UX bad': use letters, digits, '_', '.', '-' (start with a letter or digit, at most 63)"),
+    (["--hosts", "h1,root@h2:99999"], "error: --hosts root@h2:99999: port: Input should be less than or equal to "
+                                      "65535"),
+    (["--hosts", "h1,h1"], "error: --hosts: host 'h1' is listed twice (hosts[0] and hosts[1])"),
+    (["--mount", "data:/data"], "error: --mount data:/data: source: 'data' is not an absolute path"),
+    (["--spares", "h9 h8"], "error: --spares: 'h9 h8' is not a host name or IP address (letters, digits, '.', '-', "
+                            "'_'); separate hosts with ',' (--spares h1,h2)"),
+    (["--hang-timeout", "soon"], "error: --hang-timeout: 'soon' is not a duration"),
+])
+def test_a_flags_bad_value_is_blamed_on_the_flag_not_the_file(cli, tmp_path, flags, expected):
+    """Quoted: `--hosts '172.30.10.11;172.30.10.12'` said `dockerlaunch.yaml: hosts[0].address: ...` and
+    `--name 'UX bad'` said `dockerlaunch.yaml: job.name`: the file was valid, the flag was not."""
+    (tmp_path / "dockerlaunch.yaml").write_text("hosts: [h1, h2]\nimage: i:1\ncontainer:\n  mounts: [/d:/d]\n")
+    line = one_line_error(cli("up", "--dry-run", *flags, "--", "true", cwd=tmp_path))
+    assert line.startswith(expected) and "dockerlaunch.yaml" not in line, line
+
+
+def test_the_file_is_still_named_for_its_own_errors_when_flags_are_given(cli, tmp_path):
+    (tmp_path / "dockerlaunch.yaml").write_text("hosts: [h1]\nimage: i:1\njob: {name: 'bad name'}\n")
+    line = one_line_error(cli("up", "--dry-run", "--hosts", "h2", "--", "true", cwd=tmp_path))
+    assert line.startswith("error: dockerlaunch.yaml: job.name: 'bad name'"), line

@@ -83,3 +83,48 @@ def test_stacks_list_marks_the_recommended_stack():
     assert r.returncode == 0, r.stderr
     [marked] = [line for line in r.stdout.splitlines() if line.startswith("* ")]
     assert marked.split()[1] == recommended and "[recommended" in marked, marked
+
+
+def test_a_printed_command_repeats_the_plan_flags_its_command_takes():
+    """job/invocation.py's TAKES is what each command's options are: a hint to doctor that repeated --push would
+    fail when pasted, one that dropped --image checked another image."""
+    import click
+
+    from dockerlaunch.cli import diagnose, images, jobs, render, sim, transfer  # noqa: F401 - registers commands
+    from dockerlaunch.job.invocation import PLAN_FLAGS, TAKES
+
+    commands = dict(_commands(cli))
+    for path, takes in TAKES.items():
+        options = {o for p in commands[path].params if isinstance(p, click.Option) for o in p.opts}
+        assert options & set(PLAN_FLAGS) == takes, path
+    shaped = {path for path, reads in READS.items() if reads == SHAPE}
+    assert shaped == set(TAKES), shaped ^ set(TAKES)  # a command that shapes the plan is in TAKES
+
+
+def _command_help(*words: str) -> str:
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "dockerlaunch", *words, "--help"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_up_and_render_help_fit_a_screen_with_their_options_under_headings():
+    """Quoted: `up --help` was 55 lines and `render --help` 58, one list of options (at 80 columns)."""
+    for words, headings in ((("up",), ("Job:", "Run:", "After a failure:", "Output:")),
+                            (("render",), ("Job:", "Target:", "Output:"))):
+        out = _command_help(*words)
+        lines = out.splitlines()
+        assert len(lines) <= 40, out
+        assert [line for line in lines if line.endswith(":") and not line.startswith(" ")] == list(headings), out
+        assert "Other:" not in lines and "Options:" not in lines, out
+        assert all(len(line) <= 80 for line in lines), out
+    assert "--push" in _command_help("up") and "--namespace NS" in _command_help("render")  # a target's own flag
+
+
+def test_ps_help_shows_its_json_keys_and_points_to_nothing_pip_leaves_out():
+    """Quoted: `ps --help` pointed to docs/CLI-JSON.md, which `pip install .` does not install."""
+    out = _command_help("ps")
+    assert "docs/" not in out and '"unanswered": [{"host", "error"}]' in out, out
+    assert all(len(line) <= 80 for line in out.splitlines()), out

@@ -104,3 +104,28 @@ def test_connect_with_no_known_hosts_file_says_how_to_add_the_key(tmp_path):
         connect(t)
     assert "does not exist: no host key is known yet; add the host's key" in str(e.value)
     assert "accept-new" not in str(e.value)
+
+
+def test_a_refused_connection_names_the_port_and_where_it_was_set(tmp_path):
+    """Quoted: a wrong SSH port said `cannot connect to 172.30.10.11:2222: Unable to connect to port 2222`, with no
+    fix. (A real refusal: a port of this machine that nothing listens on.)"""
+    import socket
+
+    from dockerlaunch.hosts.targets import PORT_HOST, resolve_target
+    from dockerlaunch.job.config import HostConfig, SSHSettings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    kh = tmp_path / "kh"
+    kh.write_text("")
+    t = resolve_target(HostConfig(address=f"127.0.0.1:{port}"), SSHSettings(known_hosts=str(kh), config_file=None),
+                       local_user="root")
+    assert t.port == port and t.port_from == PORT_HOST
+    with pytest.raises(SSHError) as e:
+        connect(t)
+    assert str(e.value) == (f"host 127.0.0.1: cannot connect to 127.0.0.1:{port}: connection refused (the address "
+                            f"answered, but nothing listens on port {port}); the port is {PORT_HOST}: give sshd's "
+                            "port there (ssh -p PORT root@127.0.0.1 tries one), or start sshd on the host")
+    assert resolve_target(HostConfig(address="h"), SSHSettings(port=2222, config_file=None)).port_from == \
+        "ssh.port in the config"

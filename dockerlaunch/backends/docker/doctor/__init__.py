@@ -10,18 +10,19 @@ or times out is recorded as such, and judged FAIL: doctor never passes what it c
 from __future__ import annotations
 
 from dockerlaunch.backends.docker.doctor.judge import judge
-from dockerlaunch.backends.docker.doctor.observe import observe
+from dockerlaunch.backends.docker.doctor.observe import Progress, observe
 from dockerlaunch.backends.docker.doctor.report import Report
 from dockerlaunch.hosts.fleet import Fleet
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan
 
 
-def check(cluster: Fleet, plan: JobPlan) -> Report:
-    """Observe and judge a connected (maybe partly connected) cluster, for the job's one plan."""
-    return judge(plan.config, plan, cluster.targets, observe(cluster, plan))
+def check(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> Report:
+    """Observe and judge a connected (maybe partly connected) cluster, for the job's one plan; `progress` is told
+    how many hosts answered each step (observe)."""
+    return judge(plan.config, plan, cluster.targets, observe(cluster, plan, progress))
 
 
-def doctor(config: ClusterConfig, plan: JobPlan) -> Report:
+def doctor(config: ClusterConfig, plan: JobPlan, progress: Progress | None = None) -> Report:
     with Fleet.connect(config, require_all=False) as cluster:
-        return check(cluster, plan)
+        return check(cluster, plan, progress)

@@ -5,7 +5,10 @@ observations.py."""
 from __future__ import annotations
 
 import secrets
+import threading
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import script
@@ -42,10 +45,67 @@ from dockerlaunch.hosts.fleet import Fleet, Host, each
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, infiniband_needs
 
+PROBE_LABELS = {"dockerlaunch.probe": "1"}
+PROBE_RUN = "dockerlaunch.probe.run"  # one doctor run's probes, removed together when it is interrupted
+REMOVE_SETTLE_S = 3.0  # after an interrupt: how long the probes' `docker run`s under way are waited for
+
+
+class ProbeRun:
+    """The probe containers of one doctor run: each labelled with the run's token and started through `run`, so
+    that an interrupt (Ctrl-C, SIGTERM during `up`'s pre-flight) removes every one of them from the hosts before
+    the command exits (a `dlprobe-reach-*` container was left on the nodes), and none starts after it."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_hex(6)
+        self.stopped = threading.Event()
+        self._lock = threading.Condition()
+        self._flying = 0
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {**PROBE_LABELS, PROBE_RUN: self.token}
+
+    def run(self, h: Host, spec: ContainerSpec, timeout: float):
+        """`docker run` of a probe container on `h` (its Result); refused once the run is stopped."""
+        with self._lock:
+            if self.stopped.is_set():
+                raise HostError(h.name, "the pre-flight was interrupted", step="starting a probe container")
+            self._flying += 1
+        try:
+            return h.remote.run(run_argv(spec), timeout=timeout)
+        finally:
+            with self._lock:
+                self._flying -= 1
+                self._lock.notify_all()
+
+    def remove(self, cluster: Fleet) -> None:
+        """Stop starting probes and remove every container of this run on every connected host. A `docker run`
+        already under way may create its container after a sweep: swept again until every run has returned (a
+        removed probe ends its run at once), for at most REMOVE_SETTLE_S."""
+        self.stopped.set()
+        deadline = time.monotonic() + REMOVE_SETTLE_S
+        while True:
+            self._sweep(cluster)
+            with self._lock:
+                done = self._lock.wait_for(lambda: self._flying == 0, 0.5)
+            if done or time.monotonic() > deadline:
+                if not done:
+                    self._sweep(cluster)
+                return
+
+    def _sweep(self, cluster: Fleet) -> None:
+        def sweep(h: Host) -> None:
+            r = h.remote.run(["docker", "ps", "-aq", "--filter", f"label={PROBE_RUN}={self.token}"], timeout=30)
+            ids = r.stdout.split() if r.ok else []
+            if ids:
+                h.remote.run(["docker", "rm", "-f", *ids], timeout=60)
+
+        cluster.each(sweep)
+
 
 def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,
                 ib: bool = False, mounts: list[BindMount] | None = None, env: dict[str, str] | None = None,
-                label_disable: bool = False) -> ContainerSpec:
+                label_disable: bool = False, labels: dict[str, str] | None = None) -> ContainerSpec:
     """A short-lived container with the job's runtime flags that matter for the check, and the job's own mounts
     (an image may take its tools from them); its SELinux labels off where the job's are (`label_disable`)."""
     c = hp.container
@@ -56,7 +116,7 @@ def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu:
         cap_add=list(c.cap_add) if ib else [x for x in c.cap_add if x != IB_CAP],
         mounts=list(mounts or []) + (list(gpu.mounts) if gpu else []),
         env={**(env or {}), **(dict(gpu.env) if gpu else {})},
-        detach=False, remove=True, init=False, labels={"dockerlaunch.probe": "1"},
+        detach=False, remove=True, init=False, labels=dict(labels or PROBE_LABELS),
     )
     if ib:  # what the job gets where IB is used, even when the dry plan left it to the host (infiniband: auto)
         infiniband_needs(spec, spec.ulimits)  # a memlock the job has (the user's own) wins, as in the plan
@@ -98,9 +158,9 @@ def _observe_host(h: Host, image: str, config: ClusterConfig, master: str) -> Ho
     return obs
 
 
-def _in_container(h: Host, spec: ContainerSpec) -> ContainerFacts | str:
+def _in_container(h: Host, spec: ContainerSpec, probes: ProbeRun) -> ContainerFacts | str:
     """The probe's output, or what stopped it: the image lacks its command (`missing`) or the start failed."""
-    r = h.remote.run(run_argv(spec), timeout=120)
+    r = probes.run(h, spec, timeout=120)
     if r.ok:
         return r.stdout
     text = r.stderr + r.stdout
@@ -112,15 +172,17 @@ def _in_container(h: Host, spec: ContainerSpec) -> ContainerFacts | str:
     return ContainerFacts(error=refused or r.last_line())
 
 
-def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str) -> None:
+def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str,
+                        probes: ProbeRun) -> None:
     ib = uses_ib(config.container.infiniband, obs.probe)
     mounts = [BindMount(m.source, m.target, m.read_only) for m in config.container.mounts]
     hubs = not config.job.offline
     off = host_label_disable(config, obs.probe)
     spec = _probe_spec(hp, image, container_probe(hubs, ib),
                        f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib, mounts=mounts, label_disable=off,
-                       env={k: v for k, v in config.container.env.items() if k.upper() in HUB_ENV} if hubs else None)
-    out = _in_container(h, spec)
+                       env={k: v for k, v in config.container.env.items() if k.upper() in HUB_ENV} if hubs else None,
+                       labels=probes.labels)
+    out = _in_container(h, spec, probes)
     obs.shm = parse_container_facts(out) if isinstance(out, str) else out
     if obs.shm.missing and spec.ipc == "host":  # no shell to ask inside: the container's /dev/shm is the host's
         df = parse_df_kb(h.remote.run(["df", "-Pk", "/dev/shm"], timeout=30).stdout)
@@ -135,8 +197,8 @@ def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: Clu
         smi = f"{NVIDIA_DIR}/bin/nvidia-smi"
         smi = smi if any(m.target == smi for m in access.mounts) else "nvidia-smi"
         spec = _probe_spec(hp, image, [smi, "-L"], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access, mounts=mounts,
-                           label_disable=off)
-        out = _in_container(h, spec)
+                           label_disable=off, labels=probes.labels)
+        out = _in_container(h, spec, probes)
         if isinstance(out, str):
             facts = ContainerFacts(gpus=count_gpus(out))
         else:
@@ -172,7 +234,7 @@ MARKER = ".dockerlaunch-shared-"  # + a random token: the file doctor writes on 
 IN_CONTAINER = "/dl-shared"  # where a marker container sees the mount
 
 
-def _observe_shared(cluster: Fleet, plan: JobPlan, obs: list[HostObservation]) -> None:
+def _observe_shared(cluster: Fleet, plan: JobPlan, obs: list[HostObservation], probes: ProbeRun) -> None:
     """Is each `shared: true` mount the same storage on every host as on host 0? The mount's identity decides where
     it proves sameness (the same network filesystem at the same place, from each host's mount table); else a file
     written on host 0 and read on the others, written by the SSH user or, where that login may not write (no root
@@ -199,20 +261,22 @@ def _observe_shared(cluster: Fleet, plan: JobPlan, obs: list[HostObservation]) -
             else:
                 pending.append(h)
         if pending:
-            _shared_by_marker(cluster.hosts[0], pending, plan, m, obs)
+            _shared_by_marker(cluster.hosts[0], pending, plan, m, obs, probes)
 
 
-def _in_job_container(h: Host, plan: JobPlan, ob: HostObservation, source: str, command: list[str]):
+def _in_job_container(h: Host, plan: JobPlan, ob: HostObservation, source: str, command: list[str],
+                      probes: ProbeRun):
     """`command` in a container of the job's image as the job's user (its SELinux labels as the job's), the mount at
     IN_CONTAINER."""
     spec = _probe_spec(plan.hosts[h.rank], plan.image, command, f"dlprobe-shared-{secrets.token_hex(3)}",
                        mounts=[BindMount(source, IN_CONTAINER)],
-                       label_disable=host_label_disable(plan.config, ob.probe))
+                       label_disable=host_label_disable(plan.config, ob.probe), labels=probes.labels)
     spec.user = plan.hosts[h.rank].container.user
-    return h.remote.run(run_argv(spec), timeout=60)
+    return probes.run(h, spec, timeout=60)
 
 
-def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list[HostObservation]) -> None:
+def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list[HostObservation],
+                      probes: ProbeRun) -> None:
     login = h0.target.user
     if m.read_only:  # the job only reads it (models): doctor writes nothing there either
         _shared_by_listing(h0, readers, m, obs, "mounted read-only")
@@ -224,7 +288,7 @@ def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list
     as_job = None
     if not w.ok and obs[0].image_id:  # a login without root may not write where the job's containers do
         as_job = _in_job_container(h0, plan, obs[0], m.source,
-                                   ["sh", "-c", 'printf %s "$1" > "$2/$3"', "sh", token, IN_CONTAINER, name])
+                                   ["sh", "-c", 'printf %s "$1" > "$2/$3"', "sh", token, IN_CONTAINER, name], probes)
     if not w.ok and not (as_job and as_job.ok):
         why = f"{login} cannot write to {m.source} ({w.last_line()})" + (
             f", nor the job's user in a container ({as_job.last_line()})" if as_job else
@@ -249,7 +313,7 @@ def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list
         if w.ok:
             h0.remote.run(["rm", "-f", path], timeout=30)
         else:
-            _in_job_container(h0, plan, obs[0], m.source, ["rm", "-f", f"{IN_CONTAINER}/{name}"])
+            _in_job_container(h0, plan, obs[0], m.source, ["rm", "-f", f"{IN_CONTAINER}/{name}"], probes)
 
 
 def _shared_by_listing(h0: Host, readers: list[Host], m, obs: list[HostObservation], why: str) -> None:
@@ -279,9 +343,6 @@ LISTEN_TTL_S = 300  # listeners end by themselves after this, should doctor be k
 BIND_WAIT_S = 15
 
 
-PROBE_LABELS = {"dockerlaunch.probe": "1"}
-
-
 ADD_NC = "add netcat-openbsd to the image (apt-get install netcat-openbsd) or install it on the host"
 
 
@@ -295,14 +356,14 @@ def _image_why(facts: ContainerFacts | None, need: str) -> str:
 
 
 def _connect(h: Host, image: str, facts: ContainerFacts | None, master: str, ports: tuple[int, int],
-             label_disable: bool = False) -> tuple[dict[str, tuple[str, str, str]] | str, str]:
+             probes: ProbeRun, label_disable: bool = False) -> tuple[dict[str, tuple[str, str, str]] | str, str]:
     """reach.sh connect in a container of the job's image when it has a tool, else on the host (the same network:
     job containers use --network host). -> (per port results, or why nothing was checked; the note)."""
     args = ["sh", "-c", REACH, "sh", "connect", master, *map(str, ports)]
     if can_connect(facts.tools if facts else None):
         spec = ContainerSpec(name=f"dlprobe-reach-{secrets.token_hex(4)}", image=image, command=args, detach=False,
-                             remove=True, init=False, labels=PROBE_LABELS, label_disable=label_disable)
-        r = h.remote.run(run_argv(spec), timeout=60)
+                             remove=True, init=False, labels=probes.labels, label_disable=label_disable)
+        r = probes.run(h, spec, timeout=60)
         got = parse_reach(r.stdout)
         if got:
             return got, ""
@@ -320,7 +381,8 @@ def _connect(h: Host, image: str, facts: ContainerFacts | None, master: str, por
     return got, f"checked from the host: {why}"
 
 
-def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int, int], label_disable: bool = False
+def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int, int], probes: ProbeRun,
+            label_disable: bool = False
             ) -> tuple[str, str, str | None]:
     """Listeners on host 0: in a --network host container of the job's image when it has a tool, else on the
     host. -> (how, a container name or a host PID to end them with, why there are none)."""
@@ -328,9 +390,9 @@ def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int
         name = f"dlprobe-listen-{secrets.token_hex(4)}"
         spec = ContainerSpec(name=name, image=image, command=["sh", "-c", REACH, "sh", "serve", str(LISTEN_TTL_S),
                                                               *map(str, ports)],
-                             init=True, remove=True, labels=PROBE_LABELS, label_disable=label_disable)
+                             init=True, remove=True, labels=probes.labels, label_disable=label_disable)
         try:
-            started = h0.remote.run(run_argv(spec), timeout=60)
+            started = probes.run(h0, spec, timeout=60)
         except BaseException:
             DockerHost(h0.remote).remove([name], grace=0)
             raise
@@ -352,7 +414,8 @@ def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int
     return f"{line[0]} on host 0's host ({why})", line[1], None
 
 
-def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations) -> None:
+def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations, probes: ProbeRun,
+                   each: Callable[..., Any]) -> None:
     """Listeners on host 0 (master port + a random high port), then a connection to each from every other host.
 
     Both ends run reach.sh in a container of the job's image where it has nc or python3, else on the host itself:
@@ -367,7 +430,7 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations) ->
     observations.reach_ports = ports
     h0, how, handle = cluster.hosts[0], "", ""
     try:  # from before the start: an interrupt between start and cleanup must not leave the listener
-        how, handle, missing = _listen(h0, plan.image, obs[0].shm, ports,
+        how, handle, missing = _listen(h0, plan.image, obs[0].shm, ports, probes,
                                        host_label_disable(plan.config, obs[0].probe))
         if missing:
             observations.reach_missing = missing
@@ -393,13 +456,13 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations) ->
             if not obs[h.rank].image_id:
                 return "image missing here", ""
             off = host_label_disable(plan.config, obs[h.rank].probe)
-            got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, off)
+            got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, probes, off)
             if isinstance(got, dict) and any(v[0] == "fail" for v in got.values()):
                 time.sleep(0.5)  # once more, for a connection lost on the way
-                got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, off)
+                got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, probes, off)
             return got, note  # type: ignore[return-value]
 
-        for o in cluster.each(probe, others):
+        for o in each("reach", probe, others):
             ob = obs[o.item.rank]
             if not o.ok:
                 ob.reach = f"could not check: {o.error}"
@@ -444,14 +507,45 @@ def image_here(image: str) -> tuple[bool | None, ImageBuild | None]:
                                (attrs.get("RootFS") or {}).get("Layers"))
 
 
-def observe(cluster: Fleet, plan: JobPlan) -> Observations:
+Progress = Callable[[str, int, int], None]  # (what is asked, hosts that answered, hosts asked)
+
+
+def observe(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> Observations:
+    """Every host's facts for the judge. `progress`: told, as each host answers a step, how many of the hosts asked
+    have answered (`up` shows it on a terminal). An interrupt removes the probe containers this run started, on
+    every host, before it goes on (ProbeRun)."""
+    probes = ProbeRun()
+    try:
+        return _observe(cluster, plan, probes, progress or (lambda what, done, asked: None))
+    except BaseException:
+        probes.remove(cluster)
+        raise
+
+
+def _observe(cluster: Fleet, plan: JobPlan, probes: ProbeRun, progress: Progress) -> Observations:
+    def each(what: str, fn: Callable[[Host], Any], hosts: Sequence[Host] | None = None):
+        hosts = list(cluster.live if hosts is None else hosts)
+        done = [0]
+        lock = threading.Lock()
+        progress(what, 0, len(hosts))
+
+        def step(h: Host) -> Any:
+            try:
+                return fn(h)
+            finally:
+                with lock:
+                    done[0] += 1
+                    progress(what, done[0], len(hosts))
+
+        return cluster.each(step, hosts)
+
     config = plan.config  # after planning only the plan is read (its config is the one it was made from)
     master = plan.master_addr
     if isinstance(master, Deferred):
         master = cluster.peer_ip(0) or master
     obs = [HostObservation(h.rank, h.address, ssh=h.target.describe(),
                            ssh_error=h.error.reason if h.error else None) for h in cluster.hosts]
-    for o in cluster.each(lambda h: _observe_host(h, plan.known_image or "", config, master)):
+    for o in each("host facts", lambda h: _observe_host(h, plan.known_image or "", config, master)):
         if o.ok:
             obs[o.item.rank] = o.value
         else:
@@ -460,9 +554,9 @@ def observe(cluster: Fleet, plan: JobPlan) -> Observations:
     def containers(h: Host) -> None:
         ob = obs[h.rank]
         if ob.usable and ob.image_id:
-            _observe_containers(h, plan.hosts[h.rank], ob, config, plan.image)
+            _observe_containers(h, plan.hosts[h.rank], ob, config, plan.image, probes)
 
-    for o in cluster.each(containers, [h for h in cluster.live]):
+    for o in each("probe containers", containers):
         if not o.ok:
             ob = obs[o.item.rank]
             why = o.error.reason if isinstance(o.error, HostError) else str(o.error)
@@ -473,12 +567,12 @@ def observe(cluster: Fleet, plan: JobPlan) -> Observations:
     if plan.known_image:
         observations.image_here, observations.local_build = image_here(plan.image)
     try:
-        _observe_shared(cluster, plan, obs)
+        _observe_shared(cluster, plan, obs, probes)
     except HostError as e:
         obs[0].shared = {m.source: Shared(None, f"could not check: {e.reason}") for m in config.container.mounts
                          if m.shared}
     try:
-        _observe_reach(cluster, plan, observations)
+        _observe_reach(cluster, plan, observations, probes, each)
     except HostError as e:
         observations.reach_error = e.reason
     return observations

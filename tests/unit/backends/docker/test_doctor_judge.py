@@ -1051,7 +1051,7 @@ def test_an_engine_that_did_not_say_is_an_error_under_auto_only():
     ("keep", True, False)])
 def test_doctors_containers_get_the_labels_the_jobs_get(mode, engine_labels, expected):
     from dockerlaunch.backends.docker.doctor.observations import host_label_disable
-    from dockerlaunch.backends.docker.doctor.observe import _observe_containers
+    from dockerlaunch.backends.docker.doctor.observe import ProbeRun, _observe_containers
 
     config = cfg(selinux=mode)
     said = probe(selinux=engine_labels)
@@ -1065,7 +1065,7 @@ def test_doctors_containers_get_the_labels_the_jobs_get(mode, engine_labels, exp
 
     h = type("H", (), {"remote": Remote(), "rank": 0})()
     obs = HostObservation(0, H0, probe=said)
-    _observe_containers(h, make_plan(config).hosts[0], obs, config, IMAGE)
+    _observe_containers(h, make_plan(config).hosts[0], obs, config, IMAGE, ProbeRun())
     [shm] = argvs
     assert any(shm[i:i + 2] == ["--security-opt", "label=disable"] for i in range(len(shm))) is expected
 

@@ -137,3 +137,22 @@ def test_logs_of_an_attempt_that_left_no_file_say_its_recorded_cause(tmp_path):
     assert said.lines[0].startswith("job j: attempt 1 logged nothing") and said.lines[0].endswith("no such user")
     said = Said()
     assert after_up.saved_logs(cfg, None, "all", said, 0, str(tmp_path)) == 0 and "preflight failed" in said.lines[0]
+
+
+def test_exec_into_an_exited_rank_says_the_jobs_state_and_what_to_run():
+    """Quoted: `exec` into an exited rank printed Docker's `Container ... is not running`."""
+    from dockerlaunch.backends.docker.after_up import not_running
+    from dockerlaunch.backends.docker.dockerhost import ContainerState
+    from dockerlaunch.job.config import validate_config
+    from dockerlaunch.job.invocation import Invocation
+
+    config = validate_config({"hosts": ["h1", "h2"], "job": {"name": "ux4"}})
+    config._invocation = Invocation(config="/c.yaml", log_dir="/runs")
+    r0 = ContainerState("ux4-0", 0, "running", 0, "2025-01-02T03:04:05Z", "0001-01-01T00:00:00Z")
+    r1 = ContainerState("ux4-1", 1, "exited", 3, "2025-01-02T03:04:05Z", "2025-01-02T03:09:00.5Z")
+    said = str(not_running(config, 1, r1, "h2", [("h1", r0), ("h2", r1)]))
+    assert said == ("exec: rank 1 of job ux4 exited with code 3 at 2025-01-02 03:09:00: its container ux4-1 on h2 runs "
+                    "nothing to exec into (the job: rank 0 running, rank 1 exited 3); exec into a running rank (0), "
+                    "or see what rank 1 printed, fix: dockerlaunch logs --rank 1 --config /c.yaml --log-dir /runs")
+    both = str(not_running(config, 1, r1, "h2", [("h2", r1)]))
+    assert "nothing of job ux4 runs (`down` removes its containers)" in both
