@@ -31,6 +31,9 @@ def venv_tool(name: str) -> str | None:
 SECURITY_DOC = Path(__file__).resolve().parents[1] / "docs" / "SECURITY.md"
 TESTS_DIR = Path(__file__).resolve().parent
 NO_SECURITY_SKIPS_ENV = "DOCKERLAUNCH_NO_SECURITY_SKIPS"  # set by .ci/run, which always runs the whole suite
+# scripts/test's full run is several pytest runs (the unit suite on each Python, then the integration tests): each
+# leaves its outcomes in this folder, and the gate judges them all together, as one run
+POOL_ENV = "DOCKERLAUNCH_SECURITY_POOL"
 _outcomes: dict[str, set[str]] = {}  # test function name -> outcomes of its reports in this run
 
 
@@ -55,15 +58,33 @@ def pytest_runtest_logreport(report):
         _outcomes.setdefault(report.nodeid.split("::")[-1].split("[")[0], set()).add(report.outcome)
 
 
-def security_gate_problems() -> list[str]:
-    """Why this run does not show every defence docs/SECURITY.md claims: a named test with no function (a typo'd
-    proof), one that was skipped (any parameter, any phase), one that never passed (deselected, skipped with its
-    module, failed, not collected). Empty when each named test passed and none skipped."""
+def pooled_outcomes(pool: Path) -> dict[str, set[str]]:
+    """This run's outcomes written into the pool folder, and every outcome of every run written there."""
+    import json
+    import uuid
+
+    pool.mkdir(parents=True, exist_ok=True)
+    mine = pool / uuid.uuid4().hex
+    mine.write_text(json.dumps({name: sorted(o) for name, o in _outcomes.items()}))
+    mine.rename(mine.with_suffix(".json"))  # whole, for a run that reads the folder at the same time
+    pooled: dict[str, set[str]] = {}
+    for f in sorted(pool.glob("*.json")):
+        for name, outcomes in json.loads(f.read_text()).items():
+            pooled.setdefault(name, set()).update(outcomes)
+    return pooled
+
+
+def security_gate_problems(outcomes: dict[str, set[str]] | None = None) -> list[str]:
+    """Why this run (with the runs pooled with it) does not show every defence docs/SECURITY.md claims: a named test
+    with no function (a typo'd proof), one that was skipped (any parameter, any phase, any pooled run), one that
+    never passed (deselected, skipped with its module, failed, not collected). Empty when each named test passed
+    and none skipped."""
+    outcomes = _outcomes if outcomes is None else outcomes
     named = security_tests()
     missing = sorted(named - defined_tests())
-    skipped = sorted(n for n in named if "skipped" in _outcomes.get(n, ()))
+    skipped = sorted(n for n in named if "skipped" in outcomes.get(n, ()))
     unpassed = sorted(n for n in named if n not in missing and n not in skipped
-                      and _outcomes.get(n, set()) != {"passed"})
+                      and outcomes.get(n, set()) != {"passed"})
     problems = []
     if missing:
         problems.append(f"no test function has the name docs/SECURITY.md gives ({', '.join(missing)}): fix the name "
@@ -80,9 +101,11 @@ def pytest_sessionfinish(session, exitstatus):
     """Under .ci/run, a run that did not show every security test passing fails (exit 1), whatever else passed."""
     import os
 
+    pool = os.environ.get(POOL_ENV)
+    outcomes = pooled_outcomes(Path(pool)) if pool else None
     if os.environ.get(NO_SECURITY_SKIPS_ENV) != "1":
         return
-    problems = security_gate_problems()
+    problems = security_gate_problems(outcomes)
     session.config._dl_security_problems = problems
     if problems and session.exitstatus == 0:
         session.exitstatus = 1

@@ -64,7 +64,9 @@ def unpack(src: Path, dest: Path) -> None:
         with open_untrusted(src, "r:*") as tar:
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(tmp, filter="data")
-            else:  # Pythons before the extraction filters (3.11.3, 3.10.11): the same refusals, by hand
+            else:  # Pythons before the extraction filters (3.10.12, 3.11.4, 3.12 have them; requires-python
+                # says >=3.10, and 3.10.0-3.10.11 are still about): the same refusals, by hand, stricter (no hard
+                # link, no `..` in a symlink); tests/unit/images/test_wheels.py runs both branches
                 for m in tar.getmembers():
                     if m.name.startswith("/") or ".." in Path(m.name).parts or m.islnk() or m.isdev() or (
                             m.issym() and (m.linkname.startswith("/") or ".." in Path(m.linkname).parts)):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 
+from dockerlaunch.enums import StrEnum
 from dockerlaunch.job.config import ClusterConfig, HostConfig
 
 

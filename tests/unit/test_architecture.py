@@ -35,7 +35,9 @@ def expand(path: str) -> list[str]:
 @cache
 def files() -> list[str]:
     return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and ".git" not in p.parts
-            and ".venv" not in p.parts and "__pycache__" not in p.parts]
+            and not any(d.startswith(".venv") for d in p.relative_to(ROOT).parts)  # .venv, .venv-py3.10 ...
+            and p.relative_to(ROOT).parts[0] not in ("build", "dist")  # `pip install .` leaves build/lib/...
+            and "__pycache__" not in p.parts]
 
 
 def path_exists(path: str) -> bool:

@@ -17,6 +17,7 @@ def project(pytester, monkeypatch):
     """make(names, **modules): docs/SECURITY.md naming `names`, tests/<module>.py with each text; returns a runner
     that gives (exit code, output) of pytest over tests/ with the gate on, or off with gate=False."""
     monkeypatch.delenv("DOCKERLAUNCH_NO_SECURITY_SKIPS", raising=False)
+    monkeypatch.delenv("DOCKERLAUNCH_SECURITY_POOL", raising=False)  # scripts/test's own pool stays out of these
 
     def make(names: list[str], **modules: str):
         (pytester.path / "docs").mkdir()
@@ -27,11 +28,13 @@ def project(pytester, monkeypatch):
         for name, text in modules.items():
             (pytester.path / "tests" / f"{name}.py").write_text(text)
 
-        def run(*args: str, gate: bool = True):
+        def run(*args: str, gate: bool = True, pool: Path | None = None, where: str = "tests"):
             with monkeypatch.context() as m:
                 if gate:
                     m.setenv("DOCKERLAUNCH_NO_SECURITY_SKIPS", "1")
-                r = pytester.runpytest_inprocess("-p", "no:cacheprovider", "tests", *args)
+                if pool:
+                    m.setenv("DOCKERLAUNCH_SECURITY_POOL", str(pool))
+                r = pytester.runpytest_inprocess("-p", "no:cacheprovider", where, *args)
             return r.ret, r.stdout.str() + r.stderr.str()
 
         return run
@@ -80,3 +83,21 @@ def test_a_name_no_test_function_has_fails_the_gate(project):
     code, out = run()
     assert code == 1, out
     assert "no test function has the name docs/SECURITY.md gives (test_prof)" in out, out
+
+
+def test_runs_pooled_in_one_folder_are_judged_together(project, tmp_path):
+    """scripts/test's full run: the unit suite on each Python records its outcomes (gate off), then the integration
+    run judges every pooled outcome: a proof that passed in an earlier run counts, one skipped in any run fails."""
+    run = project(["test_proof", "test_more"], test_a=PASSING, test_b="def test_more():\n    assert True\n",
+                  test_c="import pytest\n\ndef test_proof():\n    pytest.skip('not on this Python')\n")
+    code, out = run(where="tests/test_b.py")
+    assert code == 1 and "did not pass in this run (test_proof)" in out, out  # alone, test_a's proof is missing
+
+    pool = tmp_path / "pool"
+    assert run(where="tests/test_a.py", gate=False, pool=pool)[0] == 0
+    code, out = run(where="tests/test_b.py", pool=pool)
+    assert code == 0 and "security tests named" not in out, out
+
+    assert run(where="tests/test_c.py", gate=False, pool=pool)[0] == 0  # the same proof, skipped in a third run
+    code, out = run(where="tests/test_b.py", pool=pool)
+    assert code == 1 and "skipped (test_proof)" in out, out

@@ -1,9 +1,14 @@
 """The wheel cache's pure parts: the failing file out of a compile log, progress from ninja's files, the progress
-line, and why a cached wheel does not fit."""
+line, and why a cached wheel does not fit; a source archive unpacked into its build folder."""
 
+import io
+import tarfile
 from pathlib import Path
 
+import pytest
+
 from dockerlaunch.images import compiles, wheels
+from dockerlaunch.images.sources import WheelError
 
 # a real log excerpt: apex 6424da3b on the PyPI toolkit without its profiler part
 APEX_LOG = """\
@@ -104,3 +109,43 @@ def test_count_objects_reads_ninja_files_as_text():
 
     assert parse_progress(f"@@dl-ninja\n{ninja}@@dl-log\n{log}@@dl-ninja\n{ninja}@@dl-log\n") == [(ninja, log),
                                                                                                  (ninja, "")]
+
+
+def source_tar(path: Path, *members: tarfile.TarInfo) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for m in members:
+            tar.addfile(m, io.BytesIO(b"x" * m.size) if m.isfile() else None)
+    return path
+
+
+def member(name: str, link: str | None = None, kind: bytes = tarfile.REGTYPE) -> tarfile.TarInfo:
+    m = tarfile.TarInfo(name)
+    m.type, m.mode = (tarfile.SYMTYPE, 0o777) if link else (kind, 0o755 if kind == tarfile.DIRTYPE else 0o644)
+    m.linkname, m.size = link or "", 3 if m.isfile() else 0
+    return m
+
+
+# 3.10.13 and every later Python CI runs have tarfile's extraction filters (3.10.12, 3.11.4, 3.12): the Pythons
+# before them (requires-python allows 3.10.0) take the hand-written refusals, shown here by taking the filter away
+@pytest.mark.parametrize("filters", [True, False], ids=["tar-filters", "before-the-filters"])
+@pytest.mark.filterwarnings("ignore:Python 3.14 will:DeprecationWarning")  # 3.12+ when extracting unfiltered
+def test_a_source_unpacks_into_its_top_folder_and_no_member_leaves_it(tmp_path, monkeypatch, filters):
+    if not filters:
+        monkeypatch.delattr(tarfile, "data_filter")
+    dest = tmp_path / "build" / "src"
+    good = source_tar(tmp_path / "apex.tar.gz", member("apex", kind=tarfile.DIRTYPE), member("apex/setup.py"),
+                      member("apex/csrc", kind=tarfile.DIRTYPE), member("apex/csrc/a.cu"),
+                      member("apex/setup.link", link="setup.py"))
+    compiles.unpack(good, dest)
+    assert (dest / "setup.py").read_bytes() == b"xxx" and (dest / "csrc" / "a.cu").is_file()
+    assert (dest / "setup.link").resolve() == (dest / "setup.py").resolve()
+    assert (dest / ".dockerlaunch-source").read_text() == "apex.tar.gz\n"
+
+    outside = tmp_path / "outside"
+    for i, evil in enumerate([member("apex/../../outside"), member(str(outside)),
+                              member("apex/l", link=str(outside)), member("apex/l", link="../../outside"),
+                              member("apex/dev", kind=tarfile.CHRTYPE)]):
+        bad = source_tar(tmp_path / f"bad{i}.tar.gz", member("apex", kind=tarfile.DIRTYPE), member("apex/a"), evil)
+        with pytest.raises(WheelError, match=f"bad{i}.tar.gz"):
+            compiles.unpack(bad, tmp_path / f"b{i}" / "src")
+        assert not outside.exists() and not (tmp_path / f"b{i}" / "src").exists(), evil.name
