@@ -82,8 +82,9 @@ def test_an_index_token_never_shows(tmp_path):
     assert found == [], found
 
 
-def test_a_token_on_the_command_line_is_warned_about(cli):
-    r = cli("fetch", "--stack", "cpu", "-o", "/nonexistent/x", "--index-url", "https://u:p@127.0.0.1:9/simple")
+def test_a_token_on_the_command_line_is_warned_about(cli, tmp_path):
+    # a folder of the test's own: as root, fetch makes its output folder before the index fails (was /nonexistent/x)
+    r = cli("fetch", "--stack", "cpu", "-o", str(tmp_path / "out"), "--index-url", "https://u:p@127.0.0.1:9/simple")
     assert "warning: --index-url holds credentials" in r.stderr and "DOCKERLAUNCH_INDEX_URL" in r.stderr
     assert "u:p@" not in r.stdout + r.stderr and ":p@" not in r.stdout + r.stderr  # the output as it is
 

@@ -12,7 +12,7 @@ import secrets
 import pytest
 
 from tests.integration.helpers import dl, ids_on_nodes, job_name
-from tests.integration.test_hints import run_fix
+from tests.integration.test_hints import fix_in, paste
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def image_rows(cfg: str, tag: str) -> list[dict]:
 
 
 def test_a_rebuild_not_pushed_fails_preflight_and_up_push_runs_the_new_build(sim_cluster, remotes, stale,
-                                                                           job_containers):
+                                                                           job_containers, tmp_path):
     cfg, tag = str(sim_cluster[1]), stale.tag
     old = stale("old")
     pushed = dl("push", tag, "--config", cfg, timeout=600)
@@ -73,7 +73,7 @@ def test_a_rebuild_not_pushed_fails_preflight_and_up_push_runs_the_new_build(sim
     assert up.returncode == 1 and "nothing was started" in up.stdout, up.stdout + up.stderr
     assert job_containers(job) == []
 
-    fixed = run_fix(rows[0]["reason"], timeout=600)  # the printed push, pasted
+    fixed = paste(fix_in(rows[0]["reason"]), tmp_path, timeout=600)  # the printed push, pasted in another folder
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert ids_on_nodes(remotes, tag) == [new, new]
     assert {c["verdict"] for c in image_rows(cfg, tag)} == {"PASS"}

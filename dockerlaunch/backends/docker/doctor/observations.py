@@ -194,6 +194,7 @@ class MountIdentity:
     fstype: str
     source: str  # the mount source: server:/export, an MGS list, a device
     path: str  # the path inside that filesystem (the mount's root joined with the rest of the path)
+    read_only: bool = field(default=False, compare=False)  # mounted `ro` here (the same storage either way)
 
     @property
     def networked(self) -> bool:
@@ -209,7 +210,7 @@ def mount_identity(mountinfo: str, real: str) -> MountIdentity | None:
     [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS`, with space, tab, newline and backslash in paths as octal escapes."""
     if not real.startswith("/"):
         return None
-    best: tuple[str, str, str, str] | None = None
+    best: tuple[str, str, str, str, bool] | None = None
     for line in mountinfo.split("\n"):
         left, sep, right = line.partition(" - ")
         fields, tail = left.split(" "), right.split(" ")
@@ -218,12 +219,13 @@ def mount_identity(mountinfo: str, real: str) -> MountIdentity | None:
         root, point = (_OCTAL.sub(lambda m: chr(int(m[1], 8)), f) for f in fields[3:5])
         if real == point or real.startswith(point.rstrip("/") + "/"):
             if best is None or len(point) >= len(best[0]):
-                best = (point, tail[0], _OCTAL.sub(lambda m: chr(int(m[1], 8)), tail[1]), root)
+                best = (point, tail[0], _OCTAL.sub(lambda m: chr(int(m[1], 8)), tail[1]), root,
+                        "ro" in fields[5].split(","))
     if best is None:
         return None
-    point, fstype, source, root = best
+    point, fstype, source, root, ro = best
     rest = real[len(point):].strip("/")
-    return MountIdentity(fstype, source, posixpath.join(root, rest) if rest else root)
+    return MountIdentity(fstype, source, posixpath.join(root, rest) if rest else root, ro)
 
 
 def parse_mounts(text: str, sources: list[str]) -> dict[str, MountIdentity | None]:

@@ -261,7 +261,7 @@ def _observe_shared(cluster: Fleet, plan: JobPlan, obs: list[HostObservation], p
             else:
                 pending.append(h)
         if pending:
-            _shared_by_marker(cluster.hosts[0], pending, plan, m, obs, probes)
+            _shared_by_marker(cluster.hosts[0], pending, plan, m, obs, probes, id0)
 
 
 def _in_job_container(h: Host, plan: JobPlan, ob: HostObservation, source: str, command: list[str],
@@ -275,10 +275,14 @@ def _in_job_container(h: Host, plan: JobPlan, ob: HostObservation, source: str, 
     return probes.run(h, spec, timeout=60)
 
 
+ABSENT = 3  # READ's exit status when the file is not there (an exit status, not an error text in the host's locale)
+READ = 'if [ -e "$1" ]; then exec cat -- "$1"; fi; exit 3'
+
+
 def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list[HostObservation],
-                      probes: ProbeRun) -> None:
+                      probes: ProbeRun, id0: MountIdentity | None) -> None:
     login = h0.target.user
-    if m.read_only:  # the job only reads it (models): doctor writes nothing there either
+    if m.read_only or (id0 is not None and id0.read_only):  # the job only reads it (models): doctor writes nothing
         _shared_by_listing(h0, readers, m, obs, "mounted read-only")
         return
     token = secrets.token_hex(8)
@@ -293,18 +297,15 @@ def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list
         why = f"{login} cannot write to {m.source} ({w.last_line()})" + (
             f", nor the job's user in a container ({as_job.last_line()})" if as_job else
             ", and the image is missing on host 0 to try as the job's user")
-        if "Read-only file system" in (w.last_line() + (as_job.last_line() if as_job else "")):
-            _shared_by_listing(h0, readers, m, obs, why)
-        else:
-            obs[0].shared[m.source] = Shared(None, f"could not check: {why}")
+        obs[0].shared[m.source] = Shared(None, f"could not check: {why}")
         return
     how = f"reads the file {login} wrote there" if w.ok else "reads the file the job's user wrote there, in a container"
     try:
-        for o in each(lambda h: h.remote.run(["cat", path], timeout=30), readers):
+        for o in each(lambda h: h.remote.run(["sh", "-c", READ, "sh", path], timeout=30), readers):
             r = o.value if o.ok else None
             if r is not None and r.ok:
                 obs[o.item.rank].shared[m.source] = Shared(r.stdout == token, how)
-            elif r is not None and "No such file" in r.last_line():
+            elif r is not None and r.exit_status == ABSENT:
                 obs[o.item.rank].shared[m.source] = Shared(False, "the file written there on host 0 is not here")
             else:
                 obs[o.item.rank].shared[m.source] = Shared(None, "could not check: " + (

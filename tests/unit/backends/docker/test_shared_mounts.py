@@ -74,10 +74,11 @@ def test_mounts_sh_answers_in_the_contract_and_reads_this_machines_table(tmp_pat
     """The real script under sh, here: a path with a space and a line break comes back whole (kv-encoded)."""
     odd = tmp_path / "a b\nc"
     odd.mkdir()
-    out = subprocess.run(["sh", "-c", script("mounts.sh"), "sh", str(odd), "/nonexistent/x"], capture_output=True,
+    missing = str(tmp_path / "missing" / "x")
+    out = subprocess.run(["sh", "-c", script("mounts.sh"), "sh", str(odd), missing], capture_output=True,
                          text=True, check=True).stdout
-    got = parse_mounts(out, [str(odd), "/nonexistent/x"])
+    got = parse_mounts(out, [str(odd), missing])
     assert got[str(odd)] is not None and got[str(odd)].path.endswith("a b\nc")
-    assert got["/nonexistent/x"] is None  # its parent is missing: readlink -f resolves nothing
+    assert got[missing] is None  # its parent is missing: readlink -f resolves nothing
     with pytest.raises(keyvalue.Malformed):
         parse_mounts(out, [str(odd)])  # one real= per source, or the answer is refused
