@@ -68,6 +68,9 @@ def test_the_mount_on_top_wins_and_escaped_paths_are_read():
     assert mount_identity(text, "/data setsX") == MountIdentity("ext4", "/dev/sda1", "/data setsX")
     assert mount_identity(text, "relative") is None
     assert mount_identity("no separator here\n", "/x") is None
+    ro = mount_identity(text.replace("/sub /data\\040sets rw", "/sub /data\\040sets ro,relatime"), "/data sets/m")
+    assert ro.read_only and ro == MountIdentity("nfs4", "nas:/vol2", "/sub/m")  # ro or rw: the same storage
+    assert not mount_identity(text, "/data sets/m").read_only
 
 
 def test_mounts_sh_answers_in_the_contract_and_reads_this_machines_table(tmp_path):
