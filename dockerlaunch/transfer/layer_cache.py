@@ -129,6 +129,25 @@ def _engine_sizes() -> dict[str, int]:
         return {}
 
 
+LAYER_BLOBS = "layer_blobs.json"  # diff ID -> the digest of its blob in the registry, for every layer a push read
+
+
+def _layer_blobs() -> dict[str, str]:
+    try:
+        data = json.loads((root() / LAYER_BLOBS).read_text())
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _remember_layer_blobs(image: LocalImage, blobs: list[str]) -> None:
+    """Which blob holds each of the image's layers (RootFS order): what the cache holds is read from this, and from
+    the manifests it stores, whose blobs eviction may take before a layer's."""
+    index = _layer_blobs()
+    index.update({d: "sha256:" + Path(b).parent.name for d, b in zip(image.diff_ids, blobs)})
+    _write_json(root() / LAYER_BLOBS, index)
+
+
 def _remember_engine_sizes(image: LocalImage, pushed: dict[str, int]) -> None:
     """The sizes the engine gave the layers it pushed (by the first 12 hex digits of their diff IDs), by diff ID:
     what the cache holds of an image is then counted in the unit of the image's own Size (holdings)."""
@@ -266,6 +285,7 @@ def _registry_image(client, image: LocalImage, on_progress: Callable[[int], None
                                               str(root())))
     if image.store != GRAPHDRIVER:
         got = _content_store_image(image, manifest)
+        _remember_layer_blobs(image, list(got.tar_source.blobs))
         _cap({got.facts.config.digest, *(b.digest for b in got.facts.layers)})
         return got
     config, layers = manifest.get("config") or {}, manifest.get("layers") or []
@@ -288,6 +308,7 @@ def _registry_image(client, image: LocalImage, on_progress: Callable[[int], None
     cfg = blob_path(image.id).read_bytes()
     if "sha256:" + hashlib.sha256(cfg).hexdigest() != image.id:
         raise TransferError(f"the launcher's registry blob {blob_path(image.id)} is not {image.ref}'s config")
+    _remember_layer_blobs(image, blobs)
     _cap({image.id, *(str(layer.get("digest")) for layer in layers)})
     facts = SaveFacts(Blob(f"blobs/sha256/{image.id[7:]}", image.id, len(cfg), OCI_CONFIG), tuple(facts_layers),
                       image.platform)
@@ -401,14 +422,15 @@ def _image_manifests(digest: str, depth: int = 0) -> list[dict]:
 
 def holdings() -> dict[str, int]:
     """diff ID -> bytes of every layer the cache holds, read from its storage (no registry is started): a layer a
-    stored image's manifest names, its config giving the diff ID, whose blob is still there (eviction takes blobs).
+    push read from it (LAYER_BLOBS) or a stored image's manifest names (its config giving the diff ID), whose blob
+    is still there (eviction takes blobs, a manifest's too).
     Bytes are the engine's own for the layer (ENGINE_SIZES, the unit of an image's Size) where its push said them,
     else the layer's as a tar (sizes.json), else its blob's (a containerd-store engine's blob as it is). A blob the
     engine pushed without finishing its image (a fill cut off) is not counted: the next fill finds it there and
     reads it no more."""
     blobs = {"sha256:" + folder.name: size for folder, size, _ in _blobs()}
     sizes = {**_sizes(), **_engine_sizes()}
-    out: dict[str, int] = {}
+    out = {d: sizes.get(d, blobs[b]) for d, b in _layer_blobs().items() if b in blobs}
     for digest in _tags():
         for manifest in _image_manifests(digest):
             layers = [d for d in manifest.get("layers") or [] if isinstance(d, dict)]

@@ -194,6 +194,7 @@ class Route(StrEnum):
 # "Issue 43, step 1" and "Issue 58: the first push of a new image"). A containerd-store engine copies its blobs: 1.
 FILL_COST = 5
 SOURCE_ENV = "DOCKERLAUNCH_LAYER_SOURCE"  # auto (this rule), cache (always through the cache), save (never)
+CANNOT = "the layer cache cannot serve here: "  # a route's reason, then why (cache_server.unavailable's words)
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,7 @@ def choose_route(image: LocalImage, views: list[HostView], cache: CacheState | N
         return RouteChoice(Route.SAVE, "no host that needs the image has any of its layers: each stream is the "
                                        "whole image, read by docker save")
     if cache is None or cache.unavailable:
-        return RouteChoice(Route.SAVE, f"the layer cache cannot serve here: {cache.unavailable if cache else '?'}")
+        return RouteChoice(Route.SAVE, CANNOT + (cache.unavailable if cache else "?"))
     wanted = list(dict.fromkeys(image.diff_ids))
     holds = sum(cache.held[d] for d in wanted if d in cache.held)
     lacks = 0 if all(d in cache.held for d in wanted) else max(1, image.size - holds)

@@ -159,3 +159,15 @@ def test_cache_state_reads_the_source_setting_and_refuses_a_wrong_one_in_one_lin
         monkeypatch.setenv("DOCKERLAUNCH_LAYER_SOURCE", "auto")
         state = layer_cache.cache_state(img, {})
         assert (state.forced, state.held, state.filling, state.copies) == (False, {}, "", False)
+
+
+def test_a_layer_a_push_read_is_held_while_its_blob_is_there_even_when_its_manifest_was_evicted(store):
+    """DOCKERLAUNCH_LAYER_CACHE_GB keeps the blobs of the image just pushed, not the manifests of others: the base
+    under the next bump is still there, and must count."""
+    diffs, digests = real_image("aaaaaaaaaaaa", [b"base" * 100, b"top" * 10])
+    layer_cache._remember_layer_blobs(replace_ids(diffs), [str(layer_cache.blob_path(d)) for d in digests])
+    for manifest in (store / "store").glob("**/_manifests/tags/*/current/link"):
+        layer_cache.blob_path(manifest.read_text()).unlink()
+    assert layer_cache.holdings() == {diffs[0]: 400, diffs[1]: 30}
+    layer_cache.blob_path(digests[0]).unlink()
+    assert layer_cache.holdings() == {diffs[1]: 30}
