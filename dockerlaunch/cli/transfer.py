@@ -100,8 +100,9 @@ def _route_lines(route, source) -> list[str]:
               help="star: the launcher streams to each host; chain: each host relays to the next over TCP "
                    "(every link carries one copy); auto: chain for 3+ hosts.")
 @click.option("--dry-run", is_flag=True,
-              help="Inspect the hosts and print the per-host plan; send and tag nothing. A thin plan reads the new "
-                   "layers as the push would (into the launcher's own registry), so the push after it finds them.")
+              help="Inspect the hosts and print the per-host plan, and where the layers are read and why; send and "
+                   "tag nothing. A thin plan reads what the push would to plan it: the layers a warm layer cache "
+                   "lacks (into it), or a cold cache's layer map by one docker save (kept for the push).")
 @click.option("--clean", is_flag=True,
               help="Send nothing: remove what cut pushes staged on the hosts (in $HOME/.cache/dockerlaunch/push; "
                    "a push run again would have resumed from it). Staged files also go after 7 days.")
@@ -112,7 +113,8 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
     off (link, Ctrl-C, SIGKILL) resumes from what each host staged when run again.
 
     The image: IMAGE, else --image, else the config's `image:`. A thin push reads the image's new layers through
-    the launcher's layer cache (see `dockerlaunch cache`)."""
+    the launcher's layer cache where it holds the rest, else by docker save, and then fills the cache in the
+    background (see `dockerlaunch cache`)."""
     from dockerlaunch.engine import engine
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.job.config import Overrides, load_config
@@ -395,6 +397,8 @@ def cache_fill(image: str, background: bool) -> None:
         if got is None:
             log.warning("the layer cache was in use: %s was not filled", img.ref)
         return
+    if state.filling:
+        click.echo(host_text(f"waiting for the fill running now ({state.filling}) ..."), err=True)
     holds = sum(state.held[d] for d in dict.fromkeys(img.diff_ids) if d in state.held)
     lacks = max(0, img.size - holds) if not all(d in state.held for d in img.diff_ids) else 0
     with RichReporter().progress() as bars:
