@@ -402,7 +402,7 @@ def cache_fill(image: str, background: bool) -> None:
     holds = sum(state.held[d] for d in dict.fromkeys(img.diff_ids) if d in state.held)
     lacks = max(0, img.size - holds) if not all(d in state.held for d in img.diff_ids) else 0
     with RichReporter().progress() as bars:
-        bar = bars.add("layer cache: the engine reads and gzips what it lacks", lacks or None)
+        bar = bars.add("layer cache fill (engine gzip)", lacks or None)
         got = layer_cache.fill(client, img, bar.advance)
         bar.done("filled")
     added = got.source.added if got and got.source else 0

@@ -196,7 +196,7 @@ def thin_source(client, image: LocalImage, note: Callable[[str], None] | None = 
             return _save_source(client, image, note, tasks, why)
         lacks = route.lacks if route is not None else image.size
         t0 = time.monotonic()
-        bar = tasks.add("layer cache: the engine reads and gzips what it lacks", lacks or None) if lacks else None
+        bar = tasks.add("layer cache fill (engine gzip)", lacks or None) if lacks else None
         timer = _slow_note(note, f"the engine reads and gzips the {size_text(lacks)} of {image.ref} the launcher's "
                                  f"layer cache lacks ({layer_cache.root()}, served by docker-registry on 127.0.0.1 "
                                  "during the push) ...") if lacks else None
@@ -206,7 +206,7 @@ def thin_source(client, image: LocalImage, note: Callable[[str], None] | None = 
             added = got.source.added if got.source else 0
             if bar:
                 bar.done(f"filled, {size_text(added)} added")
-            filled = f"; filled the layer cache with {added / 1e6:.0f} MB" if added else ""
+            filled = f"; filled the layer cache with {size_text(added)}" if added else ""
             return replace(got, source_note=f"new layers read through the launcher's registry ({took:.0f} s{filled})",
                            source=LayerSource("cache", took, added, str(layer_cache.root())))
         except (DockerlaunchError, OSError, ValueError) as e:
