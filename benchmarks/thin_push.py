@@ -4,7 +4,8 @@ One sim node holds OLD (the real CUDA image, pushed to it once, unstaged). Each 
 of --top-mb random bytes (an ms-swift bump's shape), and measures, interleaved (in --routes' order, reversed
 every other repeat, so no route always runs first):
 
-  registry   thin push of NEW onto the node, the new layer read through the launcher's registry (the default)
+  registry   thin push of NEW onto the node, the new layer read through the launcher's registry
+             (DOCKERLAUNCH_LAYER_SOURCE=cache: the route the default takes once the registry holds OLD, issue 58)
   save       the same push with DOCKERLAUNCH_LAYER_SOURCE=save (docker save reads the whole image; today's route)
   alone      a full push of an image made of exactly that new layer (FROM scratch, the same bytes): the goal's basis
   pull       the anchor: the engine's own push of NEW into the launcher's registry, then `docker pull` on the node
@@ -136,7 +137,7 @@ def main() -> int:
         layer_file(tmp, args.top_mb)
         first = build(tmp, args.old, secrets.token_hex(3))
         made.append(first)
-        t, rd, c, res = measured(lambda: thin(first, "auto"))
+        t, rd, c, res = measured(lambda: thin(first, "cache"))
         print(f"first thin push of the lineage (fills the launcher's registry with OLD): {t:.0f} s, engine read "
               f"{rd / 1e9:.2f} GB, {c:.0f} CPU-s; {res.detail}", flush=True)
         drop(remote, first)
@@ -158,7 +159,7 @@ def main() -> int:
                 at = f" {rate}".rstrip()
                 for route in order:
                     if route == "registry":
-                        rows["registry" + at].append(measured(lambda new=new: thin(new, "auto")))
+                        rows["registry" + at].append(measured(lambda new=new: thin(new, "cache")))
                         drop(remote, new)
                     elif route == "save":
                         rows["save" + at].append(measured(lambda new=new: thin(new, "save")))

@@ -12,13 +12,17 @@ from collections.abc import Callable, Iterator
 
 
 class Task:
-    """One progress bar (a stream to a host)."""
+    """One progress bar: one phase's bytes (a stream to a host, the layer cache's fill, a read of the save), so that
+    its rate is that phase's own."""
 
     def advance(self, n: int) -> None:
         pass
 
-    def done(self, status: str = "") -> None:
-        pass
+    def phase(self, text: str) -> None:
+        """What runs now that no longer moves the bar (the host's docker load after the stream's last byte)."""
+
+    def done(self, status: str = "", ok: bool = True) -> None:
+        """The phase ended (`ok`: all its bytes went): its bar keeps the rate it had while it ran."""
 
 
 class Tasks:

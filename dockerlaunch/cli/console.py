@@ -83,14 +83,33 @@ class _Bar(Task):
     def __init__(self, progress: Progress, label: str, total: int | None):
         self.progress, self.label = progress, host_text(label)  # a host's name or what it said
         self.id = progress.add_task(self.label, total=total)
+        self.start = self.last = progress.get_time()  # its rate counts from here: a phase that waits before its first
+        #                                                byte (docker save writing the image out first) is that slow
 
     def advance(self, n: int) -> None:
-        self.progress.advance(self.id, n)
+        self.progress.advance(self.id, n)  # while it runs, rich's rate of the last samples: the rate now
+        if n:
+            self.last = self.progress.get_time()
 
-    def done(self, status: str = "") -> None:
-        total = self.progress.tasks[self.id].total
-        self.progress.update(self.id, completed=total or 0,
-                             description=f"{self.label} {host_text(status)}" if status else self.label)
+    def _task(self):
+        return next(t for t in self.progress.tasks if t.id == self.id)
+
+    def phase(self, text: str) -> None:
+        self.progress.update(self.id, description=f"{self.label} {host_text(text)}")
+
+    def done(self, status: str = "", ok: bool = True) -> None:
+        """Ends the bar at what it counted, at its rate from its start to its last byte: not after it (a phase that
+        waits after its last byte, a host's docker load, would read as a slower stream), and when `ok` a total that
+        was an estimate (the plan's bytes before tar headers) becomes what was counted."""
+        task = self._task()
+        took = self.last - self.start
+        speed = task.completed / took if took > 0 and task.completed else (task.finished_speed or task.speed)
+        self.progress.update(self.id, description=f"{self.label} {host_text(status)}" if status else self.label)
+        self.progress.stop_task(self.id)
+        if ok:  # set as is: update(total=) would drop the samples the rate comes from
+            task.total = max(task.completed, 1)
+        task.finished_time = task.finished_time or task.elapsed
+        task.finished_speed = speed
 
 
 class _Bars(Tasks):

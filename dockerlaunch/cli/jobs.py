@@ -224,8 +224,12 @@ class _Pusher:
         hosts = session.fleet.hosts
         remotes = [h.remote for h in hosts]
         plan, views, layers = pushlib.observe_and_plan(self.client, remotes, self.image,
-                                                       addresses=[h.target.hostname for h in hosts])
+                                                       addresses=[h.target.hostname for h in hosts], reporter=reporter)
         results = pushlib.apply(self.client, remotes, plan, views, layers, "auto", True, reporter)
+        pid = pushlib.fill_later(plan)  # after the hosts are done: the job does not wait for the layer cache
+        if pid:
+            reporter.say(f"filling the layer cache with {self.image.ref} in the background (pid {pid}): the next "
+                         "push of its lineage reads only its new layers", "bold")
         failed = [r for r in results if r.status == PushState.FAILED]
         if failed:
             raise DockerlaunchError(f"--push: {self.image.ref} did not reach {failed[0].host}: {failed[0].detail}; "

@@ -20,12 +20,12 @@ def _took(seconds: float, stream_seconds: float) -> str:
     return f"{seconds:.1f}s (stream {stream_seconds:.1f}s)" if stream_seconds else f"{seconds:.1f}s"
 
 
-def _summary(results, output: str = "text") -> int:
+def _summary(results, output: str = "text", extra: dict | None = None) -> int:
     from dockerlaunch.transfer.push_plan import PushState
 
     failed = any(r.status == PushState.FAILED for r in results)
     if output == "json":
-        click.echo(json.dumps({"ok": not failed, "hosts": [r.to_dict() for r in results]}, indent=2))
+        click.echo(json.dumps({"ok": not failed, "hosts": [r.to_dict() for r in results], **(extra or {})}, indent=2))
         return 1 if failed else 0
     rows = []
     for r in results:
@@ -44,7 +44,7 @@ def _print_push_plan(plan, output: str) -> None:
     if output == "json":
         click.echo(plan.to_json())
         return
-    from dockerlaunch.transfer.push_plan import Action
+    from dockerlaunch.transfer.push_plan import Action, size_text
 
     image = plan.image
     click.echo(f"Push plan for {image.ref} ({image.id[7:19]}, {_mb(image.size)}): strategy {plan.strategy}")
@@ -55,27 +55,36 @@ def _print_push_plan(plan, output: str) -> None:
         src = ("launcher" if t.strategy is not None and (str(t.strategy) == "star" or t.link == 0)
                else "previous host") if send else ""
         rows.append([t.host, str(t.action), str(t.strategy or ""), t.compression or "", layers,
-                     _mb(t.bytes_to_send) if send else "", src, t.reason])
+                     size_text(t.bytes_to_send) if send else "", src, t.reason])
     print_table(["host", "action", "strategy", "compress", "layers sent", "bytes", "from", "why"], rows)
     click.echo(f"The launcher sends about {_mb(plan.launcher_bytes)} (before compression). "
                "Dry run: hosts were inspected; nothing was sent or tagged.")
-    line = _layer_source_line(image.source)
-    if line:
+    for line in _route_lines(plan.route, image.source):
         click.echo(host_text(line))  # a save's reason may quote an engine or registry
 
 
-def _layer_source_line(source) -> str:
-    """What reading the new layers cost and why: a first dry run of an image fills the layer cache (seconds)."""
-    if source is None:
-        return ""
-    if source.via == "save":
-        return f"Layers: docker save read the whole image ({source.seconds:.1f} s): {source.why}."
-    if source.added:
-        return (f"Layer cache: this run filled it with {_mb(source.added)} of the image's layers in "
-                f"{source.seconds:.1f} s (the engine read and gzipped them into the launcher's registry, "
-                f"on 127.0.0.1 only while a push runs, stored in {source.where}); the push after it reads them "
-                "from there. `dockerlaunch cache` shows or prunes it.")
-    return f"Layer cache: had every layer already ({source.seconds:.1f} s; {source.where})."
+def _route_lines(route, source) -> list[str]:
+    """Where the layers are read and why (push_plan.choose_route), what that read cost in this run, and whether
+    the push fills the layer cache after it."""
+    out = []
+    if route is not None:
+        where = ("through the launcher's layer cache" if str(route.route) == "cache" else "by docker save")
+        out.append(f"Layers: read {where}: {route.reason}.")
+    if source is not None and source.via == "save" and source.seconds >= 0.05:
+        out.append(f"This run: docker save read the whole image for its layer map in {source.seconds:.1f} s "
+                   "(kept per Image ID: the push after it reads it only for its stream).")
+    elif source is not None and source.via == "cache" and source.added:
+        out.append(f"This run: filled the layer cache with {_mb(source.added)} of the image's layers in "
+                   f"{source.seconds:.1f} s (the engine read and gzipped them into the launcher's registry, "
+                   f"on 127.0.0.1 only while a push runs, stored in {source.where}); the push after it reads them "
+                   "from there. `dockerlaunch cache` shows or prunes it.")
+    elif source is not None and source.via == "cache":
+        out.append(f"This run: the layer cache had every layer already ({source.seconds:.1f} s; {source.where}).")
+    if route is not None and route.fill_later:
+        out.append("After the push, the layer cache is filled with the image in the background (the engine reads and "
+                   "gzips what the cache lacks), so that the next push of this image's lineage reads only its new "
+                   "layers; `dockerlaunch cache` shows it.")
+    return out
 
 
 @cli.command()
@@ -91,8 +100,9 @@ def _layer_source_line(source) -> str:
               help="star: the launcher streams to each host; chain: each host relays to the next over TCP "
                    "(every link carries one copy); auto: chain for 3+ hosts.")
 @click.option("--dry-run", is_flag=True,
-              help="Inspect the hosts and print the per-host plan; send and tag nothing. A thin plan reads the new "
-                   "layers as the push would (into the launcher's own registry), so the push after it finds them.")
+              help="Inspect the hosts and print the per-host plan, and where the layers are read and why; send and "
+                   "tag nothing. A thin plan reads what the push would to plan it: the layers a warm layer cache "
+                   "lacks (into it), or a cold cache's layer map by one docker save (kept for the push).")
 @click.option("--clean", is_flag=True,
               help="Send nothing: remove what cut pushes staged on the hosts (in $HOME/.cache/dockerlaunch/push; "
                    "a push run again would have resumed from it). Staged files also go after 7 days.")
@@ -103,7 +113,8 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
     off (link, Ctrl-C, SIGKILL) resumes from what each host staged when run again.
 
     The image: IMAGE, else --image, else the config's `image:`. A thin push reads the image's new layers through
-    the launcher's layer cache (see `dockerlaunch cache`)."""
+    the launcher's layer cache where it holds the rest, else by docker save, and then fills the cache in the
+    background (see `dockerlaunch cache`)."""
     from dockerlaunch.engine import engine
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.job.config import Overrides, load_config
@@ -124,13 +135,14 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
                                "(or --clean)")
     client = engine()
     note = None if output == "json" else (lambda line: click.echo(line, err=True))
+    reporter = RichReporter(quiet_progress=output == "json")
     image = pushlib.source_image(client, ref, note)  # a clear error before any connection
     with Fleet.connect(cfg, require_all=False) as cluster:
         live = cluster.live
         remotes = [h.remote for h in live]
         addresses = [h.target.hostname for h in live]
         plan, views, layers = pushlib.observe_and_plan(client, remotes, image, addresses=addresses, strategy=strategy,
-                                                compress=compress, thin=thin, note=note)
+                                                       compress=compress, thin=thin, note=note, reporter=reporter)
         if dry_run:
             from dockerlaunch.transfer.push_plan import Action, HostTransfer
 
@@ -138,11 +150,36 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
                           if not h.connected] + plan.hosts
             _print_push_plan(plan, output)
             sys.exit(1 if any(t.action == Action.FAIL for t in plan.hosts) else 0)
-        results = pushlib.apply(client, remotes, plan, views, layers, compress, thin,
-                                RichReporter(quiet_progress=output == "json"))
+        results = pushlib.apply(client, remotes, plan, views, layers, compress, thin, reporter)
         results = [HostResult(h.address, PushState.FAILED, str(h.error)) for h in cluster.hosts
                    if not h.connected] + results
-    sys.exit(_summary(results, output))
+    pid = pushlib.fill_later(plan)  # the hosts are done: the cache fills without delaying them
+    route = plan.route
+    code = _summary(results, output, {"layer_route": route.to_dict() if route else None, "layer_source":
+                                      image_source(plan.image), "cache_fill": {"pid": pid} if pid else None})
+    if output != "json":
+        for line in _push_lines(plan, pid):
+            click.echo(host_text(line))
+    sys.exit(code)
+
+
+def image_source(image) -> dict | None:
+    return image.source.to_dict() if image.source else None
+
+
+def _push_lines(plan, pid: int | None) -> list[str]:
+    """After the summary: where the layers were read and why, and the fill the push started (push_plan.choose_route
+    decided both before any layer was read)."""
+    route = plan.route
+    if route is None or (str(route.route) == "save" and not route.lacks and not pid):
+        return []  # a whole image by docker save, nothing to say beyond the table
+    where = "through the launcher's layer cache" if str(route.route) == "cache" else "by docker save"
+    out = [f"Layers: read {where}: {route.reason}."]
+    if pid:
+        out.append(f"Layer cache: filling it in the background with {plan.image.ref} (pid {pid}; the engine reads and "
+                   "gzips what the cache lacks, logged in its fill.log): the next push of this image's lineage reads "
+                   "only its new layers. `dockerlaunch cache` shows it.")
+    return out
 
 
 def _clean(cfg, output: str) -> int:
@@ -308,8 +345,12 @@ def cache(ctx: click.Context, output: str) -> None:
         used = f"; last used {_ago(facts.newest)}, least recently used {_ago(facts.oldest)}"
         click.echo(f"  {_size_text(facts.bytes)} in {facts.blobs} blob(s), cap {_size_text(facts.cap)} "
                    f"({CAP_ENV}){used}")
-    click.echo("  Served by docker-registry on 127.0.0.1 (a free port, a new password) only while a push runs; after "
-               "each push the least recently used blobs go until it fits its cap.")
+    click.echo("  Served by docker-registry on 127.0.0.1 (a free port, a new password) only while a push or a fill "
+               "runs; after each the least recently used blobs go until it fits its cap.")
+    if facts.filling:
+        from dockerlaunch.transfer.layer_cache import filling_text
+
+        click.echo(host_text(f"  Filling now, in the background: {filling_text(facts.filling)}."))
     if facts.images:
         names = _local_names()
         rows = [[i.id, host_text(", ".join(names.get(i.id, [])) or "(not in the local engine)"),
@@ -317,6 +358,57 @@ def cache(ctx: click.Context, output: str) -> None:
         print_table(["image", "name", "layers cached", "size", "last used"], rows)
     if facts.blobs:
         click.echo("Prune: dockerlaunch cache prune [--older-than 7d] (a later push reads what went again, once).")
+
+
+@cache.command("fill")
+@click.argument("image")
+@click.option("--background", is_flag=True, hidden=True,
+              help="As a push starts it: quiet, and gone at once when the cache is in use.")
+def cache_fill(image: str, background: bool) -> None:
+    """Fill the layer cache with IMAGE now (the engine reads and gzips the layers the cache lacks).
+
+    A push fills the cache itself where that costs less than `docker save` reading the image, and otherwise after
+    it, in the background; this does it now, so that the next push of IMAGE's lineage reads only its new layers."""
+    import logging
+    import time
+
+    from dockerlaunch.engine import engine
+    from dockerlaunch.transfer import layer_cache
+    from dockerlaunch.transfer.image_facts import local_image
+    from dockerlaunch.transfer.push_plan import size_text
+
+    client = engine()
+    img = local_image(client, image, facts=False)
+    state = layer_cache.cache_state(img, client.info())
+    if state.unavailable:
+        raise DockerlaunchError(f"the layer cache cannot serve here: {state.unavailable}")
+    t0 = time.monotonic()
+    if background:
+        from dataclasses import replace
+
+        tags = client.images.get(img.id).tags  # started by ID: its name, for `dockerlaunch cache`
+        img = replace(img, ref=tags[0]) if tags else img
+        log = logging.getLogger("dockerlaunch")
+        try:
+            got = layer_cache.fill(client, img, background=True)
+        except DockerlaunchError as e:
+            log.error("filling the layer cache with %s failed: %s", img.ref, e)
+            sys.exit(1)
+        if got is None:
+            log.warning("the layer cache was in use: %s was not filled", img.ref)
+        return
+    if state.filling:
+        click.echo(host_text(f"waiting for the fill running now ({state.filling}) ..."), err=True)
+    holds = sum(state.held[d] for d in dict.fromkeys(img.diff_ids) if d in state.held)
+    lacks = max(0, img.size - holds) if not all(d in state.held for d in img.diff_ids) else 0
+    with RichReporter().progress() as bars:
+        bar = bars.add("layer cache fill (engine gzip)", lacks or None)
+        got = layer_cache.fill(client, img, bar.advance)
+        bar.done("filled")
+    added = got.source.added if got and got.source else 0
+    click.echo(host_text(f"Layer cache: {'filled with ' + size_text(added) if added else 'it had every layer'} of "
+                         f"{img.ref} in {time.monotonic() - t0:.1f} s ({layer_cache.root()}); a push of its lineage "
+                         "reads only the layers it lacks."))
 
 
 @cache.command("prune")

@@ -1,5 +1,6 @@
-"""What a push cost, read from outside the product: the bytes a host staged and the bytes this machine's engine
-read. The integration tests assert on them and the benchmarks print them; written once here so both count alike."""
+"""What a push cost, read from outside the product: the bytes a host staged, the bytes this machine's engine read, and
+the layer-cache fills a push left running in the background. The integration tests assert on them and the benchmarks
+print them; written once here so both count alike."""
 
 from __future__ import annotations
 
@@ -30,3 +31,44 @@ def engine_reads() -> int:
                 continue
             total += int(next(x.split()[1] for x in io_text.splitlines() if x.startswith("rchar:")))
     return total
+
+
+def background_fills(python: str | None = None) -> list[int]:
+    """The pids of the layer-cache fills running in the background (`dockerlaunch cache fill ... --background`, as a
+    push starts them after its hosts are done), by this Python (default: the one running here), read from /proc."""
+    import sys
+
+    python = python or sys.executable
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        if words[:1] == [python] and words[1:5] == ["-m", "dockerlaunch", "cache", "fill"] and "--background" in words:
+            out.append(int(pid))
+    return out
+
+
+def wait_fills(timeout: float = 600.0, pids: list[int] | None = None) -> list[int]:
+    """Waits until the background fills (`pids`, default all of background_fills()) have ended; those still running
+    after `timeout` seconds (none: an empty list)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in (background_fills() if pids is None else pids) if _alive(p)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended: its parent has not reaped it yet

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,9 @@ from dockerlaunch.job.facts import EngineSecurity
 from dockerlaunch.transfer.image_facts import GRAPHDRIVER, LocalImage
 from dockerlaunch.transfer.oci import OCI_INDEX, OCI_MANIFEST
 
-MODE_ENV = "DOCKERLAUNCH_LAYER_SOURCE"  # auto (default): the registry where it can serve; save: always docker save
+MODE_ENV = "DOCKERLAUNCH_LAYER_SOURCE"  # auto (default): push_plan.choose_route decides; cache: always the registry
+#                                        where it can serve; save: always docker save
+MODES = ("auto", "cache", "save")
 REGISTRY = "docker-registry"
 REPO = "dockerlaunch/layers"
 SCHEMA2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -43,9 +45,17 @@ def root() -> Path:
     return cache_root() / "registry"
 
 
+def mode() -> str:
+    """DOCKERLAUNCH_LAYER_SOURCE, checked: auto, cache or save."""
+    got = os.environ.get(MODE_ENV, "").strip() or "auto"
+    if got not in MODES:
+        raise TransferError(f"{MODE_ENV}={got[:40]!r}: give auto (the default), cache or save")
+    return got
+
+
 def unavailable(image: LocalImage, info: dict | None = None) -> str | None:
     """Why the registry cannot give this image's layers here; None when it can. `info`: the engine's `docker info`."""
-    if os.environ.get(MODE_ENV, "auto") == "save":
+    if mode() == "save":
         return f"{MODE_ENV}=save"
     if os.environ.get("DOCKER_HOST", "unix://").split(":", 1)[0] not in ("unix", ""):
         return "the launcher's engine is not on this machine (DOCKER_HOST): it cannot reach 127.0.0.1 here"
@@ -231,10 +241,14 @@ def _drop_stale_tags(client) -> None:
                     client.api.remove_image(ref, noprune=True)
 
 
-def engine_push(client, image: LocalImage, reg: Served) -> dict:
+def engine_push(client, image: LocalImage, reg: Served, on_progress: Callable[[int], None] | None = None,
+                sizes: dict[str, int] | None = None) -> dict:
     """`docker push` of the image into the registry (the engine reads only what it lacks); its manifest. The
     registry is proven to hold its port before the engine gets the password, and seen alive on every progress
-    line (a registry gone mid-push: its port is anyone's, so the push stops before the engine's next retry)."""
+    line (a registry gone mid-push: its port is anyone's, so the push stops before the engine's next retry).
+    `on_progress` hears the bytes the engine has read of the layers it pushes (before its gzip), as it reads;
+    `sizes` gets the size the engine gives each layer it pushed (the unit of the image's Size), by the first 12
+    hex digits of its diff ID (the progress lines' `id`)."""
     reg.check()
     _drop_stale_tags(client)
     port, password = reg.port, reg.password
@@ -244,11 +258,14 @@ def engine_push(client, image: LocalImage, reg: Served) -> dict:
     try:
         lines = client.api.push(repo, tag, stream=True, decode=True,
                                 auth_config={"username": USER, "password": password})
+        read = _ReadCount(on_progress, sizes)
         for line in lines:
             if reg.proc.poll() is not None:
                 reg.check()
             if isinstance(line, dict) and line.get("error"):
                 raise TransferError(f"the engine's push into the launcher's registry failed: {line['error']}")
+            if isinstance(line, dict):
+                read.see(line)
     finally:
         if hasattr(lines, "close"):
             lines.close()  # its connection closed: the engine cancels the push
@@ -256,6 +273,35 @@ def engine_push(client, image: LocalImage, reg: Served) -> dict:
             client.api.remove_image(f"{repo}:{tag}", noprune=True)
     reg.check()  # still the registry's port: what answered the engine was the registry, and the password may go
     return _manifest(image, port, password, tag)
+
+
+class _ReadCount:
+    """The bytes the engine has read of the layers it pushes, from its progress lines: per layer (`id`), `Pushing`
+    carries `progressDetail.current` of `total` (the layer's bytes before gzip), `Pushed` ends it. A retried
+    upload starts again from 0: only bytes beyond the most yet seen of a layer count."""
+
+    def __init__(self, on_progress: Callable[[int], None] | None, sizes: dict[str, int] | None = None):
+        self.on_progress = on_progress
+        self.seen: dict[str, int] = {}
+        self.total: dict[str, int] = {} if sizes is None else sizes
+
+    def see(self, line: dict) -> None:
+        layer, detail = str(line.get("id") or ""), line.get("progressDetail") or {}
+        if not layer or not isinstance(detail, dict):
+            return
+        now = self.seen.get(layer, 0)
+        if line.get("status") == "Pushing" and isinstance(detail.get("current"), int):
+            if isinstance(detail.get("total"), int):
+                self.total[layer] = detail["total"]
+            got = detail["current"]
+        elif line.get("status") == "Pushed":
+            got = self.total.get(layer, now)
+        else:
+            return
+        if got > now:
+            self.seen[layer] = got
+            if self.on_progress is not None:
+                self.on_progress(got - now)
 
 
 def _get_manifest(port: int, password: str, ref: str) -> tuple[dict, str]:

@@ -231,14 +231,20 @@ def remember_facts(image: LocalImage, facts: SaveFacts) -> None:
     tmp.replace(path)
 
 
-def with_facts(client, image: LocalImage) -> LocalImage:
-    """The image with its SaveFacts: cached per Image ID, else from one read of its save (data discarded)."""
+def facts_known(image: LocalImage) -> bool:
+    """Whether the image's SaveFacts are at hand without a read of its save (on it, or cached per Image ID)."""
+    return image.facts is not None or _cached_facts(image) is not None
+
+
+def with_facts(client, image: LocalImage, on_bytes: Callable[[int], None] | None = None) -> LocalImage:
+    """The image with its SaveFacts: cached per Image ID, else from one read of its save (data discarded; `on_bytes`
+    hears the save's bytes as they are read)."""
     if image.facts:
         return image
     facts = _cached_facts(image)
     if facts is None:
         rec = Recorder(image)
-        with open_untrusted(fileobj=CountingReader(save_stream(client, image.id)), mode="r|") as tar:
+        with open_untrusted(fileobj=CountingReader(save_stream(client, image.id), on_bytes), mode="r|") as tar:
             for member in tar:
                 f = rec.see(member, tar.extractfile(member) if member.isfile() else None)
                 if member.name == "manifest.json" and f is not None:

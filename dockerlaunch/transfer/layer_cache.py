@@ -31,28 +31,34 @@ import tarfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
 from dockerlaunch.errors import TransferError
-from dockerlaunch.transfer.cache_server import REPO, engine_push, private_root, root, serve
+from dockerlaunch.transfer.cache_server import REPO, engine_push, mode, private_root, root, serve, unavailable
 from dockerlaunch.transfer.image_facts import GRAPHDRIVER, LayerSource, LocalImage
 from dockerlaunch.transfer.oci import COMPRESSED_MAGIC, OCI_CONFIG, OCI_LAYER, Blob, SaveFacts
 from dockerlaunch.transfer.pipes import CHUNK, Pipe
+from dockerlaunch.transfer.push_plan import CacheState
 
 CAP_ENV = "DOCKERLAUNCH_LAYER_CACHE_GB"  # after a push, the least recently used blobs go until the storage fits
 CAP_GB = 30
 
 
 @contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    """One launcher at a time fills the registry (two pushes of one blob would race in its upload folders)."""
+def _locked(wait: bool = True) -> Iterator[bool]:
+    """One launcher at a time fills the registry (two pushes of one blob would race in its upload folders). Yields
+    whether it holds the lock: without `wait`, False at once when another holds it."""
     fd = os.open(private_root() / "lock", os.O_CREAT | os.O_RDWR, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)
 
@@ -110,6 +116,46 @@ def _sizes() -> dict[str, int]:
         return {k: int(v) for k, v in data.items()} if isinstance(data, dict) else {}
     except (OSError, ValueError, TypeError):
         return {}
+
+
+ENGINE_SIZES = "engine_sizes.json"  # diff ID -> the layer's size as its engine gives it (the unit of an image's Size)
+
+
+def _engine_sizes() -> dict[str, int]:
+    try:
+        data = json.loads((root() / ENGINE_SIZES).read_text())
+        return {k: int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+LAYER_BLOBS = "layer_blobs.json"  # diff ID -> the digest of its blob in the registry, for every layer a push read
+
+
+def _layer_blobs() -> dict[str, str]:
+    try:
+        data = json.loads((root() / LAYER_BLOBS).read_text())
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _remember_layer_blobs(image: LocalImage, blobs: list[str]) -> None:
+    """Which blob holds each of the image's layers (RootFS order): what the cache holds is read from this, and from
+    the manifests it stores, whose blobs eviction may take before a layer's."""
+    index = _layer_blobs()
+    index.update({d: "sha256:" + Path(b).parent.name for d, b in zip(image.diff_ids, blobs)})
+    _write_json(root() / LAYER_BLOBS, index)
+
+
+def _remember_engine_sizes(image: LocalImage, pushed: dict[str, int]) -> None:
+    """The sizes the engine gave the layers it pushed (by the first 12 hex digits of their diff IDs), by diff ID:
+    what the cache holds of an image is then counted in the unit of the image's own Size (holdings)."""
+    if not pushed:
+        return
+    sizes = _engine_sizes()
+    sizes.update({d: pushed[d[7:19]] for d in image.diff_ids if d[7:19] in pushed})
+    _write_json(root() / ENGINE_SIZES, sizes)
 
 
 def _limit() -> float:
@@ -170,51 +216,100 @@ def _cap(keep: set[str]) -> None:
         _evict(over, keep)
 
 
-def registry_image(client, image: LocalImage) -> LocalImage:
+def registry_image(client, image: LocalImage, on_progress: Callable[[int], None] | None = None) -> LocalImage:
     """The image with facts and layer blobs from the launcher's registry, after the engine's push into it (which
-    reads only the layers the registry lacks). Raises TransferError when the registry cannot serve."""
+    reads only the layers the registry lacks; `on_progress` hears the bytes it reads, as it reads them). Waits for
+    another push that fills the registry. Raises TransferError when the registry cannot serve."""
+    got = fill(client, image, on_progress)
+    assert got is not None  # a fill that may wait always runs
+    return got
+
+
+FILLING = "filling.json"  # who fills the cache in the background now: pid, image, since, bytes read
+
+
+def fill(client, image: LocalImage, on_progress: Callable[[int], None] | None = None,
+         background: bool = False) -> LocalImage | None:
+    """The engine's push of the image into the launcher's registry, and the image as the registry serves it
+    (registry_image). `background` (a fill after a push, push.fill_later): None at once when the cache is in use,
+    and while it runs FILLING says who fills what, and how far (`dockerlaunch cache` shows it)."""
     _limit()  # a cap that is not a number says so before the engine pushes anything
-    with _locked():
-        _clean_uploads()
-        need = image.size + 2e9  # its gzip copy, with room to spare: the launcher's disk is never filled
-        store = private_root()
+    with _locked(wait=not background) as held:
+        if not held:
+            return None
+        status = root() / FILLING
+        if background:
+            said = {"pid": os.getpid(), "image": image.ref, "id": image.id, "since": time.time(), "read": 0}
+            last = [0.0]
+
+            def heard(n: int) -> None:
+                said["read"] += n
+                if time.monotonic() - last[0] >= 1:
+                    last[0] = time.monotonic()
+                    _write_json(status, said)
+                if on_progress:
+                    on_progress(n)
+
+            _write_json(status, said)
+        try:
+            return _registry_image(client, image, heard if background else on_progress)
+        finally:
+            if background:
+                status.unlink(missing_ok=True)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def _registry_image(client, image: LocalImage, on_progress: Callable[[int], None] | None) -> LocalImage:
+    """registry_image, the lock held."""
+    _clean_uploads()
+    need = image.size + 2e9  # its gzip copy, with room to spare: the launcher's disk is never filled
+    store = private_root()
+    free = shutil.disk_usage(store).free
+    if free < need:  # older layers make room, oldest first
+        _evict(need - free)
         free = shutil.disk_usage(store).free
-        if free < need:  # older layers make room, oldest first
-            _evict(need - free)
-            free = shutil.disk_usage(store).free
-        if free < need:
-            raise TransferError(f"{free / 1e9:.1f} GB free for the launcher's registry in {root()}, "
-                                f"{image.size / 1e9:.1f} GB image")
-        before = sum(size for _, size, _ in _blobs())
-        with serve() as reg:
-            manifest = engine_push(client, image, reg)
-        image = replace(image, source=LayerSource("cache", 0.0, max(0, sum(size for _, size, _ in _blobs()) - before),
-                                                  str(root())))
-        if image.store != GRAPHDRIVER:
-            got = _content_store_image(image, manifest)
-            _cap({got.facts.config.digest, *(b.digest for b in got.facts.layers)})
-            return got
-        config, layers = manifest.get("config") or {}, manifest.get("layers") or []
-        if config.get("digest") != image.id or len(layers) != len(image.diff_ids):
-            raise TransferError(f"the launcher's registry holds another manifest for {image.ref} (config "
-                                f"{str(config.get('digest'))[:19]}, {len(layers)} layers)")
-        sizes = _sizes()
-        blobs, facts_layers = [], []
-        for diff_id, layer in zip(image.diff_ids, layers):
-            path = blob_path(str(layer.get("digest")))
-            if not path.is_file():
-                raise TransferError(f"the launcher's registry lacks blob {layer.get('digest')}")
-            if diff_id not in sizes:
-                sizes[diff_id] = _measure(path, diff_id)
-            blobs.append(str(path))
-            facts_layers.append(Blob(f"blobs/sha256/{diff_id[7:]}", diff_id, sizes[diff_id], OCI_LAYER))
-        tmp = root() / f"sizes.json.{os.getpid()}"
-        tmp.write_text(json.dumps(sizes, indent=0, sort_keys=True))
-        tmp.replace(root() / "sizes.json")
-        cfg = blob_path(image.id).read_bytes()
-        if "sha256:" + hashlib.sha256(cfg).hexdigest() != image.id:
-            raise TransferError(f"the launcher's registry blob {blob_path(image.id)} is not {image.ref}'s config")
-        _cap({image.id, *(str(layer.get("digest")) for layer in layers)})
+    if free < need:
+        raise TransferError(f"{free / 1e9:.1f} GB free for the launcher's registry in {root()}, "
+                            f"{image.size / 1e9:.1f} GB image")
+    before = sum(size for _, size, _ in _blobs())
+    pushed: dict[str, int] = {}
+    with serve() as reg:
+        manifest = engine_push(client, image, reg, on_progress, pushed)
+    _remember_engine_sizes(image, pushed)
+    image = replace(image, source=LayerSource("cache", 0.0, max(0, sum(size for _, size, _ in _blobs()) - before),
+                                              str(root())))
+    if image.store != GRAPHDRIVER:
+        got = _content_store_image(image, manifest)
+        _remember_layer_blobs(image, list(got.tar_source.blobs))
+        _cap({got.facts.config.digest, *(b.digest for b in got.facts.layers)})
+        return got
+    config, layers = manifest.get("config") or {}, manifest.get("layers") or []
+    if config.get("digest") != image.id or len(layers) != len(image.diff_ids):
+        raise TransferError(f"the launcher's registry holds another manifest for {image.ref} (config "
+                            f"{str(config.get('digest'))[:19]}, {len(layers)} layers)")
+    sizes = _sizes()
+    blobs, facts_layers = [], []
+    for diff_id, layer in zip(image.diff_ids, layers):
+        path = blob_path(str(layer.get("digest")))
+        if not path.is_file():
+            raise TransferError(f"the launcher's registry lacks blob {layer.get('digest')}")
+        if diff_id not in sizes:
+            sizes[diff_id] = _measure(path, diff_id)
+        blobs.append(str(path))
+        facts_layers.append(Blob(f"blobs/sha256/{diff_id[7:]}", diff_id, sizes[diff_id], OCI_LAYER))
+    tmp = root() / f"sizes.json.{os.getpid()}"
+    tmp.write_text(json.dumps(sizes, indent=0, sort_keys=True))
+    tmp.replace(root() / "sizes.json")
+    cfg = blob_path(image.id).read_bytes()
+    if "sha256:" + hashlib.sha256(cfg).hexdigest() != image.id:
+        raise TransferError(f"the launcher's registry blob {blob_path(image.id)} is not {image.ref}'s config")
+    _remember_layer_blobs(image, blobs)
+    _cap({image.id, *(str(layer.get("digest")) for layer in layers)})
     facts = SaveFacts(Blob(f"blobs/sha256/{image.id[7:]}", image.id, len(cfg), OCI_CONFIG), tuple(facts_layers),
                       image.platform)
     return replace(image, facts=facts, tar_source=CachedLayers(tuple(blobs)))
@@ -300,6 +395,108 @@ def chunks(image: LocalImage, blobs: tuple[str, ...], skip: set[str]) -> Iterato
     yield from pipe.chunks()
 
 
+# ---------------------------------------------------------------- what the cache holds, for a push's route
+
+
+def _tags() -> Iterator[str]:
+    """The manifest digest of every image the engine pushed into the cache (one tag each)."""
+    tags = root() / "store" / "docker" / "registry" / "v2" / "repositories" / REPO / "_manifests" / "tags"
+    for tag in sorted(tags.glob("*")) if tags.is_dir() else []:
+        with contextlib.suppress(OSError):
+            yield (tag / "current" / "link").read_text().strip()
+
+
+def _image_manifests(digest: str, depth: int = 0) -> list[dict]:
+    """The image manifests a stored manifest is or names (an index's followed); [] if it is gone or broken."""
+    try:
+        doc = json.loads(blob_path(digest).read_bytes())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(doc, dict):
+        return []
+    if doc.get("manifests") and depth < 2:
+        return [m for d in doc["manifests"] if isinstance(d, dict)
+                for m in _image_manifests(str(d.get("digest")), depth + 1)]
+    return [doc]
+
+
+def holdings() -> dict[str, int]:
+    """diff ID -> bytes of every layer the cache holds, read from its storage (no registry is started): a layer a
+    push read from it (LAYER_BLOBS) or a stored image's manifest names (its config giving the diff ID), whose blob
+    is still there (eviction takes blobs, a manifest's too).
+    Bytes are the engine's own for the layer (ENGINE_SIZES, the unit of an image's Size) where its push said them,
+    else the layer's as a tar (sizes.json), else its blob's (a containerd-store engine's blob as it is). A blob the
+    engine pushed without finishing its image (a fill cut off) is not counted: the next fill finds it there and
+    reads it no more."""
+    blobs = {"sha256:" + folder.name: size for folder, size, _ in _blobs()}
+    sizes = {**_sizes(), **_engine_sizes()}
+    out = {d: sizes.get(d, blobs[b]) for d, b in _layer_blobs().items() if b in blobs}
+    for digest in _tags():
+        for manifest in _image_manifests(digest):
+            layers = [d for d in manifest.get("layers") or [] if isinstance(d, dict)]
+            try:
+                config = json.loads(blob_path(str((manifest.get("config") or {}).get("digest"))).read_bytes())
+                diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
+            except (OSError, ValueError, AttributeError):
+                continue
+            if len(diff_ids) != len(layers):
+                continue
+            for diff_id, layer in zip(diff_ids, layers):
+                blob = str(layer.get("digest"))
+                if isinstance(diff_id, str) and blob in blobs:
+                    out[diff_id] = sizes.get(diff_id, blobs[blob])
+    return out
+
+
+def filling() -> dict | None:
+    """The fill running in the background now (FILLING: pid, image, id, since, read), or None. Its file is written
+    once it holds the lock and removed when it ends; a file whose writer is gone (the lock is free) is stale."""
+    status = root() / FILLING
+    try:
+        said = json.loads(status.read_text())
+    except (OSError, ValueError):
+        return None
+    with _locked(wait=False) as free:
+        if free:  # nobody holds the lock: the fill that wrote this was killed
+            status.unlink(missing_ok=True)
+            return None
+    return said if isinstance(said, dict) else None
+
+
+def filling_text(said: dict) -> str:
+    """`pid 123, wtpush/demo:v1, 300 MB read in 12 s`: a background fill, for a person."""
+    since = max(0.0, time.time() - float(said.get("since") or time.time()))
+    return (f"pid {said.get('pid')}, {str(said.get('image'))[:80]}, {int(said.get('read') or 0) / 1e6:.0f} MB read "
+            f"in {since:.0f} s")
+
+
+def cache_state(image: LocalImage, info: dict | None) -> CacheState:
+    """What the layer cache can do for `image` now: push_plan.choose_route's input (the rule is there, pure)."""
+    why = unavailable(image, info)
+    if why is not None:
+        return CacheState(unavailable=why)
+    busy = filling()
+    return CacheState(held=holdings(), filling=filling_text(busy) if busy else "", forced=mode() == "cache",
+                      copies=image.store != GRAPHDRIVER)
+
+
+def start_fill(image: LocalImage) -> int:
+    """A fill of the cache with `image` (by its ID) in a process of its own, in a session of its own, so that the
+    push that starts it ends when its hosts are done: `dockerlaunch cache fill ID --background`, which returns at
+    once when the cache is in use. Its output goes to the cache's fill.log. The pid."""
+    import subprocess
+    import sys
+
+    log = open(private_root() / "fill.log", "ab")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "cache", "fill", image.id, "--background"],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        log.close()
+    threading.Thread(target=proc.wait, daemon=True, name="dl-fill-reaper").start()  # a launcher that lives on reaps it
+    return proc.pid
+
+
 # ---------------------------------------------------------------- `dockerlaunch cache`: see and prune it
 
 
@@ -323,10 +520,12 @@ class CacheFacts:
     oldest: float  # last use of the least recently used blob (epoch seconds; 0 when empty)
     newest: float
     images: tuple[CachedImage, ...]
+    filling: dict | None = None  # the fill running in the background now (FILLING), if one is
 
     def to_dict(self) -> dict:
         return {"path": self.where, "bytes": self.bytes, "blobs": self.blobs, "cap_bytes": int(self.cap),
-                "oldest_use": self.oldest, "newest_use": self.newest, "registry": "127.0.0.1, only while a push runs",
+                "oldest_use": self.oldest, "newest_use": self.newest,
+                "registry": "127.0.0.1, only while a push or a fill runs", "filling": self.filling,
                 "images": [i.__dict__ for i in self.images]}
 
 
@@ -365,7 +564,7 @@ def cache_facts() -> CacheFacts:
     images.sort(key=lambda i: -i.last_used)
     uses = [u for _, _, u in blobs]
     return CacheFacts(str(root()), sum(s for _, s, _ in blobs), len(blobs), _limit(), min(uses, default=0.0),
-                      max(uses, default=0.0), tuple(images))
+                      max(uses, default=0.0), tuple(images), filling() if root().is_dir() else None)
 
 
 def unused_since(blobs: list[tuple[Path, int, float]], cutoff: float) -> list[tuple[Path, int, float]]:
@@ -392,7 +591,9 @@ def prune(older_than: float | None = None) -> Pruned:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise TransferError(f"a push is using the layer cache ({store}) now; prune it after that push") from None
+            busy = filling()
+            who = f"a fill ({filling_text(busy)})" if busy else "a push"
+            raise TransferError(f"{who} is using the layer cache ({store}) now; prune it after that") from None
         blobs = _blobs()
         if older_than is None:
             gone = blobs

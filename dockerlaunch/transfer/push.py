@@ -27,6 +27,7 @@ from dockerlaunch.transfer.image_facts import (
     GRAPHDRIVER,
     LayerSource,
     LocalImage,
+    facts_known,
     layer_map,
     local_image,
     with_facts,
@@ -34,15 +35,21 @@ from dockerlaunch.transfer.image_facts import (
 from dockerlaunch.transfer.oci import chain_ids
 from dockerlaunch.transfer.pipes import CountingReader, Pipe, prefetched, stream_seconds
 from dockerlaunch.transfer.push_plan import (
+    CANNOT,
     Action,
+    CacheState,
     HostResult,
     HostTransfer,
     HostView,
     PushPlan,
     PushState,
+    Route,
+    RouteChoice,
     Strategy,
+    choose_route,
     needs_layer_map,
     plan_push,
+    size_text,
     star_fallback,
 )
 from dockerlaunch.transfer.staging import (
@@ -99,13 +106,15 @@ def observe(remote: Remote, image: LocalImage, address: str, thin: bool = True) 
 
 def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addresses: list[str] | None = None,
               strategy: str = "auto", compress: str = "auto", thin: bool = True,
-              note: Callable[[str], None] | None = None
+              note: Callable[[str], None] | None = None, reporter: Reporter | None = None
               ) -> tuple[PushPlan, list[HostView], list[tuple[str, int]] | None]:
     """Observe every host concurrently and plan. Sends nothing, tags nothing (`push --dry-run`).
 
     The image's ID in a containerd-store engine is the digest of the manifest our stream carries, known
     from a read of the local save: the first push of an image to such a host reads it once (cached) and
-    asks that host again with the ID."""
+    asks that host again with the ID. Where a thin stream's layers are read (the launcher's layer cache, or
+    `docker save`) is decided here, before any is read (push_plan.choose_route); `reporter` shows that read's
+    progress (the cache's fill, or the save read for the layer map), `note` what it does when it is slow."""
     addresses = addresses or [r.target.hostname for r in remotes]
 
     def look(i: int) -> HostView:
@@ -122,23 +131,40 @@ def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addres
         for i, v in zip(again, observe_all(again)):
             views[i] = v
     layers = None
-    if thin and needs_layer_map(image, views):  # the facts of a thin stream: from the launcher's registry, or a
-        image = thin_source(client, image, note)  # read of the save
+    thinned = thin and needs_layer_map(image, views)
+    cache = _cache_state(client, image) if thinned and image.tar_source == DOCKER_SAVE else None
+    route = choose_route(image, views, cache, strategy=strategy, thin=thin, facts_known=facts_known(image))
+    if thinned:  # the facts of a thin stream: from the launcher's registry, or a read of the save
+        image = thin_source(client, image, note, route=route, reporter=reporter)
         layers = layer_map(client, image)
-    plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers)
+        if route is not None and route.route == Route.CACHE and image.source and image.source.via == "save":
+            route = replace(route, route=Route.SAVE, fill_later=False,
+                            reason=f"the layer cache could not serve: {image.source.why}")
+    plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers, route=route)
     if strategy == "auto" and plan.strategy == Strategy.CHAIN:
         by_name = {r.name: r for r in remotes}
         broken = probe_links([(by_name[t.host], t.address) for t in plan.sending(Strategy.CHAIN)])
         if broken:
             plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers,
-                             broken_links=broken)
+                             broken_links=broken, route=route)
     return plan, views, layers
+
+
+def _cache_state(client, image: LocalImage) -> CacheState:
+    try:
+        info = client.info()
+    except Exception:  # noqa: BLE001 - the engine's push says what is wrong, if anything
+        info = None
+    try:
+        return layer_cache.cache_state(image, info)
+    except OSError as e:  # a cache folder that cannot be read: the save route, and why
+        return CacheState(unavailable=f"the layer cache cannot be read: {str(e)[:160]}")
 
 
 def source_image(client, ref: str, note: Callable[[str], None] | None = None) -> LocalImage:
     """The image a push sends. A containerd-store engine's Image ID is not its config digest, and hosts name the
     image by its save's facts: those come from the launcher's registry where it serves (the engine reads only the
-    blobs the registry lacks), else from one read of the save (cached per ID)."""
+    blobs the registry lacks, and copies them: no gzip), else from one read of the save (cached per ID)."""
     image = local_image(client, ref, facts=False)
     if image.store == CONTAINERD and image.facts is None:
         image = thin_source(client, image, note)
@@ -148,43 +174,85 @@ def source_image(client, ref: str, note: Callable[[str], None] | None = None) ->
 SLOW_NOTE_S = 1.0  # a layer read that takes longer than this says what it does while it runs
 
 
-def thin_source(client, image: LocalImage, note: Callable[[str], None] | None = None) -> LocalImage:
-    """The image as a thin push reads it: from the launcher's registry (the engine reads only the layers it lacks)
-    where that can serve, else the save's facts (one read of the whole image, cached), with the reason. `note`
-    hears one line when the read is still running after SLOW_NOTE_S (the first push of an image fills the cache).
-    Where the push's bytes come from is decided here, once: the image's `tar_source` (streams.outgoing reads it)."""
+def thin_source(client, image: LocalImage, note: Callable[[str], None] | None = None,
+                route: RouteChoice | None = None, reporter: Reporter | None = None) -> LocalImage:
+    """The image as a thin push reads it, by `route` (push_plan.choose_route; None: the cache where it can serve):
+    from the launcher's registry (the engine reads and gzips only the layers it lacks), else the save's facts (one
+    read of the whole image, cached), with the reason. `reporter` shows that read as a bar of its own bytes and
+    rate; `note` hears one line when it is still running after SLOW_NOTE_S. Where the push's bytes come from is
+    decided here, once: the image's `tar_source` (streams.outgoing reads it)."""
     if image.tar_source != DOCKER_SAVE:  # the layer cache serves it already (source_image chose)
         return image
-    try:
-        info = client.info()
-    except Exception:  # noqa: BLE001 - the engine's push says what is wrong, if anything
-        info = None
-    why = cache_server.unavailable(image, info)
-    t0 = time.monotonic()
-    if why is None:
-        timer = _slow_note(note, f"reading {image.ref}'s layers into the launcher's layer cache "
-                                 f"({layer_cache.root()}, served by docker-registry on 127.0.0.1 during the push): "
-                                 "the first push of an image reads and gzips all of it, once ...")
+    bars = (reporter or Reporter()).progress()
+    with bars as tasks:
+        if route is not None and route.route == Route.SAVE:
+            return _save_source(client, image, note, tasks, route.reason.removeprefix(CANNOT), route)
         try:
-            got = layer_cache.registry_image(client, image)
+            info = client.info()
+        except Exception:  # noqa: BLE001 - the engine's push says what is wrong, if anything
+            info = None
+        why = cache_server.unavailable(image, info)
+        if why is not None:
+            return _save_source(client, image, note, tasks, why)
+        lacks = route.lacks if route is not None else image.size
+        t0 = time.monotonic()
+        bar = tasks.add("layer cache fill (engine gzip)", lacks or None) if lacks else None
+        timer = _slow_note(note, f"the engine reads and gzips the {size_text(lacks)} of {image.ref} the launcher's "
+                                 f"layer cache lacks ({layer_cache.root()}, served by docker-registry on 127.0.0.1 "
+                                 "during the push) ...") if lacks else None
+        try:
+            got = layer_cache.registry_image(client, image, bar.advance if bar else None)
             took = time.monotonic() - t0
             added = got.source.added if got.source else 0
-            filled = f"; filled the layer cache with {added / 1e6:.0f} MB" if added else ""
+            if bar:
+                bar.done(f"filled, {size_text(added)} added")
+            filled = f"; filled the layer cache with {size_text(added)}" if added else ""
             return replace(got, source_note=f"new layers read through the launcher's registry ({took:.0f} s{filled})",
                            source=LayerSource("cache", took, added, str(layer_cache.root())))
         except (DockerlaunchError, OSError, ValueError) as e:
+            if bar:
+                bar.done("failed", ok=False)
             why = str(e)[:200]
         finally:
             if timer:
                 timer.cancel()
-    timer = _slow_note(note, f"docker save is reading all of {image.ref} (the layer cache cannot serve: {why}) ...")
+        return _save_source(client, image, note, tasks, why)
+
+
+def _save_source(client, image: LocalImage, note: Callable[[str], None] | None, tasks, why: str,
+                 route: RouteChoice | None = None) -> LocalImage:
+    """The save's facts (one read of the whole image unless cached) for a thin stream, with why the cache was not
+    used: the route's reason (the rule chose it), or what kept the cache from serving."""
+    t0 = time.monotonic()
+    known = facts_known(image)
+    bar = None if known else tasks.add("docker save (for the layer map)", image.size or None)
+    timer = None if known else _slow_note(note, f"docker save is reading all of {image.ref} for its layer map "
+                                                "(where its layers are in the stream) ...")
     try:
-        got = with_facts(client, image)
+        got = with_facts(client, image, bar.advance if bar else None)
     finally:
         if timer:
             timer.cancel()
-    return replace(got, source_note=f"docker save read the whole image ({why})",
-                   source=LayerSource("save", time.monotonic() - t0, why=why))
+        if bar:
+            bar.done("done")
+    if route is not None and route.lacks:
+        said = (f"docker save read the whole image; the layer cache lacked {size_text(route.lacks)} of it"
+                + (", filled after the push" if route.fill_later else ""))
+    else:
+        said = f"docker save read the whole image ({why})"
+    return replace(got, source_note=said, source=LayerSource("save", time.monotonic() - t0, why=why))
+
+
+def fill_later(plan: PushPlan) -> int | None:
+    """After a push whose route was the save only because the layer cache was cold (RouteChoice.fill_later): a fill
+    of the cache with the image in the background (layer_cache.start_fill), so that the next push of its lineage
+    reads only its new layers; the push has ended for its hosts. The fill's pid, or None when none was started."""
+    if plan.route is None or not plan.route.fill_later or not plan.sending():
+        return None
+    try:
+        return layer_cache.start_fill(plan.image)
+    except OSError:  # a cache folder that cannot be written: the next push takes the save route again
+        return None
 
 
 def _slow_note(note: Callable[[str], None] | None, line: str) -> threading.Timer | None:
@@ -237,20 +305,23 @@ def _thin_note(t: HostTransfer, image: LocalImage | None = None) -> str:
     return f", thin: {t.layers_skipped} of {t.layers} layers already there{source}"
 
 
-def _resume_point(client, image: LocalImage, t: HostTransfer, probe: StageProbe) -> tuple[int, Iterator[bytes]]:
+def _resume_point(client, image: LocalImage, t: HostTransfer, probe: StageProbe,
+                  on_read: Callable[[int], None] | None = None) -> tuple[int, Iterator[bytes]]:
     """(offset, the stream's chunks after it, compressed as it travels): the host's staged prefix is used when its
     bytes are this stream's own (sha256 of the same prefix, computed here from a fresh stream: zstd's output is the
     same for the same input, however it is chunked and however many threads make it), else the stream starts at 0."""
-    offsets, chunks, _ = resume_points(lambda: outgoing(client, image, set(t.skip_files), t.compression or "none"),
-                                       [(probe.staged, probe.digest)])
+    offsets, chunks, _ = resume_points(lambda: outgoing(client, image, set(t.skip_files), t.compression or "none",
+                                                        on_bytes=on_read), [(probe.staged, probe.digest)])
     return offsets[0], chunks
 
 
 def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[HostTransfer],
-               on_bytes: Callable[[int], None] | None = None) -> list[HostResult]:
+               on_bytes: Callable[[int], None] | None = None,
+               on_read: Callable[[int], None] | None = None) -> list[HostResult]:
     """A chain push (chain.push_chain) whose hosts keep what they receive, from STAGE_MIN bytes, as a star
     push's do: a chain cut anywhere (a link, a relay, the launcher) leaves each host the prefix it got, and the
-    next chain over them sends each only the rest. A host whose load finished after the cut is only tagged."""
+    next chain over them sends each only the rest. A host whose load finished after the cut is only tagged.
+    `on_bytes` hears the bytes the head's stream carries, `on_read` those it reads of the image (streams.outgoing)."""
     results: dict[str, HostResult] = {}
     go: list[int] = []
     stages: list[tuple[str, int, str]] = []  # key ("-": not staged), staged size, its sha256
@@ -279,7 +350,8 @@ def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[Hos
     if go:
         head = links[go[0]]
         mode = head.compression or "none"
-        offsets, chunks, sha = resume_points(lambda: outgoing(client, image, set(head.skip_files), mode),
+        offsets, chunks, sha = resume_points(lambda: outgoing(client, image, set(head.skip_files), mode,
+                                                              on_bytes=on_read),
                                              [(size, digest) for _, size, digest in stages])
         chained = push_chain(client, [remotes[i] for i in go], image, [links[i] for i in go], on_bytes=on_bytes,
                              stages=[(key, off) for (key, _, _), off in zip(stages, offsets)], chunks=chunks,
@@ -295,9 +367,12 @@ def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[Hos
 
 
 def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
-              on_bytes: Callable[[int], None] | None = None, stop: threading.Event | None = None) -> HostResult:
+              on_bytes: Callable[[int], None] | None = None, stop: threading.Event | None = None,
+              on_read: Callable[[int], None] | None = None, on_sent: Callable[[], None] | None = None) -> HostResult:
     """One star stream: save (thinned, compressed) -> SSH stdin -> load.sh (load, verify ID, tag). From
-    STAGE_MIN bytes the host stages the stream as it arrives, and a push cut off resumes where it stopped."""
+    STAGE_MIN bytes the host stages the stream as it arrives, and a push cut off resumes where it stopped.
+    `on_bytes` hears the bytes on the wire, `on_read` those it reads of the image (streams.outgoing); `on_sent` is
+    called once the stream's last byte has left (the host's docker load and ID check follow)."""
     t0 = time.monotonic()
     mode = t.compression or "none"
     staged = image.size >= stage_min()
@@ -314,14 +389,14 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
             return HostResult(remote.name, state, f"{detail} (an earlier push had delivered it)")
         staged, note = pick.staged, pick.note
         if staged:
-            offset, chunks = _resume_point(client, image, t, pick.probe)
+            offset, chunks = _resume_point(client, image, t, pick.probe, on_read)
             extra = [key, str(offset)]
         else:
             note = f"; {note}"
     if not staged:
-        chunks = outgoing(client, image, set(t.skip_files), mode)
+        chunks = outgoing(client, image, set(t.skip_files), mode, on_bytes=on_read)
     chunks = prefetched(chunks)
-    reader = CountingReader(chunks, on_bytes)
+    reader = CountingReader(_ended(chunks, on_sent) if on_sent else chunks, on_bytes)
     out, err = bytearray(), bytearray()
     status = remote.stream(["sh", "-c", script("load.sh"), "sh", t.expect_id, image.ref, mode, *extra],
                            out.extend, err.extend, stdin=reader, stop=stop, bulk=True)
@@ -342,6 +417,16 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
                       f"{t.compression}{_thin_note(t, image)}, image {image.size / 1e6:.0f} MB, "
                       f"Image ID {t.expect_id[7:19]} verified{resumed}{note}",
                       reader.count, took, streamed)
+
+
+def _read_total(image: LocalImage, t: HostTransfer) -> int | None:
+    """What a stream reads (its bar's total): the whole save for `docker save`, the layers it sends for the cache."""
+    return (image.size if image.tar_source == DOCKER_SAVE else t.bytes_to_send) or None
+
+
+def _ended(chunks: Iterator[bytes], on_end: Callable[[], None]) -> Iterator[bytes]:
+    yield from chunks
+    on_end()
 
 
 def _carrier(remote: Remote) -> str:
@@ -367,6 +452,9 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
     reporter = reporter or Reporter()
     image = plan.image
     by_name = {r.name: r for r in remotes}
+    # each bar counts what its stream reads (streams.outgoing), at the rate it reads it: `docker save` reads the
+    # whole image however little of it goes (a thin stream to 2 kB is a read of the image), the cache only the layers
+    # it sends
     results: dict[str, HostResult] = {}
     for t in plan.hosts:
         if t.action == Action.SKIP:
@@ -383,11 +471,11 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
         chain_failed: dict[str, str] = {}
         links = plan.sending(Strategy.CHAIN)
         if links:
-            bar = bars.add(f"chain of {len(links):<9}", image.size or None)
+            bar = bars.add(f"chain of {len(links):<9}", _read_total(image, links[0]))
 
             def chain(links: list[HostTransfer]) -> list[HostResult]:
                 try:
-                    return send_chain(client, [by_name[t.host] for t in links], image, links, on_bytes=bar.advance)
+                    return send_chain(client, [by_name[t.host] for t in links], image, links, on_read=bar.advance)
                 except DockerlaunchError as e:
                     return [HostResult(t.host, PushState.FAILED, str(e)) for t in links]
 
@@ -399,7 +487,7 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
                 chained = [again.get(r.host, r) for r in chained]
                 for r in again.values():
                     r.detail = f"chain again after a cut ({cut[r.host][:160]}): {r.detail}"
-            bar.done()
+            bar.done(ok=not any(r.status == PushState.FAILED for r in chained))
             for r in chained:
                 if r.status == PushState.FAILED:
                     chain_failed[r.host] = r.detail
@@ -409,12 +497,13 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
                 star = star_fallback(plan, views, list(chain_failed), compress, thin, layers).sending()
 
         def one(t: HostTransfer) -> HostResult:
-            bar = bars.add(f"{t.host:<18}", t.bytes_to_send or None)
+            bar = bars.add(f"{t.host:<18}", _read_total(image, t))
             try:
-                res = send_star(client, by_name[t.host], image, t, on_bytes=bar.advance)
+                res = send_star(client, by_name[t.host], image, t, on_read=bar.advance,
+                                on_sent=lambda: bar.phase("sent; docker load on the host"))
             except DockerlaunchError as e:
                 res = HostResult(t.host, PushState.FAILED, str(e))
-            bar.done(str(res.status))
+            bar.done(str(res.status), ok=res.status != PushState.FAILED)
             return res
 
         for t, o in zip(star, each(one, star, max_workers=STAR_WINDOW)):

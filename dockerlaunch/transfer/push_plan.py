@@ -8,6 +8,7 @@ from the I/O, is what lets every choice (auto strategy, compression, thin layers
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -102,6 +103,7 @@ class PushPlan:
     image: LocalImage
     strategy: Strategy
     hosts: list[HostTransfer]
+    route: RouteChoice | None = None  # where the stream's layers are read (None: nothing is sent)
 
     def sending(self, strategy: Strategy | None = None) -> list[HostTransfer]:
         return [h for h in self.hosts if h.action == Action.SEND and (strategy is None or h.strategy == strategy)]
@@ -118,6 +120,8 @@ class PushPlan:
             "hosts": [h.to_dict() for h in self.hosts],
             # how a thin plan read the new layers: through the layer cache (bytes it added) or docker save
             "layer_source": self.image.source.to_dict() if self.image.source else None,
+            # where the layers are read, decided before any was (choose_route), and why
+            "layer_route": self.route.to_dict() if self.route else None,
         }
 
     def to_json(self) -> str:
@@ -177,13 +181,118 @@ def choose_strategy(requested: str, senders: list[HostView], broken_links: list[
     return Strategy.CHAIN, f"{len(senders)} hosts need the image"
 
 
+# ---------------------------------------------------------------- where the layers are read
+
+
+class Route(StrEnum):
+    CACHE = "cache"  # the engine pushes what the launcher's layer cache lacks into it; streams are made of its blobs
+    SAVE = "save"  # `docker save`: the whole image read once per stream (and once before, for its layer map)
+
+
+# What the engine's push into the layer cache costs per byte it lacks (read and gzip, one core a layer) against a
+# `docker save` read of a byte: 3.7 on the 7.7 GB CUDA image, 6 on the sim's demo image (benchmarks/RESULTS.md,
+# "Issue 43, step 1" and "Issue 58: the first push of a new image"). A containerd-store engine copies its blobs: 1.
+FILL_COST = 5
+SOURCE_ENV = "DOCKERLAUNCH_LAYER_SOURCE"  # auto (this rule), cache (always through the cache), save (never)
+CANNOT = "the layer cache cannot serve here: "  # a route's reason, then why (cache_server.unavailable's words)
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """What the launcher's layer cache can do for one image now (`layer_cache.cache_state` reads it; I/O there)."""
+
+    unavailable: str | None = None  # why it cannot serve here (no docker-registry, a remote engine, ...); None: it can
+    held: Mapping[str, int] = field(default_factory=dict)  # diff ID -> bytes, for every layer it holds
+    filling: str = ""  # a fill in the background holds it now (who, what): a push never waits for one
+    forced: bool = False  # DOCKERLAUNCH_LAYER_SOURCE=cache: through the cache, whatever it lacks
+    copies: bool = False  # the launcher's engine pushes its blobs as they are (containerd's store): no gzip
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    """Where a push reads the image's layers, and why (`choose_route`)."""
+
+    route: Route
+    reason: str
+    holds: int = 0  # bytes of the image's layers the cache holds
+    lacks: int = 0  # bytes the engine would read and gzip into the cache first
+    save_reads: int = 0  # whole-image `docker save` reads the save route makes for this push
+    fill_later: bool = False  # the cache lacks what makes it dearer now: it is filled after the push, in the background
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "route": str(self.route)}
+
+
+def size_text(n: int) -> str:
+    """Bytes for a person: kB below 1 MB (a bump of a few kB is not "0 MB"), MB below 10 GB, GB above."""
+    if n < 1e6:
+        return f"{n / 1e3:.0f} kB" if n >= 1e3 else f"{n} bytes"
+    return f"{n / 1e6:.0f} MB" if n < 1e10 else f"{n / 1e9:.1f} GB"
+
+
+def choose_route(image: LocalImage, views: list[HostView], cache: CacheState | None, *, strategy: str = "auto",
+                 thin: bool = True, facts_known: bool = False, broken_links: list[str] | None = None
+                 ) -> RouteChoice | None:
+    """Through the layer cache or by `docker save`, decided by what the cache holds and what the hosts lack (None:
+    no host needs the image). The save route reads the whole image once per stream the launcher sends (one for a
+    chain, one per host for star) and once before, for the layer map a thin stream needs (unless an earlier read
+    left it: `facts_known`). The cache route first has the engine read and gzip every layer the cache lacks, at
+    about FILL_COST times a save's time per byte, then makes each stream of only the layers its hosts lack. The
+    cache route is taken when that fill costs no more than the save route's reads, so a push is never slower for
+    a cold cache than `docker save`; when the cache is dearer only because it is cold, `fill_later` says to fill it
+    after the push, in the background, so that the next push of the lineage reads only its new layers."""
+    receivers = [v for v in views if not v.error and not _up_to_date(image, v) and not v.has_id]
+    if not receivers:
+        return None
+    if not thin:
+        return RouteChoice(Route.SAVE, "--full: every layer is sent, read by one docker save per stream")
+    if image.source is not None and image.source.via == "cache":
+        return RouteChoice(Route.CACHE, "read through the layer cache when the image was read (a containerd-store "
+                                        "engine pushes its blobs into it as they are, and only so are its facts "
+                                        "known without a read of the save)")
+    if not needs_layer_map(image, views):
+        return RouteChoice(Route.SAVE, "no host that needs the image has any of its layers: each stream is the "
+                                       "whole image, read by docker save")
+    if cache is None or cache.unavailable:
+        return RouteChoice(Route.SAVE, CANNOT + (cache.unavailable if cache else "?"))
+    wanted = list(dict.fromkeys(image.diff_ids))
+    holds = sum(cache.held[d] for d in wanted if d in cache.held)
+    lacks = 0 if all(d in cache.held for d in wanted) else max(1, image.size - holds)
+    chained = choose_strategy(strategy, receivers, broken_links)[0] == Strategy.CHAIN
+    streams = 1 if chained else len(receivers)
+    reads = streams + (0 if facts_known else 1)
+    what = (f"{reads} docker save read(s) of the whole image ({'' if facts_known else 'its layer map, '}"
+            f"{'one chain' if chained else f'{streams} star stream(s)'})")
+    sizes = dict(holds=holds, lacks=lacks, save_reads=reads)
+    missing = sum(1 for d in wanted if d not in cache.held)
+    short = (f"the layer cache lacks {size_text(lacks)} of the image's {size_text(image.size)} ({missing} of its "
+             f"{len(wanted)} layers)")
+    if cache.forced:
+        return RouteChoice(Route.CACHE, f"{SOURCE_ENV}=cache; {short}", **sizes)
+    if cache.filling:
+        return RouteChoice(Route.SAVE, f"the layer cache is being filled now ({cache.filling}): a push does not wait "
+                                       "for it", **sizes)
+    cost = 1 if cache.copies else FILL_COST
+    if not lacks:
+        return RouteChoice(Route.CACHE, f"the layer cache holds all {len(wanted)} of its layers: the engine reads "
+                                        "none of them", **sizes)
+    if lacks * cost <= image.size * reads:
+        return RouteChoice(Route.CACHE, f"{short}: the engine reads and gzips that for less than the {what} the "
+                                        "save route makes", **sizes)
+    return RouteChoice(Route.SAVE, f"{short}: filling it first (the engine reads and gzips it, about {cost} x a "
+                                   f"docker save's time per byte) would cost more than the {what} this push makes; "
+                                   "the cache is filled in the background after the push", fill_later=True, **sizes)
+
+
 def plan_push(
     image: LocalImage, views: list[HostView], *, strategy: str = "auto", compress: str = "auto",
     thin: bool = True, layers: list[tuple[str, int]] | None = None, broken_links: list[str] | None = None,
+    route: RouteChoice | None = None,
 ) -> PushPlan:
     """Per host: skip / tag / star / chain link, compression and the layers left out.
 
-    `layers` is the save's layer map ((file, bytes) in RootFS order); without it nothing is left out.
+    `layers` is the save's layer map ((file, bytes) in RootFS order); without it nothing is left out. `route`
+    (choose_route) is carried as it is: where the layers were read was decided before they were.
     """
     out: list[HostTransfer] = []
     senders: list[HostView] = []
@@ -220,11 +329,12 @@ def plan_push(
             by_host[v.host].__dict__.update(
                 strategy=Strategy.STAR, compression=_compression(compress, [v]), layers=len(image.diff_ids),
                 layers_skipped=len(skip), skip_files=skip, bytes_to_send=size, reason=f"star ({why})")
-    return PushPlan(image, chosen, out)
+    return PushPlan(image, chosen, out, route)
 
 
 def star_fallback(plan: PushPlan, views: list[HostView], hosts: list[str], compress: str, thin: bool,
                   layers: list[tuple[str, int]] | None) -> PushPlan:
     """A star plan for the hosts a broken chain did not reach (each thinned by its own layers)."""
     wanted = [v for v in views if v.host in hosts]
-    return plan_push(plan.image, wanted, strategy="star", compress=compress, thin=thin, layers=layers)
+    return plan_push(plan.image, wanted, strategy="star", compress=compress, thin=thin, layers=layers,
+                     route=plan.route)

@@ -41,6 +41,17 @@ def _registry_cap():
         os.environ.pop(CAP_ENV, None)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A push whose cache was cold leaves a fill of the layer cache running in the background (push.fill_later):
+    it ends with the test that started it, before the next test's counters or its cache (tmp_path) are read."""
+    yield
+    from dockerlaunch.sim.measure import wait_fills
+
+    left = wait_fills(timeout=600)
+    assert not left, f"layer-cache fills still running 10 min after the test: pids {left}"
+
+
 @pytest.fixture(scope="session")
 def engine():
     if os.environ.get("DOCKERLAUNCH_SKIP_INTEGRATION") == "1":

@@ -33,3 +33,21 @@ def test_ship_benchmark_runs_and_prints_its_table(engine):
     assert "resumed at" in rows["resume after a cut at 50%"]
     assert "over OpenSSH" in rows["push / hand pipeline"], rows["push / hand pipeline"]  # the sim's sshd: OpenSSH
     assert not [c.name for c in engine.containers.list(all=True) if c.name.startswith("dlbench")]  # torn down
+
+
+def test_the_first_push_benchmark_runs_and_prints_its_table(engine):
+    """Issue 58's benchmark at a tiny size (the sim's Debian base, 1 repeat): every push in its table, the routes
+    the rule gives a cold and a warm cache, and nothing left behind (its cluster, its background fills)."""
+    from dockerlaunch.sim.images import ensure_base_image
+    from dockerlaunch.sim.measure import background_fills
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "first_push.py"), "--base",
+                        ensure_base_image(engine), "--runs", "1", "--subnet", "172.30.245.0/24"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("| ")}
+    assert {"thin, cold cache", "thin, forced fill", "full", "thin, warm cache"} <= set(rows), r.stdout
+    assert "| save |" in rows["thin, cold cache"] and "| cache |" in rows["thin, warm cache"], r.stdout
+    assert "route of the cold push: the layer cache lacks " in r.stdout, r.stdout
+    assert not [c.name for c in engine.containers.list(all=True) if c.name.startswith("dlbench")]  # torn down
+    assert background_fills() == []

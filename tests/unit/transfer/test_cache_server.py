@@ -351,3 +351,21 @@ def test_a_push_whose_registry_port_is_squatted_goes_by_docker_save_and_says_who
     assert got.facts is not None and got.tar_source == DOCKER_SAVE
     assert got.source_note.startswith(f"docker save read the whole image (127.0.0.1:{squatter.port} is held by "
                                       f"another listener (uid {squatter.uid}"), got.source_note
+
+
+def test_the_engines_progress_lines_count_the_bytes_it_reads_once_and_its_layer_sizes():
+    """The fill's bar: `Pushing` lines carry how far the engine has read each layer, `Pushed` ends one, a retried
+    upload starts again from 0 (not counted twice); `Layer already exists` reads nothing."""
+    heard, sizes = [], {}
+    count = cache_server._ReadCount(heard.append, sizes)
+    for line in [{"status": "Preparing", "progressDetail": {}, "id": "aaa"},
+                 {"status": "Layer already exists", "progressDetail": {}, "id": "bbb"},
+                 {"status": "Pushing", "progressDetail": {"current": 100, "total": 1000}, "id": "aaa"},
+                 {"status": "Pushing", "progressDetail": {"current": 600, "total": 1000}, "id": "aaa"},
+                 {"status": "Pushing", "progressDetail": {"current": 50, "total": 1000}, "id": "aaa"},  # a retry
+                 {"status": "Pushing", "progressDetail": {"current": 700, "total": 1000}, "id": "aaa"},
+                 {"status": "Pushed", "progressDetail": {}, "id": "aaa"},
+                 {"status": "Pushed", "progressDetail": {}, "id": "ccc"},  # never seen pushing: nothing to add
+                 {"status": "x: digest: sha256:abc size: 528"}, {"aux": {"Tag": "x"}}]:
+        count.see(line)
+    assert heard == [100, 500, 100, 300] and sizes == {"aaa": 1000}

@@ -86,3 +86,88 @@ def test_prune_is_refused_while_a_push_holds_the_cache(store):
 def test_unused_since_is_oldest_first():
     blobs = [("a", 1, 30.0), ("b", 1, 10.0), ("c", 1, 50.0)]
     assert [b[0] for b in layer_cache.unused_since(blobs, 40.0)] == ["b", "a"]
+
+
+# ---------------------------------------------------------------- what a push's route reads of it (issue 58)
+
+
+def real_image(tag: str, layers: list[bytes], index: bool = False) -> tuple[list[str], list[str]]:
+    """An image as the engine pushes it: a config naming its diff IDs, a manifest (or an index over it) naming the
+    config and the layer blobs. (diff IDs, blob digests)."""
+    diffs = ["sha256:" + hashlib.sha256(b"diff-" + data).hexdigest() for data in layers]
+    config = blob(json.dumps({"rootfs": {"type": "layers", "diff_ids": diffs}, "tag": tag}).encode())
+    digests = [blob(data) for data in layers]
+    top = blob(json.dumps({"config": {"digest": config}, "layers": [{"digest": d} for d in digests]}).encode())
+    if index:
+        top = blob(json.dumps({"manifests": [{"digest": top, "platform": {"os": "linux"}}]}).encode())
+    link = (layer_cache.root() / "store/docker/registry/v2/repositories" / layer_cache.REPO / "_manifests/tags"
+            / tag / "current/link")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.write_text(top)
+    return diffs, digests
+
+
+def test_holdings_are_the_layers_a_stored_image_names_whose_blobs_are_still_there(store):
+    a_diffs, a_blobs = real_image("aaaaaaaaaaaa", [b"base" * 100, b"top-a" * 10])
+    b_diffs, _ = real_image("bbbbbbbbbbbb", [b"base" * 100, b"top-b" * 20], index=True)  # followed through its index
+    image("cccccccccccc", [b"not an image config"])  # a config without diff IDs names nothing
+    held = layer_cache.holdings()
+    assert held == {a_diffs[0]: 400, a_diffs[1]: 50, b_diffs[1]: 100}  # the blob's bytes, where nothing better
+    (store / "sizes.json").write_text(json.dumps({a_diffs[0]: 1024}))  # the layer as a tar, measured by a push
+    layer_cache._remember_engine_sizes(replace_ids(a_diffs), {a_diffs[1][7:19]: 42})  # the engine's own, by id
+    assert layer_cache.holdings() == {a_diffs[0]: 1024, a_diffs[1]: 42, b_diffs[1]: 100}
+    layer_cache.blob_path(a_blobs[1]).unlink()  # evicted: a push would have the engine read it again
+    assert a_diffs[1] not in layer_cache.holdings()
+
+
+def replace_ids(diffs: list[str]):
+    from dockerlaunch.transfer.image_facts import LocalImage
+
+    return LocalImage("x", "sha256:" + "0" * 64, 1, diff_ids=tuple(diffs))
+
+
+def test_a_fill_in_the_background_is_seen_while_it_holds_the_cache_and_a_stale_one_is_not(store):
+    assert layer_cache.filling() is None
+    layer_cache.private_root()
+    said = {"pid": 12345, "image": "app:2", "id": "sha256:" + "1" * 64, "since": time.time() - 5, "read": 3_000_000}
+    (store / layer_cache.FILLING).write_text(json.dumps(said))
+    with layer_cache._locked():  # the fill holds the lock while it runs
+        assert layer_cache.filling() == said
+        assert layer_cache.filling_text(said) == "pid 12345, app:2, 3 MB read in 5 s"
+        with pytest.raises(TransferError, match=r"^a fill \(pid 12345, app:2, 3 MB read in 5 s\) is using the layer "
+                                                r"cache \(.*\) now; prune it after that$"):
+            layer_cache.prune()
+        with layer_cache._locked(wait=False) as got:
+            assert got is False  # a background fill does not queue behind another
+    assert layer_cache.filling() is None  # its writer is gone: the file was stale, and goes
+    assert not (store / layer_cache.FILLING).exists()
+
+
+def test_cache_state_reads_the_source_setting_and_refuses_a_wrong_one_in_one_line(store, monkeypatch):
+    from dockerlaunch.transfer.image_facts import LocalImage
+
+    img = LocalImage("app:1", "sha256:" + "2" * 64, 10)
+    monkeypatch.setenv("DOCKERLAUNCH_LAYER_SOURCE", "save")
+    assert layer_cache.cache_state(img, {}).unavailable == "DOCKERLAUNCH_LAYER_SOURCE=save"
+    monkeypatch.setenv("DOCKERLAUNCH_LAYER_SOURCE", "registry")
+    with pytest.raises(TransferError, match=r"^DOCKERLAUNCH_LAYER_SOURCE='registry': give auto \(the default\), "
+                                            r"cache or save$"):
+        layer_cache.cache_state(img, {})
+    monkeypatch.setenv("DOCKERLAUNCH_LAYER_SOURCE", "cache")
+    if layer_cache.unavailable(img, {}) is None:  # docker-registry installed here
+        assert layer_cache.cache_state(img, {}).forced
+        monkeypatch.setenv("DOCKERLAUNCH_LAYER_SOURCE", "auto")
+        state = layer_cache.cache_state(img, {})
+        assert (state.forced, state.held, state.filling, state.copies) == (False, {}, "", False)
+
+
+def test_a_layer_a_push_read_is_held_while_its_blob_is_there_even_when_its_manifest_was_evicted(store):
+    """DOCKERLAUNCH_LAYER_CACHE_GB keeps the blobs of the image just pushed, not the manifests of others: the base
+    under the next bump is still there, and must count."""
+    diffs, digests = real_image("aaaaaaaaaaaa", [b"base" * 100, b"top" * 10])
+    layer_cache._remember_layer_blobs(replace_ids(diffs), [str(layer_cache.blob_path(d)) for d in digests])
+    for manifest in (store / "store").glob("**/_manifests/tags/*/current/link"):
+        layer_cache.blob_path(manifest.read_text()).unlink()
+    assert layer_cache.holdings() == {diffs[0]: 400, diffs[1]: 30}
+    layer_cache.blob_path(digests[0]).unlink()
+    assert layer_cache.holdings() == {diffs[1]: 30}

@@ -9,20 +9,26 @@ from dataclasses import replace
 
 import pytest
 
-from dockerlaunch.transfer.image_facts import CONTAINERD, GRAPHDRIVER, LocalImage
+from dockerlaunch.transfer.image_facts import CONTAINERD, GRAPHDRIVER, LayerSource, LocalImage
 from dockerlaunch.transfer.oci import Blob, SaveFacts, chain_ids
 from dockerlaunch.transfer.push import parse_host_view
 from dockerlaunch.transfer.push_plan import (
+    FILL_COST,
+    SOURCE_ENV,
     Action,
+    CacheState,
     HostResult,
     HostTransfer,
     HostView,
     PushPlan,
     PushState,
+    Route,
     Strategy,
+    choose_route,
     choose_strategy,
     needs_layer_map,
     plan_push,
+    size_text,
     star_fallback,
 )
 
@@ -411,8 +417,9 @@ def test_push_plan_to_dict_and_to_json():
     plan = plan_push(IMAGE, views, layers=LAYERS)
     d = plan.to_dict()
     assert list(d) == ["image", "image_id", "image_bytes", "strategy", "launcher_bytes", "hosts",
-                       "layer_source"]
+                       "layer_source", "layer_route"]
     assert d["layer_source"] is None  # a plan that read no layers (a thin one says how: via cache or save)
+    assert d["layer_route"] is None  # nor decided where to read them (choose_route; its JSON is tested below)
     assert (d["image"], d["image_id"], d["image_bytes"], d["launcher_bytes"]) == (
         "registry.local/app:1.2", IMAGE.id, 12_345, 7000)
     assert type(d["strategy"]) is str and d["strategy"] == "chain"
@@ -642,3 +649,108 @@ def test_two_hosts_never_share_a_stage_key():
 
     assert stage_key(to("10.0.0.1")) != stage_key(to("10.0.0.2"))  # two hosts, one shared home: two files
     assert stage_key(to("10.0.0.1")) == stage_key(to("10.0.0.1"))
+
+
+# ---------------------------------------------------------------- where the layers are read (issue 58, item 6)
+
+BASE = frozenset(CHAINS[:3])  # hosts that have the image's base: a bump of the top layer
+TOP = {d: n for d, n in zip(DIFFS, (4000, 4000, 4000, 345))}  # engine sizes: they sum to IMAGE.size
+
+
+def cold(**kw) -> CacheState:
+    return CacheState(held={}, **kw)
+
+
+def warm_but_top(**kw) -> CacheState:
+    return CacheState(held={d: TOP[d] for d in DIFFS[:3]}, **kw)
+
+
+def test_a_cold_cache_for_a_bump_goes_by_docker_save_and_is_filled_after_the_push():
+    """The issue: the first push after a 2 kB change filled the cache with the whole image first (135 s) where one
+    docker save per stream costs less; the route is the save's, and the cache is filled after the push."""
+    views = [view("h1", chain_ids=BASE), view("h2", chain_ids=BASE)]
+    r = choose_route(IMAGE, views, cold())
+    assert (r.route, r.lacks, r.holds, r.save_reads, r.fill_later) == (Route.SAVE, IMAGE.size, 0, 3, True)
+    assert r.reason == ("the layer cache lacks 12 kB of the image's 12 kB (4 of its 4 layers): filling it first "
+                        "(the engine reads and gzips it, about 5 x a docker save's time per byte) would cost more "
+                        "than the 3 docker save read(s) of the whole image (its layer map, 2 star stream(s)) this "
+                        "push makes; the cache is filled in the background after the push")
+    # an earlier read left its layer map (a dry run): one read less, the same route
+    r = choose_route(IMAGE, views, cold(), facts_known=True)
+    assert (r.route, r.save_reads) == (Route.SAVE, 2) and "(2 star stream(s))" in r.reason
+
+
+def test_a_warm_cache_lacking_only_the_new_layer_is_the_route():
+    r = choose_route(IMAGE, [view("h1", chain_ids=BASE)], warm_but_top())
+    assert (r.route, r.holds, r.lacks, r.fill_later) == (Route.CACHE, 12_000, 345, False)
+    assert r.reason == ("the layer cache lacks 345 bytes of the image's 12 kB (1 of its 4 layers): the engine reads "
+                        "and gzips that for less than the 2 docker save read(s) of the whole image (its layer map, "
+                        "1 star stream(s)) the save route makes")
+    r = choose_route(IMAGE, [view("h1", chain_ids=BASE)], CacheState(held=TOP))
+    assert (r.route, r.lacks) == (Route.CACHE, 0)
+    assert r.reason == "the layer cache holds all 4 of its layers: the engine reads none of them"
+
+
+def test_the_route_weighs_the_fill_against_every_read_of_the_save():
+    """Each star stream reads the whole save: enough of them outweigh one fill, a chain never does."""
+    star = [view(f"h{i}", chain_ids=BASE) for i in range(1, 6)]
+    assert choose_route(IMAGE, star, cold(), strategy="star").route == Route.CACHE  # 5 x size <= 6 reads
+    assert choose_route(IMAGE, star[:3], cold(), strategy="star").route == Route.SAVE  # 5 x size > 4 reads
+    r = choose_route(IMAGE, star, cold())  # auto: a chain of 5, one stream
+    assert (r.route, r.save_reads) == (Route.SAVE, 2) and "(its layer map, one chain)" in r.reason
+    r = choose_route(IMAGE, star, cold(), broken_links=["h1 cannot reach h2"])  # a chain that cannot be: 5 streams
+    assert (r.route, r.save_reads) == (Route.CACHE, 6)
+
+
+@pytest.mark.parametrize("lacks, route", [(2 * IMAGE.size // 5, Route.CACHE), (2 * IMAGE.size // 5 + 1, Route.SAVE)])
+def test_a_fill_that_costs_exactly_the_saves_reads_is_the_cache(lacks, route):
+    held = {DIFFS[0]: IMAGE.size - lacks}  # FILL_COST x lacks against 2 reads (the map, 1 stream)
+    assert FILL_COST == 5
+    assert choose_route(IMAGE, [view("h1", chain_ids=BASE)], CacheState(held=held)).route == route
+
+
+def test_a_containerd_store_launcher_copies_its_blobs_into_the_cache_so_even_a_cold_one_is_the_route():
+    r = choose_route(IMAGE, [view("h1", chain_ids=BASE)], cold(copies=True))
+    assert (r.route, r.lacks, r.fill_later) == (Route.CACHE, IMAGE.size, False)
+    read = replace(IMAGE, source=LayerSource("cache", 1.0, 100, "/c"))  # source_image read it through the cache
+    r = choose_route(read, [view("h1", chain_ids=BASE)], None)
+    assert r.route == Route.CACHE and r.reason.startswith("read through the layer cache when the image was read")
+
+
+def test_a_cache_that_cannot_serve_or_is_being_filled_is_the_saves_with_the_reason_and_no_fill():
+    views = [view("h1", chain_ids=BASE)]
+    r = choose_route(IMAGE, views, CacheState(unavailable="no docker-registry on this machine"))
+    assert (r.route, r.fill_later) == (Route.SAVE, False)
+    assert r.reason == "the layer cache cannot serve here: no docker-registry on this machine"
+    r = choose_route(IMAGE, views, warm_but_top(filling="pid 7, app:1.1, 10 MB read in 3 s"))
+    assert (r.route, r.fill_later) == (Route.SAVE, False)  # a push never waits for a fill
+    assert r.reason == ("the layer cache is being filled now (pid 7, app:1.1, 10 MB read in 3 s): a push does not "
+                        "wait for it")
+    r = choose_route(IMAGE, views, cold(forced=True))
+    assert (r.route, r.lacks) == (Route.CACHE, IMAGE.size)
+    assert r.reason.startswith(f"{SOURCE_ENV}=cache; the layer cache lacks 12 kB")
+
+
+def test_a_stream_of_the_whole_image_or_none_has_no_cache_to_weigh():
+    r = choose_route(IMAGE, [view("h1", chain_ids=frozenset())], cold())  # the host has none of its layers
+    assert (r.route, r.fill_later) == (Route.SAVE, False)
+    assert r.reason.startswith("no host that needs the image has any of its layers")
+    r = choose_route(IMAGE, [view("h1", chain_ids=BASE)], cold(), thin=False)
+    assert (r.route, r.reason, r.fill_later) == (Route.SAVE, "--full: every layer is sent, read by one docker save "
+                                                             "per stream", False)
+    assert choose_route(IMAGE, [view("h1", tag_id=IMAGE.id), view("h2", has_id=True)], cold()) is None
+
+
+def test_the_plan_carries_the_route_into_its_json_and_its_star_fallback():
+    views = [view(f"h{i}", chain_ids=BASE) for i in range(1, 4)]
+    route = choose_route(IMAGE, views, cold())
+    plan = plan_push(IMAGE, views, layers=LAYERS, route=route)
+    d = json.loads(plan.to_json())["layer_route"]
+    assert d == {"route": "save", "reason": route.reason, "holds": 0, "lacks": IMAGE.size, "save_reads": 2,
+                 "fill_later": True}
+    assert star_fallback(plan, views, ["h2"], "auto", True, LAYERS).route == route
+
+
+def test_sizes_read_as_a_person_reads_them():
+    assert [size_text(n) for n in (512, 2048, 383_000_000, 12_300_000_000)] == ["512 bytes", "2 kB", "383 MB",
+                                                                               "12.3 GB"]
