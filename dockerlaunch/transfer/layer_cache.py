@@ -529,19 +529,10 @@ class CacheFacts:
                 "images": [i.__dict__ for i in self.images]}
 
 
-def _manifest_layers(digest: str, depth: int = 0) -> list[str]:
+def _manifest_layers(digest: str) -> list[str]:
     """The blobs (config and layers) a stored manifest names, an index's manifests followed; [] if it is gone."""
-    try:
-        doc = json.loads(blob_path(digest).read_bytes())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(doc, dict):
-        return []
-    if doc.get("manifests") and depth < 2:
-        return [d for m in doc["manifests"] if isinstance(m, dict) for d in _manifest_layers(str(m.get("digest")),
-                                                                                             depth + 1)]
-    return [str(b.get("digest")) for b in [doc.get("config") or {}, *(doc.get("layers") or [])]
-            if isinstance(b, dict) and b.get("digest")]
+    return [str(b.get("digest")) for doc in _image_manifests(digest)
+            for b in [doc.get("config") or {}, *(doc.get("layers") or [])] if isinstance(b, dict) and b.get("digest")]
 
 
 def cache_facts() -> CacheFacts:
