@@ -97,6 +97,16 @@ IB_MEMLOCK = Ulimit(-1, -1)
 NOFILE = Ulimit(1048576, 1048576)
 
 
+@dataclass(frozen=True)
+class Supervisor:
+    """The gang supervisor (dockerlaunch/gang.py) as the container's entrypoint: docker-init's direct child, running
+    the image's ENTRYPOINT plus the command as its own child (the spec's command then starts with the wrapper). Set
+    by `up` only (a detached job keeps its guarantees beside it); no render target has it."""
+
+    entrypoint: str  # the shim that picks the image's python3 (gang-entry.sh, run by /bin/sh)
+    tmpfs: str  # where the run's secret is handed over: never argv, env, labels or mounts
+
+
 @dataclass
 class ContainerSpec:
     """One node's container. Built by the planner (validated there); a plain dataclass so `Deferred` values
@@ -129,6 +139,7 @@ class ContainerSpec:
     detach: bool = True  # runs in the background (a job); False: in the foreground (a probe)
     remove: bool = False  # removed when it exits: probes only, a job container's exit code is evidence
     docker_args: list[str] = field(default_factory=list)  # container.extra_args: literal docker flags
+    supervisor: Supervisor | None = None  # `up`'s gang supervisor as the entrypoint (None: the image's own)
 
     def unresolved(self) -> list[str]:
         """What still needs the host, by name."""
@@ -139,4 +150,5 @@ class ContainerSpec:
         out += [f"gpus: {self.gpu.what}"] if isinstance(self.gpu, Deferred) else []
         out += [f"infiniband: {self.infiniband.what}"] if isinstance(self.infiniband, Deferred) else []
         out += [f"selinux: {self.label_disable.what}"] if isinstance(self.label_disable, Deferred) else []
+        out += [f"command: {c.what}" for c in self.command if isinstance(c, Deferred)]
         return out

@@ -105,6 +105,8 @@ def argv(spec: ContainerSpec, inherit: tuple[str, ...] = ()) -> list[str]:
         a += ["--workdir", spec.workdir]
     if spec.user:
         a += ["--user", spec.user]
+    if spec.supervisor is not None:
+        a += ["--entrypoint", spec.supervisor.entrypoint, "--tmpfs", spec.supervisor.tmpfs]
     a += list(spec.docker_args)
     a.append(spec.image)
     a += list(spec.command)

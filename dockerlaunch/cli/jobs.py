@@ -129,7 +129,7 @@ UP_SECTIONS = (
 @click.option("--dry-run", is_flag=True, help="Print the per-host plan; contact no host.")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text",
               help="With --dry-run: text (default) or json.")
-@click.option("--detach", is_flag=True, help="Return once every container has started.")
+@click.option("--detach", is_flag=True, help="Return once the gang formed; the hosts watch the job.")
 @click.option("--skip-preflight", is_flag=True, help="Do not run the doctor checks first.")
 @click.option("--push", is_flag=True, help="First push this machine's build to the hosts.")
 @click.option("--keep", is_flag=True, help="Keep the containers after the job ends.")
@@ -159,7 +159,7 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     warn_secret_env(cfg)
     read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
     targets = resolve_all(cfg)
-    plan = plan_job(cfg, targets)  # the one plan: printed here, applied (placeholders filled) by up
+    plan = plan_job(cfg, targets, supervised=detach)  # the one plan: printed here, applied (placeholders filled) by up
     pusher = _Pusher(cfg.image) if cfg.job.push else None  # this machine lacks the image: one line, nothing starts
     if dry_run:
         view = dry_run_view(plan, targets)

@@ -342,6 +342,16 @@ class JobSettings(_Model):
         30.0, ge=5, le=3600,
         description="Seconds without a heartbeat answer before `up` declares a host lost and tears the job down.",
     )
+    gang_port: int = Field(
+        29499, ge=1, le=65535,
+        description="`up --detach`: the port host 0's gang supervisor listens on (MASTER_ADDR) for the other ranks' "
+        "supervisors (fail-fast, restarts, hangs, lost hosts without the launcher); open it as MASTER_PORT is.",
+    )
+    start_timeout: float = Field(
+        300.0, ge=10, le=86400,
+        description="`up --detach`: seconds for every rank's supervisor to join the gang; a rank whose gang has not "
+        "formed by then stops (a launcher killed mid-start leaves nothing running past it).",
+    )
     orphan_grace: float = Field(
         60.0, ge=1, le=86400,
         description="When the launcher's session to a host drops (launcher killed, its machine gone, network cut), "
@@ -398,6 +408,8 @@ class JobSettings(_Model):
     def _progress_needs_hang(self) -> JobSettings:
         if self.progress_regex is not None and self.hang_timeout is None:
             raise ValueError("progress_regex is only read with hang_timeout: set job.hang_timeout (e.g. 30m)")
+        if self.gang_port == self.master_port:
+            raise ValueError(f"gang_port {self.gang_port} is the master_port too: pick another for one of them")
         return self
 
     @field_validator("name")

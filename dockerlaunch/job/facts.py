@@ -78,3 +78,5 @@ class HostFacts:
     access: HostGpuAccess | None = None  # how containers there reach the GPUs
     torch: str | None = None  # the image's torch, where its labels say (dockerlaunch-built images do)
     selinux: bool | None = None  # the engine labels containers (EngineSecurity.selinux); None: not known
+    # the image's (ENTRYPOINT, CMD) where host 0's probe read them: what the gang supervisor runs as its child
+    image_command: tuple[tuple[str, ...], tuple[str, ...]] | None = None

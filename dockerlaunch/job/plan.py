@@ -7,6 +7,7 @@ plan `up` applies is the one the dry run printed. Every decision about what a jo
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from dockerlaunch.container import (
     Deferred,
     GpuAccess,
     GpuRequest,
+    Supervisor,
     Ulimit,
 )
 from dockerlaunch.errors import ConfigError
@@ -59,6 +61,13 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 SWIFT_TRAINERS = {"sft", "pt", "rlhf"}  # `swift X` / `megatron X` that build a trainer, which asks ModelScope
 # the per-job diagnostics folder (same path on the host and in the container); `up` empties them before a start
 DIAG_SUBDIRS = ("nccl", "fr", "fr-pipe")
+# The gang supervisor (gang.py), `up --detach`: its files in the job's folder (bin/, kept: dump's py-spy lives there
+# too), mounted read-only at SUPERVISOR_DIR; each run's records under runs/<run id> (kept: never emptied by a start)
+GANG_BIN, GANG_RUNS = "bin", "runs"
+SUPERVISOR_DIR = "/.dockerlaunch"
+GANG_ENTRY = f"{SUPERVISOR_DIR}/gang-entry.sh"
+SUPERVISOR = Supervisor("/bin/sh", "/run/dockerlaunch:rw,nosuid,nodev,noexec,mode=1777,size=1m")
+STOP_GRACE = 5.0  # gang.STOP_GRACE: SIGTERM to SIGKILL of an attempt's processes
 
 
 @dataclass
@@ -90,6 +99,8 @@ class JobPlan:
     advice: list[str] = field(default_factory=list)  # what the user should change; printed by --dry-run and `up`
     master_hostname: str | None = None  # host 0's address as SSH resolves it (~/.ssh/config HostName)
     attempt: int = 0  # 0 for the first start, N for the Nth gang restart
+    supervised: bool = False  # the gang supervisor runs in every container (`up --detach`)
+    job_dir: str = ""  # DIR/<job> on every host: diagnostics, and the supervisor's files and records
 
     @property
     def known_image(self) -> str | None:
@@ -116,6 +127,7 @@ class JobPlan:
             "command": shown_command(self.config),
             "advice": list(self.advice),
             "recovery": self.recovery(),
+            "supervised": self.supervised,
             "hosts": [
                 {
                     "rank": h.rank,
@@ -421,12 +433,13 @@ class Resolved(Protocol):
     user: str  # the SSH login
 
 
-def plan_job(config: ClusterConfig, targets: Sequence[Resolved], require_image: bool = True) -> JobPlan:
+def plan_job(config: ClusterConfig, targets: Sequence[Resolved], require_image: bool = True,
+             supervised: bool = False) -> JobPlan:
     """The job's one plan before any host was asked, with host 0's address as SSH resolves it (`targets`:
     hosts/targets.resolve_all) as a candidate for MASTER_ADDR. Commands that only find the job's containers (down,
     status, logs, exec, transport, dump) need no image: the plan then holds a placeholder no container starts with."""
     return make_plan(with_login(config, targets[0].user), master_hostname=targets[0].hostname,
-                     require_image=require_image)
+                     require_image=require_image, supervised=supervised)
 
 
 def make_plan(
@@ -437,6 +450,7 @@ def make_plan(
     run_id: str | None = None,
     require_image: bool = True,
     attempt: int = 0,
+    supervised: bool = False,
 ) -> JobPlan:
     """The job's plan; `facts` (keyed by rank) fill host values, else they stay `Deferred` (dry run, render).
 
@@ -457,7 +471,7 @@ def make_plan(
         image=config.image or Deferred("the job image: --image or image: (not needed to find a job's containers)",
                                        "image"),
         master_port=config.job.master_port, diag_dir=diag_dir(config) if config.diagnostics.enabled else None,
-        master_hostname=master_hostname, attempt=attempt,
+        master_hostname=master_hostname, attempt=attempt, supervised=supervised, job_dir=diag_dir(config),
     )
     note = offline_advice(config.job.command) if config.job.offline else None
     if note:
@@ -471,7 +485,8 @@ def resolve(plan: JobPlan, facts: dict[int, HostFacts], run_id: str, attempt: in
 
     The planning rules are the ones that made the dry plan, so what `up --dry-run` printed is what runs, with
     host facts where it showed `<resolved at launch: ...>` (tests/unit/job/test_plan.py keeps that true)."""
-    return make_plan(plan.config, facts, master_hostname=plan.master_hostname, run_id=run_id, attempt=attempt)
+    return make_plan(plan.config, facts, master_hostname=plan.master_hostname, run_id=run_id, attempt=attempt,
+                     supervised=plan.supervised)
 
 
 def label_disable(mode: str, labels: bool | None) -> bool | Deferred:
@@ -584,11 +599,50 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
                               for p in c.env_files]
     if plan.diag_dir:
         spec.mounts.append(BindMount(plan.diag_dir, plan.diag_dir))
+    if plan.supervised:
+        supervise(spec, plan, rank, f, run_id)
     return HostPlan(
         rank=rank, host=host, nproc_per_node=nproc, container=spec,
         gpu_mode=access.mode if isinstance(access, GpuAccess) else access if access is not None else "none",
         gpu_why=access.why if isinstance(access, GpuAccess) else "",
     )
+
+
+def gang_dir(plan: JobPlan, run_id: str) -> str:
+    """One run's records on every host (gang.py's RUNDIR): the same path inside the containers."""
+    return f"{plan.job_dir}/{GANG_RUNS}/{run_id}"
+
+
+def supervise(spec: ContainerSpec, plan: JobPlan, rank: int, f: HostFacts | None, run_id: str | None) -> None:
+    """The gang supervisor as the entrypoint: gang-entry.sh (image's python3 -> gang.py) runs the image's own
+    ENTRYPOINT plus the command (or the image's CMD, as Docker would) as its child. What the supervisor needs is
+    one JSON argument: no secret is in it (the secret comes on `docker exec`'s stdin at the start)."""
+    config, job = plan.config, plan.config.job
+    image_command = f.image_command if f is not None else None
+    if image_command is None:
+        child: list[str] = ([Deferred("the image's ENTRYPOINT, if any", "image_command"), *spec.command]
+                            if spec.command else [Deferred("the image's ENTRYPOINT and CMD", "image_command")])
+    else:
+        entrypoint, cmd = image_command
+        child = [*entrypoint, *(spec.command or cmd)]
+    addr = plan.master_addr
+    if run_id is None or isinstance(addr, Deferred):
+        settings: str = Deferred("the gang's settings (JSON): run id, MASTER_ADDR, job.gang_port, restarts, "
+                                 "timeouts", "gang")
+    else:
+        settings = json.dumps({
+            "job": plan.job, "run": run_id, "rank": rank, "nnodes": plan.nnodes,
+            "hosts": [h.address for h in config.hosts], "host": config.hosts[rank].address,
+            "addr": addr, "port": job.gang_port, "dir": gang_dir(plan, run_id),
+            "max_restarts": job.max_restarts, "backoff": job.restart_backoff, "hang_timeout": job.hang_timeout,
+            "progress_regex": job.progress_regex, "host_timeout": job.host_timeout,
+            "start_timeout": job.start_timeout, "stop_grace": STOP_GRACE, "tty": bool(spec.tty),
+        }, sort_keys=True, separators=(",", ":"))
+    spec.supervisor = SUPERVISOR
+    spec.command = [GANG_ENTRY, "run", settings, "--", *child]
+    spec.mounts.append(BindMount(f"{plan.job_dir}/{GANG_BIN}", SUPERVISOR_DIR, read_only=True))
+    if not plan.diag_dir:  # else the whole job folder is mounted already
+        spec.mounts.append(BindMount(f"{plan.job_dir}/{GANG_RUNS}", f"{plan.job_dir}/{GANG_RUNS}"))
 
 
 def effective_ipc(ipc: str | None, shm_size: str | None) -> str:

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dockerlaunch.backends.docker import script
 from dockerlaunch.container import ContainerSpec
 from dockerlaunch.docker_run import run_argv
 from dockerlaunch.errors import DockerError
@@ -134,11 +135,18 @@ class DockerHost:
     def job_containers(self, job: str) -> list[ContainerState]:
         return parse_listing(self.name, job, self.remote.run(listing_script(job), timeout=60))
 
-    def run_container(self, spec: ContainerSpec, env_file: tuple[str, bytes] | None = None) -> str:
+    def run_container(self, spec: ContainerSpec, env_file: tuple[str, bytes] | None = None,
+                      gang_secret: str | None = None) -> str:
         """`docker run -d`; `env_file` (path, secret lines) is written for `--env-file` by the same command and
-        removed when `docker run` returns (one round trip; the secrets never sit on the host between steps)."""
+        removed when `docker run` returns (one round trip; the secrets never sit on the host between steps).
+        `gang_secret`: a supervised job's (spec.supervisor), handed to the container in the same round trip
+        (scripts/start.sh); the answer then ends with its `gang=...` line."""
         argv, stdin = run_argv(spec), None
-        if env_file:
+        if gang_secret is not None:
+            stdin = gang_secret.encode() + b"\n" + (env_file[1] if env_file else b"")
+            argv = ["sh", "-c", script("start.sh"), "start.sh", env_file[0] if env_file else "-", spec.name, "1",
+                    *argv]
+        elif env_file:
             argv, stdin = with_env_file(env_file[0], argv), env_file[1]
         r = self.remote.run(argv, timeout=300, stdin=stdin)
         if not r.ok:

@@ -97,6 +97,8 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
     errors = []
     # the image's labels where a host was asked them (`prepare` asks host 0 only: one image for every host)
     labels = next((p.image_labels for p in probes if not isinstance(p, Exception) and p.image_labels), None)
+    said = next((p.image_command for p in probes if not isinstance(p, Exception) and p.image_command), None)
+    image_command = (said.entrypoint, said.cmd) if said is not None else None
     for hp, p in zip(session.plan.hosts, probes):
         if isinstance(p, Exception):
             errors.append(str(p))
@@ -131,7 +133,11 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             access=p.access,
             torch=(p.image_labels or labels or {}).get(labels_.TORCH),
             selinux=p.selinux,
+            image_command=image_command,
         )
+    if session.plan.supervised and image_command is None and not errors:
+        errors.append(f"host {session.plan.hosts[0].address}: could not read the image's ENTRYPOINT and CMD, which "
+                      "the gang supervisor runs (is the image there? `dockerlaunch doctor` checks it)")
     if errors:
         raise DockerlaunchError("; ".join(errors))
     return out

@@ -39,10 +39,19 @@ from dockerlaunch.backends.docker.session import (
     own_containers,
 )
 from dockerlaunch.backends.docker.watchdog import Watchdogs
-from dockerlaunch.errors import ConfigError, DockerlaunchError, HostError, Terminated
+from dockerlaunch.errors import DockerlaunchError, HostError, Terminated
 from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.job.config import ClusterConfig
-from dockerlaunch.job.plan import DIAG_SUBDIRS, JobPlan, diag_root, plan_job, resolve
+from dockerlaunch.job.plan import (
+    DIAG_SUBDIRS,
+    GANG_BIN,
+    GANG_RUNS,
+    JobPlan,
+    diag_root,
+    gang_dir,
+    plan_job,
+    resolve,
+)
 from dockerlaunch.job.recovery import AttemptRecord, Cause, Ending, NoSpareLeft, should_restart, swap_hosts
 from dockerlaunch.reporting import Reporter
 
@@ -108,9 +117,6 @@ def up(
     reporter = reporter or Reporter()
     recovery = recovery or Recovery()
     job = config.job
-    if detach and (job.max_restarts or job.hang_timeout):
-        raise ConfigError("--detach returns once the containers run, so nothing is left to restart the job or "
-                          "watch it for hangs: drop --detach, or job.max_restarts / job.hang_timeout")
     secrets_blob = read_env_files(config) if config.container.env_files else b""
     run = RunFolder.create(log_dir, job.name) if log_dir and not detach else None
     attempt, swaps, fresh = 0, [], set()
@@ -176,7 +182,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
         raise _Replace(unreachable)
     try:
         # the image is required here: it starts containers
-        session = Session(cluster, plan or plan_job(config, cluster.targets))
+        session = Session(cluster, plan or plan_job(config, cluster.targets, supervised=detach))
     except BaseException:
         cluster.close()
         raise
@@ -227,9 +233,13 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
                 return Ending(1, Cause.PREFLIGHT_FAILED)
             probes = prepare(session, reporter, listing=False)
             phases.done("prepare")
+        if session.plan.supervised:
+            _stage_gang(session)
+            phases.done("supervisor")
         env_paths = env_file_paths(session, session.plan.job) if secrets_blob else {}
         try:
-            run_id = secrets.token_hex(6)
+            # a launch's id: its containers' label, its records' folder on the hosts (newest last when sorted)
+            run_id = f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
             applied = resolve(session.plan, gather_facts(session, env_paths, probes), run_id, attempt)
             if applied.unresolved():
                 raise DockerlaunchError("internal: plan still has unresolved values: "
@@ -280,6 +290,51 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
         reporter.say(recovery.copy_image(sources[0][0], dst, image))  # type: ignore[misc]
 
 
+# gang.py and its entry shim into the job's bin/ (mounted read-only at /.dockerlaunch), each written whole
+STAGE_GANG = ('umask 022; b=$1; { [ -d "$b" ] && [ ! -L "$b" ]; } || { echo "$b is not a folder" >&2; exit 1; }\n'
+              'printf "%s" "$2" >"$b/.gang-entry.sh.$$" && cat >"$b/.gang.py.$$" && '
+              'mv -f "$b/.gang-entry.sh.$$" "$b/gang-entry.sh" && mv -f "$b/.gang.py.$$" "$b/gang.py"')
+
+
+def _stage_gang(session: Session) -> None:
+    """The supervisor's files on every host, before any start: the image brings its python3, the host nothing."""
+    from dockerlaunch import gang
+
+    code = Path(gang.__file__).read_bytes()
+    entry = script("gang-entry.sh")
+    where = f"{session.plan.job_dir}/{GANG_BIN}"
+    session.fleet.each(lambda h: h.remote.check(["sh", "-c", STAGE_GANG, "sh", where, entry],
+                                                "copying the gang supervisor", timeout=60, stdin=code)).raise_first()
+
+
+GANG_POLL = 0.5
+
+
+def _await_gang(session: Session, plan: JobPlan, reporter: Reporter, run_id: str) -> str | None:
+    """`up --detach` returns once the gang formed (host 0's events say so); None then, else why not in one line.
+    An image without Python >= 3.8 runs unsupervised: one WARN line, and the job runs as it did before."""
+    from dockerlaunch.backends.docker.gang_records import read_run
+
+    folder = gang_dir(plan, run_id)
+    h0 = session.fleet.hosts[0]
+    deadline = time.monotonic() + session.config.job.start_timeout + 15
+    while True:
+        seen = read_run(h0, folder)
+        if seen.unsupervised:
+            reporter.say(f"WARN: the image {plan.image} has no Python >= 3.8, which the gang supervisor runs on: "
+                         "nothing stops the other ranks when one fails, restarts or watches for hangs once this "
+                         "returns (run `up` attached for that)", "bold yellow")
+            return None
+        if seen.result is not None:
+            return f"the gang ended before it ran: {seen.result.line()}"
+        if seen.formed:
+            return None
+        if time.monotonic() > deadline:
+            return (f"the gang did not form within {session.config.job.start_timeout:g}s (job.start_timeout): "
+                    f"is job.gang_port {session.config.job.gang_port} on {plan.master_addr} open to the hosts?")
+        time.sleep(GANG_POLL)
+
+
 def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag: bool = True, probe: bool = True
             ) -> list[probelib.Probe | Exception] | None:
     """Each host's steps before its start, in one round trip (`Remote.run_steps`; at 256 hosts every extra round
@@ -290,12 +345,14 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
     config, job = session.plan.config, session.plan.job  # the plan's: diagnostics.dir settled for the login
     master = master_addr_of(session) if probe else ""
     diag_argv = None
-    if diag and session.plan.diag_dir is not None:
+    gang_dirs = (f"+{GANG_BIN}", f"+{GANG_RUNS}") if session.plan.supervised else ()
+    if diag and (session.plan.diag_dir is not None or gang_dirs):
+        subdirs = (DIAG_SUBDIRS if session.plan.diag_dir is not None else ()) + gang_dirs
         user = config.container.user
         uid = user.split(":")[0] if user else ""
         # a container user other than root: its own folders where it is a uid (chown), else sticky like /tmp
         mode, owner = ("0755", "-") if not user else ("1777", uid if uid.isdigit() else "-")
-        diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", diag_root(config), job, mode, owner, *DIAG_SUBDIRS]
+        diag_argv = ["sh", "-c", script("diagdir.sh"), "sh", diag_root(config), job, mode, owner, *subdirs]
     locals_ = [h.rank for h in session.fleet.hosts if h.target.local]
 
     def elsewhere(user: str) -> str:  # beside the refused folder, never inside it
@@ -397,13 +454,24 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
         run.started = True  # from here on, any exit path tears down (a partial start too)
         phases = phases or Phases()
         phases.done("watchdogs" if watchdogs is not None else "plan")
-        failed = _start(session, plan, reporter, env_paths, secrets_blob, phases)
+        gang_secret = secrets.token_hex(32) if plan.supervised else None
+        failed = _start(session, plan, reporter, env_paths, secrets_blob, phases, gang_secret)
         if failed is not None:
             run.started = False
             return failed
         if detach:
+            formed = _await_gang(session, plan, reporter, run_id) if plan.supervised else None
+            phases.done("gang")
+            if formed is not None:
+                reporter.say(formed, "bold red")
+                _teardown(session, plan, reporter, "the gang did not form")
+                run.started = False
+                return Ending(1, Cause.START_FAILED, detail=formed)
             run.started = False
-            reporter.say(f"started {plan.nnodes} container(s) in {phases}")
+            reporter.say(f"started {plan.nnodes} container(s) in {phases}; the hosts watch the job (fail-fast"
+                         + (f", up to {session.config.job.max_restarts} restart(s)" if session.config.job.max_restarts
+                            else "") + (", hangs" if session.config.job.hang_timeout else "")
+                         + f", lost hosts) with no launcher: records in {gang_dir(plan, run_id)}/ on every host")
             reporter.command("follow with:", session.config.invocation.command("logs", "--follow", "--name",
                                                                                plan.job, name=False))
             return Ending(0, Cause.DETACHED)
@@ -441,14 +509,16 @@ class _Run:
 
 
 def _start(session: Session, plan: JobPlan, reporter: Reporter, env_paths: dict[int, tuple[str, ...]],
-           secrets_blob: bytes, phases: Phases) -> Ending | None:
-    """One container per host, concurrently (each with its secrets file for the length of its `docker run`);
-    a host that fails to start: everything is torn down and the Ending says which (None: all started)."""
+           secrets_blob: bytes, phases: Phases, gang_secret: str | None = None) -> Ending | None:
+    """One container per host, concurrently (each with its secrets file for the length of its `docker run`, and a
+    supervised job's gang secret); a host that fails to start: everything is torn down and the Ending says which
+    (None: all started)."""
 
     def start(h) -> str:
         path = env_paths.get(h.rank)
         result = DockerHost.on(h).run_container(plan.hosts[h.rank].container,
-                                                env_file=(path[0], secrets_blob) if path else None)
+                                                env_file=(path[0], secrets_blob) if path else None,
+                                                gang_secret=gang_secret)
         env_paths.pop(h.rank, None)  # written and removed by that one command
         return result
 

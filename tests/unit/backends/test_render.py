@@ -17,7 +17,7 @@ from dockerlaunch.backends import Unsupported, renderers
 from dockerlaunch.backends.compose import files as compose
 from dockerlaunch.backends.kubernetes import objects as k8s
 from dockerlaunch.backends.slurm import sbatch as slurm
-from dockerlaunch.container import BindMount, ContainerSpec, Deferred, GpuAccess, Ulimit
+from dockerlaunch.container import BindMount, ContainerSpec, Deferred, GpuAccess, Supervisor, Ulimit
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan, make_plan
@@ -279,9 +279,11 @@ CHANGED = {
     "ulimits": {"nofile": Ulimit(1024, 2048)}, "workdir": "/elsewhere", "user": "1000:1000", "privileged": True,
     "init": False, "tty": False, "detach": False, "remove": True, "docker_args": ["--pids-limit", "-1"],
     "label_disable": False,  # container.selinux keep (the golden plan's auto renders label=disable)
+    "supervisor": Supervisor("/bin/sh", "/run/dockerlaunch"),
 }
-# fields that describe how a launcher runs a container, not the job: no rendered target has them
-LAUNCHER_ONLY = {"detach", "remove"}
+# fields that describe how a launcher runs a container, not the job: no rendered target has them (the supervisor is
+# `up`'s own: a render's plan never has one)
+LAUNCHER_ONLY = {"detach", "remove", "supervisor"}
 # where one template serves every node, the scheduler names each node's container (pod, Slurm task) itself
 NAMED_BY_SCHEDULER = {("name", "k8s"), ("name", "jobset"), ("name", "slurm")}
 # how a Docker engine reaches the GPUs; a pod's come from the device plugin (other modes are refused, tested above)

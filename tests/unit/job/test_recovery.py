@@ -220,9 +220,30 @@ def test_render_gives_restarts_to_jobset_only_and_refuses_up_only_fields():
 
 def test_no_run_folder_is_left_by_a_refused_launch(tmp_path, cli):
     r = cli("up", "--hosts", "10.255.255.1", "--image", "i:1", "--max-restarts", "2", "--detach", "--log-dir",
-            str(tmp_path), "--", "true")
-    assert r.returncode != 0 and "--detach returns once the containers run" in r.stderr
+            str(tmp_path), "--master-port", "29499", "--", "true")
+    assert r.returncode != 0 and "gang_port 29499 is the master_port too" in r.stderr, r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_a_detached_dry_run_shows_the_gang_supervisor_as_the_entrypoint(cli):
+    """`up --detach` runs every rank under the gang supervisor: the dry run shows exactly that argv, with what only
+    the hosts can tell (the run's settings, the image's ENTRYPOINT) as placeholders, and no secret anywhere."""
+    import json
+
+    args = ["up", "--dry-run", "--detach", "--hosts", "10.0.0.1,10.0.0.2", "--image", "i:1", "--max-restarts", "1",
+            "--", "python", "t.py"]
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert "--entrypoint /bin/sh \\\n" in r.stdout
+    assert "--tmpfs /run/dockerlaunch:rw,nosuid,nodev,noexec,mode=1777,size=1m \\\n" in r.stdout
+    assert ("i:1 /.dockerlaunch/gang-entry.sh run '<resolved at launch: the gang'\"'\"'s settings (JSON): run id, "
+            "MASTER_ADDR, job.gang_port, restarts, timeouts>' -- '<resolved at launch: the image'\"'\"'s ENTRYPOINT, "
+            "if any>' python t.py") in r.stdout, r.stdout
+    assert "/var/tmp/dockerlaunch/dockerlaunch/bin:/.dockerlaunch:ro" in r.stdout
+    j = json.loads(cli(*args[:1], "--output", "json", *args[1:]).stdout)
+    assert j["supervised"] is True
+    attached = json.loads(cli("up", "--dry-run", "--output", "json", *args[3:]).stdout)
+    assert attached["supervised"] is False and "gang-entry" not in json.dumps(attached)
 
 
 def test_the_dry_run_says_what_happens_after_a_failure(cli):

@@ -3,7 +3,8 @@
 # is kept only when it is a real folder owned by root or by us, and, if others may write into it, sticky like
 # /tmp: in a parent another user owns, or one writable without the sticky bit, our job's folder could be
 # swapped for a link between a check and the rm/mkdir/chmod below (run as the SSH user: often root).
-# usage: diagdir.sh ROOT JOB MODE OWNER SUBDIR...  (OWNER: the uid the subfolders are given to, or -)
+# usage: diagdir.sh ROOT JOB MODE OWNER SUBDIR...  (OWNER: the uid the subfolders are given to, or -; a SUBDIR
+#        written +NAME is made where missing and never emptied)
 # A refusal is one line on stderr saying what is wrong, no fix: the launcher adds the one fix (diagnostics.dir).
 root=$1 job=$2 mode=$3 owner=$4
 shift 4
@@ -38,7 +39,12 @@ if [ -L "$root/$job" ] || [ ! -d "$root/$job" ] || [ "$(stat -c %u "$root/$job")
 fi
 chmod 0755 "$root/$job" || exit 1
 for s in "$@"; do
-  rm -rf "${root:?}/$job/$s" || exit 1
+  case $s in
+    +*) s=${s#+}  # kept across starts (the supervisor's files, each run's records): made, never emptied
+        if [ -L "$root/$job/$s" ]; then echo "$root/$job/$s is a link" >&2; exit 1; fi
+        if [ -d "$root/$job/$s" ]; then continue; fi ;;
+    *) rm -rf "${root:?}/$job/$s" || exit 1 ;;
+  esac
   # -p: `local` hosts of one job share this folder
   mkdir -p "$root/$job/$s" || exit 1
   if [ "$owner" != - ]; then  # the container's user gets its own folders; not root: sticky like /tmp at worst
