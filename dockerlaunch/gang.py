@@ -662,6 +662,11 @@ class Coordinator:
                 self.broadcast({"t": "attempt", "r": record})
                 self._end(SUCCEEDED, attempt=attempt)
                 return
+            if cause == INTERRUPTED:  # docker stop / `down`: stopping is under way everywhere; nothing restarts
+                self.broadcast({"t": "stop", "attempt": attempt, "why": cause})
+                self.broadcast({"t": "attempt", "r": record})
+                self._end(cause, rank=rank, exit_code=code, detail=ending.get("detail", ""), attempt=attempt)
+                return
             stuck = self._stop_all(attempt, ending)
             if stuck:
                 record["detail"] = (record["detail"] + "; " if record["detail"] else "") + stuck
@@ -949,20 +954,28 @@ class Member:
         return EXIT_HOST_LOST
 
     def _terminated(self) -> int:
-        """docker stop / `down`: the attempt stops, the coordinator hears it, nothing restarts."""
+        """docker stop / `down`: the coordinator hears it first (the others stop meanwhile: nothing restarts), then
+        this rank's processes stop; the job's result is kept here too, the coordinator's when it came in time."""
         n = self.attempt.attempt if self.attempt else None
-        self._stop_child()
         self.send({"t": "exit", "attempt": n, "code": EXIT_TERM, "signal": True})
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
+        self._stop_child()
+        result = None
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and result is None:
             try:
                 msg = self.inbox.get(timeout=0.1)
             except queue.Empty:
                 continue
             if msg.get("t") == "end":
-                self.records.result(msg.get("result") or {})
-                break
-        self.quit.set()
+                result = msg.get("result") or {}
+            elif msg.get("t") == "event":
+                self.records.event(msg.get("e") or {})
+        if result is None:
+            self._finish({"cause": INTERRUPTED, "code": EXIT_TERM, "rank": self.rank, "host": self.spec["host"],
+                          "exit_code": EXIT_TERM, "detail": "rank %d was stopped by a signal (docker stop, `down`)"
+                          % self.rank}, local=True)
+        else:
+            self._finish(result)
         return EXIT_TERM
 
 

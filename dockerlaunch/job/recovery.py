@@ -11,23 +11,27 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from dockerlaunch import gang
 from dockerlaunch.enums import StrEnum
 from dockerlaunch.job.config import ClusterConfig, HostConfig
 
 
 class Cause(StrEnum):
-    SUCCEEDED = "succeeded"
-    RANK_FAILED = "rank failed"
-    HOST_LOST = "host lost"
-    HANG = "hang"
-    START_FAILED = "start failed"
+    """How an attempt ended; the values the gang supervisor (gang.py) writes on the hosts are its own constants."""
+
+    SUCCEEDED = gang.SUCCEEDED
+    RANK_FAILED = gang.RANK_FAILED
+    HOST_LOST = gang.HOST_LOST
+    HANG = gang.HANG
+    START_FAILED = gang.START_FAILED
     PREFLIGHT_FAILED = "preflight failed"
-    INTERRUPTED = "interrupted"
+    INTERRUPTED = gang.INTERRUPTED
     DETACHED = "detached"
 
 
-# what another attempt may fix: a crash, a lost or replaced host, a hang, a start that failed on one host
-RESTARTABLE = frozenset({Cause.RANK_FAILED, Cause.HOST_LOST, Cause.HANG, Cause.START_FAILED})
+# what another attempt may fix: a crash, a lost or replaced host, a hang, a start that failed on one host -- the
+# gang supervisor's rule, so an attached and a detached run restart alike
+RESTARTABLE = frozenset(Cause(c) for c in gang.RESTARTABLE)
 
 
 @dataclass
@@ -45,7 +49,7 @@ class Ending:
 
 def should_restart(ending: Ending, attempt: int, max_restarts: int) -> bool:
     """Another attempt, or not: only for a failure another start can fix, and only while restarts are left."""
-    return ending.cause in RESTARTABLE and attempt < max_restarts
+    return gang.should_restart(str(ending.cause), attempt, max_restarts)
 
 
 @dataclass

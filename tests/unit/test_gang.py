@@ -517,6 +517,39 @@ def _sh_quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
+def _docker_stop(tmp_path, gangs, rank: int, stop_grace: float) -> None:
+    """SIGTERM (docker stop) to `rank`'s wrapper while the other rank's command ignores SIGTERM (its stop takes
+    stop_grace): every rank ends "interrupted", 143, with the job's result in its folder, and nothing restarts."""
+    cmds = ["exec sleep 100", "exec sleep 100"]
+    cmds[1 - rank] = f'trap "" TERM; echo $$ > {tmp_path}/pid; exec sleep 100'
+    g = gangs(tmp_path, cmds, stop_grace=stop_grace, max_restarts=3)
+    wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip(), 15, "the commands")
+    time.sleep(0.5)
+    os.kill(g.procs[rank].pid, signal.SIGTERM)
+    signalled_at = time.time()
+    for r in (rank, 1 - rank):
+        try:
+            code = g.procs[r].wait(stop_grace + 3 - (time.time() - signalled_at))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"rank {r} still runs {stop_grace + 3}s after the SIGTERM\n{g.output()}") from None
+        assert code == 143, (r, code, g.output())
+        assert (g.dir(r) / "result.json").exists(), f"rank {r} ended without the job's result\n{g.output()}"
+        result = g.result(r)
+        assert (result["cause"], result["code"], result["rank"]) == ("interrupted", 143, rank), (r, result)
+    assert not alive(int((tmp_path / "pid").read_text()))
+    assert [a["attempt"] for a in g.lines(1 - rank, "attempts.jsonl")] == [0]  # no restart
+
+
+def test_docker_stop_on_a_rank_ends_every_rank_interrupted(tmp_path, gangs):
+    _docker_stop(tmp_path, gangs, rank=1, stop_grace=1)
+
+
+def test_docker_stop_on_rank_0_while_another_rank_stops_slowly(tmp_path, gangs):
+    """Rank 0 holds the coordinator: a SIGTERM to it must still end the gang everywhere as interrupted (was: rank 0
+    gone after 2 s with no result, rank 1 left to end `host lost`, a restartable cause)."""
+    _docker_stop(tmp_path, gangs, rank=0, stop_grace=3)
+
+
 def test_run_without_a_secret_ends_start_failed(tmp_path):
     spec = dict(job="j", run="r1", rank=0, nnodes=1, hosts=["h0"], host="h0", addr="127.0.0.1", port=free_port(),
                 dir=str(tmp_path / "host0"), max_restarts=0, backoff=0, hang_timeout=None, progress_regex=None,

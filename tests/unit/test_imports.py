@@ -24,7 +24,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_the_tree_keeps_every_import_rule():
     r = lint_imports(ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "12 kept, 0 broken" in r.stdout
+    assert "13 kept, 0 broken" in r.stdout
 
 
 @pytest.mark.parametrize("module, line, contract", [
@@ -68,7 +68,8 @@ def test_only_the_cli_prints():
     found = []
     for path in (ROOT / "dockerlaunch").rglob("*.py"):
         rel = path.relative_to(ROOT / "dockerlaunch")
-        if rel.parts[0] == "cli" or "scripts" in rel.parts or "assets" in rel.parts:
+        # gang.py is such a program too: the supervisor in each job container, whose output is the container's
+        if rel.parts[0] == "cli" or "scripts" in rel.parts or "assets" in rel.parts or rel.name == "gang.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":

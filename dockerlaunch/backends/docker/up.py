@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from dockerlaunch import gang
 from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker import script
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost, listing_script, parse_listing
@@ -58,10 +59,10 @@ from dockerlaunch.reporting import Reporter
 MONITOR_JOIN = 15.0  # after the job ends, monitors get this long to say their last word
 
 
-EXIT_HOST_LOST = 75  # `up`'s exit code when a host stopped answering (EX_TEMPFAIL: try again later)
+EXIT_HOST_LOST = gang.EXIT_HOST_LOST  # `up`'s exit code when a host stopped answering (EX_TEMPFAIL)
 
 
-EXIT_HANG = 124  # `up`'s exit code when the job hung (job.hang_timeout), as timeout(1)'s
+EXIT_HANG = gang.EXIT_HANG  # `up`'s exit code when the job hung (job.hang_timeout), as timeout(1)'s
 
 
 HANG_DUMP_DEADLINE = 180.0  # the hang dump's own limit: a hung host must not hang `up`
