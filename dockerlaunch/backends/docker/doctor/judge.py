@@ -359,6 +359,14 @@ def _judge_cluster(report: Report, config: ClusterConfig, plan: JobPlan, ob: Obs
         else:
             report.add(h0.address, "master port", FAIL,
                        f"port {plan.master_port} is already in use on host 0: pick another with --master-port")
+        if plan.supervised:  # `up --detach`: host 0's gang supervisor listens there
+            gang_port = config.job.gang_port
+            if gang_port in h0.listening:
+                port_free = False
+                report.add(h0.address, "gang port", FAIL, f"port {gang_port} is already in use on host 0: pick "
+                           "another with job.gang_port")
+            else:
+                report.add(h0.address, "gang port", PASS, f"{gang_port} is free (the gang supervisor's)")
     others = [o for o in obs[1:] if o.usable]
     if port_free:
         for o in others:

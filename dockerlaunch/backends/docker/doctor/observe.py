@@ -425,9 +425,11 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations, pr
     others = [h for h in cluster.live if h.rank != 0 and obs[h.rank].usable]
     if not others or not obs[0].usable or not obs[0].image_id:
         return
-    if obs[0].listening is not None and plan.master_port in obs[0].listening:
-        return  # the master port check fails; a listener there would not start
-    ports = (plan.master_port, 40000 + secrets.randbelow(20000))
+    # a supervised job (`up --detach`) needs the gang's port too: it is the second port tried, else a random one
+    second = plan.config.job.gang_port if plan.supervised else 40000 + secrets.randbelow(20000)
+    if obs[0].listening is not None and {plan.master_port, second} & set(obs[0].listening):
+        return  # the master (or gang) port check fails; a listener there would not start
+    ports = (plan.master_port, second)
     observations.reach_ports = ports
     h0, how, handle = cluster.hosts[0], "", ""
     try:  # from before the start: an interrupt between start and cleanup must not leave the listener

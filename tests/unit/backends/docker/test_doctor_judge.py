@@ -72,8 +72,9 @@ def unreachable(rank: int, why="connection refused", address: str | None = None)
     return HostObservation(rank, address, ssh=f"root@{address}:22", ssh_error=why)
 
 
-def run(config: ClusterConfig, *hosts: HostObservation, reach_ports=(29500, HIGH_PORT), reach_error=None) -> Report:
-    plan = make_plan(config)
+def run(config: ClusterConfig, *hosts: HostObservation, reach_ports=(29500, HIGH_PORT), reach_error=None,
+        supervised: bool = False) -> Report:
+    plan = make_plan(config, supervised=supervised)
     targets = [resolve_target(h, config.ssh, None, "root") for h in config.hosts]
     return judge(config, plan, targets,
                  Observations(MASTER, list(hosts), reach_ports=reach_ports, reach_error=reach_error))
@@ -387,6 +388,19 @@ def test_master_port_in_use_fails_and_skips_reachability():
     report = run(cfg(), host(0, listening={22, 29500}), host(1, reach=None), reach_ports=None)
     row(report, H0, "master port", FAIL, "port 29500 is already in use on host 0", "--master-port")
     assert report.get(H1, "reachability") is None
+
+
+def test_a_detached_job_checks_the_gang_port_as_it_checks_the_master_port():
+    """`up --detach`'s pre-flight: host 0's gang supervisor listens on job.gang_port; in use there fails it (and
+    the reachability rows, which then could not bind it); free, the others must reach it."""
+    busy = run(cfg(), host(0, listening={22, 29499}), host(1, reach=None), reach_ports=None, supervised=True)
+    row(busy, H0, "gang port", FAIL, "port 29499 is already in use on host 0", "job.gang_port")
+    assert busy.get(H1, "reachability") is None
+    free = run(cfg(job={"gang_port": 31000}), host(0, listening={22}), host(1), reach_ports=(29500, 31000),
+               supervised=True)
+    row(free, H0, "gang port", PASS, "31000 is free")
+    row(free, H1, "reachability", PASS, f"reaches {MASTER}:29500 and :31000")
+    assert run(cfg(), host(0, listening={22, 29499}), host(1)).get(H0, "gang port") is None  # attached: no gang
 
 
 def test_master_port_is_the_configured_one():
