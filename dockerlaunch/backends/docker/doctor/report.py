@@ -14,8 +14,8 @@ DOCTOR_VERDICTS = (PASS, WARN, FAIL, SKIP, ERROR)
 
 
 CHECK_ORDER = ["ssh", "probe", "docker", "image", "route", "master port", "gang port", "reachability", "shm", "memlock",
-               "nofile", "gpus", "driver", "archs", "gpu health", "gpu models", "infiniband", "ib in container", "image ibverbs",
-               "mounts", "selinux", "shared", "model cache", "hubs", "disk", "clock",
+               "nofile", "gpus", "driver", "archs", "gpu health", "gpu models", "infiniband", "ib in container",
+               "image ibverbs", "mounts", "selinux", "shared", "model cache", "hubs", "disk", "clock",
                # doctor --smoke: the image on the GPUs, after every check above passed
                "smoke", "smoke matmul", "smoke te linear", "smoke flash-attn", "smoke apex norm",
                "smoke all_reduce host", "smoke all_reduce world", "smoke transport", "straggler"]
