@@ -8,14 +8,12 @@ joins the rank's PID namespace (`--pid container:NAME`, SYS_PTRACE on that conta
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
 import re
 import secrets
 import shutil
-import sys
 import tarfile
 import tempfile
 import threading
@@ -27,6 +25,7 @@ from typing import BinaryIO
 
 from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker.dockerhost import DockerHost
+from dockerlaunch.backends.docker.pyspy import local_pyspy, stage_pyspy
 from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
 from dockerlaunch.diagnostics.callstacks import RankStack, parse_pyspy, summary
@@ -42,7 +41,6 @@ PYSPY_TIMEOUT = 90.0
 SIDECAR_PYSPY = "/dockerlaunch-py-spy"  # not under /usr: the job may mount that read-only
 FR_WAIT = 20.0  # seconds for the flight recorder to write its dumps once asked
 # POSIX sh has no `test -O`
-OWNED = """owned() { [ "$(ls -ldn "$1" 2>/dev/null | awk '{print $3}')" = "$(id -u)" ]; }; """
 _PROC = re.compile(r"^proc (\d+) (\d+) (\d+) (\S+) ?(.*)$")
 
 
@@ -84,15 +82,6 @@ def split_marked(text: str, marker: str = "==> pid ") -> dict[int, str]:
         elif current is not None:
             out[current].append(line)
     return {k: "\n".join(v) + "\n" for k, v in out.items()}
-
-
-def local_pyspy() -> Path | None:
-    """The py-spy installed with dockerlaunch (its wheel is a dependency), else one on PATH."""
-    beside = Path(sys.executable).parent / "py-spy"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return beside
-    found = shutil.which("py-spy")
-    return Path(found) if found else None
 
 
 def safe_extract(data: bytes | BinaryIO, dest: Path) -> list[str]:
@@ -227,22 +216,7 @@ class _HostDumper:
         return res.stdout
 
     def _upload_pyspy(self) -> str:
-        """Copied once per host and version (the name holds its hash; a half-copied file never has that name),
-        into the job's own folder: the shared parent is world-writable, and a binary planted there would run
-        with SYS_PTRACE beside the ranks."""
-        data = self.pyspy.read_bytes()
-        digest = hashlib.sha256(data).hexdigest()[:12]
-        path = f"{self.where}/bin/py-spy-{digest}"
-        if self.h.remote.run(["sh", "-c", OWNED + 'test -x "$1" && owned "$1" && owned "${1%/*}"', "sh", path],
-                             timeout=30).ok:
-            return path
-        self.h.remote.check(
-            # the shared parent, where this makes it, is sticky and world-writable as diagdir.sh makes it
-            ["sh", "-c", OWNED + '{ [ -d "$2" ] || { mkdir -p "$2" && chmod 1777 "$2"; }; } && mkdir -p "${1%/*}" '
-             '&& owned "${1%/*}" && cat > "$1.$$" && chmod 755 "$1.$$" && mv -f "$1.$$" "$1"', "sh", path,
-             diag_root(self.session.plan.config)],
-            "copying py-spy to the host", timeout=300, stdin=data)
-        return path
+        return stage_pyspy(self.h.remote, self.where, diag_root(self.session.plan.config), self.pyspy)
 
     def _trigger_flight_recorder(self) -> None:
         # the pipes belong to the container's user: write them from inside

@@ -7,7 +7,8 @@ import secrets
 import pytest
 
 from dockerlaunch.backends.docker import script
-from dockerlaunch.diagnostics.dump import OWNED, fetch_diag_files
+from dockerlaunch.backends.docker.pyspy import OWNED
+from dockerlaunch.diagnostics.dump import fetch_diag_files
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from dockerlaunch import sim
+from dockerlaunch.backends.docker.pyspy import local_pyspy
 from dockerlaunch.container import NOFILE
-from dockerlaunch.diagnostics.dump import local_pyspy
 from dockerlaunch.sim.layout import NODE_NOFILE
 from tests.integration.helpers import dl, probe_containers_on, variant
 

@@ -24,6 +24,7 @@ from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker import script
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost, listing_script, parse_listing
 from dockerlaunch.backends.docker.logsink import LogSink
+from dockerlaunch.backends.docker.pyspy import local_pyspy, stage_pyspy
 from dockerlaunch.backends.docker.runs import RunFolder, safe_host
 from dockerlaunch.backends.docker.secret_env import (
     env_file_paths,
@@ -304,8 +305,17 @@ def _stage_gang(session: Session) -> None:
     code = Path(gang.__file__).read_bytes()
     entry = script("gang-entry.sh")
     where = f"{session.plan.job_dir}/{GANG_BIN}"
-    session.fleet.each(lambda h: h.remote.check(["sh", "-c", STAGE_GANG, "sh", where, entry],
-                                                "copying the gang supervisor", timeout=60, stdin=code)).raise_first()
+    # a hang's stacks: py-spy from the image, else dockerlaunch's own beside gang.py (the supervisor looks there)
+    pyspy = local_pyspy() if session.config.job.hang_timeout else None
+    root = diag_root(session.plan.config)
+
+    def stage(h: Host) -> None:
+        h.remote.check(["sh", "-c", STAGE_GANG, "sh", where, entry], "copying the gang supervisor", timeout=60,
+                       stdin=code)
+        if pyspy is not None:
+            stage_pyspy(h.remote, session.plan.job_dir, root, pyspy)
+
+    session.fleet.each(stage).raise_first()
 
 
 GANG_POLL = 0.5
