@@ -290,6 +290,13 @@ def test_a_stranger_on_the_gang_port_changes_nothing(sim_cluster, engine, remote
     r = dl("up", "--detach", "--skip-preflight", "--config", cfg, "--name", job, "--image", demo_image,
            "--", "sh", "-c", "sleep 12; echo done", timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
+    # the run's secret is nowhere a host's other users or tools read: not in inspect, not left in the tmpfs
+    for rank, rm in enumerate(remotes):
+        inspect = rm.run(["docker", "inspect", f"{job}-{rank}"]).stdout
+        assert inspect and not re.search(r"\b[0-9a-f]{64}\b", inspect.replace(rm.run(
+            ["docker", "inspect", "-f", "{{.Id}}", f"{job}-{rank}"]).stdout.strip(), "")), "a 64-hex value in inspect"
+        left = rm.run(["docker", "exec", f"{job}-{rank}", "sh", "-c", "ls -A /run/dockerlaunch/gang"])
+        assert left.ok and left.stdout.strip() == "", left.stdout
     probe = remotes[1].run(["docker", "run", "--rm", "--network", "host", demo_image, "python3", "-c", STRANGER,
                             nodes[0].ip, "29499"], timeout=60)
     assert probe.ok, probe.stdout + probe.stderr
