@@ -582,7 +582,7 @@ def _watch(session: Session, plan: JobPlan, reporter: Reporter, run: _Run, watch
             reporter.say(f"{names} stopped answering for {config.job.host_timeout:g}s: host lost "
                          f"(its own watchdog removes its container when it comes back)", "bold red")
             return Ending(EXIT_HOST_LOST, Cause.HOST_LOST, gone[0].rank, gone[0].address, lost=run.lost), watchers
-        if hang_after is not None and time.monotonic() - max(s.progress_at for s in run.sinks) > hang_after:
+        if gang.hung({s.rank: s.progress_at for s in run.sinks}, time.monotonic(), hang_after):  # the gang's rule
             return _hung(session, plan, reporter, run.sinks, hang_after, run_dir, on_hang), watchers
         try:
             i, result = exits.get(timeout=0.2)

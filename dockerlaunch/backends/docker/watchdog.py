@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import paramiko
 
+from dockerlaunch import gang
 from dockerlaunch.backends.docker import script
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.hosts.fleet import Host
@@ -67,7 +68,9 @@ class Silence:
         itself is behind: that is the launcher's stall, not the hosts'."""
         if now - self.last_tick > STALL + TICK:
             return []
-        return [p for p in peers if p.unanswered_since is not None and now - p.unanswered_since > timeout]
+        quiet = set(gang.silent({i: p.unanswered_since for i, p in enumerate(peers) if p.unanswered_since is not None},
+                                now, timeout))  # the gang supervisor's rule, as a detached job's hosts apply it
+        return [p for i, p in enumerate(peers) if i in quiet]
 
 
 class Watchdogs:
