@@ -509,14 +509,16 @@ def _pyspy() -> str | None:
     return os.path.join(here, staged[-1]) if staged else None
 
 
-def _ptrace_note() -> str:
+def _ptrace_note(scope_file: str = "/proc/sys/kernel/yama/ptrace_scope", uid: int | None = None) -> str:
+    """Why py-spy may not trace the ranks, for the hang's event (the restart goes ahead without the stacks)."""
     try:
-        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+        with open(scope_file) as f:
             scope = f.read().strip()
     except OSError:
         scope = ""
-    who = "uid %d" % os.getuid()
-    if scope and scope != "0" and os.getuid() != 0:
+    uid = os.getuid() if uid is None else uid
+    who = "uid %d" % uid
+    if scope and scope != "0" and uid != 0:
         return ("py-spy was refused: Yama's ptrace_scope is %s and the container's user (%s) is not root, so it may "
                 "not trace the ranks (run the container as root, or set kernel.yama.ptrace_scope=0 on the host)"
                 % (scope, who))

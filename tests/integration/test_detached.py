@@ -309,3 +309,22 @@ def test_a_stranger_on_the_gang_port_changes_nothing(sim_cluster, engine, remote
     strangers = [e for e in events if e["event"] == "stranger"]
     assert len(strangers) == 1 and nodes[1].ip in strangers[0]["text"], strangers
     dl("down", "--config", cfg, "--name", job)
+
+
+def test_an_image_without_python_runs_detached_unsupervised_after_one_warning(sim_cluster, remotes, tmp_path,
+                                                                             tools_image):
+    """The sim's tools image has no Python: `up --detach` says in one line that nothing watches the job once it
+    returns, and the job runs as it did before (its command, its own exit)."""
+    job = job_name()
+    cfg = variant(sim_cluster, tmp_path)
+    r = dl("up", "--detach", "--skip-preflight", "--config", cfg, "--name", job, "--image", tools_image,
+           "--", "sh", "-c", 'echo "rank $NODE_RANK ran"; sleep 1', timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    warned = [line for line in out.splitlines() if "no Python >= 3.8" in line]
+    assert len(warned) == 1 and "nothing stops the other ranks" in warned[0], out
+    for rank, rm in enumerate(remotes):
+        assert until(lambda rm=rm, rank=rank: state(rm, f"{job}-{rank}")[0] == "exited", 60) is not None
+        assert state(rm, f"{job}-{rank}")[1] == 0
+        assert f"rank {rank} ran" in rm.run(["docker", "logs", f"{job}-{rank}"]).stdout
+    dl("down", "--config", cfg, "--name", job)

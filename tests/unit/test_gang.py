@@ -600,3 +600,14 @@ def test_take_secret_refuses_a_folder_others_can_read(tmp_path):
     r = _take(link, SECRET)
     assert r.returncode == 2
     assert os.listdir(target) == []
+
+
+def test_a_refused_py_spy_says_whether_yamas_ptrace_scope_forbids_a_non_root_user(tmp_path):
+    """The hang's event says why a rank has no stacks: Yama (scope >= 1) and a non-root container user, else
+    SYS_PTRACE; this kernel may have no Yama at all, so the scope file is given."""
+    scope = tmp_path / "ptrace_scope"
+    scope.write_text("1\n")
+    said = gang._ptrace_note(str(scope), uid=1000)
+    assert "ptrace_scope is 1" in said and "uid 1000" in said and "not root" in said
+    assert "SYS_PTRACE" in gang._ptrace_note(str(scope), uid=0)
+    assert "SYS_PTRACE" in gang._ptrace_note(str(tmp_path / "absent"), uid=1000)
