@@ -292,10 +292,17 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
         reporter.say(recovery.copy_image(sources[0][0], dst, image))  # type: ignore[misc]
 
 
-# gang.py and its entry shim into the job's bin/ (mounted read-only at /.dockerlaunch), each written whole
+KEEP_RUNS = 20  # each host keeps the records of the job's newest runs (runs/<run id>/); older ones are removed
+
+# gang.py and its entry shim into the job's bin/ (mounted read-only at /.dockerlaunch), each written whole; the
+# job's runs/ pruned to its KEEP_RUNS newest (names as `up` makes them: nothing else is removed)
 STAGE_GANG = ('umask 022; b=$1; { [ -d "$b" ] && [ ! -L "$b" ]; } || { echo "$b is not a folder" >&2; exit 1; }\n'
               'printf "%s" "$2" >"$b/.gang-entry.sh.$$" && cat >"$b/.gang.py.$$" && '
-              'mv -f "$b/.gang-entry.sh.$$" "$b/gang-entry.sh" && mv -f "$b/.gang.py.$$" "$b/gang.py"')
+              'mv -f "$b/.gang-entry.sh.$$" "$b/gang-entry.sh" && mv -f "$b/.gang.py.$$" "$b/gang.py" || exit 1\n'
+              'cd "$3" 2>/dev/null || exit 0\n'
+              'ls -1t | tail -n "+$4" | while IFS= read -r d; do\n'
+              '  case $d in [0-9]*-[0-9]*-[0-9a-f]*) case $d in *[!0-9a-f-]*) ;; *) rm -rf -- "$d" ;; esac ;; esac\n'
+              'done\n')
 
 
 def _stage_gang(session: Session) -> None:
@@ -304,14 +311,14 @@ def _stage_gang(session: Session) -> None:
 
     code = Path(gang.__file__).read_bytes()
     entry = script("gang-entry.sh")
-    where = f"{session.plan.job_dir}/{GANG_BIN}"
+    where, runs = f"{session.plan.job_dir}/{GANG_BIN}", f"{session.plan.job_dir}/{GANG_RUNS}"
     # a hang's stacks: py-spy from the image, else dockerlaunch's own beside gang.py (the supervisor looks there)
     pyspy = local_pyspy() if session.config.job.hang_timeout else None
     root = diag_root(session.plan.config)
 
     def stage(h: Host) -> None:
-        h.remote.check(["sh", "-c", STAGE_GANG, "sh", where, entry], "copying the gang supervisor", timeout=60,
-                       stdin=code)
+        h.remote.check(["sh", "-c", STAGE_GANG, "sh", where, entry, runs, str(KEEP_RUNS + 1)],
+                       "copying the gang supervisor", timeout=60, stdin=code)
         if pyspy is not None:
             stage_pyspy(h.remote, session.plan.job_dir, root, pyspy)
 
