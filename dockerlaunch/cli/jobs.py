@@ -291,12 +291,21 @@ def down(ignore_missing: bool, log_dir: str, **kw) -> None:
 PS_JSON = """{"hosts": N,
  "jobs": [{"name", "image", "created", "age_seconds",
            "hosts": [{"host", "rank", "container", "state", "exit_code",
-                      "started_at", "finished_at"}]}],
+                      "started_at", "finished_at"}],
+           "result": null | RESULT}],
  "unanswered": [{"host", "error"}],
- "saved": [{"name", "latest_run"}]}"""
+ "saved": [{"name", "latest_run"}]}
+RESULT (how a job under the gang supervisor ended, from its hosts' records;
+"result" only on such jobs, null while one runs):
+ {"cause", "code", "rank", "host", "exit_code", "attempt", "ended", "detail",
+  "line"}"""
+PS_EXIT = """Exit codes: 0; 1 when a listed job failed (one started with `up --detach`
+that ended with a non-zero code: its state says which rank and how), or when
+a host did not answer (it is named; the other hosts are listed)."""
 
 
-@cli.command(epilog="\b\n--output json prints (keys are only ever added: ignore unknown ones):\n" + PS_JSON)
+@cli.command(epilog="\b\n" + PS_EXIT + "\n\n\b\n--output json prints (keys are only ever added: ignore unknown "
+             "ones):\n" + PS_JSON)
 @config_and_hosts_options
 @output_option("text for people; json for scripts (its keys below)")
 @LOG_DIR_OPTION
@@ -304,7 +313,10 @@ def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: s
     """List every dockerlaunch job on the config's hosts: name, hosts, state per host, age, image.
 
     Jobs are found by their containers' `dockerlaunch.job` label, whatever their name; finished jobs whose logs
-    `up` kept under --log-dir are listed after them. Exits 1 when a host did not answer (the others are listed).
+    `up` kept under --log-dir are listed after them. A job started with `up --detach` that ended shows how, from
+    its hosts' records (`succeeded`, `failed: rank 1 exited 3`): every container exits with the job's code, so
+    the failed rank is the gang's word, not the container codes'. Exits 1 when a listed job failed or a host did
+    not answer (the others are listed).
     """
     from datetime import datetime, timezone
 
@@ -313,11 +325,12 @@ def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: s
     cfg = load_hosts(config_path, hosts, log_dir)
     found = after_up.list_jobs(cfg, log_dir)
     now = datetime.now(timezone.utc)
+    code = 1 if found.failed or any(j.failed for j in found.jobs) else 0
     if output == "json":
         click.echo(json.dumps({"hosts": found.hosts, "jobs": [j.to_dict(now) for j in found.jobs],
                                "unanswered": [{"host": h, "error": why} for h, why in found.failed],
                                "saved": [{"name": n, "latest_run": t} for n, t in found.saved.items()]}, indent=2))
-        sys.exit(1 if found.failed else 0)
+        sys.exit(code)
     say = LineReporter()
     if found.jobs:
         print_table(["job", "hosts", "state", "age", "image"],
@@ -330,7 +343,7 @@ def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: s
     if kept:
         say.say(f"finished, logs kept under {log_dir}/: {', '.join(kept)} "
                 f"(`{cfg.invocation.command('logs', '--name', 'JOB', name=False)}`)")
-    sys.exit(1 if found.failed else 0)
+    sys.exit(code)
 
 
 def _few(items: list[str], n: int = 4) -> str:
@@ -338,7 +351,15 @@ def _few(items: list[str], n: int = 4) -> str:
 
 
 def _states(job) -> str:
-    """Per host, in the hosts column's order; one word when all agree; counts past a few hosts."""
+    """How a supervised job ended (the gang's result: its containers' codes are all the job's), else per host, in
+    the hosts column's order; one word when all agree; counts past a few hosts."""
+    result = getattr(job, "result", None)
+    if result is not None:
+        return result.short() if not job.running else f"{_container_states(job)}; {result.short()}"
+    return _container_states(job)
+
+
+def _container_states(job) -> str:
     states = [c.state for _, c in job.containers]
     if len(set(states)) == 1:
         return states[0] if len(states) == 1 else f"{states[0]} (all {len(states)})"
@@ -350,15 +371,40 @@ def _states(job) -> str:
     return ", ".join(f"{n} {s}" for s, n in by.items())
 
 
-@cli.command()
+# `status --output json`, as its --help shows it (docs/CLI-JSON.md says what each key holds)
+STATUS_JSON = """{"job", "containers": [{"host", "name", "rank", "status", "exit_code",
+                         "started_at", "finished_at"}],
+ "run", "attempts": [{"attempt", "cause", "code", "started", "seconds",
+                      "hosts", "rank", "host", "exit_code", "swaps",
+                      "detail"}],
+ "other_jobs": [<a job as in ps's "jobs">],
+ "result": null | {"cause", "code", "rank", "host", "exit_code", "attempt",
+                   "ended", "detail", "line"},
+ "records": null | {"run", "folder", "hosts"},
+ "unanswered": [{"host", "error"}]}"""
+STATUS_EXIT = """Exit codes: the job's own code when a job started with `up --detach`
+ended failed (the failed rank's: 3 when rank 1 exited 3; 75 a host lost,
+124 a hang, 143 stopped by a signal); else 1 when a host did not answer (it
+is named, the other hosts answered: the result is in "result" when one of
+them has it); else 0 (running, succeeded, or started attached). 1 with one
+line on stderr: no such job."""
+
+
+@cli.command(epilog="\b\n" + STATUS_EXIT + "\n\n\b\n--output json prints (keys are only ever added: ignore unknown "
+             "ones):\n" + STATUS_JSON)
 @job_ref_options
 @output_option()
 @LOG_DIR_OPTION
 def status(output: str, log_dir: str, **kw) -> None:
-    """The job's containers per host (state, exit code, since when), and the attempts of its latest run.
+    """The job's containers per host (state, exit code, since when), how it ended, and the attempts of its latest
+    run.
 
-    A job with no containers and no saved run: with --name, an error naming the jobs there are (exit 1); without,
-    the config's job is reported as having none, and the jobs that do run are listed (see `ps`).
+    A job started with `up --detach` runs under the gang supervisor, which keeps the run's records on every host:
+    how it ended and its attempts come from there (every container exits with the job's code: the cause is the
+    rank the gang names, the others were stopped by it). A host that does not answer is named, and the others
+    answer. A job with no containers and no run (on the hosts, or saved): with --name, an error naming the jobs
+    there are (exit 1); without, the config's job is reported as having none, and the jobs that do run are listed
+    (see `ps`).
     """
     from datetime import datetime, timezone
 
@@ -366,44 +412,79 @@ def status(output: str, log_dir: str, **kw) -> None:
 
     named = kw.get("name") is not None
     cfg = load(kw, log_dir=log_dir)
-    found, others = after_up.status_and_others(cfg)
-    run, attempts = after_up.attempts(cfg, log_dir)
-    if not found and run is None and named:
-        raise after_up.missing_job(cfg, others, log_dir)
+    st = after_up.job_status(cfg, log_dir)
+    run, attempts = (None, st.gang.attempts) if st.gang is not None else after_up.attempts(cfg, log_dir)
+    down = "".join(f"; host {h} did not answer: {why}" for h, why in st.unanswered)
+    if not st.found and run is None and st.gang is None and named:
+        raise after_up.missing_job(cfg, st.others, log_dir, then=down)
+    result = st.result
     if output == "json":
         now = datetime.now(timezone.utc)
-        click.echo(json.dumps({"job": cfg.job.name, "containers": [{"host": host, **s.to_dict()} for host, s in found],
+        click.echo(json.dumps({"job": cfg.job.name, "containers": [{"host": host, **s.to_dict()} for host, s in
+                                                                    st.found],
                                "run": run, "attempts": [a.__dict__ for a in attempts],
-                               "other_jobs": [j.to_dict(now) for j in others]}, indent=2))
-        return
-    if not found:
-        LineReporter().say(f"job {cfg.job.name}: no containers on {len(cfg.hosts)} host(s)")
-        if others:
-            LineReporter().say(after_up.jobs_line(others, {}, log_dir)
-                               + f" (`{cfg.invocation.command('ps', name=False)}` for more)")
+                               "other_jobs": [j.to_dict(now) for j in st.others],
+                               "result": result.to_dict() if result else None,
+                               "records": st.gang.to_dict() if st.gang else None,
+                               "unanswered": [{"host": h, "error": why} for h, why in st.unanswered]}, indent=2))
+        sys.exit(st.code)
+    say = LineReporter()
+    if not st.found:
+        say.say(f"job {cfg.job.name}: no containers on {len(cfg.hosts) - len(st.unanswered)} host(s)"
+                + (" that answered" if st.unanswered else ""))
+        if st.others:
+            say.say(after_up.jobs_line(st.others, {}, log_dir)
+                    + f" (`{cfg.invocation.command('ps', name=False)}` for more)")
     else:
         rows = []
-        for host, s in found:
+        for host, s in st.found:
             when = s.started_at if s.status == "running" else s.finished_at
             rows.append([str(s.rank), host, s.name, s.status, "" if s.status == "running" else str(s.exit_code),
-                         when[:19].replace("T", " ")])
-        print_table(["rank", "host", "container", "state", "exit code", "up since / finished"], rows)
+                         when[:19].replace("T", " ")] + ([result.part_of(s.rank)] if result else []))
+        ranks = {s.rank for _, s in st.found}
+        down_hosts = dict(st.unanswered)
+        for i, host in enumerate(st.hosts):
+            if i not in ranks and host in down_hosts:
+                rows.append([str(i), host, "", "unknown (its host did not answer)", "", ""] + ([""] if result else []))
+        rows.sort(key=lambda r: int(r[0]) if r[0].isdigit() else 1 << 30)
+        print_table(["rank", "host", "container", "state", "exit code", "up since / finished"]
+                    + (["how it ended"] if result else []), rows)
+    for h, why in st.unanswered:
+        say.say(f"host {h}: did not answer: {why} (the other hosts answered)", "bold red")
+    if result is not None:
+        say.say(f"job {cfg.job.name} ended: {result.line()}", "bold red" if result.failed else "bold green")
+    elif st.gang is not None and st.found:
+        n = st.gang.attempt
+        say.say(f"job {cfg.job.name} runs under the gang supervisor (run {st.gang.run})"
+                + (f", attempt {n}" if n is not None else ""))
     if attempts:
-        click.echo(f"attempts of the latest run ({run}/):")
+        where = f"{run}/" if run else f"{st.gang.folder}/ on the hosts" if st.gang else "?"
+        click.echo(f"attempts of the latest run ({where}):")
         for a in attempts:
             click.echo(host_text(f"  {a.started.replace('T', ' ')}  {a.line()}"))
+    sys.exit(st.code)
 
 
 @cli.command()
 @job_ref_options
-@click.option("--follow", "-f", is_flag=True, help="Keep streaming until the containers exit.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep streaming until the containers exit; then exit with the job's code (up --detach).")
 @click.option("--rank", type=int, help="Only this rank.")
 @click.option("--tail", default="all", show_default=True, help="Lines from the end of each log.")
 @click.option("--attempt", type=click.IntRange(0, 1000), metavar="N",
-              help="The saved logs of attempt N of the latest run (0: the first start).")
+              help="The kept logs of attempt N of the latest run (0: the first start).")
 @LOG_DIR_OPTION
 def logs(follow: bool, rank: int | None, tail: str, attempt: int | None, log_dir: str, **kw) -> None:
-    """Show the job's logs, prefixed by rank and host; once its containers are gone, the logs `up` saved."""
+    """Show the job's logs, prefixed by rank and host; once its containers are gone, the logs kept of it.
+
+    A job started with `up --detach` keeps each attempt's output on its hosts (each rank's on its own host), and
+    its rank 0 shows the gang's events (a rank's exit, a restart, a hang dump) as `[dockerlaunch]` lines; once it
+    ended, how is the last line. An attached job's logs are the ones `up` saved under --log-dir. A host that does
+    not answer is named and the other ranks are shown.
+
+    Exit codes: with --follow, the job's own code once a detached job ended (3 when rank 1 exited 3; 75 a host
+    lost, 124 a hang); else 1 when a host of the ranks asked for did not answer or a stream failed; else 0.
+    """
     from dockerlaunch.backends.docker import after_up
 
     sys.exit(after_up.logs(load(kw, log_dir=log_dir), rank=rank, follow=follow, tail=tail, reporter=LineReporter(),

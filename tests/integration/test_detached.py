@@ -55,12 +55,16 @@ def records(remote, job: str) -> dict:
 
 
 def launcher_processes(job: str) -> list[str]:
-    """Processes on this machine whose command line names the job (a dockerlaunch left behind)."""
+    """Processes of this machine whose command line names the job (a dockerlaunch left behind). The sim's job
+    containers run on this kernel too, in PID namespaces of their own: only this machine's namespace counts."""
     out = []
+    mine = os.readlink("/proc/self/ns/pid")
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
+            if os.readlink(f"/proc/{pid}/ns/pid") != mine:
+                continue
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue

@@ -1,8 +1,13 @@
 """The job after `up`: `down`, `status`, `logs` (live, or a finished run's saved files), `exec`; and `ps`, every
-dockerlaunch job on the hosts (found by the `dockerlaunch.job` label, as the others find one job's)."""
+dockerlaunch job on the hosts (found by the `dockerlaunch.job` label, as the others find one job's).
+
+A job started with `up --detach` runs under the gang supervisor, which keeps the run's records on every host
+(gang_records): `status`, `ps` and `logs` read how it ended from there (every container exits with the job's code,
+so container codes alone would blame every rank), and answer from the hosts that answer when one is down."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import threading
 from dataclasses import dataclass, field
@@ -10,14 +15,22 @@ from datetime import datetime, timezone
 from typing import BinaryIO
 
 from dockerlaunch.backends.docker.dockerhost import ContainerState, DockerHost, parse_inspect
+from dockerlaunch.backends.docker.gang_records import (
+    RUN_ID,
+    GangResult,
+    GangRun,
+    attempt_logs,
+    read_gang,
+    read_runs,
+)
 from dockerlaunch.backends.docker.logsink import LogSink
-from dockerlaunch.backends.docker.runs import latest_run, saved_attempt, saved_jobs, tail_lines
+from dockerlaunch.backends.docker.runs import RunFolder, latest_run, saved_attempt, saved_jobs, tail_lines
 from dockerlaunch.backends.docker.secret_env import remove_stale_env_files
 from dockerlaunch.backends.docker.session import Session, existing_job_containers, open_session, own_containers
 from dockerlaunch.errors import ConfigError, DockerError, DockerlaunchError
 from dockerlaunch.hosts.fleet import Fleet, Host, each
 from dockerlaunch.job.config import ClusterConfig
-from dockerlaunch.job.plan import LABEL_JOB
+from dockerlaunch.job.plan import GANG_RUNS, LABEL_JOB, diag_root, plan_job, with_login
 from dockerlaunch.job.recovery import AttemptRecord
 from dockerlaunch.reporting import Reporter
 
@@ -61,6 +74,16 @@ class JobRow:
 
     name: str
     containers: list[tuple[str, ContainerState]] = field(default_factory=list)
+    gang: GangRun | None = None  # a supervised job's records (None: started attached, or not read)
+
+    @property
+    def result(self) -> GangResult | None:
+        return self.gang.result if self.gang is not None else None
+
+    @property
+    def failed(self) -> bool:
+        """The gang says the job ended failed (container codes are not asked: each is the job's code)."""
+        return self.result is not None and self.result.failed
 
     @property
     def hosts(self) -> list[str]:
@@ -83,12 +106,17 @@ class JobRow:
         return any(c.status in ("running", "restarting", "paused") for _, c in self.containers)
 
     def to_dict(self, now: datetime) -> dict:
+        """`result` only for a job under the gang supervisor (null while it runs); a job started attached keeps
+        the keys it always had."""
         age = self.age(now)
-        return {"name": self.name, "image": self.image, "created": self.created,
-                "age_seconds": None if age is None else round(age),
-                "hosts": [{"host": h, "rank": c.rank, "container": c.name, "state": c.status,
-                           "exit_code": None if c.status == "running" else c.exit_code, "started_at": c.started_at,
-                           "finished_at": c.finished_at} for h, c in self.containers]}
+        out = {"name": self.name, "image": self.image, "created": self.created,
+               "age_seconds": None if age is None else round(age),
+               "hosts": [{"host": h, "rank": c.rank, "container": c.name, "state": c.status,
+                          "exit_code": None if c.status == "running" else c.exit_code, "started_at": c.started_at,
+                          "finished_at": c.finished_at} for h, c in self.containers]}
+        if self.gang is not None:
+            out["result"] = self.result.to_dict() if self.result else None
+        return out
 
 
 def group_jobs(hosts: list[str], found: list[list[ContainerState]]) -> list[JobRow]:
@@ -132,13 +160,53 @@ def list_on(fleet: Fleet) -> tuple[list[JobRow], list[tuple[str, str]]]:
 
 
 def list_jobs(config: ClusterConfig, log_dir: str = "dockerlaunch-logs") -> JobListing:
-    """`ps`: every job on the config's hosts (a host that does not answer is reported, not fatal)."""
+    """`ps`: every job on the config's hosts (a host that does not answer is reported, not fatal), each supervised
+    one with how it ended (its hosts' records)."""
     fleet = Fleet.connect(config, require_all=False)
     try:
         jobs, failed = list_on(fleet)
+        read_results(fleet, jobs)
     finally:
         fleet.close()
     return JobListing(jobs, failed, len(config.hosts), saved_jobs(log_dir))
+
+
+_JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")  # job/config.py's: a label that is not one names no folder
+
+
+def run_label(containers: list[tuple[str, ContainerState]]) -> str | None:
+    """The run the containers belong to (their `dockerlaunch.run` label; the newest, should they differ)."""
+    return max((c.run for _, c in containers if c.run and RUN_ID.match(c.run)), default=None)
+
+
+def read_results(fleet: Fleet, jobs: list[JobRow]) -> None:
+    """Each supervised job's records (`JobRow.gang`) from the hosts it has containers on: one round trip per host
+    for all of its jobs. The job's folder is found as `up` makes it (diagnostics.dir of this config; another
+    config's diagnostics.dir is not known here: such a job shows its containers only)."""
+    if not fleet.hosts:
+        return
+    root = diag_root(with_login(fleet.config, fleet.targets[0].user))
+    wanted: dict[str, list[tuple[JobRow, str, str]]] = {}
+    for j in jobs:
+        run = run_label(j.containers)
+        if run is None or not _JOB_NAME.match(j.name):
+            continue
+        for h in dict.fromkeys(j.hosts):
+            wanted.setdefault(h, []).append((j, run, f"{root}/{j.name}/{GANG_RUNS}/{run}"))
+    got = fleet.each(lambda h: read_runs(h, [f for _, _, f in wanted[h.name]]),
+                     [h for h in fleet.live if h.name in wanted])
+    seen: dict[str, GangRun] = {}
+    for o in got:
+        if not o.ok:
+            continue  # its containers are listed; how the job ended is told by its other hosts, or not at all
+        for (j, run, folder), rec in zip(wanted[o.item.name], o.value or []):
+            seen.setdefault(j.name, GangRun(run, folder)).hosts.append((o.item.name, rec))
+    for j in jobs:
+        g = seen.get(j.name)
+        if g is not None and g.supervised:
+            order = j.hosts
+            g.hosts.sort(key=lambda hr: order.index(hr[0]))
+            j.gang = g
 
 
 def jobs_line(jobs: list[JobRow] | None, saved: dict[str, str], log_dir: str, skip: str = "") -> str:
@@ -219,6 +287,105 @@ def status_and_others(config: ClusterConfig) -> tuple[list[tuple[str, ContainerS
         session.close()
 
 
+def _why(e: BaseException | None) -> str:
+    return str(getattr(e, "reason", None) or e)
+
+
+def open_answering(config: ClusterConfig) -> Session:
+    """A session over the hosts that answer (`status`, `logs`: each host keeps the whole record of a supervised
+    run, so the rest tell how it went); the others keep their error (`host.error`). None answering: their errors,
+    as a session that needs every host says them."""
+    fleet = Fleet.connect(config, require_all=False)
+    try:
+        if not fleet.live:
+            errors = [h.error for h in fleet.hosts if h.error]
+            if len(errors) == 1:
+                raise errors[0]
+            raise DockerlaunchError("; ".join(str(e) for e in errors))
+        return Session(fleet, plan_job(config, fleet.targets, require_image=False))
+    except BaseException:
+        fleet.close()
+        raise
+
+
+@dataclass
+class OnHosts:
+    """What the hosts that answered said of one job: its containers (host, state), rank order."""
+
+    found: list[tuple[str, ContainerState]]
+    answered: list[Host]
+    unanswered: list[tuple[str, str]]  # (host, why), rank order
+
+
+def job_on_hosts(session: Session) -> OnHosts:
+    job = session.plan.job
+    outcomes = session.fleet.each(lambda h: DockerHost.on(h).job_containers(job))
+    ok = [o for o in outcomes if o.ok]
+    why = {h.name: _why(h.error) for h in session.fleet.hosts if not h.connected}
+    why.update({o.item.name: _why(o.error) for o in outcomes.failed})
+    return OnHosts(own_containers([o.item.name for o in ok], [o.value or [] for o in ok]), [o.item for o in ok],
+                   [(h.name, why[h.name]) for h in session.fleet.hosts if h.name in why])
+
+
+def _stamp(run: RunFolder, job: str) -> str:
+    """A saved run's start, `YYYYmmdd-HHMMSS` (DIR/<job>-<time>): comparable with a run id's first 15 characters."""
+    return run.root.name[len(job) + 1:][:15]
+
+
+def gang_of(session: Session, on: OnHosts, log_dir: str) -> GangRun | None:
+    """The job's supervised run, read from the hosts that answered: the one its containers belong to, or, with no
+    containers, the newest run folder on the hosts unless a run `up` saved under `log_dir` is newer (an attached
+    run since). None: the job's latest run was not supervised (attached: `up` saved it locally)."""
+    if not on.answered:
+        return None
+    job = session.plan.job
+    gang = read_gang(on.answered, f"{session.plan.job_dir}/{GANG_RUNS}", run_label(on.found))
+    if gang is None:
+        return None
+    if not on.found:
+        saved = latest_run(log_dir, job)
+        if saved is not None and _stamp(saved, job) > gang.run[:15]:
+            return None
+    gang.unanswered = on.unanswered + [u for u in gang.unanswered if u[0] not in dict(on.unanswered)]
+    return gang
+
+
+@dataclass
+class JobStatus:
+    """`status`: the job's containers on the hosts that answered, its supervised run's records (or the run `up`
+    saved), and the hosts that did not answer."""
+
+    job: str
+    hosts: list[str]  # the config's, rank order
+    found: list[tuple[str, ContainerState]]
+    unanswered: list[tuple[str, str]]
+    gang: GangRun | None = None
+    others: list[JobRow] = field(default_factory=list)  # every job there is, when this one has no container
+
+    @property
+    def result(self) -> GangResult | None:
+        return self.gang.result if self.gang is not None else None
+
+    @property
+    def code(self) -> int:
+        """The job's code when it ended failed (the gang's result); else 1 when a host did not answer; else 0."""
+        if self.result is not None and self.result.failed:
+            return self.result.code
+        return 1 if self.unanswered else 0
+
+
+def job_status(config: ClusterConfig, log_dir: str = "dockerlaunch-logs") -> JobStatus:
+    session = open_answering(config)
+    try:
+        on = job_on_hosts(session)
+        gang = gang_of(session, on, log_dir)
+        others = [] if on.found else list_on(session.fleet)[0]
+        return JobStatus(session.plan.job, [h.address for h in session.plan.hosts], on.found,
+                         gang.unanswered if gang is not None else on.unanswered, gang, others)
+    finally:
+        session.close()
+
+
 def _rank_hosts(session: Session, rank: int | None) -> list[int]:
     n = len(session.fleet.hosts)
     if rank is None:
@@ -232,40 +399,122 @@ def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, t
          reporter: Reporter | None = None, attempt: int | None = None,
          log_dir: str = "dockerlaunch-logs") -> int:
     """The job's logs from its containers; once they are gone (a finished job), or for `--attempt N`, from the
-    per-rank files `up` saved under `log_dir`."""
+    per-rank files the gang kept on the hosts (a detached run) or `up` saved under `log_dir` (an attached one),
+    whichever run is the newer.
+
+    A supervised job that ended: its result line last; with `follow`, the exit code is then the job's. Else 1 when
+    a stream failed or a host of the asked ranks did not answer (the others are shown), 0 otherwise."""
     reporter = reporter or Reporter()
-    if attempt is not None:
-        return saved_logs(config, rank, tail, reporter, attempt, log_dir)
-    session = open_session(config)
+    try:
+        session = open_answering(config)
+    except DockerlaunchError:
+        if attempt is not None and latest_run(log_dir, config.job.name) is not None:
+            return saved_logs(config, rank, tail, reporter, attempt, log_dir)  # as before: no host is needed
+        raise
     sinks = []
     stop = threading.Event()
     try:
         ranks = _rank_hosts(session, rank)
-        names = {s.name for _, s in existing_job_containers(session, session.plan.job)}
-        if not any(session.plan.hosts[i].container.name in names for i in ranks):
-            if not names and latest_run(log_dir, session.plan.job) is None:
-                raise missing_job(config, session, log_dir)
-            session.close()
-            return saved_logs(config, rank, tail, reporter, None, log_dir)
+        on = job_on_hosts(session)
+        down = dict(on.unanswered)
+        names = {s.name for _, s in on.found}
+        live = [i for i in ranks if session.plan.hosts[i].container.name in names]
+        if attempt is None and live:
+            missed = _say_down(session, ranks, down, reporter, "its logs are not shown")
 
-        def show(i: int) -> int:
-            hp = session.plan.hosts[i]
-            sink = LogSink(reporter, hp.rank, hp.address, None)
-            sinks.append(sink)
-            docker = DockerHost.on(session.fleet.hosts[i])
-            return docker.follow_logs(hp.container.name, sink, follow=follow, stop=stop, tail=tail)
+            def show(i: int) -> int:
+                hp = session.plan.hosts[i]
+                sink = LogSink(reporter, hp.rank, hp.address, None)
+                sinks.append(sink)
+                docker = DockerHost.on(session.fleet.hosts[i])
+                return docker.follow_logs(hp.container.name, sink, follow=follow, stop=stop, tail=tail)
 
-        try:
-            results = each(show, ranks)
-        except KeyboardInterrupt:
-            stop.set()
-            return 130
-        return 1 if any(not o.ok or o.value != 0 for o in results) else 0
+            try:
+                results = each(show, live)
+            except KeyboardInterrupt:
+                stop.set()
+                return 130
+            for s in sinks:
+                s.close()
+            code = 1 if missed or any(not o.ok or o.value != 0 for o in results) else 0
+            gang = gang_of(session, on, log_dir)  # after the streams: how the job ended, if it did
+            return _ended(session.plan.job, gang, follow, code, reporter)
+        gang = gang_of(session, on, log_dir)
+        if gang is not None:
+            return gang_logs(session, gang, ranks, tail, reporter, attempt, follow)
+        if latest_run(log_dir, session.plan.job) is None:
+            said = "; ".join(f"host {h} did not answer: {why}" for h, why in on.unanswered)
+            if attempt is None and not names:
+                raise missing_job(config, session, log_dir, then=f"; {said}" if said else "")
+            if said and any(session.plan.hosts[i].address in down for i in ranks):
+                raise DockerlaunchError(f"job {session.plan.job}: {said}")
+        session.close()
+        return saved_logs(config, rank, tail, reporter, attempt, log_dir)
     finally:
         stop.set()
         for s in sinks:
             s.close()
         session.close()
+
+
+def _say_down(session: Session, ranks: list[int], down: dict[str, str], reporter: Reporter, what: str) -> bool:
+    """One line per asked rank whose host did not answer; True when there was one."""
+    missed = [i for i in ranks if session.plan.hosts[i].address in down]
+    for i in missed:
+        addr = session.plan.hosts[i].address
+        reporter.say(f"host {addr} (rank {i}) did not answer: {down[addr]}; {what} (the other ranks' are)",
+                     "bold red")
+    return bool(missed)
+
+
+def _ended(job: str, gang: GangRun | None, follow: bool, code: int, reporter: Reporter) -> int:
+    """The gang's result line, once the job ended; with `follow` the exit code is then the job's."""
+    result = gang.result if gang is not None else None
+    if result is None:
+        return code
+    reporter.say(f"job {job} ended: {result.line()}", "bold red" if result.failed else "bold green")
+    return result.code if follow else code
+
+
+def gang_logs(session: Session, gang: GangRun, ranks: list[int], tail: str, reporter: Reporter,
+              attempt: int | None, follow: bool = False) -> int:
+    """One attempt's per-rank logs as the gang kept them on the hosts (<run folder>/attempt-N/rank<R>-<host>.log:
+    each host keeps its own ranks'), default the run's last attempt, rank by rank; then how the job ended."""
+    job = session.plan.job
+    if tail != "all" and not tail.isdigit():
+        raise ConfigError(f"--tail {tail!r}: give a number of lines or 'all'")
+    known = sorted({a.attempt for a in gang.attempts} | ({gang.attempt} if gang.attempt is not None else set()))
+    n = attempt if attempt is not None else (gang.attempt or 0)
+    if attempt is not None and attempt not in known:
+        have = ", ".join(map(str, known)) or "none yet"
+        raise ConfigError(f"--attempt {attempt}: run {gang.run} of job {job} (kept on the hosts in {gang.folder}/) "
+                          f"has attempt(s) {have}")
+    answered = {h for h, _ in gang.hosts}
+    got = session.fleet.each(lambda h: attempt_logs(h, gang.folder, n, tail),
+                             [h for h in session.fleet.live if h.name in answered])
+    down = dict(gang.unanswered)
+    down.update({o.item.name: _why(o.error) for o in got.failed})
+    files: dict[tuple[int, str], bytes] = {}
+    for o in got:
+        for r, host, data in o.value or []:
+            if r in ranks:
+                files.setdefault((r, host), data)  # hosts that share a folder (one engine) hold the same files
+    absent = [i for i in ranks if not any(r == i for r, _ in files)]
+    if files or any(session.plan.hosts[i].address in down for i in absent):
+        reporter.say(f"job {job}: logs of attempt {n} of run {gang.run}, kept on the hosts "
+                     f"({gang.folder}/attempt-{n}/)")
+    missed = _say_down(session, absent, down, reporter, f"its log of attempt {n} is kept there")
+    for (r, host), data in sorted(files.items()):
+        for line in data.splitlines():
+            reporter.line(r, host, line.decode(errors="replace").rstrip("\r"))
+    if not files and not missed:
+        rec = next((a for a in gang.attempts if a.attempt == n), None)
+        said = f": {rec.line().removeprefix(f'attempt {n}: ')}" if rec is not None else ""
+        which = f"rank {ranks[0]} logged nothing" if len(ranks) == 1 else "no rank logged anything"
+        reporter.say(f"job {job}: attempt {n} of run {gang.run}: {which} ({gang.folder}/attempt-{n}/ on the "
+                     f"hosts){said}", "bold red" if rec is not None and rec.code else "bold")
+    last = attempt is None or (gang.result is not None and attempt == gang.result.attempt)
+    return _ended(job, gang if last else None, follow, 1 if missed else 0, reporter)
 
 
 def saved_logs(config: ClusterConfig, rank: int | None, tail: str, reporter: Reporter, attempt: int | None,

@@ -18,7 +18,7 @@ from dockerlaunch.docker_run import run_argv
 from dockerlaunch.errors import DockerError
 from dockerlaunch.hosts.fleet import Host
 from dockerlaunch.hosts.ssh import Remote, Result
-from dockerlaunch.job.plan import LABEL_HOST, LABEL_JOB, LABEL_RANK
+from dockerlaunch.job.plan import LABEL_HOST, LABEL_JOB, LABEL_RANK, LABEL_RUN
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class ContainerState:
     job: str | None = None  # LABEL_JOB: None on a container without it
     image: str = ""  # the reference it was started from
     created: str = ""  # ISO time, the host's clock
+    run: str | None = None  # LABEL_RUN: the launch it belongs to (a supervised run's records: <job folder>/runs/<run>)
 
     @property
     def state(self) -> str:
@@ -72,6 +73,7 @@ def parse_inspect(text: str) -> list[ContainerState]:
                 job=labels.get(LABEL_JOB),
                 image=config.get("Image") or c.get("Image", ""),
                 created=c.get("Created", ""),
+                run=labels.get(LABEL_RUN),
             )
         )
     return sorted(out, key=lambda s: (s.rank is None, s.rank, s.name))
