@@ -20,6 +20,15 @@ from tests.integration.helpers import SCRATCH, default_signals, dl, job_name, un
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture
+def job(sim_cluster):
+    """A job name whose containers are removed after the test, whatever it asserted (a job left running would hold
+    host 0's gang port for the next test)."""
+    name = job_name()
+    yield name
+    dl("down", "--config", str(sim_cluster[1]), "--name", name, "--ignore-missing")
+
+
 def state(remote, name: str) -> tuple[str, int, float | None]:
     """(status, exit code, FinishedAt as epoch seconds) of a container, as the node's engine says."""
     r = remote.run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}} {{.State.FinishedAt}}", name],
@@ -78,12 +87,11 @@ FAIL_FAST = ('if [ "$NODE_RANK" = 1 ]; then sleep 8; date +FAILED_AT=%s.%N; exit
              'trap "" TERM; echo rank0 up; while :; do sleep 1; done')
 
 
-def test_a_rank_fails_with_the_launcher_gone_and_cut_off_and_the_gang_stops_within_10s(sim_cluster, engine,
+def test_a_rank_fails_with_the_launcher_gone_and_cut_off_and_the_gang_stops_within_10s(job, sim_cluster, engine,
                                                                                         remotes, tmp_path, demo_image):
     """`up --detach` returns with no dockerlaunch process left here; the nodes' firewall then drops this machine.
     Rank 1 exits 3: rank 0, which ignores SIGTERM, is stopped within 10 s. Once reachable again, `status`,
     `ps` and `logs --follow` exit non-zero naming rank 1 and code 3, not rank 0."""
-    job = job_name()
     cfg = variant(sim_cluster, tmp_path, job={"host_timeout": 30})
     nodes = sim_cluster[2]
     r = dl("up", "--detach", "--skip-preflight", "--config", cfg, "--name", job, "--image", demo_image,
@@ -131,11 +139,10 @@ def test_a_rank_fails_with_the_launcher_gone_and_cut_off_and_the_gang_stops_with
     dl("down", "--config", cfg, "--name", job)
 
 
-def test_a_launcher_killed_mid_start_leaves_nothing_running_past_the_start_deadline(sim_cluster, engine, remotes,
+def test_a_launcher_killed_mid_start_leaves_nothing_running_past_the_start_deadline(job, sim_cluster, engine, remotes,
                                                                                     tmp_path, demo_image):
     """node2's `docker run` of rank 1 is held (a slow engine); the launcher is SIGKILLed once rank 0 runs: rank 0
     never sees its gang form and stops within job.start_timeout."""
-    job = job_name()
     cfg = variant(sim_cluster, tmp_path, job={"start_timeout": 10})
     shim = ('#!/bin/sh\ncase "$*" in *"--name ' + job + '-1 "*) sleep 90 ;; esac\nexec /usr/bin/docker "$@"\n')
     node_exec(engine, sim_cluster[2][1], "sh", "-c", f"printf '%s' {shlex.quote(shim)} > /usr/local/bin/docker "
@@ -173,8 +180,7 @@ BARRIER = ('echo "attempt $DL_RESTART_COUNT rank $NODE_RANK"; '
            'fi; sleep 2')
 
 
-def test_a_detached_restart_waits_for_every_process_of_the_attempt(sim_cluster, remotes, tmp_path, demo_image):
-    job = job_name()
+def test_a_detached_restart_waits_for_every_process_of_the_attempt(job, sim_cluster, remotes, tmp_path, demo_image):
     cfg = variant(sim_cluster, tmp_path, job={"restart_backoff": 1})
     r = dl("up", "--detach", "--skip-preflight", "--max-restarts", "1", "--config", cfg, "--name", job,
            "--image", demo_image, "--", "sh", "-c", BARRIER, timeout=180)
@@ -206,8 +212,7 @@ if os.environ["DL_RESTART_COUNT"] == "0":
 """
 
 
-def test_a_detached_hang_keeps_every_ranks_stacks_and_restarts(sim_cluster, remotes, tmp_path, demo_image):
-    job = job_name()
+def test_a_detached_hang_keeps_every_ranks_stacks_and_restarts(job, sim_cluster, remotes, tmp_path, demo_image):
     cfg = variant(sim_cluster, tmp_path, job={"restart_backoff": 0})
     r = dl("up", "--detach", "--skip-preflight", "--max-restarts", "1", "--hang-timeout", "10", "--config", cfg,
            "--name", job, "--image", demo_image, "--", "python3", "-c", HUNG, timeout=180)
@@ -225,10 +230,9 @@ def test_a_detached_hang_keeps_every_ranks_stacks_and_restarts(sim_cluster, remo
     dl("down", "--config", cfg, "--name", job)
 
 
-def test_a_frozen_host_stops_the_rest_within_host_timeout(sim_cluster, engine, remotes, tmp_path, demo_image):
+def test_a_frozen_host_stops_the_rest_within_host_timeout(job, sim_cluster, engine, remotes, tmp_path, demo_image):
     """node2 freezes (docker pause) during a detached run: rank 0 stops within host_timeout + 5 s; once node2
     thaws, its rank, which lost the others, stops itself."""
-    job = job_name()
     timeout = 5
     cfg = variant(sim_cluster, tmp_path, job={"host_timeout": timeout})
     node2 = engine.containers.get(sim_cluster[2][1].name)
@@ -285,10 +289,9 @@ for attempt in ("wrong", "garbage", "long"):
 """
 
 
-def test_a_stranger_on_the_gang_port_changes_nothing(sim_cluster, engine, remotes, tmp_path, demo_image):
+def test_a_stranger_on_the_gang_port_changes_nothing(job, sim_cluster, engine, remotes, tmp_path, demo_image):
     """From a job host, on the gang's port: a wrong proof, garbage, an over-long line. The job runs on and ends
     as it would have; the coordinator logs the stranger once per address."""
-    job = job_name()
     cfg = variant(sim_cluster, tmp_path)
     nodes = sim_cluster[2]
     r = dl("up", "--detach", "--skip-preflight", "--config", cfg, "--name", job, "--image", demo_image,
@@ -296,9 +299,11 @@ def test_a_stranger_on_the_gang_port_changes_nothing(sim_cluster, engine, remote
     assert r.returncode == 0, r.stdout + r.stderr
     # the run's secret is nowhere a host's other users or tools read: not in inspect, not left in the tmpfs
     for rank, rm in enumerate(remotes):
-        inspect = rm.run(["docker", "inspect", f"{job}-{rank}"]).stdout
-        assert inspect and not re.search(r"\b[0-9a-f]{64}\b", inspect.replace(rm.run(
-            ["docker", "inspect", "-f", "{{.Id}}", f"{job}-{rank}"]).stdout.strip(), "")), "a 64-hex value in inspect"
+        fields = ("{{json .Config.Env}} {{json .Args}} {{json .Path}} {{json .Config.Labels}} {{json .Mounts}} "
+                  "{{json .HostConfig.Tmpfs}} {{json .Config.Entrypoint}} {{json .Config.Cmd}}")
+        inspect = rm.run(["docker", "inspect", "-f", fields, f"{job}-{rank}"]).stdout
+        hexes = set(re.findall(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])", inspect))  # the secret's form
+        assert "gang-entry.sh" in inspect and not hexes, f"64-hex values in inspect: {hexes}"
         left = rm.run(["docker", "exec", f"{job}-{rank}", "sh", "-c", "ls -A /run/dockerlaunch/gang"])
         assert left.ok and left.stdout.strip() == "", left.stdout
     probe = remotes[1].run(["docker", "run", "--rm", "--network", "host", demo_image, "python3", "-c", STRANGER,
@@ -315,11 +320,10 @@ def test_a_stranger_on_the_gang_port_changes_nothing(sim_cluster, engine, remote
     dl("down", "--config", cfg, "--name", job)
 
 
-def test_an_image_without_python_runs_detached_unsupervised_after_one_warning(sim_cluster, remotes, tmp_path,
+def test_an_image_without_python_runs_detached_unsupervised_after_one_warning(job, sim_cluster, remotes, tmp_path,
                                                                              tools_image):
     """The sim's tools image has no Python: `up --detach` says in one line that nothing watches the job once it
     returns, and the job runs as it did before (its command, its own exit)."""
-    job = job_name()
     cfg = variant(sim_cluster, tmp_path)
     r = dl("up", "--detach", "--skip-preflight", "--config", cfg, "--name", job, "--image", tools_image,
            "--", "sh", "-c", 'echo "rank $NODE_RANK ran"; sleep 1', timeout=180)
