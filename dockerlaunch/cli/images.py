@@ -10,10 +10,31 @@ import sys
 import click
 import yaml
 
-from dockerlaunch.cli.console import format_argv
+from dockerlaunch.cli.console import format_argv, host_text
 from dockerlaunch.cli.main import CONTEXT, cli, output_option, split_hosts
 
 INDEX_ENV = "DOCKERLAUNCH_INDEX_URL"  # an index URL with a token: from the environment, never the command line
+
+
+def echo(text: object, err: bool = False) -> None:
+    """A line that holds what an image, a build or an index said (a verify row, a lock's error, a wheel's name),
+    shown as text: console.host_text, line breaks kept."""
+    click.echo(host_text(text, newlines=True), err=err)
+
+
+class HostTextOut:
+    """stdout for library code that writes what images and builds print (build's log, verify's table): every
+    write shown as text (console.host_text), line breaks kept."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(host_text(text, newlines=True))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def _secret_url(ctx, param, value: str | None) -> str | None:
@@ -113,10 +134,10 @@ def stacks_check(names: tuple[str, ...], skip: tuple[str, ...], binaries: bool, 
             if found.rule.id in skip:
                 continue
             errors += found.rule.severity == "error"
-            click.echo(f"{found.rule.severity.upper():5} {found.line()}")
+            echo(f"{found.rule.severity.upper():5} {found.line()}")
         for problem in problems:
             errors += 1
-            click.echo(f"ERROR {problem}")
+            echo(f"ERROR {problem}")
         if binaries and lock is not None and s.cuda:
             reports.append(_check_binaries(s, lock, dockerfiles, cuda_archs, index_url, find_links, offline,
                                            output, DEFAULT_ARCH, check_archs, parse_cuda_archs))
@@ -138,16 +159,16 @@ def _check_binaries(s, lock, dockerfiles, cuda_archs, index_url, find_links, off
     check_archs(s, archs)
 
     def log(msg: str) -> None:
-        click.echo(f"  {msg}", err=True)
+        echo(f"  {msg}", err=True)
 
     report = binaries.check(s, lock, dockerfiles, archs=archs,
                             archs_source="--cuda-archs" if cuda_archs else "build's default without a GPU",
                             find_links=find_links, index_url=index_url, offline=offline, log=log)
     if output == "text":
-        click.echo(report.render())
+        echo(report.render())
         c = report.costs
-        click.echo(f"binaries {s.name}: {c['downloaded_gb']} GB downloaded, {c['wheels_read']} wheels read now, "
-                   f"{c['minutes']} min; tables cache {c['tables_mb']} MB")
+        echo(f"binaries {s.name}: {c['downloaded_gb']} GB downloaded, {c['wheels_read']} wheels read now, "
+             f"{c['minutes']} min; tables cache {c['tables_mb']} MB")
     return report
 
 
@@ -160,7 +181,7 @@ def stacks_base_tables(name: str) -> None:
     from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
     path = binaries.record_base(load_matrix().get(name), default_dockerfiles_dir(),
-                                log=lambda msg: click.echo(msg, err=True))
+                                log=lambda msg: echo(msg, err=True))
     click.echo(f"recorded {path}")
 
 
@@ -208,14 +229,14 @@ def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple
             if len(chosen) == 1:
                 raise
             failed += 1
-            click.echo(f"FAIL  {e}", err=True)
+            echo(f"FAIL  {e}", err=True)
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".lock.part")
         tmp.write_text(text)
         tmp.replace(path)
         lock = locks.parse(text, path)
-        click.echo(f"locked {s.name}: {len(lock.entries)} distributions -> {path}")
+        echo(f"locked {s.name}: {len(lock.entries)} distributions -> {path}")
     sys.exit(1 if failed else 0)
 
 
@@ -235,8 +256,6 @@ def compile_place(host: str | None, config_path: str | None):
 
     cfg = load_config(config_path, Overrides(hosts=[host]))
     with Fleet.connect(cfg) as cluster:
-        from dockerlaunch.cli.console import host_text
-
         yield OnHost(cluster.live[0].remote, log=lambda msg: click.echo(f"[dockerlaunch] {host_text(msg, True)}"))
 
 
@@ -346,7 +365,7 @@ def build(stack_name: str, dry_run: bool, stage: str, on_host: str | None, hosts
                                                            tag=buildlib.builder_tag(stack)), 0))
         return
     with compile_place(on_host, config_path) as where:
-        code, _ = buildlib.build(stack, opts, out=sys.stdout, stage=stage, where=where)
+        code, _ = buildlib.build(stack, opts, out=HostTextOut(sys.stdout), stage=stage, where=where)
     sys.exit(code)
 
 
@@ -396,7 +415,10 @@ def verify(image: str, gpus: bool, cuda_archs: str | None, checks: str | None, o
 
     wanted = tuple(c.strip() for c in checks.split(",") if c.strip()) if checks else None
     report = verifylib.verify(image, gpus=gpus, cuda_archs=cuda_archs, checks=wanted)
-    click.echo(report.to_json() if output == "json" else report.render())
+    if output == "json":
+        click.echo(report.to_json())  # JSON escapes every control character itself
+    else:
+        echo(report.render())
     sys.exit(0 if report.ok else 1)
 
 
@@ -439,14 +461,14 @@ def wheels_build(stack_name: str, out_dir: str | None, on_host: str | None, conf
                         trust_carried_wheels=kw["trust_carried_wheels"])
     with tempfile.TemporaryDirectory(prefix="dockerlaunch-wheels-") as tmp, \
             compile_place(on_host, config_path) as where:
-        s = buildlib.start(stack, opts, sys.stdout, Path(tmp), where=where)
+        s = buildlib.start(stack, opts, HostTextOut(sys.stdout), Path(tmp), where=where)
         built = buildlib.build_wheels(s)
     if not built:
         click.echo(f"stack {stack.name} compiles nothing")
     for wheel, sha in built:
         if out_dir:  # with its key and record: an offline build elsewhere takes it only for the same key
             wheel = wheelcache.export(wheelcache.Entry(wheel.parents[2]), Path(out_dir) / "compiled")
-        click.echo(f"{wheel}  sha256:{sha}")
+        echo(f"{wheel}  sha256:{sha}")
 
 
 @wheels.command("list")

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from dockerlaunch import keyvalue
-from dockerlaunch.backends.docker.dockerhost import DockerHost
 from dockerlaunch.backends.docker.pyspy import local_pyspy, stage_pyspy
 from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.diagnostics import script
@@ -32,12 +31,19 @@ from dockerlaunch.diagnostics.callstacks import RankStack, parse_pyspy, summary
 from dockerlaunch.docker_run import label_disabled, sandbox_argv, sidecar_argv
 from dockerlaunch.errors import DockerlaunchError, HostError
 from dockerlaunch.hosts.fleet import Host
+from dockerlaunch.hosts.ssh import Remote, Result
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import diag_dir, diag_root
 from dockerlaunch.reporting import Reporter
 from dockerlaunch.tars import open_untrusted
 
 PYSPY_TIMEOUT = 90.0
+# What dump keeps of each command's output on a host (py-spy's stacks, ranks.sh's processes, the sidecar's, nvidia-smi
+# and the small answers around them): read in the chunks SSH delivers, the first OUTPUT_LIMIT bytes of stdout and
+# STDERR_LIMIT of stderr. Past OUTPUT_LIMIT the command is stopped there, what came is kept and a note says it was
+# cut (summary.txt, the file's last line): a host or image cannot fill the launcher's memory through a dump.
+OUTPUT_LIMIT = 4 * 2**20
+STDERR_LIMIT = 64 * 2**10
 SIDECAR_PYSPY = "/dockerlaunch-py-spy"  # not under /usr: the job may mount that read-only
 FR_WAIT = 20.0  # seconds for the flight recorder to write its dumps once asked
 # POSIX sh has no `test -O`
@@ -136,6 +142,38 @@ def _label(rank: int, address: str) -> str:
     return f"host{rank}-" + re.sub(r"[^A-Za-z0-9_.-]", "_", address)
 
 
+class Bounded(Result):
+    """A command's Result, read through `bounded_run`: `cut` is true when stdout went past the limit."""
+
+    cut: bool = False
+
+
+def bounded_run(remote: Remote, argv: list[str], timeout: float, limit: int = OUTPUT_LIMIT) -> Bounded:
+    """`remote.run`, keeping the first `limit` bytes of stdout and STDERR_LIMIT of stderr: a command that prints
+    more is stopped once past `limit` (its Result then `cut`, exit status -1, with what came)."""
+    out, err = Capped(limit), Capped(STDERR_LIMIT)
+    over = threading.Event()
+
+    def take(chunk: bytes) -> None:
+        out.add(chunk)
+        if out.dropped:
+            over.set()
+
+    status = remote.stream(argv, take, err.add, timeout=timeout, stop=over)
+    r = Bounded(status, out.text(), err.text())
+    r.cut = over.is_set()
+    return r
+
+
+def _cut_note(what: str) -> str:
+    return f"{what} printed more than {OUTPUT_LIMIT // 2**20} MB: cut there (the rest was not read)"
+
+
+def _cut_line(r: Bounded) -> str:
+    """The line a kept output ends with when it was cut."""
+    return f"\n[dockerlaunch: cut at {OUTPUT_LIMIT // 2**20} MB; the rest was not read]\n" if r.cut else ""
+
+
 class _HostDumper:
     def __init__(self, session: Session, h: Host, out: Path, native: bool, pyspy: Path | None,
                  budget: Budget | None = None):
@@ -146,11 +184,20 @@ class _HostDumper:
         self.result = HostDump(h.rank, self.hp.address, out / _label(h.rank, self.hp.address))
         self.label_disable = False  # the rank's container has its SELinux labels off: its sidecar gets them off
 
+    def _run(self, argv: list[str], timeout: float, what: str | None = None) -> Bounded:
+        """A command on the host, its output bounded (bounded_run); `what`: its name in the note if it was cut."""
+        r = bounded_run(self.h.connection(), argv, timeout)
+        if r.cut and what:
+            self.result.notes.append(_cut_note(what))
+        return r
+
+    def _docker(self, *args: str, timeout: float, what: str | None = None) -> Bounded:
+        return self._run(["docker", *args], timeout, what)
+
     def run(self) -> HostDump:
         r = self.result
         r.folder.mkdir(parents=True, exist_ok=True)
-        docker = DockerHost.on(self.h)
-        state = docker.docker("inspect", "--format", INSPECT, self.name, timeout=30)
+        state = self._docker("inspect", "--format", INSPECT, self.name, timeout=30)
         if not state.ok:
             r.notes.append(f"no container {self.name} on this host")
             return r
@@ -169,19 +216,19 @@ class _HostDumper:
         return r
 
     def _ranks(self) -> list[RankProcess]:
-        res = DockerHost.on(self.h).docker("exec", self.name, "sh", "-c", script("ranks.sh"), timeout=60)
-        (self.result.folder / "processes.txt").write_text(res.stdout + res.stderr)
+        res = self._docker("exec", self.name, "sh", "-c", script("ranks.sh"), timeout=60, what="ranks.sh")
+        (self.result.folder / "processes.txt").write_text(res.stdout + res.stderr + _cut_line(res))
         return parse_ranks(res.stdout)
 
     def _stacks(self, procs: list[RankProcess], image: str) -> None:
         flags = "--native " if self.native else ""
         loop = f'for p in "$@"; do echo "==> pid $p"; "$SPY" dump {flags}--pid "$p" 2>&1; done'
         pids = [str(p.pid) for p in procs]
-        has = DockerHost.on(self.h).docker("exec", self.name, "sh", "-c", "command -v py-spy", timeout=30)
+        has = self._docker("exec", self.name, "sh", "-c", "command -v py-spy", timeout=30)
         text = None
         if has.ok and has.stdout.strip():
-            res = DockerHost.on(self.h).docker("exec", "-e", "SPY=py-spy", self.name, "sh", "-c", loop, "sh", *pids,
-                                       timeout=PYSPY_TIMEOUT)
+            res = self._docker("exec", "-e", "SPY=py-spy", self.name, "sh", "-c", loop, "sh", *pids,
+                               timeout=PYSPY_TIMEOUT, what="py-spy (the image's own)")
             text = res.stdout
             if "Permission denied" in text or "Operation not permitted" in text:
                 self.result.notes.append("py-spy in the image was refused (no SYS_PTRACE?): used a sidecar")
@@ -210,7 +257,7 @@ class _HostDumper:
                             volumes=[f"{binary}:{SIDECAR_PYSPY}:ro"], env={"SPY": SIDECAR_PYSPY},
                             labels={"dockerlaunch.dump": self.session.plan.job}, entrypoint="sh",
                             label_disable=self.label_disable)
-        res = self.h.connection().run(argv, timeout=PYSPY_TIMEOUT)
+        res = self._run(argv, PYSPY_TIMEOUT, "py-spy's sidecar")
         if not res.ok and not res.stdout:
             self.result.notes.append(f"py-spy sidecar failed: {res.last_line()}")
         return res.stdout
@@ -220,7 +267,7 @@ class _HostDumper:
 
     def _trigger_flight_recorder(self) -> None:
         # the pipes belong to the container's user: write them from inside
-        res = DockerHost.on(self.h).docker(
+        res = self._docker(
             "exec", self.name, "sh", "-c",
             'n=0; for p in "$1"/fr-pipe/*.pipe; do [ -p "$p" ] || continue; '
             'timeout 5 sh -c \'echo 1 > "$1"\' sh "$p" && n=$((n+1)); done; echo "triggered=$n"',
@@ -232,7 +279,7 @@ class _HostDumper:
             return
         deadline = time.monotonic() + FR_WAIT
         while time.monotonic() < deadline:
-            ls = self.h.remote.run(["sh", "-c", 'ls "$1"/fr 2>/dev/null | wc -l', "sh", self.where], timeout=30)
+            ls = self._run(["sh", "-c", 'ls "$1"/fr 2>/dev/null | wc -l', "sh", self.where], 30)
             if ls.ok and ls.stdout.strip().isdigit() and int(ls.stdout.strip()) >= n:
                 time.sleep(1)  # the last file may still be being written
                 return
@@ -240,12 +287,12 @@ class _HostDumper:
         self.result.notes.append(f"flight recorder: asked {n} rank(s), not every dump appeared in {FR_WAIT:g}s")
 
     def _nvidia_smi(self) -> None:
-        res = self.h.remote.run(["sh", "-c", "command -v nvidia-smi >/dev/null && nvidia-smi"], timeout=60)
-        if res.ok:
-            (self.result.folder / "nvidia-smi.txt").write_text(res.stdout)
+        res = self._run(["sh", "-c", "command -v nvidia-smi >/dev/null && nvidia-smi"], 60, "nvidia-smi")
+        if res.ok or res.cut:
+            (self.result.folder / "nvidia-smi.txt").write_text(res.stdout + _cut_line(res))
 
     def _fetch_files(self) -> None:
-        uid = DockerHost.on(self.h).docker("exec", self.name, "id", "-u", timeout=30)
+        uid = self._docker("exec", self.name, "id", "-u", timeout=30)
         owner = uid.stdout.strip() if uid.ok and uid.stdout.strip().isdigit() else None
         self.result.fr_files = fetch_diag_files(self.h.remote, self.where, owner, self.result.folder,
                                                 self.result.notes, self.budget)
@@ -413,7 +460,8 @@ def _analyze_flight_recorder(session: Session, out: Path, hosts: list[HostDump])
     # container of the job's image with nothing to lose (docker_run.sandbox_argv), never in a rank's container
     name = f"dl-frtrace-{secrets.token_hex(4)}"
     # the image rank 0 runs (its ID: the config may name another image than the one the job was started with)
-    ran = DockerHost.on(h0).docker("inspect", "--format", INSPECT, session.plan.hosts[0].container.name, timeout=60)
+    ran = bounded_run(h0.connection(), ["docker", "inspect", "--format", INSPECT,
+                                        session.plan.hosts[0].container.name], 60)
     _, image, label_disable = parse_state(ran.stdout) if ran.ok else ("", "", False)
     image = image or session.plan.hosts[0].container.image
     argv = sandbox_argv(name, image, [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from dockerlaunch.transfer.image_facts import (
     with_facts,
 )
 from dockerlaunch.transfer.oci import chain_ids
-from dockerlaunch.transfer.pipes import CountingReader, Pipe, prefetched, stream_seconds
+from dockerlaunch.transfer.pipes import CountingReader, prefetched, stream_seconds
 from dockerlaunch.transfer.push_plan import (
     CANNOT,
     Action,
@@ -52,6 +53,7 @@ from dockerlaunch.transfer.push_plan import (
     size_text,
     star_fallback,
 )
+from dockerlaunch.transfer.restream import untagged_chunks
 from dockerlaunch.transfer.staging import (
     StagePick,
     StageProbe,
@@ -537,48 +539,124 @@ def push(client, remotes: list[Remote], ref: str, compress: str = "auto", report
     return apply(client, remotes, plan, views, layers, compress, thin, reporter)
 
 
-def copy_between(src: Remote, dst: Remote, ref: str) -> str:
+IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
+COPY_STDERR_KEEP = 4096  # of each host's stderr during a copy: its first bytes (the line that says why)
+
+
+def _first_bytes(into: bytearray) -> Callable[[bytes], None]:
+    return lambda chunk: into.extend(chunk[:max(0, COPY_STDERR_KEEP - len(into))])
+
+
+def copy_between(src: Remote, dst: Remote, ref: str, *, expect_id: str | None = None) -> str:
     """The image from one host's engine to another's, through the launcher (no registry, no docker here): `docker
-    save <id>` on `src` streams into `dst`'s load.sh, which checks the Image ID before it sets the tag. For a
-    spare that takes a rank: the launcher's machine may have no engine, a host of the job has the image."""
+    save <id>` on `src`, re-streamed here by untagged_chunks (one image, no tag of the source's stream: its
+    RepoTags, `repositories` and index annotations never reach `dst`'s engine), into `dst`'s load.sh, which checks
+    the Image ID before it sets the tag; then `dst`'s `ref` is read back and must be that ID. For a spare that
+    takes a rank: the launcher's machine may have no engine, a host of the job has the image.
+
+    `expect_id`: the Image ID the run was planned with (the caller's, never the source's word): a source whose
+    `ref` is another ID is refused in one line naming both, before anything is sent. Without it, the source's ID
+    (as before); the stream is re-streamed and the spare checked all the same."""
+    where = f"copying {ref} from {src.name} to {dst.name}"
+    if expect_id is not None and not IMAGE_ID.fullmatch(expect_id):
+        raise TransferError(f"{where}: the expected Image ID {expect_id[:80]!r} is not a sha256 digest")
     r = src.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
     if not r.ok:
         raise TransferError(f"host {src.name}: no image {ref} to copy from: {r.last_line()}")
-    image_id = r.stdout.strip()
-    pipe = Pipe()
-    errors: list[str] = []
-    stop = threading.Event()
+    held = r.stdout.strip()
+    if not IMAGE_ID.fullmatch(held):
+        raise TransferError(f"{where}: {src.name}'s engine named no Image ID for it ({held[:80]!r})")
+    if expect_id is not None and held != expect_id:
+        raise TransferError(f"{where}: {src.name} holds {ref} as {held}, not the run's {expect_id}: not copied")
+    image_id = held
+    q: queue.Queue = queue.Queue(maxsize=16)
+    save_failed: list[BaseException] = []
+    refused: list[TransferError] = []
+    stop = threading.Event()  # the copy is over: the save stops, what it still sends is dropped
+
+    def put(item: bytes | None) -> None:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
 
     def save() -> None:
         err = bytearray()
         try:
-            status = src.stream(["docker", "save", image_id], pipe.write, err.extend, stop=stop)
-            if status != 0:
-                pipe.fail(TransferError(f"host {src.name}: docker save: "
-                                        f"{err.decode(errors='replace').strip()[-200:] or status}"))
-                errors.append("save")
-        except Exception as e:  # noqa: BLE001 - reported through the pipe
-            pipe.fail(e)
+            status = src.stream(["docker", "save", image_id], lambda b: put(bytes(b)), _first_bytes(err), stop=stop)
+            if status != 0 and not stop.is_set():
+                save_failed.append(TransferError(f"host {src.name}: docker save: "
+                                                 f"{err.decode(errors='replace').strip()[-200:] or status}"))
+        except Exception as e:  # noqa: BLE001 - reported below
+            save_failed.append(e)
         finally:
-            pipe.close()
+            put(None)
+
+    def saved() -> Iterator[bytes]:
+        while True:
+            try:
+                item = q.get(timeout=0.2)
+            except queue.Empty:
+                if stop.is_set():
+                    raise TransferError("the copy stopped") from None
+                continue
+            if item is None:
+                if save_failed:
+                    raise TransferError(str(save_failed[0]))
+                return
+            yield item
+
+    def recorded(chunks: Iterator[bytes]) -> Iterator[bytes]:
+        try:
+            yield from chunks
+        except TransferError as e:
+            if not stop.is_set():  # a refusal, not the end of a copy already over
+                refused.append(e)
+            raise
 
     t0 = time.monotonic()
-    reader = CountingReader(pipe.chunks())
+    reader = CountingReader(recorded(untagged_chunks(saved(), image_id=image_id)))
     saver = threading.Thread(target=save, daemon=True, name="dl-copy-save")
     saver.start()
     out, err = bytearray(), bytearray()
+    failed = ""
     try:
-        status = dst.stream(["sh", "-c", script("load.sh"), "sh", image_id, ref, "none"], out.extend, err.extend,
-                            stdin=reader)
+        status = dst.stream(["sh", "-c", script("load.sh"), "sh", image_id, ref, "none"], _first_bytes(out),
+                            _first_bytes(err), stdin=reader)
+    except DockerlaunchError as e:
+        status, failed = -1, str(e)
     finally:
         stop.set()
-        while saver.is_alive():  # a load that ended early: let the save's last writes through, then it stops
-            try:
-                pipe.q.get(timeout=0.1)
-            except queue.Empty:
-                pass
-    if status != 0 or errors:
-        why = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
-        raise TransferError(f"copying {ref} from {src.name} to {dst.name}: {why[0][:300]}")
+        saver.join(timeout=30)
+        _drain(reader)
+    if save_failed:
+        raise TransferError(f"{where}: {str(save_failed[0])[:300]}; nothing was tagged")
+    if refused:
+        why = str(refused[0]).removeprefix("re-streaming the image failed: ")
+        raise TransferError(f"{where}: the image tar {src.name} sent was refused: {why[:300]}; nothing was tagged")
+    if status != 0:
+        why = failed or (err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"])[0]
+        raise TransferError(f"{where}: {why[:300]}")
+    got = dst.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
+    now = got.stdout.strip() if got.ok else ""
+    if now != image_id:
+        raise TransferError(f"{where}: after the load, {dst.name}'s {ref} is "
+                            f"{now[:71] if IMAGE_ID.fullmatch(now) else 'not an image it can name'}, not {image_id}")
     return (f"{ref} copied from {src.name} to {dst.name}: {reader.count / 1e6:.0f} MB in "
             f"{time.monotonic() - t0:.1f}s, Image ID {image_id[7:19]} verified")
+
+
+def _drain(reader: CountingReader) -> None:
+    """What a load that ended early left of the re-streamed tar, read to its end (the save has stopped: a few
+    chunks), so the re-streaming thread ends; a reader another thread is still inside is left to it."""
+    for _ in range(100):
+        try:
+            while reader.read(1 << 20):
+                pass
+            return
+        except ValueError:  # the SSH writer thread is still inside the generator
+            time.sleep(0.05)
+        except Exception:  # noqa: BLE001 - the truncated stream's own error, reported by its cause above
+            return

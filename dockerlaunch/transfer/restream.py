@@ -61,6 +61,7 @@ def rewrite_tar(chunks: Iterator[bytes], edit: Callable[[tarfile.TarInfo, IO[byt
 
 
 METADATA_MEMBERS = frozenset({"manifest.json", "index.json", "repositories", "oci-layout"})
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -95,11 +96,13 @@ def _clean_path(p: object) -> bool:
         and p != ".." and p not in METADATA_MEMBERS
 
 
-def _rebuilt_metadata(meta: dict[str, object], expect: tuple[str, str] | None) -> list[tuple[tarfile.TarInfo,
-                                                                                           IO[bytes]]]:
+def _rebuilt_metadata(meta: dict[str, object], expect: tuple[str, str] | None,
+                      image_id: str | None = None) -> list[tuple[tarfile.TarInfo, IO[bytes]]]:
     """manifest.json (and, where the tar names the manifest, oci-layout and index.json) written anew: one image,
     the one `expect` (config digest, manifest digest) names when given, no tag, no key a loader would act on
-    beyond Config and Layers; the tar's own are dropped."""
+    beyond Config and Layers; the tar's own are dropped. `image_id` (without `expect`): the Image ID the load must
+    give; where the tar's index names exactly it (a containerd store's ID is its manifest's or image index's
+    digest, which pins everything under it), that entry is the index's one."""
     entries = meta.get("manifest.json")
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise TransferError("the image tar has no manifest.json naming an image: not a docker save")
@@ -121,10 +124,15 @@ def _rebuilt_metadata(meta: dict[str, object], expect: tuple[str, str] | None) -
     out = [_member("manifest.json", json.dumps([{"Config": config, "RepoTags": None, "Layers": layers}],
                                                separators=(",", ":")).encode())]
     index = meta.get("index.json")
-    found = [d for d in (index.get("manifests") if isinstance(index, dict) else None) or []
-             if isinstance(d, dict) and d.get("mediaType") in (OCI_MANIFEST, DOCKER_MANIFEST)
-             and isinstance(d.get("digest"), str) and _DIGEST.fullmatch(d["digest"])
-             and isinstance(d.get("size"), int) and (not expect or d["digest"] == expect[1])]
+    named = [d for d in (index.get("manifests") if isinstance(index, dict) else None) or []
+             if isinstance(d, dict) and isinstance(d.get("digest"), str) and _DIGEST.fullmatch(d["digest"])
+             and isinstance(d.get("size"), int)]
+    found = [d for d in named if d.get("mediaType") in (OCI_MANIFEST, DOCKER_MANIFEST)
+             and (not expect or d["digest"] == expect[1])]
+    target = [d for d in named if d.get("mediaType") in (OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_LIST)
+              and d["digest"] == image_id]
+    if not expect and image_id and len(target) == 1:
+        found = target
     if len(found) == 1:
         d = found[0]
         desc = {"mediaType": d["mediaType"], "digest": d["digest"], "size": d["size"]}
@@ -138,12 +146,12 @@ def _rebuilt_metadata(meta: dict[str, object], expect: tuple[str, str] | None) -
 
 
 def untagged_chunks(chunks: Iterator[bytes], expect: tuple[str, str] | None = None,
-                    contained: set[str] | None = None) -> Iterator[bytes]:
+                    contained: set[str] | None = None, image_id: str | None = None) -> Iterator[bytes]:
     """Re-stream a `docker save` tar so that `docker load` sets no tag and loads one image: the tar's own
     manifest.json, index.json, repositories and oci-layout dropped, and written anew at the end for the image
-    `expect` (config digest, manifest digest) names (see _rebuilt_metadata); links that would let the loader read
-    other metadata refused (_LinkGuard). `contained` gets the sha256 of every small member: the IDs of every image
-    the tar holds, which no tag may move to during the load."""
+    `expect` (config digest, manifest digest) names, or the one `image_id` names (see _rebuilt_metadata); links
+    that would let the loader read other metadata refused (_LinkGuard). `contained` gets the sha256 of every small
+    member: the IDs of every image the tar holds, which no tag may move to during the load."""
 
     seen: set[str] = set()
     guard = _LinkGuard()
@@ -172,7 +180,7 @@ def untagged_chunks(chunks: Iterator[bytes], expect: tuple[str, str] | None = No
             f = io.BytesIO(data)
         return member, f
 
-    return rewrite_tar(chunks, edit, lambda: _rebuilt_metadata(meta, expect))
+    return rewrite_tar(chunks, edit, lambda: _rebuilt_metadata(meta, expect, image_id))
 
 
 def image_chunks(chunks: Iterator[bytes], image: LocalImage, skip: set[str] = frozenset(),

@@ -156,8 +156,9 @@ def cubin_cache():
 
 
 def list_cubins(paths, roots, new_entries):
-    """cuobjdump --list-elf --list-ptx of each library; a file seen before (same path, size and mtime, so the same
-    layer's file) is taken from the host's cache, and what was read here goes back to it in new_entries."""
+    """cuobjdump --list-elf --list-ptx of each library; a file seen before (same path, size and mtime) is taken from
+    the cache the launcher mounted, which holds what this same image's earlier scans said (never another image's),
+    and what was read here goes back to it in new_entries."""
     tool = os.environ.get("DL_CUOBJDUMP")
     if not tool or not os.path.exists(tool):
         return {"error": "cuobjdump was not mounted"}
