@@ -86,7 +86,7 @@ class Recovery:
     host that lacks it or holds another (each raises DockerlaunchError when it cannot)."""
 
     dump: Callable[[Session, Path], str] | None = None
-    copy_image: Callable[[Host, Host, str], str] | None = None
+    copy_image: Callable[[Host, Host, str, str], str] | None = None  # (source, spare, ref, the run's Image ID)
     push: Callable[[Session, Reporter], None] | None = None
 
 
@@ -287,9 +287,16 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
                                         "push", image, "--hosts", session.fleet.hosts[r].address, hosts=False,
                                         name=False))
         dst = session.fleet.hosts[r]
+        # the run's build: the one every job host holds (the pre-flight compared it with this machine's); a
+        # source's stream is then checked against it, so no one host's word decides what the spare runs
+        if not all(b.same_as(sources[0][1]) for _, b in sources):
+            raise DockerlaunchError(f"the job's hosts hold different builds of {image} ("
+                                    + ", ".join(f"{h.address}: {b.describe()}" for h, b in sources)
+                                    + "): nothing to copy onto spare " + dst.address + "; "
+                                    + session.config.invocation.fix("push", image, name=False))
         held = f" (it holds {mine.describe()}, not {sources[0][1].describe()})" if mine else ""
         reporter.say(f"copying {image} from {sources[0][0].address} to spare {dst.address}{held}")
-        reporter.say(recovery.copy_image(sources[0][0], dst, image))  # type: ignore[misc]
+        reporter.say(recovery.copy_image(sources[0][0], dst, image, sources[0][1].id))  # type: ignore[misc]
 
 
 KEEP_RUNS = 20  # each host keeps the records of the job's newest runs (runs/<run id>/); older ones are removed
