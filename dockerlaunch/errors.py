@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 
 class Terminated(BaseException):
-    """SIGTERM or SIGHUP, raised in the main thread like KeyboardInterrupt (the CLI installs the handlers)."""
+    """SIGTERM or SIGHUP, raised in the main thread like KeyboardInterrupt (the CLI installs the handlers). Only
+    the first signal of a run raises: a later one is noted, never raised into the cleanup the first started."""
 
     def __init__(self, signum: int):
         super().__init__(signum)

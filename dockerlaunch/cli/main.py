@@ -201,14 +201,33 @@ def load(kw: dict, command: tuple[str, ...] = (), infiniband: str | None = None,
 _SIGNALLED: list[int] = []
 
 
-def _terminate(signum, frame) -> None:
+def _shutting_down(signum: int) -> bool:
+    """Notes the signal; True when an earlier one already stopped the run. Only the first signal raises: the
+    cleanup it started (a teardown on every host, a push's loads) and main()'s one line run to their end, whatever
+    follows. A signal often comes twice (coreutils' `timeout` signals the command and then its process group; a
+    double Ctrl-C; a supervisor that signals again): raised again mid-cleanup, it ended in a traceback."""
+    stopping = bool(_SIGNALLED)
     _SIGNALLED.append(signum)
-    raise Terminated(signum)
+    return stopping
+
+
+def _terminate(signum, frame) -> None:
+    if not _shutting_down(signum):
+        raise Terminated(signum)
 
 
 def _interrupt(signum, frame) -> None:
-    _SIGNALLED.append(signum)
-    raise KeyboardInterrupt
+    if not _shutting_down(signum):
+        raise KeyboardInterrupt
+
+
+def _ignore_later_signals() -> None:
+    """At the very end of a run a signal stopped: once Python's handlers are gone (interpreter shutdown puts the
+    default disposition back), a late copy of the signal would kill the process, and the exit status would be the
+    signal's death instead of 128+N. Nothing is started after this (an ignored signal is inherited)."""
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(s) in (_terminate, _interrupt):
+            signal.signal(s, signal.SIG_IGN)
 
 
 class _HostTextFormatter(logging.Formatter):
@@ -223,8 +242,6 @@ class _HostTextFormatter(logging.Formatter):
 def main(argv: list[str] | None = None) -> None:
     from dockerlaunch.cli import diagnose, images, jobs, render, sim, transfer  # noqa: F401 - registers commands
 
-    # SIGTERM and SIGHUP (a closed terminal or SSH session) stop a command the way Ctrl-C does: in the main
-    # thread, at once, with every cleanup of the phase it is in
     # progress that library code logs (sim, build, fetch) is shown here, on stderr; paramiko's own logging is not
     log = logging.getLogger("dockerlaunch")
     if not log.handlers:
@@ -239,11 +256,22 @@ def main(argv: list[str] | None = None) -> None:
     if not paramiko_log.handlers:
         paramiko_log.addHandler(logging.NullHandler())
         paramiko_log.propagate = False
+    # SIGTERM and SIGHUP (a closed terminal or SSH session) stop a command the way Ctrl-C does: in the main
+    # thread, at once, with every cleanup of the phase it is in; a later signal is only noted (_shutting_down)
     signal.signal(signal.SIGTERM, _terminate)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # left alone where a runner ignores it
         signal.signal(signal.SIGINT, _interrupt)
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # under nohup a closed terminal must not stop it
         signal.signal(signal.SIGHUP, _terminate)
+    try:
+        _run(argv)
+    finally:
+        if _SIGNALLED:  # stopped by a signal: the exit status is its own, whatever comes later
+            _ignore_later_signals()
+
+
+def _run(argv: list[str] | None) -> None:
+    """The command, and the one place its errors and its stop by a signal become a line and an exit status."""
     try:
         cli.main(args=argv, prog_name="dockerlaunch", standalone_mode=False)
     except DockerlaunchError as e:
@@ -258,8 +286,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except click.Abort:
-        click.echo("aborted", err=True)
+    except click.Abort as e:  # click turns Ctrl-C into Abort (after a line feed off the terminal's ^C)
+        click.echo("interrupted" if isinstance(e.__cause__ or e.__context__, KeyboardInterrupt) else "aborted",
+                   err=True)
         sys.exit(130)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

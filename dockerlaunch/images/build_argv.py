@@ -13,8 +13,9 @@ from dockerlaunch.gpu.cuda import DRIVER_MIN, TOOLKIT_DRIVER
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
 from dockerlaunch.images.archs import DEFAULT_ARCH
+from dockerlaunch.images.buildkit import cli_no_proxy
 from dockerlaunch.images.constraints import flash_attn_wheel
-from dockerlaunch.images.index import check_credentials
+from dockerlaunch.images.index import check_credentials, is_loopback
 from dockerlaunch.images.stacks import Stack, default_dockerfiles_dir
 
 FREEZE_PATH = "/opt/dockerlaunch/pip-freeze.txt"
@@ -78,7 +79,32 @@ def build_args(stack: Stack, opts: BuildOptions, torch_from_index: bool | None =
         "REQUIRE_CUDA": f"cuda>={stack.cuda}" if stack.base and stack.cuda else "",
         **te_wheel_homes(stack),
     }
-    return args
+    return {**args, **direct_to_loopback(opts.pip_index_url, args["TORCH_INDEX_URL"])}
+
+
+def direct_to_loopback(*indexes: str | None, env=None) -> dict[str, str]:
+    """NO_PROXY and no_proxy for pip in the build's steps when an index it asks is on this machine (a plain-http
+    token is allowed only there, images/index.check_credentials): the docker CLI gives every build the proxies of
+    its config.json, and pip would hand a loopback index's requests, token and all, to that proxy (another machine)
+    where the config's noProxy does not name the host. The config's own noProxy is kept: a --build-arg replaces it.
+    Proxy build args stay out of the build cache's keys (Docker's predefined ARGs). {} when no index is local."""
+    import urllib.parse
+
+    local = []
+    for url in indexes:
+        if not url or "://" not in url:
+            continue
+        try:
+            host = urllib.parse.urlsplit(url).hostname or ""
+        except ValueError:
+            continue
+        if is_loopback(host) and host not in local:
+            local.append(host)
+    if not local:
+        return {}
+    kept = [x.strip() for x in cli_no_proxy(env).split(",") if x.strip()]
+    direct = ",".join([*kept, *(h for h in local if h not in kept)])
+    return {"NO_PROXY": direct, "no_proxy": direct}
 
 
 def te_wheel_homes(stack: Stack) -> dict[str, str]:

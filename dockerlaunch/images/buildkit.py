@@ -167,6 +167,25 @@ def plugin_dirs(env: Mapping[str, str] | None = None) -> list[str]:
                    "/usr/lib/docker/cli-plugins", "/usr/libexec/docker/cli-plugins"]
 
 
+def cli_no_proxy(env: Mapping[str, str] | None = None) -> str:
+    """The NO_PROXY the docker CLI gives a build's steps: `noProxy` of its config.json's `proxies` (the entry for
+    the engine's host, else `default`), as the CLI sets the proxy build args (HTTP_PROXY, NO_PROXY and their
+    lower-case twins) from it for every `docker build` and `buildx build`, unless a --build-arg names them. "" for
+    none."""
+    env = os.environ if env is None else env
+    config = env.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
+    try:
+        proxies = json.loads(Path(config, "config.json").read_text()).get("proxies")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not isinstance(proxies, dict):
+        return ""
+    entry = proxies.get(env.get("DOCKER_HOST") or "unix:///var/run/docker.sock")
+    entry = entry if isinstance(entry, dict) else proxies.get("default")
+    value = entry.get("noProxy") if isinstance(entry, dict) else None
+    return value if isinstance(value, str) else ""
+
+
 def probe_buildx_files(dirs: list[str] | None = None) -> list[BuildxFile]:
     out = []
     for d in plugin_dirs() if dirs is None else dirs:

@@ -29,16 +29,17 @@ FILE_CHECK_HOST = "file-without-hosts"  # stands in for a file's missing host li
 
 # an env name that looks like a secret: warned of in container.env, never repeated in a printed command
 SECRET_NAME = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
-_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?$")
-_ULIMIT_VALUE = re.compile(r"^-?[0-9]+(:-?[0-9]+)?$")
-_CAP = re.compile(r"^[A-Z_]+$")
-_GPU_DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)$")
+# the validators end at \Z: `$` also matches before a trailing line feed (`--name 'train\n'` passed)
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}\Z")
+_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgtBKMGT]?\Z")
+_ULIMIT_VALUE = re.compile(r"^-?[0-9]+(:-?[0-9]+)?\Z")
+_CAP = re.compile(r"^[A-Z_]+\Z")
+_GPU_DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)\Z")
 # what reaches ssh, known_hosts and remote shells: host names, IPv4/IPv6 literals, login names
-_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})$")
-_LOGIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-_CONTAINER_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})\Z")
+_LOGIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
+_CONTAINER_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?\Z")
 MAX_DEPTH = 20  # a config is a few levels deep; deeper is a mistake or an attack
 MAX_VALUES = 20_000  # after YAML aliases are expanded (a 500-byte alias bomb expands to billions)
 
@@ -523,7 +524,7 @@ class ClusterConfig(_Model):
 # ---------------------------------------------------------------- parsing helpers (pure)
 
 
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|d)?\s*$")
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|d)?\s*\Z")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

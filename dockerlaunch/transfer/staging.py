@@ -22,11 +22,15 @@ from dockerlaunch.transfer.push_plan import HostTransfer
 STAGE_MIN = 512 * 2**20  # images from this size are staged on the target as they arrive: a cut push resumes
 STAGE_MIN_ENV = "DOCKERLAUNCH_PUSH_STAGE_MIN"  # bytes; 0 stages every push (the tests' small images)
 STAGE_DIR = "$HOME/.cache/dockerlaunch/push"
-# file systems several hosts mount as one (`stat -f -c %T` names, GNU coreutils' table: BeeGFS is `fhgfs`, 9p also
-# `v9fs`, AFS also `k-afs`, StorNext `snfs`): a stage there would be every host's at once. A type stat does not
-# know (`UNKNOWN (0x...)`) or none at all is not staged on either: it may be shared.
-SHARED_FS = re.compile(r"^(nfs\d?|lustre|ceph|cifs|smb[23]?|gpfs|beegfs|fhgfs|glusterfs|(k-)?afs|9p|v9fs|snfs|"
-                       r"fuse(\..*)?|panfs|wekafs|orangefs|ocfs2|gfs2?)$", re.I)
+# file systems several hosts mount as one (`stat -f -c %T` names, GNU coreutils' table in src/stat.c: BeeGFS is
+# `fhgfs`, 9p `v9fs`, AFS also `k-afs`, StorNext `snfs`, GFS2 the literal `gfs/gfs2`, NetWare `novell`, Oracle ACFS
+# `acfs`, HPE IBRIX `ibrix`, the VMware, Parallels and VirtualBox shared folders `vmhgfs`, `prl_fs`, `vboxsf`,
+# clustered Veritas `vxfs`; every FUSE mount is `fuseblk`, one magic number for all of them: sshfs, JuiceFS,
+# ceph-fuse, glusterfs, s3fs): a stage there would be every host's at once. A type stat does not know
+# (`UNKNOWN (0x...)`) or none at all is not staged on either: it may be shared.
+SHARED_FS = re.compile(r"(nfs\d?|lustre|ceph|cifs|smb[23]?|gpfs|beegfs|fhgfs|glusterfs|(k-)?afs|acfs|coda|9p|v9fs|"
+                       r"snfs|fuseblk|panfs|wekafs|orangefs|ocfs2|gfs2?|gfs/gfs2|novell|ibrix|vxfs|vmhgfs|prl_fs|"
+                       r"vboxsf)", re.I)
 # A stage goes only under its lock (a load of it may still run); the lock file stays (a waiting load holds it open)
 REMOVE_STAGE = (f'd="{STAGE_DIR}"; if [ -f "$d/$1.lock" ] && command -v flock >/dev/null 2>&1; then '
                 'flock -w 60 "$d/$1.lock" rm -f "$d/$1.tar"; else rm -f "$d/$1.tar"; fi')
@@ -107,7 +111,7 @@ def stage_choice(host: str, stream: int, probe: StageProbe) -> tuple[bool, str]:
                             "again; nothing was sent")
     if not probe.flock:
         return False, "not staged (no flock on the host: two loads of one stage could not be kept apart)"
-    if SHARED_FS.match(probe.fs):
+    if SHARED_FS.fullmatch(probe.fs):
         return False, f"not staged ($HOME/.cache is on {probe.fs}, shared storage: hosts would share one stage)"
     if not probe.fs or probe.fs.upper().startswith("UNKNOWN"):
         return False, (f"not staged ($HOME/.cache is on a file system stat does not know: {probe.fs or 'none said'}; "

@@ -429,11 +429,7 @@ def logs(config: ClusterConfig, rank: int | None = None, follow: bool = False, t
                 docker = DockerHost.on(session.fleet.hosts[i])
                 return docker.follow_logs(hp.container.name, sink, follow=follow, stop=stop, tail=tail)
 
-            try:
-                results = each(show, live)
-            except KeyboardInterrupt:
-                stop.set()
-                return 130
+            results = each(show, live)  # Ctrl-C and SIGTERM go on to the CLI's one line (cli/main.py), as elsewhere
             for s in sinks:
                 s.close()
             code = 1 if missed or any(not o.ok or o.value != 0 for o in results) else 0

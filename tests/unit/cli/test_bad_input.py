@@ -162,3 +162,23 @@ def test_the_file_is_still_named_for_its_own_errors_when_flags_are_given(cli, tm
     (tmp_path / "dockerlaunch.yaml").write_text("hosts: [h1]\nimage: i:1\njob: {name: 'bad name'}\n")
     line = one_line_error(cli("up", "--dry-run", "--hosts", "h2", "--", "true", cwd=tmp_path))
     assert line.startswith("error: dockerlaunch.yaml: job.name: 'bad name'"), line
+
+
+@pytest.mark.parametrize("flags, yaml_text, words", [
+    pytest.param(["--name", "train\n"], "", ["--name", "'train\\n'", "use letters"], id="--name"),
+    pytest.param([], 'ssh:\n  user: "root\\n"\n', ["ssh.user", "'root\\n'", "not a login name"], id="ssh.user"),
+    pytest.param([], 'hosts: [{address: h1, user: "root\\n"}]\n', ["hosts[0].user", "not a login name"],
+                 id="hosts.user"),
+    pytest.param([], 'container:\n  user: "nobody\\n"\n', ["container.user", "not a user"], id="container.user"),
+    pytest.param([], 'container:\n  env:\n    "A\\n": x\n', ["container.env", "not a valid environment variable name"],
+                 id="container.env"),
+    pytest.param([], 'container:\n  shm_size: "8g\\n"\n', ["container.shm_size"], id="container.shm_size"),
+    pytest.param([], 'container:\n  cap_add: ["SYS_PTRACE\\n"]\n', ["container.cap_add"], id="container.cap_add"),
+    pytest.param(["--env", "A\n=x"], "", ["--env", "not a valid environment variable name"], id="--env"),
+])
+def test_a_value_with_a_trailing_line_feed_is_refused(cli, tmp_path, flags, yaml_text, words):
+    """Issue 60, item 10: the validators' `re.match('^...$')` accepted a trailing line feed (`$` matches before
+    one), so `--name 'train\\n'` named the job's containers, labels and log folder with a line break in them, and
+    an SSH user 'root\\n' reached ssh and the hosts' shells."""
+    (tmp_path / "dockerlaunch.yaml").write_text("hosts: [h1]\nimage: i:1\n" + yaml_text)
+    one_line_error(cli("up", "--dry-run", *flags, "--", "true", cwd=tmp_path), *words)

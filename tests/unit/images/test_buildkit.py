@@ -194,3 +194,48 @@ def test_a_docker_container_builder_is_passed_over_for_the_engines_own():
     same = DockerClient("/usr/local/bin/docker", "28.5.2", buildx=NEW_BUILDX.buildx, driver="docker",
                         context="default")
     assert choose_cli([same]).prefix == ("/usr/local/bin/docker", "buildx", "build", "--load")
+
+
+def _proxy_args(argv: list[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for i, a in enumerate(argv) if i and argv[i - 1] == "--build-arg"
+                and a.split("=", 1)[0].lower() == "no_proxy")
+
+
+@pytest.mark.parametrize("index, host", [("http://ci:tok@127.0.0.1:3141/simple", "127.0.0.1"),
+                                         ("http://ci:tok@localhost:3141/simple", "localhost"),
+                                         ("http://ci:tok@[::1]:3141/simple", "::1")])
+def test_pip_in_the_build_asks_an_index_on_this_machine_directly_not_through_the_clis_proxy(tmp_path, monkeypatch,
+                                                                                            index, host):
+    """Issue 60, item 10: the docker CLI gives every build the proxies of its config.json (HTTP_PROXY, NO_PROXY
+    and their lower-case twins as build args); pip then sent a loopback index's requests, plain-http token and
+    all, to the proxy. The build names the loopback host in NO_PROXY and no_proxy, after the config's own noProxy
+    (a --build-arg replaces the config's value). Elsewhere the CLI's proxy settings are left alone."""
+    from dockerlaunch.images import lock as locks
+    from dockerlaunch.images.build_argv import BuildOptions, render_build
+    from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
+
+    (tmp_path / "config.json").write_text(json.dumps({"proxies": {"default": {
+        "httpProxy": "http://10.9.9.9:3128", "httpsProxy": "http://10.9.9.9:3128", "noProxy": "corp.example,.lan"}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    stack = load_matrix().get("cpu")
+    lock = locks.checked(stack, default_dockerfiles_dir())
+    argv = render_build(stack, BuildOptions(pip_index_url=index), lock)
+    assert _proxy_args(argv) == {"NO_PROXY": f"corp.example,.lan,{host}", "no_proxy": f"corp.example,.lan,{host}"}
+    assert "tok" not in " ".join(argv)  # the index URL itself stays a secret file
+    assert _proxy_args(render_build(stack, BuildOptions(pip_index_url="https://ci:tok@pypi.example/simple"),
+                                    lock)) == {}
+    (tmp_path / "config.json").write_text("{}")  # no proxies configured: the loopback host alone
+    assert _proxy_args(render_build(stack, BuildOptions(pip_index_url=index), lock)) == {"NO_PROXY": host,
+                                                                                        "no_proxy": host}
+
+
+def test_the_clis_no_proxy_is_the_engines_hosts_entry_else_default(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"proxies": {
+        "default": {"noProxy": "d.example"}, "tcp://10.0.0.5:2376": {"noProxy": "h.example"}}}))
+    assert builderlib.cli_no_proxy({"DOCKER_CONFIG": str(tmp_path)}) == "d.example"
+    on_host = {"DOCKER_CONFIG": str(tmp_path), "DOCKER_HOST": "tcp://10.0.0.5:2376"}
+    assert builderlib.cli_no_proxy(on_host) == "h.example"
+    (tmp_path / "config.json").write_text("not json")
+    assert builderlib.cli_no_proxy({"DOCKER_CONFIG": str(tmp_path)}) == ""
+    assert builderlib.cli_no_proxy({"DOCKER_CONFIG": str(tmp_path / "none")}) == ""

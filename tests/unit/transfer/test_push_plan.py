@@ -615,7 +615,7 @@ def test_an_image_that_cannot_fit_where_docker_keeps_images_is_refused_before_a_
 
 
 @pytest.mark.parametrize("fs, stages", [("nfs", False), ("nfs4", False), ("lustre", False), ("ceph", False),
-                                        ("fuse.glusterfs", False), ("cifs", False), ("gpfs", False),
+                                        ("cifs", False), ("gpfs", False),
                                         # the names GNU stat prints for BeeGFS, SMB3, 9p, AFS and StorNext (issue 50)
                                         ("fhgfs", False), ("smb3", False), ("v9fs", False), ("k-afs", False),
                                         ("snfs", False),
@@ -629,6 +629,19 @@ def test_a_home_on_shared_storage_is_never_staged_on(fs, stages):
     assert ok is stages
     if not stages:
         assert why == f"not staged ($HOME/.cache is on {fs}, shared storage: hosts would share one stage)"
+
+
+# what GNU stat (coreutils' src/stat.c) prints for storage several hosts mount as one, beyond the names above
+@pytest.mark.parametrize("fs", ["fuseblk", "gfs/gfs2", "acfs", "ibrix", "coda", "vmhgfs", "prl_fs", "vboxsf", "vxfs",
+                                "novell", "smb", "smb2", "afs"])
+def test_every_fuse_mount_and_the_other_shared_types_gnu_stat_names_are_never_staged_on(fs):
+    """Issue 60, item 10: `stat -f -c %T` prints `fuseblk` for every FUSE mount (sshfs, JuiceFS, ceph-fuse,
+    glusterfs: one magic number), never the `fuse.*` the list looked for, and `gfs/gfs2` for GFS2: a home on any of
+    them was staged on, one stage for every host."""
+    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
+
+    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text(fs=fs)))
+    assert not ok and why == f"not staged ($HOME/.cache is on {fs}, shared storage: hosts would share one stage)"
 
 
 @pytest.mark.parametrize("fs", ["UNKNOWN (0x19830327)", "", None])

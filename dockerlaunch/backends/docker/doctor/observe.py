@@ -4,6 +4,7 @@ observations.py."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 import time
@@ -339,6 +340,7 @@ REACH = script("reach.sh")
 
 
 LISTEN_TTL_S = 300  # listeners end by themselves after this, should doctor be killed before it removes them
+_PID = re.compile(r"[1-9][0-9]{0,9}")
 
 
 BIND_WAIT_S = 15
@@ -488,7 +490,9 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations, pr
     finally:
         if how.startswith("in a job container"):
             DockerHost(h0.remote).remove([handle], grace=0)
-        elif handle:
+        elif _PID.fullmatch(handle):
+            # the host's word for its listener reaches `kill` only as a pid: never an option, `0` (the group), a
+            # negative number (a group, or every process the login may signal); else it ends after LISTEN_TTL_S
             h0.remote.run(["kill", handle], timeout=30)
 
 

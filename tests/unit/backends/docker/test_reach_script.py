@@ -107,3 +107,38 @@ def test_listen_returns_at_once_and_its_pid_ends_the_listeners(tmp_path):
             break
         assert time.monotonic() < deadline, "the listener outlived its kill"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("said, killed", [("4242", [["kill", "4242"]]), ("-1", []), ("0", []), ("-9", []),
+                                          ("--", []), ("12;reboot", []), ("$(id)", []), ("٤٢", [])])
+def test_only_a_pid_the_host_said_for_its_listener_reaches_kill(said, killed):
+    """Issue 60, item 10: doctor ended host 0's listeners with `kill <the host's word>`, unchecked: `-1` or `0`
+    there signals every process the login may signal, or its group. The listener's word is a pid or nothing
+    reaches kill (the listeners end by themselves after LISTEN_TTL_S)."""
+    from types import SimpleNamespace
+
+    from dockerlaunch.backends.docker.doctor.observations import HostObservation, Observations
+    from dockerlaunch.backends.docker.doctor.observe import ProbeRun, _observe_reach
+    from dockerlaunch.job.config import ClusterConfig
+    from dockerlaunch.job.plan import make_plan
+
+    config = ClusterConfig.model_validate({"hosts": ["10.0.0.1", "10.0.0.2"], "image": "img:1",
+                                           "ssh": {"config_file": None}, "container": {"gpus": "none"}})
+    calls: list[list[str]] = []
+
+    class Remote:
+        def run(self, argv, timeout=None):
+            calls.append(argv)
+            if argv[:1] == ["kill"]:
+                return SimpleNamespace(ok=True, stdout="", stderr="", exit_status=0)
+            if "listen" in argv:  # reach.sh listen, on the host (the image's tools are unknown here)
+                return SimpleNamespace(ok=True, stdout=f"listen=nc {said}\n", stderr="", exit_status=0)
+            raise ConnectionResetError("the host went away")  # the wait for the listeners to bind
+
+    hosts = [SimpleNamespace(rank=r, remote=Remote(), connected=True) for r in (0, 1)]
+    cluster = SimpleNamespace(hosts=hosts, live=hosts)
+    obs = [HostObservation(r, f"10.0.0.{r + 1}", docker="24.0.7", image_id="sha256:" + "a" * 64, listening={22})
+           for r in (0, 1)]
+    with pytest.raises(ConnectionResetError):
+        _observe_reach(cluster, make_plan(config), Observations("10.0.0.1", obs), ProbeRun(), None)
+    assert [c for c in calls if c[:1] == ["kill"]] == killed
