@@ -35,7 +35,7 @@ DEFAULT_INDEX = "https://pypi.org/simple"
 UV_FIX = "pip install 'uv>=0.13,<0.14' (in dockerlaunch's environment)"
 # The CUDA runtime wheel torch pulls tells which CUDA the index's torch was built for.
 CUDA_RUNTIME = ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime")
-HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+HASH = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 
 
 class LockError(ConfigError):

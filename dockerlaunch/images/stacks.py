@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dockerlaunch.errors import ConfigError, describe_validation_error
 
 FLOATING = {"master", "main", "stable", "latest", "head", "develop", "dev", "nightly", "trunk"}
-EXACT_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[A-Za-z0-9.]+)?$")
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9_,-]+\])?==(.+)$")
+EXACT_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[A-Za-z0-9.]+)?\Z")
+COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9_,-]+\])?==(.+)\Z")
 
 
 def default_dockerfiles_dir() -> Path:

@@ -209,7 +209,7 @@ class SimEngine:
     hosts: tuple[int, ...]  # the indexes of the light hosts it serves
 
 
-_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$")
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}\Z")
 
 
 def check_name(cluster: str) -> str:

@@ -256,7 +256,7 @@ def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threadin
     return load
 
 
-_MEMBER = re.compile(r"^images/[0-9a-f]{64}\.tar$")
+_MEMBER = re.compile(r"^images/[0-9a-f]{64}\.tar\Z")
 MAX_MANIFEST = 1 << 20
 
 
@@ -266,7 +266,7 @@ class _Entry(BaseModel):
     ref: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9][^\s]*$")
     id: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     size: int = Field(ge=0)
-    file: str = Field(pattern=_MEMBER.pattern)
+    file: str = Field(pattern=r"^images/[0-9a-f]{64}\.tar$")  # pydantic's (Rust) regex: `$` is the end of the text
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     bytes: int = Field(ge=0)
     manifest_id: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")

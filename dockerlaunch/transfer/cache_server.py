@@ -229,7 +229,7 @@ def _authorized(url: str, password: str, **headers: str) -> urllib.request.Reque
     return urllib.request.Request(url, headers={"Authorization": f"Basic {token}", **headers})
 
 
-_OUR_TAG = re.compile(r"^127\.0\.0\.1:\d+/" + re.escape(REPO) + ":[0-9a-f]{12}$")
+_OUR_TAG = re.compile(r"^127\.0\.0\.1:\d+/" + re.escape(REPO) + r":[0-9a-f]{12}\Z")
 
 
 def _drop_stale_tags(client) -> None:
