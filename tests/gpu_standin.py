@@ -25,8 +25,8 @@ the host's nvidia-smi under /usr/local/nvidia/bin).
   from the folder's data: Driver Version, CUDA Version, Attached GPUs, and per GPU whose bus is known a `GPU <bus>`
   line with its Product Name (and its Fabric State/Status where the data holds them). `-q -x`: q-x.xml.
 - `-L`: L.txt, else built from the data (`GPU 0: NAME (UUID: GPU-00000000-0000-0000-0000-000000000000)`).
-- `--query-compute-apps=...`: compute-apps.csv (the probe's gpu_bus_id,pid,used_memory,process_name), else no
-  output, exit 0.
+- `--query-compute-apps=...`: the fields asked of compute-apps.csv (gpu_bus_id,pid,used_memory[,process_name]: the
+  probe asks the first three), else no output, exit 0.
 - anything else: a line on stderr saying it is not recorded, exit 2.
 The driver version, the CUDA version and the number of GPUs come from the outputs, else from SOURCE.md's `driver:`,
 `cuda:` and `gpus:` lines where those begin with a version (or `N/A`, `Not Found` for CUDA) or a count."""

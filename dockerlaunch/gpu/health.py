@@ -1,8 +1,11 @@
 """Whether a host's GPUs are fit to start a job on: one `gpu health` finding (pure). Every rule carries its source.
 
 - Holders: before a job starts, no process on its GPUs is the job's. A process holding more than FOREIGN_MIB is a
-  leftover (MPS's server aside). Under MIG, drivers before R590 print `[N/A]` per process: the GPU's own
-  memory.used is what the processes on it hold (tests/data/nvidia-smi/real/h100-sxm-mig-590.48.01-exporter-load).
+  leftover, MPS's server aside: a process of that name (the kernel's, /proc/PID/comm: 15 characters) whose parent
+  is root's nvidia-cuda-mps-control (the control daemon starts each server as its client's uid; any user can name
+  a process so, none can make root's daemon its parent). Under MIG, drivers before R590 print `[N/A]` per process:
+  the GPU's own memory.used is what the processes on it hold
+  (tests/data/nvidia-smi/real/h100-sxm-mig-590.48.01-exporter-load).
 - ECC and row remapping (NVML: nvmlDeviceGetRemappedRows, nvmlRowRemapperHistogramValues_t): an uncorrectable
   error since the driver loaded, a pending remap, a remap that failed, or a bank with no reserved row left fail.
 - NVSwitch fabric: NVML reports it on Hopper and later (State Completed / Status Success, Health Summary); an HGX
@@ -10,17 +13,21 @@
 - XIDs (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors): FATAL_XIDS need a reset or a drain; one is a
   FAIL only when it is newer than the driver's load (a reboot or module reload clears it), or, where the user sets a
   window (diagnostics.xid_window), inside it; else a WARN: an old XID must not block a GPU forever. Others (13,
-  31, 43, 45: an application's fault) WARN.
+  31, 43, 45: an application's fault) WARN. A fatal one on a bus none of the host's GPUs is on WARNs naming the
+  bus: it says nothing of the GPUs a job would get (the probe reads only lines the NVIDIA module printed).
 - Clock event reasons (NVML nvmlClocksEventReasons): thermal and power-brake slowdowns WARN naming the GPU."""
 
 from __future__ import annotations
 
-from dockerlaunch.gpu.host import Gpu, GpuHost, same_bus
+from dockerlaunch.gpu.host import Gpu, GpuHost, Holder, same_bus
 from dockerlaunch.gpu.needs import gpus_named
 from dockerlaunch.verdict import Finding, Verdict
 
 FOREIGN_MIB = 1024  # GPU memory a process that is not the job's may hold before the GPU counts as taken
-MPS = "nvidia-cuda-mps-server"
+# MPS's server and its control daemon, as the kernel names them (/proc/PID/comm keeps 15 characters: both
+# nvidia-cuda-mps-server and nvidia-cuda-mps-control are nvidia-cuda-mps there)
+MPS = "nvidia-cuda-mps-server"[:15]
+MPS_CONTROL = "nvidia-cuda-mps-control"[:15]
 # 48 double-bit ECC; 63/64 row remapper event/failure; 74 NVLink; 79 fallen off the bus; 92-95 ECC rate and
 # (un)contained errors; 119/120 GSP timeout/error
 FATAL_XIDS = {48: "double-bit ECC error", 63: "row remapping event", 64: "row remapping failure", 74: "NVLink error",
@@ -73,19 +80,26 @@ def judge(host: GpuHost, xid_window_s: float | None = None) -> Finding:
                    + (f"; {XIDS_UNSEEN}" if host.xids is None else f", no fatal XID {_since(xid_window_s)}"))
 
 
+def mps_server(h: Holder) -> bool:
+    """MPS's server: so named, and started by root's MPS control daemon (the server runs as its client's uid)."""
+    return h.name == MPS and h.parent_name == MPS_CONTROL and h.parent_root
+
+
+def _who(h: Holder) -> str:
+    return f"{h.name or '?'}{', user ' + h.owner if h.owner else ''}"
+
+
 def _holders(host: GpuHost, fails: list[str], warns: list[str]) -> None:
     for g in host.gpus:
-        on = [h for h in host.holders if same_bus(h.bus_id, g.bus_id)
-              and not h.name.rsplit("/", 1)[-1].startswith(MPS)]
+        on = [h for h in host.holders if same_bus(h.bus_id, g.bus_id) and not mps_server(h)]
         big = [h for h in on if (h.used_mib or 0) > FOREIGN_MIB]
         for h in big:
-            owner = f", user {h.owner}" if h.owner else ""
-            fails.append(f"GPU {g.index} holds {h.used_mib} MiB of pid {h.pid} ({h.name}{owner}), not this job's: a "
+            fails.append(f"GPU {g.index} holds {h.used_mib} MiB of pid {h.pid} ({_who(h)}), not this job's: a "
                          f"leftover of another job? stop it (kill {h.pid}) or give the job other GPUs")
         if big or (g.memory_used_mib or 0) <= FOREIGN_MIB:
             continue
         if any(h.used_mib is None for h in on):  # per-process memory [N/A] (MIG before R590): the GPU's count is theirs
-            names = ", ".join(f"pid {h.pid} ({h.name}{', user ' + h.owner if h.owner else ''})" for h in on[:3])
+            names = ", ".join(f"pid {h.pid} ({_who(h)})" for h in on[:3])
             fails.append(f"GPU {g.index}{' (MIG)' if g.mig == 'Enabled' else ''} holds {g.memory_used_mib} MiB used "
                          f"by {names}" + (f" and {len(on) - 3} more" if len(on) > 3 else "") + ", not this job's: "
                          f"stop them (kill {' '.join(str(h.pid) for h in on[:3])}) or give the job other GPUs")
@@ -93,10 +107,9 @@ def _holders(host: GpuHost, fails: list[str], warns: list[str]) -> None:
             warns.append(f"GPU {g.index} (MIG): {g.memory_used_mib} MiB in use and no compute process listed (one in "
                          "a VM, or nvidia-smi cannot see it)")
     orphans = [h for h in host.holders if (h.used_mib or 0) > FOREIGN_MIB and not host.gpu(h.bus_id)
-               and not h.name.rsplit("/", 1)[-1].startswith(MPS)]
+               and not mps_server(h)]
     for h in orphans:
-        owner = f", user {h.owner}" if h.owner else ""
-        fails.append(f"the GPU at {h.bus_id} holds {h.used_mib} MiB of pid {h.pid} ({h.name}{owner}), not this "
+        fails.append(f"the GPU at {h.bus_id} holds {h.used_mib} MiB of pid {h.pid} ({_who(h)}), not this "
                      f"job's: a leftover of another job? stop it (kill {h.pid}) or give the job other GPUs")
 
 
@@ -148,7 +161,8 @@ def _fabric_manager(host: GpuHost, fails: list[str], warns: list[str]) -> None:
 def _xids(host: GpuHost, window_s: float | None, fails: list[str], warns: list[str]) -> None:
     if not host.xids:
         return
-    fresh: dict[tuple[int, str], int] = {}
+    fresh: dict[tuple[int, int], int] = {}
+    stray: dict[tuple[int, str], int] = {}
     old: dict[int, int] = {}
     for x in host.xids:
         # the load line gone from the log's ring buffer means it is older than every line still there
@@ -156,14 +170,20 @@ def _xids(host: GpuHost, window_s: float | None, fails: list[str], warns: list[s
             (host.driver_loaded_s is None or x.at_s >= host.driver_loaded_s) if window_s is None
             else host.uptime_s is not None and x.at_s >= host.uptime_s - window_s)
         if x.code in FATAL_XIDS and newer:
-            g = next((g for g in host.gpus if same_bus(g.bus_id, x.bus)), None)
-            fresh[(x.code, f"GPU {g.index}" if g else f"the GPU at {x.bus}")] = \
-                fresh.get((x.code, f"GPU {g.index}" if g else f"the GPU at {x.bus}"), 0) + 1
+            g = host.gpu(x.bus)
+            if g is None:  # no GPU of this host is there: nothing to reset, and none a job would get
+                stray[(x.code, x.bus)] = stray.get((x.code, x.bus), 0) + 1
+            else:
+                fresh[(x.code, g.index)] = fresh.get((x.code, g.index), 0) + 1
         else:
             old[x.code] = old.get(x.code, 0) + 1
-    for (code, where), n in sorted(fresh.items()):
-        fails.append(f"{where}: XID {code} ({FATAL_XIDS[code]}) x{n} {_since(window_s)} (dmesg): drain the host "
+    for (code, index), n in sorted(fresh.items()):
+        fails.append(f"GPU {index}: XID {code} ({FATAL_XIDS[code]}) x{n} {_since(window_s)} (dmesg): drain the host "
                      f"and reset the GPU, or reboot")
+    for (code, bus), n in sorted(stray.items()):
+        warns.append(f"XID {code} ({FATAL_XIDS[code]}) x{n} {_since(window_s)} (dmesg) on PCI {bus}, where none of "
+                     f"this host's {len(host.gpus)} GPU(s) is: not judged (a GPU gone from the bus is no longer "
+                     "listed: compare `nvidia-smi -L` with `sudo dmesg | grep Xid`)")
     if old:
         since = (f", before the last {_span(window_s)} or of an application's fault" if window_s is not None
                  else " before the driver's last load or of an application's fault"

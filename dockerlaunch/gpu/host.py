@@ -142,13 +142,17 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Holder:
-    """A process nvidia-smi lists on a GPU (`--query-compute-apps`): before a job starts, none of them is the job's."""
+    """A process nvidia-smi lists on a GPU (`--query-compute-apps`): before a job starts, none of them is the job's.
+    Its name and its parent's are the kernel's (/proc/PID/comm, 15 characters at most), read on the host by the
+    probe; never nvidia-smi's process_name, the command line its owner writes."""
 
     bus_id: str
     pid: int
     owner: str  # '' where the probe could not tell
     used_mib: int | None  # None under MIG on drivers that print [N/A] per process
-    name: str
+    name: str  # '' where the probe could not read it
+    parent_name: str | None = None  # the parent's /proc/PID/comm; None: the parent was not read
+    parent_root: bool = False  # the parent runs as root (real and effective uid 0, /proc/PID/status)
 
 
 @dataclass(frozen=True)

@@ -162,13 +162,22 @@ def parse_q(lines: list[str]) -> tuple[str | None, str | None, dict[str, tuple[s
     return driver, cuda, {k: tuple(v) for k, v in fabric.items()}
 
 
-def parse_holder(line: str) -> Holder | None:
-    """probe.sh's `bus,pid,owner,used_memory,process_name` (the owner read with ps on the host)."""
+def parse_holder(line: str, parents: dict[int, tuple[str, str, str]] | None = None) -> Holder | None:
+    """probe.sh's `bus,pid,owner,used_memory,name` (the owner read with ps on the host, the name from /proc/PID/comm),
+    with its parent's `real uid, effective uid, name` from `parents` (parse_parent)."""
     parts = line.split(",", 4)
     if len(parts) < 5 or not parts[1].strip().isdigit():
         return None
-    return Holder(bus_id=parts[0].strip(), pid=int(parts[1]), owner=parts[2].strip(), used_mib=_int(parts[3]),
-                  name=parts[4].strip())
+    pid = int(parts[1])
+    ruid, euid, parent = (parents or {}).get(pid, ("", "", None))
+    return Holder(bus_id=parts[0].strip(), pid=pid, owner=parts[2].strip(), used_mib=_int(parts[3]),
+                  name=parts[4].strip(), parent_name=parent, parent_root=ruid == euid == "0")
+
+
+def parse_parent(line: str) -> tuple[int, tuple[str, str, str]] | None:
+    """probe.sh's `smi_parent=PID RUID EUID NAME`: a holder's parent, its real and effective uid and its name."""
+    m = re.fullmatch(r"(\d+) (\d+) (\d+) ?(.*)", line, re.S)
+    return (int(m.group(1)), (m.group(2), m.group(3), m.group(4).strip())) if m else None
 
 
 def parse_xid(line: str) -> Xid | None:
@@ -209,10 +218,11 @@ def parse(kv: dict[str, list[str]]) -> GpuHost | None:
     if one("xid_readable"):
         xids = tuple(x for x in (parse_xid(line) for line in kv.get("xid", [])) if x is not None)
     nvswitches = one("nvswitches")
+    parents = dict(p for p in (parse_parent(x) for x in kv.get("smi_parent", [])) if p is not None)
     return GpuHost(
         driver=driver, cuda=cuda, gpus=tuple(gpus),
         vgpu_manager=any(re.match(r"^CUDA Version\s*:\s*Not Found\s*$", q) for q in kv.get("smi_q", [])),
-        holders=tuple(h for h in (parse_holder(x) for x in kv.get("smi_app", [])) if h is not None),
+        holders=tuple(h for h in (parse_holder(x, parents) for x in kv.get("smi_app", [])) if h is not None),
         errors=tuple(kv.get("smi_error", [])), unknown_fields=tuple(dict.fromkeys(kv.get("smi_unknown", []))),
         xids=xids, driver_loaded_s=_float(one("driver_loaded")), uptime_s=_float(one("uptime")),
         nvswitches=int(nvswitches) if nvswitches.isdigit() else None, fabric_manager=one("fabric_manager") or None)

@@ -127,7 +127,7 @@ def test_a_mig_leftover_is_found_from_the_gpus_memory_and_named(sim_cluster, gpu
     code, rows = _doctor(sim_cluster, tmp_path, node, image, gpu_standin.script("mig-leftover", pid), BOOT)
     assert code == 1, rows
     assert _only_health(rows, "FAIL") == (
-        f"GPU 0 (MIG) holds 11125 MiB used by pid {pid} (/usr/bin/python3, user nobody), not this job's: stop them "
+        f"GPU 0 (MIG) holds 11125 MiB used by pid {pid} (sleep, user nobody), not this job's: stop them "
         f"(kill {pid}) or give the job other GPUs; MIG is on for GPU 0: the job sees MIG instances, not whole GPUs")
 
 
@@ -163,6 +163,43 @@ def test_an_hgx_a100_without_its_fabric_manager_fails_and_passes_once_it_runs(si
             assert code == 0 and "fabric manager running" in rows["gpu health"][1], (fm, rows)
     finally:
         node.exec_run(["sh", "-c", f"kill {fm_pid}; rm -f /usr/local/bin/nv-fabricmanager /dev/nvidia-nvswitch[0-9]*"])
+
+
+def test_a_fabric_manager_named_process_of_another_user_is_not_the_fabric_manager(sim_cluster, gpu_node, tmp_path):
+    """Any user can start a process the kernel names nv-fabricmanage (a copy of sleep called nv-fabricmanager): the
+    probe's pgrep found it and doctor passed an HGX A100 whose fabric was never trained (issue 60). Only root's
+    counts."""
+    node, image, _ = gpu_node
+    smi = gpu_standin.script("hgx-a100")
+    code, out = node.exec_run(["sh", "-c", "cp /bin/sleep /usr/local/bin/nv-fabricmanager && su nobody -s /bin/sh -c "
+                                           "'/usr/local/bin/nv-fabricmanager 86400 >/dev/null 2>&1 & echo $!'"])
+    assert code == 0, out
+    fm_pid = int(out.decode().strip().splitlines()[-1])
+    try:
+        code, rows = _doctor(sim_cluster, tmp_path, node, image, smi, BOOT, nvswitches=NVSWITCHES)
+        assert code == 1 and "nvidia-fabricmanager is stopped" in _only_health(rows, "FAIL"), rows
+    finally:
+        node.exec_run(["sh", "-c", f"kill {fm_pid}; rm -f /usr/local/bin/nv-fabricmanager /dev/nvidia-nvswitch[0-9]*"])
+
+
+def test_xid_lines_a_user_writes_into_the_kernel_log_are_not_xids(sim_cluster, gpu_node, tmp_path):
+    """h100-healthy with one real fatal XID on GPU 0, then what any user can make the kernel print (issue 60): a
+    segfault of a process named `Xid (PCI:0): 79`, one in a file named like an NVRM Xid line on GPU 1's bus, one in
+    a file named like the driver's load line, and one in a file whose name holds a line feed and then such a line, as
+    syslog(2) prints it (real lines: tests/unit/backends/docker/test_probe_gpu_words.py).
+    Only the NVIDIA module's line counts, and the forged load does not make it older than the driver."""
+    from tests.unit.backends.docker.test_probe_gpu_words import COMM_XID, FILE_LOAD, FILE_XID_GPU1, SYSLOG_RECORD
+
+    node, image, _ = gpu_node
+    smi = gpu_standin.script("h100-healthy")
+    text = lambda line: line.split("] ", 1)[1]  # noqa: E731  (the stand-in prints each line's time)
+    log = BOOT + [(5123.4, xid("0000:18:00", 79, FALLEN)), (6100.0, text(COMM_XID)), (6200.0, text(FILE_XID_GPU1)),
+                  (6300.0, text(FILE_LOAD)), *((6400.0, text(line)) for line in SYSLOG_RECORD)]
+    code, rows = _doctor(sim_cluster, tmp_path, node, image, smi, log)
+    assert code == 1, rows
+    assert _only_health(rows, "FAIL") == (
+        "GPU 0: XID 79 (GPU has fallen off the bus) x1 since the driver loaded (dmesg): drain the host and reset the "
+        "GPU, or reboot")
 
 
 def test_xids_fail_only_when_fatal_and_newer_than_the_drivers_load(sim_cluster, gpu_node, tmp_path):

@@ -87,7 +87,7 @@ def test_doctor_names_a_leftover_process_holding_a_gpu(sim_cluster, gpu_node, tm
     assert r.returncode == 1, r.stdout + r.stderr
     failed = {k: v for k, v in rows.items() if v[0] in ("FAIL", "ERROR")}
     assert list(failed) == ["gpu health"], rows
-    assert failed["gpu health"][1] == (f"GPU 0 holds 71234 MiB of pid {pid} (/usr/bin/python3, user nobody), not "
+    assert failed["gpu health"][1] == (f"GPU 0 holds 71234 MiB of pid {pid} (sleep, user nobody), not "
                                        f"this job's: a leftover of another job? stop it (kill {pid}) or give the job "
                                        "other GPUs")
 
@@ -116,7 +116,7 @@ def test_a_check_that_could_not_run_alone_exits_1_and_stops_up(sim_cluster, gpu_
     report = json.loads(r.stdout)
     rows = {c["check"]: (c["verdict"], c["reason"]) for c in report["checks"]}
     assert {k: v for k, v in rows.items() if v[0] in ("FAIL", "ERROR")} == {"gpu health": (
-        "ERROR", f"could not check: nvidia-smi --query-compute-apps=gpu_bus_id,pid,used_memory,process_name "
+        "ERROR", f"could not check: nvidia-smi --query-compute-apps=gpu_bus_id,pid,used_memory "
                  f"--format=csv,noheader,nounits: {APPS_FAIL}")}, rows
     assert rows["driver"][0] == rows["archs"][0] == rows["gpus"][0] == "PASS", rows  # the rest of it is healthy
     assert r.returncode == 1, r.stdout + r.stderr

@@ -4,6 +4,7 @@ probe over SSH under the node's sh (Debian's dash), the real `up` and `doctor`."
 
 import json
 import secrets
+import time
 
 from tests import gpu_standin
 from tests.integration.helpers import GPU_LIBDIR as LIBDIR
@@ -14,6 +15,34 @@ from tests.integration.test_gpu_doctor import gpu_node  # noqa: F401  (the fixtu
 # the review's case: another login starts a CUDA process whose argv[0] is this; dash's echo made its \n lines
 EVIL = 'x\\ndocker_info={"Runtimes":{}}\\nlib=\\tlibcuda.so.1 (libc6,x86-64) => /home/eve/libcuda.so.1'
 MARK = "DL-PLANTED-LIBCUDA"
+# the name the kernel keeps for a process (/proc/PID/comm, 15 bytes), which the probe reads since issue 60: real line
+# feeds (printf's format)
+HOSTILE = ("x\\ngpus=8\\nlib=/h", "x\ngpus=8\nlib=/h")
+
+
+def _named(node, fmt: str) -> int:
+    """A process of another user (nobody) on the node whose kernel name is printf's `fmt` (it writes its own
+    /proc/PID/comm: any process may); -> its pid."""
+    body = f"#!/bin/sh\nprintf '{fmt}' > /proc/$$/comm\nwhile sleep 1; do :; done\n"
+    node.put_archive("/usr/local/bin", _tar({"dl-named": (body.encode(), 0o755)}))
+    code, out = node.exec_run(["sh", "-c", "su nobody -s /bin/sh -c '/usr/local/bin/dl-named >/dev/null 2>&1 & "
+                                           "echo $!'"])
+    assert code == 0, out
+    pid = int(out.decode().strip().splitlines()[-1])
+    for _ in range(100):  # until it has named itself
+        code, out = node.exec_run(["cat", f"/proc/{pid}/comm"])
+        if code == 0 and out.decode() != "dl-named\n":
+            return pid
+        time.sleep(0.1)
+    raise AssertionError(f"pid {pid} never renamed itself: {out!r}")
+
+
+def _smi_naming(pid: int, name: str) -> str:
+    """The leftover case's stand-in, answering as nvidia-smi does when process_name is asked: the name raw."""
+    head, branch, rest = gpu_standin.script("leftover", pid).partition("  --query-compute-apps=*)\n")
+    assert branch, "the stand-in's compute-apps branch moved"
+    return (f"{head}  --query-compute-apps=*process_name*)\ncat <<'DL_NAMED_EOF'\n00000000:18:00.0, {pid}, 71234, "
+            f"{name}\nDL_NAMED_EOF\n    ;;\n{branch}{rest}")
 
 
 def _config(sim_cluster, tmp_path):
@@ -26,13 +55,15 @@ def _rows(stdout: str) -> dict[str, tuple[str, str]]:
 
 
 def test_a_gpu_process_name_never_becomes_probe_structure(sim_cluster, gpu_node, tmp_path):  # noqa: F811
+    """The review's name as nvidia-smi would print it (never asked since issue 60) and a kernel name with line feeds
+    (what the probe reads): neither becomes a key, a library or a process of its own."""
     node, image = gpu_node
     plant = (f"mkdir -p /home/eve && printf '%s\\n' {MARK} > /home/eve/libcuda.so.1 && chmod 644 /home/eve/libcuda.so.1"
-             " && chown -R nobody /home/eve && su nobody -s /bin/sh -c 'sleep 86400 >/dev/null 2>&1 & echo $!'")
+             " && chown -R nobody /home/eve")
     code, out = node.exec_run(["sh", "-c", plant])
     assert code == 0, out
-    pid = int(out.decode().strip().splitlines()[-1])
-    smi = gpu_standin.script("leftover", pid).replace("/usr/bin/python3", EVIL)
+    pid = _named(node, HOSTILE[0])
+    smi = _smi_naming(pid, EVIL)
     node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (smi.encode(), 0o755)}))
     cfg = _config(sim_cluster, tmp_path)
     try:
@@ -48,9 +79,10 @@ def test_a_gpu_process_name_never_becomes_probe_structure(sim_cluster, gpu_node,
         r = dl("doctor", "--config", cfg, "--image", image, "--output", "json")
         rows = _rows(r.stdout)
         assert "probe" not in rows and rows["gpus"][0] == "PASS", rows
-        assert rows["gpu health"][0] == "FAIL" and f"of pid {pid} ({EVIL}, user nobody)" in rows["gpu health"][1]
+        assert rows["gpu health"][0] == "FAIL" and f"of pid {pid} ({HOSTILE[1]}, user nobody)" in rows["gpu health"][1]
+        assert "eve" not in rows["gpu health"][1], rows
     finally:
-        node.exec_run(["sh", "-c", f"kill {pid}; rm -rf /home/eve /usr/local/bin/nvidia-smi"])
+        node.exec_run(["sh", "-c", f"kill {pid}; rm -rf /home/eve /usr/local/bin/nvidia-smi /usr/local/bin/dl-named"])
 
 
 def test_a_host_whose_answer_repeats_a_key_is_a_probe_fail_naming_it(sim_cluster, gpu_node, tmp_path):  # noqa: F811
@@ -112,27 +144,25 @@ def test_a_driver_library_another_user_owns_is_never_mounted(sim_cluster, gpu_no
 
 def test_a_gpu_process_name_with_terminal_controls_shows_as_text_in_doctors_table(sim_cluster, gpu_node,  # noqa: F811
                                                                                    tmp_path):
-    """Finding 3 through the real CLI: a process name that erases the line, moves up, writes the clipboard (OSC 52)
-    and holds rich markup reaches doctor's table over SSH as visible text; `--output json` keeps the raw name."""
+    """Finding 3 through the real CLI: a process name that moves the cursor up, writes the clipboard (OSC 52) and
+    holds rich markup reaches doctor's table over SSH as visible text; `--output json` keeps the raw name."""
     import os
     import subprocess
     import sys
 
     node, image = gpu_node
-    code, out = node.exec_run(["sh", "-c", "su nobody -s /bin/sh -c 'sleep 86400 >/dev/null 2>&1 & echo $!'"])
-    assert code == 0, out
-    pid = int(out.decode().strip().splitlines()[-1])
-    name = "\x1b[2K\x1b[1A[bold]PASS[/bold]\x1b]52;c;ZXZpbA==\x07"
-    smi = gpu_standin.script("leftover", pid).replace("/usr/bin/python3", name)
-    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (smi.encode(), 0o755)}))
+    # the kernel keeps 15 bytes of a name: a line up, the start of an OSC 52 clipboard write and its end, markup
+    pid = _named(node, "\\033[1A\\033]52;c;\\007[b]")
+    name = "\x1b[1A\x1b]52;c;\x07[b]"
+    node.put_archive("/usr/local/bin", _tar({"nvidia-smi": (gpu_standin.script("leftover", pid).encode(), 0o755)}))
     cfg = _config(sim_cluster, tmp_path)
     try:
         r = subprocess.run([sys.executable, "-m", "dockerlaunch", "doctor", "--config", cfg, "--image", image],
                            capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "400"})
         assert r.returncode == 1, r.stdout + r.stderr
         assert "\x1b" not in r.stdout and "\x07" not in r.stdout, repr(r.stdout)
-        assert "^[[2K^[[1A[bold]PASS[/bold]^[]52;c;ZXZpbA==" in r.stdout, r.stdout
+        assert "^[[1A^[]52;c;\\x07[b]" in r.stdout, r.stdout
         j = dl("doctor", "--config", cfg, "--image", image, "--output", "json")
         assert f"of pid {pid} ({name}, user nobody)" in _rows(j.stdout)["gpu health"][1]
     finally:
-        node.exec_run(["sh", "-c", f"kill {pid}; rm -f /usr/local/bin/nvidia-smi"])
+        node.exec_run(["sh", "-c", f"kill {pid}; rm -f /usr/local/bin/nvidia-smi /usr/local/bin/dl-named"])

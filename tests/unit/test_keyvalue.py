@@ -75,15 +75,19 @@ def test_lines_end_at_line_feeds_only_and_other_keys_are_ignored():
 
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
 def test_a_gpu_process_name_stays_data_through_the_real_probe(tmp_path, shell):
-    """The review's case, through probe.sh under each sh: the name is one app's name, never a key of its own."""
-    gpu_standin.install(tmp_path / "bin", "leftover")
-    smi = tmp_path / "bin" / "nvidia-smi"
-    smi.write_text(smi.read_text().replace("/usr/bin/python3", EVIL))
+    """The review's case, through probe.sh under each sh: the name is one app's name, never a key of its own. The
+    probe reads it from /proc/PID/comm (issue 60: never nvidia-smi's process_name); here a /proc written with it,
+    longer than the kernel keeps, and with a real line feed as well as dash-echo's `\\n`."""
+    from tests.unit.backends.docker.test_probe_gpu_words import NO_PID, fake_proc
+
+    gpu_standin.install(tmp_path / "bin", "leftover", NO_PID)
+    proc = fake_proc(tmp_path / "proc", {NO_PID: (EVIL + "\ngpus=9", 1, 1000)})
     r = subprocess.run([*shell, "-c", script("probe.sh"), "sh", "127.0.0.1"], capture_output=True, text=True,
-                       env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}, timeout=60)
+                       env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                            "DL_PROBE_PROC": str(proc)}, timeout=60)
     assert r.returncode == 0, r.stderr
     p = parse_probe(r.stdout, "h")
-    assert [a.name for a in p.gpu_host.holders] == [EVIL]
+    assert [a.name for a in p.gpu_host.holders] == [EVIL + "\ngpus=9"] and p.gpu_count == 2
     assert not any("/home/eve" in path for _, path in p.access.libs), p.access.libs
     assert p.access.nvidia_runtime is False and "eve" not in repr(p.access)
 

@@ -241,7 +241,8 @@ def parse_selinux(kv: dict[str, list[str]]) -> tuple[bool | None, str | None]:
 SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info", "image_env",
           "smi_driver", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager", "engine",
           "cdi_dirs", "runtimes", "image_cmd", "selinuxfs", "selinux_enforce", "security_options")
-LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_error", "smi_unknown", "xid", "gpu_dev", "cdi", "lib", "file")
+LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_parent", "smi_error", "smi_unknown", "xid", "gpu_dev", "cdi",
+         "lib", "file")
 
 
 def parse_probe(text: str, host: str = "?") -> Probe:

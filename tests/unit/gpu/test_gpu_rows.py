@@ -15,6 +15,7 @@ from dockerlaunch.gpu.host import Gpu, GpuHost, Holder, Xid
 from dockerlaunch.gpu.needs import ImageNeeds
 from tests import gpu_standin
 from tests.unit.backends.docker.test_doctor_judge import H0, H1, cfg, host, run
+from tests.unit.backends.docker.test_probe_gpu_words import NO_PID, fake_proc
 
 # the recommended image's labels (docker image inspect), with the compiled packages it holds code for
 LABELS = {"ai.dockerlaunch.pin.cuda": "13.0", "ai.dockerlaunch.cuda-archs": "9.0",
@@ -22,10 +23,14 @@ LABELS = {"ai.dockerlaunch.pin.cuda": "13.0", "ai.dockerlaunch.cuda-archs": "9.0
           "ai.dockerlaunch.compiled": "transformer-engine-torch,apex,flash-attn"}
 
 
-def probed(tmp_path, case: str):
-    gpu_standin.install(tmp_path / "bin", case)
+def probed(tmp_path, case: str, pid: int | None = None, proc=None):
+    """`pid`: the process the case's compute-apps line names; `proc`: the /proc the probe reads it in."""
+    gpu_standin.install(tmp_path / "bin", case, pid)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    if proc is not None:
+        env["DL_PROBE_PROC"] = str(proc)
     r = subprocess.run(["sh", "-c", script("probe.sh"), "sh", "127.0.0.1"], capture_output=True, text=True,
-                       env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}, timeout=60)
+                       env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     return parse_probe(r.stdout)
 
@@ -79,10 +84,14 @@ def test_a_gpu_the_image_has_no_code_for_names_the_packages_and_the_fix(tmp_path
 
 
 def test_a_gpu_held_by_a_leftover_process_names_gpu_pid_and_command(tmp_path):
-    got = rows(probed(tmp_path, "leftover").gpu_host)
+    """The name is the kernel's (/proc/PID/comm), read by the probe: here a /proc written for a pid no real process
+    can have (above PID_MAX_LIMIT), so no process of this machine answers for it."""
+    pid = NO_PID
+    proc = fake_proc(tmp_path / "proc", {pid: ("python3", 1, 1000), 1: ("systemd", 0, 0)})
+    got = rows(probed(tmp_path, "leftover", pid, proc).gpu_host)
     assert [k for k, v in got.items() if v[0] != PASS] == ["gpu health"]
-    assert got["gpu health"] == (FAIL, "GPU 0 holds 71234 MiB of pid 4242 (/usr/bin/python3), not this job's: a "
-                                       "leftover of another job? stop it (kill 4242) or give the job other GPUs")
+    assert got["gpu health"] == (FAIL, f"GPU 0 holds 71234 MiB of pid {pid} (python3), not this job's: a "
+                                       f"leftover of another job? stop it (kill {pid}) or give the job other GPUs")
 
 
 def test_nvidia_smi_that_fails_is_an_error_naming_the_command_never_a_pass(tmp_path):
@@ -126,7 +135,11 @@ def _gpu(**kw) -> Gpu:
     (_gpu(memory_used_mib=3534), (Holder("0000:18:00.0", 4937, "bob", 160, "python"),), (), PASS, "1 small or MPS"),
     (_gpu(fabric_state="Completed", fabric_status="Success", fabric_health="Unhealthy"), (), (), WARN,
      "fabric Health Unhealthy"),
-    (_gpu(), (Holder("00000000:18:00.0", 77, "root", 30000, "nvidia-cuda-mps-server"),), (), PASS, "MPS"),
+    # MPS's server (the kernel's name: 15 characters) as root's control daemon starts it, under its client's uid
+    (_gpu(), (Holder("00000000:18:00.0", 77, "bob", 30000, "nvidia-cuda-mps", "nvidia-cuda-mps", True),), (), PASS,
+     "MPS"),
+    (_gpu(), (Holder("00000000:18:00.0", 77, "bob", 30000, "nvidia-cuda-mps", "bash", False),), (), FAIL,
+     "pid 77 (nvidia-cuda-mps, user bob)"),
     (_gpu(), (Holder("0000:18:00.0", 77, "bob", 512, "python"),), (), PASS, "no memory held"),
     (_gpu(), (Holder("0000:18:00.0", 77, "bob", 2048, "python"),), (), FAIL, "pid 77 (python, user bob)"),
 ])

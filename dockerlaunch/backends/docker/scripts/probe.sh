@@ -10,10 +10,22 @@ m=$1
 # the --query-gpu fields doctor reads (gpu/smi.py's QUERY): each asked only where this driver's --help-query-gpu
 # lists it, and a field it still rejects is dropped and the rest asked again: one unknown field costs only itself
 SMI_GPU="index pci.bus_id name driver_version memory.used memory.total persistence_mode ecc.errors.uncorrected.volatile.total ecc.errors.uncorrected.aggregate.total compute_cap mig.mode.current remapped_rows.pending remapped_rows.failure remapped_rows.histogram.none clocks_event_reasons.active clocks_throttle_reasons.active pcie.link.gen.current pcie.link.width.current pcie.link.gen.max pcie.link.width.max"
-SMI_APPS=gpu_bus_id,pid,used_memory,process_name
+# (never process_name: that is the process's command line, which its owner writes, raw in the CSV: a line feed in it
+# adds a row naming any bus, pid and memory. Each process's name is the kernel's, /proc/PID/comm, read below.)
+SMI_APPS=gpu_bus_id,pid,used_memory
+P=${DL_PROBE_PROC:-/proc}  # (DL_PROBE_PROC: another /proc, for tests)
 why() {  # the line of a failed command's output that says why (NVML's error comes first, its version after it)
   printf '%s\n' "$1" | grep -v '^index, ' | grep -m 1 -iE 'fail|error|unable|not found|permission|not a valid' ||
     printf '%s\n' "$1" | tail -n 1
+}
+pstatus() {  # PID KEY: the values after `KEY:` in /proc/PID/status (Uid: real, effective, saved, filesystem uid)
+  awk -v k="$2:" '$1 == k { $1 = ""; print substr($0, 2); exit }' "$P/$1/status" 2>/dev/null
+}
+roots() {  # NAME: whether a process of this kernel name (15 characters at most) runs as root (real and effective uid)
+  for p in $(pgrep -x "$1" 2>/dev/null); do
+    case $(pstatus "$p" Uid) in "0 0 "*) return 0 ;; esac
+  done
+  return 1
 }
 owned() {  # FILE: "file=UID MODE FILE" of what a bind mount of FILE would show the job (links followed)
   kv file "$(stat -L -c '%u %a' "$1" 2>/dev/null || echo '? ?') $1"
@@ -57,28 +69,59 @@ gpu_facts() {
     /^GPU [0-9A-Fa-f]/{print; next} /^    Fabric *$/{f=1; next} f && /^        (State|Status) /{print; next}
     f && /^            Summary /{print; next} /^    [^ ]/{f=0}')"
   if out=$(nvidia-smi --query-compute-apps="$SMI_APPS" --format=csv,noheader,nounits 2>&1); then
-    printf '%s\n' "$out" | grep ',' | while IFS=, read -r bus pid rest; do
+    # each process's owner (ps), its name as the kernel keeps it, and its parent's uids and name: an MPS server
+    # runs as its client's uid, started by root's nvidia-cuda-mps-control (gpu/health.py's rule)
+    printf '%s\n' "$out" | grep ',' | while IFS=, read -r bus pid used rest; do
       pid=$(printf '%s' "$pid" | tr -d ' ')
-      case $pid in ''|*[!0-9]*) user= ;; *) user=$(ps -o user= -p "$pid" 2>/dev/null | tr -d ' ') ;; esac
-      kv smi_app "$bus,$pid,$user,$rest"
+      user='' name=''
+      case $pid in
+        ''|*[!0-9]*) ;;
+        *) user=$(ps -o user= -p "$pid" 2>/dev/null | tr -d ' ')
+           name=$(cat "$P/$pid/comm" 2>/dev/null)
+           ppid=$(pstatus "$pid" PPid)
+           case $ppid in
+             ''|0|*[!0-9]*) ;;
+             *) uids=$(pstatus "$ppid" Uid | cut -d ' ' -f 1,2)
+                [ -n "$uids" ] && kv smi_parent "$pid $uids $(cat "$P/$ppid/comm" 2>/dev/null)" ;;
+           esac ;;
+      esac
+      kv smi_app "$bus,$pid,$user,$used,$name"
     done
   else
     kv smi_error "nvidia-smi --query-compute-apps=$SMI_APPS --format=csv,noheader,nounits: $(why "$out")"
   fi
   # XID errors (seconds since boot, bus, code) and when the driver loaded, where the kernel log is readable
-  # (dmesg_restrict may hide it from this user); doctor fails a fatal one only when it is newer than the load
+  # (dmesg_restrict may hide it from this user); doctor fails a fatal one only when it is newer than the load.
+  # Only what the NVIDIA module printed: `NVRM: ` opening the message, right after the kernel's own prefix (the
+  # time, `[ 1234.567890]`; a caller, `[    T123]` or `[ C2]`, under CONFIG_PRINTK_CALLER; both; or neither), never
+  # anywhere in a line: a segfault line opens with the process's name (any user's, 15 characters: too short for
+  # `NVRM: Xid (PCI:` and a bus) and ends with a file's name (any length). A bus is hex digits, colons and dots.
+  # A file's name may hold a line feed: util-linux's dmesg, reading /dev/kmsg, indents a record's further lines, but
+  # through syslog(2) (busybox's dmesg; util-linux's where /dev/kmsg cannot be opened, as in a container) each gets
+  # the record's own prefix: there a line with the prefix of the line before it is not read (a record of the module
+  # printed in the same microsecond as the one before it is missed there; without a prefix none can be told).
   if log=$(dmesg 2>/dev/null); then
     echo "xid_readable=1"
-    kvl xid "$(printf '%s\n' "$log" | sed -n -e 's/^\[ *\([0-9.]*\)\].*Xid (PCI:\([^)]*\)): \([0-9]*\).*/\1 \2 \3/p;t' \
-      -e 's/.*Xid (PCI:\([^)]*\)): \([0-9]*\).*/- \1 \2/p' | tail -n 200)"
-    kv driver_loaded "$(printf '%s\n' "$log" | sed -n 's/^\[ *\([0-9.]*\)\].*NVRM: loading NVIDIA UNIX.*/\1/p' | tail -n 1)"
+    case $(dmesg --version 2>/dev/null) in *util-linux*) [ -r /dev/kmsg ] && syslog=0 || syslog=1 ;; *) syslog=1 ;; esac
+    found=$(printf '%s\n' "$log" | awk -v syslog="$syslog" '
+      { p = "" }
+      match($0, /^(\[ *[0-9]+\.[0-9]+\]( ?\[ *[TC][0-9]+\])? |\[ *[TC][0-9]+\] )/) { p = substr($0, 1, RLENGTH) }
+      { seen = last; last = p; if (syslog == 1 && p != "" && p == seen) next
+        m = substr($0, length(p) + 1); t = "-"
+        if (p ~ /^\[ *[0-9]/) { t = p; sub(/^\[ */, "", t); sub(/\].*/, "", t) } }
+      m ~ /^NVRM: Xid \(PCI:[0-9A-Fa-f:.]+\): [0-9]/ {
+        bus = m; sub(/^NVRM: Xid \(PCI:/, "", bus); code = bus; sub(/\).*/, "", bus)
+        sub(/^[^)]*\): /, "", code); sub(/[^0-9].*/, "", code); print "xid " t " " bus " " code }
+      m ~ /^NVRM: loading NVIDIA UNIX/ && t != "-" { print "load " t }')
+    kvl xid "$(printf '%s\n' "$found" | sed -n 's/^xid //p' | tail -n 200)"
+    kv driver_loaded "$(printf '%s\n' "$found" | sed -n 's/^load //p' | tail -n 1)"
   fi
   kv uptime "$(cut -d ' ' -f 1 /proc/uptime 2>/dev/null)"
   # NVSwitch systems: the fabric manager must run, and NVML tells its result only on Hopper and later (an HGX
   # A100 says N/A): the switches the driver lists, and whether the manager runs: systemd's word, else its process
   # (a manager outside systemd, as NVIDIA's GPU Operator runs it in its driver container, is `inactive` to systemd)
   n=0
-  for s in /proc/driver/nvidia-nvswitch/devices/*; do [ -e "$s" ] && n=$((n + 1)); done
+  for s in "$P"/driver/nvidia-nvswitch/devices/*; do [ -e "$s" ] && n=$((n + 1)); done
   if [ "$n" = 0 ]; then for s in /dev/nvidia-nvswitch[0-9]*; do [ -e "$s" ] && n=$((n + 1)); done; fi
   kv nvswitches "$n"
   if [ "$n" -gt 0 ]; then
@@ -86,8 +129,9 @@ gpu_facts() {
     case $fm in
       active|activating) ;;
       # (pgrep matches the kernel's process name, cut to 15 characters: nv-fabricmanager's is nv-fabricmanage;
-      # -x nv-fabricmanager never matches, and -f would match this script's own shell)
-      *) if command -v pgrep >/dev/null 2>&1 && pgrep -x nv-fabricmanage >/dev/null 2>&1; then fm=running
+      # -x nv-fabricmanager never matches, and -f would match this script's own shell; any user can name a process
+      # so: only root's counts)
+      *) if command -v pgrep >/dev/null 2>&1 && roots nv-fabricmanage; then fm=running
          else case $fm in
            inactive|failed|deactivating) ;;
            *) if command -v pgrep >/dev/null 2>&1; then fm=stopped; else fm=; fi ;;
