@@ -488,12 +488,20 @@ class Attempt:
 
 
 def _raw_output(fd: int) -> None:
-    """The child's terminal writes `\\n` as it is (no CR added): the container's own terminal adds it once."""
+    """The child's terminal writes `\\n` as it is (no CR added): the container's own terminal adds it once. Its
+    size is the container's terminal's (else 50 x 200): a 0 x 0 terminal breaks progress bars that ask."""
     try:
+        import fcntl
+        import struct
         import termios
         attrs = termios.tcgetattr(fd)
         attrs[1] &= ~termios.ONLCR
         termios.tcsetattr(fd, termios.TCSANOW, attrs)
+        try:
+            rows, cols = struct.unpack("HHHH", fcntl.ioctl(1, termios.TIOCGWINSZ, b"\0" * 8))[:2]
+        except OSError:
+            rows = cols = 0
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows or 50, cols or 200, 0, 0))
     except (ImportError, OSError):
         pass
     except Exception:  # termios.error

@@ -611,3 +611,19 @@ def test_a_refused_py_spy_says_whether_yamas_ptrace_scope_forbids_a_non_root_use
     assert "ptrace_scope is 1" in said and "uid 1000" in said and "not root" in said
     assert "SYS_PTRACE" in gang._ptrace_note(str(scope), uid=0)
     assert "SYS_PTRACE" in gang._ptrace_note(str(tmp_path / "absent"), uid=1000)
+
+
+def test_with_a_tty_the_command_sees_a_terminal_of_a_size_and_lines_keep_a_bare_line_feed(tmp_path):
+    """container.tty: the command's output is a terminal (Python line-buffers it), of the container's terminal's
+    size or 50 x 200 (never 0 x 0), whose `\\n` reaches the container's own terminal as it is (that one adds the
+    `\\r` once: a second would show as `\\r\\r\\n`)."""
+    spec = dict(job="j", run="r1", rank=0, nnodes=1, hosts=["h0"], host="h0", addr="127.0.0.1", port=free_port(),
+                dir=str(tmp_path / "host0"), max_restarts=0, backoff=0, hang_timeout=None, progress_regex=None,
+                host_timeout=5, start_timeout=20, tty=True, secret_dir=str(tmp_path / "s"), stop_grace=1)
+    code = 'import os, sys; print("tty", sys.stdout.isatty(), os.get_terminal_size()); print("two")'
+    p = subprocess.Popen([sys.executable, GANG, "run", json.dumps(spec), "--", sys.executable, "-c", code],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_default_signals)
+    assert _take(tmp_path / "s", SECRET + "\n").returncode == 0
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0, out
+    assert b"tty True os.terminal_size(columns=200, lines=50)\ntwo\n" in out and b"\r" not in out, out
