@@ -19,6 +19,7 @@ from pathlib import Path
 import docker
 
 from dockerlaunch.engine import engine
+from dockerlaunch.job.plan import DIAG_ROOT
 from dockerlaunch.sim.images import (
     _new_ed25519,
     _seed_tarball,
@@ -300,12 +301,14 @@ def create_light(
     def start_engine(e: SimEngine) -> str:
         client.volumes.create(e.volume, labels=labels)
         client.volumes.create(e.sock_volume, labels=labels)
+        client.volumes.create(f"{e.name}-jobs", labels=labels)
         return _start_node(
             client, net, image, e.name, f"engine{e.index}", e.ip,
             {**labels, ROLE_LABEL: "engine", ENGINE_INDEX_LABEL: str(e.index), ENGINE_LABEL: kind.name},
             authorized, daemon_json=kind.containerd_store,
             environment={"DOCKERD_EXTRA_ARGS": f"-H unix:///var/run/docker.sock -H unix://{LIGHT_SOCK_DIR}/docker.sock"},
-            **_engine_options(e.volume, shared.name, {e.sock_volume: {"bind": LIGHT_SOCK_DIR, "mode": "rw"}}))
+            **_engine_options(e.volume, shared.name, {e.sock_volume: {"bind": LIGHT_SOCK_DIR, "mode": "rw"},
+                                                       f"{e.name}-jobs": {"bind": DIAG_ROOT, "mode": "rw"}}))
 
     def start_host(n: SimNode) -> str:
         return _start_node(
@@ -320,6 +323,9 @@ def create_light(
                 # the engine's docker root, read-only: `df` of DockerRootDir on the SSH host (doctor's disk row)
                 # gives the free space its engine really has
                 f"{n.served_by}-docker": {"bind": "/var/lib/docker", "mode": "ro"},
+                # the job folders (diagnostics.dir's default): on a real host the engine mounts what the SSH login
+                # wrote there (the supervisor's files, the run's records), so its engine sees this folder too
+                f"{n.served_by}-jobs": {"bind": DIAG_ROOT, "mode": "rw"},
             },
             init=True)
 

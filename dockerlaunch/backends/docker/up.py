@@ -342,9 +342,18 @@ def _await_gang(session: Session, plan: JobPlan, reporter: Reporter, run_id: str
 
     folder = gang_dir(plan, run_id)
     h0 = session.fleet.hosts[0]
+    name0 = plan.hosts[0].container.name
     deadline = time.monotonic() + session.config.job.start_timeout + 15
     while True:
+        # rank 0's container gone before its records say anything (its engine cannot see the job's folder, the
+        # image's shell is missing, ...): said at once, not after the start timeout
+        state = DockerHost.on(h0).docker("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", name0, timeout=30)
         seen = read_run(h0, folder)
+        if seen.result is None and not seen.formed and state.ok and state.stdout.split()[:1] == ["exited"]:
+            said = DockerHost.on(h0).docker("logs", "--tail", "3", name0, timeout=30)
+            last = " / ".join(x.strip() for x in (said.stdout + said.stderr).strip().splitlines()[-3:])
+            return (f"rank 0's container ({h0.address}) exited with {state.stdout.split()[-1]} before the gang "
+                    f"formed" + (f": {last[:300]}" if last else "") + f" (its records would be in {folder}/)")
         if seen.unsupervised:
             reporter.say(f"WARN: the image {plan.image} has no Python >= 3.8, which the gang supervisor runs on: "
                          "nothing stops the other ranks when one fails, restarts or watches for hangs once this "
