@@ -349,16 +349,16 @@ def _await_gang(session: Session, plan: JobPlan, reporter: Reporter, run_id: str
         # image's shell is missing, ...): said at once, not after the start timeout
         state = DockerHost.on(h0).docker("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", name0, timeout=30)
         seen = read_run(h0, folder)
-        if seen.result is None and not seen.formed and state.ok and state.stdout.split()[:1] == ["exited"]:
-            said = DockerHost.on(h0).docker("logs", "--tail", "3", name0, timeout=30)
-            last = " / ".join(x.strip() for x in (said.stdout + said.stderr).strip().splitlines()[-3:])
-            return (f"rank 0's container ({h0.address}) exited with {state.stdout.split()[-1]} before the gang "
-                    f"formed" + (f": {last[:300]}" if last else "") + f" (its records would be in {folder}/)")
         if seen.unsupervised:
             reporter.say(f"WARN: the image {plan.image} has no Python >= 3.8, which the gang supervisor runs on: "
                          "nothing stops the other ranks when one fails, restarts or watches for hangs once this "
                          "returns (run `up` attached for that)", "bold yellow")
             return None
+        if seen.result is None and not seen.formed and state.ok and state.stdout.split()[:1] == ["exited"]:
+            said = DockerHost.on(h0).docker("logs", "--tail", "3", name0, timeout=30)
+            last = " / ".join(x.strip() for x in (said.stdout + said.stderr).strip().splitlines()[-3:])
+            return (f"rank 0's container ({h0.address}) exited with {state.stdout.split()[-1]} before the gang "
+                    f"formed" + (f": {last[:300]}" if last else "") + f" (its records would be in {folder}/)")
         if seen.result is not None:
             return f"the gang ended before it ran: {seen.result.line()}"
         if seen.formed:
