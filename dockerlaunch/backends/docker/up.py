@@ -304,8 +304,10 @@ KEEP_RUNS = 20  # each host keeps the records of the job's newest runs (runs/<ru
 # gang.py and its entry shim into the job's bin/ (mounted read-only at /.dockerlaunch), each written whole; the
 # job's runs/ pruned to its KEEP_RUNS newest (names as `up` makes them: nothing else is removed)
 STAGE_GANG = ('umask 022; b=$1; { [ -d "$b" ] && [ ! -L "$b" ]; } || { echo "$b is not a folder" >&2; exit 1; }\n'
-              'printf "%s" "$2" >"$b/.gang-entry.sh.$$" && cat >"$b/.gang.py.$$" && '
-              'mv -f "$b/.gang-entry.sh.$$" "$b/gang-entry.sh" && mv -f "$b/.gang.py.$$" "$b/gang.py" || exit 1\n'
+              # mktemp: hosts that share this folder (their engine's) may run with the same pid
+              'e=$(mktemp "$b/.gang-entry.XXXXXX") && g=$(mktemp "$b/.gang.XXXXXX") || exit 1\n'
+              'printf "%s" "$2" >"$e" && cat >"$g" && chmod 644 "$e" "$g" && '
+              'mv -f "$e" "$b/gang-entry.sh" && mv -f "$g" "$b/gang.py" || { rm -f "$e" "$g"; exit 1; }\n'
               'cd "$3" 2>/dev/null || exit 0\n'
               'ls -1t | tail -n "+$4" | while IFS= read -r d; do\n'
               '  case $d in [0-9]*-[0-9]*-[0-9a-f]*) case $d in *[!0-9a-f-]*) ;; *) rm -rf -- "$d" ;; esac ;; esac\n'

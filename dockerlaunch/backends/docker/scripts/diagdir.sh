@@ -38,18 +38,39 @@ if [ -L "$root/$job" ] || [ ! -d "$root/$job" ] || [ "$(stat -c %u "$root/$job")
   exit 1
 fi
 chmod 0755 "$root/$job" || exit 1
-for s in "$@"; do
-  case $s in
-    +*) s=${s#+}  # kept across starts (the supervisor's files, each run's records): made, never emptied
-        if [ -L "$root/$job/$s" ]; then echo "$root/$job/$s is a link" >&2; exit 1; fi
-        if [ -d "$root/$job/$s" ]; then continue; fi ;;
-    *) rm -rf "${root:?}/$job/$s" || exit 1 ;;
+# one subfolder: emptied (or, +NAME, made where missing) and given to the container's user. Hosts whose engine
+# shares this folder (`local` hosts of one job, the sim's light hosts) prepare it at once: a step another host
+# undid meanwhile (its rm between our mkdir and chmod) is tried again
+one() {
+  case $1 in
+    +*) s=${1#+}  # kept across starts (the supervisor's files, each run's records): made, never emptied
+        if [ -L "$root/$job/$s" ]; then echo "$root/$job/$s is a link" >&2; return 2; fi
+        if [ -d "$root/$job/$s" ]; then return 0; fi ;;
+    *) s=$1
+       rm -rf "${root:?}/$job/$s" || return 1 ;;
   esac
-  # -p: `local` hosts of one job share this folder
-  mkdir -p "$root/$job/$s" || exit 1
+  mkdir -p "$root/$job/$s" || return 1
   if [ "$owner" != - ]; then  # the container's user gets its own folders; not root: sticky like /tmp at worst
-    { chown "$owner" "$root/$job/$s" 2>/dev/null && chmod 0700 "$root/$job/$s"; } || chmod 1777 "$root/$job/$s" || exit 1
+    { chown "$owner" "$root/$job/$s" 2>/dev/null && chmod 0700 "$root/$job/$s"; } || chmod 1777 "$root/$job/$s" || return 1
   else
-    chmod "$mode" "$root/$job/$s" || exit 1
+    chmod "$mode" "$root/$job/$s" || return 1
   fi
+}
+# hosts whose engine shares this folder take turns (a folder of ours: nobody else can hold its lock); a lock left
+# by a killed step is taken over after 30 s
+l="$root/$job/.preparing"
+n=0
+while ! mkdir "$l" 2>/dev/null; do
+  n=$((n + 1))
+  if [ "$n" -ge 300 ]; then rm -rf "$l"; n=0; continue; fi
+  sleep 0.1 2>/dev/null || sleep 1
+done
+trap 'rmdir "$l" 2>/dev/null' EXIT
+for s in "$@"; do
+  n=0
+  until one "$s"; do
+    rc=$?
+    n=$((n + 1))
+    if [ "$rc" = 2 ] || [ "$n" -ge 5 ]; then exit 1; fi
+  done
 done
