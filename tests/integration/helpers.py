@@ -79,8 +79,15 @@ def default_signals() -> None:
 def start_up(*args: str) -> tuple[subprocess.Popen, "queue.Queue[str]", list[str]]:
     """`dockerlaunch up` in the background; its output lines arrive on a queue (and in a list, for messages),
     so a silent `up` cannot block a test past its deadline."""
-    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, cwd=SCRATCH, preexec_fn=default_signals)
+    return start_cli("up", *args)
+
+
+def start_cli(*args: str, new_session: bool = False) -> tuple[subprocess.Popen, "queue.Queue[str]", list[str]]:
+    """The CLI in the background with the signals as a terminal gives them (`new_session`: leading a session of
+    its own, so its process group holds only it and what it started); its output lines on a queue and in a list."""
+    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, cwd=SCRATCH, preexec_fn=default_signals,
+                         start_new_session=new_session)
     lines: queue.Queue[str] = queue.Queue()
     seen: list[str] = []
 

@@ -12,13 +12,11 @@ import queue
 import re
 import signal
 import subprocess
-import sys
-import threading
 import time
 
 import pytest
 
-from tests.integration.helpers import SCRATCH, default_signals, dl, job_name, until, wait_for_ready
+from tests.integration.helpers import dl, job_name, start_cli, until, wait_for_ready
 
 pytestmark = pytest.mark.integration
 
@@ -27,21 +25,8 @@ SIGNALS = [pytest.param(signal.SIGTERM, 143, "terminated", id="SIGTERM"),
 
 
 def start(*args: str) -> tuple[subprocess.Popen, "queue.Queue[str]", list[str]]:
-    """The CLI in the background, leading a session of its own, with the signals as a terminal gives them; its
-    output lines (stdout and stderr) on a queue and in a list."""
-    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, cwd=SCRATCH, preexec_fn=default_signals,
-                         start_new_session=True)
-    lines: queue.Queue[str] = queue.Queue()
-    seen: list[str] = []
-
-    def pump():
-        for line in p.stdout:
-            seen.append(line)
-            lines.put(line)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return p, lines, seen
+    """The CLI in the background, leading a session of its own (`timeout` and a terminal signal its group)."""
+    return start_cli(*args, new_session=True)
 
 
 def twice(p: subprocess.Popen, sig: int) -> None:

@@ -26,7 +26,7 @@ def test_render_k8s_of_the_sims_own_config_refuses_ulimits_and_names_drop_which_
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("# ---- ") and lines[1] == (
-        "# WARN dropped container.ulimits (nofile=16384) for k8s: the containers get the nodes' runtime limits")
+        "# WARN dropped container.ulimits (\"nofile=16384\") for k8s: the containers get the nodes' runtime limits")
     assert [line for line in lines if "WARN" in line] == [lines[1]], r.stdout
     assert lines[2].startswith("# dockerlaunch job ")  # the target's own header follows
     docs = [d for d in yaml.safe_load_all(r.stdout) if d]
@@ -37,7 +37,8 @@ def test_render_k8s_of_the_sims_own_config_refuses_ulimits_and_names_drop_which_
     assert r.returncode == 0, r.stderr
     assert "WARN dropped container.ulimits" in r.stderr
     (written,) = out.iterdir()
-    assert written.read_text().splitlines()[0].startswith("# WARN dropped container.ulimits (nofile=16384) for jobset")
+    first = written.read_text().splitlines()[0]
+    assert first.startswith('# WARN dropped container.ulimits ("nofile=16384") for jobset'), first
 
     # a field the target expresses is never dropped: compose sets ulimits itself
     r = dl("render", "--to", "compose", "--config", cfg, "--drop", "container.ulimits", "--", "python", "x")
