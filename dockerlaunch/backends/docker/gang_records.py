@@ -40,6 +40,15 @@ def _text(v: object, limit: int = TEXT_MAX) -> str | None:
     return v[:limit] if isinstance(v, str) else None
 
 
+def _object(text: str) -> dict | None:
+    """A JSON object as a host wrote it, or None for anything else."""
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
 def _int(v: object, lo: int = 0, hi: int = 1 << 31) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi else None
 
@@ -59,11 +68,8 @@ class GangResult:
 
     @classmethod
     def parse(cls, text: str) -> GangResult | None:
-        try:
-            d = json.loads(text)
-        except ValueError:
-            return None
-        if not isinstance(d, dict):
+        d = _object(text)
+        if d is None:
             return None
         cause, code = _text(d.get("cause"), 40), _int(d.get("code"), 0, 255)
         if cause is None or code is None:
@@ -116,11 +122,8 @@ class GangEvent:
 
     @classmethod
     def parse(cls, line: str) -> GangEvent | None:
-        try:
-            d = json.loads(line)
-        except ValueError:
-            return None
-        if not isinstance(d, dict) or _text(d.get("event"), 40) is None:
+        d = _object(line)
+        if d is None or _text(d.get("event"), 40) is None:
             return None
         return cls(d["event"][:40], _text(d.get("text")) or "", _text(d.get("when"), 40) or "",
                    _int(d.get("attempt"), 0, 100000), _int(d.get("rank"), 0, 1 << 20))
