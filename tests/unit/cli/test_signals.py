@@ -6,12 +6,11 @@ sim cluster: tests/integration/test_signals.py."""
 import importlib
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
+
+from tests.silent_ssh import up_mid_connect
 
 cli_main = importlib.import_module("dockerlaunch.cli.main")  # the module (the package exports its main())
 HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -82,38 +81,14 @@ def test_a_second_sigterm_inside_the_terminated_line_is_no_traceback(handlers, m
 def test_two_sigterms_10_ms_apart_stop_up_mid_connect_in_one_line(tmp_path):
     """A real process: `up` waits on an SSH server that accepts and never answers; two SIGTERMs 10 ms apart, as
     `timeout` sends them. Exit 143, one line, no traceback."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(30)
-    port = srv.getsockname()[1]
-    (tmp_path / ".ssh").mkdir()
-    (tmp_path / ".ssh" / "known_hosts").write_text("")
-
     def child() -> None:  # the runner may have started with some signals ignored
         for s in HANDLED:
             signal.signal(s, signal.SIG_DFL)
 
-    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", "--skip-preflight", "--hosts",
-                          f"127.0.0.1:{port}", "--image", "i:1", "--log-dir", str(tmp_path / "logs"), "--", "true"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child,
-                         env={**os.environ, "HOME": str(tmp_path)})
-    try:
-        try:
-            conn, _ = srv.accept()  # `up` is connecting now
-        except TimeoutError:
-            p.kill()
-            raise AssertionError(p.communicate()) from None
-        time.sleep(0.5)
+    with up_mid_connect(tmp_path, child) as p:
         p.send_signal(signal.SIGTERM)
         time.sleep(0.01)
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=30)
-        conn.close()
         assert p.returncode == 143, (out, err)
         assert "Traceback" not in err and err.count("terminated") == 1, err
-    finally:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        srv.close()

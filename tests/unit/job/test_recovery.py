@@ -23,6 +23,7 @@ from dockerlaunch.job.recovery import (
     should_restart,
     swap_hosts,
 )
+from tests.silent_ssh import up_mid_connect
 
 
 def cfg(**job) -> ClusterConfig:
@@ -269,32 +270,11 @@ def test_sighup_stops_up_unless_it_was_started_under_nohup(nohup, tmp_path):
     nohup it stops `up` like SIGTERM. SIGTERM stops it either way. `up` waits here on an SSH server that accepts
     and never answers (a real socket), so the signal arrives mid-connect."""
     import signal
-    import socket
-    import subprocess
-    import sys
-
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(30)  # a run that never connects fails here, not hangs
-    port = srv.getsockname()[1]
-    (tmp_path / ".ssh").mkdir()
-    (tmp_path / ".ssh" / "known_hosts").write_text("")
 
     def child() -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL)
 
-    p = subprocess.Popen([sys.executable, "-m", "dockerlaunch", "up", "--skip-preflight", "--hosts",
-                          f"127.0.0.1:{port}", "--image", "i:1", "--log-dir", str(tmp_path / "logs"), "--", "true"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child,
-                         env={**os.environ, "HOME": str(tmp_path)})
-    try:
-        try:
-            conn, _ = srv.accept()  # `up` is connecting now
-        except TimeoutError:
-            p.kill()
-            raise AssertionError(p.communicate()) from None
-        time.sleep(0.5)
+    with up_mid_connect(tmp_path, child) as p:
         p.send_signal(signal.SIGHUP)
         if nohup:
             time.sleep(2)
@@ -303,12 +283,6 @@ def test_sighup_stops_up_unless_it_was_started_under_nohup(nohup, tmp_path):
             assert p.wait(timeout=20) == 143
         else:
             assert p.wait(timeout=20) == 129, p.communicate()
-        conn.close()
-    finally:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        srv.close()
 
 
 def test_a_signal_whose_exception_threading_turned_into_another_still_ends_as_that_signal(monkeypatch, capsys):
