@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from dockerlaunch import hints
+
+SCHEMA = hints.dockerlaunch("schema", hint="config.schema")  # where every config field is listed
+
 
 class Terminated(BaseException):
     """SIGTERM or SIGHUP, raised in the main thread like KeyboardInterrupt (the CLI installs the handlers). Only
@@ -92,7 +96,7 @@ def describe_validation_error(err: ValidationError) -> str:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; `dockerlaunch schema` lists the fields)"
+            msg = f"unknown field (check the spelling; `{SCHEMA}` lists the fields)"
         line = f"{_loc(tuple(e['loc']))}: {msg}"
         if line not in seen:
             seen.append(line)

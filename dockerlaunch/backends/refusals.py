@@ -111,15 +111,15 @@ def common_refusals(plan: JobPlan, target: str) -> Iterator[Unsupported]:
                               "engine; list the nodes by address")
     job = plan.config.job
     if job.hang_timeout is not None:
-        yield droppable(target, "job.hang_timeout", "only `dockerlaunch up` watches a job's output for hangs; "
+        yield droppable(target, "job.hang_timeout", "only dockerlaunch's own `up` watches a job's output for hangs; "
                         "remove it (and job.progress_regex) from the config for render", "job.hang_timeout")
     if plan.config.spares:
-        yield droppable(target, "spares", f"only `dockerlaunch up` swaps hosts; {target} places the job on nodes "
+        yield droppable(target, "spares", f"only dockerlaunch's own `up` swaps hosts; {target} places the job on nodes "
                         "itself: remove spares from the config for render", "spares")
     if job.max_restarts and target not in RESTARTS:
         yield droppable(target, f"job.max_restarts {job.max_restarts}", f"{target} restarts one failed container, "
                         "not the whole job, and a lone restarted rank cannot rejoin the others: use --to jobset "
-                        "(failurePolicy.maxRestarts) or `dockerlaunch up`, or set 0", "job.max_restarts")
+                        "(failurePolicy.maxRestarts) or dockerlaunch's own `up`, or set 0", "job.max_restarts")
     for hp in plan.hosts:
         if hp.container.docker_args:
             yield droppable(target, "container.extra_args", f"literal docker run flags "

@@ -341,8 +341,9 @@ def ps(config_path: str | None, hosts: list[str] | None, output: str, log_dir: s
         say.say(f"host {h}: did not answer: {why}", "bold red")
     kept = [n for n in found.saved if n not in {j.name for j in found.jobs}]
     if kept:
-        say.say(f"finished, logs kept under {log_dir}/: {', '.join(kept)} "
-                f"(`{cfg.invocation.command('logs', '--name', 'JOB', name=False)}`)")
+        logs = cfg.invocation.command("logs", "--name", kept[0], name=False, hint="ps.logs")
+        say.say(f"finished, logs kept under {log_dir}/: {', '.join(kept)} (`{logs}` shows "
+                + ("it" if len(kept) == 1 else "the first") + ")")
     sys.exit(code)
 
 
@@ -434,7 +435,7 @@ def status(output: str, log_dir: str, **kw) -> None:
                 + (" that answered" if st.unanswered else ""))
         if st.others:
             say.say(after_up.jobs_line(st.others, {}, log_dir)
-                    + f" (`{cfg.invocation.command('ps', name=False)}` for more)")
+                    + f" (`{cfg.invocation.command('ps', name=False, hint='status.ps')}` for more)")
     else:
         rows = []
         for host, s in st.found:

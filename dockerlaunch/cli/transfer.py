@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from dockerlaunch import hints
 from dockerlaunch.cli.console import RichReporter, host_text, print_table, styled
 from dockerlaunch.cli.main import cli, output_option, split_hosts
 from dockerlaunch.errors import DockerlaunchError
@@ -77,13 +78,13 @@ def _route_lines(route, source) -> list[str]:
         out.append(f"This run: filled the layer cache with {_mb(source.added)} of the image's layers in "
                    f"{source.seconds:.1f} s (the engine read and gzipped them into the launcher's registry, "
                    f"on 127.0.0.1 only while a push runs, stored in {source.where}); the push after it reads them "
-                   "from there. `dockerlaunch cache` shows or prunes it.")
+                   f"from there. `{hints.dockerlaunch('cache', hint='push.cache')}` shows or prunes it.")
     elif source is not None and source.via == "cache":
         out.append(f"This run: the layer cache had every layer already ({source.seconds:.1f} s; {source.where}).")
     if route is not None and route.fill_later:
         out.append("After the push, the layer cache is filled with the image in the background (the engine reads and "
                    "gzips what the cache lacks), so that the next push of this image's lineage reads only its new "
-                   "layers; `dockerlaunch cache` shows it.")
+                   f"layers; `{hints.dockerlaunch('cache', hint='push.cache')}` shows it.")
     return out
 
 
@@ -178,7 +179,7 @@ def _push_lines(plan, pid: int | None) -> list[str]:
     if pid:
         out.append(f"Layer cache: filling it in the background with {plan.image.ref} (pid {pid}; the engine reads and "
                    "gzips what the cache lacks, logged in its fill.log): the next push of this image's lineage reads "
-                   "only its new layers. `dockerlaunch cache` shows it.")
+                   f"only its new layers. `{hints.dockerlaunch('cache', hint='push.cache')}` shows it.")
     return out
 
 
@@ -357,7 +358,8 @@ def cache(ctx: click.Context, output: str) -> None:
                  f"{i.cached} of {i.layers}", _size_text(i.bytes), _ago(i.last_used)] for i in facts.images]
         print_table(["image", "name", "layers cached", "size", "last used"], rows)
     if facts.blobs:
-        click.echo("Prune: dockerlaunch cache prune [--older-than 7d] (a later push reads what went again, once).")
+        click.echo(f"Prune: {hints.dockerlaunch('cache', 'prune', hint='cache.prune')} (--older-than 7d keeps the last "
+                   "week's; a later push reads what went again, once).")
 
 
 @cache.command("fill")

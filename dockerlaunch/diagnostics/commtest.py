@@ -197,8 +197,8 @@ def _links_and_transport(holder: dict):
         stop.wait()
         try:
             if plan.diag_dir and session.config.diagnostics.nccl_log:
-                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir,
-                                                      doctor=session.config.invocation.command("doctor"))
+                doctor = session.config.invocation.command("doctor", hint="transport.doctor")
+                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir, doctor=doctor)
             links = []
             for h, hp in zip(session.fleet.hosts, plan.hosts):
                 nic = hp.container.env.get("NCCL_SOCKET_IFNAME")

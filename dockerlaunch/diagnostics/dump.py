@@ -532,7 +532,7 @@ def hang_dump(session: Session, base: Path) -> str:
 
 
 def _write_summary(r: DumpResult) -> None:
-    out = ["# dockerlaunch dump", *r.summary, ""]
+    out = ["# dockerlaunch: dump", *r.summary, ""]
     for hd in r.hosts:
         out.append(f"## host {hd.rank} ({hd.address}): {len(hd.stacks)} rank process(es), "
                    f"{hd.fr_files} flight-recorder file(s)")

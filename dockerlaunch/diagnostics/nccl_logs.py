@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from dockerlaunch import hints
 from dockerlaunch.backends.docker.session import Session, open_session
 from dockerlaunch.container import Deferred
 from dockerlaunch.diagnostics import script
@@ -66,7 +67,7 @@ def ib_ports(plan: JobPlan, rank: int) -> list[str] | None:
 
 def read_transport(cluster_hosts: list[Host], plan: JobPlan, where: str,
                    ib_active: dict[int, list[str] | None] | None = None,
-                   doctor: str = "dockerlaunch doctor") -> TransportReport:
+                   doctor: str = hints.dockerlaunch("doctor", hint="transport.doctor")) -> TransportReport:
     """`doctor`: the user's own `dockerlaunch doctor` (same --config), which a finding asks to run again."""
     ipc = plan.hosts[0].container.ipc
     results = each(lambda h: read_host(h, where), cluster_hosts)
@@ -116,7 +117,7 @@ def transport(config: ClusterConfig) -> TransportReport:
         probes = session.fleet.each(lambda h: probelib.probe(h.remote, master))
         ib = {h.rank: (o.value.ib_active if o.ok else None) for h, o in zip(session.fleet.hosts, probes)}
         report = read_transport(session.fleet.hosts, session.plan, diag_dir(session.plan.config), ib,
-                                config.invocation.command("doctor"))
+                                config.invocation.command("doctor", hint="transport.doctor"))
         why = unreadable(session.plan.config)
         if why and not any(t and t.seen for _, _, t, _ in report.hosts):
             raise DockerlaunchError(f"no NCCL transport lines: {why}; then start the job again")
@@ -153,7 +154,7 @@ def watch_transport(session: Session, plan: JobPlan, reporter: Reporter, stop: t
         last = stop.wait(every) or time.monotonic() >= deadline
         try:
             report = read_transport(session.fleet.hosts, plan, plan.diag_dir,
-                                    doctor=session.config.invocation.command("doctor"))
+                                    doctor=session.config.invocation.command("doctor", hint="transport.doctor"))
         except Exception:  # noqa: BLE001 - a watcher must never disturb the job
             return
         seen = [t for _, _, t, _ in report.hosts if t is not None and t.seen]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
+from dockerlaunch import hints
 from dockerlaunch.backends.docker import up as launch
 from dockerlaunch.backends.docker.doctor.report import FAIL, PASS, SKIP, WARN, Report
 from dockerlaunch.diagnostics import script
@@ -64,7 +65,7 @@ def stragglers(steps: list[dict], higher_is_better: bool) -> list[tuple[dict, fl
 
 
 def judge(records: list[dict], hosts: list[str], transport: TransportReport | None, exit_code: int,
-          transport_cmd: str = "dockerlaunch transport") -> list[Finding]:
+          transport_cmd: str = hints.dockerlaunch("transport", hint="smoke.transport")) -> list[Finding]:
     """The smoke lines -> rows per host (pure). Each record carries `addr`, the host whose container printed it."""
     rows: list[Finding] = []
     steps = [r for r in records if r.get("kind") == "step"]
@@ -160,12 +161,13 @@ def run(config: ClusterConfig, reporter: Reporter | None = None) -> SmokeResult:
         stop.wait()
         try:
             if plan.diag_dir and session.config.diagnostics.nccl_log:
-                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir,
-                                                      doctor=session.config.invocation.command("doctor"))
+                doctor = session.config.invocation.command("doctor", hint="transport.doctor")
+                holder["transport"] = read_transport(session.fleet.hosts, plan, plan.diag_dir, doctor=doctor)
         except Exception as e:  # noqa: BLE001 - a missing transport verdict, never a crash
             holder["error"] = str(e)
 
     code = launch.up(cfg, preflight=False, log_dir=None, reporter=capture, monitors=[monitor])
     hosts = [h.address for h in cfg.hosts]
-    rows = judge(capture.records, hosts, holder.get("transport"), code, config.invocation.command("transport"))
+    transport = config.invocation.command("transport", hint="smoke.transport")
+    rows = judge(capture.records, hosts, holder.get("transport"), code, transport)
     return SmokeResult(rows, capture.records, code, capture.tail)

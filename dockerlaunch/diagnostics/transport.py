@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dockerlaunch import hints
 from dockerlaunch.verdict import Finding, Verdict
 
 CHECK = "transport"  # the check its rows name (their JSON says only level, host, message)
@@ -248,7 +249,7 @@ def describe(t: HostTransport) -> str:
 
 
 def judge(t: HostTransport, ib_active: list[str] | None, *, multi_host: bool, ipc: str | None = None,
-          doctor: str = "dockerlaunch doctor") -> list[Finding]:
+          doctor: str = hints.dockerlaunch("doctor", hint="transport.doctor")) -> list[Finding]:
     """Warnings for one host: WARN or FAIL rows on `t.host`. `ib_active`: the ACTIVE InfiniBand ports doctor saw
     there (None: not known).
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass
 
+from dockerlaunch import hints
 from dockerlaunch.gpu import cuda, labels
 from dockerlaunch.gpu.host import Gpu, GpuHost
 from dockerlaunch.verdict import Finding, Verdict
@@ -88,7 +88,7 @@ class ImageNeeds:
                     cuda_v, source = f"{m.group(1)}.{m.group(2)}", "the image's CUDA_VERSION"
                     break
         if cuda_v is None and record is not None and record.cuda:
-            cuda_v, source = record.cuda, "its CUDA runtime wheel (dockerlaunch verify)"
+            cuda_v, source = record.cuda, "its CUDA runtime wheel (as verify recorded it)"
         label = lb.get(labels.CUDA_ARCHS)
         if labels.COMPILED in lb:
             compiled = tuple(n for n in lb[labels.COMPILED].split(",") if n)
@@ -120,8 +120,9 @@ class ImageNeeds:
                            "in a VM with a vGPU guest driver, or install the data-center driver")
         if self.cuda is None:
             return Finding("driver", Verdict.SKIP, f"driver {host.driver}{runs}; the image does not say which CUDA it "
-                           f"needs (no {labels.CUDA} label or CUDA_VERSION; `dockerlaunch verify IMAGE` here records "
-                           "it)")
+                           f"needs (no {labels.CUDA} label or CUDA_VERSION; "
+                           f"`{hints.dockerlaunch('verify', self.image or 'IMAGE', hint='needs.verify')}` here "
+                           "records it)")
         problem = cuda.driver_problem(host.driver, self.cuda, need=self.driver_min, own=self.toolkit_driver,
                                       host_cuda=host.cuda)
         compat = self._compat(host, problem is not None and problem[0] == "FAIL", gpu_mode)
@@ -133,7 +134,7 @@ class ImageNeeds:
         if verdict == "FAIL":
             runs_at_most = why.split(";")[0].removeprefix("runs CUDA <= ")
             return Finding("driver", Verdict.FAIL, f"driver {host.driver} {why}: upgrade the driver, or build a stack "
-                           f"of CUDA <= {runs_at_most} (dockerlaunch stacks list"
+                           f"of CUDA <= {runs_at_most} ({hints.dockerlaunch('stacks', 'list', hint='needs.stacks')}"
                            + (f"; this image is {self.stack}" if self.stack else "") + ")")
         return Finding("driver", Verdict.WARN, f"driver {host.driver}{runs} {why}")
 
@@ -158,8 +159,10 @@ class ImageNeeds:
             why = ("this driver has no compute_cap field" if "compute_cap" in host.unknown_fields
                    else "nvidia-smi did not tell it")
             return Finding("archs", Verdict.WARN, f"{gpus_named(unknown)} ({unknown[0].name}): compute capability "
-                           f"unknown ({why}, and the model is not in NVIDIA's table): not checked; run `dockerlaunch "
-                           "verify IMAGE --cuda-archs X.Y` with its compute capability")
+                           f"unknown ({why}, and the model is not in NVIDIA's table): not checked; run `"
+                           + hints.dockerlaunch("verify", self.image or "IMAGE", "--cuda-archs", "X.Y",
+                                                hint="needs.verify-archs-unknown")
+                           + "` with its compute capability in place of X.Y")
         by_cap: dict[str, list[Gpu]] = {}
         for g in host.gpus:
             by_cap.setdefault(g.arch or "", []).append(g)
@@ -169,9 +172,11 @@ class ImageNeeds:
         if self.archs is None and self.code:
             return self._scanned_archs(by_cap, src)
         if self.archs is None:
+            caps = ";".join(sorted(by_cap, key=cuda.version_tuple))
             return Finding("archs", Verdict.SKIP, f"the image has no {labels.CUDA_ARCHS} label (not built by "
-                           "dockerlaunch): run `dockerlaunch verify IMAGE --cuda-archs X.Y` with this host's compute "
-                           "capability")
+                           "dockerlaunch): check its code against this host's GPUs with `"
+                           + hints.dockerlaunch("verify", self.image or "IMAGE", "--cuda-archs", caps,
+                                                hint="needs.verify-archs") + "`")
         cubins, ptx = cuda.archs_as_cubins(list(self.archs))
         label = ";".join(self.archs)
         lacking = {cap: gs for cap, gs in by_cap.items()
@@ -195,15 +200,16 @@ class ImageNeeds:
                    f"label, {json.dumps(';'.join(self.archs or ()))}, is not an arch list)"
         want = ";".join(sorted(set(archs), key=cuda.version_tuple))
         if self.stack and _STACK_NAME.fullmatch(self.stack):
-            return shlex.join(["dockerlaunch", "build", "--stack", self.stack, "--cuda-archs", want])
+            return hints.dockerlaunch("build", "--stack", self.stack, "--cuda-archs", want, hint="needs.rebuild")
         said = f" (its {labels.STACK} label, {json.dumps(self.stack)}, is not a stack name)" if self.stack else ""
-        return f"rebuild it with {shlex.join(['--cuda-archs', want])}{said}"
+        return (hints.dockerlaunch("build", "--stack", "NAME", "--cuda-archs", want, hint="needs.rebuild-unnamed")
+                + f" with the image's stack in place of NAME{said}")
 
     def _scanned_archs(self, by_cap: dict[str, list[Gpu]], src: str) -> Finding:
         """The same rule per library, from verify's record: a library of the image's own (not an nvidia-* wheel,
         which NVIDIA ships for a range of GPUs) with neither a cubin nor PTX for a host GPU fails."""
         own = [c for c in self.code or () if not (c.dist or "").startswith("nvidia-")]
-        where = f"from `dockerlaunch verify` of {self.image or 'the image'}"
+        where = f"from verify's record of {self.image or 'the image'}"
         lacking: dict[str, list[str]] = {}
         for cap in sorted(by_cap, key=cuda.version_tuple):
             for c in sorted(own, key=lambda c: c.library):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from dockerlaunch import shipped
+from dockerlaunch import hints, shipped
 from dockerlaunch.cache import cache_root
 from dockerlaunch.container import BindMount
 from dockerlaunch.docker_run import tool_argv
@@ -248,11 +248,13 @@ def read_base(path: Path) -> dict:
         with gzip.open(path, "rt") as f:
             return json.load(f)
     except FileNotFoundError:
-        raise BinariesError(f"{path} is missing: record the base's tables with dockerlaunch stacks base-tables "
-                            "--stack NAME (needs Docker; makes the base with debootstrap if it is not here)") from None
+        raise BinariesError(f"{path} is missing: record the base's tables with "
+                            f"{hints.dockerlaunch('stacks', 'base-tables', '--stack', 'NAME', hint='binaries.record')} "
+                            "(needs Docker; makes the base with debootstrap if it is not here)") from None
     except (OSError, ValueError, EOFError) as e:
-        raise BinariesError(f"{path} cannot be read ({e}): record it again with dockerlaunch stacks base-tables "
-                            "--stack NAME") from None
+        raise BinariesError(f"{path} cannot be read ({e}): record it again with "
+                            f"{hints.dockerlaunch('stacks', 'base-tables', '--stack', 'NAME', hint='binaries.record')}"
+                            ) from None
 
 
 def record_base(stack: Stack, dockerfiles: Path, docker: str = "docker",
@@ -278,7 +280,7 @@ def record_base(stack: Stack, dockerfiles: Path, docker: str = "docker",
                             f"{(r.stderr.strip().splitlines() or [''])[-1][:300]}")
     data = json.loads(r.stdout)
     data.update({"format": FORMAT, "base": tag, "versions": versions, "recorded": time.strftime("%Y-%m-%d"),
-                 "how": f"dockerlaunch stacks base-tables --stack {stack.name}"})
+                 "how": hints.dockerlaunch("stacks", "base-tables", "--stack", stack.name, hint="binaries.how")})
     path = base_tables_path(stack, dockerfiles)
     assert path is not None
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,13 +18,14 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dockerlaunch import hints
 from dockerlaunch.errors import BuildError, ConfigError
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.images import compiles, sources, wheels
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images.archs import check_archs, local_gpu_archs
 from dockerlaunch.images.build_argv import BuildOptions, cuda_archs, prebuilt_flash, render_build
-from dockerlaunch.images.build_context import check_wheelhouse, prepare_context
+from dockerlaunch.images.build_context import check_wheelhouse, fetch_again, prepare_context
 from dockerlaunch.images.buildkit import BuildCLI, _one_line, find_cli
 from dockerlaunch.images.constraints import check_stack, flash_attn_wheel_url
 from dockerlaunch.images.stacks import Stack
@@ -153,7 +154,8 @@ def start(stack: Stack, opts: BuildOptions, out, work: Path, cli: BuildCLI | Non
     violations = [v for v in check_stack(stack, lock=lock) if v.rule.severity == "error"]
     if violations and not opts.force:
         raise BuildError(f"stack {stack.name} violates {len(violations)} rule(s): {violations[0].line()} "
-                         "(dockerlaunch stacks check; --force to build anyway)")
+                         f"({hints.dockerlaunch('stacks', 'check', '--stack', stack.name, hint='build.check')}; "
+                         "--force to build anyway)")
     for v in violations:
         _LOG.warning("warning: building despite: %s", v.line())
     check_wheelhouse(stack, opts, lock)
@@ -266,10 +268,9 @@ def _fail(stack: Stack, opts: BuildOptions, text: str) -> str:
     """A failed `docker build`: pip's hash mismatch becomes one line naming the file; else the log as it is."""
     bad = hash_mismatch(text)
     if bad:
-        fix = (f"a wheelhouse file was changed: fetch again (dockerlaunch fetch --stack {stack.name} -o "
-               f"{opts.wheelhouse})" if opts.offline else
-               "the index served another file than the lock was resolved from: check --pip-index-url, or "
-               f"lock again (dockerlaunch stacks lock --stack {stack.name})")
+        fix = (f"a wheelhouse file was changed: fetch again ({fetch_again(stack, opts.wheelhouse)})" if opts.offline
+               else "the index served another file than the lock was resolved from: check --pip-index-url, or "
+               f"lock again ({hints.dockerlaunch('stacks', 'lock', '--stack', stack.name, hint='lock.again')})")
         raise BuildError(f"build of stack {stack.name}: {bad} does not match the lock's hash; {fix}; "
                          "nothing was tagged")
     return text

@@ -9,7 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
-from dockerlaunch import shipped
+from dockerlaunch import hints, shipped
 from dockerlaunch.errors import BuildError, ConfigError
 from dockerlaunch.images import lock as locks
 from dockerlaunch.images import wheels
@@ -108,9 +108,9 @@ def check_wheelhouse(stack: Stack, opts: BuildOptions, lock: locks.Lock) -> None
     if not opts.offline:
         return
     if not opts.wheelhouse:
-        raise ConfigError("--offline needs --wheelhouse DIR (made by: dockerlaunch fetch --stack NAME -o DIR)")
+        raise ConfigError(f"--offline needs --wheelhouse DIR (made by: {fetch_again(stack, None)})")
     wh = Path(opts.wheelhouse)
-    fix = f"run: dockerlaunch fetch --stack {stack.name} -o {wh}"
+    fix = f"run: {fetch_again(stack, wh)}"
     for layer in LAYERS:
         want = [e for e in lock.layer(layer) if e.name not in flash_drop(stack)]
         if not want:
@@ -135,8 +135,14 @@ def check_wheelhouse(stack: Stack, opts: BuildOptions, lock: locks.Lock) -> None
             if f"sha256:{got}" not in e.hashes:
                 raise BuildError(f"build of stack {stack.name}: {layer}/{filename} ({e.name}=={e.version}) does not "
                                  f"match the lock's hash (got sha256 {got[:12]}..., not one of the lock's "
-                                 f"{len(e.hashes)}); a wheelhouse file was changed: fetch again (dockerlaunch fetch "
-                                 f"--stack {stack.name} -o {wh}); nothing was tagged")
+                                 f"{len(e.hashes)}); a wheelhouse file was changed: fetch again "
+                                 f"({fetch_again(stack, wh)}); nothing was tagged")
+
+
+def fetch_again(stack: Stack, wheelhouse: str | Path | None) -> str:
+    """The fetch that makes the wheelhouse again, its folder absolute (the command is pasted in another folder)."""
+    folder = os.path.abspath(wheelhouse) if wheelhouse else "DIR"
+    return hints.dockerlaunch("fetch", "--stack", stack.name, "-o", folder, hint="fetch.again")
 
 
 def _dist_of(filename: str) -> tuple[str, str] | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
+from dockerlaunch import hints
 from dockerlaunch.images.lock import CUDA_RUNTIME, Lock
 from dockerlaunch.images.stacks import GitPin, Stack
 
@@ -410,7 +411,7 @@ def locked_torch(s: Stack, lock: Lock) -> str:
 
 def _cublas_fix(s: Stack) -> str:
     return (f"add `overrides: [nvidia-cublas=={CUBLAS_FIX}]` to stack {s.name} in Dockerfiles/stacks.yaml, then run "
-            f"dockerlaunch stacks lock --stack {s.name}")
+            + hints.dockerlaunch("stacks", "lock", "--stack", s.name, hint="lock.again"))
 
 
 def _te_cu13_and_cublas(lock: Lock) -> tuple[str, str] | None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 
+from dockerlaunch import hints
 from dockerlaunch.errors import DockerlaunchError
 
 if TYPE_CHECKING:  # the lock names what to fetch; the index knows only an entry's name, version and hashes
@@ -336,4 +337,5 @@ def locate(entry: Entry, indexes: list[str], folders: list[str], tags: list[Tag]
             return f
     where = ", ".join([*map(redact, indexes), *(f"find-links {d}" for d in folders)])
     raise FetchError(f"{entry.name}=={entry.version}: no file with one of the lock's hashes for this Python and "
-                     f"platform in {where}; lock again against the index you fetch from (dockerlaunch stacks lock)")
+                     f"platform in {where}; lock again against the index you fetch from "
+                     f"({hints.dockerlaunch('stacks', 'lock', '--stack', 'NAME', hint='fetch.lock-again')})")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from dockerlaunch import hints
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.images import index as idx
 from dockerlaunch.images.index import normalize
@@ -190,8 +191,8 @@ def render(stack: Stack, resolved: dict[str, tuple[str, tuple[str, ...]]], layer
     }
     head = [f"# dockerlaunch lock of stack {stack.name}: every Python distribution its image installs, with its "
             "sha256 hashes.",
-            f"# Written by `dockerlaunch stacks lock --stack {stack.name}`; do not edit (stacks check compares the "
-            "digests below)."]
+            f"# Written by `{hints.dockerlaunch('stacks', 'lock', '--stack', stack.name, hint='lock.header')}`; do not "
+            "edit (stacks check compares the digests below)."]
     head += [f"# {k}: {v}" for k, v in header.items()]
     return "\n".join(head) + "\n\n" + body
 
@@ -199,7 +200,8 @@ def render(stack: Stack, resolved: dict[str, tuple[str, tuple[str, ...]]], layer
 def parse(text: str, path: Path) -> Lock:
     head, sep, body = text.partition("\n\n")
     if not sep:
-        raise LockError(f"{path}: not a dockerlaunch lock (no header): write it again with dockerlaunch stacks lock")
+        raise LockError(f"{path}: not a dockerlaunch lock (no header): write it again with "
+                        + hints.dockerlaunch("stacks", "lock", "--stack", "NAME", hint="lock.rewrite"))
     header = {}
     for line in head.splitlines():
         m = re.match(r"^# ([a-z0-9-]+): (.*)$", line)
@@ -229,7 +231,8 @@ def parse(text: str, path: Path) -> Lock:
         if line.startswith("--hash="):
             hashes.append(line[len("--hash="):].rstrip(" \\"))
         elif line and not line.startswith("#"):
-            raise LockError(f"{path}: cannot read line {line[:80]!r}: write it again with dockerlaunch stacks lock")
+            raise LockError(f"{path}: cannot read line {line[:80]!r}: write it again with "
+                            + hints.dockerlaunch("stacks", "lock", "--stack", "NAME", hint="lock.rewrite"))
     done()
     return Lock(path, header, body, tuple(entries))
 
@@ -239,15 +242,15 @@ def read(stack: Stack, dockerfiles: Path) -> Lock:
     try:
         return parse(path.read_text(), path)
     except FileNotFoundError:
-        raise LockError(f"stack {stack.name} has no lock ({path}): run dockerlaunch stacks lock --stack "
-                        f"{stack.name}") from None
+        raise LockError(f"stack {stack.name} has no lock ({path}): run "
+                        + hints.dockerlaunch("stacks", "lock", "--stack", stack.name, hint="lock.again")) from None
     except OSError as e:
         raise LockError(f"{path}: {e.strerror}") from None
 
 
 def problems(stack: Stack, lock: Lock) -> list[str]:
     """Why this lock is not the stack's, one line each (no network)."""
-    fix = f"run dockerlaunch stacks lock --stack {stack.name}"
+    fix = "run " + hints.dockerlaunch("stacks", "lock", "--stack", stack.name, hint="lock.again")
     where = f"{lock.path}"
     out = []
     if hashlib.sha256(lock.body.encode()).hexdigest() != lock.header.get("body-sha256"):

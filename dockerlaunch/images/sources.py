@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dockerlaunch import hints
 from dockerlaunch.cache import cache_root
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.images import index as idx
@@ -89,7 +90,8 @@ def check_archive(archive: Path, what: str, want: str | None) -> str:
     if want is not None and got != want:
         raise SourceError(f"{what}: {archive.name} does not match its pin (expected sha256 {want}, got {got}): "
                           "the archive was changed or is of another commit; fetch it again from upstream, or, if "
-                          "you trust this file, put its hash in stacks.yaml (dockerlaunch sources hash FILE)")
+                          "you trust this file, put its hash in stacks.yaml ("
+                          + hints.dockerlaunch("sources", "hash", os.path.abspath(archive), hint="sources.hash") + ")")
     return got
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dockerlaunch import hints
 from dockerlaunch.errors import ConfigError, describe_validation_error
 
 FLOATING = {"master", "main", "stable", "latest", "head", "develop", "dev", "nightly", "trunk"}
@@ -294,7 +295,8 @@ class StackMatrix(_Model):
 
     def get(self, name: str) -> Stack:
         if name not in self.stacks:
-            raise ConfigError(f"unknown stack {name!r}; known: {', '.join(self.stacks)} (dockerlaunch stacks list)")
+            raise ConfigError(f"unknown stack {name!r}; known: {', '.join(self.stacks)} "
+                              f"({hints.dockerlaunch('stacks', 'list', hint='stacks.list')})")
         return self.stacks[name]
 
 

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from dockerlaunch import shipped
+from dockerlaunch import hints, shipped
 from dockerlaunch.cache import cache_root, load_image_needs, save_image_needs
 from dockerlaunch.container import BindMount
 from dockerlaunch.docker_run import tool_argv
@@ -134,8 +134,11 @@ def image_facts(image: str, docker: str = "docker") -> tuple[dict, str, str]:
             raise EngineError(f"verify {image}: the Docker engine is not usable ({err.splitlines()[-1][:160]}); "
                               "start it (on Debian `sudo scripts/install-docker`) or fix DOCKER_HOST")
         if re.search(r"No such (image|object)", err, re.I):
-            raise VerifyError(f"image {image} is not on this machine: build it (dockerlaunch build), pull it, or "
-                              "load it (docker load -i FILE)")
+            raise VerifyError(f"image {image} is not on this machine: build it "
+                              f"({hints.dockerlaunch('build', '--stack', 'NAME', hint='verify.build')}), pull it "
+                              f"({hints.command('docker', 'pull', image, hint='verify.pull')}), or load it "
+                              f"({hints.command('docker', 'load', '-i', 'FILE', hint='verify.load')}; a bundle: "
+                              "`load`)")
         raise VerifyError(f"verify {image}: docker image inspect failed: {err[:200]}")
     text, _, image_id = r.stdout.strip().rpartition(" ")
     text, _, arch = text.rpartition(" ")

@@ -500,7 +500,7 @@ def judge_versions(report: VerifyReport, labels: dict, dists: dict[str, str] | N
         if python:
             report.versions = {"python": {"installed": python, "pinned": None}, **report.versions}
         listed = ", ".join(f"{d} {v}" for d, v in found.items()) or "none of the key packages"
-        report.add("versions", NOTE, f"no {labels_.PREFIX}* labels (not built by dockerlaunch build), so no pins to "
+        report.add("versions", NOTE, f"no {labels_.PREFIX}* labels (not built by dockerlaunch), so no pins to "
                                      f"compare; found: python {python}, {listed}")
         return
     for key, want in pins.items():

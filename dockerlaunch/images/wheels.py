@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dockerlaunch import hints
 from dockerlaunch.cache import cache_root
 from dockerlaunch.docker_run import tool_argv
 from dockerlaunch.images import lock as locks
@@ -311,7 +313,9 @@ def adopt(entry: Entry, carried: Path, log: Callable[[str], None], trusted: bool
     got = file_sha256(wheel) if wheel.is_file() else "missing"
     if got != info.get("sha256"):
         raise WheelError(f"{wheel}: does not match its record (sha256 {info.get('sha256')}, got {got}): the "
-                         "carried wheel was changed; build it again (dockerlaunch wheels build -o)")
+                         "carried wheel was changed; build it again ("
+                         + hints.dockerlaunch("wheels", "build", "--stack", "NAME", "-o",
+                                            os.path.abspath(carried.parent.parent), hint="wheels.again") + ")")
     dist = entry.folder / "build" / "dist"
     dist.mkdir(parents=True, exist_ok=True)
     shutil.copy2(wheel, dist / wheel.name)

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from dockerlaunch.errors import ConfigError, _loc
+from dockerlaunch.errors import SCHEMA, ConfigError, _loc
 from dockerlaunch.job.invocation import CONFIG_ENV, DEFAULT_LOG_DIR, Invocation
 
 DEFAULT_CONFIG_FILE = "dockerlaunch.yaml"
@@ -745,6 +745,16 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _entry_address(entry: Any) -> Any:
+    """The address of a hosts:/spares: entry as the file has it (a string or a mapping); None where it has none."""
+    if isinstance(entry, dict):
+        return entry.get("address")
+    try:
+        return parse_host_string(entry)["address"] if isinstance(entry, str) else None
+    except ValueError:
+        return None  # the validator names it
+
+
 def _flag_hosts(texts: list[str], entries: Any, flag: str) -> list[Any]:
     """A host list given as a flag; an address the file also lists keeps the file's other settings."""
     by_address = {e["address"]: e for e in entries or [] if isinstance(e, dict) and "address" in e}
@@ -762,7 +772,11 @@ def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
     """Merge flags into the raw mapping before validation, so errors name the same fields either way."""
     data = dict(data)
     if ov.hosts is not None:
-        data["hosts"] = _flag_hosts(ov.hosts, data.get("hosts"), "--hosts")
+        spares = data.get("spares") if ov.spares is None and isinstance(data.get("spares"), list) else []
+        data["hosts"] = _flag_hosts(ov.hosts, [*(data.get("hosts") or []), *spares], "--hosts")
+        if spares:  # a spare named in --hosts is a host of this run (`push IMAGE --hosts SPARE`, printed by `up`)
+            named = {h["address"] for h in data["hosts"]}
+            data["spares"] = [s for s in spares if _entry_address(s) not in named]
     if ov.image is not None:
         data["image"] = ov.image
     if ov.spares is not None:
@@ -873,7 +887,7 @@ def describe_config_error(err: ValidationError, root: type[BaseModel] = None,  #
         if e["type"] == "extra_forbidden":
             close = suggest_field(loc, root)
             hint = f"did you mean `{close}`?" if close else "check the spelling;"
-            msg = f"unknown field ({hint} `dockerlaunch schema` lists the fields)"
+            msg = f"unknown field ({hint} `{SCHEMA}` lists the fields)"
         else:
             msg = e["msg"].removeprefix("Value error, ")
         flag = blame(tuple(p for p in loc if not (isinstance(p, str) and "[" in p))) if blame else None
@@ -892,7 +906,7 @@ def unknown_top_level(data: dict[str, Any]) -> str | None:
         if isinstance(key, str) and key not in ClusterConfig.model_fields:
             close = suggest_field((key,))
             hint = f"did you mean `{close}`?" if close else "check the spelling;"
-            return f"{key}: unknown field ({hint} `dockerlaunch schema` lists the fields)"
+            return f"{key}: unknown field ({hint} `{SCHEMA}` lists the fields)"
     return None
 
 

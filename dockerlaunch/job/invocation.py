@@ -20,8 +20,9 @@ pasted as `fix: dockerlaunch ...`). Hints that are not dockerlaunch commands or 
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
+
+from dockerlaunch import hints
 
 FIX = "fix:"
 CONFIG_ENV = "DOCKERLAUNCH_CONFIG"  # read by every command that reads a config (job/config.py: find_config)
@@ -57,9 +58,10 @@ class Invocation:
         key = " ".join(words[:2]) if words[:2] == ("config", "show") else (words[0] if words else "")
         return TAKES.get(key, frozenset())
 
-    def command(self, *words: str, hosts: bool = True, name: bool = True) -> str:
+    def command(self, *words: str, hint: str, hosts: bool = True, name: bool = True) -> str:
         """`dockerlaunch WORDS` with the user's own --config, --hosts and --name (each where the command takes it),
-        --log-dir where it takes one, and the plan flags it takes, quoted for a POSIX shell."""
+        --log-dir where it takes one, and the plan flags it takes, quoted for a POSIX shell (hints.command; `hint`:
+        the printing site's id)."""
         argv = ["dockerlaunch", *words]
         if self.config:
             argv += ["--config", self.config]
@@ -73,11 +75,11 @@ class Invocation:
         for flag, value in self.flags:
             if flag in takes:
                 argv += [flag] if value is None else [flag, value]
-        return shlex.join(argv)
+        return hints.command(*argv, hint=hint)
 
-    def fix(self, *words: str, hosts: bool = True, name: bool = True) -> str:
+    def fix(self, *words: str, hint: str, hosts: bool = True, name: bool = True) -> str:
         """`fix: dockerlaunch ...`: the one form of a fix the user may paste."""
-        return f"{FIX} {self.command(*words, hosts=hosts, name=name)}"
+        return f"{FIX} {self.command(*words, hint=hint, hosts=hosts, name=name)}"
 
     def left_out(self, *words: str) -> list[str]:
         """What `command(*words)` could not repeat of the plan the user asked for: flags the command does not take

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import docker
 
+from dockerlaunch import hints
 from dockerlaunch.engine import engine
 from dockerlaunch.job.plan import DIAG_ROOT
 from dockerlaunch.sim.images import (
@@ -125,7 +126,8 @@ def create(
     existing = containers_of(client, cluster)
     if existing:
         raise SimError(
-            f"sim cluster {cluster!r} already exists ({len(existing)} node(s)); run `dockerlaunch sim down` first"
+            f"sim cluster {cluster!r} already exists ({len(existing)} node(s)); run "
+            f"`{hints.dockerlaunch('sim', 'down', '--name', cluster, hint='sim.down')}` first"
         )
     if egress_rate:
         parse_rate(egress_rate)
@@ -287,7 +289,8 @@ def create_light(
     existing = containers_of(client, cluster, sparse=True)
     if existing:
         raise SimError(
-            f"sim cluster {cluster!r} already exists ({len(existing)} container(s)); run `dockerlaunch sim down` first"
+            f"sim cluster {cluster!r} already exists ({len(existing)} container(s)); run "
+            f"`{hints.dockerlaunch('sim', 'down', '--name', cluster, hint='sim.down')}` first"
         )
     node_images, tools_image = ensure_images(client, base_image, [kind])
     image = node_images[kind.name]

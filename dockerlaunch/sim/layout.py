@@ -313,7 +313,7 @@ def render_cluster_config(cluster: str, layout: list[SimNode], state: Path, imag
     }
     if nofile is not None and nofile < NOFILE.hard:  # the nodes' dockerd cannot raise its own open-files limit
         data["container"]["ulimits"] = {"nofile": str(nofile)}
-    header = f"# Written by `dockerlaunch sim up` for sim cluster {cluster!r}; host keys pinned at creation.\n"
+    header = f"# Written by the sim (sim up) for sim cluster {cluster!r}; host keys pinned at creation.\n"
     engines = {n.served_by for n in layout if n.served_by}
     if engines:
         header += (f"# Light cluster: {len(layout)} hosts run sshd only; their docker CLI drives one of "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dockerlaunch import hints
 from dockerlaunch.engine import engine
 from dockerlaunch.sim.layout import DEFAULT_NAME, NODE_LABEL, ROLE_LABEL, SimError, check_name, containers_of
 
@@ -26,7 +27,8 @@ def shape(cluster: str = DEFAULT_NAME, rate: str | None = None, nodes: list[int]
     client = engine()
     containers = containers_of(client, cluster)
     if not containers:
-        raise SimError(f"no sim cluster {cluster!r} (dockerlaunch sim up first)")
+        raise SimError(f"no sim cluster {cluster!r} "
+                       f"({hints.dockerlaunch('sim', 'up', '--name', cluster, hint='sim.up')} first)")
     if any(c.labels.get(ROLE_LABEL) for c in containers):
         raise SimError(f"sim cluster {cluster!r} is a light cluster: its hosts share engines, whose traffic "
                        "cannot be shaped per host (use regular nodes)")

@@ -31,7 +31,7 @@ def render_slurm_conf(cluster: str, layout: list[SimNode], hw: dict[str, str]) -
     name = re.sub(r"[^a-z0-9]", "", cluster.lower())[:30] or "sim"
     ctld = layout[0]
     lines = [
-        f"# Written by `dockerlaunch sim up --slurm` for sim cluster {cluster!r}.",
+        f"# Written by the sim (sim up --slurm) for sim cluster {cluster!r}.",
         f"ClusterName={name}",
         f"SlurmctldHost=node{ctld.index}({ctld.ip})",
         "AuthType=auth/munge",

@@ -62,6 +62,7 @@ def after_label(label: str, text: str) -> str:
     return lines[0][len(label) + 1:]
 
 
+@pytest.mark.hint("doctor.push", "up.doctor")
 def test_the_push_hint_and_the_doctor_pointer_run_as_printed_from_another_folder(folders, remotes, demo_image,
                                                                                    engine):
     """The default ./dockerlaunch.yaml; quoted: after `up --image myteam/train:v3` failed pre-flight, the pointer
@@ -120,6 +121,7 @@ def test_the_pointer_after_a_master_port_in_use_keeps_the_port_and_names_what_it
     assert [c["verdict"] for c in json.loads(checked.stdout)["checks"] if c["check"] == "master port"] == ["FAIL"]
 
 
+@pytest.mark.hint("up.follow", "up.down-running")
 def test_the_follow_and_down_hints_run_as_printed_from_another_folder(folders, remotes):
     """A relative --config; quoted: `follow with: fix: dockerlaunch logs --follow --name train` had two labels."""
     project, elsewhere = folders
@@ -154,6 +156,7 @@ def test_the_follow_and_down_hints_run_as_printed_from_another_folder(folders, r
         dl("down", "--config", str(cfg), "--name", job, "--ignore-missing")
 
 
+@pytest.mark.hint("exec.logs")
 def test_exec_into_an_exited_rank_says_the_jobs_state_and_its_fix_runs_from_another_folder(folders, remotes):
     """Quoted: `exec` into an exited rank printed Docker's `Container ... is not running`."""
     project, elsewhere = folders

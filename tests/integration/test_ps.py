@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tests.integration.helpers import containers_on, dl, job_name, variant
+from tests.integration.test_hints import paste
 
 pytestmark = pytest.mark.integration
 
@@ -81,6 +82,7 @@ def test_ps_lists_every_job_and_an_unknown_name_lists_them(sim_cluster, remotes,
     assert gone.returncode == 0 and job not in gone.stdout and "ev^[" not in gone.stdout, gone.stdout
 
 
+@pytest.mark.hint("ps.logs")
 def test_logs_after_a_failed_start_prints_the_start_error(sim_cluster, tmp_path):
     """Quoted: `logs` after a failed start said `attempt-0: no log file` while `status` had the cause."""
     cfg = variant(sim_cluster, tmp_path, container={"user": "nosuchuser"})  # docker run itself refuses
@@ -97,6 +99,14 @@ def test_logs_after_a_failed_start_prints_the_start_error(sim_cluster, tmp_path)
     assert st.returncode == 0 and "start failed" in st.stdout, st.stdout + st.stderr
     bad = dl("status", "--config", cfg, "--name", "typo-job", "--log-dir", logs)
     assert bad.returncode == 1 and f"finished, logs kept under {logs}/: {job}" in _one_error_line(bad), bad.stderr
+    # `ps` names the finished job with the command that shows its logs, which runs as printed in another folder
+    listed = dl("ps", "--config", cfg, "--log-dir", logs)
+    pointer = re.search(r"\(`(dockerlaunch logs [^`]+)` shows it\)", listed.stdout)
+    assert pointer, listed.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shown = paste(pointer.group(1), elsewhere)
+    assert shown.returncode == 0 and "unable to find user nosuchuser" in shown.stdout, shown.stdout + shown.stderr
     down = dl("down", "--config", cfg, "--name", job, "--log-dir", logs)
     assert down.returncode == 1 and "it ended; its logs are kept" in _one_error_line(down), down.stderr
 

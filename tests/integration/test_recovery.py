@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.integration.helpers import containers_on, dl, job_name, start_up, stop_up, until, variant
+from tests.integration.test_hints import fix_in, paste
 
 pytestmark = pytest.mark.integration
 
@@ -107,7 +108,7 @@ def test_a_hang_is_dumped_then_fails_the_attempt(sim_cluster, remotes, demo_imag
     summary = run / "attempt-0" / "hang-dump" / "summary.txt"
     assert summary.is_file(), out[-3000:]
     text = summary.read_text()
-    assert "# dockerlaunch dump" in text, text
+    assert "# dockerlaunch: dump" in text, text
     assert re.search(r"^- rank 0: .*wait_for_data", text, re.M) and re.search(r"^- rank 1: .*save_checkpoint", text,
                                                                               re.M), text
     [rec] = attempts(logs)
@@ -167,6 +168,37 @@ def test_an_unreachable_host_is_replaced_by_a_spare_that_gets_the_image_from_a_h
         for rm in remotes:
             rm.run(["docker", "rmi", tag])
         dl("down", "--config", cfg, "--name", job)
+
+
+@pytest.mark.hint("up.push-spare")
+def test_a_spare_no_host_can_copy_the_image_onto_gets_a_push_that_runs_as_printed(sim_cluster, engine, remotes,
+                                                                                  tmp_path, demo_image):
+    """hosts: [a dead address], spares: [node2], the image tagged on this machine only: the spare takes rank 0 and no
+    host of the job holds the image to copy, so `up` stops before starting anything with the push that puts it
+    there; pasted in another folder, it does."""
+    job = job_name()
+    _, node2 = sim_cluster[2]
+    tag = f"dlt-spare-push:{secrets.token_hex(3)}"
+    engine.images.get(demo_image).tag(tag)
+    dead = node2.ip.rsplit(".", 1)[0] + ".98"
+    cfg = variant(sim_cluster, tmp_path, hosts=[{"address": dead}], spares=[{"address": node2.ip}],
+                  ssh={"connect_timeout": 3}, image=tag)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        r = dl("up", "--config", cfg, "--name", job, "--log-dir", str(tmp_path / "logs"), "--", "true", timeout=300)
+        out = r.stdout + r.stderr
+        assert r.returncode == 1 and f"spare {node2.ip} lacks {tag} and no other host of the job has it" in out, out
+        assert containers_on(remotes[1], job) == [], out  # nothing started
+        pushed = paste(fix_in(out), elsewhere, timeout=600)
+        assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+        held = remotes[1].run(["docker", "image", "inspect", "--format", "{{.Id}}", tag]).stdout.strip()
+        assert held == engine.images.get(tag).id and remotes[0].run(["docker", "image", "inspect", tag]).exit_status
+    finally:
+        for rm in remotes:
+            rm.run(["docker", "rmi", tag])
+        engine.images.remove(tag)
+        dl("down", "--config", cfg, "--name", job, "--ignore-missing")
 
 
 def test_a_lost_host_0_is_replaced_by_a_spare_that_becomes_the_master(sim_cluster, engine, remotes, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tests.integration.helpers import dl, ids_on_nodes, variant
+from tests.integration.test_hints import paste
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,7 @@ def test_push_takes_the_image_from_image_flag_or_the_configs_image(sim_cluster, 
             rm.run(["docker", "rmi", "-f", a, b])
 
 
+@pytest.mark.hint("push.cache", "cache.prune")
 def test_a_dry_run_says_where_the_layers_are_read_and_cache_fills_shows_and_prunes_it(sim_cluster, fresh_image,
                                                                                        tmp_path, monkeypatch):
     """The first `push --dry-run` took 11 s and said nothing (it filled the layer cache); nothing showed the cache's
@@ -84,6 +86,10 @@ def test_a_dry_run_says_where_the_layers_are_read_and_cache_fills_shows_and_prun
                      r"image \(its layer map, 2 star stream\(s\)\) this push makes", r.stdout, re.M), r.stdout
     assert "This run: docker save read the whole image for its layer map in " in r.stdout, r.stdout
     assert "After the push, the layer cache is filled with the image in the background" in r.stdout, r.stdout
+    shows = re.search(r"layers; `(dockerlaunch [^`]+)` shows it\.", r.stdout)
+    assert shows, r.stdout
+    shown = paste(shows.group(1), tmp_path)  # the pointer, run as printed
+    assert shown.returncode == 0 and f"Layer cache: {where}" in shown.stdout, shown.stdout + shown.stderr
     r = dl("push", ref, "--config", cfg, "--dry-run", "--output", "json")
     assert r.returncode == 0 and r.stderr == "", r.stderr  # json: no notes, no bars
     plan = json.loads(r.stdout)
@@ -115,6 +121,8 @@ def test_a_dry_run_says_where_the_layers_are_read_and_cache_fills_shows_and_prun
 
     r = dl("cache", "prune", "--older-than", "1d")  # everything was used just now
     assert r.returncode == 0 and r.stdout.startswith("removed 0 blob(s) (unused for 1d)"), r.stdout + r.stderr
-    r = dl("cache", "prune")
+    prune = re.search(r"^Prune: (dockerlaunch .+?) \(--older-than", dl("cache").stdout, re.M)
+    assert prune, "no prune command under the table"
+    r = paste(prune.group(1), tmp_path)  # as printed under the table
     assert r.returncode == 0 and r.stdout.startswith(f"removed {facts['blobs']} blob(s) (all)"), r.stdout
     assert json.loads(dl("cache", "--output", "json").stdout)["bytes"] == 0

@@ -241,7 +241,8 @@ def test_bad_input_is_one_line_with_the_fix(cuda_base, images, tmp_path):
     missing = dl("verify", "dlt-verify/not-here:404")
     assert missing.returncode == 1 and missing.stdout == ""
     assert missing.stderr.strip() == ("error: image dlt-verify/not-here:404 is not on this machine: build it "
-                                      "(dockerlaunch build), pull it, or load it (docker load -i FILE)")
+                                      "(dockerlaunch build --stack NAME), pull it (docker pull "
+                                      "dlt-verify/not-here:404), or load it (docker load -i FILE; a bundle: `load`)")
     (tmp_path / "f").write_text("x")
     bare = docker_build(new_tag(images, "no-python"), tmp_path, "FROM scratch\nCOPY f /f\n")
     nopy = dl("verify", bare)

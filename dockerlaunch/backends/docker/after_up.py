@@ -559,7 +559,7 @@ def not_running(config: ClusterConfig, rank: int, mine: ContainerState, address:
     job = config.job.name
     after = (f"; exec into a running rank ({', '.join(str(s.rank) for s in running)}), or see what rank {rank} "
              "printed" if running else f"; nothing of job {job} runs (`down` removes its containers): see what "
-             f"rank {rank} printed") + ", " + config.invocation.fix("logs", "--rank", str(rank))
+             f"rank {rank} printed") + ", " + config.invocation.fix("logs", "--rank", str(rank), hint="exec.logs")
     return DockerlaunchError(f"exec: rank {rank} of job {job} {said}: its container {mine.name} on {address} runs "
                              f"nothing to exec into (the job: {ranks}){after}")
 
@@ -568,7 +568,8 @@ def exec_in(config: ClusterConfig, rank: int, command: list[str], out: BinaryIO,
             log_dir: str = "dockerlaunch-logs") -> int:
     """`docker exec` in one rank's container; its output goes to `out`/`err` as it comes (the CLI's stdout)."""
     if not command:
-        raise ConfigError("exec: give a command after --, e.g. dockerlaunch exec --rank 0 -- nvidia-smi")
+        example = config.invocation.command("exec", "--rank", str(rank), "--", "nvidia-smi", hint="exec.example")
+        raise ConfigError(f"exec: give a command after --, e.g. {example}")
     session = open_session(config)
     try:
         [i] = _rank_hosts(session, rank)

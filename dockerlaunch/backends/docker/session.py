@@ -137,7 +137,8 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
         )
     if session.plan.supervised and image_command is None and not errors:
         errors.append(f"host {session.plan.hosts[0].address}: could not read the image's ENTRYPOINT and CMD, which "
-                      "the gang supervisor runs (is the image there? `dockerlaunch doctor` checks it)")
+                      "the gang supervisor runs (is the image there? `"
+                      + session.config.invocation.command("doctor", hint="up.doctor") + "` checks it)")
     if errors:
         raise DockerlaunchError("; ".join(errors))
     return out

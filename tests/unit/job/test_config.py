@@ -239,3 +239,14 @@ def test_mapping_address_may_carry_user_and_port_but_not_contradict():
     assert (h.address, h.user, h.port) == ("h", "u", 2)
     with pytest.raises(ValidationError, match="says port 2"):
         ClusterConfig.model_validate({"hosts": [{"address": "h:2", "port": 3}]})
+
+
+def test_a_spare_named_in_hosts_is_a_host_of_this_run_with_its_own_settings(tmp_path):
+    """`up` prints `push IMAGE --hosts SPARE --config FILE` for a spare no host can copy the image onto; pasted, it
+    said `spare ... is listed twice (hosts[0] and spares[0])`. The spare's settings (user, port) come with it."""
+    path = tmp_path / "c.yaml"
+    path.write_text("hosts: [10.0.0.1]\nimage: x:1\nspares:\n  - {address: 10.0.0.9, port: 2200, user: ops}\n"
+                    "  - 10.0.0.8\n")
+    cfg = load_config(str(path), Overrides(hosts=["10.0.0.9"]))
+    assert [(h.address, h.port, h.user) for h in cfg.hosts] == [("10.0.0.9", 2200, "ops")]
+    assert [s.address for s in cfg.spares] == ["10.0.0.8"]

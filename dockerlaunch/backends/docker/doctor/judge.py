@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import replace
 
+from dockerlaunch import hints
 from dockerlaunch.backends.docker import probe as probelib
 from dockerlaunch.backends.docker.doctor.observations import (
     ContainerFacts,
@@ -314,12 +314,13 @@ def _judge_image(report: Report, config: ClusterConfig, plan: JobPlan, obs: list
     checked = [o for o in obs if o.usable and o.image_id is not None]
     builds = {o.rank: o.image_build or ImageBuild(o.image_id) for o in checked if o.image_id}
     reference = local or next(iter(builds.values()), None)
-    push = config.invocation.fix("push", plan.image, name=False)
+    push = config.invocation.fix("push", plan.image, name=False, hint="doctor.push")
     for o in checked:
         build = builds.get(o.rank)
         if build is None and image_here is False:
             report.add(o.address, "image", FAIL, f"{plan.image} is missing, and not on this machine either: build or "
-                       f"pull it first (`docker pull {plan.image}`, or `dockerlaunch build --stack NAME`), then "
+                       f"pull it first (`{hints.command('docker', 'pull', plan.image, hint='doctor.pull')}`, or "
+                       f"`{hints.dockerlaunch('build', '--stack', 'NAME', hint='doctor.build')}`), then "
                        f"{push}")
         elif build is None:
             report.add(o.address, "image", FAIL, f"{plan.image} is missing here; {push}")
@@ -327,7 +328,9 @@ def _judge_image(report: Report, config: ClusterConfig, plan: JobPlan, obs: list
             if local.older_than(build):  # a push of ours would overwrite a newer build (a teammate's, CI's)
                 report.add(o.address, "image", FAIL, f"{plan.image} is {build.describe()} here, newer than this "
                            f"machine's {local.describe()}: no push over it. To run the hosts' build, remove the "
-                           f"older tag here (`docker image rm {shlex.quote(plan.image)}`); to run yours, rebuild it")
+                           "older tag here (`"
+                           + hints.command("docker", "image", "rm", plan.image, hint="doctor.remove-older")
+                           + "`); to run yours, rebuild it")
             else:
                 report.add(o.address, "image", FAIL, f"{plan.image} is {build.describe()} here but "
                            f"{local.describe()} on this machine (built, not pushed?); {push}")
