@@ -1,6 +1,7 @@
 """The recorded nvidia-smi outputs of tests/data/nvidia-smi/real/ (issue 51): each folder is one real output read from a
 public source, with its address (SOURCE.md), the command outputs it reproduces, and the verdicts doctor should reach
-from it (expected.yaml). Only the data's shape is checked here; the code that consumes it has its own tests."""
+from it (expected.yaml). Only the data's shape is checked here (tests/unit/gpu/test_real_outputs.py compares the
+verdicts and the whys with what doctor says)."""
 
 import re
 from pathlib import Path
@@ -14,7 +15,7 @@ SOURCE_FIELDS = ("driver", "cuda", "gpus", "form", "commands", "derived", "redac
 OUTPUTS = {"L.txt", "q.txt", "q-x.xml", "query-gpu.csv", "query-gpu-full.csv", "help-query-gpu.txt",
            "compute-apps.csv", "stdout.txt"}
 ALLOWED = OUTPUTS | {"SOURCE.md", "expected.yaml", "exit"}
-VERDICTS = {"PASS", "WARN", "FAIL", "ERROR", "unknown"}
+VERDICTS = {"PASS", "WARN", "FAIL", "ERROR"}  # every verdict is decided and compared: no `unknown` (issue 60)
 ROWS = ("driver", "archs", "gpu health")
 UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F-]*")
 
@@ -43,9 +44,18 @@ def test_expected_says_what_doctor_concludes(folder):
     verdicts = exp["verdicts"]
     assert isinstance(verdicts, dict) and set(ROWS) <= set(verdicts), verdicts
     assert {str(v) for v in verdicts.values()} <= VERDICTS, verdicts
-    why = exp["why"] if isinstance(exp["why"], list) else [exp["why"]] if exp["why"] else []
-    if any(verdicts[r] != "PASS" for r in ROWS):
-        assert why and all(isinstance(w, str) and w.strip() for w in why), exp["why"]
+    why = exp["why"]
+    assert isinstance(why, list) and all(isinstance(w, str) for w in why), why
+    named = [next((r for r in ROWS if w.startswith(f"{r}: ") and w[len(r) + 2:].strip()), None) for w in why]
+    assert None not in named, [w for w, r in zip(why, named) if r is None]  # `ROW: PHRASE`, a phrase to compare
+    assert [r for r in ROWS if verdicts[r] != "PASS" and r not in named] == [], why  # each non-PASS row says why
+
+
+def test_no_verdict_is_left_unknown():
+    """Issue 60: `unknown` was a verdict never compared; every expected.yaml now says what its output gives."""
+    left = {p.name: r for p in FOLDERS for r, v in
+            yaml.safe_load((p / "expected.yaml").read_text(encoding="utf-8"))["verdicts"].items() if v == "unknown"}
+    assert left == {}
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
