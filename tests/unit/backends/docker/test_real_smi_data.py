@@ -12,8 +12,9 @@ import yaml
 REAL = Path(__file__).resolve().parents[3] / "data" / "nvidia-smi" / "real"
 FOLDERS = sorted(p for p in REAL.iterdir() if p.is_dir()) if REAL.is_dir() else []
 SOURCE_FIELDS = ("driver", "cuda", "gpus", "form", "commands", "derived", "redacted", "excerpt", "notes")
-OUTPUTS = {"L.txt", "q.txt", "q-x.xml", "query-gpu.csv", "query-gpu-full.csv", "help-query-gpu.txt",
-           "compute-apps.csv", "stdout.txt"}
+SMI_OUTPUTS = {"L.txt", "q.txt", "q-x.xml", "query-gpu.csv", "query-gpu-full.csv", "help-query-gpu.txt",
+               "compute-apps.csv", "stdout.txt"}
+OUTPUTS = SMI_OUTPUTS | {"dmesg.txt"}  # dmesg.txt: the kernel log, as `dmesg` prints it
 ALLOWED = OUTPUTS | {"SOURCE.md", "expected.yaml", "exit"}
 VERDICTS = {"PASS", "WARN", "FAIL", "ERROR"}  # every verdict is decided and compared: no `unknown` (issue 60)
 ROWS = ("driver", "archs", "gpu health")
@@ -67,6 +68,15 @@ def test_outputs_are_named_by_command_and_redacted(folder):
         assert "exit" in names
     if "exit" in names:
         assert re.fullmatch(r"\d+\n?", (folder / "exit").read_text(encoding="utf-8"))
+    paired = re.search(r"^smi: *(\S+) *$", (folder / "SOURCE.md").read_text(encoding="utf-8"), re.M)
+    if paired:  # nvidia-smi's outputs are another folder's, named (a kernel log of one source paired with them)
+        other = REAL / paired.group(1)
+        assert not names & SMI_OUTPUTS and other.is_dir() and {p.name for p in other.iterdir()} & SMI_OUTPUTS, names
+    else:
+        assert names & SMI_OUTPUTS, sorted(names)
+    if "dmesg.txt" in names:  # each line as dmesg prints it: `[seconds since boot] text`
+        lines = (folder / "dmesg.txt").read_text(encoding="utf-8").splitlines()
+        assert lines and all(re.match(r"^\[ *\d+\.\d{6}\] \S", x) for x in lines), lines
     for p in sorted(q for q in folder.iterdir() if q.name != "SOURCE.md"):  # SOURCE.md may name a source's placeholder
         text = p.read_text(encoding="utf-8", errors="replace")
         leaked = [u for u in UUID.findall(text) if not u.startswith("GPU-00000000-")]
