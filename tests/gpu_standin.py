@@ -29,7 +29,14 @@ the host's nvidia-smi under /usr/local/nvidia/bin).
   probe asks the first three), else no output, exit 0.
 - anything else: a line on stderr saying it is not recorded, exit 2.
 The driver version, the CUDA version and the number of GPUs come from the outputs, else from SOURCE.md's `driver:`,
-`cuda:` and `gpus:` lines where those begin with a version (or `N/A`, `Not Found` for CUDA) or a count."""
+`cuda:` and `gpus:` lines where those begin with a version (or `N/A`, `Not Found` for CUDA) or a count. A folder whose
+SOURCE.md has a `smi: FOLDER` line holds no nvidia-smi output of its own: it answers with that folder's (a kernel
+log of one source paired with the nvidia-smi output of another, said so in its SOURCE.md).
+
+`dmesg(folder)`: the folder's kernel log, dmesg.txt (the lines as `dmesg` prints them, `[seconds since boot] text`),
+printed whatever is asked, except `--version`: not util-linux (exit 1, as busybox's dmesg answers), so the probe
+reads the log as through syslog(2). A folder without dmesg.txt has a kernel log with nothing in it (no output,
+exit 0): the machine running the tests must not lend its own."""
 
 import re
 import xml.etree.ElementTree as ET
@@ -313,7 +320,7 @@ class _Replay:
     """What one real folder knows: its fields (by canonical name) and each GPU's values, with units."""
 
     def __init__(self, folder: str):
-        d = REAL / folder
+        d = smi_folder(folder)
         self.d, self.folder = d, folder
         aliases = _aliases()
         self.aliases = aliases
@@ -519,6 +526,39 @@ def replay(folder: str) -> str:
         "",
     ]
     return "\n".join([*head, *body])
+
+
+def smi_folder(folder: str) -> Path:
+    """The folder whose nvidia-smi outputs `folder` answers with: its own, or the one its SOURCE.md's `smi:` names."""
+    d = REAL / folder
+    said = re.search(r"^smi: *(\S+) *$", (d / "SOURCE.md").read_text(), re.M)
+    return REAL / said.group(1) if said else d
+
+
+def dmesg(folder: str) -> str:
+    """A POSIX sh script standing in for `dmesg` on the host of `folder`: its dmesg.txt (by the module's docstring)."""
+    log = REAL / folder / "dmesg.txt"
+    text = log.read_text() if log.exists() else ""
+    if _EOF in text:
+        raise ValueError(f"{folder}: dmesg.txt holds {_EOF}")
+    return "\n".join([
+        "#!/bin/sh",
+        f"# stand-in dmesg (tests only): the kernel log of tests/data/nvidia-smi/real/{folder} (tests/gpu_standin.py: "
+        "dmesg)",
+        'case "$1" in --version|-V) echo "dmesg: unrecognized option: $1" >&2; exit 1 ;; esac',
+        *([_heredoc(text).rstrip("\n")] if text else []),
+        "exit 0",
+        "",
+    ])
+
+
+def install_dmesg(directory: Path, folder: str) -> Path:
+    """The kernel log of a real folder as `directory/dmesg`, executable."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "dmesg"
+    path.write_text(dmesg(folder))
+    path.chmod(0o755)
+    return path
 
 
 def install_replay(directory: Path, folder: str) -> Path:

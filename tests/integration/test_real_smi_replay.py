@@ -1,8 +1,10 @@
 """Every real nvidia-smi output of tests/data/nvidia-smi/real/ through the real probe over SSH on the sim: node 1 gets
 each folder's replay (tests/gpu_standin.py's `replay`, the one stand-in allowed while no GPU is lent) as
-/usr/local/bin/nvidia-smi, `probe.probe` asks it under the node's sh (Debian's dash) on one SSH connection, and the
+/usr/local/bin/nvidia-smi and the folder's kernel log (gpu_standin's `dmesg`: empty where the folder has none) as
+/usr/local/bin/dmesg, `probe.probe` asks them under the node's sh (Debian's dash) on one SSH connection, and the
 answer is judged as tests/unit/gpu/test_real_outputs.py judges the same folder locally (the expectations and the
-comparison are that file's). Then one full `dockerlaunch doctor` on a healthy real H100 output: no ERROR row."""
+comparison, verdicts and whys, are that file's). Then one full `dockerlaunch doctor` on a healthy real H100 output:
+no ERROR row."""
 
 import json
 
@@ -21,19 +23,21 @@ REPLAYS = "/opt/dl-smi-replays"
 
 @pytest.fixture(scope="module")
 def replay_node(sim_cluster, engine, remotes):
-    """Node 1 with every folder's replay under REPLAYS (one archive) and a kernel log with nothing in it (a `dmesg`
-    stand-in: the sim's own would show this machine's); `use(folder)` makes one of them its nvidia-smi."""
+    """Node 1 with every folder's replay and kernel log (a `dmesg` stand-in: the sim's own would show this machine's;
+    a log with nothing in it where the folder has no dmesg.txt) under REPLAYS (one archive); `use(folder)` makes one
+    folder's its nvidia-smi and dmesg."""
     node = engine.containers.get(sim_cluster[2][0].name)
     remote = next(r for r in remotes if r.target.hostname == sim_cluster[2][0].ip)
-    files = {f"{f}/nvidia-smi": (gpu_standin.replay(f).encode(), 0o755) for f in gpu_standin.REAL_FOLDERS}
+    files = {f"{f}/{tool}": (script(f).encode(), 0o755) for f in gpu_standin.REAL_FOLDERS
+             for tool, script in (("nvidia-smi", gpu_standin.replay), ("dmesg", gpu_standin.dmesg))}
     code, out = node.exec_run(["mkdir", "-p", REPLAYS])
     assert code == 0, out
     node.put_archive(REPLAYS, _tar(files))
-    node.put_archive("/usr/local/bin", _tar({"dmesg": (b"#!/bin/sh\nexit 0\n", 0o755)}))
 
     def use(folder: str) -> None:
-        code, out = node.exec_run(["ln", "-sfn", f"{REPLAYS}/{folder}/nvidia-smi", "/usr/local/bin/nvidia-smi"])
-        assert code == 0, out
+        for tool in ("nvidia-smi", "dmesg"):
+            code, out = node.exec_run(["ln", "-sfn", f"{REPLAYS}/{folder}/{tool}", f"/usr/local/bin/{tool}"])
+            assert code == 0, out
 
     try:
         yield node, remote, use
@@ -86,7 +90,8 @@ def test_a_driver_that_rejects_optional_fields_still_gets_driver_archs_and_healt
     if not help_answers:
         script = script.replace("--help-query-gpu) mode=help ;;", "--help-query-gpu) exit 2 ;;", 1)
         assert "--help-query-gpu) exit 2" in script
-    node.put_archive(REPLAYS, _tar({f"{R465}-x/nvidia-smi": (script.encode(), 0o755)}))
+    node.put_archive(REPLAYS, _tar({f"{R465}-x/nvidia-smi": (script.encode(), 0o755),
+                                    f"{R465}-x/dmesg": (gpu_standin.dmesg(R465).encode(), 0o755)}))
     use(f"{R465}-x")
     p = probelib.probe(remote, sim_cluster[2][0].ip)
     host = p.gpu_host
