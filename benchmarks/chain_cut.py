@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from harness import drop, random_image, shape, sim_cluster, spread, staged_bytes
+from harness import drop, random_image, rx_bytes, shape, sim_cluster, spread, staged_bytes
 
 from dockerlaunch import sim
 from dockerlaunch.engine import engine
@@ -42,14 +42,6 @@ from dockerlaunch.job.config import load_config
 from dockerlaunch.transfer import push, staging
 
 NODES = 4
-
-
-def rx_bytes(client, node: str) -> int:
-    """Bytes the node's eth0 has received, as its kernel counts them (read through the engine, not over SSH)."""
-    code, out = client.containers.get(node).exec_run(["cat", "/sys/class/net/eth0/statistics/rx_bytes"])
-    if code != 0:
-        raise SystemExit(f"chain_cut: cannot read node {node}'s eth0 counter: {out.decode(errors='replace')[:200]}")
-    return int(out)
 
 
 def main() -> int:

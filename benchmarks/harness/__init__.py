@@ -6,8 +6,9 @@ asks one question and gets its sim cluster, shaped links, repeats, medians and r
   spread / ratio a figure over repeats as its median and spread; a ratio against a floor of the same run
   random_image   an image of random (incompressible) bytes, so that a byte count is what went over the link
   drop, ssh_argv a host made to lack an image again; OpenSSH to it, for the hand pipelines a push is compared with
-  staged_bytes, engine_reads, cpu   what a host staged, what this machine's engine read (both dockerlaunch.sim.measure,
-                                    as the tests count them), what the launcher spent
+  staged_bytes, rx_bytes, engine_reads, cpu   what a host staged, what a node's eth0 received, what this machine's
+                                              engine read (dockerlaunch.sim.measure, as the tests count them), what
+                                              the launcher spent
 
 The scale questions (8 to 256 hosts) share more: `harness.direct` (the sim's engines asked straight, without the
 launcher), `harness.launcher` (one CLI run, sampled) and `harness.sizes` (one run per size, its floors, the table).
@@ -34,7 +35,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dockerlaunch import sim  # noqa: E402
-from dockerlaunch.sim.measure import engine_reads, staged_bytes  # noqa: E402,F401  (the harness's names, counted as the tests count)
+from dockerlaunch.sim.measure import engine_reads, rx_bytes, staged_bytes  # noqa: E402,F401  (the harness's names, counted as the tests count)
 from dockerlaunch.transfer import image_facts  # noqa: E402
 
 

@@ -1,11 +1,13 @@
-"""What a push cost, read from outside the product: the bytes a host staged, the bytes this machine's engine read, and
-the layer-cache fills a push left running in the background. The integration tests assert on them and the benchmarks
-print them; written once here so both count alike."""
+"""What a push cost, read from outside the product: the bytes a host staged, the bytes a node's network interface
+received, the bytes this machine's engine read, and the layer-cache fills a push left running in the background. The
+integration tests assert on them and the benchmarks print them; written once here so both count alike."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 
 
 def staged_bytes(remote) -> int:
@@ -13,6 +15,27 @@ def staged_bytes(remote) -> int:
     r = remote.run(["sh", "-c", 'for f in "$HOME"/.cache/dockerlaunch/push/*.tar; do [ -f "$f" ] && stat -c %s "$f"; '
                     'done; true'])
     return sum(int(x) for x in r.stdout.split())
+
+
+def rx_bytes(client, node: str) -> int:
+    """Bytes the sim node's eth0 has received, as the node's kernel counts them (read through the engine that runs
+    the node, not over SSH: reading it adds nothing to it). A node has one interface on its cluster's network, so
+    every byte a host is sent (SSH streams, chain relays) is in it, with its framing: Ethernet, IP and TCP headers
+    per segment and, on SSH, the SSH packets' own."""
+    code, out = client.containers.get(node).exec_run(["cat", "/sys/class/net/eth0/statistics/rx_bytes"])
+    if code != 0:
+        raise RuntimeError(f"cannot read node {node}'s eth0 counter: {out.decode(errors='replace')[:200]}")
+    return int(out)
+
+
+@contextlib.contextmanager
+def received(client, nodes: list[str]) -> Iterator[list[int]]:
+    """The bytes each node's eth0 received during the `with` (rx_bytes after less before), in `nodes`' order; the
+    list is filled when the block ends without an error."""
+    got: list[int] = []
+    before = [rx_bytes(client, n) for n in nodes]
+    yield got
+    got.extend(rx_bytes(client, n) - b for n, b in zip(nodes, before, strict=True))
 
 
 def engine_reads() -> int:
