@@ -83,14 +83,15 @@ def master_addr_of(session: Session) -> str:
 
 def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None = None,
                  probes: Sequence[probelib.Probe | Exception] | None = None) -> dict[int, HostFacts]:
-    """Every host's probe (asked here, concurrently, unless `prepare` brought them) turned into HostFacts, or one
-    line naming every host that cannot be planned."""
+    """Every host's probe (asked here, concurrently, unless the caller brought them: `up` reads them in the
+    pre-flight's round trip or in prepare's) turned into HostFacts, or one line naming every host that cannot be
+    planned. Whoever reads the probes decides `check_command`, once: here only for the probes asked here."""
     master = master_addr_of(session)
     if probes is None:
         image = session.plan.known_image
         probes = [o.value if o.ok else o.error  # type: ignore[misc]
                   for o in session.fleet.each(lambda h: probelib.probe(h.remote, master, image))]
-    check_command(session.plan, probes)
+        check_command(session.plan, probes)
     user_env = session.config.container.env
     one_machine = session.config.one_machine
     out: dict[int, HostFacts] = {}

@@ -198,12 +198,13 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
             _image_onto_spares(session, sorted(fresh), recovery, reporter)
             fresh.clear()
             phases.done("image")
-        # no command given: the probe (same round trip) reads the image's CMD, so a job that cannot start is
-        # refused before the pre-flight, not after it
-        no_command = not session.plan.hosts[0].container.command
-        probes = prepare(session, reporter, diag=not preflight, probe=not preflight or no_command)
-        if preflight and no_command and probes is not None:
-            check_command(session.plan, probes)
+        # probe.sh runs once per host per attempt: in the pre-flight's own round trip (doctor's observe, whose
+        # answers `up` then plans from), else in prepare's
+        probes = None if preflight else prepare(session, reporter)
+        if preflight:
+            prepare(session, reporter, diag=False, probe=False)  # the listing: a running job refuses before any check
+        else:
+            check_command(session.plan, probes)  # no command given: the image's CMD, read by the probe
         phases.done("prepare")
         for note in session.plan.advice:
             reporter.say(f"note: {note}", "yellow")
@@ -212,7 +213,9 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
 
             t_check = time.monotonic()
             with reporter.pending("pre-flight") as progress:
-                report = doctor.check(session.fleet, session.plan, progress)
+                report, observed = doctor.check_observed(session.fleet, session.plan, progress)
+            probes = observed.probes()
+            check_command(session.plan, probes)  # before the table: a job that cannot start has nothing to check
             phases.done("preflight")
             reporter.preflight(report, len(session.fleet.hosts), time.monotonic() - t_check)
             if report.failed:
@@ -233,7 +236,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
                 if left_out:
                     reporter.say(f"that doctor {left_out}", "yellow")
                 return Ending(1, Cause.PREFLIGHT_FAILED)
-            probes = prepare(session, reporter, listing=False)
+            prepare(session, reporter, listing=False, probe=False)  # the diagnostics folder
             phases.done("prepare")
         if session.plan.supervised:
             _stage_gang(session)

@@ -10,6 +10,7 @@ or times out is recorded as such, and judged FAIL: doctor never passes what it c
 from __future__ import annotations
 
 from dockerlaunch.backends.docker.doctor.judge import judge
+from dockerlaunch.backends.docker.doctor.observations import Observations
 from dockerlaunch.backends.docker.doctor.observe import Progress, observe
 from dockerlaunch.backends.docker.doctor.report import Report
 from dockerlaunch.hosts.fleet import Fleet
@@ -20,7 +21,14 @@ from dockerlaunch.job.plan import JobPlan
 def check(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> Report:
     """Observe and judge a connected (maybe partly connected) cluster, for the job's one plan; `progress` is told
     how many hosts answered each step (observe)."""
-    return judge(plan.config, plan, cluster.targets, observe(cluster, plan, progress))
+    return check_observed(cluster, plan, progress)[0]
+
+
+def check_observed(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> tuple[Report, Observations]:
+    """`check`, and what it observed: `up` plans from each host's probe answer read here (`Observations.probes`)
+    instead of running probe.sh again."""
+    observed = observe(cluster, plan, progress)
+    return judge(plan.config, plan, cluster.targets, observed), observed
 
 
 def doctor(config: ClusterConfig, plan: JobPlan, progress: Progress | None = None) -> Report:

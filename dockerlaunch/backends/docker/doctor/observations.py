@@ -313,6 +313,14 @@ class Observations:
     local_build: ImageBuild | None = None  # ... and which build it is: what the user built is what must run
 
 
+    def probes(self) -> list[probelib.Probe | Exception]:
+        """Each host's probe.sh answer, read in the round trip of its facts, or why it has none: `up` plans from
+        these instead of asking each host again."""
+        return [o.probe if o.probe is not None else HostError(
+            o.address, o.probe_error or o.error or o.ssh_error or "not observed", step=probelib.PROBE_STEP)
+            for o in self.hosts]
+
+
 OBSERVE_SINGLE = ("clock", "docker", "docker_error", "image", "image_content")
 OBSERVE_LISTS = ("disk", "mount_ok", "mount_missing", "tcp")
 
