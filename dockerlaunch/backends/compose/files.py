@@ -7,7 +7,9 @@ environment of whoever runs `docker compose` there; `render --probe` asks the ho
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import yaml
 
@@ -151,9 +153,68 @@ def _escape(value):
     return value
 
 
+# `env_file:` is read by compose's own dotenv rules (compose 2's, and python-dotenv's in 1.29), not Docker's
+# --env-file ones (`up`'s, and the pyxis script's): where they differ, the container would get another value, so the
+# render refuses the line. Measured against a real `docker run --env-file` by
+# tests/integration/test_render_run.py::test_compose_env_file_gives_the_container_what_docker_run_env_file_does.
+ENV_FILE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+ENV_FILE_MISREADS = (  # (what in a value, why compose reads it otherwise than docker, which takes it literally)
+    (re.compile(r"\A['\"]"), "it starts with a quote, which compose takes away with what follows the closing one"),
+    (re.compile(r"\A\s|\s\Z"), "it starts or ends with white space, which compose trims"),
+    (re.compile(r"\s#"), "it has `#` after white space, where compose starts a comment"),
+    (re.compile(r"\$[$\{A-Za-z_]"), "it has `$` before a name, `{` or `$`, which compose substitutes"),
+    (re.compile(r"\r(?!\Z)"), "it holds a carriage return, where docker-compose 1.29 ends the line"),
+)
+
+
+def env_file_misreads(data: bytes) -> Iterator[tuple[int, str]]:
+    """(line number, why) for each line of a secret env file that compose would give the container otherwise than
+    `docker run --env-file` does: Docker takes NAME=VALUE with the value literally (lines end at `\n`, one `\r`
+    before it dropped, blank and `#` lines skipped), NAME alone from its caller's environment. The reasons name the
+    variable at most, never a value. A value cannot hold a line feed: the line after it is a line of its own."""
+    if data.startswith(b"\xef\xbb\xbf"):  # a byte-order mark: Docker and both composes skip it
+        data = data[3:]
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    for n, raw in enumerate(lines, 1):
+        try:
+            line = raw.removesuffix(b"\r").decode()
+        except UnicodeDecodeError:
+            yield n, "not UTF-8, which docker refuses and compose would read as other characters"
+            continue
+        text = line.lstrip(" \t")
+        if not text or text.startswith("#"):
+            continue
+        name, eq, value = text.partition("=")
+        if not ENV_FILE_NAME.match(name):
+            yield n, ("not NAME=VALUE with a variable name ([A-Za-z_][A-Za-z0-9_]*), which docker refuses or compose "
+                      "reads otherwise")
+        elif not eq:  # NAME alone: from the caller's environment, in docker and compose alike, but for this
+            if n == len(lines) and not data.endswith(b"\n"):
+                yield n, f"{name} alone on a last line with no line feed after it, which compose 2 fails on"
+        else:
+            yield from ((n, f"{name}'s value: {why}") for pattern, why in ENV_FILE_MISREADS if pattern.search(value))
+
+
+def env_file_refusals(plan: JobPlan) -> Iterator[Unsupported]:
+    """The secret files' lines compose would misread (env_file_misreads), read where the render runs (the paths
+    compose reads on the node; `render` has read them already): checked, never written out. A file not here to
+    read is the CLI's refusal, not this one's."""
+    for path in plan.config.container.env_files:
+        try:
+            data = Path(path).expanduser().read_bytes()
+        except OSError:
+            continue
+        for n, why in env_file_misreads(data):
+            yield Unsupported(TARGET, "container.env_files", f"{path} line {n}: {why}: compose would not give the "
+                              "container what `up` (docker run --env-file) does; change that line")
+
+
 def refusals(plan: JobPlan) -> Iterator[Unsupported]:
     """Everything a compose file cannot express, each once (the caller raises them together)."""
     yield from common_refusals(plan, TARGET)
+    yield from env_file_refusals(plan)
     for hp in plan.hosts:
         if isinstance(hp.container.infiniband, Deferred):
             yield IB_AUTO

@@ -236,6 +236,25 @@ def test_compose_refuses_what_it_cannot_express(changes, field):
     assert str(e.value).startswith(f"render --to compose: {field}")
 
 
+def test_compose_refuses_an_env_file_line_compose_reads_otherwise_than_docker(tmp_path):
+    """compose reads env_file by its own dotenv rules, not Docker's --env-file: a line they read apart is refused,
+    each naming the file, the line and the variable, never the value; what both read alike renders. Measured
+    against real composes and `docker run --env-file` in
+    tests/integration/test_render_run.py::test_compose_env_file_gives_the_container_what_docker_run_env_file_does."""
+    env_file = tmp_path / "secrets.env"
+    env_file.write_bytes(b"# 'a' comment $HOME\nOK=a$1 `id` it's a#b k=v\\n\nFROM_ENV\nQ='s3cr3t'\nT=s3cr3t \n"
+                         b"V=s3cr3t$HOME\nC=s3cr3t #x\nexport E=s3cr3t\nALONE")
+    with pytest.raises(Unsupported) as e:
+        rendered("compose", plan_of(container__env_files=[str(env_file)]))
+    lines = str(e.value).splitlines()
+    assert [line.split(f"{env_file} ")[1].split(":")[0] for line in lines] == [
+        "line 4", "line 5", "line 6", "line 7", "line 8", "line 9"], lines
+    assert "s3cr3t" not in str(e.value) and all(line.startswith("render --to compose: container.env_files: ")
+                                                and "Q's value: it starts with a quote" in lines[0] for line in lines)
+    env_file.write_bytes(b"OK=a$1 `id` it's a#b k=v\\n\nFROM_ENV\n")
+    assert "env_file:" in rendered("compose", plan_of(container__env_files=[str(env_file)]))["node-0.yaml"]
+
+
 # ---------------------------------------------------------------- slurm
 
 
