@@ -44,7 +44,7 @@ BASE_TAG = "dockerlaunch/debian:bookworm"
 
 @dataclass(frozen=True)
 class EngineKind:
-    """A Docker engine users run, as one Debian suite packages it (measured 2026-11-23; README, Docker engines)."""
+    """A Docker engine users run, as one Debian suite packages it (measured 2026-11-23; docs/ENGINES.md)."""
 
     name: str
     suite: str  # the Debian suite whose docker.io the node image installs

@@ -1,4 +1,4 @@
-"""Claims the README and ARCHITECTURE make that no other test checked, each on the real sim cluster."""
+"""Claims the README, its docs/ pages and ARCHITECTURE make that no other test checked, each on the real sim cluster."""
 
 import json
 import secrets

@@ -1,6 +1,7 @@
 """The README's first screen starts a job (issue 52 item 6): its commands are real and runnable, its cluster file is
 a valid config whose `up` plans the job, its lines fit a screen, its links resolve, and the status table and the
-benchmark figures live in docs/. Pure: the first screen's `up` runs as a dry run (nothing is contacted)."""
+benchmark figures live in docs/. The reference that followed the Quickstart lives in docs/ pages the README links
+(issue 61), under the same rules. Pure: the first screen's `up` runs as a dry run (nothing is contacted)."""
 
 import os
 import re
@@ -15,9 +16,29 @@ from dockerlaunch.transfer import layer_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-STATUS = ROOT / "docs" / "STATUS.md"
+DOCS = ROOT / "docs"
+STATUS = DOCS / "STATUS.md"
 FIRST_SCREEN = 40
 LONGEST = 200
+MOST_LINES = 250
+# The reference that was the README's after the Quickstart (issue 61): each section and the docs page it moved to.
+MOVED = {
+    "The doctor's checks": "DOCTOR.md",
+    "Dry run": "DOCTOR.md",
+    "GPUs, and the local machine as a host": "DOCTOR.md",
+    "Restarts, spares and hangs": "RECOVERY.md",
+    "When a job hangs or is slow": "DIAGNOSTICS.md",
+    "Fine-tune with ms-swift on 2 hosts": "RECIPES.md",
+    "Images: pinned stacks": "IMAGES.md",
+    "Moving images without a registry": "TRANSFER.md",
+    "Docker engines": "ENGINES.md",
+    "Other launchers: compose, Kubernetes, Slurm": "RENDER.md",
+    "Large clusters": "OPERATIONS.md",
+    "Where things are kept": "OPERATIONS.md",
+    "Hosts where you are not root": "OPERATIONS.md",
+    "Config": "CONFIG.md",
+    "Simulated cluster": "SIM.md",
+}
 
 
 def text(path: Path = README) -> str:
@@ -51,6 +72,33 @@ def console_commands(block: str) -> list[list[str]]:
 
 def first_screen_commands() -> list[list[str]]:
     return [c for b in blocks(head(), "console") for c in console_commands(b)]
+
+
+def headings(source: str) -> list[tuple[int, int, str]]:
+    """(line index, level, title) of each Markdown heading outside fenced code (a `# comment` in a block is none)."""
+    out, fenced = [], False
+    for i, line in enumerate(source.splitlines()):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"(#{1,6}) (.+)", line)):
+            out.append((i, len(m.group(1)), m.group(2).strip()))
+    return out
+
+
+def section(path: Path, title: str) -> str:
+    """The part of a page under the heading `title` (any level), down to the next heading of its level or above."""
+    source = text(path)
+    found = [(i, level) for i, level, t in headings(source) if t == title]
+    assert len(found) == 1, f"{path.name} has {len(found)} headings {title!r}"
+    (start, level), lines = found[0], source.splitlines()
+    end = next((i for i, lv, _ in headings(source) if i > start and lv <= level), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def ruled() -> list[tuple[str, str]]:
+    """(name, text) of what the README's rules cover: the README, and each section moved from it to docs/."""
+    moved = [(f"docs/{page} ({title})", section(DOCS / page, title)) for title, page in MOVED.items()]
+    return [("README", text()), *moved]
 
 
 # ------------------------------------------------------------------ the first screen
@@ -120,23 +168,53 @@ def test_the_first_screen_cluster_file_plans_its_up(tmp_path):
 # ------------------------------------------------------------------ the whole README
 
 
-def test_no_readme_line_is_longer_than_a_screen_is_wide():
-    long = [(n, len(line)) for n, line in enumerate(text().splitlines(), 1) if len(line) > LONGEST]
-    assert not long, f"README lines over {LONGEST} characters (line, length): {long}"
+def test_the_readme_is_at_most_250_lines():
+    n = len(text().splitlines())
+    assert n <= MOST_LINES, f"README.md is {n} lines (at most {MOST_LINES}): reference goes in a docs/ page it links"
+
+
+def test_each_moved_section_is_on_its_docs_page_and_the_readme_links_that_page():
+    """Nothing of the reference is lost or unreachable: each section is on its page (not left in the README), and
+    the README's Reference links each page."""
+    readme_titles = {t for _, _, t in headings(text())}
+    linked = set(links(README))
+    for title, page in MOVED.items():
+        assert section(DOCS / page, title).count("\n") >= 3, f"docs/{page}: the section {title!r} is empty"
+        assert title not in readme_titles, f"the section {title!r} is back in the README"
+        assert f"docs/{page}" in linked, f"the README does not link docs/{page} (where {title!r} lives)"
+    reference = section(README, "Reference")
+    for page in set(MOVED.values()):
+        assert f"](docs/{page})" in reference, f"the README's Reference has no line for docs/{page}"
+
+
+def test_every_docs_page_the_readme_links_exists():
+    pages = {target.partition("#")[0] for target in links(README) if target.startswith("docs/")}
+    assert {f"docs/{page}" for page in MOVED.values()} <= pages
+    missing = sorted(page for page in pages if not (ROOT / page).is_file())
+    assert not missing, f"the README links docs pages that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("name,body", ruled(), ids=[name for name, _ in ruled()])
+def test_no_readme_line_is_longer_than_a_screen_is_wide(name, body):
+    long = [(n, len(line)) for n, line in enumerate(body.splitlines(), 1) if len(line) > LONGEST]
+    assert not long, f"{name}: lines over {LONGEST} characters (line, length): {long}"
 
 
 def test_the_status_table_lives_in_docs_and_the_readme_links_it():
     table = re.compile(r"^\|\s*capability\s*\|\s*state\s*\|", re.M)
-    assert not table.search(text()), "the status table is back in the README"
+    for name, body in ruled():
+        assert not table.search(body), f"the status table is back in {name}"
     assert table.search(text(STATUS)), "docs/STATUS.md has no status table"
     assert "(docs/STATUS.md)" in head(80), "the README's opening does not link docs/STATUS.md"
 
 
-def test_the_readme_quotes_no_benchmark_ratio():
-    """Measured ratios (`1.32 x S/B`, `0.995 x bare metal`) live in docs/STATUS.md and benchmarks/RESULTS.md."""
-    ratios = [(n, m.group(0)) for n, line in enumerate(text().splitlines(), 1)
+@pytest.mark.parametrize("name,body", ruled(), ids=[name for name, _ in ruled()])
+def test_the_readme_quotes_no_benchmark_ratio(name, body):
+    """Measured ratios (`1.32 x S/B`, `0.995 x bare metal`) live in docs/STATUS.md and benchmarks/RESULTS.md, also
+    for the reference moved from the README to docs/ pages."""
+    ratios = [(n, m.group(0)) for n, line in enumerate(body.splitlines(), 1)
               for m in re.finditer(r"\b\d+\.\d+(?:-\d+\.\d+)? ?x\b", line)]
-    assert not ratios, f"benchmark figures in the README (line, figure): {ratios}"
+    assert not ratios, f"benchmark figures in {name} (line, figure): {ratios}"
 
 
 def test_the_readme_says_where_the_local_registry_is_and_how_big_it_grows(monkeypatch):
@@ -175,7 +253,10 @@ def links(path: Path) -> list[str]:
     return re.findall(r"\]\(([^)\s]+)\)", body)
 
 
-@pytest.mark.parametrize("page", [README, STATUS], ids=["README", "STATUS"])
+LINKED = [README, STATUS, *(DOCS / page for page in sorted(set(MOVED.values())))]
+
+
+@pytest.mark.parametrize("page", LINKED, ids=[p.stem for p in LINKED])
 def test_every_relative_link_resolves(page):
     broken = []
     for target in links(page):
@@ -187,5 +268,5 @@ def test_every_relative_link_resolves(page):
             broken.append(f"{target}: no such file")
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading or anchor #{anchor} in {dest.name}")
-    assert links(page), "no links found: the link parser is broken"
+    assert links(page) or page not in (README, STATUS), "no links found: the link parser is broken"
     assert not broken, broken
