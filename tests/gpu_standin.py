@@ -552,19 +552,19 @@ def dmesg(folder: str) -> str:
     ])
 
 
-def install_dmesg(directory: Path, folder: str) -> Path:
-    """The kernel log of a real folder as `directory/dmesg`, executable."""
+def _install(directory: Path, name: str, text: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "dmesg"
-    path.write_text(dmesg(folder))
+    path = directory / name
+    path.write_text(text)
     path.chmod(0o755)
     return path
+
+
+def install_dmesg(directory: Path, folder: str) -> Path:
+    """The kernel log of a real folder as `directory/dmesg`, executable."""
+    return _install(directory, "dmesg", dmesg(folder))
 
 
 def install_replay(directory: Path, folder: str) -> Path:
     """The replay of a real folder as `directory/nvidia-smi`, executable."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "nvidia-smi"
-    path.write_text(replay(folder))
-    path.chmod(0o755)
-    return path
+    return _install(directory, "nvidia-smi", replay(folder))

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from rich.color import ColorSystem
 from rich.console import Console
@@ -22,10 +23,12 @@ from rich.text import Text
 
 from dockerlaunch.backends.docker.doctor.report import Report, Verdict
 from dockerlaunch.docker_run import argv as docker_argv
-from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.invocation import FIX
-from dockerlaunch.job.plan import JobPlan
 from dockerlaunch.reporting import Reporter, Task, Tasks
+
+if TYPE_CHECKING:  # types only: every command imports this module, and hosts/ pulls in paramiko
+    from dockerlaunch.hosts.targets import SSHTarget
+    from dockerlaunch.job.plan import JobPlan
 
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
 VERDICT_STYLE = {Verdict.PASS: "green", Verdict.WARN: "yellow", Verdict.FAIL: "bold red", Verdict.SKIP: "dim",

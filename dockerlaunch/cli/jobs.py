@@ -33,7 +33,6 @@ from dockerlaunch.cli.main import (
     warn_secret_env,
 )
 from dockerlaunch.errors import DockerlaunchError
-from dockerlaunch.hosts.targets import resolve_all
 from dockerlaunch.job.config import config_schema
 from dockerlaunch.job.invocation import DEFAULT_LOG_DIR
 from dockerlaunch.job.plan import plan_job
@@ -158,6 +157,8 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     cfg = load(kw, command, log_dir=log_dir)
     warn_secret_env(cfg)
     read_env_files(cfg)  # a missing or unreadable secret file fails the dry run too
+    from dockerlaunch.hosts.targets import resolve_all  # late: paramiko is a third of a CLI call's start
+
     targets = resolve_all(cfg)
     plan = plan_job(cfg, targets, supervised=detach)  # the one plan: printed here, applied (placeholders filled) by up
     pusher = _Pusher(cfg.image) if cfg.job.push else None  # this machine lacks the image: one line, nothing starts
@@ -251,6 +252,8 @@ def doctor(output: str, smoke: bool, **kw) -> None:
     cfg = load(kw)
     if not cfg.image:
         raise DockerlaunchError("doctor needs the job image: pass --image IMAGE or set image:")
+    from dockerlaunch.hosts.targets import resolve_all
+
     plan = plan_job(cfg, resolve_all(cfg))
     with (RichReporter() if output == "text" else Reporter()).pending("doctor") as progress:
         report = doctorlib.doctor(cfg, plan, progress)

@@ -9,12 +9,14 @@ import pytest
 
 from dockerlaunch.backends.docker import up as launch
 from dockerlaunch.hosts import ssh
+from dockerlaunch.hosts.ssh import STEPS_MARK
 from dockerlaunch.job.config import Overrides, load_config
 from tests.integration.helpers import job_name, variant
 
 pytestmark = pytest.mark.integration
 
 PROBE_MARK = "SMI_APPS=gpu_bus_id,pid,used_memory"  # a line of probe.sh, whole in its quoted form
+DIAG_MARK = "root=$1 job=$2 mode=$3 owner=$4"  # diagdir.sh's first line of code
 
 
 @pytest.fixture
@@ -46,7 +48,13 @@ def test_up_runs_probe_sh_once_per_host_per_attempt(sim_cluster, tmp_path, chann
     hosts = sorted({h.address for h in config.hosts})
     probes = Counter(host for host, command in channels if PROBE_MARK in command)
     assert probes == dict.fromkeys(hosts, 2), [(h, what(c)) for h, c in channels]
-    per_host = Counter(host for host, _ in channels)
-    print("\n" + "\n".join(f"{h}: {n} channel(s)" for h, n in sorted(per_host.items())))
     for h in hosts:
-        print(h, [what(c) for hh, c in channels if hh == h])
+        mine = [c for hh, c in channels if hh == h]
+        starts = [i for i, c in enumerate(mine)
+                  if c.startswith("docker run --detach --name") and "--label dockerlaunch.job=" in c]  # the job's
+        assert len(starts) == 2, [what(c) for c in mine]
+        before = mine[:starts[0]]
+        print(f"\n{h}: {len(mine)} channel(s); before attempt 0's start: {[what(c) for c in before]}")
+        if not preflight:  # the listing, stale secret files, the diagnostics folder and the probe: one round trip
+            assert STEPS_MARK in before[0] and PROBE_MARK in before[0] and DIAG_MARK in before[0], what(before[0])
+            assert all(PROBE_MARK not in c and DIAG_MARK not in c for c in before[1:]), [what(c) for c in before]

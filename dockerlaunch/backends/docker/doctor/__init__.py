@@ -9,13 +9,16 @@ or times out is recorded as such, and judged FAIL: doctor never passes what it c
 
 from __future__ import annotations
 
-from dockerlaunch.backends.docker.doctor.judge import judge
-from dockerlaunch.backends.docker.doctor.observations import Observations
-from dockerlaunch.backends.docker.doctor.observe import Progress, observe
-from dockerlaunch.backends.docker.doctor.report import Report
-from dockerlaunch.hosts.fleet import Fleet
-from dockerlaunch.job.config import ClusterConfig
-from dockerlaunch.job.plan import JobPlan
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where they run: `doctor.report`, which every command's output uses, must not pull in
+    # observe's SSH and engine code (paramiko: a third of a CLI call's start)
+    from dockerlaunch.backends.docker.doctor.observations import Observations
+    from dockerlaunch.backends.docker.doctor.observe import Progress
+    from dockerlaunch.backends.docker.doctor.report import Report
+    from dockerlaunch.hosts.fleet import Fleet
+    from dockerlaunch.job.config import ClusterConfig
+    from dockerlaunch.job.plan import JobPlan
 
 
 def check(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> Report:
@@ -27,10 +30,15 @@ def check(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> Re
 def check_observed(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> tuple[Report, Observations]:
     """`check`, and what it observed: `up` plans from each host's probe answer read here (`Observations.probes`)
     instead of running probe.sh again."""
+    from dockerlaunch.backends.docker.doctor.judge import judge
+    from dockerlaunch.backends.docker.doctor.observe import observe
+
     observed = observe(cluster, plan, progress)
     return judge(plan.config, plan, cluster.targets, observed), observed
 
 
 def doctor(config: ClusterConfig, plan: JobPlan, progress: Progress | None = None) -> Report:
+    from dockerlaunch.hosts.fleet import Fleet
+
     with Fleet.connect(config, require_all=False) as cluster:
         return check(cluster, plan, progress)
