@@ -14,6 +14,7 @@ import pytest
 from dockerlaunch import engine as enginelib
 from dockerlaunch import sim
 from dockerlaunch.job.config import load_config
+from tests import cli
 
 
 def _leftovers(client, cluster: str | None) -> list[str]:
@@ -181,8 +182,7 @@ def cpu_stack(engine, tmp_path_factory):
     from dockerlaunch.images.stacks import load_matrix
 
     def dl(*args):
-        return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
-                              timeout=1800)
+        return cli.dl(*args, timeout=1800)
 
     base = sim.ensure_base_image(engine)  # no registry here: the local Debian image (debootstrap if needed)
     wheelhouse = tmp_path_factory.mktemp("wheelhouse")

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from dockerlaunch.cache import cache_root
+from tests import cli
 
 # The CLI runs in a scratch folder, so what it writes by default (`up`'s dockerlaunch-logs/) stays out of the checkout.
 SCRATCH = tempfile.mkdtemp(prefix="dlt-cwd-")
@@ -33,9 +34,9 @@ def own_sim_state(tmp_path_factory, prefix: str):
         yield state
 
 
-def dl(*args, timeout=300, cwd=None):
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd or SCRATCH)
+def dl(*args, timeout=300, cwd=None, env=None):
+    """tests/cli.py's, in a scratch folder by default (no ./dockerlaunch.yaml of the caller's is read)."""
+    return cli.dl(*args, timeout=timeout, cwd=cwd or SCRATCH, env=env)
 
 
 def until(predicate, timeout: float, step: float = 0.2) -> float | None:

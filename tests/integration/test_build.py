@@ -4,8 +4,6 @@ on an ms-swift bump."""
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import docker
@@ -15,6 +13,7 @@ import yaml
 from dockerlaunch.gpu import labels
 from dockerlaunch.images.build import cached_steps
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
+from tests import cli
 
 pytestmark = pytest.mark.integration
 
@@ -22,8 +21,7 @@ OTHER_SWIFT = "4.0.3"
 
 
 def dl(*args, env=None, timeout=1800):
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return cli.dl(*args, env=env, timeout=timeout)
 
 
 # The cpu stack's torch (2.13.0+cpu) is on the PyTorch index, which this machine cannot reach; pip's config here

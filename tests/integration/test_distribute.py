@@ -20,14 +20,14 @@ from dockerlaunch.transfer import cache_server, chain, layer_cache, push, stagin
 from dockerlaunch.transfer.image_facts import local_image
 from dockerlaunch.transfer.oci import chain_ids
 from dockerlaunch.transfer.push import push_to_host
+from tests import cli
 from tests.integration.helpers import ids_on_nodes, nc_listeners
 
 pytestmark = pytest.mark.integration
 
 
 def dl(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return cli.dl(*args, timeout=timeout)
 
 
 # What a host was sent is counted where it arrives: the node's eth0 rx_bytes (dockerlaunch.sim.measure.received),

@@ -7,7 +7,6 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import tarfile
 
 import pytest
@@ -15,7 +14,7 @@ import yaml
 
 from dockerlaunch import sim
 from dockerlaunch.sim.measure import received, wait_fills
-from tests.integration.helpers import SCRATCH, dl, job_name, own_sim_state
+from tests.integration.helpers import dl, job_name, own_sim_state
 
 pytestmark = pytest.mark.integration
 
@@ -238,8 +237,7 @@ def test_a_containerd_store_launcher_pushes_and_bundles_to_classic_engines(engin
     env = _containerd_launcher(mixed, tmp_path)
 
     def cli(*args, timeout=600):
-        return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
-                              timeout=timeout, cwd=SCRATCH, env=env)
+        return dl(*args, timeout=timeout, env=env)
 
     three = subset(mixed, tmp_path, [0, 1, 2])
     r = cli("push", child, "--config", three, "--strategy", "star")

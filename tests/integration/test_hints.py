@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli import paste
 from tests.integration.helpers import containers_on, default_signals, dl, job_name, probe_containers_on, until
 
 pytestmark = pytest.mark.integration
@@ -37,16 +38,6 @@ def folders(sim_cluster, tmp_path):
     (project / "dockerlaunch.yaml").write_text(text)
     (project / "ux" / "v2.yaml").write_text(text)
     return project, elsewhere
-
-
-def paste(command: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`dockerlaunch ...` as a user pastes it: shell words, this dockerlaunch, in `cwd`, without
-    DOCKERLAUNCH_CONFIG."""
-    words = shlex.split(command)
-    assert words[0] == "dockerlaunch", command
-    env = {k: v for k, v in os.environ.items() if k != "DOCKERLAUNCH_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *words[1:]], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
 
 
 def fix_in(text: str) -> str:

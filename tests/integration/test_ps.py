@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from tests.cli import paste
 from tests.integration.helpers import containers_on, dl, job_name, variant
-from tests.integration.test_hints import paste
 
 pytestmark = pytest.mark.integration
 

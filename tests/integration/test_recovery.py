@@ -12,8 +12,9 @@ import time
 import pytest
 import yaml
 
+from tests.cli import paste
 from tests.integration.helpers import containers_on, dl, job_name, start_up, stop_up, until, variant
-from tests.integration.test_hints import fix_in, paste
+from tests.integration.test_hints import fix_in
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,6 @@ import io
 import os
 import re
 import subprocess
-import sys
 import tarfile
 import time
 
@@ -12,6 +11,7 @@ import pytest
 import yaml
 
 from dockerlaunch import sim
+from tests import cli
 
 from .conftest import _inside_nodes, _leftovers
 from .helpers import SCRATCH
@@ -22,8 +22,7 @@ NODES = 2
 
 
 def _dl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=SCRATCH)
+    return cli.dl(*args, timeout=timeout, cwd=SCRATCH)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,9 @@ import subprocess
 
 import pytest
 
+from tests.cli import paste
 from tests.integration.helpers import dl, ids_on_nodes, job_name
-from tests.integration.test_hints import fix_in, paste
+from tests.integration.test_hints import fix_in
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import re
 import pytest
 import yaml
 
+from tests.cli import paste
 from tests.integration.helpers import dl, ids_on_nodes, variant
-from tests.integration.test_hints import paste
 
 pytestmark = pytest.mark.integration
 

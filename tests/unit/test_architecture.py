@@ -162,3 +162,14 @@ def test_the_checker_sees_a_wrong_name():
     assert path_exists("backends/docker/probe.py") and not path_exists("backends/docker/docker_cli.py")
     assert dotted_exists("job.spec.ContainerSpec") is False
     assert not dotted_exists("launch.own_containers")  # a module that is not there is caught too
+
+
+def test_the_unit_tests_follow_the_packages_folders():
+    """The doc says `tests/unit/` follows the package's folders: every folder of tests there is one of the package's
+    (a test folder for a package that is gone, or named otherwise, is found by nobody looking for its tests)."""
+    unit = ROOT / "tests" / "unit"
+    folders = {p.relative_to(unit) for p in unit.rglob("*") if p.is_dir() and "__pycache__" not in p.parts
+               and "data" not in p.relative_to(unit).parts and any(p.glob("test_*.py"))}
+    assert folders, "no test folder found"
+    stray = sorted(str(f) for f in folders if not (PKG / f).is_dir())
+    assert not stray, f"tests/unit folders with no package folder of the same path: {stray}"

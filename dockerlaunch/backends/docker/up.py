@@ -43,6 +43,7 @@ from dockerlaunch.backends.docker.session import (
 from dockerlaunch.backends.docker.watchdog import Watchdogs
 from dockerlaunch.errors import DockerlaunchError, HostError, Terminated
 from dockerlaunch.hosts.fleet import Fleet, Host
+from dockerlaunch.hosts.ssh import Result
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import (
     DIAG_SUBDIRS,
@@ -69,6 +70,7 @@ EXIT_HANG = gang.EXIT_HANG  # `up`'s exit code when the job hung (job.hang_timeo
 HANG_DUMP_DEADLINE = 180.0  # the hang dump's own limit: a hung host must not hang `up`
 
 
+LISTING, STALE_ENV, DIAG, PROBE = "listing", "stale secret files", "diagnostics folder", "probe"  # prepare's steps
 PREPARE_TIMEOUT = 120.0  # seconds for a host's steps before its start (listing, diagnostics folder, probe) together
 
 
@@ -90,12 +92,12 @@ class Recovery:
     push: Callable[[Session, Reporter], None] | None = None
 
 
-class _Replace(Exception):
-    """Before anything started: these ranks' hosts cannot take part ({rank: why}); spares may replace them."""
+@dataclass(frozen=True)
+class Replace:
+    """An attempt's outcome before anything started: these ranks' hosts cannot take part ({rank: why}), and spares
+    may replace them (`up` swaps them in and tries again)."""
 
-    def __init__(self, bad: dict[int, str]):
-        super().__init__(bad)
-        self.bad = bad
+    bad: dict[int, str]
 
 
 def up(
@@ -128,9 +130,13 @@ def up(
             ending = _attempt(config, plan, attempt, reporter, detach=detach, keep=keep, preflight=preflight,
                               run=run, secrets_blob=secrets_blob, monitors=monitors, recovery=recovery,
                               fresh=fresh)
-        except _Replace as r:
+        except DockerlaunchError as e:
+            if attempt == 0:
+                raise  # nothing ran yet: the one-line error, as without restarts
+            ending = Ending(1, Cause.START_FAILED, detail=str(e))
+        if isinstance(ending, Replace):
             try:
-                config, new = swap_hosts(config, r.bad)
+                config, new = swap_hosts(config, ending.bad)
             except NoSpareLeft as e:
                 raise DockerlaunchError(f"cannot start attempt {attempt}: {e}") from None
             for sw in new:
@@ -139,10 +145,6 @@ def up(
             fresh |= {sw.rank for sw in new}
             plan = None  # made again from the new host list (host 0 replaced: a new MASTER_ADDR)
             continue
-        except DockerlaunchError as e:
-            if attempt == 0:
-                raise  # nothing ran yet: the one-line error, as without restarts
-            ending = Ending(1, Cause.START_FAILED, detail=str(e))
         record = AttemptRecord.of(attempt, ending, started, time.monotonic() - t0,
                                   [h.address for h in config.hosts], swaps)
         if run is not None:
@@ -173,15 +175,15 @@ def up(
 
 def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter: Reporter, *, detach: bool,
              keep: bool, preflight: bool, run: RunFolder | None, secrets_blob: bytes, monitors: Sequence[Monitor],
-             recovery: Recovery, fresh: set[int]) -> Ending:
-    """One start of every host: connect, prepare, check, plan for real, start, watch, tear down. Raises _Replace
-    (before anything started) for hosts a spare should replace."""
+             recovery: Recovery, fresh: set[int]) -> Ending | Replace:
+    """One start of every host: connect, prepare, check, plan for real, start, watch, tear down; or, before
+    anything started, the hosts a spare should replace."""
     phases = Phases()
     cluster = Fleet.connect(config, require_all=not config.spares)
     unreachable = {h.rank: h.error.reason if h.error else "unreachable" for h in cluster.hosts if not h.connected}
     if unreachable:
         cluster.close()
-        raise _Replace(unreachable)
+        return Replace(unreachable)
     try:
         # the image is required here: it starts containers
         session = Session(cluster, plan or plan_job(config, cluster.targets, supervised=detach))
@@ -227,7 +229,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
                 image_rows = any(c.check == "image" for c in report.failed)
                 if config.spares and not image_rows and -1 not in bad and len(bad) <= len(config.spares) and len(
                         bad) < len(config.hosts):
-                    raise _Replace(bad)
+                    return Replace(bad)
                 # the fix is each failed row's own (never --skip-preflight: it would start what cannot run)
                 reporter.say(f"preflight FAILED ({len(report.failed)} check(s)); nothing was started: fix what "
                              "failed above, then run `up` again", "bold red")
@@ -399,34 +401,37 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
         return f"{root}-{user}" if not root.endswith(f"-{user}") else f"{root}-{job}"
     diag_ranks = {h.rank for h in session.fleet.hosts if not h.target.local} | set(locals_[:1])  # one folder
 
-    def steps(h) -> list:
-        out: list = []
+    def steps(h) -> dict[str, list[str]]:
+        """This host's steps by name, in the order they run (the first that fails ends the batch)."""
+        out: dict[str, list[str]] = {}
         if listing:  # the listing stops the batch when the job has containers there (LEFTOVERS)
-            out += [listing_script(job), stale_env_files_argv(job)]
+            out[LISTING], out[STALE_ENV] = listing_script(job), stale_env_files_argv(job)
         if diag_argv and h.rank in diag_ranks:
-            out.append(diag_argv)
+            out[DIAG] = diag_argv
         if probe:
             # the image's labels (its torch) from host 0 only: every host runs the same image, and each question
             # is a docker CLI run on an engine that the sim's hosts share
             gets_gpus = session.plan.hosts[h.rank].container.gpus is not None
-            out.append(probelib.probe_argv(master, session.plan.image if h.rank == 0 else None, gpu=gets_gpus))
+            out[PROBE] = probelib.probe_argv(master, session.plan.image if h.rank == 0 else None, gpu=gets_gpus)
         return out
 
+    def run(h, skip: tuple[str, ...] = ()) -> dict[str, Result | None]:
+        named = {k: v for k, v in steps(h).items() if k not in skip}
+        return dict(zip(named, h.remote.run_steps(list(named.values()), timeout=PREPARE_TIMEOUT)))
+
     hosts = session.fleet.hosts
-    done = session.fleet.each(lambda h: h.remote.run_steps(steps(h), timeout=PREPARE_TIMEOUT)).raise_first()
+    done = session.fleet.each(run).raise_first()
     if listing:
-        found = [parse_listing(h.name, job, rs[0]) for h, rs in zip(hosts, done)]  # type: ignore[arg-type]
+        found = [parse_listing(h.name, job, rs[LISTING]) for h, rs in zip(hosts, done)]  # type: ignore[arg-type]
         if any(found):
             _clear_leftovers(session, own_containers([h.name for h in hosts], found), reporter)
-        again = [h for h, rs in zip(hosts, done) if rs[0].exit_status != 0]  # type: ignore[union-attr]
-        redo = session.fleet.each(lambda h: h.remote.run_steps(steps(h)[1:], timeout=PREPARE_TIMEOUT), again)
-        for h, rs in zip(again, redo.raise_first()):
-            done[h.rank] = [done[h.rank][0], *rs]
-        done = [rs[2:] for rs in done]
+        again = [h for h, rs in zip(hosts, done) if rs[LISTING].exit_status != 0]  # type: ignore[union-attr]
+        for h, rs in zip(again, session.fleet.each(lambda h: run(h, skip=(LISTING,)), again).raise_first()):
+            done[h.rank] = {**done[h.rank], **rs}  # the rest of its batch, run again once its leftovers went
     if diag_argv:
         for h, rs in zip(hosts, done):
             if h.rank in diag_ranks:
-                r = rs.pop(0)
+                r = rs[DIAG]
                 if r is not None and not r.ok:
                     fix = f"set diagnostics.dir to a folder of the SSH user's own, e.g. {elsewhere(h.target.user)}"
                     raise DockerlaunchError(str(HostError(h.name, f"{r.last_line()}; {fix}",
@@ -435,7 +440,7 @@ def prepare(session: Session, reporter: Reporter, *, listing: bool = True, diag:
         return None
     probes: list[probelib.Probe | Exception] = []
     for h, rs in zip(hosts, done):
-        r = rs[0]
+        r = rs[PROBE]
         if r is None or not r.ok:
             probes.append(HostError(h.name, r.last_line() if r is not None else "not run", step=probelib.PROBE_STEP,
                                     exit_status=r.exit_status if r is not None else None))
@@ -481,60 +486,69 @@ def _start_and_watch(session: Session, plan: JobPlan, reporter: Reporter, *, det
                      monitors: Sequence[Monitor] = (), phases: Phases | None = None,
                      on_hang: Callable[[Session, Path], str] | None = None) -> Ending:
     """Start, watch, finish -- and on every way out of them (a failed start, Ctrl-C, SIGTERM, an error), tear
-    down whatever started: `run.started` says whether anything may be running."""
+    down whatever started. Two places only say whether containers may be running: set before the first `docker
+    run`; cleared once `_run_started` returned, which leaves none behind (it tore them down, or --keep kept them, or
+    the hosts' gang supervisors own a detached job). Any other way out tears down here."""
     config = session.config
     run = _Run(stop=threading.Event())
     watchdogs = None if detach else Watchdogs(session.fleet.hosts, run_id, config.job.orphan_grace)
+    why = "error"  # an unexpected one: never leave containers behind
     try:
         if watchdogs is not None:
             watchdogs.start()  # before any container: a launcher that dies mid-start leaves nothing running
         reporter.say(f"starting {plan.job}: {plan.nnodes} host(s), image {plan.image}, "
                      f"MASTER_ADDR={plan.master_addr}:{plan.master_port}")
         run.started = True  # from here on, any exit path tears down (a partial start too)
-        phases = phases or Phases()
-        phases.done("watchdogs" if watchdogs is not None else "plan")
-        gang_secret = secrets.token_hex(32) if plan.supervised else None
-        failed = _start(session, plan, reporter, env_paths, secrets_blob, phases, gang_secret)
-        if failed is not None:
-            run.started = False
-            return failed
-        if detach:
-            formed = _await_gang(session, plan, reporter, run_id) if plan.supervised else None
-            phases.done("gang")
-            if formed is not None:
-                reporter.say(formed, "bold red")
-                _teardown(session, plan, reporter, "the gang did not form")
-                run.started = False
-                return Ending(1, Cause.START_FAILED, detail=formed)
-            run.started = False
-            reporter.say(f"started {plan.nnodes} container(s) in {phases}; the hosts watch the job (fail-fast"
-                         + (f", up to {session.config.job.max_restarts} restart(s)" if session.config.job.max_restarts
-                            else "") + (", hangs" if session.config.job.hang_timeout else "")
-                         + f", lost hosts) with no launcher: records in {gang_dir(plan, run_id)}/ on every host")
-            reporter.command("follow with:", session.config.invocation.command(
-                "logs", "--follow", "--name", plan.job, name=False, hint="up.follow"))
-            return Ending(0, Cause.DETACHED)
-        reporter.say(f"started {plan.nnodes} container(s) in {phases}" + (f"; logs: {run_dir}/" if run_dir else ""))
-        ending, watchers = _watch(session, plan, reporter, run, watchdogs, monitors, run_dir, on_hang)
-        run.stop.set()
-        _finish(session, plan, reporter, ending, watchers, watchdogs, keep)
+        ending = _run_started(session, plan, reporter, run, watchdogs, detach=detach, keep=keep, run_dir=run_dir,
+                              env_paths=env_paths, secrets_blob=secrets_blob, run_id=run_id, monitors=monitors,
+                              phases=phases or Phases(), on_hang=on_hang)
         run.started = False
         return ending
     except (KeyboardInterrupt, Terminated) as e:
-        run.stop.set()
-        if run.started:
-            _teardown(session, plan, reporter, "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated",
-                      skip=run.lost)
-            run.started = False
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"
         return Ending(130 if isinstance(e, KeyboardInterrupt) else e.exit_code, Cause.INTERRUPTED)
     finally:
         run.stop.set()
-        if run.started:  # an unexpected error: never leave containers behind
-            _teardown(session, plan, reporter, "error", skip=run.lost)
+        if run.started:
+            _teardown(session, plan, reporter, why, skip=run.lost)
         if watchdogs is not None:
             watchdogs.stand_down()  # the launcher removed the containers (or keeps them: --keep)
         for s in run.sinks:
             s.close()
+
+
+def _run_started(session: Session, plan: JobPlan, reporter: Reporter, run: _Run, watchdogs: Watchdogs | None, *,
+                 detach: bool, keep: bool, run_dir: Path | None, env_paths: dict[int, tuple[str, ...]],
+                 secrets_blob: bytes, run_id: str, monitors: Sequence[Monitor], phases: Phases,
+                 on_hang: Callable[[Session, Path], str] | None) -> Ending:
+    """The start and what follows it, each way ending with no container the launcher still owes a teardown: a
+    failed start or a gang that did not form tears down; a detached job is its supervisors'; an attached one is
+    finished (torn down, or kept)."""
+    phases.done("watchdogs" if watchdogs is not None else "plan")
+    gang_secret = secrets.token_hex(32) if plan.supervised else None
+    failed = _start(session, plan, reporter, env_paths, secrets_blob, phases, gang_secret)
+    if failed is not None:
+        return failed
+    if detach:
+        formed = _await_gang(session, plan, reporter, run_id) if plan.supervised else None
+        phases.done("gang")
+        if formed is not None:
+            reporter.say(formed, "bold red")
+            _teardown(session, plan, reporter, "the gang did not form")
+            return Ending(1, Cause.START_FAILED, detail=formed)
+        job = session.config.job
+        reporter.say(f"started {plan.nnodes} container(s) in {phases}; the hosts watch the job (fail-fast"
+                     + (f", up to {job.max_restarts} restart(s)" if job.max_restarts else "")
+                     + (", hangs" if job.hang_timeout else "")
+                     + f", lost hosts) with no launcher: records in {gang_dir(plan, run_id)}/ on every host")
+        reporter.command("follow with:", session.config.invocation.command(
+            "logs", "--follow", "--name", plan.job, name=False, hint="up.follow"))
+        return Ending(0, Cause.DETACHED)
+    reporter.say(f"started {plan.nnodes} container(s) in {phases}" + (f"; logs: {run_dir}/" if run_dir else ""))
+    ending, watchers = _watch(session, plan, reporter, run, watchdogs, monitors, run_dir, on_hang)
+    run.stop.set()
+    _finish(session, plan, reporter, ending, watchers, watchdogs, keep)
+    return ending
 
 
 @dataclass

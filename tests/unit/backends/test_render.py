@@ -21,6 +21,7 @@ from dockerlaunch.container import BindMount, ContainerSpec, Deferred, GpuAccess
 from dockerlaunch.errors import ConfigError
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import JobPlan, make_plan
+from tests.cli import dl
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "render"
 GOLDEN = DATA / "golden"
@@ -694,7 +695,6 @@ def render(plan, options=None):
 def test_a_target_is_a_folder_and_one_line_in_targets(tmp_path):
     """Added as a real package beside the others plus one line in TARGETS (in a copy of the code), the toy target
     is listed by `render --help`, renders through the CLI with its own flag, and its flag is refused elsewhere."""
-    import sys
 
     src = Path(__file__).resolve().parents[3] / "dockerlaunch"
     copy = tmp_path / "code"
@@ -709,8 +709,7 @@ def test_a_target_is_a_folder_and_one_line_in_targets(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(copy)}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True,
-                              env=env, cwd=tmp_path)
+        return dl(*args, env=env, cwd=tmp_path, timeout=120)
 
     helped = cli("render", "--help")
     words = " ".join(helped.stdout.split())  # the targets' line is wrapped at the terminal's width

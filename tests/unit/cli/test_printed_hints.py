@@ -1,30 +1,20 @@
 """Printed commands that need no host, run as printed in another folder (dockerlaunch/hints.py; the ones that need
 the sim run in tests/integration, and tests/unit/test_hints.py says why the rest cannot run here)."""
 
-import os
 import re
-import shlex
 import subprocess
-import sys
 import tarfile
 
 import pytest
 
 from dockerlaunch.images import sources
 from dockerlaunch.images.sources import SourceError
+from tests import cli
+from tests.cli import paste
 
 
 def dl(*args: str, cwd) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "DOCKERLAUNCH_CONFIG"}
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd, env=env)
-
-
-def paste(command: str, cwd) -> subprocess.CompletedProcess:
-    """A `dockerlaunch ...` command as a user pastes it: shell words, in `cwd`."""
-    words = shlex.split(command)
-    assert words[0] == "dockerlaunch", command
-    return dl(*words[1:], cwd=cwd)
+    return cli.dl(*args, timeout=120, cwd=cwd, drop_env=("DOCKERLAUNCH_CONFIG",))
 
 
 @pytest.fixture

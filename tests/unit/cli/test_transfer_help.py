@@ -2,12 +2,12 @@
 `(default: locally)` and then loaded onto the config's hosts); `cache --help` says where the layer cache is."""
 
 import subprocess
-import sys
+
+from tests import cli
 
 
 def dl(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True, timeout=60,
-                          cwd=cwd)
+    return cli.dl(*args, timeout=60, cwd=cwd)
 
 
 def squeeze(text: str) -> str:

@@ -6,7 +6,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +17,7 @@ from dockerlaunch.gpu import smi as smilib
 from dockerlaunch.gpu.host import Gpu, GpuHost, Holder, Xid
 from dockerlaunch.gpu.needs import ImageNeeds
 from tests import gpu_standin
+from tests.cli import paste
 from tests.unit.backends.docker.test_doctor_judge import H0, H1, cfg, host, run
 from tests.unit.backends.docker.test_probe_gpu_words import NO_PID, fake_proc
 
@@ -71,8 +71,7 @@ def test_a_driver_too_old_for_the_images_cuda_is_the_one_failure(tmp_path):
                                    "is swift4.6-mcore0.19-cu13-py313)")
     # the pointer, run as printed: it lists the stacks with their CUDA, the image's own among them
     printed = re.search(r"\((dockerlaunch [^;]+);", got["driver"][1]).group(1)
-    listed = subprocess.run([sys.executable, "-m", "dockerlaunch", *shlex.split(printed)[1:]], capture_output=True,
-                            text=True, timeout=60, cwd=tmp_path)
+    listed = paste(printed, tmp_path)
     assert listed.returncode == 0 and "swift4.6-mcore0.19-cu13-py313" in listed.stdout, listed.stdout
     assert re.search(r":cu12[0-8]-", listed.stdout), listed.stdout  # a stack of CUDA <= 12.8 among them
 

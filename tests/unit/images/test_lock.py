@@ -2,10 +2,7 @@
 and every way a lock can stop being the stack's (missing, stale, edited by hand, another Python) caught in one
 line by `stacks check` and `build`. (`stacks lock` against the registry runs in tests/integration/test_build.py.)"""
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ from dockerlaunch.images.build_argv import BuildOptions
 from dockerlaunch.images.build_context import check_wheelhouse
 from dockerlaunch.images.layers import LAYERS, layer_roots
 from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
+from tests import cli
 
 H = {c: f"sha256:{c * 64}" for c in "abcdef"}
 
@@ -225,8 +223,7 @@ def dockerfiles_copy(tmp_path):
 
 
 def dl(*args, dockerfiles: Path):
-    return subprocess.run([sys.executable, "-m", "dockerlaunch", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "DOCKERLAUNCH_DOCKERFILES": str(dockerfiles)})
+    return cli.dl(*args, timeout=120, env={"DOCKERLAUNCH_DOCKERFILES": str(dockerfiles)})
 
 
 def test_stacks_check_and_build_refuse_a_tampered_lock_in_one_line(dockerfiles_copy):
