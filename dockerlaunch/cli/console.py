@@ -358,7 +358,7 @@ def render_plan(plan: JobPlan, targets: list[SSHTarget], first: list[str] = ()) 
     pending = plan.unresolved()
     out.append("")
     out += first
-    r = plan.recovery()
+    r = plan.restart_policy()
     if r["max_restarts"] or r["hang_timeout"] or r["spares"]:
         out.append(f"After a failure: up to {r['max_restarts']} gang restart(s), {r['restart_backoff']:g}s apart; "
                    + (f"hang after {r['hang_timeout']:g}s without "

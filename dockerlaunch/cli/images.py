@@ -255,8 +255,8 @@ def compile_place(host: str | None, config_path: str | None):
     from dockerlaunch.transfer.host_compile import OnHost
 
     cfg = load_config(config_path, Overrides(hosts=[host]))
-    with Fleet.connect(cfg) as cluster:
-        yield OnHost(cluster.live[0].remote, log=lambda msg: click.echo(f"[dockerlaunch] {host_text(msg, True)}"))
+    with Fleet.connect(cfg) as fleet:
+        yield OnHost(fleet.live[0].remote, log=lambda msg: click.echo(f"[dockerlaunch] {host_text(msg, True)}"))
 
 
 def _cluster_archs(hosts: list[str] | None, config_path: str | None) -> tuple[list[str], str]:
@@ -268,8 +268,8 @@ def _cluster_archs(hosts: list[str] | None, config_path: str | None) -> tuple[li
     from dockerlaunch.job.config import Overrides, load_config
 
     cfg = load_config(config_path, Overrides(hosts=hosts) if hosts else Overrides())
-    with Fleet.connect(cfg) as cluster:
-        caps = cluster.each(lambda h: gpu_compute_caps(h.remote, h.address)).raise_first()
+    with Fleet.connect(cfg) as fleet:
+        caps = fleet.each(lambda h: gpu_compute_caps(h.remote, h.address)).raise_first()
     union = sorted({c for host in caps for c in host}, key=version_tuple)
     per_host = ", ".join(
         f"{h.address} ({', '.join(f'{c} x{host.count(c)}' for c in sorted(set(host), key=version_tuple))})"

@@ -186,11 +186,10 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
         if result.failed:
             RichReporter().say("smoke FAILED: the job was not started", "bold red")
             sys.exit(1)
-    recovery = launch.Recovery(dump=hang_dump, copy_image=lambda src, dst, ref, image_id: copy_between(
-        src.remote, dst.remote, ref, expect_id=image_id),
-                               push=pusher.push if pusher else None)
+    hooks = launch.Hooks(dump=hang_dump, copy_image=lambda src, dst, ref, image_id: copy_between(
+        src.remote, dst.remote, ref, expect_id=image_id), push=pusher.push if pusher else None)
     sys.exit(launch.up(cfg, detach=detach, keep=keep, preflight=not skip_preflight, log_dir=log_dir or None,
-                       reporter=UpReporter(verbose), monitors=[watch_transport], plan=plan, recovery=recovery))
+                       reporter=UpReporter(verbose), monitors=[watch_transport], plan=plan, hooks=hooks))
 
 
 class _Pusher:

@@ -261,14 +261,14 @@ class Fleet:
                 h.remote = o.value
             else:
                 h.error = o.error if isinstance(o.error, SSHError) else SSHError(h.address, str(o.error))
-        cluster = cls(config, hosts)
+        fleet = cls(config, hosts)
         if require_all and any(not h.connected for h in hosts):
-            cluster.close()
+            fleet.close()
             failed = [h.error for h in hosts if h.error]
             if len(failed) == 1:
                 raise failed[0]
             raise DockerlaunchError("; ".join(str(e) for e in failed))
-        return cluster
+        return fleet
 
     @property
     def targets(self) -> list[SSHTarget]:

@@ -110,7 +110,7 @@ class JobPlan:
     def unresolved(self) -> list[str]:
         return [f"rank {h.rank} ({h.address}) {u}" for h in self.hosts for u in h.container.unresolved()]
 
-    def recovery(self) -> dict:
+    def restart_policy(self) -> dict:
         """What `up` does after a failure (job.max_restarts, restart_backoff, hang_timeout, progress_regex, spares)."""
         j = self.config.job
         return {"max_restarts": j.max_restarts, "restart_backoff": j.restart_backoff, "hang_timeout": j.hang_timeout,
@@ -126,7 +126,7 @@ class JobPlan:
             "diag_dir": self.diag_dir,
             "command": shown_command(self.config),
             "advice": list(self.advice),
-            "recovery": self.recovery(),
+            "recovery": self.restart_policy(),  # the dry run's key (docs/CLI-JSON.md)
             "supervised": self.supervised,
             "hosts": [
                 {

@@ -81,7 +81,7 @@ Monitor = Callable[[Session, JobPlan, Reporter, threading.Event], None]
 
 
 @dataclass
-class Recovery:
+class Hooks:
     """What `up` needs from the layers above it (the CLI wires them in): a dump of every rank when the job hangs
     (into the folder given; returns a one-line summary), the image copied from a host that has it onto a
     spare that lacks it or holds another build, and (`up --push`, job.push) this machine's build pushed to every
@@ -110,7 +110,7 @@ def up(
     reporter: Reporter | None = None,
     monitors: Sequence[Monitor] = (),
     plan: JobPlan | None = None,
-    recovery: Recovery | None = None,
+    hooks: Hooks | None = None,
 ) -> int:
     """Start the job, and start it again after a failure while job.max_restarts allows; return the exit code
     `dockerlaunch up` exits with (the last attempt's). `plan`: the one the caller showed or checked
@@ -119,7 +119,7 @@ def up(
     `monitors` run in threads beside a started job (not --detach), until `stop` is set (e.g. the transport
     watcher of `diagnostics`, which lives above this layer)."""
     reporter = reporter or Reporter()
-    recovery = recovery or Recovery()
+    hooks = hooks or Hooks()
     job = config.job
     secrets_blob = read_env_files(config) if config.container.env_files else b""
     run = RunFolder.create(log_dir, job.name) if log_dir and not detach else None
@@ -128,7 +128,7 @@ def up(
         t0, started = time.monotonic(), datetime.now().isoformat(timespec="seconds")
         try:
             ending = _attempt(config, plan, attempt, reporter, detach=detach, keep=keep, preflight=preflight,
-                              run=run, secrets_blob=secrets_blob, monitors=monitors, recovery=recovery,
+                              run=run, secrets_blob=secrets_blob, monitors=monitors, hooks=hooks,
                               fresh=fresh)
         except DockerlaunchError as e:
             if attempt == 0:
@@ -175,29 +175,29 @@ def up(
 
 def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter: Reporter, *, detach: bool,
              keep: bool, preflight: bool, run: RunFolder | None, secrets_blob: bytes, monitors: Sequence[Monitor],
-             recovery: Recovery, fresh: set[int]) -> Ending | Replace:
+             hooks: Hooks, fresh: set[int]) -> Ending | Replace:
     """One start of every host: connect, prepare, check, plan for real, start, watch, tear down; or, before
     anything started, the hosts a spare should replace."""
     phases = Phases()
-    cluster = Fleet.connect(config, require_all=not config.spares)
-    unreachable = {h.rank: h.error.reason if h.error else "unreachable" for h in cluster.hosts if not h.connected}
+    fleet = Fleet.connect(config, require_all=not config.spares)
+    unreachable = {h.rank: h.error.reason if h.error else "unreachable" for h in fleet.hosts if not h.connected}
     if unreachable:
-        cluster.close()
+        fleet.close()
         return Replace(unreachable)
     try:
         # the image is required here: it starts containers
-        session = Session(cluster, plan or plan_job(config, cluster.targets, supervised=detach))
+        session = Session(fleet, plan or plan_job(config, fleet.targets, supervised=detach))
     except BaseException:
-        cluster.close()
+        fleet.close()
         raise
     phases.done("connect")
     try:
-        if recovery.push is not None and (attempt == 0 or fresh):  # spares that joined get it from here too
-            recovery.push(session, reporter)
+        if hooks.push is not None and (attempt == 0 or fresh):  # spares that joined get it from here too
+            hooks.push(session, reporter)
             fresh.clear()
             phases.done("push")
-        elif fresh and recovery.copy_image is not None:
-            _image_onto_spares(session, sorted(fresh), recovery, reporter)
+        elif fresh and hooks.copy_image is not None:
+            _image_onto_spares(session, sorted(fresh), hooks, reporter)
             fresh.clear()
             phases.done("image")
         # probe.sh runs once per host per attempt: in the pre-flight's own round trip (doctor's observe, whose
@@ -254,7 +254,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
             return _start_and_watch(session, applied, reporter, detach=detach, keep=keep,
                                     run_dir=run.attempt_dir(attempt) if run else None, env_paths=env_paths,
                                     secrets_blob=secrets_blob, run_id=run_id, monitors=monitors, phases=phases,
-                                    on_hang=recovery.dump)
+                                    on_hang=hooks.dump)
         finally:
             if env_paths:  # normally gone already (removed as each `docker run` returned): the safety net
                 remove_env_files(session, env_paths)
@@ -265,7 +265,7 @@ def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter
 BUILD_FORMAT = "{{.Id}} {{.Created}} {{json .RootFS.Layers}}"  # observe.sh's `image` and `image_content` in one
 
 
-def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, reporter: Reporter) -> None:
+def _image_onto_spares(session: Session, ranks: list[int], hooks: Hooks, reporter: Reporter) -> None:
     """A spare that took a rank gets the job's image from a host that has it (no registry needed), unless it holds
     the very build that host holds (a spare with the tag at all may hold last week's); where every host is a
     spare, one holding the image is kept, and the pre-flight compares it with this machine's build."""
@@ -301,7 +301,7 @@ def _image_onto_spares(session: Session, ranks: list[int], recovery: Recovery, r
                                     + session.config.invocation.fix("push", image, name=False, hint="up.push-builds"))
         held = f" (it holds {mine.describe()}, not {sources[0][1].describe()})" if mine else ""
         reporter.say(f"copying {image} from {sources[0][0].address} to spare {dst.address}{held}")
-        reporter.say(recovery.copy_image(sources[0][0], dst, image, sources[0][1].id))  # type: ignore[misc]
+        reporter.say(hooks.copy_image(sources[0][0], dst, image, sources[0][1].id))  # type: ignore[misc]
 
 
 KEEP_RUNS = 20  # each host keeps the records of the job's newest runs (runs/<run id>/); older ones are removed

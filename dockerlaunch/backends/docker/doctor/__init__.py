@@ -21,24 +21,24 @@ if TYPE_CHECKING:  # imported where they run: `doctor.report`, which every comma
     from dockerlaunch.job.plan import JobPlan
 
 
-def check(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> Report:
-    """Observe and judge a connected (maybe partly connected) cluster, for the job's one plan; `progress` is told
+def check(fleet: Fleet, plan: JobPlan, progress: Progress | None = None) -> Report:
+    """Observe and judge a connected (maybe partly connected) fleet, for the job's one plan; `progress` is told
     how many hosts answered each step (observe)."""
-    return check_observed(cluster, plan, progress)[0]
+    return check_observed(fleet, plan, progress)[0]
 
 
-def check_observed(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> tuple[Report, Observations]:
+def check_observed(fleet: Fleet, plan: JobPlan, progress: Progress | None = None) -> tuple[Report, Observations]:
     """`check`, and what it observed: `up` plans from each host's probe answer read here (`Observations.probes`)
     instead of running probe.sh again."""
     from dockerlaunch.backends.docker.doctor.judge import judge
     from dockerlaunch.backends.docker.doctor.observe import observe
 
-    observed = observe(cluster, plan, progress)
-    return judge(plan.config, plan, cluster.targets, observed), observed
+    observed = observe(fleet, plan, progress)
+    return judge(plan.config, plan, fleet.targets, observed), observed
 
 
 def doctor(config: ClusterConfig, plan: JobPlan, progress: Progress | None = None) -> Report:
     from dockerlaunch.hosts.fleet import Fleet
 
-    with Fleet.connect(config, require_all=False) as cluster:
-        return check(cluster, plan, progress)
+    with Fleet.connect(config, require_all=False) as fleet:
+        return check(fleet, plan, progress)
