@@ -287,7 +287,8 @@ def test_user_values_win_over_diagnostics_and_each_part_turns_off():
 
 
 def test_no_diagnostics_flag_turns_everything_off():
-    from dockerlaunch.job.config import Overrides, apply_overrides, validate_config
+    from dockerlaunch.job.flags import Overrides, apply_overrides
+    from dockerlaunch.job.load import validate_config
 
     data = apply_overrides({"hosts": ["10.0.0.1"], "image": "i", "diagnostics": {"dir": "/d"}},
                            Overrides(diagnostics=False))
@@ -299,7 +300,7 @@ def test_no_diagnostics_flag_turns_everything_off():
 
 @pytest.mark.parametrize("bad", ["relative/dir", "/", "/a:b", "/a b", "/a,b"])
 def test_diagnostics_dir_must_be_an_absolute_plain_path(bad):
-    from dockerlaunch.job.config import validate_config
+    from dockerlaunch.job.load import validate_config
 
     with pytest.raises(ConfigError, match="diagnostics.dir"):
         validate_config({"hosts": ["10.0.0.1"], "diagnostics": {"dir": bad}})
@@ -435,7 +436,7 @@ def test_local_host_runs_without_ssh_on_loopback():
 
 
 def test_local_beside_ssh_hosts_needs_its_advertise_addr():
-    from dockerlaunch.job.config import validate_config
+    from dockerlaunch.job.load import validate_config
 
     with pytest.raises(ConfigError, match=r"hosts\[0\] local: in a job with SSH hosts, give its advertise_addr"):
         validate_config({"hosts": ["local", "10.0.0.2"]})
