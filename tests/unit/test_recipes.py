@@ -11,8 +11,8 @@ import yaml
 from dockerlaunch.backends.docker.doctor.judge import CACHE_ENV, _judge_caches
 from dockerlaunch.backends.docker.doctor.report import PASS, Report
 from dockerlaunch.docker_run import run_argv
+from dockerlaunch.gpu.access import HostGpuAccess
 from dockerlaunch.images.stacks import load_matrix
-from dockerlaunch.job.facts import HostGpuAccess
 from dockerlaunch.job.load import validate_config
 from dockerlaunch.job.plan import OFFLINE_ENV, HostFacts, make_plan
 

@@ -315,7 +315,7 @@ NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidi
 
 
 def gpu_host(**kw):
-    from dockerlaunch.job.facts import HostGpuAccess
+    from dockerlaunch.gpu.access import HostGpuAccess
 
     base = dict(device_nodes=NODES, libs=LIBS, nvidia_smi="/usr/bin/nvidia-smi", engine="20.10.24",
                 image_env=("PATH=/usr/bin", "LD_LIBRARY_PATH=/opt/lib"))
@@ -354,8 +354,7 @@ def test_auto_prefers_the_toolkit_then_cdi_then_device_nodes():
      ["CDI spec /etc/cdi/nvidia.yaml, Docker 28.5.2"]),
 ])
 def test_cdi_state_says_why_cdi_is_or_is_not_usable(kw, usable, words):
-    from dockerlaunch.job.facts import HostGpuAccess
-    from dockerlaunch.job.plan import cdi_state
+    from dockerlaunch.gpu.access import HostGpuAccess, cdi_state
 
     ok, why = cdi_state(HostGpuAccess(**kw))
     assert ok is usable and all(w in why for w in words), why
@@ -526,7 +525,7 @@ def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container
     """`up --dry-run` prints the plan `up` applies: `resolve` may fill what was `<resolved at launch>` (and add what
     a deferred GPU or IB decision brings), never change a value the dry run showed."""
     from dockerlaunch.docker_run import argv as docker_argv
-    from dockerlaunch.job.facts import HostGpuAccess
+    from dockerlaunch.gpu.access import HostGpuAccess
     from dockerlaunch.job.plan import resolve
 
     dry = make_plan(cfg(container=container))
