@@ -33,7 +33,7 @@ from dockerlaunch import sim
 from dockerlaunch.engine import engine
 from dockerlaunch.hosts import fleet as session
 from dockerlaunch.hosts.ssh import Remote
-from dockerlaunch.job.config import load_config
+from dockerlaunch.job.load import load_config
 from dockerlaunch.transfer import image_facts, pipes
 from dockerlaunch.transfer import push as distribute
 

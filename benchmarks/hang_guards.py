@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from dockerlaunch import sim  # noqa: E402
 from dockerlaunch.hosts.ssh import Remote  # noqa: E402
 from dockerlaunch.hosts.targets import resolve_target  # noqa: E402
-from dockerlaunch.job.config import load_config  # noqa: E402
+from dockerlaunch.job.load import load_config  # noqa: E402
 from tests.integration.helpers import (  # noqa: E402
     containers_on,
     dl,

@@ -110,7 +110,7 @@ def attached_vs_detached(config: Path, image: str) -> dict[str, tuple[float, flo
     """{mode: (failure -> rank 0 stopped, failure -> attempt 1 running on every rank)} for one failure each way."""
     from dockerlaunch.hosts.ssh import Remote
     from dockerlaunch.hosts.targets import resolve_target
-    from dockerlaunch.job.config import load_config
+    from dockerlaunch.job.load import load_config
 
     out = {}
     code, lines = up(config, "--image", image, "--max-restarts", "1", "--", "sh", "-c", TIMED)

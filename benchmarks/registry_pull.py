@@ -34,7 +34,7 @@ from dockerlaunch import sim
 from dockerlaunch.engine import engine
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.hosts.targets import resolve_target
-from dockerlaunch.job.config import load_config
+from dockerlaunch.job.load import load_config
 from dockerlaunch.transfer import cache_server, image_facts, layer_cache, push
 
 

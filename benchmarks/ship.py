@@ -37,7 +37,7 @@ from dockerlaunch.engine import engine
 from dockerlaunch.hosts import openssh
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.hosts.targets import resolve_target
-from dockerlaunch.job.config import load_config
+from dockerlaunch.job.load import load_config
 from dockerlaunch.transfer import bundle as bundlelib
 from dockerlaunch.transfer import bundle_parts, image_facts, pipes, push, staging
 

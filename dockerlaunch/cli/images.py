@@ -251,7 +251,8 @@ def compile_place(host: str | None, config_path: str | None):
         yield None
         return
     from dockerlaunch.hosts.fleet import Fleet
-    from dockerlaunch.job.config import Overrides, load_config
+    from dockerlaunch.job.flags import Overrides
+    from dockerlaunch.job.load import load_config
     from dockerlaunch.transfer.host_compile import OnHost
 
     cfg = load_config(config_path, Overrides(hosts=[host]))
@@ -265,7 +266,8 @@ def _cluster_archs(hosts: list[str] | None, config_path: str | None) -> tuple[li
     from dockerlaunch.backends.docker.probe import gpu_compute_caps
     from dockerlaunch.gpu.cuda import version_tuple
     from dockerlaunch.hosts.fleet import Fleet
-    from dockerlaunch.job.config import Overrides, load_config
+    from dockerlaunch.job.flags import Overrides
+    from dockerlaunch.job.load import load_config
 
     cfg = load_config(config_path, Overrides(hosts=hosts) if hosts else Overrides())
     with Fleet.connect(cfg) as fleet:

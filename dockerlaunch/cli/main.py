@@ -10,7 +10,8 @@ import click
 
 from dockerlaunch import __version__
 from dockerlaunch.errors import DockerlaunchError, Terminated
-from dockerlaunch.job.config import Overrides, load_config
+from dockerlaunch.job.flags import Overrides
+from dockerlaunch.job.load import load_config
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 

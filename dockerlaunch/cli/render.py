@@ -19,7 +19,7 @@ from dockerlaunch.cli.main import (
     warn_secret_env,
 )
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.job.config import NoHostsError
+from dockerlaunch.job.load import NoHostsError
 
 
 def _per_host() -> list[str]:

@@ -118,7 +118,8 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
     background (see `dockerlaunch cache`)."""
     from dockerlaunch.engine import engine
     from dockerlaunch.hosts.fleet import Fleet
-    from dockerlaunch.job.config import Overrides, load_config
+    from dockerlaunch.job.flags import Overrides
+    from dockerlaunch.job.load import load_config
     from dockerlaunch.transfer import push as pushlib
     from dockerlaunch.transfer.push_plan import HostResult, PushState
 
@@ -248,7 +249,8 @@ def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> N
 
     Without --config and --hosts it goes into the local engine only, whatever ./dockerlaunch.yaml lists."""
     from dockerlaunch.hosts.fleet import Fleet
-    from dockerlaunch.job.config import Overrides, load_config
+    from dockerlaunch.job.flags import Overrides
+    from dockerlaunch.job.load import load_config
     from dockerlaunch.transfer import bundle as bundlelib
     from dockerlaunch.transfer.bundle_parts import bundle_path
     from dockerlaunch.transfer.push_plan import HostResult, PushState

@@ -1,7 +1,7 @@
 """Which GPUs a host has and in what state, typed: read from nvidia-smi by gpu/smi.py (the probe's answer, or a
 `--query-gpu` run for a build), judged by gpu/needs.py and gpu/health.py. None is "unknown" everywhere: a field the
 driver does not know, or printed as `[N/A]`/`[Not Supported]`, is None and never an error that hides the others.
-How a container reaches these GPUs (runtime, CDI, device nodes) is job/facts.GpuAccess, another question."""
+How a container reaches these GPUs (runtime, CDI, device nodes) is gpu/access.py's question."""
 
 from __future__ import annotations
 

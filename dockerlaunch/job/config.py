@@ -1,31 +1,26 @@
-"""The cluster config: typed models, YAML loading and command-line overrides.
+"""The cluster config's schema: the pydantic models a `dockerlaunch.yaml` is validated into, their validators and
+the value grammars those validators read (host strings, mounts, durations, image references).
 
-One validated `ClusterConfig` is the only input of the planning layer, so every check on user
-input lives here and fails with a one-line `ConfigError` that names the field.
+One validated `ClusterConfig` is the only input of the planning layer, so every check on one value of user input
+lives here and fails naming the field. Where a config comes from and how it is read is job/load.py; the flags merged
+into it, job/flags.py; what a wrong one is said as (did you mean, the flag to blame), job/messages.py.
 
-Why one file: its ~850 lines are one schema (`dockerlaunch schema` prints it whole) whose models' validators
-refer to each other; split, the schema would be assembled from pieces that cannot be read alone.
+Why one file of ~650 lines: it is one schema (`dockerlaunch schema` prints it whole) whose models' validators refer
+to each other and to the grammars below them; split, the schema would be assembled from pieces that cannot be read
+alone.
 """
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
-import os
 import re
-import typing
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from dockerlaunch.errors import SCHEMA, ConfigError, _loc
-from dockerlaunch.job.invocation import CONFIG_ENV, DEFAULT_LOG_DIR, Invocation
+from dockerlaunch.job.invocation import Invocation
 
-DEFAULT_CONFIG_FILE = "dockerlaunch.yaml"
 LOCAL = "local"  # a host address: this machine, through its own Docker engine, without SSH
-FILE_CHECK_HOST = "file-without-hosts"  # stands in for a file's missing host list while the file alone is checked
 
 # an env name that looks like a secret: warned of in container.env, never repeated in a printed command
 SECRET_NAME = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
@@ -40,8 +35,6 @@ _GPU_DEVICE = re.compile(r"^([0-9]+|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+)\Z")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})\Z")
 _LOGIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 _CONTAINER_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?\Z")
-MAX_DEPTH = 20  # a config is a few levels deep; deeper is a mistake or an attack
-MAX_VALUES = 20_000  # after YAML aliases are expanded (a 500-byte alias bomb expands to billions)
 
 
 class _Model(BaseModel):
@@ -596,25 +589,6 @@ def check_login(v: str | None) -> str | None:
     return v
 
 
-def check_shape(data: Any, where: str) -> None:
-    """Bound nesting depth and expanded size before validation looks at the data (iterative: no recursion)."""
-    stack = [(data, 1)]
-    count = 0
-    while stack:
-        node, depth = stack.pop()
-        count += 1
-        if count > MAX_VALUES:
-            raise ConfigError(f"{where}: more than {MAX_VALUES} values once YAML aliases are expanded; "
-                              "is an anchor (&) repeated inside itself?")
-        if depth > MAX_DEPTH:
-            raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep; a config is a few levels deep")
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-            stack.extend((k, depth + 1) for k in node if not isinstance(k, str))
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-
-
 def check_env_key(key: str) -> str:
     if not _ENV_KEY.match(key):
         raise ValueError(f"{key!r} is not a valid environment variable name")
@@ -663,379 +637,6 @@ def parse_mount_string(text: str) -> dict[str, Any]:
             raise ValueError(f"{text!r}: mode must be ro or rw, not {parts[2]!r}")
         out["read_only"] = parts[2] == "ro"
     return out
-
-
-def parse_env_assignment(text: str) -> tuple[str, str]:
-    if "=" not in text:
-        raise ConfigError(f"--env {text!r}: expected KEY=VALUE")
-    key, value = text.split("=", 1)
-    try:
-        check_env_key(key)
-    except ValueError as e:
-        raise ConfigError(f"--env: {e}") from None
-    return key, value
-
-
-# ---------------------------------------------------------------- loading + overrides
-
-
-class Overrides(_Model):
-    """Command-line flags; each one set replaces (hosts, image, ...) or extends (mounts, env) the file."""
-
-    hosts: list[str] | None = None
-    image: str | None = None
-    nproc_per_node: int | None = None
-    master_port: int | None = None
-    mounts: list[str] = Field(default_factory=list)
-    env: list[str] = Field(default_factory=list)
-    name: str | None = None
-    command: list[str] | None = None
-    diagnostics: bool | None = None  # --no-diagnostics: all of `diagnostics:` off
-    offline: bool | None = None  # --offline: job.offline
-    push: bool | None = None  # up --push: job.push
-    infiniband: Literal["on", "off"] | None = None  # render --infiniband: container.infiniband
-    max_restarts: int | None = None  # up --max-restarts: job.max_restarts
-    hang_timeout: str | None = None  # up --hang-timeout: job.hang_timeout
-    spares: list[str] | None = None  # up --spares: spares (replaces the file's list)
-
-
-def config_path(path: str | None) -> tuple[str | None, str]:
-    """The config file the user named, and how: --config, else DOCKERLAUNCH_CONFIG (read by every command that reads
-    a config), else None (./dockerlaunch.yaml where it exists)."""
-    if path is not None:
-        return path, "--config"
-    env = os.environ.get(CONFIG_ENV, "").strip()
-    return (env, CONFIG_ENV) if env else (None, "")
-
-
-def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
-    """Raw mapping from YAML. An explicit path (--config, DOCKERLAUNCH_CONFIG) must exist; the default is optional."""
-    path, named_by = config_path(path)
-    explicit = path is not None
-    p = Path(path if explicit else DEFAULT_CONFIG_FILE)
-    if not p.exists():
-        if explicit:
-            raise ConfigError(f"config file {p} does not exist ({named_by})")
-        return {}, None
-    try:
-        data = yaml.safe_load(p.read_text())
-    except RecursionError:
-        raise ConfigError(f"{p}: nested too deep to read; a config is a few levels deep") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{p}{where}: invalid YAML: {problem}") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping (hosts:, image:, ...), not {type(data).__name__}")
-    check_shape(data, str(p))
-    return data, str(p)
-
-
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    """A section a flag merges into: a copy of it, or {} when absent; anything else is the user's error."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: must be a mapping of settings, not {type(value).__name__} ({value!r:.40})")
-    return dict(value)
-
-
-def _entry_address(entry: Any) -> Any:
-    """The address of a hosts:/spares: entry as the file has it (a string or a mapping); None where it has none."""
-    if isinstance(entry, dict):
-        return entry.get("address")
-    try:
-        return parse_host_string(entry)["address"] if isinstance(entry, str) else None
-    except ValueError:
-        return None  # the validator names it
-
-
-def _flag_hosts(texts: list[str], entries: Any, flag: str) -> list[Any]:
-    """A host list given as a flag; an address the file also lists keeps the file's other settings."""
-    by_address = {e["address"]: e for e in entries or [] if isinstance(e, dict) and "address" in e}
-    out: list[Any] = []
-    for text in texts:
-        try:
-            parsed = parse_host_string(text)
-        except ValueError as e:
-            raise ConfigError(f"{flag} {text!r}: {e}") from None
-        out.append({**by_address.get(parsed["address"], {}), **parsed})
-    return out
-
-
-def apply_overrides(data: dict[str, Any], ov: Overrides) -> dict[str, Any]:
-    """Merge flags into the raw mapping before validation, so errors name the same fields either way."""
-    data = dict(data)
-    if ov.hosts is not None:
-        spares = data.get("spares") if ov.spares is None and isinstance(data.get("spares"), list) else []
-        data["hosts"] = _flag_hosts(ov.hosts, [*(data.get("hosts") or []), *spares], "--hosts")
-        if spares:  # a spare named in --hosts is a host of this run (`push IMAGE --hosts SPARE`, printed by `up`)
-            named = {h["address"] for h in data["hosts"]}
-            data["spares"] = [s for s in spares if _entry_address(s) not in named]
-    if ov.image is not None:
-        data["image"] = ov.image
-    if ov.spares is not None:
-        data["spares"] = _flag_hosts(ov.spares, data.get("spares"), "--spares")
-    touches_job = (ov.nproc_per_node, ov.master_port, ov.name, ov.command or None, ov.offline or None,
-                   ov.push or None, ov.max_restarts, ov.hang_timeout)
-    job = _mapping(data.get("job"), "job") if any(x is not None for x in touches_job) else {}
-    if ov.nproc_per_node is not None:
-        job["nproc_per_node"] = ov.nproc_per_node
-    if ov.master_port is not None:
-        job["master_port"] = ov.master_port
-    if ov.name is not None:
-        job["name"] = ov.name
-    if ov.command:
-        job["command"] = list(ov.command)
-    if ov.offline:
-        job["offline"] = True
-    if ov.push:
-        job["push"] = True
-    if ov.max_restarts is not None:
-        job["max_restarts"] = ov.max_restarts
-    if ov.hang_timeout is not None:
-        job["hang_timeout"] = ov.hang_timeout
-    if job:
-        data["job"] = job
-    if ov.diagnostics is False:
-        diag = _mapping(data.get("diagnostics"), "diagnostics")
-        diag.update(ptrace=False, flight_recorder=False, nccl_log=False)
-        data["diagnostics"] = diag
-    if ov.mounts or ov.env or ov.infiniband:
-        container = _mapping(data.get("container"), "container")
-        if ov.infiniband:
-            container["infiniband"] = ov.infiniband
-        if ov.mounts:
-            container["mounts"] = list(container.get("mounts") or []) + list(ov.mounts)
-        if ov.env:
-            env = _mapping(container.get("env"), "container.env")
-            for text in ov.env:
-                key, value = parse_env_assignment(text)
-                env[key] = value
-            container["env"] = env
-        data["container"] = container
-    return data
-
-
-class NoHostsError(ConfigError):
-    """Neither the flags nor the config file name a host; `source` is the file read, if any (render turns this
-    into "pass --nodes N" for a scheduler, which wants a count, not hosts)."""
-
-    def __init__(self, source: str | None):
-        self.source = source
-        if source:
-            super().__init__(f"no hosts to run on: list them under `hosts:` in {source}")
-        else:
-            super().__init__(f"no hosts to run on: pass --hosts h1,h2 (no ./{DEFAULT_CONFIG_FILE} here to read "
-                             "them from)")
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The models a field's type holds (through Optional, unions, lists and dict values)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    out: list[type[BaseModel]] = []
-    for arg in typing.get_args(annotation):
-        out += _models_in(arg)
-    return out
-
-
-def model_at(loc: tuple, root: type[BaseModel] = None) -> type[BaseModel] | None:  # type: ignore[assignment]
-    """The model whose fields are valid at `loc` (a pydantic error location less its last part), or None. (pure)"""
-    model: type[BaseModel] | None = root or ClusterConfig
-    for part in loc:
-        if model is None:
-            return None
-        if isinstance(part, int):
-            continue  # a list item: the same model as the list's
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return None
-        models = _models_in(field.annotation)
-        model = models[0] if models else None
-    return model
-
-
-def suggest_field(loc: tuple, root: type[BaseModel] = None) -> str | None:  # type: ignore[assignment]
-    """`did you mean `hosts`?` for an unknown key at `loc`: difflib over the schema's field names at that level."""
-    if not loc or not isinstance(loc[-1], str):
-        return None
-    model = model_at(tuple(p for p in loc[:-1] if not (isinstance(p, str) and "[" in p)), root)
-    if model is None:
-        return None
-    close = difflib.get_close_matches(loc[-1].lower(), list(model.model_fields), n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-# a location in the merged mapping -> (the flag behind it, the location below the flag's value, a hint), or None
-Blame = typing.Callable[[tuple], "tuple[str, tuple, str] | None"]
-
-
-def describe_config_error(err: ValidationError, root: type[BaseModel] = None,  # type: ignore[assignment]
-                          blame: Blame | None = None, where: str = "") -> str:
-    """errors.describe_validation_error, with "did you mean" for an unknown key (the closest field at its level).
-    `blame`: the flag that put the value at a location there (and the location below the flag's value), which the
-    line then names instead of the field; a line it does not blame starts with `where`."""
-    seen: list[str] = []
-    for e in err.errors(include_url=False):
-        loc = tuple(e["loc"])
-        if e["type"] == "extra_forbidden":
-            close = suggest_field(loc, root)
-            hint = f"did you mean `{close}`?" if close else "check the spelling;"
-            msg = f"unknown field ({hint} `{SCHEMA}` lists the fields)"
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-        flag = blame(tuple(p for p in loc if not (isinstance(p, str) and "[" in p))) if blame else None
-        if flag is None:
-            line = f"{where}{_loc(loc)}: {msg}"
-        else:
-            line = (f"{flag[0]}: {_loc(flag[1])}: {msg}" if flag[1] else f"{flag[0]}: {msg}") + flag[2]
-        if line not in seen:
-            seen.append(line)
-    return "; ".join(seen).replace("\n", " ")
-
-
-def unknown_top_level(data: dict[str, Any]) -> str | None:
-    """An unknown top-level key, said before "no hosts" (a `hots:` typo leaves the host list empty)."""
-    for key in data:
-        if isinstance(key, str) and key not in ClusterConfig.model_fields:
-            close = suggest_field((key,))
-            hint = f"did you mean `{close}`?" if close else "check the spelling;"
-            return f"{key}: unknown field ({hint} `{SCHEMA}` lists the fields)"
-    return None
-
-
-def validate_config(data: dict[str, Any], source: str | None = None, blame: Blame | None = None,
-                    flags: str = "") -> ClusterConfig:
-    """`data` as a ClusterConfig, or a one-line ConfigError naming each wrong field (and `source`, the file). With
-    `blame` (data is the file with the flags merged, the file already valid alone), an error names the flag that
-    gave the value; one it cannot place names the file with `flags`, the flags given."""
-    check_shape(data, source or "config")
-    where = f"{source}: " if source else ""
-    if not data.get("hosts"):
-        typo = unknown_top_level(data)
-        if typo:
-            raise ConfigError(f"{where}{typo}")
-        raise NoHostsError(source)
-    try:
-        return ClusterConfig.model_validate(data)
-    except ValidationError as e:
-        if blame is not None and flags:
-            where = f"{source} with {flags}: " if source else f"{flags}: "
-        raise ConfigError(describe_config_error(e, blame=blame, where=where)) from None
-
-
-def _blamer(ov: Overrides, file: dict[str, Any]) -> Blame:
-    """For the merged pass: the flag behind the value at a location (pure). The file was valid alone, so a wrong
-    value that a flag set is the flag's: `--hosts '1.2.3.4;5.6.7.8'` said `dockerlaunch.yaml: hosts[0].address`."""
-    import shlex
-
-    def listed(flag: str, given: list[str], rest: tuple, first: int = 0) -> tuple[str, tuple, str] | None:
-        if rest and isinstance(rest[0], int) and first <= rest[0] < first + len(given):
-            text = given[rest[0] - first]
-            if rest[1:] in ((), ("address",)):  # the value itself (its message quotes it)
-                hint = f"; separate hosts with ',' ({flag} h1,h2)" if flag in ("--hosts", "--spares") and (
-                    ";" in text or any(c.isspace() for c in text.strip())) else ""
-                return flag, (), hint
-            return f"{flag} {shlex.quote(text)}", rest[1:], ""
-        return (flag, rest, "") if not first else None
-
-    job = {"name": ("--name", ov.name), "nproc_per_node": ("--nproc-per-node", ov.nproc_per_node),
-           "master_port": ("--master-port", ov.master_port), "command": ("the command after --", ov.command),
-           "hang_timeout": ("--hang-timeout", ov.hang_timeout), "max_restarts": ("--max-restarts", ov.max_restarts),
-           "offline": ("--offline", ov.offline), "push": ("--push", ov.push)}
-    container = file.get("container") if isinstance(file.get("container"), dict) else {}
-    file_mounts = len(container.get("mounts") or []) if isinstance(container.get("mounts"), list) else 0
-    env_flags = {t.partition("=")[0] for t in ov.env}
-
-    def blame(loc: tuple) -> tuple[str, tuple, str] | None:
-        if not loc:  # the whole config's checks are of its host lists (a host listed twice)
-            lists = [f for f, given in (("--hosts", ov.hosts), ("--spares", ov.spares)) if given is not None]
-            return (" and ".join(lists), (), "") if lists else None
-        head, rest = loc[0], loc[1:]
-        if head == "hosts" and ov.hosts is not None:
-            return listed("--hosts", ov.hosts, rest)
-        if head == "spares" and ov.spares is not None:
-            return listed("--spares", ov.spares, rest)
-        if head == "image" and ov.image is not None:
-            return "--image", rest, ""
-        if head == "job" and rest and rest[0] in job and job[rest[0]][1] is not None:
-            return job[rest[0]][0], rest[1:], ""
-        if head == "container" and rest:
-            if rest[0] == "mounts" and ov.mounts:
-                return listed("--mount", ov.mounts, rest[1:], first=file_mounts)
-            if rest[0] == "env" and len(rest) > 1 and rest[1] in env_flags:
-                return f"--env {rest[1]}", rest[2:], ""
-            if rest[0] == "infiniband" and ov.infiniband:
-                return "--infiniband", rest[1:], ""
-        if head == "diagnostics" and ov.diagnostics is False:
-            return "--no-diagnostics", rest, ""
-        return None
-
-    return blame
-
-
-def plan_flags(ov: Overrides) -> tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]]:
-    """The flags of `ov` that change the plan, as the user gave them (job/invocation.py repeats them in printed
-    commands), and the --env names whose values are never repeated (they look like secrets: SECRET_NAME)."""
-    out: list[tuple[str, str | None]] = []
-    secret: list[str] = []
-    for flag, value in (("--image", ov.image), ("--nproc-per-node", ov.nproc_per_node),
-                        ("--master-port", ov.master_port)):
-        if value is not None:
-            out.append((flag, str(value)))
-    out += [("--mount", m) for m in ov.mounts]
-    for text in ov.env:
-        key = text.partition("=")[0]
-        if SECRET_NAME.search(key):
-            secret.append(key)
-        else:
-            out.append(("--env", text))
-    if ov.offline:
-        out.append(("--offline", None))
-    if ov.infiniband:
-        out.append(("--infiniband", ov.infiniband))
-    if ov.push:
-        out.append(("--push", None))
-    if ov.diagnostics is False:
-        out.append(("--no-diagnostics", None))
-    if ov.max_restarts is not None:
-        out.append(("--max-restarts", str(ov.max_restarts)))
-    if ov.spares is not None:
-        out.append(("--spares", ",".join(ov.spares)))
-    if ov.hang_timeout is not None:
-        out.append(("--hang-timeout", ov.hang_timeout))
-    return tuple(out), tuple(dict.fromkeys(secret))
-
-
-def load_config(path: str | None = None, overrides: Overrides | None = None,
-                log_dir: str | None = None) -> ClusterConfig:
-    """The file (--config, DOCKERLAUNCH_CONFIG or ./dockerlaunch.yaml) with the flags merged. `log_dir`: the
-    command's --log-dir, which the hints it prints repeat (absolute; None: the default's)."""
-    data, source = read_config_file(path)
-    merged = apply_overrides(data, overrides) if overrides is not None else data
-    if source is not None and overrides is not None:
-        # the file as written, even where a flag replaces a value: `job: {command: 5}` is wrong with `-- cmd` too
-        validate_config({**data, "hosts": data.get("hosts") or [FILE_CHECK_HOST]}, source)
-    ov = overrides or Overrides()
-    flags, secret_env = plan_flags(ov)
-    given = [f for f, _ in flags] + (["--hosts"] if ov.hosts else []) + (["--name"] if ov.name else []) + (
-        ["the command after --"] if ov.command else []) + (["--env"] if secret_env else [])
-    # the file was valid as written (above): what is wrong now came with a flag, so the error names the flag
-    config = validate_config(merged, source, blame=_blamer(ov, data) if overrides is not None else None,
-                             flags=", ".join(dict.fromkeys(given)))
-    # absolute: a printed command is pasted in another folder (./dockerlaunch.yaml and dockerlaunch-logs/ are not
-    # there) or another shell (without DOCKERLAUNCH_CONFIG)
-    config._invocation = Invocation(config=os.path.abspath(source) if source else None,
-                                    hosts=tuple(ov.hosts) if ov.hosts else None, name=ov.name,
-                                    log_dir=os.path.abspath(log_dir or DEFAULT_LOG_DIR), flags=flags,
-                                    secret_env=secret_env)
-    return config
 
 
 def config_schema() -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dockerlaunch.gpu.access import HostGpuAccess
+
 
 @dataclass(frozen=True)
 class EngineSecurity:
@@ -44,25 +46,6 @@ class EngineSecurity:
     @property
     def rootless(self) -> bool:
         return "rootless" in self.names
-
-
-@dataclass(frozen=True)
-class HostGpuAccess:
-    """How containers on a host can reach its GPUs (probe.sh; the toolkit and libraries only where
-    /dev/nvidiactl exists, the engine and CDI everywhere)."""
-
-    device_nodes: tuple[str, ...] = ()  # /dev/nvidia*
-    nvidia_runtime: bool = False  # nvidia-container-toolkit registered with dockerd (--gpus works)
-    cdi_specs: tuple[str, ...] = ()  # CDI spec files naming nvidia.com/gpu (in /etc/cdi, /var/run/cdi)
-    engine: str | None = None  # dockerd version (CDI needs >= 25)
-    cdi_dirs: tuple[str, ...] | None = None  # the CDI spec dirs dockerd reads: () CDI off, None not reported
-    libs: tuple[tuple[str, str], ...] = ()  # (soname, host path) of the driver's libraries, x86-64
-    nvidia_smi: str | None = None
-    image_env: tuple[str, ...] | None = None  # the job image's Config.Env, when asked
-    driver: str | None = None  # the driver's version (nvidia-smi): whether the image's cuda-compat goes first
-    # driver files (libs, nvidia_smi) not root's own or writable by others, "PATH (owner uid U, mode M)": never
-    # bind-mounted into a job (another login could put its code there)
-    untrusted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from dockerlaunch import hints
 
 FIX = "fix:"
-CONFIG_ENV = "DOCKERLAUNCH_CONFIG"  # read by every command that reads a config (job/config.py: find_config)
+CONFIG_ENV = "DOCKERLAUNCH_CONFIG"  # read by every command that reads a config (job/load.py: config_path)
 DEFAULT_LOG_DIR = "dockerlaunch-logs"  # `up --log-dir`'s default, relative to the folder `up` ran in
 
 # the flags that change the job's plan, in the order a printed command repeats them

@@ -2,7 +2,8 @@
 
 Pure: no SSH, no Docker, no clock. `make_plan` is what `--dry-run` and `render` show, with host-dependent values
 as `Deferred`; the docker backend gathers `HostFacts` at launch and `resolve` fills exactly those values, so the
-plan `up` applies is the one the dry run printed. Every decision about what a job container needs is made here.
+plan `up` applies is the one the dry run printed. Every decision about what a job container needs is made here;
+how it reaches the host's GPUs is decided by the GPU model's rules (gpu/access.py), which the plan writes into the spec.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from dockerlaunch.container import (
     Ulimit,
 )
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.gpu.needs import compat_to_load
+from dockerlaunch.gpu.access import HostGpuAccess, choose_access, pending_access
 from dockerlaunch.job.config import ClusterConfig, HostConfig, is_ip, is_loopback
-from dockerlaunch.job.facts import HostFacts, HostGpuAccess
+from dockerlaunch.job.facts import HostFacts
 
 RANK_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")
 # Which attempt of a gang restart this is (0: the first start). TORCHELASTIC_RESTART_COUNT too, for commands that
@@ -52,8 +53,6 @@ LABEL_HOST = "dockerlaunch.host"
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1"}
 TTY_ENV = {"PYTHONUNBUFFERED": ""}
 FR_ENTRIES = "2000"  # flight-recorder ring size: collectives remembered per rank
-NVIDIA_DIR = "/usr/local/nvidia"  # where nvidia/cuda images look for the driver (their PATH and LD_LIBRARY_PATH)
-GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 # job.offline: the hubs' own offline switches (huggingface_hub, transformers, datasets). ModelScope has none
 # (modelscope 1.40.2 / modelscope-hub 0.5.1, the cpu stack's): in an ms-swift job its one hub call with local paths
 # is the trainer's `check_model`, an ms-swift argument (see offline_advice).
@@ -173,128 +172,18 @@ def _master_addr(config: ClusterConfig, hostname0: str | None, facts0: HostFacts
     return Deferred(f"address of {host0.address} that the other hosts reach", "master_addr")
 
 
-def resolve_gpu_mode(requested: str, gpu: HostGpuAccess) -> tuple[str, str]:
-    """`auto` -> what the host offers, best first: the toolkit's runtime, CDI specs, else device nodes."""
-    if requested != "auto":
-        return requested, "set in the config"
-    if gpu.nvidia_runtime:
-        return "gpus", "nvidia-container-toolkit runtime registered with dockerd"
-    usable, why = cdi_state(gpu)
-    if usable:
-        return "cdi", why
-    return "devices", f"no toolkit runtime, and {why}: device nodes and the driver's libraries"
-
-
-def cdi_state(gpu: HostGpuAccess) -> tuple[bool, str]:
-    """Can `--device nvidia.com/gpu=...` work on this engine, and why (not)? Docker reads CDI specs from 25 on,
-    only with the `cdi` feature on (measured: off in 26.1, on by default in 28.5); its `docker info` lists the
-    spec dirs it reads then."""
-    engine = gpu.engine or "?"
-    major = int(engine.split(".")[0]) if engine.split(".")[0].isdigit() else 0
-    if major and major < 25:
-        return False, f"Docker {engine} has no CDI (it needs 25 or later)"
-    if not gpu.cdi_dirs:
-        return False, (f"CDI is off in Docker {engine} (its `docker info` lists no CDI spec dirs): add "
-                       '"features": {"cdi": true} to /etc/docker/daemon.json and restart dockerd')
-    specs = [s for s in gpu.cdi_specs if any(s.startswith(d.rstrip("/") + "/") for d in gpu.cdi_dirs)]
-    if not specs:
-        return False, (f"no CDI spec names nvidia.com/gpu in {', '.join(gpu.cdi_dirs)} "
-                       "(nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)")
-    return True, f"CDI spec {specs[0]}, Docker {engine}"
-
-
-def _numbered(node: str) -> int | None:
-    tail = node.removeprefix("/dev/nvidia")
-    return int(tail) if tail.isdigit() else None
-
-
-# what a dry run can say of device mode before any host answered (device_access decides it per host)
-COMPAT_LATER = (" (device nodes: the image's cuda-compat folder first on LD_LIBRARY_PATH where the host's driver is "
-                "older than the image's CUDA needs)")
-
-
-def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str, why: str) -> GpuAccess:
-    """No toolkit: the control nodes, every /dev/nvidiaN, CUDA_VISIBLE_DEVICES for the chosen ones, and the host's
-    driver libraries read-only under /usr/local/nvidia (where CUDA images look), on the loader's path: first, except
-    where forward compatibility is what runs the image (gpu.needs.compat_to_load: the host's driver older than the
-    image's CUDA needs, its cuda-compat of a newer branch), whose compat folder then goes before them (the host's
-    libcuda would hide it) and `why` says so.
-
-    Every GPU node, not only the chosen ones: NCCL between two containers of one machine (one GPU each, --ipc
-    host) picks P2P/CUMEM and then fails with `Cuda failure 101 'invalid device ordinal'` when the peer's node is
-    missing (seen on 2 x H200); with all nodes it runs at bare-metal speed."""
-    numbered = sorted((n for n in gpu.device_nodes if _numbered(n) is not None), key=_numbered)
-    if gpus == "all":
-        chosen = numbered
-    elif isinstance(gpus, int):
-        chosen = numbered[:gpus]
-    else:
-        bad = [g for g in gpus if not g.isdigit()]
-        if bad:
-            raise ConfigError(f"{where}: gpus {bad[0]!r}: device-node access (no nvidia-container-toolkit here) "
-                              "takes GPU indices; use indices or install the toolkit")
-        chosen = [f"/dev/nvidia{g}" for g in gpus]
-    missing = [n for n in chosen if n not in gpu.device_nodes]
-    wanted = gpus if isinstance(gpus, int) else len(chosen)
-    if missing or not chosen or len(chosen) < wanted:
-        have = ", ".join(numbered) or "none"
-        raise ConfigError(f"{where}: asks for GPUs {gpus} but the host has GPU device nodes: {have}; "
-                          "set container.gpus (gpus: none for a CPU job)")
-    if not gpu.libs:
-        raise ConfigError(f"{where}: no NVIDIA driver libraries found with `ldconfig -p` (libcuda, libnvidia-ml); "
-                          "is the driver installed?")
-    if gpu.untrusted:
-        raise ConfigError(f"{where}: the driver file {gpu.untrusted[0]} is not root's own or is writable by others, "
-                          "and device-node access would bind-mount it into the job: have root own it "
-                          "(chown root:root, chmod go-w) or fix the ldconfig path that names it")
-    devices = [n for n in GPU_CONTROL_NODES if n in gpu.device_nodes] + numbered
-    mounts = [BindMount(path, f"{NVIDIA_DIR}/lib64/{soname}", read_only=True) for soname, path in gpu.libs]
-    if gpu.nvidia_smi:
-        mounts.append(BindMount(gpu.nvidia_smi, f"{NVIDIA_DIR}/bin/nvidia-smi", read_only=True))
-    env: list[tuple[str, str]] = []
-    if chosen != numbered and "CUDA_VISIBLE_DEVICES" not in user_env:
-        env.append(("CUDA_VISIBLE_DEVICES", ",".join(str(_numbered(n)) for n in chosen)))
-    if "LD_LIBRARY_PATH" not in user_env:
-        image = dict(e.split("=", 1) for e in (gpu.image_env or ()) if "=" in e).get("LD_LIBRARY_PATH", "")
-        forward = compat_to_load(gpu.image_env, gpu.driver)
-        if forward is not None:
-            # the host's libcuda would hide the image's compat one: forward compatibility is what runs this image
-            compat, cuda_v = forward
-            rest = [p for p in image.split(":") if p and p.rstrip("/") != compat.path]
-            lib64 = [] if f"{NVIDIA_DIR}/lib64" in rest else [f"{NVIDIA_DIR}/lib64"]
-            env.append(("LD_LIBRARY_PATH", ":".join([compat.path, *lib64, *rest])))
-            why += (f"; forward compatibility: driver {gpu.driver} is older than the image's CUDA {cuda_v} needs, so "
-                    f"the image's cuda-compat ({compat.path}) goes first on LD_LIBRARY_PATH, before the host's "
-                    f"libraries in {NVIDIA_DIR}/lib64")
-        elif f"{NVIDIA_DIR}/lib64" not in image.split(":"):
-            env.append(("LD_LIBRARY_PATH", ":".join(p for p in (f"{NVIDIA_DIR}/lib64", image) if p)))
-    return GpuAccess("devices", why, gpu_request(gpus), devices=tuple(devices), mounts=tuple(mounts), env=tuple(env))
-
-
 def gpu_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[str, str], where: str
                ) -> GpuAccess | Deferred | None:
-    """How a Docker engine on one host reaches the job's GPUs; Deferred when that depends on facts not gathered
-    yet (a dry run)."""
+    """How a Docker engine on one host reaches the job's GPUs (gpu/access.py's rules), as the spec holds it;
+    Deferred when that depends on facts not gathered yet (a dry run)."""
     if gpus == "none":
         return None
-    if requested == "cdi" and gpu is not None:
-        usable, why = cdi_state(gpu)
-        if not usable:
-            raise ConfigError(f"{where}: gpu_mode cdi, but {why}")
-        mode = "cdi"
-    elif requested in ("gpus", "cdi"):
-        mode, why = requested, "set in the config"
-    elif gpu is None:
-        return Deferred("GPU access of the host: --gpus (toolkit), CDI, or /dev/nvidia* + driver libraries"
-                        + COMPAT_LATER if requested == "auto" else
-                        "/dev/nvidia* device nodes and driver libraries of the host" + COMPAT_LATER, "gpu_access")
-    else:
-        mode, why = resolve_gpu_mode(requested, gpu)
-    if mode == "devices":
-        return device_access(gpus, gpu, user_env, where, why)
-    if mode == "cdi" and isinstance(gpus, int):
-        raise ConfigError(f"{where}: CDI (chosen for this host) takes gpus: all or a device list, not a count")
-    return GpuAccess(mode, why, gpu_request(gpus))
+    chosen = choose_access(gpus, requested, gpu, user_env, where)
+    if chosen is None:
+        return Deferred(pending_access(requested), "gpu_access")
+    return GpuAccess(chosen.mode, chosen.why, gpu_request(gpus), devices=chosen.devices,
+                     mounts=tuple(BindMount(source, target, read_only=True) for source, target in chosen.mounts),
+                     env=chosen.env)
 
 
 def gpu_request(gpus) -> GpuRequest | None:

@@ -13,7 +13,7 @@ import pytest
 
 from dockerlaunch import engine as enginelib
 from dockerlaunch import sim
-from dockerlaunch.job.config import load_config
+from dockerlaunch.job.load import load_config
 from tests import cli
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dockerlaunch import sim
-from dockerlaunch.job.config import load_config
+from dockerlaunch.job.load import load_config
 
 from .conftest import _inside_nodes, _leftovers
 from .helpers import containers_on, dl, job_name, start_up, stop_up, wait_for_ready

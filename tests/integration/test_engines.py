@@ -303,7 +303,7 @@ def test_cdi_is_judged_by_what_each_real_engine_reads(engine, mixed):
     """probe.sh on the real engines: Docker 26.1 lists no CDI spec dirs (CDI off), 28.5 reads /etc/cdi and
     /var/run/cdi; a spec naming nvidia.com/gpu there makes CDI usable (no GPU needed to judge it)."""
     from dockerlaunch.backends.docker.probe import parse_probe, script
-    from dockerlaunch.job.plan import cdi_state
+    from dockerlaunch.gpu.access import cdi_state
 
     def judge(node):
         code, out = engine.containers.get(node.name).exec_run(["sh", "-c", script("probe.sh"), "sh", mixed[1][0].ip])

@@ -131,7 +131,7 @@ def test_flight_recorder_dumps_are_read_by_pytorchs_analyzer_in_the_ranks_contai
 
     from dockerlaunch.backends.docker.session import open_session
     from dockerlaunch.diagnostics.dump import HostDump, _analyze_flight_recorder
-    from dockerlaunch.job.config import load_config
+    from dockerlaunch.job.load import load_config
 
     job = job_name()
     path = config(tmp_path, demo_image, name=job)

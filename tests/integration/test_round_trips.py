@@ -10,7 +10,8 @@ import pytest
 from dockerlaunch.backends.docker import up as launch
 from dockerlaunch.hosts import ssh
 from dockerlaunch.hosts.ssh import STEPS_MARK
-from dockerlaunch.job.config import Overrides, load_config
+from dockerlaunch.job.flags import Overrides
+from dockerlaunch.job.load import load_config
 from tests.integration.helpers import job_name, variant
 
 pytestmark = pytest.mark.integration

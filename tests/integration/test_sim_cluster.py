@@ -15,7 +15,7 @@ from dockerlaunch.docker_run import shell_command
 from dockerlaunch.errors import SSHError
 from dockerlaunch.hosts.ssh import Remote, connect
 from dockerlaunch.hosts.targets import resolve_target
-from dockerlaunch.job.config import load_config
+from dockerlaunch.job.load import load_config
 from dockerlaunch.job.plan import make_plan
 
 from .conftest import _leftovers

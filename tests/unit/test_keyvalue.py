@@ -13,8 +13,7 @@ from dockerlaunch.backends.docker.doctor.observations import HostObservation, pa
 from dockerlaunch.backends.docker.doctor.report import FAIL
 from dockerlaunch.backends.docker.probe import parse_probe, untrusted_files
 from dockerlaunch.errors import ConfigError, HostError
-from dockerlaunch.job.facts import HostGpuAccess
-from dockerlaunch.job.plan import device_access
+from dockerlaunch.gpu.access import HostGpuAccess, device_access
 from tests import gpu_standin
 
 SHELLS = [s for s in (["dash"], ["bash"], ["busybox", "sh"]) if shutil.which(s[0])]

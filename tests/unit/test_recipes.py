@@ -11,9 +11,9 @@ import yaml
 from dockerlaunch.backends.docker.doctor.judge import CACHE_ENV, _judge_caches
 from dockerlaunch.backends.docker.doctor.report import PASS, Report
 from dockerlaunch.docker_run import run_argv
+from dockerlaunch.gpu.access import HostGpuAccess
 from dockerlaunch.images.stacks import load_matrix
-from dockerlaunch.job.config import validate_config
-from dockerlaunch.job.facts import HostGpuAccess
+from dockerlaunch.job.load import validate_config
 from dockerlaunch.job.plan import OFFLINE_ENV, HostFacts, make_plan
 
 RECIPES = Path(__file__).resolve().parents[2] / "docs" / "RECIPES.md"

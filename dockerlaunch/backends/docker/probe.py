@@ -27,8 +27,9 @@ from dockerlaunch import keyvalue
 from dockerlaunch.backends.docker import script
 from dockerlaunch.errors import HostError
 from dockerlaunch.gpu import smi
+from dockerlaunch.gpu.access import HostGpuAccess
 from dockerlaunch.gpu.host import GpuHost
-from dockerlaunch.job.facts import EngineSecurity, HostGpuAccess
+from dockerlaunch.job.facts import EngineSecurity
 
 if TYPE_CHECKING:  # probe() only calls what it is given: the parsers stay free of SSH
     from dockerlaunch.hosts.ssh import Remote

@@ -345,7 +345,7 @@ def test_one_file_of_several_processes_is_split_by_pid():
 ])
 def test_configs_that_hide_the_transport_say_why(section, key, value, words):
     from dockerlaunch.diagnostics.nccl_logs import unreadable
-    from dockerlaunch.job.config import validate_config
+    from dockerlaunch.job.load import validate_config
 
     ok = validate_config({"hosts": ["h1"], "container": {"env": {"NCCL_DEBUG": "info"}}})
     assert unreadable(ok) is None

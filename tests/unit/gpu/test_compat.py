@@ -242,8 +242,7 @@ def test_an_image_without_compat_has_no_row_and_a_scan_that_broke_is_a_warning()
 
 
 def planned(driver: str | None, env=ENV, user_env=None):
-    from dockerlaunch.job.facts import HostGpuAccess
-    from dockerlaunch.job.plan import device_access
+    from dockerlaunch.gpu.access import HostGpuAccess, device_access
 
     gpu = HostGpuAccess(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"),
                         libs=(("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),),

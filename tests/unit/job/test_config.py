@@ -4,14 +4,9 @@ import pytest
 from pydantic import ValidationError
 
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.job.config import (
-    ClusterConfig,
-    Overrides,
-    apply_overrides,
-    load_config,
-    parse_host_string,
-    parse_mount_string,
-)
+from dockerlaunch.job.config import ClusterConfig, parse_host_string, parse_mount_string
+from dockerlaunch.job.flags import Overrides, apply_overrides
+from dockerlaunch.job.load import load_config
 from dockerlaunch.job.plan import make_plan
 
 

@@ -3,7 +3,8 @@
 import pytest
 
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.job.config import load_config, suggest_field, validate_config
+from dockerlaunch.job.load import load_config, validate_config
+from dockerlaunch.job.messages import suggest_field
 
 
 @pytest.mark.parametrize("data, said", [

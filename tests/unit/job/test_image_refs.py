@@ -4,7 +4,8 @@ reaches a `docker run` line or a printed fix."""
 import pytest
 
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.job.config import is_image_ref, load_config
+from dockerlaunch.job.config import is_image_ref
+from dockerlaunch.job.load import load_config
 
 GOOD = ["i:1", "ubuntu", "myteam/train:v1", "dockerlaunch/demo-torch:6aa7d402cc0c", "registry:5000/team/train:v1",
         "127.0.0.1:5000/dockerlaunch-cache:0123456789ab", "nvcr.io/nvidia/pytorch:25.01-py3", "a__b/c-d.e:t_1",

@@ -4,8 +4,9 @@ another image), the ones it cannot take named, and no secret-looking --env value
 
 import shlex
 
-from dockerlaunch.job.config import Overrides, load_config
+from dockerlaunch.job.flags import Overrides
 from dockerlaunch.job.invocation import FIX, TAKES, Invocation
+from dockerlaunch.job.load import load_config
 
 
 def test_a_fix_carries_the_users_config_hosts_and_name():

@@ -287,7 +287,8 @@ def test_user_values_win_over_diagnostics_and_each_part_turns_off():
 
 
 def test_no_diagnostics_flag_turns_everything_off():
-    from dockerlaunch.job.config import Overrides, apply_overrides, validate_config
+    from dockerlaunch.job.flags import Overrides, apply_overrides
+    from dockerlaunch.job.load import validate_config
 
     data = apply_overrides({"hosts": ["10.0.0.1"], "image": "i", "diagnostics": {"dir": "/d"}},
                            Overrides(diagnostics=False))
@@ -299,7 +300,7 @@ def test_no_diagnostics_flag_turns_everything_off():
 
 @pytest.mark.parametrize("bad", ["relative/dir", "/", "/a:b", "/a b", "/a,b"])
 def test_diagnostics_dir_must_be_an_absolute_plain_path(bad):
-    from dockerlaunch.job.config import validate_config
+    from dockerlaunch.job.load import validate_config
 
     with pytest.raises(ConfigError, match="diagnostics.dir"):
         validate_config({"hosts": ["10.0.0.1"], "diagnostics": {"dir": bad}})
@@ -314,7 +315,7 @@ NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidi
 
 
 def gpu_host(**kw):
-    from dockerlaunch.job.facts import HostGpuAccess
+    from dockerlaunch.gpu.access import HostGpuAccess
 
     base = dict(device_nodes=NODES, libs=LIBS, nvidia_smi="/usr/bin/nvidia-smi", engine="20.10.24",
                 image_env=("PATH=/usr/bin", "LD_LIBRARY_PATH=/opt/lib"))
@@ -353,8 +354,7 @@ def test_auto_prefers_the_toolkit_then_cdi_then_device_nodes():
      ["CDI spec /etc/cdi/nvidia.yaml, Docker 28.5.2"]),
 ])
 def test_cdi_state_says_why_cdi_is_or_is_not_usable(kw, usable, words):
-    from dockerlaunch.job.facts import HostGpuAccess
-    from dockerlaunch.job.plan import cdi_state
+    from dockerlaunch.gpu.access import HostGpuAccess, cdi_state
 
     ok, why = cdi_state(HostGpuAccess(**kw))
     assert ok is usable and all(w in why for w in words), why
@@ -435,7 +435,7 @@ def test_local_host_runs_without_ssh_on_loopback():
 
 
 def test_local_beside_ssh_hosts_needs_its_advertise_addr():
-    from dockerlaunch.job.config import validate_config
+    from dockerlaunch.job.load import validate_config
 
     with pytest.raises(ConfigError, match=r"hosts\[0\] local: in a job with SSH hosts, give its advertise_addr"):
         validate_config({"hosts": ["local", "10.0.0.2"]})
@@ -525,7 +525,7 @@ def test_up_applies_the_dry_run_plan_with_only_its_placeholders_filled(container
     """`up --dry-run` prints the plan `up` applies: `resolve` may fill what was `<resolved at launch>` (and add what
     a deferred GPU or IB decision brings), never change a value the dry run showed."""
     from dockerlaunch.docker_run import argv as docker_argv
-    from dockerlaunch.job.facts import HostGpuAccess
+    from dockerlaunch.gpu.access import HostGpuAccess
     from dockerlaunch.job.plan import resolve
 
     dry = make_plan(cfg(container=container))

@@ -13,7 +13,9 @@ from dockerlaunch.backends.docker.logsink import LogSink
 from dockerlaunch.backends.docker.runs import RunFolder, runs_of, saved_attempt, tail_lines
 from dockerlaunch.cli.console import RichReporter
 from dockerlaunch.errors import ConfigError
-from dockerlaunch.job.config import ClusterConfig, Overrides, load_config, parse_duration
+from dockerlaunch.job.config import ClusterConfig, parse_duration
+from dockerlaunch.job.flags import Overrides
+from dockerlaunch.job.load import load_config
 from dockerlaunch.job.plan import make_plan
 from dockerlaunch.job.recovery import (
     AttemptRecord,
@@ -58,7 +60,7 @@ def test_bad_recovery_settings_are_one_line_errors(job, words):
 
 
 def _validate(job):
-    from dockerlaunch.job.config import validate_config
+    from dockerlaunch.job.load import validate_config
 
     return validate_config({"hosts": ["a", "b"], "job": job})
 
@@ -70,7 +72,7 @@ def _validate(job):
     ({"hosts": ["a"], "spares": ["x;rm -rf /"]}, ["spares", "not a host name"]),
 ])
 def test_bad_spares_are_one_line_errors(data, words):
-    from dockerlaunch.job.config import validate_config
+    from dockerlaunch.job.load import validate_config
 
     with pytest.raises(ConfigError) as e:
         validate_config(data)

@@ -42,9 +42,10 @@ from dockerlaunch.cache import load_image_needs
 from dockerlaunch.container import IB_CAP, BindMount, ContainerSpec, Deferred, GpuAccess
 from dockerlaunch.docker_run import run_argv
 from dockerlaunch.errors import ConfigError, HostError
+from dockerlaunch.gpu.access import NVIDIA_DIR
 from dockerlaunch.hosts.fleet import Fleet, Host, each
 from dockerlaunch.job.config import ClusterConfig
-from dockerlaunch.job.plan import NVIDIA_DIR, HostPlan, JobPlan, infiniband_needs
+from dockerlaunch.job.plan import HostPlan, JobPlan, infiniband_needs
 
 PROBE_LABELS = {"dockerlaunch.probe": "1"}
 PROBE_RUN = "dockerlaunch.probe.run"  # one doctor run's probes, removed together when it is interrupted

@@ -756,7 +756,7 @@ def test_gpu_access_the_host_cannot_give_is_a_fail_with_the_reason():
     """The GPU probe is planned from what the host reported; an impossible request never reaches docker."""
     from dockerlaunch.backends.docker.doctor.observations import host_gpu_access
     from dockerlaunch.errors import ConfigError
-    from dockerlaunch.job.facts import HostGpuAccess
+    from dockerlaunch.gpu.access import HostGpuAccess
 
     config = cfg(gpus=["3"], gpu_mode="auto")
     plan = make_plan(config)

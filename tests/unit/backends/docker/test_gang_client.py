@@ -296,7 +296,7 @@ def test_ps_reads_each_supervised_jobs_result_from_its_hosts(run_gang, tmp_path)
     with another config's folder) keeps the keys it always had."""
     from dockerlaunch.cli.jobs import _states
     from dockerlaunch.hosts.fleet import Fleet
-    from dockerlaunch.job.config import validate_config
+    from dockerlaunch.job.load import validate_config
 
     root = tmp_path / "diag"
     assert run_gang(RESTARTED, root / "sup" / "runs" / RUN) == {0: 3, 1: 3}

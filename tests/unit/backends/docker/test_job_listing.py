@@ -143,8 +143,8 @@ def test_exec_into_an_exited_rank_says_the_jobs_state_and_what_to_run():
     """Quoted: `exec` into an exited rank printed Docker's `Container ... is not running`."""
     from dockerlaunch.backends.docker.after_up import not_running
     from dockerlaunch.backends.docker.dockerhost import ContainerState
-    from dockerlaunch.job.config import validate_config
     from dockerlaunch.job.invocation import Invocation
+    from dockerlaunch.job.load import validate_config
 
     config = validate_config({"hosts": ["h1", "h2"], "job": {"name": "ux4"}})
     config._invocation = Invocation(config="/c.yaml", log_dir="/runs")
