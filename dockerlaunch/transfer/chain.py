@@ -8,7 +8,7 @@ stream only after it matches the sha256 the launcher sends it over SSH once the 
 or a man in the middle who read a token off the wire, feeds nothing into `docker load` (the host then gets a
 star push). A link that never receives data within RECEIVE_TIMEOUT
 of its upstream finishing is given up, and a host whose stream stopped short says so (relay.sh exits 9): both
-end as `Outcome.FAILED_CUT`, their stages keep what arrived, and push.apply sends them a second chain
+end as `Outcome.FAILED_CUT`, their stages keep what arrived, and push.apply_plan sends them a second chain
 (push_plan.chain_again) that starts where each stage ends. A closed SSH
 channel does not end `nc -l`, so every listener is killed, by the pid its relay reported, when the chain ends,
 whatever happened. Links carry the image as plain TCP (the first hop is SSH): where that matters, push with

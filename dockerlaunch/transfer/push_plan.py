@@ -451,7 +451,7 @@ def route_as_read(route: RouteChoice | None, image: LocalImage) -> RouteChoice |
 
 # ---------------------------------------------------------------- recovery: what follows a host's failure
 #
-# push.apply carries out the plan and, after a failure, asks these rules; each reads typed facts (a host's Outcome,
+# push.apply_plan carries out the plan and, after a failure, asks these rules; each reads typed facts (a host's Outcome,
 # its planned transfer), never a message.
 
 
