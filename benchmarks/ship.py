@@ -45,7 +45,7 @@ from dockerlaunch.transfer import bundle_parts, image_facts, pipes, push, stagin
 def cut_then_push(client, remote: Remote, image: image_facts.LocalImage, frac: float):
     """(the push cut when `frac` of the image's bytes were sent -- uncompressed, so the fraction is the image's --,
     whether the host had the image tagged right after the cut, the push run again)."""
-    plan, _, _ = push.observe_and_plan(client, [remote], image, strategy="star", compress="none", thin=False)
+    plan = push.Push(client, [remote], image, strategy="star", compress="none", thin=False).plan()
     cut, sent = threading.Event(), [0]
 
     def count(k: int) -> None:

@@ -222,11 +222,10 @@ class _Pusher:
         from dockerlaunch.transfer.push_plan import PushState
 
         hosts = session.fleet.hosts
-        remotes = [h.remote for h in hosts]
-        plan, views, layers = pushlib.observe_and_plan(self.client, remotes, self.image,
-                                                       addresses=[h.target.hostname for h in hosts], reporter=reporter)
-        results = pushlib.apply(self.client, remotes, plan, views, layers, "auto", True, reporter)
-        pid = pushlib.fill_later(plan)  # after the hosts are done: the job does not wait for the layer cache
+        job = pushlib.Push(self.client, [h.remote for h in hosts], self.image,
+                           addresses=[h.target.hostname for h in hosts], reporter=reporter)
+        results = job.apply()  # then the layer cache's fill, if any: the job does not wait for it
+        pid = job.fill_pid
         if pid:
             reporter.say(f"filling the layer cache with {self.image.ref} in the background (pid {pid}): the next "
                          "push of its lineage reads only its new layers", "bold")

@@ -141,10 +141,9 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
     image = pushlib.source_image(client, ref, note)  # a clear error before any connection
     with Fleet.connect(cfg, require_all=False) as cluster:
         live = cluster.live
-        remotes = [h.remote for h in live]
-        addresses = [h.target.hostname for h in live]
-        plan, views, layers = pushlib.observe_and_plan(client, remotes, image, addresses=addresses, strategy=strategy,
-                                                       compress=compress, thin=thin, note=note, reporter=reporter)
+        job = pushlib.Push(client, [h.remote for h in live], image, addresses=[h.target.hostname for h in live],
+                           strategy=strategy, compress=compress, thin=thin, note=note, reporter=reporter)
+        plan = job.plan()
         if dry_run:
             from dockerlaunch.transfer.push_plan import Action, HostTransfer
 
@@ -152,10 +151,9 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
                           if not h.connected] + plan.hosts
             _print_push_plan(plan, output)
             sys.exit(1 if any(t.action == Action.FAIL for t in plan.hosts) else 0)
-        results = pushlib.apply(client, remotes, plan, views, layers, compress, thin, reporter)
         results = [HostResult(h.address, PushState.FAILED, str(h.error)) for h in cluster.hosts
-                   if not h.connected] + results
-    pid = pushlib.fill_later(plan)  # the hosts are done: the cache fills without delaying them
+                   if not h.connected] + job.apply()
+    pid = job.fill_pid
     route = plan.route
     code = _summary(results, output, {"layer_route": route.to_dict() if route else None, "layer_source":
                                       image_source(plan.image), "cache_fill": {"pid": pid} if pid else None})

@@ -8,8 +8,8 @@ stream only after it matches the sha256 the launcher sends it over SSH once the 
 or a man in the middle who read a token off the wire, feeds nothing into `docker load` (the host then gets a
 star push). A link that never receives data within RECEIVE_TIMEOUT
 of its upstream finishing is given up, and a host whose stream stopped short says so (relay.sh exits 9): both
-are `resumable`, their stages keep what arrived, and push.send_chain sends them a second chain that starts
-where each stage ends. A closed SSH
+end as `Outcome.FAILED_CUT`, their stages keep what arrived, and push.apply_plan sends them a second chain
+(push_plan.chain_again) that starts where each stage ends. A closed SSH
 channel does not end `nc -l`, so every listener is killed, by the pid its relay reported, when the chain ends,
 whatever happened. Links carry the image as plain TCP (the first hop is SSH): where that matters, push with
 `--strategy star` (every byte over SSH).
@@ -31,7 +31,7 @@ from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.transfer import script
 from dockerlaunch.transfer.image_facts import LocalImage
 from dockerlaunch.transfer.pipes import CountingReader, stream_seconds
-from dockerlaunch.transfer.push_plan import HostResult, HostTransfer, PushState
+from dockerlaunch.transfer.push_plan import HostResult, HostTransfer, Outcome, PushState, load_outcome
 from dockerlaunch.transfer.streams import outgoing
 
 LISTEN_TIMEOUT = 15.0  # for a relay's listener to come up
@@ -106,8 +106,8 @@ def push_chain(
     Compression and the layers left out come from the plan (the same for every link). `stages`: per link, the
     key of its stage on the host ("-": none) and the prefix of the stream it keeps there (non-increasing along
     the chain); `chunks` is then the stream after the first link's prefix and `sha` the hash of that prefix
-    (push.send_chain works them out). A host that fails because the stream was cut before it had it all is
-    `resumable`: its stage holds what it got.
+    (push.send_chain works them out). A host that fails because the stream was cut before it had it all ends as
+    `Outcome.FAILED_CUT`: its stage holds what it got.
     """
     t0 = time.monotonic()
     if not remotes:
@@ -155,18 +155,18 @@ def push_chain(
                 stdin=head_stdin if i == 0 else _ThenChecksum(tokens[i] + b"\n" + tokens[i + 1] + b"\n", sent_all,
                                                               checksum, stop))
         except DockerlaunchError as e:
-            results[i] = HostResult(remotes[i].name, PushState.FAILED, str(e), resumable=True)
+            results[i] = HostResult.of(remotes[i].name, Outcome.FAILED_CUT, str(e))
             return
         if status != 0:
             reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
             # cut: a relay whose stream stopped short (9), the first host before its stream ended
-            cut = status == 9 or (i == 0 and reader.finished is None)
-            results[i] = HostResult(remotes[i].name, PushState.FAILED, reason[0][:300], resumable=cut)
+            results[i] = HostResult.of(remotes[i].name, load_outcome(status, cut=i == 0 and reader.finished is None),
+                                       reason[0][:300])
         else:
             role = "head of chain" if i == 0 else f"relayed from {remotes[i - 1].name}"
-            results[i] = HostResult(remotes[i].name, PushState.PUSHED, f"chain ({role}), {mode}{thin}, "
-                                    f"Image ID {links[i].expect_id[7:19]} verified", reader.count if i == 0 else 0,
-                                    time.monotonic() - t0, stream_seconds(reader, t0) if i == 0 else 0.0)
+            results[i] = HostResult.of(remotes[i].name, Outcome.SENT, f"chain ({role}), {mode}{thin}, "
+                                       f"Image ID {links[i].expect_id[7:19]} verified", reader.count if i == 0 else 0,
+                                       time.monotonic() - t0, stream_seconds(reader, t0) if i == 0 else 0.0)
 
     # listeners first, from the tail, each one listening before its sender starts
     by_rank: dict[int, threading.Thread] = {}
@@ -184,7 +184,7 @@ def push_chain(
                 for t in by_rank.values():
                     t.join(timeout=10)
                 why = results[i].detail if results[i] else f"no listener on port {port} after {LISTEN_TIMEOUT:g} s"
-                return [HostResult(r.name, PushState.FAILED, f"chain could not start at {remotes[i].name}: {why}")
+                return [HostResult.of(r.name, Outcome.FAILED, f"chain could not start at {remotes[i].name}: {why}")
                         for r in remotes]
         first = threading.Thread(target=run_host, args=(0,), daemon=True)
         first.start()
@@ -210,13 +210,13 @@ def push_chain(
                 for j in range(i, n):
                     by_rank[j].join(timeout=10)
                     results[j] = results[j] if results[j] and results[j].status == PushState.PUSHED else \
-                        HostResult(remotes[j].name, PushState.FAILED, why, resumable=True)
+                        HostResult.of(remotes[j].name, Outcome.FAILED_CUT, why)
                 break
             upstream_done = time.monotonic()
     finally:
         stop.set()
         _kill_listeners(remotes[1:], listeners[1:])  # a closed SSH channel does not end `nc -l`
-    return [r or HostResult(remotes[i].name, PushState.FAILED, "no result") for i, r in enumerate(results)]
+    return [r or HostResult.of(remotes[i].name, Outcome.FAILED, "no result") for i, r in enumerate(results)]
 
 
 def _kill_listeners(remotes: list[Remote], pids: list[int | None]) -> None:

@@ -42,16 +42,26 @@ from dockerlaunch.transfer.push_plan import (
     HostResult,
     HostTransfer,
     HostView,
+    Outcome,
     PushPlan,
-    PushState,
+    Recovery,
     Route,
     RouteChoice,
     Strategy,
+    chain_again,
     choose_route,
+    judge,
+    links_to_probe,
+    load_outcome,
     needs_layer_map,
+    needs_store_id,
     plan_push,
+    recovered,
+    route_as_read,
+    send_whole,
     size_text,
-    star_fallback,
+    stage_goes,
+    star_after_chain,
 )
 from dockerlaunch.transfer.restream import untagged_chunks
 from dockerlaunch.transfer.staging import (
@@ -75,7 +85,7 @@ def parse_host_view(host: str, address: str, text: str, image: LocalImage) -> Ho
     """inspect.sh's output -> HostView (pure); `has_id`: the host has the ID `image` gets in its store. An answer
     that breaks the key=value contract (backends/docker/probe.py) is the host's error, never a guess."""
     try:
-        kv = keyvalue.parse(text, ("store", "tag", "zstd", "relay"), ("has", "layers"))
+        kv = keyvalue.parse(text, ("store", "tag", "zstd", "relay"), ("has", "layers", "id"))
         have = None if "layers" not in kv else set().union(
             *(chain_ids(json.loads(v) or []) for v in kv["layers"]))  # null: an image with no layers
     except keyvalue.Malformed as e:
@@ -86,17 +96,21 @@ def parse_host_view(host: str, address: str, text: str, image: LocalImage) -> Ho
     present = {v.strip() for v in kv.get("has", [])}
     store = CONTAINERD if one.get("store") == CONTAINERD else GRAPHDRIVER
     want = image.expected_id(store)
-    return HostView(host=host, address=address, tag_id=one.get("tag", ""), has_id=bool(want) and want in present,
+    view = HostView(host=host, address=address, tag_id=one.get("tag", ""), has_id=bool(want) and want in present,
                     store=store, zstd=one.get("zstd") == "1", relay=one.get("relay") == "1",
-                    chain_ids=frozenset(have) if have is not None else None)
+                    chain_ids=frozenset(have) if have is not None else None,
+                    ids=frozenset(v.strip() for v in kv["id"]) if "id" in kv else None)
+    return judge(view, image)
 
 
 def observe(remote: Remote, image: LocalImage, address: str, thin: bool = True) -> HostView:
-    """One round trip: its image store, where the host's tag points, whether it has the image (by the ID
-    its store would give it), zstd, relay tools, its layers."""
+    """One round trip: its image store, where its tag points, whether it has the image (by the ID its store would
+    give it; a containerd store lists its image IDs while the launcher cannot name that ID yet), zstd, relay
+    tools, its layers."""
     ids = [i for i in dict.fromkeys((image.config_digest, image.expected_id(CONTAINERD))) if i]
+    list_ids = "0" if image.expected_id(CONTAINERD) else "1"
     try:
-        r = remote.check(["sh", "-c", script("inspect.sh"), "sh", image.ref, "1" if thin else "0", *ids],
+        r = remote.check(["sh", "-c", script("inspect.sh"), "sh", image.ref, "1" if thin else "0", list_ids, *ids],
                          "inspecting images", timeout=120)
     except HostError as e:
         return HostView(remote.name, address, error=e.reason)
@@ -106,50 +120,66 @@ def observe(remote: Remote, image: LocalImage, address: str, thin: bool = True) 
     return view
 
 
-def observe_and_plan(client, remotes: list[Remote], image: LocalImage, *, addresses: list[str] | None = None,
-              strategy: str = "auto", compress: str = "auto", thin: bool = True,
-              note: Callable[[str], None] | None = None, reporter: Reporter | None = None
-              ) -> tuple[PushPlan, list[HostView], list[tuple[str, int]] | None]:
-    """Observe every host concurrently and plan. Sends nothing, tags nothing (`push --dry-run`).
+class Push:
+    """One push of `image` to `remotes`, the one entry point (`push`, `up --push`, `compile --on`, the tests):
 
-    The image's ID in a containerd-store engine is the digest of the manifest our stream carries, known
-    from a read of the local save: the first push of an image to such a host reads it once (cached) and
-    asks that host again with the ID. Where a thin stream's layers are read (the launcher's layer cache, or
-    `docker save`) is decided here, before any is read (push_plan.choose_route); `reporter` shows that read's
-    progress (the cache's fill, or the save read for the layer map), `note` what it does when it is slow."""
-    addresses = addresses or [r.target.hostname for r in remotes]
+    `plan()` asks every host once and decides everything before a byte is sent: what each host gets, star or chain
+    (an auto chain's links are probed first), where the layers are read (push_plan.choose_route), and the star push
+    each chain host falls back to; it sends nothing, tags nothing, and is what `push --dry-run` prints. `apply()`
+    carries that plan out; after a failure the recovery rules (push_plan: chain_again, star_after_chain,
+    send_whole, stage_goes) decide what follows, from each host's Outcome. Then, with `fill_cache`, the layer
+    cache is filled in the background where the plan's route said so (`fill_pid`).
 
-    def look(i: int) -> HostView:
-        return observe(remotes[i], image, addresses[i], thin)
+    The image's ID in a containerd-store engine is the digest of the manifest our stream carries, known from a
+    read of the local save: on the first push of an image to such a host the host lists its image IDs, the save is
+    read once (cached) and the host judged from its list (push_plan.judge), not asked again. `reporter` shows the
+    layer read's progress (the cache's fill, or the save read for the layer map) and each stream's, `note` what a
+    read does when it is slow."""
 
-    def observe_all(indexes: list[int]) -> list[HostView]:
-        return [o.value if o.ok else HostView(remotes[o.item].name, addresses[o.item], error=str(o.error))
-                for o in each(look, indexes)]
+    def __init__(self, client, remotes: list[Remote], image: LocalImage, *, addresses: list[str] | None = None,
+                 strategy: str = "auto", compress: str = "auto", thin: bool = True, fill_cache: bool = True,
+                 note: Callable[[str], None] | None = None, reporter: Reporter | None = None):
+        self.client, self.remotes, self.image = client, remotes, image
+        self.addresses = addresses or [r.target.hostname for r in remotes]
+        self.strategy, self.compress, self.thin, self.fill_cache = strategy, compress, thin, fill_cache
+        self.note, self.reporter = note, reporter or Reporter()
+        self.fill_pid: int | None = None
+        self._plan: PushPlan | None = None
 
-    views = observe_all(list(range(len(remotes))))
-    again = [i for i, v in enumerate(views) if v.store == CONTAINERD and not image.expected_id(CONTAINERD)]
-    if again:
-        image = with_facts(client, image)
-        for i, v in zip(again, observe_all(again)):
-            views[i] = v
-    layers = None
-    thinned = thin and needs_layer_map(image, views)
-    cache = _cache_state(client, image) if thinned and image.tar_source == DOCKER_SAVE else None
-    route = choose_route(image, views, cache, strategy=strategy, thin=thin, facts_known=facts_known(image))
-    if thinned:  # the facts of a thin stream: from the launcher's registry, or a read of the save
-        image = thin_source(client, image, note, route=route, reporter=reporter)
-        layers = layer_map(client, image)
-        if route is not None and route.route == Route.CACHE and image.source and image.source.via == "save":
-            route = replace(route, route=Route.SAVE, fill_later=False,
-                            reason=f"the layer cache could not serve: {image.source.why}")
-    plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers, route=route)
-    if strategy == "auto" and plan.strategy == Strategy.CHAIN:
+    def plan(self) -> PushPlan:
+        if self._plan is None:
+            self._plan = self._decide()
+        return self._plan
+
+    def apply(self) -> list[HostResult]:
+        """Carry out the plan (made now if `plan()` was not called), then start the cache's fill if it says so."""
+        results = apply_plan(self.client, self.remotes, self.plan(), self.reporter)
+        if self.fill_cache:
+            self.fill_pid = fill_later(self.plan())  # the hosts are done: the cache fills without delaying them
+        return results
+
+    def _decide(self) -> PushPlan:
+        client, image, thin = self.client, self.image, self.thin
+        remotes, addresses = self.remotes, self.addresses
+        views = [o.value if o.ok else HostView(remotes[o.item].name, addresses[o.item], error=str(o.error))
+                 for o in each(lambda i: observe(remotes[i], image, addresses[i], thin), list(range(len(remotes))))]
+        if needs_store_id(image, views):
+            image = with_facts(client, image)
+            views = [judge(v, image) for v in views]
         by_name = {r.name: r for r in remotes}
-        broken = probe_links([(by_name[t.host], t.address) for t in plan.sending(Strategy.CHAIN)])
-        if broken:
-            plan = plan_push(image, views, strategy=strategy, compress=compress, thin=thin, layers=layers,
-                             broken_links=broken, route=route)
-    return plan, views, layers
+        chain = links_to_probe(self.strategy, image, views, self.compress)
+        broken = probe_links([(by_name[v.host], v.address) for v in chain]) if chain else None
+        layers = None
+        thinned = thin and needs_layer_map(image, views)
+        cache = _cache_state(client, image) if thinned and image.tar_source == DOCKER_SAVE else None
+        route = choose_route(image, views, cache, strategy=self.strategy, thin=thin, facts_known=facts_known(image),
+                             broken_links=broken)
+        if thinned:  # the facts of a thin stream: from the launcher's registry, or a read of the save
+            image = thin_source(client, image, self.note, route=route, reporter=self.reporter)
+            layers = layer_map(client, image)
+            route = route_as_read(route, image)
+        return plan_push(image, views, strategy=self.strategy, compress=self.compress, thin=thin, layers=layers,
+                         broken_links=broken, route=route)
 
 
 def _cache_state(client, image: LocalImage) -> CacheState:
@@ -293,11 +323,15 @@ def probe_links(chain: list[tuple[Remote, str]], timeout: float = 10.0) -> list[
 # ---------------------------------------------------------------- apply
 
 
-def _tag(remote: Remote, image: LocalImage, t: HostTransfer) -> tuple[PushState, str]:
+def _tag(remote: Remote, image: LocalImage, t: HostTransfer, delivered: bool = False) -> HostResult:
+    """Tag the Image ID the host has (untagged, or `delivered` by an earlier push whose load finished after its cut)."""
     r = remote.run(["docker", "tag", t.expect_id, image.ref], timeout=60)
     if not r.ok:
-        return PushState.FAILED, f"tagging: {r.last_line()}"
-    return PushState.TAGGED, f"had {t.expect_id[7:19]} untagged; tagged {image.ref}"
+        return HostResult.of(t.host, Outcome.FAILED_TAG, f"tagging: {r.last_line()}")
+    said = f"had {t.expect_id[7:19]} untagged; tagged {image.ref}"
+    if delivered:
+        return HostResult.of(t.host, Outcome.DELIVERED, f"{said} (an earlier push had delivered it)")
+    return HostResult.of(t.host, Outcome.TAGGED, said)
 
 
 def _thin_note(t: HostTransfer, image: LocalImage | None = None) -> str:
@@ -335,12 +369,11 @@ def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[Hos
 
         for i, (t, o) in enumerate(zip(links, each(look, list(range(len(links)))))):
             if not o.ok:
-                results[t.host] = HostResult(t.host, PushState.FAILED, str(o.error)[:300])
+                results[t.host] = HostResult.of(t.host, Outcome.FAILED, str(o.error)[:300])
                 continue
             pick: StagePick = o.value
             if pick.delivered:
-                state, detail = _tag(remotes[i], image, t)
-                results[t.host] = HostResult(t.host, state, f"{detail} (an earlier push had delivered it)")
+                results[t.host] = _tag(remotes[i], image, t, delivered=True)
                 continue
             if pick.note:
                 notes[t.host] = f"; {pick.note}"
@@ -359,11 +392,12 @@ def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[Hos
                              stages=[(key, off) for (key, _, _), off in zip(stages, offsets)], chunks=chunks,
                              sha=sha)
         for i, r, (key, _, _), off in zip(go, chained, stages, offsets):
-            if r.status == PushState.PUSHED:
-                r.detail += f", resumed at {off / 1e6:.0f} MB staged on the host" if off else ""
-                r.detail += notes.get(r.host, "")
-            elif key != "-" and not r.resumable and r.detail.startswith(("load failed", "loaded ", "after load")):
-                remove_stage(remotes[i], key)  # it all arrived and did not load (a full disk?): the stage goes
+            if not r.failed:
+                resumed = f", resumed at {off / 1e6:.0f} MB staged on the host" if off else ""
+                r = replace(r, detail=r.detail + resumed + notes.get(r.host, ""),
+                            outcome=Outcome.RESUMED if off else r.outcome)
+            elif key != "-" and stage_goes(r.outcome, whole=True):  # a chain host that was not cut had it all
+                remove_stage(remotes[i], key)
             results[r.host] = r
     return [results[t.host] for t in links]
 
@@ -385,10 +419,9 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
         try:
             pick = pick_stage(remote, key, t.expect_id, t.bytes_to_send)
         except DockerlaunchError as e:
-            return HostResult(remote.name, PushState.FAILED, str(e)[:300])
+            return HostResult.of(remote.name, Outcome.FAILED, str(e)[:300])
         if pick.delivered:
-            state, detail = _tag(remote, image, t)
-            return HostResult(remote.name, state, f"{detail} (an earlier push had delivered it)")
+            return replace(_tag(remote, image, t, delivered=True), host=remote.name)
         staged, note = pick.staged, pick.note
         if staged:
             offset, chunks = _resume_point(client, image, t, pick.probe, on_read)
@@ -405,20 +438,20 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
     took, streamed = time.monotonic() - t0, stream_seconds(reader, t0)
     if status != 0:
         reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {status}"]
-        disk_full = "no space left" in reason[0]
-        if disk_full:
+        # the engine's own words are the only sign of a full disk (ENOSPC): read once, here, into the outcome
+        outcome = load_outcome(status, disk_full="no space left" in reason[0])
+        if outcome == Outcome.FAILED_DISK_FULL:
             reason = [f"the host's disk filled up during docker load: free space there (docker image prune, "
                       f"docker builder prune) and push again ({reason[0][-120:]})"]
-        # it all arrived and did not load, or the stage took space the load needed: the stage goes
-        if staged and (disk_full or (status in (3, 4) and reader.finished is not None)):
+        if staged and stage_goes(outcome, whole=reader.finished is not None):
             remove_stage(remote, extra[0])
-        return HostResult(remote.name, PushState.FAILED, reason[0][:300] + note, reader.count, took, streamed)
+        return HostResult.of(remote.name, outcome, reason[0][:300] + note, reader.count, took, streamed)
     resumed = f", resumed at {offset / 1e6:.0f} MB staged on the host" if offset else ""
     resumed += _carrier(remote)
-    return HostResult(remote.name, PushState.PUSHED,
-                      f"{t.compression}{_thin_note(t, image)}, image {image.size / 1e6:.0f} MB, "
-                      f"Image ID {t.expect_id[7:19]} verified{resumed}{note}",
-                      reader.count, took, streamed)
+    return HostResult.of(remote.name, Outcome.RESUMED if offset else Outcome.SENT,
+                         f"{t.compression}{_thin_note(t, image)}, image {image.size / 1e6:.0f} MB, "
+                         f"Image ID {t.expect_id[7:19]} verified{resumed}{note}",
+                         reader.count, took, streamed)
 
 
 def _read_total(image: LocalImage, t: HostTransfer) -> int | None:
@@ -442,15 +475,14 @@ def _carrier(remote: Remote) -> str:
 
 def push_to_host(client, remote: Remote, image: LocalImage, compress: str = "auto", thin: bool = True,
                  on_bytes: Callable[[int], None] | None = None) -> HostResult:
-    """Observe, plan and push one host (star)."""
-    plan, _, _ = observe_and_plan(client, [remote], image, strategy="star", compress=compress, thin=thin)
-    return apply(client, [remote], plan, [], None, compress, thin)[0]
+    """Plan and push one host (star); the layer cache is left as it is."""
+    return Push(client, [remote], image, strategy="star", compress=compress, thin=thin, fill_cache=False).apply()[0]
 
 
-def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
-          layers: list[tuple[str, int]] | None, compress: str, thin: bool,
-          reporter: Reporter | None = None) -> list[HostResult]:
-    """Carry out a plan: tags, the chain (hosts it does not reach get a star push), star streams."""
+def apply_plan(client, remotes: list[Remote], plan: PushPlan, reporter: Reporter | None = None) -> list[HostResult]:
+    """Carry out a plan (Push.apply): tags, the chain, star streams; what follows a failure is the recovery rules'
+    (push_plan): a cut chain runs once more over the hosts it cut off, a chain host still failed gets its planned
+    star push, a thin star stream the engine refused is sent whole once."""
     reporter = reporter or Reporter()
     image = plan.image
     by_name = {r.name: r for r in remotes}
@@ -460,17 +492,16 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
     results: dict[str, HostResult] = {}
     for t in plan.hosts:
         if t.action == Action.SKIP:
-            results[t.host] = HostResult(t.host, PushState.SKIPPED, t.reason)
+            results[t.host] = HostResult.of(t.host, Outcome.SKIPPED, t.reason)
         elif t.action == Action.FAIL:
-            results[t.host] = HostResult(t.host, PushState.FAILED, t.reason)
+            results[t.host] = HostResult.of(t.host, Outcome.FAILED_PLANNED, t.reason)
     tags = [t for t in plan.hosts if t.action == Action.TAG]
     for t, o in zip(tags, each(lambda t: _tag(by_name[t.host], image, t), tags)):
-        state, detail = o.value if o.ok else (PushState.FAILED, str(o.error))
-        results[t.host] = HostResult(t.host, state, detail)
+        results[t.host] = o.value if o.ok else HostResult.of(t.host, Outcome.FAILED_TAG, str(o.error))
 
     with reporter.progress() as bars:
         star = plan.sending(Strategy.STAR)
-        chain_failed: dict[str, str] = {}
+        chain_failed: dict[str, HostResult] = {}
         links = plan.sending(Strategy.CHAIN)
         if links:
             bar = bars.add(f"chain of {len(links):<9}", _read_total(image, links[0]))
@@ -479,24 +510,21 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
                 try:
                     return send_chain(client, [by_name[t.host] for t in links], image, links, on_read=bar.advance)
                 except DockerlaunchError as e:
-                    return [HostResult(t.host, PushState.FAILED, str(e)) for t in links]
+                    return [HostResult.of(t.host, Outcome.FAILED, str(e)) for t in links]
 
             chained = chain(links)
-            # a cut chain resumes once, as a chain of the hosts it cut off: each gets only what it lacks
-            cut = {r.host: r.detail for r in chained if r.status == PushState.FAILED and r.resumable}
-            if cut:
-                again = {r.host: r for r in chain([t for t in links if t.host in cut])}
-                chained = [again.get(r.host, r) for r in chained]
-                for r in again.values():
-                    r.detail = f"chain again after a cut ({cut[r.host][:160]}): {r.detail}"
-            bar.done(ok=not any(r.status == PushState.FAILED for r in chained))
+            again = chain_again(chained)
+            if again:
+                second = {r.host: r for r in chain([t for t in links if t.host in again])}
+                chained = [recovered(r, Recovery.CHAIN_AGAIN, second[r.host]) if r.host in second else r
+                           for r in chained]
+            bar.done(ok=not any(r.failed for r in chained))
             for r in chained:
-                if r.status == PushState.FAILED:
-                    chain_failed[r.host] = r.detail
+                if r.failed:
+                    chain_failed[r.host] = r
                 else:
                     results[r.host] = r
-            if chain_failed:  # a broken link must not leave the hosts behind it without the image
-                star = star_fallback(plan, views, list(chain_failed), compress, thin, layers).sending()
+            star = star + [plan.fallback[h] for h in star_after_chain(chained)]
 
         def one(t: HostTransfer) -> HostResult:
             bar = bars.add(f"{t.host:<18}", _read_total(image, t))
@@ -504,39 +532,29 @@ def apply(client, remotes: list[Remote], plan: PushPlan, views: list[HostView],
                 res = send_star(client, by_name[t.host], image, t, on_read=bar.advance,
                                 on_sent=lambda: bar.phase("sent; docker load on the host"))
             except DockerlaunchError as e:
-                res = HostResult(t.host, PushState.FAILED, str(e))
-            bar.done(str(res.status), ok=res.status != PushState.FAILED)
+                res = HostResult.of(t.host, Outcome.FAILED, str(e))
+            bar.done(str(res.status), ok=not res.failed)
             return res
 
         for t, o in zip(star, each(one, star, max_workers=STAR_WINDOW)):
-            results[t.host] = o.value if o.ok else HostResult(t.host, PushState.FAILED, str(o.error))
+            results[t.host] = o.value if o.ok else HostResult.of(t.host, Outcome.FAILED, str(o.error))
 
-        # An engine that refuses a thin stream (containerd's store wants every layer whose snapshot it
-        # lacks) gets the whole image, once, by itself.
-        # (a disk that filled up reads "the host's disk filled up ...": never a reason to send everything)
-        refused = [t for t in star if t.skip_files and results[t.host].status == PushState.FAILED
-                   and results[t.host].detail.startswith("load failed")]
-        full = [replace(t, skip_files=[], layers_skipped=0, bytes_to_send=image.size) for t in refused]
-        for t, o in zip(full, each(one, full, max_workers=STAR_WINDOW)):
-            res = o.value if o.ok else HostResult(t.host, PushState.FAILED, str(o.error))
-            res.detail = f"the thin stream was refused ({results[t.host].detail[:160]}); sent in full: {res.detail}"
-            res.bytes_sent += results[t.host].bytes_sent
-            results[t.host] = res
-    for host, why in chain_failed.items():  # said last: the refusal above reads the star push's own words
-        res = results.setdefault(host, HostResult(host, PushState.FAILED, "no star push was planned"))
-        res.detail = f"star after the chain failed ({why[:160]}); {res.detail}"
+        whole = [w for w in (send_whole(t, results[t.host], image) for t in star) if w is not None]
+        for t, o in zip(whole, each(one, whole, max_workers=STAR_WINDOW)):
+            res = o.value if o.ok else HostResult.of(t.host, Outcome.FAILED, str(o.error))
+            results[t.host] = recovered(results[t.host], Recovery.WHOLE, res)
+    for host, r in chain_failed.items():  # said last: the whole resend above reads the star push's own outcome
+        results[host] = recovered(r, Recovery.STAR, results.get(host) or HostResult.of(
+            host, Outcome.FAILED, "no star push was planned"))
     return [results[t.host] for t in plan.hosts]
 
 
 def push(client, remotes: list[Remote], ref: str, compress: str = "auto", reporter: Reporter | None = None,
          thin: bool = True, strategy: str = "auto", addresses: list[str] | None = None) -> list[HostResult]:
-    """Observe, plan and apply: star (the launcher streams to every host) or chain (one copy leaves the
-    launcher, each host relays it to the next); hosts a cut chain left get a second chain that sends each only
-    what it lacks, and hosts a chain could not reach get a star push."""
-    image = source_image(client, ref)
-    plan, views, layers = observe_and_plan(client, remotes, image, addresses=addresses, strategy=strategy,
-                                    compress=compress, thin=thin)
-    return apply(client, remotes, plan, views, layers, compress, thin, reporter)
+    """`Push` of the local image `ref`, planned and applied (the layer cache is left as it is): star (the launcher
+    streams to every host) or chain (one copy leaves the launcher, each host relays it to the next)."""
+    return Push(client, remotes, source_image(client, ref), addresses=addresses, strategy=strategy,
+                compress=compress, thin=thin, fill_cache=False, reporter=reporter).apply()
 
 
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")

@@ -1,19 +1,22 @@
-"""Push, planned: what each host gets (nothing, a tag, a star stream or a chain link), how, and how much.
+"""Push, planned: what each host gets (nothing, a tag, a star stream or a chain link), how, and how much, and what
+follows when a host fails.
 
 Pure: `HostView`s (what each host told us, see `push.observe`) + the local image + the user's choices
-in, a `PushPlan` out. `push --dry-run` prints it; `push.apply` carries it out. Deciding here, apart
-from the I/O, is what lets every choice (auto strategy, compression, thin layers) be unit-tested.
+in, a `PushPlan` out. `push --dry-run` prints it; `push.Push.apply` carries it out, and after a failure asks the
+recovery rules at the end of this file (a cut chain runs again, a broken chain falls back to star, a refused thin
+stream is sent whole, a stage goes), which read each host's `Outcome`, never its words. Deciding here, apart from
+the I/O, is what lets every choice (auto strategy, compression, thin layers, recovery) be unit-tested.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 
 from dockerlaunch.enums import StrEnum
-from dockerlaunch.transfer.image_facts import GRAPHDRIVER, LocalImage
+from dockerlaunch.transfer.image_facts import CONTAINERD, GRAPHDRIVER, LocalImage
 from dockerlaunch.transfer.oci import chain_ids
 
 CHAIN_MIN_HOSTS = 3  # below this a chain saves nothing over star: the launcher's uplink carries <= 2 copies
@@ -41,9 +44,47 @@ class PushState(StrEnum):
     FAILED = "failed"
 
 
+class Outcome(StrEnum):
+    """How one host ended, finer than its PushState (the word the table and `--output json` show): what the recovery
+    rules below read. Set from what happened (the plan, the scripts' exit statuses), never from a message."""
+
+    SKIPPED = "skipped"  # its tag already pointed at the Image ID
+    TAGGED = "tagged"  # the Image ID was there under another name: tagged only
+    DELIVERED = "delivered"  # an earlier push's load had finished after that push was cut: tagged only
+    SENT = "sent"  # a stream (star or chain link) loaded, its Image ID checked, then tagged
+    RESUMED = "resumed"  # the same, after the prefix of the stream the host had staged
+    LOADED = "loaded"  # a bundle loaded (`load`)
+    FAILED_PLANNED = "failed_planned"  # the plan could not send to it (not asked, no zstd): nothing was tried
+    FAILED_CUT = "failed_cut"  # its stream stopped before its end: what arrived is staged, the next try sends the rest
+    FAILED_LOAD = "failed_load"  # its docker load refused the stream (a thin stream with a layer the engine lacks)
+    FAILED_VERIFY = "failed_verify"  # loaded, but not as the planned Image ID (or not at all)
+    FAILED_DISK_FULL = "failed_disk_full"  # the host's disk filled up during docker load
+    FAILED_TAG = "failed_tag"  # the image is there; setting its tag failed
+    FAILED = "failed"  # anything else: SSH, a stage probe, a chain that could not start, a stranger on a link
+
+    @property
+    def state(self) -> PushState:
+        return _STATE.get(self, PushState.FAILED)
+
+
+_STATE = {Outcome.SKIPPED: PushState.SKIPPED, Outcome.TAGGED: PushState.TAGGED, Outcome.DELIVERED: PushState.TAGGED,
+          Outcome.SENT: PushState.PUSHED, Outcome.RESUMED: PushState.PUSHED, Outcome.LOADED: PushState.LOADED}
+_DEFAULT_OUTCOME = {PushState.PUSHED: Outcome.SENT, PushState.LOADED: Outcome.LOADED,
+                    PushState.SKIPPED: Outcome.SKIPPED, PushState.TAGGED: Outcome.TAGGED,
+                    PushState.FAILED: Outcome.FAILED}
+
+
+class Recovery(StrEnum):
+    """What apply did after a host failed (the rules below decide it), carried on its result in order."""
+
+    CHAIN_AGAIN = "chain again"  # a cut chain: one more chain of the hosts it cut off, each resuming from its stage
+    STAR = "star after the chain"  # a chain host that still failed: the star push its plan holds for it
+    WHOLE = "sent in full"  # a thin star stream its engine refused: the whole image, once
+
+
 @dataclass
 class HostResult:
-    """How one host ended, for the summary table and `--output json`."""
+    """How one host ended, for the summary table and `--output json` (`outcome` and `recovered` are not in it)."""
 
     host: str
     status: PushState
@@ -51,11 +92,29 @@ class HostResult:
     bytes_sent: int = 0
     seconds: float = 0.0
     stream_seconds: float = 0.0  # until the last byte left the launcher; the rest is the host's docker load
-    resumable: bool = False  # failed because its stream was cut: what it got is staged, a retry sends the rest
+    outcome: Outcome | None = None  # None: the status's own (SENT for pushed, FAILED for failed, ...)
+    recovered: tuple[Recovery, ...] = ()  # what apply did after failures, in order (the detail says why)
+
+    def __post_init__(self) -> None:
+        if self.outcome is None:
+            self.outcome = _DEFAULT_OUTCOME[self.status]
+        elif self.outcome.state != self.status:
+            raise ValueError(f"outcome {self.outcome} is not {self.status}")
+
+    @classmethod
+    def of(cls, host: str, outcome: Outcome, detail: str = "", bytes_sent: int = 0, seconds: float = 0.0,
+           stream_seconds: float = 0.0) -> HostResult:
+        """A result named by its outcome (its status follows from it)."""
+        return cls(host, outcome.state, detail, bytes_sent, seconds, stream_seconds, outcome)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == PushState.FAILED
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.pop("resumable")
+        d.pop("outcome")
+        d.pop("recovered")
         return {**d, "status": str(self.status)}
 
 
@@ -72,6 +131,9 @@ class HostView:
     relay: bool = False  # OpenBSD nc -N and mkfifo: can be a chain link
     chain_ids: frozenset[str] | None = None  # every layer chain ID it has (None: not asked, --full)
     error: str | None = None
+    # every image ID its store holds, listed only while the launcher cannot name the image's ID in that store (a
+    # containerd store before the save's facts are read): `judge` tells `has_id` from it once they are
+    ids: frozenset[str] | None = None
 
 
 @dataclass
@@ -104,6 +166,8 @@ class PushPlan:
     strategy: Strategy
     hosts: list[HostTransfer]
     route: RouteChoice | None = None  # where the stream's layers are read (None: nothing is sent)
+    # per chain host, the star push it gets if the chain does not reach it (planned with the chain: `star_fallback`)
+    fallback: dict[str, HostTransfer] = field(default_factory=dict)
 
     def sending(self, strategy: Strategy | None = None) -> list[HostTransfer]:
         return [h for h in self.hosts if h.action == Action.SEND and (strategy is None or h.strategy == strategy)]
@@ -161,6 +225,39 @@ def needs_layer_map(image: LocalImage, views: list[HostView]) -> bool:
 
 def _up_to_date(image: LocalImage, v: HostView) -> bool:
     return bool(v.tag_id) and v.tag_id == image.expected_id(v.store)
+
+
+def senders(image: LocalImage, views: list[HostView], compress: str = "auto") -> list[HostView]:
+    """The hosts the image is streamed to, in order (a chain links them so): every host that answered and lacks it,
+    but one that --compress zstd cannot reach."""
+    return [v for v in views if not v.error and not _up_to_date(image, v) and not v.has_id
+            and not (compress == "zstd" and not v.zstd)]
+
+
+def needs_store_id(image: LocalImage, views: list[HostView]) -> bool:
+    """A host with containerd's store answered, and the launcher cannot name the image's ID there yet (the digest
+    of the manifest the stream carries: the save's facts, read once and cached). Such a host listed its image IDs
+    (`HostView.ids`): with the facts read, `judge` decides it without asking it again."""
+    return not image.expected_id(CONTAINERD) and any(v.store == CONTAINERD and not v.error for v in views)
+
+
+def judge(view: HostView, image: LocalImage) -> HostView:
+    """`has_id` of a host that listed its image IDs, now that `image` names its ID in the host's store."""
+    if view.ids is None or view.error:
+        return view
+    want = image.expected_id(view.store)
+    return replace(view, has_id=bool(want) and (view.has_id or want in view.ids))
+
+
+def links_to_probe(requested: str, image: LocalImage, views: list[HostView], compress: str = "auto"
+                   ) -> list[HostView]:
+    """The hosts an auto chain would link, in order, whose links are probed over TCP before anything is decided
+    (`choose_strategy` takes the answer as `broken_links`); none when no chain is in question (star asked for, a
+    chain asked for, fewer than CHAIN_MIN_HOSTS senders, a host that cannot relay)."""
+    if requested != "auto":
+        return []
+    chain = senders(image, views, compress)
+    return chain if choose_strategy(requested, chain)[0] == Strategy.CHAIN else []
 
 
 def choose_strategy(requested: str, senders: list[HostView], broken_links: list[str] | None = None
@@ -295,7 +392,7 @@ def plan_push(
     (choose_route) is carried as it is: where the layers were read was decided before they were.
     """
     out: list[HostTransfer] = []
-    senders: list[HostView] = []
+    sending = senders(image, views, compress)
     for v in views:
         if v.error:
             out.append(HostTransfer(v.host, Action.FAIL, reason=v.error))
@@ -305,36 +402,106 @@ def plan_push(
             have = image.expected_id(v.store)
             out.append(HostTransfer(v.host, Action.TAG, expect_id=have,
                                     reason=f"had {have[7:19]} untagged; tagged {image.ref}"))
-        elif compress == "zstd" and not v.zstd:
+        elif compress == "zstd" and not v.zstd:  # not a sender (`senders`)
             out.append(HostTransfer(v.host, Action.FAIL, reason="--compress zstd but zstd is not installed there"))
         else:
-            senders.append(v)
             out.append(HostTransfer(v.host, Action.SEND, expect_id=image.expected_id(v.store)))
-    chosen, why = choose_strategy(strategy, senders, broken_links)
+    chosen, why = choose_strategy(strategy, sending, broken_links)
     by_host = {h.host: h for h in out}
-    if chosen == Strategy.CHAIN and senders:
-        mode = _compression(compress, senders)
-        common = (frozenset.intersection(*[v.chain_ids for v in senders])
-                  if thin and all(v.chain_ids is not None for v in senders) else None)
+    plan = PushPlan(image, chosen, out, route)
+    if chosen == Strategy.CHAIN and sending:
+        mode = _compression(compress, sending)
+        common = (frozenset.intersection(*[v.chain_ids for v in sending])
+                  if thin and all(v.chain_ids is not None for v in sending) else None)
         skip, size = thin_layers(image, common, layers)
-        for i, v in enumerate(senders):
+        for i, v in enumerate(sending):
             by_host[v.host].__dict__.update(
                 strategy=Strategy.CHAIN, compression=mode, link=i, address=v.address,
-                next_host=senders[i + 1].host if i + 1 < len(senders) else None,
+                next_host=sending[i + 1].host if i + 1 < len(sending) else None,
                 layers=len(image.diff_ids), layers_skipped=len(skip), skip_files=skip, bytes_to_send=size,
-                reason=f"chain ({why})" if i == 0 else f"chain, relayed from {senders[i - 1].host}")
+                reason=f"chain ({why})" if i == 0 else f"chain, relayed from {sending[i - 1].host}")
+        plan.fallback = {t.host: t for t in star_fallback(plan, sending, [v.host for v in sending], compress, thin,
+                                                          layers).hosts}
     else:
-        for v in senders:
+        for v in sending:
             skip, size = thin_layers(image, v.chain_ids if thin else None, layers)
             by_host[v.host].__dict__.update(
                 strategy=Strategy.STAR, compression=_compression(compress, [v]), layers=len(image.diff_ids),
                 layers_skipped=len(skip), skip_files=skip, bytes_to_send=size, reason=f"star ({why})")
-    return PushPlan(image, chosen, out, route)
+    return plan
 
 
 def star_fallback(plan: PushPlan, views: list[HostView], hosts: list[str], compress: str, thin: bool,
                   layers: list[tuple[str, int]] | None) -> PushPlan:
-    """A star plan for the hosts a broken chain did not reach (each thinned by its own layers)."""
+    """A star plan for the hosts a broken chain did not reach (each thinned by its own layers); `plan_push` makes
+    it for every chain host with the chain (`PushPlan.fallback`), so apply only looks it up."""
     wanted = [v for v in views if v.host in hosts]
     return plan_push(plan.image, wanted, strategy="star", compress=compress, thin=thin, layers=layers,
                      route=plan.route)
+
+
+def route_as_read(route: RouteChoice | None, image: LocalImage) -> RouteChoice | None:
+    """The route as the layers were read: a cache route whose read fell back to the save (the cache could not serve
+    after all: image.source says why) is told as the save route, with that reason."""
+    if route is not None and route.route == Route.CACHE and image.source and image.source.via == "save":
+        return replace(route, route=Route.SAVE, fill_later=False,
+                       reason=f"the layer cache could not serve: {image.source.why}")
+    return route
+
+
+# ---------------------------------------------------------------- recovery: what follows a host's failure
+#
+# push.apply_plan carries out the plan and, after a failure, asks these rules; each reads typed facts (a host's Outcome,
+# its planned transfer), never a message.
+
+
+def load_outcome(status: int, *, cut: bool = False, disk_full: bool = False) -> Outcome:
+    """How a stream that ended with `status` failed, by the exit statuses load.sh and relay.sh promise (3: docker
+    load refused it, 4: not the planned Image ID, 5: the tag, 9: a relay's stream stopped short), or by what the
+    launcher saw: `cut` (the stream stopped before its end), `disk_full` (the host's disk filled up)."""
+    if cut or status == 9:
+        return Outcome.FAILED_CUT
+    if disk_full:
+        return Outcome.FAILED_DISK_FULL
+    return {3: Outcome.FAILED_LOAD, 4: Outcome.FAILED_VERIFY, 5: Outcome.FAILED_TAG}.get(status, Outcome.FAILED)
+
+
+def stage_goes(outcome: Outcome, whole: bool) -> bool:
+    """Whether a failed stream's stage on the host is removed: when all of the stream arrived (`whole`) and did not
+    load, or not as the planned ID (resuming would load the same bytes again), or the disk filled up (the stage
+    took space the load needed). A cut stream's stage stays: the next push resumes from it."""
+    return outcome == Outcome.FAILED_DISK_FULL or (whole and outcome in (Outcome.FAILED_LOAD, Outcome.FAILED_VERIFY))
+
+
+def chain_again(chained: list[HostResult]) -> list[str]:
+    """The hosts of a chain that runs once more, as a chain of them: those it cut off (a link, a relay, the
+    launcher), each resuming from what it staged. A host that failed otherwise gets its star push."""
+    return [r.host for r in chained if r.outcome == Outcome.FAILED_CUT]
+
+
+def star_after_chain(chained: list[HostResult]) -> list[str]:
+    """The chain hosts still failed once the chain (and its second run) ended: each gets its star push
+    (`PushPlan.fallback`). A broken link must not leave the hosts behind it without the image."""
+    return [r.host for r in chained if r.failed]
+
+
+def send_whole(t: HostTransfer, result: HostResult, image: LocalImage) -> HostTransfer | None:
+    """A thin star stream the host's engine refused (containerd's store wants every layer whose snapshot it lacks) is
+    sent once more, whole: the transfer for that, or None (a stream that left nothing out, or one that failed
+    otherwise: a full disk, a cut, a different ID are never a reason to send everything)."""
+    if not t.skip_files or result.outcome != Outcome.FAILED_LOAD:
+        return None
+    return replace(t, skip_files=[], layers_skipped=0, bytes_to_send=image.size)
+
+
+_SAID = {Recovery.CHAIN_AGAIN: "chain again after a cut ({why}): {detail}",
+         Recovery.STAR: "star after the chain failed ({why}); {detail}",
+         Recovery.WHOLE: "the thin stream was refused ({why}); sent in full: {detail}"}
+
+
+def recovered(failed: HostResult, step: Recovery, then: HostResult) -> HostResult:
+    """`then`, the result of recovery `step` after `failed`: its detail says why first, its steps follow `failed`'s;
+    a whole resend counts the bytes of the refused stream too."""
+    detail = _SAID[step].format(why=failed.detail[:160], detail=then.detail)
+    sent = then.bytes_sent + (failed.bytes_sent if step == Recovery.WHOLE else 0)
+    return replace(then, detail=detail, bytes_sent=sent, recovered=(*failed.recovered, step, *then.recovered))

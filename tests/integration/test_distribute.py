@@ -652,12 +652,12 @@ def test_a_chain_head_whose_stream_arrived_but_did_not_load_loses_its_stage(sim_
     try:
         assert dl("push", base, "--config", str(sim_cluster[1]), "--compress", "none").returncode == 0
         image = local_image(engine, top)
-        plan, views, layers = push.observe_and_plan(engine, remotes, image, addresses=ips, strategy="chain",
-                                                    compress="none", thin=True)
+        job = push.Push(engine, remotes, image, addresses=ips, strategy="chain", compress="none", thin=True)
+        plan = job.plan()
         assert [t.host for t in plan.sending(push.Strategy.CHAIN)] == [rm.name for rm in remotes], plan
         assert all(t.skip_files for t in plan.hosts), plan  # thin: both had the base
         remotes[0].check(["docker", "rmi", base], "removing the base on the head")
-        results = push.apply(engine, remotes, plan, views, layers, "none", True)
+        results = job.apply()
         assert [r.status for r in results] == ["pushed", "pushed"], results
         head = results[0].detail
         assert head.startswith("star after the chain failed (load failed") and "thin stream was refused" in head, head
@@ -849,7 +849,7 @@ def test_a_push_cut_mid_stream_resumes_from_what_the_host_staged(sim_cluster, en
     monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=48, scratch=True)
     image = local_image(engine, ref)
-    plan, _, _ = push.observe_and_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
+    plan = push.Push(engine, [remotes[0]], image, strategy="star", compress="none", thin=False).plan()
     [t] = plan.hosts
     cut, sent = threading.Event(), [0]
 
@@ -948,7 +948,7 @@ def test_a_staged_prefix_that_is_not_the_streams_own_is_sent_again(sim_cluster, 
     monkeypatch.setenv(staging.STAGE_MIN_ENV, "0")
     ref = fresh_image(mb=8, scratch=True)
     image = local_image(engine, ref)
-    plan, _, _ = push.observe_and_plan(engine, [remotes[0]], image, strategy="star", compress="none", thin=False)
+    plan = push.Push(engine, [remotes[0]], image, strategy="star", compress="none", thin=False).plan()
     key = staging.stage_key(plan.hosts[0])
     try:
         remotes[0].check(["sh", "-c", 'mkdir -p "$HOME/.cache/dockerlaunch/push" && head -c 1000000 /dev/urandom '

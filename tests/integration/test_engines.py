@@ -299,6 +299,32 @@ def test_a_layer_the_containerd_store_never_unpacked_is_sent_again(engine, mixed
     node_docker(engine, node, "rmi", "-f", child, image.facts.manifest_digest)
 
 
+def test_a_containerd_host_holding_the_image_under_another_name_is_only_tagged(engine, mixed, image_pair, tmp_path):
+    """The first push of an image whose save this machine never read: its ID in containerd's store (the digest of
+    our stream's manifest) is not known when the host is asked, so the host lists its image IDs and is judged from
+    that list once the save is read, not asked again (issue 61). One that holds the image under another name is
+    only tagged."""
+    from dockerlaunch.transfer import image_facts
+
+    parent, _ = image_pair
+    node, cfg = mixed[1][3], subset(mixed, tmp_path, [3])
+    r = dl("push", parent, "--config", cfg, "--strategy", "star", timeout=600)
+    assert r.returncode == 0 and "verified" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    other = f"{parent.split(':')[0]}-other:1"
+    assert node_docker(engine, node, "tag", parent, other)[0] == 0
+    assert node_docker(engine, node, "rmi", parent)[0] == 0
+    image_facts._cache_path(image_facts.local_image(engine, parent, facts=False)).unlink()  # read by this push
+    assert not image_facts.facts_known(image_facts.local_image(engine, parent, facts=False))
+    r = dl("push", parent, "--config", cfg, "--output", "json", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    [res] = json.loads(r.stdout)["hosts"]
+    assert (res["status"], res["bytes_sent"]) == ("tagged", 0), res
+    assert res["detail"].startswith("had ") and res["detail"].endswith(f"untagged; tagged {parent}"), res
+    code, out = node_docker(engine, node, "run", "--rm", parent, "cat", "/which")
+    assert (code, out.strip()) == (0, "one")
+    node_docker(engine, node, "rmi", "-f", other, parent)
+
+
 def test_cdi_is_judged_by_what_each_real_engine_reads(engine, mixed):
     """probe.sh on the real engines: Docker 26.1 lists no CDI spec dirs (CDI off), 28.5 reads /etc/cdi and
     /var/run/cdi; a spec naming nvidia.com/gpu there makes CDI usable (no GPU needed to judge it)."""
