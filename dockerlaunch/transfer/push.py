@@ -39,15 +39,16 @@ from dockerlaunch.transfer.push_plan import (
     CANNOT,
     Action,
     CacheState,
+    Fallback,
     HostResult,
     HostTransfer,
     HostView,
     Outcome,
     PushPlan,
-    Recovery,
     Route,
     RouteChoice,
     Strategy,
+    after_fallback,
     chain_again,
     choose_route,
     judge,
@@ -56,7 +57,6 @@ from dockerlaunch.transfer.push_plan import (
     needs_layer_map,
     needs_store_id,
     plan_push,
-    recovered,
     route_as_read,
     send_whole,
     size_text,
@@ -126,7 +126,7 @@ class Push:
     `plan()` asks every host once and decides everything before a byte is sent: what each host gets, star or chain
     (an auto chain's links are probed first), where the layers are read (push_plan.choose_route), and the star push
     each chain host falls back to; it sends nothing, tags nothing, and is what `push --dry-run` prints. `apply()`
-    carries that plan out; after a failure the recovery rules (push_plan: chain_again, star_after_chain,
+    carries that plan out; after a failure the fallback rules (push_plan: chain_again, star_after_chain,
     send_whole, stage_goes) decide what follows, from each host's Outcome. Then, with `fill_cache`, the layer
     cache is filled in the background where the plan's route said so (`fill_pid`).
 
@@ -480,7 +480,7 @@ def push_to_host(client, remote: Remote, image: LocalImage, compress: str = "aut
 
 
 def apply_plan(client, remotes: list[Remote], plan: PushPlan, reporter: Reporter | None = None) -> list[HostResult]:
-    """Carry out a plan (Push.apply): tags, the chain, star streams; what follows a failure is the recovery rules'
+    """Carry out a plan (Push.apply): tags, the chain, star streams; what follows a failure is the fallback rules'
     (push_plan): a cut chain runs once more over the hosts it cut off, a chain host still failed gets its planned
     star push, a thin star stream the engine refused is sent whole once."""
     reporter = reporter or Reporter()
@@ -516,7 +516,7 @@ def apply_plan(client, remotes: list[Remote], plan: PushPlan, reporter: Reporter
             again = chain_again(chained)
             if again:
                 second = {r.host: r for r in chain([t for t in links if t.host in again])}
-                chained = [recovered(r, Recovery.CHAIN_AGAIN, second[r.host]) if r.host in second else r
+                chained = [after_fallback(r, Fallback.CHAIN_AGAIN, second[r.host]) if r.host in second else r
                            for r in chained]
             bar.done(ok=not any(r.failed for r in chained))
             for r in chained:
@@ -542,9 +542,9 @@ def apply_plan(client, remotes: list[Remote], plan: PushPlan, reporter: Reporter
         whole = [w for w in (send_whole(t, results[t.host], image) for t in star) if w is not None]
         for t, o in zip(whole, each(one, whole, max_workers=STAR_WINDOW)):
             res = o.value if o.ok else HostResult.of(t.host, Outcome.FAILED, str(o.error))
-            results[t.host] = recovered(results[t.host], Recovery.WHOLE, res)
+            results[t.host] = after_fallback(results[t.host], Fallback.WHOLE, res)
     for host, r in chain_failed.items():  # said last: the whole resend above reads the star push's own outcome
-        results[host] = recovered(r, Recovery.STAR, results.get(host) or HostResult.of(
+        results[host] = after_fallback(r, Fallback.STAR, results.get(host) or HostResult.of(
             host, Outcome.FAILED, "no star push was planned"))
     return [results[t.host] for t in plan.hosts]
 

@@ -3,9 +3,9 @@ follows when a host fails.
 
 Pure: `HostView`s (what each host told us, see `push.observe`) + the local image + the user's choices
 in, a `PushPlan` out. `push --dry-run` prints it; `push.Push.apply` carries it out, and after a failure asks the
-recovery rules at the end of this file (a cut chain runs again, a broken chain falls back to star, a refused thin
+fallback rules at the end of this file (a cut chain runs again, a broken chain falls back to star, a refused thin
 stream is sent whole, a stage goes), which read each host's `Outcome`, never its words. Deciding here, apart from
-the I/O, is what lets every choice (auto strategy, compression, thin layers, recovery) be unit-tested.
+the I/O, is what lets every choice (auto strategy, compression, thin layers, fallbacks) be unit-tested.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class PushState(StrEnum):
 
 
 class Outcome(StrEnum):
-    """How one host ended, finer than its PushState (the word the table and `--output json` show): what the recovery
+    """How one host ended, finer than its PushState (the word the table and `--output json` show): what the fallback
     rules below read. Set from what happened (the plan, the scripts' exit statuses), never from a message."""
 
     SKIPPED = "skipped"  # its tag already pointed at the Image ID
@@ -74,7 +74,7 @@ _DEFAULT_OUTCOME = {PushState.PUSHED: Outcome.SENT, PushState.LOADED: Outcome.LO
                     PushState.FAILED: Outcome.FAILED}
 
 
-class Recovery(StrEnum):
+class Fallback(StrEnum):
     """What apply did after a host failed (the rules below decide it), carried on its result in order."""
 
     CHAIN_AGAIN = "chain again"  # a cut chain: one more chain of the hosts it cut off, each resuming from its stage
@@ -84,7 +84,7 @@ class Recovery(StrEnum):
 
 @dataclass
 class HostResult:
-    """How one host ended, for the summary table and `--output json` (`outcome` and `recovered` are not in it)."""
+    """How one host ended, for the summary table and `--output json` (`outcome` and `fallbacks` are not in it)."""
 
     host: str
     status: PushState
@@ -93,7 +93,7 @@ class HostResult:
     seconds: float = 0.0
     stream_seconds: float = 0.0  # until the last byte left the launcher; the rest is the host's docker load
     outcome: Outcome | None = None  # None: the status's own (SENT for pushed, FAILED for failed, ...)
-    recovered: tuple[Recovery, ...] = ()  # what apply did after failures, in order (the detail says why)
+    fallbacks: tuple[Fallback, ...] = ()  # what apply did after failures, in order (the detail says why)
 
     def __post_init__(self) -> None:
         if self.outcome is None:
@@ -114,7 +114,7 @@ class HostResult:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("outcome")
-        d.pop("recovered")
+        d.pop("fallbacks")
         return {**d, "status": str(self.status)}
 
 
@@ -449,7 +449,7 @@ def route_as_read(route: RouteChoice | None, image: LocalImage) -> RouteChoice |
     return route
 
 
-# ---------------------------------------------------------------- recovery: what follows a host's failure
+# ---------------------------------------------------------------- fallbacks: what follows a host's failure
 #
 # push.apply_plan carries out the plan and, after a failure, asks these rules; each reads typed facts (a host's Outcome,
 # its planned transfer), never a message.
@@ -494,14 +494,14 @@ def send_whole(t: HostTransfer, result: HostResult, image: LocalImage) -> HostTr
     return replace(t, skip_files=[], layers_skipped=0, bytes_to_send=image.size)
 
 
-_SAID = {Recovery.CHAIN_AGAIN: "chain again after a cut ({why}): {detail}",
-         Recovery.STAR: "star after the chain failed ({why}); {detail}",
-         Recovery.WHOLE: "the thin stream was refused ({why}); sent in full: {detail}"}
+_SAID = {Fallback.CHAIN_AGAIN: "chain again after a cut ({why}): {detail}",
+         Fallback.STAR: "star after the chain failed ({why}); {detail}",
+         Fallback.WHOLE: "the thin stream was refused ({why}); sent in full: {detail}"}
 
 
-def recovered(failed: HostResult, step: Recovery, then: HostResult) -> HostResult:
-    """`then`, the result of recovery `step` after `failed`: its detail says why first, its steps follow `failed`'s;
+def after_fallback(failed: HostResult, step: Fallback, then: HostResult) -> HostResult:
+    """`then`, the result of fallback `step` after `failed`: its detail says why first, its steps follow `failed`'s;
     a whole resend counts the bytes of the refused stream too."""
     detail = _SAID[step].format(why=failed.detail[:160], detail=then.detail)
-    sent = then.bytes_sent + (failed.bytes_sent if step == Recovery.WHOLE else 0)
-    return replace(then, detail=detail, bytes_sent=sent, recovered=(*failed.recovered, step, *then.recovered))
+    sent = then.bytes_sent + (failed.bytes_sent if step == Fallback.WHOLE else 0)
+    return replace(then, detail=detail, bytes_sent=sent, fallbacks=(*failed.fallbacks, step, *then.fallbacks))

@@ -16,22 +16,22 @@ from dockerlaunch.transfer.image_facts import CONTAINERD, LayerSource, LocalImag
 from dockerlaunch.transfer.oci import Blob, SaveFacts, chain_ids
 from dockerlaunch.transfer.push_plan import (
     Action,
+    Fallback,
     HostResult,
     HostTransfer,
     HostView,
     Outcome,
     PushState,
-    Recovery,
     Route,
     RouteChoice,
     Strategy,
+    after_fallback,
     chain_again,
     judge,
     links_to_probe,
     load_outcome,
     needs_store_id,
     plan_push,
-    recovered,
     route_as_read,
     send_whole,
     senders,
@@ -181,19 +181,19 @@ def test_a_stream_that_left_nothing_out_is_not_sent_again():
 
 def test_a_recovery_says_what_it_recovered_from_and_keeps_its_steps_in_order():
     cut = failed("h2", Outcome.FAILED_CUT, "cut: the stream stopped after 5 bytes", sent=5)
-    again = recovered(cut, Recovery.CHAIN_AGAIN, failed("h2", Outcome.FAILED_LOAD, "load failed: x", sent=7))
+    again = after_fallback(cut, Fallback.CHAIN_AGAIN, failed("h2", Outcome.FAILED_LOAD, "load failed: x", sent=7))
     assert again.detail == "chain again after a cut (cut: the stream stopped after 5 bytes): load failed: x"
-    assert (again.outcome, again.bytes_sent, again.recovered) == (Outcome.FAILED_LOAD, 7, (Recovery.CHAIN_AGAIN,))
+    assert (again.outcome, again.bytes_sent, again.fallbacks) == (Outcome.FAILED_LOAD, 7, (Fallback.CHAIN_AGAIN,))
     thin = failed("h2", Outcome.FAILED_LOAD, "load failed: a layer", sent=300)
-    whole = recovered(thin, Recovery.WHOLE, HostResult.of("h2", Outcome.SENT, "zstd, verified", 900))
+    whole = after_fallback(thin, Fallback.WHOLE, HostResult.of("h2", Outcome.SENT, "zstd, verified", 900))
     assert whole.detail == "the thin stream was refused (load failed: a layer); sent in full: zstd, verified"
-    assert (whole.bytes_sent, whole.recovered) == (1200, (Recovery.WHOLE,))  # both streams' bytes
-    star = recovered(again, Recovery.STAR, whole)
+    assert (whole.bytes_sent, whole.fallbacks) == (1200, (Fallback.WHOLE,))  # both streams' bytes
+    star = after_fallback(again, Fallback.STAR, whole)
     assert star.detail.startswith("star after the chain failed (chain again after a cut (cut: the stream stopped ")
     assert star.detail.endswith("; the thin stream was refused (load failed: a layer); sent in full: zstd, verified")
     assert (star.status, star.outcome, star.bytes_sent) == (PushState.PUSHED, Outcome.SENT, 1200)
-    assert star.recovered == (Recovery.CHAIN_AGAIN, Recovery.STAR, Recovery.WHOLE)
-    assert recovered(failed("h1", Outcome.FAILED, "x" * 400), Recovery.STAR, HostResult.of(
+    assert star.fallbacks == (Fallback.CHAIN_AGAIN, Fallback.STAR, Fallback.WHOLE)
+    assert after_fallback(failed("h1", Outcome.FAILED, "x" * 400), Fallback.STAR, HostResult.of(
         "h1", Outcome.SENT, "ok")).detail == f"star after the chain failed ({'x' * 160}); ok"
 
 
@@ -242,16 +242,16 @@ def test_apply_runs_the_chain_again_then_star_then_whole_by_outcomes_alone(monke
     assert calls[4:] == [("whole", ["h3"])]
     got = {r.host: r for r in results}
     assert [r.host for r in results] == ["h1", "h2", "h3", "h4"]
-    assert (got["h1"].outcome, got["h1"].recovered) == (Outcome.SENT, ())
-    assert (got["h2"].outcome, got["h2"].recovered) == (Outcome.RESUMED, (Recovery.CHAIN_AGAIN,))
+    assert (got["h1"].outcome, got["h1"].fallbacks) == (Outcome.SENT, ())
+    assert (got["h2"].outcome, got["h2"].fallbacks) == (Outcome.RESUMED, (Fallback.CHAIN_AGAIN,))
     assert got["h2"].detail == "chain again after a cut (no data from h1): chain (head of chain), resumed at 0 MB"
     assert (got["h3"].outcome, got["h3"].bytes_sent) == (Outcome.SENT, 50)
-    assert got["h3"].recovered == (Recovery.CHAIN_AGAIN, Recovery.STAR, Recovery.WHOLE)
+    assert got["h3"].fallbacks == (Fallback.CHAIN_AGAIN, Fallback.STAR, Fallback.WHOLE)
     assert got["h3"].detail == ("star after the chain failed (chain again after a cut (no data from h1): load failed: "
                                 "chain); the thin stream was refused (an engine's refusal); sent in full: zstd, "
                                 "verified")
-    assert (got["h4"].status, got["h4"].outcome, got["h4"].recovered) == (
-        PushState.FAILED, Outcome.FAILED_DISK_FULL, (Recovery.STAR,))
+    assert (got["h4"].status, got["h4"].outcome, got["h4"].fallbacks) == (
+        PushState.FAILED, Outcome.FAILED_DISK_FULL, (Fallback.STAR,))
 
 
 def test_apply_reports_planned_skips_and_failures_and_sends_nothing_for_them(monkeypatch):
