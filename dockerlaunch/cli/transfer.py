@@ -139,19 +139,19 @@ def push(ref: str | None, config_path: str | None, hosts: list[str] | None, imag
     note = None if output == "json" else (lambda line: click.echo(line, err=True))
     reporter = RichReporter(quiet_progress=output == "json")
     image = pushlib.source_image(client, ref, note)  # a clear error before any connection
-    with Fleet.connect(cfg, require_all=False) as cluster:
-        live = cluster.live
+    with Fleet.connect(cfg, require_all=False) as fleet:
+        live = fleet.live
         job = pushlib.Push(client, [h.remote for h in live], image, addresses=[h.target.hostname for h in live],
                            strategy=strategy, compress=compress, thin=thin, note=note, reporter=reporter)
         plan = job.plan()
         if dry_run:
             from dockerlaunch.transfer.push_plan import Action, HostTransfer
 
-            plan.hosts = [HostTransfer(h.address, Action.FAIL, reason=str(h.error)) for h in cluster.hosts
+            plan.hosts = [HostTransfer(h.address, Action.FAIL, reason=str(h.error)) for h in fleet.hosts
                           if not h.connected] + plan.hosts
             _print_push_plan(plan, output)
             sys.exit(1 if any(t.action == Action.FAIL for t in plan.hosts) else 0)
-        results = [HostResult(h.address, PushState.FAILED, str(h.error)) for h in cluster.hosts
+        results = [HostResult(h.address, PushState.FAILED, str(h.error)) for h in fleet.hosts
                    if not h.connected] + job.apply()
     pid = job.fill_pid
     route = plan.route
@@ -186,9 +186,9 @@ def _clean(cfg, output: str) -> int:
     from dockerlaunch.hosts.fleet import Fleet
     from dockerlaunch.transfer.staging import Cleaned, clean_staged
 
-    with Fleet.connect(cfg, require_all=False) as cluster:
-        done = clean_staged([h.remote for h in cluster.live])
-        done = [Cleaned(h.address, error=str(h.error)) for h in cluster.hosts if not h.connected] + done
+    with Fleet.connect(cfg, require_all=False) as fleet:
+        done = clean_staged([h.remote for h in fleet.live])
+        done = [Cleaned(h.address, error=str(h.error)) for h in fleet.hosts if not h.connected] + done
     failed = any(c.error for c in done)
     if output == "json":
         click.echo(json.dumps({"ok": not failed, "hosts": [c.__dict__ for c in done]}, indent=2))
@@ -262,8 +262,8 @@ def load_cmd(bundle: str, config_path: str | None, hosts: list[str] | None) -> N
         return
     cfg = load_config(config_path, Overrides(hosts=hosts))
     results = []
-    with Fleet.connect(cfg, require_all=False) as cluster:
-        for h in cluster.hosts:  # one at a time: each reads the whole bundle from local disk
+    with Fleet.connect(cfg, require_all=False) as fleet:
+        for h in fleet.hosts:  # one at a time: each reads the whole bundle from local disk
             if not h.connected:
                 results.append(HostResult(h.address, PushState.FAILED, str(h.error)))
                 continue

@@ -240,8 +240,8 @@ def remote_loader(remote: Remote, notes: list[str] | None = None, stop: threadin
         if not pick.staged:
             notes.append(f"{e.ref}: {pick.note}")
             return plain(stream)
-        probe = pick.probe
-        offset = probe.staged if probe.staged and piece.prefix_sha256(probe.staged) == probe.digest else 0
+        facts = pick.facts
+        offset = facts.staged if facts.staged and piece.prefix_sha256(facts.staged) == facts.digest else 0
         if offset:
             notes.append(f"{e.ref}: resumed at {offset / 1e6:.0f} MB staged on the host")
         reader = CountingReader(iter(functools.partial(_Skipped(stream, offset).read, CHUNK), b""), on_bytes)

@@ -52,7 +52,7 @@ from dockerlaunch.transfer.push_plan import (
     chain_again,
     choose_route,
     judge,
-    links_to_probe,
+    links_to_check,
     load_outcome,
     needs_layer_map,
     needs_store_id,
@@ -65,8 +65,8 @@ from dockerlaunch.transfer.push_plan import (
 )
 from dockerlaunch.transfer.restream import untagged_chunks
 from dockerlaunch.transfer.staging import (
+    StageFacts,
     StagePick,
-    StageProbe,
     chain_key,
     pick_stage,
     remove_stage,
@@ -124,7 +124,7 @@ class Push:
     """One push of `image` to `remotes`, the one entry point (`push`, `up --push`, `compile --on`, the tests):
 
     `plan()` asks every host once and decides everything before a byte is sent: what each host gets, star or chain
-    (an auto chain's links are probed first), where the layers are read (push_plan.choose_route), and the star push
+    (an auto chain's links are checked first), where the layers are read (push_plan.choose_route), and the star push
     each chain host falls back to; it sends nothing, tags nothing, and is what `push --dry-run` prints. `apply()`
     carries that plan out; after a failure the fallback rules (push_plan: chain_again, star_after_chain,
     send_whole, stage_goes) decide what follows, from each host's Outcome. Then, with `fill_cache`, the layer
@@ -167,8 +167,8 @@ class Push:
             image = with_facts(client, image)
             views = [judge(v, image) for v in views]
         by_name = {r.name: r for r in remotes}
-        chain = links_to_probe(self.strategy, image, views, self.compress)
-        broken = probe_links([(by_name[v.host], v.address) for v in chain]) if chain else None
+        chain = links_to_check(self.strategy, image, views, self.compress)
+        broken = check_links([(by_name[v.host], v.address) for v in chain]) if chain else None
         layers = None
         thinned = thin and needs_layer_map(image, views)
         cache = _cache_state(client, image) if thinned and image.tar_source == DOCKER_SAVE else None
@@ -296,7 +296,7 @@ def _slow_note(note: Callable[[str], None] | None, line: str) -> threading.Timer
     return timer
 
 
-def probe_links(chain: list[tuple[Remote, str]], timeout: float = 10.0) -> list[str]:
+def check_links(chain: list[tuple[Remote, str]], timeout: float = 10.0) -> list[str]:
     """`A cannot reach B:port` for every link of a would-be chain whose TCP connection fails (a firewall,
     a route) -- all links at once, each with a short-lived listener on a port of its own."""
     import secrets
@@ -304,7 +304,7 @@ def probe_links(chain: list[tuple[Remote, str]], timeout: float = 10.0) -> list[
     base = 40000 + secrets.randbelow(19000)
     links = list(zip(chain, chain[1:]))
 
-    def probe(k: int) -> str | None:
+    def check(k: int) -> str | None:
         (src, _), (dst, addr) = links[k]
         port = str(base + k)
         listener = threading.Thread(target=dst.run, daemon=True, args=(
@@ -317,7 +317,7 @@ def probe_links(chain: list[tuple[Remote, str]], timeout: float = 10.0) -> list[
         return None if r.ok else f"{src.name} cannot reach {dst.name} ({addr}:{port})"
 
     return [o.value if o.ok else f"{links[o.item][0][0].name}: {o.error}"
-            for o in each(probe, list(range(len(links)))) if not o.ok or o.value]
+            for o in each(check, list(range(len(links)))) if not o.ok or o.value]
 
 
 # ---------------------------------------------------------------- apply
@@ -341,13 +341,13 @@ def _thin_note(t: HostTransfer, image: LocalImage | None = None) -> str:
     return f", thin: {t.layers_skipped} of {t.layers} layers already there{source}"
 
 
-def _resume_point(client, image: LocalImage, t: HostTransfer, probe: StageProbe,
+def _resume_point(client, image: LocalImage, t: HostTransfer, facts: StageFacts,
                   on_read: Callable[[int], None] | None = None) -> tuple[int, Iterator[bytes]]:
     """(offset, the stream's chunks after it, compressed as it travels): the host's staged prefix is used when its
     bytes are this stream's own (sha256 of the same prefix, computed here from a fresh stream: zstd's output is the
     same for the same input, however it is chunked and however many threads make it), else the stream starts at 0."""
     offsets, chunks, _ = resume_points(lambda: outgoing(client, image, set(t.skip_files), t.compression or "none",
-                                                        on_bytes=on_read), [(probe.staged, probe.digest)])
+                                                        on_bytes=on_read), [(facts.staged, facts.digest)])
     return offsets[0], chunks
 
 
@@ -378,7 +378,7 @@ def send_chain(client, remotes: list[Remote], image: LocalImage, links: list[Hos
             if pick.note:
                 notes[t.host] = f"; {pick.note}"
             go.append(i)
-            stages.append((chain_key(t), pick.probe.staged, pick.probe.digest) if pick.staged else ("-", 0, "-"))
+            stages.append((chain_key(t), pick.facts.staged, pick.facts.digest) if pick.staged else ("-", 0, "-"))
     else:
         go = list(range(len(links)))
         stages = [("-", 0, "-")] * len(links)
@@ -424,7 +424,7 @@ def send_star(client, remote: Remote, image: LocalImage, t: HostTransfer,
             return replace(_tag(remote, image, t, delivered=True), host=remote.name)
         staged, note = pick.staged, pick.note
         if staged:
-            offset, chunks = _resume_point(client, image, t, pick.probe, on_read)
+            offset, chunks = _resume_point(client, image, t, pick.facts, on_read)
             extra = [key, str(offset)]
         else:
             note = f"; {note}"

@@ -60,7 +60,7 @@ class Outcome(StrEnum):
     FAILED_VERIFY = "failed_verify"  # loaded, but not as the planned Image ID (or not at all)
     FAILED_DISK_FULL = "failed_disk_full"  # the host's disk filled up during docker load
     FAILED_TAG = "failed_tag"  # the image is there; setting its tag failed
-    FAILED = "failed"  # anything else: SSH, a stage probe, a chain that could not start, a stranger on a link
+    FAILED = "failed"  # anything else: SSH, a stage question, a chain that could not start, a stranger on a link
 
     @property
     def state(self) -> PushState:
@@ -249,9 +249,9 @@ def judge(view: HostView, image: LocalImage) -> HostView:
     return replace(view, has_id=bool(want) and (view.has_id or want in view.ids))
 
 
-def links_to_probe(requested: str, image: LocalImage, views: list[HostView], compress: str = "auto"
+def links_to_check(requested: str, image: LocalImage, views: list[HostView], compress: str = "auto"
                    ) -> list[HostView]:
-    """The hosts an auto chain would link, in order, whose links are probed over TCP before anything is decided
+    """The hosts an auto chain would link, in order, whose links are checked over TCP before anything is decided
     (`choose_strategy` takes the answer as `broken_links`); none when no chain is in question (star asked for, a
     chain asked for, fewer than CHAIN_MIN_HOSTS senders, a host that cannot relay)."""
     if requested != "auto":
@@ -262,7 +262,7 @@ def links_to_probe(requested: str, image: LocalImage, views: list[HostView], com
 
 def choose_strategy(requested: str, senders: list[HostView], broken_links: list[str] | None = None
                     ) -> tuple[Strategy, str]:
-    """auto: chain for 3+ hosts that need the image, when every one of them can relay and (once probed,
+    """auto: chain for 3+ hosts that need the image, when every one of them can relay and (once checked,
     `broken_links`) each reaches the next over TCP."""
     if requested == "star":
         return Strategy.STAR, "asked for"

@@ -3,7 +3,7 @@
 From STAGE_MIN bytes each host stages the stream it gets (star, chain link or bundle image) under
 $HOME/.cache/dockerlaunch/push, one file per stream and host, under a lock a load holds; here: whether a host may
 stage (space for the stage and the load, no shared storage, flock), each stream's key, where receivers resume, and
-`push --clean`. The hosts' side is scripts/stage_probe.sh, load.sh and clean_staged.sh.
+`push --clean`. The hosts' side is scripts/stage_facts.sh, load.sh and clean_staged.sh.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def remove_stage(remote: Remote, key: str) -> None:
 
 @dataclass(frozen=True)
 class Disk:
-    """A filesystem as the probe saw it (sizes in bytes)."""
+    """A filesystem as stage_facts.sh saw it (sizes in bytes)."""
 
     device: str
     total: int
@@ -55,7 +55,7 @@ class Disk:
 
 
 @dataclass(frozen=True)
-class StageProbe:
+class StageFacts:
     staged: int
     digest: str
     present_id: str | None
@@ -72,21 +72,21 @@ def _disk(words: list[str]) -> Disk | None:
     return None
 
 
-STAGE_PROBE_STEP = "looking for a staged push"
+STAGE_FACTS_STEP = "looking for a staged push"
 STAGE_PROBE_KEYS = ("flock", "fs", "staged", "id", "cache", "docker", "root")
 
 
-def parse_stage_probe(text: str, host: str = "?") -> StageProbe:
-    """stage_probe.sh's output (key=value lines) -> StageProbe (pure); what a host did not say stays None. An
+def parse_stage_facts(text: str, host: str = "?") -> StageFacts:
+    """stage_facts.sh's output (key=value lines) -> StageFacts (pure); what a host did not say stays None. An
     answer that breaks the key=value contract (backends/docker/probe.py) is a HostError naming the host and key."""
     try:
         kv = {k: v[0] for k, v in keyvalue.parse(text, STAGE_PROBE_KEYS).items()}
     except keyvalue.Malformed as e:
-        raise keyvalue.host_error(host, STAGE_PROBE_STEP, e) from None
+        raise keyvalue.host_error(host, STAGE_FACTS_STEP, e) from None
     w = kv.get("staged", "").split()
     staged, digest = (int(w[0]), w[1]) if len(w) >= 2 and w[0].isdigit() else (0, "-")
     present = kv.get("id", "").strip()
-    return StageProbe(staged, digest, present if present.startswith("sha256:") else None,
+    return StageFacts(staged, digest, present if present.startswith("sha256:") else None,
                       _disk(kv.get("cache", "").split()), _disk(kv.get("docker", "").split()),
                       kv.get("root", "").strip() or "docker's root", kv.get("flock", "1").strip() != "0",
                       kv.get("fs", "").strip())
@@ -97,29 +97,29 @@ def reserve(d: Disk) -> int:
     return max(4 << 30, d.total // 20)
 
 
-def stage_choice(host: str, stream: int, probe: StageProbe) -> tuple[bool, str]:
+def stage_choice(host: str, stream: int, facts: StageFacts) -> tuple[bool, str]:
     """(stage?, why not): staging costs the stream's size again beside docker load's own copy and the
     unpacked layers; a push stages only where all of it fits with a reserve left, and otherwise streams
     straight into docker load (a cut push then starts over). An image whose load cannot fit is refused
     before any byte is sent. (pure)"""
     gib = 2**30
     load = 2 * stream  # docker load's temporary copy of the tar, then the unpacked layers
-    if probe.docker is not None and probe.docker.free < load:
-        raise TransferError(f"host {host}: {probe.docker.free / gib:.1f} GiB free in {probe.docker_root}, and "
+    if facts.docker is not None and facts.docker.free < load:
+        raise TransferError(f"host {host}: {facts.docker.free / gib:.1f} GiB free in {facts.docker_root}, and "
                             f"loading this image needs about {load / gib:.1f} GiB there (the tar and its unpacked "
                             "layers): free space on the host (docker image prune, docker builder prune) and push "
                             "again; nothing was sent")
-    if not probe.flock:
+    if not facts.flock:
         return False, "not staged (no flock on the host: two loads of one stage could not be kept apart)"
-    if SHARED_FS.fullmatch(probe.fs):
-        return False, f"not staged ($HOME/.cache is on {probe.fs}, shared storage: hosts would share one stage)"
-    if not probe.fs or probe.fs.upper().startswith("UNKNOWN"):
-        return False, (f"not staged ($HOME/.cache is on a file system stat does not know: {probe.fs or 'none said'}; "
+    if SHARED_FS.fullmatch(facts.fs):
+        return False, f"not staged ($HOME/.cache is on {facts.fs}, shared storage: hosts would share one stage)"
+    if not facts.fs or facts.fs.upper().startswith("UNKNOWN"):
+        return False, (f"not staged ($HOME/.cache is on a file system stat does not know: {facts.fs or 'none said'}; "
                        "it may be shared storage)")
-    cache = probe.cache
+    cache = facts.cache
     if cache is None:
         return False, "not staged (the host did not say how much space $HOME/.cache has)"
-    need = max(0, stream - probe.staged) + (load if cache.shares(probe.docker) else 0) + reserve(cache)
+    need = max(0, stream - facts.staged) + (load if cache.shares(facts.docker) else 0) + reserve(cache)
     if cache.free < need:
         return False, (f"not staged ({cache.free / gib:.1f} GiB free in $HOME/.cache, staging needs "
                        f"{need / gib:.1f} GiB with the load and a reserve): a cut push starts over")
@@ -146,27 +146,27 @@ def stage_key(t: HostTransfer) -> str:
 @dataclass(frozen=True)
 class StagePick:
     """What one host's stage of one stream says before it is sent: the host has the image already (an earlier
-    push's load finished after its cut), or the stream is staged (`probe` holds the prefix to check) or not."""
+    push's load finished after its cut), or the stream is staged (`facts` holds the prefix to check) or not."""
 
     delivered: bool
     staged: bool
-    probe: StageProbe
+    facts: StageFacts
     note: str = ""  # why not staged
 
 
 def pick_stage(remote: Remote, key: str, expect_id: str, stream_bytes: int) -> StagePick:
-    """Probe one stream's stage on a host and choose (stage_choice); a stage that will not be used goes (its space
-    is the load's). Raises what the probe or the choice raise (a load that cannot fit: one line)."""
-    r = remote.check(["sh", "-c", script("stage_probe.sh"), "sh", key, expect_id], STAGE_PROBE_STEP, timeout=1200)
-    probe = parse_stage_probe(r.stdout, remote.name)
-    if probe.present_id == expect_id:
-        if probe.staged:
+    """Ask a host about one stream's stage and choose (stage_choice); a stage that will not be used goes (its space
+    is the load's). Raises what the question or the choice raise (a load that cannot fit: one line)."""
+    r = remote.check(["sh", "-c", script("stage_facts.sh"), "sh", key, expect_id], STAGE_FACTS_STEP, timeout=1200)
+    facts = parse_stage_facts(r.stdout, remote.name)
+    if facts.present_id == expect_id:
+        if facts.staged:
             remove_stage(remote, key)
-        return StagePick(True, False, probe)
-    staged, why = stage_choice(remote.name, stream_bytes, probe)
-    if not staged and probe.staged:
+        return StagePick(True, False, facts)
+    staged, why = stage_choice(remote.name, stream_bytes, facts)
+    if not staged and facts.staged:
         remove_stage(remote, key)
-    return StagePick(False, staged, probe, why)
+    return StagePick(False, staged, facts, why)
 
 
 def chain_key(t: HostTransfer) -> str:

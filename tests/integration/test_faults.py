@@ -346,8 +346,8 @@ def test_a_relay_that_cannot_reach_the_next_host_gets_a_chain_of_its_own(sim_clu
     local_id = engine.images.get(ref).id
     ip1 = sim_cluster[2][0].ip
     try:
-        assert push.probe_links([(remotes[0], ip1), (remotes[1], sim_cluster[2][1].ip)]) == []
-        broken = push.probe_links([(remotes[0], ip1), (remotes[1], "127.0.0.1")])
+        assert push.check_links([(remotes[0], ip1), (remotes[1], sim_cluster[2][1].ip)]) == []
+        broken = push.check_links([(remotes[0], ip1), (remotes[1], "127.0.0.1")])
         assert len(broken) == 1 and broken[0].startswith(f"{remotes[0].name} cannot reach {remotes[1].name}")
         t0 = time.monotonic()
         results = push.push(engine, remotes, ref, compress="none", strategy="chain", addresses=[ip1, "127.0.0.1"])

@@ -3,7 +3,7 @@
 One probe script per host (one SSH round trip); parsing is pure and tested on fixture output.
 
 The contract of every script whose output the launcher parses as key=value lines (probe.sh, observe.sh, reach.sh,
-container_probe.sh and hubs.py in backends/docker; inspect.sh, stage_probe.sh, relay.sh and load.sh's status lines
+container_probe.sh and hubs.py in backends/docker; inspect.sh, stage_facts.sh, relay.sh and load.sh's status lines
 in transfer; ranks.sh and linkspeed.sh in diagnostics) -- later scripts keep it:
 - each value is printed as one line `KEY=VALUE` through `kv KEY VALUE` (or `kvl KEY TEXT`, a line of TEXT each) of
   `dockerlaunch/scripts/kv.sh`, with `printf '%s'`, never `echo` (dash's echo turns a host's `\n` into a line);

@@ -28,7 +28,7 @@ from dockerlaunch.transfer.push_plan import (
     after_fallback,
     chain_again,
     judge,
-    links_to_probe,
+    links_to_check,
     load_outcome,
     needs_store_id,
     plan_push,
@@ -301,13 +301,13 @@ def test_only_an_auto_chain_has_its_links_probed_and_in_the_plans_order():
              view("h6", zstd=False)]
     assert [v.host for v in senders(IMAGE, views)] == ["h1", "h3", "h5", "h6"]
     assert [v.host for v in senders(IMAGE, views, "zstd")] == ["h1", "h3", "h5"]
-    assert [v.host for v in links_to_probe("auto", IMAGE, views)] == ["h1", "h3", "h5", "h6"]
-    assert [v.host for v in links_to_probe("auto", IMAGE, views, "zstd")] == ["h1", "h3", "h5"]
-    assert links_to_probe("star", IMAGE, views) == [] and links_to_probe("chain", IMAGE, views) == []
-    assert links_to_probe("auto", IMAGE, views[:3]) == []  # 2 senders: star without asking
-    assert links_to_probe("auto", IMAGE, [*views[:3], view("h5", relay=False)]) == []
+    assert [v.host for v in links_to_check("auto", IMAGE, views)] == ["h1", "h3", "h5", "h6"]
+    assert [v.host for v in links_to_check("auto", IMAGE, views, "zstd")] == ["h1", "h3", "h5"]
+    assert links_to_check("star", IMAGE, views) == [] and links_to_check("chain", IMAGE, views) == []
+    assert links_to_check("auto", IMAGE, views[:3]) == []  # 2 senders: star without asking
+    assert links_to_check("auto", IMAGE, [*views[:3], view("h5", relay=False)]) == []
     # the probe's answer is the one the plan is made with: broken links make it star, once
-    chain = [v.host for v in links_to_probe("auto", IMAGE, views)]
+    chain = [v.host for v in links_to_check("auto", IMAGE, views)]
     plan = plan_push(IMAGE, views, broken_links=[f"{chain[0]} cannot reach {chain[1]} (10.0.0.3:40000)"])
     assert plan.strategy == Strategy.STAR and plan.fallback == {}
 
@@ -340,7 +340,7 @@ def test_push_plan_asks_each_host_once_probes_once_and_plans_once(monkeypatch):
             return push.parse_host_view("c8d", address, f"store=containerd\ntag=\nid={manifest}\nrelay=1\n", img)
         return view(remote.name, address=address)
 
-    def probe_links(chain, timeout=10.0):
+    def check_links(chain, timeout=10.0):
         probed.append([r.name for r, _ in chain])
         return ["h1 cannot reach h2 (10.0.0.2:40000)"]
 
@@ -352,7 +352,7 @@ def test_push_plan_asks_each_host_once_probes_once_and_plans_once(monkeypatch):
 
     monkeypatch.setattr(push, "observe", observe)
     monkeypatch.setattr(push, "with_facts", lambda client, img, on_bytes=None: image)
-    monkeypatch.setattr(push, "probe_links", probe_links)
+    monkeypatch.setattr(push, "check_links", check_links)
     monkeypatch.setattr(push, "plan_push", plan_push)
     remotes = [FakeRemote(n) for n in ("h1", "h2", "c8d", "h3")]
     job = push.Push(None, remotes, replace(IMAGE, facts=None), addresses=["a1", "a2", "a3", "a4"], thin=False)

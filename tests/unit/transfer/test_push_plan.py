@@ -567,51 +567,51 @@ GIB = 2**30
 
 def probe_text(staged="", present="", cache="2049 262144000 41943040", docker="2049 262144000 41943040",
                root="/var/lib/docker", fs="ext2/ext3"):
-    """stage_probe.sh's output as a host prints it (no staged file: no `staged=` line)."""
+    """stage_facts.sh's output as a host prints it (no staged file: no `staged=` line)."""
     return ((f"staged={staged}\n" if staged else "") + f"id={present}\ncache={cache}\ndocker={docker}\nroot={root}\n"
             + (f"fs={fs}\n" if fs is not None else ""))
 
 
 def test_the_stage_probe_is_parsed_by_key():
-    from dockerlaunch.transfer.staging import parse_stage_probe
+    from dockerlaunch.transfer.staging import parse_stage_facts
 
-    p = parse_stage_probe(probe_text(staged=f"123 {'a' * 64}", present="sha256:" + "b" * 64))
+    p = parse_stage_facts(probe_text(staged=f"123 {'a' * 64}", present="sha256:" + "b" * 64))
     assert (p.staged, p.digest, p.present_id) == (123, "a" * 64, "sha256:" + "b" * 64)
     assert p.cache.free == 41943040 * 1024 and p.cache.total == 262144000 * 1024
     assert p.cache.shares(p.docker) and p.docker_root == "/var/lib/docker"
-    bare = parse_stage_probe("id=\ncache= \n")  # no df, no docker info: nothing made up
+    bare = parse_stage_facts("id=\ncache= \n")  # no df, no docker info: nothing made up
     assert (bare.staged, bare.present_id, bare.cache, bare.docker) == (0, None, None, None)
 
 
 def test_a_push_stages_only_where_the_stage_the_load_and_a_reserve_fit():
-    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
+    from dockerlaunch.transfer.staging import parse_stage_facts, stage_choice
 
     # one 250 GiB disk with 40 GiB free: a 3 GiB image stages (3 + 6 + 12.5 reserve)
-    assert stage_choice("h", 3 * GIB, parse_stage_probe(probe_text())) == (True, "")
+    assert stage_choice("h", 3 * GIB, parse_stage_facts(probe_text())) == (True, "")
     # 15 GiB free: the load fits, staging beside it would not -> streamed straight in, and the reason says why
     tight = probe_text(cache="2049 262144000 15728640", docker="2049 262144000 15728640")
-    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(tight))
+    ok, why = stage_choice("h", 3 * GIB, parse_stage_facts(tight))
     assert not ok and "not staged" in why and "15.0 GiB free" in why and "starts over" in why
     # the staging folder on its own disk: the load does not count against it
     apart = probe_text(cache="2050 10485760 8388608", docker="2049 262144000 15728640")
-    assert stage_choice("h", 3 * GIB, parse_stage_probe(apart)) == (True, "")
+    assert stage_choice("h", 3 * GIB, parse_stage_facts(apart)) == (True, "")
     # an overlay root over the docker volume's disk (another device, the same sizes) is one disk
     overlay = probe_text(cache="77 262144000 15728640", docker="2049 262144000 15728640")
-    assert not stage_choice("h", 3 * GIB, parse_stage_probe(overlay))[0]
+    assert not stage_choice("h", 3 * GIB, parse_stage_facts(overlay))[0]
     # what is staged already need not fit again
     half = probe_text(staged=f"{2 * GIB} {'a' * 64}", cache="2049 262144000 20971520",
                       docker="2049 262144000 20971520")
-    assert stage_choice("h", 3 * GIB, parse_stage_probe(half))[0]
-    assert not stage_choice("h", 3 * GIB, parse_stage_probe(half.replace(str(2 * GIB), "1")))[0]
+    assert stage_choice("h", 3 * GIB, parse_stage_facts(half))[0]
+    assert not stage_choice("h", 3 * GIB, parse_stage_facts(half.replace(str(2 * GIB), "1")))[0]
 
 
 def test_an_image_that_cannot_fit_where_docker_keeps_images_is_refused_before_a_byte_is_sent():
     from dockerlaunch.errors import TransferError
-    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
+    from dockerlaunch.transfer.staging import parse_stage_facts, stage_choice
 
     full = probe_text(docker="2049 262144000 5242880")  # 5 GiB free: the load takes 6
     with pytest.raises(TransferError, match=r"host gpu7: 5.0 GiB free in /var/lib/docker.*6.0 GiB.*docker image prune"):
-        stage_choice("gpu7", 3 * GIB, parse_stage_probe(full))
+        stage_choice("gpu7", 3 * GIB, parse_stage_facts(full))
 
 
 @pytest.mark.parametrize("fs, stages", [("nfs", False), ("nfs4", False), ("lustre", False), ("ceph", False),
@@ -623,9 +623,9 @@ def test_an_image_that_cannot_fit_where_docker_keeps_images_is_refused_before_a_
 def test_a_home_on_shared_storage_is_never_staged_on(fs, stages):
     """issue 42, finding 4: on a cluster whose homes are NFS, every host would stage in one folder (one lock, one
     growing file, one host's cleanup deleting the others' stages): a network file system is not staged on."""
-    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
+    from dockerlaunch.transfer.staging import parse_stage_facts, stage_choice
 
-    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text(fs=fs)))
+    ok, why = stage_choice("h", 3 * GIB, parse_stage_facts(probe_text(fs=fs)))
     assert ok is stages
     if not stages:
         assert why == f"not staged ($HOME/.cache is on {fs}, shared storage: hosts would share one stage)"
@@ -638,18 +638,18 @@ def test_every_fuse_mount_and_the_other_shared_types_gnu_stat_names_are_never_st
     """Issue 60, item 10: `stat -f -c %T` prints `fuseblk` for every FUSE mount (sshfs, JuiceFS, ceph-fuse,
     glusterfs: one magic number), never the `fuse.*` the list looked for, and `gfs/gfs2` for GFS2: a home on any of
     them was staged on, one stage for every host."""
-    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
+    from dockerlaunch.transfer.staging import parse_stage_facts, stage_choice
 
-    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text(fs=fs)))
+    ok, why = stage_choice("h", 3 * GIB, parse_stage_facts(probe_text(fs=fs)))
     assert not ok and why == f"not staged ($HOME/.cache is on {fs}, shared storage: hosts would share one stage)"
 
 
 @pytest.mark.parametrize("fs", ["UNKNOWN (0x19830327)", "", None])
 def test_a_file_system_stat_does_not_know_is_never_staged_on(fs):
     """issue 50, finding 9: a type GNU stat has no name for may be shared storage too."""
-    from dockerlaunch.transfer.staging import parse_stage_probe, stage_choice
+    from dockerlaunch.transfer.staging import parse_stage_facts, stage_choice
 
-    ok, why = stage_choice("h", 3 * GIB, parse_stage_probe(probe_text(fs=fs)))
+    ok, why = stage_choice("h", 3 * GIB, parse_stage_facts(probe_text(fs=fs)))
     assert not ok and why.startswith("not staged ($HOME/.cache is on a file system stat does not know: "), why
 
 

@@ -3,7 +3,7 @@
 # backends/docker/probe.py): flock, the file system of $HOME/.cache, the staged prefix (size, sha256) once any load
 # of the same stream still running has finished (its lock), the Image ID the host has now, and the filesystems of
 # the staging folder and of docker's root (device, total KiB, free KiB).
-# usage: stage_probe.sh KEY IMAGE_ID
+# usage: stage_facts.sh KEY IMAGE_ID
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)
 d=$HOME/.cache/dockerlaunch/push f=$HOME/.cache/dockerlaunch/push/$1.tar
