@@ -78,7 +78,7 @@ STAGE_PROBE_KEYS = ("flock", "fs", "staged", "id", "cache", "docker", "root")
 
 def parse_stage_probe(text: str, host: str = "?") -> StageProbe:
     """stage_probe.sh's output (key=value lines) -> StageProbe (pure); what a host did not say stays None. An
-    answer that breaks the key=value contract (backends/docker/probe.py) is a HostError naming the host and key."""
+    answer that breaks the key=value contract (dockerlaunch/keyvalue.py) is a HostError naming the host and key."""
     try:
         kv = {k: v[0] for k, v in keyvalue.parse(text, STAGE_PROBE_KEYS).items()}
     except keyvalue.Malformed as e:

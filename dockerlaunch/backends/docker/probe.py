@@ -1,19 +1,7 @@
 """What a host must tell us before its container can be planned: NIC toward the master, IB ports, GPUs.
 
-One probe script per host (one SSH round trip); parsing is pure and tested on fixture output.
-
-The contract of every script whose output the launcher parses as key=value lines (probe.sh, observe.sh, reach.sh,
-container_probe.sh and hubs.py in backends/docker; inspect.sh, stage_probe.sh, relay.sh and load.sh's status lines
-in transfer; ranks.sh and linkspeed.sh in diagnostics) -- later scripts keep it:
-- each value is printed as one line `KEY=VALUE` through `kv KEY VALUE` (or `kvl KEY TEXT`, a line of TEXT each) of
-  `dockerlaunch/scripts/kv.sh`, with `printf '%s'`, never `echo` (dash's echo turns a host's `\n` into a line);
-- VALUE has `%`, every byte below 0x20 and 0x7f written as `%XX` (upper-case hex): no value can hold a line break
-  or a terminal control; `ldconfig -p` lines lose their leading tab first;
-- the parser (`keyvalue.parse`) names the keys a script may say once and refuses an answer that repeats one, holds a
-  raw control character or a bad escape, in one line naming the host and the key (doctor: a FAIL row `probe`; up: the
-  host's error), never a quiet guess. Lines end at `\n` only. Other keys and lines are ignored (a login's rc file).
-A host's words stay data: driver files come only from the `ldconfig -p` section and from `command -v nvidia-smi`, and
-are used (bind-mounted into the job) only when owned by root and not writable by group or others (`file=` lines).
+One probe script per host (one SSH round trip); parsing is pure and tested on fixture output. probe.sh answers in
+the key=value contract (`dockerlaunch/keyvalue.py`); its keys are PROBE_SINGLE and PROBE_LISTS here.
 """
 
 from __future__ import annotations
@@ -238,17 +226,17 @@ def parse_selinux(kv: dict[str, list[str]]) -> tuple[bool | None, str | None]:
 
 
 # probe.sh's keys: said once, or a line each (engine, cdi_dirs, runtimes: probe.sh before issue 21)
-SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info", "image_env",
-          "smi_driver", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager", "engine",
-          "cdi_dirs", "runtimes", "image_cmd", "selinuxfs", "selinux_enforce", "security_options")
-LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_parent", "smi_error", "smi_unknown", "xid", "gpu_dev", "cdi",
-         "lib", "file")
+PROBE_SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info",
+                "image_env", "smi_driver", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager",
+                "engine", "cdi_dirs", "runtimes", "image_cmd", "selinuxfs", "selinux_enforce", "security_options")
+PROBE_LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_parent", "smi_error", "smi_unknown", "xid", "gpu_dev",
+               "cdi", "lib", "file")
 
 
 def parse_probe(text: str, host: str = "?") -> Probe:
     """probe.sh's answer -> Probe; a HostError naming `host` and the key when it breaks the contract above."""
     try:
-        kv = keyvalue.parse(text, SINGLE, LISTS)
+        kv = keyvalue.parse(text, PROBE_SINGLE, PROBE_LISTS)
     except keyvalue.Malformed as e:
         raise keyvalue.host_error(host, PROBE_STEP, e) from None
     get = lambda k: (kv.get(k) or [""])[0]  # noqa: E731

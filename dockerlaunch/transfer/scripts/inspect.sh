@@ -4,7 +4,7 @@
 # pushes) every layer it has.
 # usage: inspect.sh REF 1|0 IMAGE_ID...  (1: list RootFS layers of every image; the IDs: config digest,
 # manifest digest -- the classic store names an image by the first, containerd's store by the second)
-# Every value through kv/kvl (the key=value contract in backends/docker/probe.py).
+# Every value through kv/kvl (the key=value contract, dockerlaunch/keyvalue.py).
 set -u
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)

@@ -277,7 +277,7 @@ class HostObservation:
     ssh: str = ""  # user@host:port, when connected
     ssh_error: str | None = None
     error: str | None = None  # the observation round trip itself failed
-    probe_error: str | None = None  # its answer broke the key=value contract (probe.py): none of it was used
+    probe_error: str | None = None  # its answer broke the key=value contract (keyvalue.py): none of it was used
     clock: str | None = None  # the host's `date +%s.%N` at the start of its answer (observe.sh's first line)
     docker: str | None = None  # engine version
     docker_error: str | None = None
@@ -327,7 +327,7 @@ OBSERVE_LISTS = ("disk", "mount_ok", "mount_missing", "tcp")
 
 def parse_observation(obs: HostObservation, text: str) -> HostObservation:
     """observe.sh + probe.sh output -> the fields of `obs` (pure; tested on recorded output). An answer that breaks
-    the key=value contract (probe.py) sets only `probe_error`: nothing of it is used."""
+    the key=value contract (keyvalue.py) sets only `probe_error`: nothing of it is used."""
     try:
         kv = keyvalue.parse(text, OBSERVE_SINGLE, OBSERVE_LISTS)
         probe = probelib.parse_probe(text, obs.address)
@@ -381,7 +381,7 @@ CONTAINER_HUBS = ("huggingface.co", "modelscope.cn")  # hubs.py's hubs, each a `
 
 def parse_container_facts(out: str) -> ContainerFacts:
     """The probe container's output (container_probe.sh; hubs.py's lines where asked). An answer that breaks the
-    key=value contract (probe.py) is the container's error: nothing of it is used."""
+    key=value contract (keyvalue.py) is the container's error: nothing of it is used."""
     try:
         kv = keyvalue.parse(out, CONTAINER_SINGLE + tuple(f"hub.{h}" for h in CONTAINER_HUBS), ("shm",))
     except keyvalue.Malformed as e:

@@ -2,7 +2,7 @@
 # What a host must tell us before its container can be planned, in one round trip: the route and NIC
 # toward MASTER_ADDR, InfiniBand device and port states, the GPU count, whether `ip` exists, and how a
 # container can reach the GPUs (toolkit runtime, CDI specs, else device nodes + the driver's libraries).
-# Every value goes out through kv/kvl (the key=value contract in probe.py): a host's text never becomes a line.
+# Every value goes out through kv/kvl (the key=value contract, dockerlaunch/keyvalue.py): a host's text never becomes a line.
 # usage: probe.sh MASTER_ADDR [IMAGE]   (IMAGE: its labels and command are asked too)
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)
