@@ -158,6 +158,21 @@ def test_one_docker_info_gives_the_engine_cdi_dirs_and_runtimes():
     assert (silent.engine, silent.cdi_dirs) == (None, None)
 
 
+def test_the_engine_is_read_only_from_its_docker_info():
+    """engine=, cdi_dirs= and runtimes= lines (what probe.sh printed before it asked `docker info` once) are no
+    key of probe.sh's: a host that prints them is not read, and docker_info= is decoded once, for the GPU access
+    and the SELinux fact alike."""
+    from dockerlaunch.backends.docker.probe import parse_probe
+
+    old = parse_probe('has_ip=0\nengine=20.10.24\ncdi_dirs=["/etc/cdi"]\nruntimes={"nvidia":{}}\n').access
+    assert (old.engine, old.cdi_dirs, old.nvidia_runtime) == (None, None, False)
+    both = parse_probe('has_ip=0\nselinuxfs=/sys/fs/selinux\nselinux_enforce=0\n'
+                       'docker_info={"ServerVersion": "28.5.2", "Runtimes": {"nvidia": {}}, '
+                       '"SecurityOptions": ["name=selinux"]}\n')
+    assert (both.access.engine, both.access.nvidia_runtime, both.selinux, both.selinux_mode) == (
+        "28.5.2", True, True, "permissive")
+
+
 @pytest.mark.parametrize("gpu", [True, False])
 def test_the_probe_asks_the_engine_for_gpu_facts_only_for_hosts_that_get_gpus(tmp_path, gpu):
     """`docker info` is the costliest question to an engine that many hosts may share: not asked for gpus: none."""
