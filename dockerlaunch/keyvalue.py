@@ -13,9 +13,10 @@ status lines in transfer; ranks.sh and linkspeed.sh in diagnostics) -- later scr
   `probe`; up: the host's error), never a quiet guess. Lines end at `\n` only. Other keys and lines are ignored (a
   login's rc file).
 Each script's keys are named where its answer is read (probe.sh's in backends/docker/probe.py, observe.sh's in
-doctor/observations.py, ...): one reader per script. A host's words stay data: driver files come only from the
-`ldconfig -p` section and from `command -v nvidia-smi`, and are used (bind-mounted into the job) only when owned by
-root and not writable by group or others (probe.py's `file=` lines).
+doctor/observations.py, ...): one reader per script, and one parse per answer (doctor's observe.sh and probe.sh
+answer in one round trip: parsed once, with both key sets). A host's words stay data: driver files come only from
+the `ldconfig -p` section and from `command -v nvidia-smi`, and are used (bind-mounted into the job) only when owned
+by root and not writable by group or others (probe.py's `file=` lines).
 """
 
 from __future__ import annotations

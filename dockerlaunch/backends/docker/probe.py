@@ -222,11 +222,17 @@ PROBE_LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_parent", "smi_erro
 
 
 def parse_probe(text: str, host: str = "?") -> Probe:
-    """probe.sh's answer -> Probe; a HostError naming `host` and the key when it breaks the contract above."""
+    """probe.sh's answer -> Probe; a HostError naming `host` and the key when it breaks the key=value contract."""
     try:
         kv = keyvalue.parse(text, PROBE_SINGLE, PROBE_LISTS)
     except keyvalue.Malformed as e:
         raise keyvalue.host_error(host, PROBE_STEP, e) from None
+    return read_probe(kv)
+
+
+def read_probe(kv: dict[str, list[str]]) -> Probe:
+    """probe.sh's answer once parsed (keyvalue.parse with PROBE_SINGLE and PROBE_LISTS among its keys: doctor parses
+    observe.sh's and probe.sh's answer, one round trip, in one go) -> Probe. (pure)"""
     get = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
     if get("has_ip") == "0":
         iface, src, problem = None, None, "the host has no `ip` command (install iproute2)"

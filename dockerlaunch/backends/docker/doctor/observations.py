@@ -326,17 +326,15 @@ OBSERVE_LISTS = ("disk", "mount_ok", "mount_missing", "tcp")
 
 
 def parse_observation(obs: HostObservation, text: str) -> HostObservation:
-    """observe.sh + probe.sh output -> the fields of `obs` (pure; tested on recorded output). An answer that breaks
-    the key=value contract (keyvalue.py) sets only `probe_error`: nothing of it is used."""
+    """observe.sh + probe.sh output (one answer: parsed once, with both scripts' keys) -> the fields of `obs` (pure;
+    tested on recorded output). An answer that breaks the key=value contract (keyvalue.py) sets only `probe_error`:
+    nothing of it is used."""
     try:
-        kv = keyvalue.parse(text, OBSERVE_SINGLE, OBSERVE_LISTS)
-        probe = probelib.parse_probe(text, obs.address)
+        kv = keyvalue.parse(text, OBSERVE_SINGLE + probelib.PROBE_SINGLE, OBSERVE_LISTS + probelib.PROBE_LISTS)
     except keyvalue.Malformed as e:
         obs.probe_error = keyvalue.host_error(obs.address, probelib.PROBE_STEP, e).reason
         return obs
-    except HostError as e:
-        obs.probe_error = e.reason
-        return obs
+    probe = probelib.read_probe(kv)
     one = lambda k: (kv.get(k) or [None])[0]  # noqa: E731
     obs.clock = one("clock")
     obs.docker, obs.docker_error = one("docker"), one("docker_error")
