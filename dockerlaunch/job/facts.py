@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dockerlaunch.gpu.host import GpuHost
+
 
 @dataclass(frozen=True)
 class EngineSecurity:
@@ -59,7 +61,6 @@ class HostGpuAccess:
     libs: tuple[tuple[str, str], ...] = ()  # (soname, host path) of the driver's libraries, x86-64
     nvidia_smi: str | None = None
     image_env: tuple[str, ...] | None = None  # the job image's Config.Env, when asked
-    driver: str | None = None  # the driver's version (nvidia-smi): whether the image's cuda-compat goes first
     # driver files (libs, nvidia_smi) not root's own or writable by others, "PATH (owner uid U, mode M)": never
     # bind-mounted into a job (another login could put its code there)
     untrusted: tuple[str, ...] = ()
@@ -76,6 +77,8 @@ class HostFacts:
     master_addr: str | None = None  # host 0 only: the address the others reach
     env_files: tuple[str, ...] | None = None  # remote paths of the uploaded secret env files
     access: HostGpuAccess | None = None  # how containers there reach the GPUs
+    gpu_host: GpuHost | None = None  # the driver and each GPU, as nvidia-smi said (device mode: its driver decides
+    # whether the image's cuda-compat goes first)
     torch: str | None = None  # the image's torch, where its labels say (dockerlaunch-built images do)
     selinux: bool | None = None  # the engine labels containers (EngineSecurity.selinux); None: not known
     # the image's (ENTRYPOINT, CMD) where host 0's probe read them: what the gang supervisor runs as its child

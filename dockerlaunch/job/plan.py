@@ -213,7 +213,8 @@ COMPAT_LATER = (" (device nodes: the image's cuda-compat folder first on LD_LIBR
                 "older than the image's CUDA needs)")
 
 
-def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str, why: str) -> GpuAccess:
+def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str, why: str,
+                  driver: str | None = None) -> GpuAccess:
     """No toolkit: the control nodes, every /dev/nvidiaN, CUDA_VISIBLE_DEVICES for the chosen ones, and the host's
     driver libraries read-only under /usr/local/nvidia (where CUDA images look), on the loader's path: first, except
     where forward compatibility is what runs the image (gpu.needs.compat_to_load: the host's driver older than the
@@ -256,14 +257,14 @@ def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str
         env.append(("CUDA_VISIBLE_DEVICES", ",".join(str(_numbered(n)) for n in chosen)))
     if "LD_LIBRARY_PATH" not in user_env:
         image = dict(e.split("=", 1) for e in (gpu.image_env or ()) if "=" in e).get("LD_LIBRARY_PATH", "")
-        forward = compat_to_load(gpu.image_env, gpu.driver)
+        forward = compat_to_load(gpu.image_env, driver)
         if forward is not None:
             # the host's libcuda would hide the image's compat one: forward compatibility is what runs this image
             compat, cuda_v = forward
             rest = [p for p in image.split(":") if p and p.rstrip("/") != compat.path]
             lib64 = [] if f"{NVIDIA_DIR}/lib64" in rest else [f"{NVIDIA_DIR}/lib64"]
             env.append(("LD_LIBRARY_PATH", ":".join([compat.path, *lib64, *rest])))
-            why += (f"; forward compatibility: driver {gpu.driver} is older than the image's CUDA {cuda_v} needs, so "
+            why += (f"; forward compatibility: driver {driver} is older than the image's CUDA {cuda_v} needs, so "
                     f"the image's cuda-compat ({compat.path}) goes first on LD_LIBRARY_PATH, before the host's "
                     f"libraries in {NVIDIA_DIR}/lib64")
         elif f"{NVIDIA_DIR}/lib64" not in image.split(":"):
@@ -271,10 +272,10 @@ def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str
     return GpuAccess("devices", why, gpu_request(gpus), devices=tuple(devices), mounts=tuple(mounts), env=tuple(env))
 
 
-def gpu_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[str, str], where: str
-               ) -> GpuAccess | Deferred | None:
+def gpu_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[str, str], where: str,
+               driver: str | None = None) -> GpuAccess | Deferred | None:
     """How a Docker engine on one host reaches the job's GPUs; Deferred when that depends on facts not gathered
-    yet (a dry run)."""
+    yet (a dry run). `driver`: the host's driver version (gpu.host.GpuHost's), which device mode needs."""
     if gpus == "none":
         return None
     if requested == "cdi" and gpu is not None:
@@ -291,7 +292,7 @@ def gpu_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[s
     else:
         mode, why = resolve_gpu_mode(requested, gpu)
     if mode == "devices":
-        return device_access(gpus, gpu, user_env, where, why)
+        return device_access(gpus, gpu, user_env, where, why, driver)
     if mode == "cdi" and isinstance(gpus, int):
         raise ConfigError(f"{where}: CDI (chosen for this host) takes gpus: all or a device list, not a count")
     return GpuAccess(mode, why, gpu_request(gpus))
@@ -521,7 +522,8 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
     config, c = plan.config, plan.config.container
     master_addr = plan.master_addr
     gpus = host.gpus if host.gpus is not None else c.gpus
-    access = gpu_access(gpus, c.gpu_mode, f.access if f else None, c.env, f"hosts[{rank}] {host.address}")
+    access = gpu_access(gpus, c.gpu_mode, f.access if f else None, c.env, f"hosts[{rank}] {host.address}",
+                        f.gpu_host.driver if f and f.gpu_host else None)
     nproc = _nproc(config, host, gpus, f)
 
     env: dict[str, str] = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dockerlaunch import keyvalue
@@ -215,7 +215,7 @@ def parse_selinux(kv: dict[str, list[str]], info: dict | None) -> tuple[bool | N
 
 # probe.sh's keys: said once, or a line each
 PROBE_SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info",
-                "image_env", "smi_driver", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager",
+                "image_env", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager",
                 "image_cmd", "selinuxfs", "selinux_enforce", "security_options")
 PROBE_LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_parent", "smi_error", "smi_unknown", "xid", "gpu_dev",
                "cdi", "lib", "file")
@@ -258,7 +258,7 @@ def read_probe(kv: dict[str, list[str]]) -> Probe:
         ib_active=active,
         ib_seen=seen,
         gpu_count=int(gpus) if gpus.isdigit() else None,
-        access=replace(_gpu_access(kv, info), driver=gpu_host.driver if gpu_host is not None else None),
+        access=_gpu_access(kv, info),
         image_labels=_labels(get("image_labels")),
         gpu_host=gpu_host,
         image_command=parse_image_command(get("image_cmd")),

@@ -132,6 +132,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             master_addr=master if hp.rank == 0 else None,
             env_files=(env_files or {}).get(hp.rank),
             access=p.access,
+            gpu_host=p.gpu_host,
             torch=(p.image_labels or labels or {}).get(labels_.TORCH),
             selinux=p.selinux,
             image_command=image_command,

@@ -183,7 +183,7 @@ def test_xid_lines_and_unsupported_fields_parse():
         "persistence_mode, mig.mode.current, ecc.errors.uncorrected.volatile.total, "
         "ecc.errors.uncorrected.aggregate.total, remapped_rows.pending",
         "0, 0000:18:00.0, Tesla V100, [N/A], 535.54.03, [N/A], 16384, [Not Supported], [N/A], [N/A], [N/A], [N/A]"],
-          "smi_unknown": ["remapped_rows.failure"],
+          "smi_q": ["Driver Version                            : 535.54.03"], "smi_unknown": ["remapped_rows.failure"],
           "xid_readable": ["1"], "xid": ["5.25 0000:18:00 79", "- 0000:3b:00 79", "1200.5 0000:18:00 13"],
           "driver_loaded": ["4.5"], "uptime": ["9000.1"]}
     smi = smilib.parse(kv)
@@ -195,6 +195,19 @@ def test_xid_lines_and_unsupported_fields_parse():
     assert smi.xids == (Xid(79, "0000:18:00", 5.25), Xid(79, "0000:3b:00", None), Xid(13, "0000:18:00", 1200.5))
     assert (smi.driver_loaded_s, smi.uptime_s) == (4.5, 9000.1)
     assert smilib.parse({"gpus": ["none"]}) is None
+
+
+def test_the_driver_is_read_once_from_q():
+    """The driver's version has one source: -q's `Driver Version` (`KMD Version` on R610+), which the probe asks
+    anyway for the CUDA version; the query asks no driver_version, and a column or line of another name is not read."""
+    assert "driver_version" not in smilib.QUERY
+    rows = ["index, pci.bus_id, name, driver_version", "0, 00000000:18:00.0, Tesla V100, 535.54.03"]
+    assert smilib.parse({"smi_gpu": rows}).driver is None
+    assert smilib.parse({"smi_gpu": rows, "smi_driver": ["535.54.03"]}).driver is None
+    q = ["Driver Version                            : 610.43.02 [Deprecated; see KMD Version]",
+         "KMD Version                               : 610.43.02", "CUDA UMD Version                          : 13.2"]
+    assert (smilib.parse({"smi_gpu": rows, "smi_q": q}).driver, smilib.parse({"smi_q": q[1:]}).driver) == (
+        "610.43.02", "610.43.02")
 
 
 def test_a_fatal_xid_fails_only_when_newer_than_the_drivers_load_or_inside_the_window():
@@ -250,7 +263,8 @@ def test_the_probe_asks_what_the_parser_reads():
     line = next(x for x in script("probe.sh").splitlines() if x.startswith("SMI_GPU="))
     asked = tuple(line.removeprefix("SMI_GPU=").strip('"').split())
     assert asked == smilib.QUERY
-    assert set(gpu_standin.QUERY_GPU) <= set(asked)
+    # (the recorded 12-field query's driver_version column: the probe reads the driver once, from -q)
+    assert set(gpu_standin.QUERY_GPU) - {"driver_version"} <= set(asked)
 
 
 SCAN = {"image": "someone/train:1", "cuda": "12.8", "cubins": {

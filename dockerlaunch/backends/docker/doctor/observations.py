@@ -357,7 +357,7 @@ def host_gpu_access(config: ClusterConfig, hp: HostPlan, probe: probelib.Probe |
     """The job's GPU flags on this host, from what doctor observed there (raises ConfigError when impossible)."""
     gpus = hp.host.gpus if hp.host.gpus is not None else config.container.gpus
     access = gpu_access(gpus, config.container.gpu_mode, probe.access if probe else None, config.container.env,
-                        hp.address)
+                        hp.address, probe.gpu_host.driver if probe and probe.gpu_host else None)
     if not isinstance(access, GpuAccess):
         raise ConfigError("could not check: the host's GPU facts were not gathered")
     return access
