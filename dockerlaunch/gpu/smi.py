@@ -164,6 +164,13 @@ def parse_q(lines: list[str]) -> tuple[str | None, str | None, dict[str, tuple[s
     return driver, cuda, {k: tuple(v) for k, v in fabric.items()}
 
 
+def count_gpus(listing: str) -> int:
+    """`nvidia-smi -L` -> the GPUs it lists: a `GPU N: ...` line each (a MIG device is an indented line under its
+    GPU's). The one reading of a listing here: a probe container's, which may have no shell; probe.sh counts its
+    host's with the same rule (`grep -c '^GPU '`), where it runs."""
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
 def parse_holder(line: str, parents: dict[int, tuple[str, str, str]] | None = None) -> Holder | None:
     """probe.sh's `bus,pid,owner,used_memory,name` (the owner read with ps on the host, the name from /proc/PID/comm),
     with its parent's `real uid, effective uid, name` from `parents` (parse_parent)."""
@@ -198,9 +205,10 @@ def _float(text: str | None) -> float | None:
 
 
 def parse(kv: dict[str, list[str]]) -> GpuHost | None:
-    """probe.sh's smi_*, xid and fabric lines -> GpuHost; None where the host has no nvidia-smi."""
+    """probe.sh's smi_*, xid and fabric lines -> GpuHost; None where it printed none (no nvidia-smi on the host, or
+    a host that gets no GPUs: not asked). The host's GPU count is probe.sh's `gpus=`, read by probe.py alone."""
     one = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
-    if one("gpus") == "none" or not any(k.startswith("smi_") for k in kv):
+    if not any(k.startswith("smi_") for k in kv):
         return None
     driver, cuda, fabric = parse_q(kv.get("smi_q", []))
     gpus = []

@@ -258,6 +258,16 @@ def test_every_case_parses_through_the_probe(tmp_path, case):
         assert all(g.compute_cap for g in p.gpu_host.gpus)
 
 
+@pytest.mark.parametrize("case", [c for c in gpu_standin.WRITTEN if (gpu_standin.CASES / c / "L.txt").exists()])
+def test_the_probes_gpu_count_is_the_listings(tmp_path, case):
+    """`nvidia-smi -L` is counted by one rule: probe.sh's `gpus=` for its host (read by probe.py alone: GpuHost does
+    not read it) and gpu.smi.count_gpus for a probe container's listing (it may have no shell) agree."""
+    p = probed(tmp_path, case)
+    listed = (gpu_standin.CASES / case / "L.txt").read_text()
+    assert p.gpu_count == smilib.count_gpus(listed)
+    assert smilib.parse({"gpus": ["none"]}) is None and smilib.parse({"gpus": ["2"]}) is None
+
+
 def test_the_probe_asks_what_the_parser_reads():
     """probe.sh's SMI_GPU is gpu/smi.py's QUERY, and the written stand-in's columns are among them."""
     line = next(x for x in script("probe.sh").splitlines() if x.startswith("SMI_GPU="))

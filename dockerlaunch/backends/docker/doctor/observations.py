@@ -47,10 +47,6 @@ def parse_df_kb(text: str) -> tuple[int, int] | None:
         return None
 
 
-def count_gpus(nvidia_smi_l: str) -> int:
-    return sum(1 for line in nvidia_smi_l.splitlines() if line.startswith("GPU "))
-
-
 # How engines say that a container's command is not in the image: runc (Docker 20.10 to 28) and crun. Docker's own
 # exit status for it is 127; a shell inside the container that cannot find a command also exits 127, but says so in
 # its own words, so both are required.
@@ -258,7 +254,7 @@ class ContainerFacts:
     tools: list[str] | None = None  # which of nc, python3, bash, timeout the image has (reach.sh can use them)
     missing: str | None = None  # the probe's command is not in the image ("sh"): nothing ran inside it
     host_shm_kb: int | None = None  # with `missing` and ipc host: the host's /dev/shm, which the container shares
-    gpus: int | None = None  # GPUs nvidia-smi -L listed
+    gpus: int | None = None  # GPUs nvidia-smi -L listed in it (gpu.smi.count_gpus)
     ib_devices: list[str] | None = None  # /dev/infiniband in the container (probed where IB is used)
     ibverbs: bool | None = None  # the image has libibverbs
     ib_provider: bool | None = None  # ... and a verbs provider (libmlx5 & co.)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dockerlaunch.backends.docker.dockerhost import parse_inspect
-from dockerlaunch.backends.docker.doctor.observations import count_gpus, listening_ports, local_ports, parse_df_kb
+from dockerlaunch.backends.docker.doctor.observations import listening_ports, local_ports, parse_df_kb
 from dockerlaunch.backends.docker.probe import (
     nic_problem,
     parse_addr_owner,
@@ -13,6 +13,7 @@ from dockerlaunch.backends.docker.probe import (
     parse_probe,
     parse_route_get,
 )
+from dockerlaunch.gpu.smi import count_gpus
 from tests import docker_standin
 
 
