@@ -1,8 +1,22 @@
-"""The key=value lines every host script prints for the launcher to parse, read one way.
+"""The key=value lines every host script prints for the launcher to parse: the contract, and its one reader.
 
-The contract is written in `backends/docker/probe.py`'s docstring; the shell side is `scripts/kv.sh` (`kv`,
-`kvl`), which each script includes (`shipped.script`). Here: the decoder, and the parser that knows which keys a
-script may say once.
+The contract of every script whose output the launcher parses as key=value lines (probe.sh, observe.sh, reach.sh,
+mounts.sh, container_probe.sh and hubs.py in backends/docker; inspect.sh, stage_facts.sh, relay.sh and load.sh's
+status lines in transfer; ranks.sh and linkspeed.sh in diagnostics) -- later scripts keep it:
+- each value is printed as one line `KEY=VALUE` through `kv KEY VALUE` (or `kvl KEY TEXT`, a line of TEXT each) of
+  `dockerlaunch/scripts/kv.sh`, which each script includes (`shipped.script`), with `printf '%s'`, never `echo`
+  (dash's echo turns a host's `\n` into a line);
+- VALUE has `%`, every byte below 0x20 and 0x7f written as `%XX` (upper-case hex): no value can hold a line break
+  or a terminal control; `ldconfig -p` lines lose their leading tab first;
+- the parser (`parse`) is given the keys a script may say once and refuses an answer that repeats one, holds a raw
+  control character or a bad escape, in one line naming the host and the key (`host_error`; doctor: a FAIL row
+  `probe`; up: the host's error), never a quiet guess. Lines end at `\n` only. Other keys and lines are ignored (a
+  login's rc file).
+Each script's keys are named where its answer is read (probe.sh's in backends/docker/probe.py, observe.sh's in
+doctor/observations.py, ...): one reader per script, and one parse per answer (doctor's observe.sh and probe.sh
+answer in one round trip: parsed once, with both key sets). A host's words stay data: driver files come only from
+the `ldconfig -p` section and from `command -v nvidia-smi`, and are used (bind-mounted into the job) only when owned
+by root and not writable by group or others (probe.py's `file=` lines).
 """
 
 from __future__ import annotations

@@ -189,7 +189,8 @@ def up(dry_run: bool, output: str, detach: bool, skip_preflight: bool, keep: boo
     hooks = launch.Hooks(dump=hang_dump, copy_image=lambda src, dst, ref, image_id: copy_between(
         src.remote, dst.remote, ref, expect_id=image_id), push=pusher.push if pusher else None)
     sys.exit(launch.up(cfg, detach=detach, keep=keep, preflight=not skip_preflight, log_dir=log_dir or None,
-                       reporter=UpReporter(verbose), monitors=[watch_transport], plan=plan, hooks=hooks))
+                       reporter=UpReporter(verbose), monitors=[watch_transport], plan=plan, hooks=hooks,
+                       targets=targets))
 
 
 class _Pusher:
@@ -252,9 +253,10 @@ def doctor(output: str, smoke: bool, **kw) -> None:
         raise DockerlaunchError("doctor needs the job image: pass --image IMAGE or set image:")
     from dockerlaunch.hosts.targets import resolve_all
 
-    plan = plan_job(cfg, resolve_all(cfg))
+    targets = resolve_all(cfg)  # once: the plan's and the connections'
+    plan = plan_job(cfg, targets)
     with (RichReporter() if output == "text" else Reporter()).pending("doctor") as progress:
-        report = doctorlib.doctor(cfg, plan, progress)
+        report = doctorlib.doctor(cfg, plan, progress, targets)
     if smoke:
         from dockerlaunch.diagnostics import smoke as smokelib
 

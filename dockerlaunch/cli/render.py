@@ -138,9 +138,10 @@ def render(target: str, out: str | None, force: bool, nodes: int | None, infinib
     warns: list[str] = []
     if dropping:
         cfg, warns = _dropped(to, cfg, options, dropping)
-    plan = plan_job(cfg, resolve_all(cfg))
+    targets = resolve_all(cfg)  # once: the plan's and, with --probe, the connections'
+    plan = plan_job(cfg, targets)
     if probe:
-        plan = probed_plan(cfg, plan)
+        plan = probed_plan(cfg, plan, targets)
     files = with_header(to.render(plan, options), warns)
     if out:
         for line in warns:

@@ -32,7 +32,6 @@ class HostGpuAccess:
     libs: tuple[tuple[str, str], ...] = ()  # (soname, host path) of the driver's libraries, x86-64
     nvidia_smi: str | None = None
     image_env: tuple[str, ...] | None = None  # the job image's Config.Env, when asked
-    driver: str | None = None  # the driver's version (nvidia-smi): whether the image's cuda-compat goes first
     # driver files (libs, nvidia_smi) not root's own or writable by others, "PATH (owner uid U, mode M)": never
     # bind-mounted into a job (another login could put its code there)
     untrusted: tuple[str, ...] = ()
@@ -90,7 +89,8 @@ COMPAT_LATER = (" (device nodes: the image's cuda-compat folder first on LD_LIBR
                 "older than the image's CUDA needs)")
 
 
-def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str, why: str) -> Access:
+def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str, why: str,
+                  driver: str | None = None) -> Access:
     """No toolkit: the control nodes, every /dev/nvidiaN, CUDA_VISIBLE_DEVICES for the chosen ones, and the host's
     driver libraries read-only under /usr/local/nvidia (where CUDA images look), on the loader's path: first, except
     where forward compatibility is what runs the image (gpu.needs.compat_to_load: the host's driver older than the
@@ -133,14 +133,14 @@ def device_access(gpus, gpu: HostGpuAccess, user_env: dict[str, str], where: str
         env.append(("CUDA_VISIBLE_DEVICES", ",".join(str(_numbered(n)) for n in chosen)))
     if "LD_LIBRARY_PATH" not in user_env:
         image = dict(e.split("=", 1) for e in (gpu.image_env or ()) if "=" in e).get("LD_LIBRARY_PATH", "")
-        forward = compat_to_load(gpu.image_env, gpu.driver)
+        forward = compat_to_load(gpu.image_env, driver)
         if forward is not None:
             # the host's libcuda would hide the image's compat one: forward compatibility is what runs this image
             compat, cuda_v = forward
             rest = [p for p in image.split(":") if p and p.rstrip("/") != compat.path]
             lib64 = [] if f"{NVIDIA_DIR}/lib64" in rest else [f"{NVIDIA_DIR}/lib64"]
             env.append(("LD_LIBRARY_PATH", ":".join([compat.path, *lib64, *rest])))
-            why += (f"; forward compatibility: driver {gpu.driver} is older than the image's CUDA {cuda_v} needs, so "
+            why += (f"; forward compatibility: driver {driver} is older than the image's CUDA {cuda_v} needs, so "
                     f"the image's cuda-compat ({compat.path}) goes first on LD_LIBRARY_PATH, before the host's "
                     f"libraries in {NVIDIA_DIR}/lib64")
         elif f"{NVIDIA_DIR}/lib64" not in image.split(":"):
@@ -155,11 +155,11 @@ def pending_access(requested: str) -> str:
     return "/dev/nvidia* device nodes and driver libraries of the host" + COMPAT_LATER
 
 
-def choose_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[str, str], where: str
-                  ) -> Access | None:
+def choose_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[str, str], where: str,
+                  driver: str | None = None) -> Access | None:
     """How a Docker engine on one host reaches the GPUs `gpus` asks for (all, a count or a device list; not none),
     with container.gpu_mode `requested`; None when that depends on what the host has and it has not said yet (a dry
-    run: `gpu` None)."""
+    run: `gpu` None). `driver`: the host's driver version (gpu.host.GpuHost's), which device mode needs."""
     if requested == "cdi" and gpu is not None:
         usable, why = cdi_state(gpu)
         if not usable:
@@ -172,7 +172,7 @@ def choose_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dic
     else:
         mode, why = resolve_gpu_mode(requested, gpu)
     if mode == "devices":
-        return device_access(gpus, gpu, user_env, where, why)
+        return device_access(gpus, gpu, user_env, where, why, driver)
     if mode == "cdi" and isinstance(gpus, int):
         raise ConfigError(f"{where}: CDI (chosen for this host) takes gpus: all or a device list, not a count")
     return Access(mode, why)

@@ -25,8 +25,9 @@ from dockerlaunch.gpu.host import Gpu, GpuHost, Holder, Xid, parse_cap, same_bus
 NA = re.compile(r"^\[?(N/A|Not Supported|Unknown Error|Insufficient Permissions|GPU requires reset|Not Found|"
                 r"Requested functionality has been deprecated)\]?$", re.I)
 
-# what the probe asks, in this order; a field missing from --help-query-gpu is left out (gpu.host's None)
-QUERY = ("index", "pci.bus_id", "name", "driver_version", "memory.used", "memory.total", "persistence_mode",
+# what the probe asks, in this order; a field missing from --help-query-gpu is left out (gpu.host's None). Not
+# driver_version: the driver is the host's, read once, from -q (parse_q)
+QUERY = ("index", "pci.bus_id", "name", "memory.used", "memory.total", "persistence_mode",
          "ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total", "compute_cap",
          "mig.mode.current", "remapped_rows.pending", "remapped_rows.failure", "remapped_rows.histogram.none",
          "clocks_event_reasons.active", "clocks_throttle_reasons.active", "pcie.link.gen.current",
@@ -142,7 +143,8 @@ CAPS_QUERY = ("nvidia-smi --query-gpu=index,pci.bus_id,name,compute_cap --format
 
 
 def parse_q(lines: list[str]) -> tuple[str | None, str | None, dict[str, tuple[str | None, ...]]]:
-    """The probe's filtered `nvidia-smi -q` -> (driver, CUDA version, {bus id: (fabric state, status, health)})."""
+    """The probe's filtered `nvidia-smi -q` -> (driver, CUDA version, {bus id: (fabric state, status, health)}): the
+    one reading of the driver's version (`Driver Version`, `KMD Version` on R610+) and of the CUDA it runs."""
     driver = cuda = None
     fabric: dict[str, list[str | None]] = {}
     current = None
@@ -160,6 +162,13 @@ def parse_q(lines: list[str]) -> tuple[str | None, str | None, dict[str, tuple[s
         elif current and key in ("State", "Status", "Summary"):
             fabric[current][("State", "Status", "Summary").index(key)] = value(val)
     return driver, cuda, {k: tuple(v) for k, v in fabric.items()}
+
+
+def count_gpus(listing: str) -> int:
+    """`nvidia-smi -L` -> the GPUs it lists: a `GPU N: ...` line each (a MIG device is an indented line under its
+    GPU's). The one reading of a listing here: a probe container's, which may have no shell; probe.sh counts its
+    host's with the same rule (`grep -c '^GPU '`), where it runs."""
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
 def parse_holder(line: str, parents: dict[int, tuple[str, str, str]] | None = None) -> Holder | None:
@@ -196,24 +205,16 @@ def _float(text: str | None) -> float | None:
 
 
 def parse(kv: dict[str, list[str]]) -> GpuHost | None:
-    """probe.sh's smi_*, xid and fabric lines -> GpuHost; None where the host has no nvidia-smi."""
+    """probe.sh's smi_*, xid and fabric lines -> GpuHost; None where it printed none (no nvidia-smi on the host, or
+    a host that gets no GPUs: not asked). The host's GPU count is probe.sh's `gpus=`, read by probe.py alone."""
     one = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
-    if one("gpus") == "none" or not any(k.startswith("smi_") for k in kv):
+    if not any(k.startswith("smi_") for k in kv):
         return None
     driver, cuda, fabric = parse_q(kv.get("smi_q", []))
     gpus = []
     for g in parse_query(kv.get("smi_gpu", [])):
         state, status, health = next((v for bus, v in fabric.items() if same_bus(bus, g.bus_id)), (None, None, None))
         gpus.append(Gpu(**{**g.__dict__, "fabric_state": state, "fabric_status": status, "fabric_health": health}))
-    rows = [line for line in kv.get("smi_gpu", [])]
-    if driver is None:
-        header = next(([_field(p) for p in r.split(",")] for r in rows if "index" in r), [])
-        col = header.index("driver_version") if "driver_version" in header else None
-        for r in rows:
-            parts = r.split(",")
-            if col is not None and len(parts) == len(header):
-                driver = driver or driver_version(parts[col])
-        driver = driver or driver_version(one("smi_driver"))
     xids = None
     if one("xid_readable"):
         xids = tuple(x for x in (parse_xid(line) for line in kv.get("xid", [])) if x is not None)

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 from dockerlaunch.errors import DockerlaunchError, SSHError
 from dockerlaunch.hosts.local import open_remote
 from dockerlaunch.hosts.ssh import Remote
-from dockerlaunch.hosts.targets import SSHTarget, check_settings, resolve_all
+from dockerlaunch.hosts.targets import SSHTarget, check_settings, load_ssh_config, resolve_all
 from dockerlaunch.job.config import ClusterConfig
 
 T = TypeVar("T")
@@ -247,11 +247,18 @@ class Fleet:
         self.hosts = hosts
 
     @classmethod
-    def connect(cls, config: ClusterConfig, *, require_all: bool = True) -> Fleet:
+    def connect(cls, config: ClusterConfig, *, require_all: bool = True,
+                targets: Sequence[SSHTarget] | None = None) -> Fleet:
         """Connect to every host concurrently. With `require_all`, one failure closes the rest and raises
-        (naming every host that failed); without, failed hosts keep their error (`host.error`) for a report."""
-        check_settings(config)  # a missing key or known_hosts file, an undefined ProxyJump: one line, nothing connected
-        targets = resolve_all(config)
+        (naming every host that failed); without, failed hosts keep their error (`host.error`) for a report.
+        `targets`: the hosts' targets as the caller resolved them (hosts/targets.resolve_all) to plan from, in rank
+        order; resolved here when not given."""
+        ssh_config = load_ssh_config(config.ssh.config_file)
+        check_settings(config, ssh_config)  # a missing key or known_hosts file, an undefined ProxyJump: one line
+        if targets is None:
+            targets = resolve_all(config, ssh_config)
+        elif len(targets) != len(config.hosts):
+            raise ValueError(f"{len(targets)} SSH targets for {len(config.hosts)} hosts")
         hosts = [Host(i, h.address, t) for i, (h, t) in enumerate(zip(config.hosts, targets))]
         check_addresses(targets)
         ensure_open_files(len(hosts))

@@ -115,9 +115,11 @@ def resolve_target(
 
 
 
-def resolve_all(config: ClusterConfig) -> list[SSHTarget]:
-    """Every host's target, rank order; ~/.ssh/config (or `ssh.config_file`) is read once."""
-    ssh_config = load_ssh_config(config.ssh.config_file)
+def resolve_all(config: ClusterConfig, ssh_config: paramiko.SSHConfig | None = None) -> list[SSHTarget]:
+    """Every host's target, rank order; ~/.ssh/config (or `ssh.config_file`) is read once (here, unless given).
+    A command resolves its hosts once: what it plans from is what it connects to (Fleet.connect's `targets`)."""
+    if ssh_config is None:
+        ssh_config = load_ssh_config(config.ssh.config_file)
     return [resolve_target(h, config.ssh, ssh_config) for h in config.hosts]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dockerlaunch.gpu.access import HostGpuAccess
+from dockerlaunch.gpu.host import GpuHost
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class HostFacts:
     master_addr: str | None = None  # host 0 only: the address the others reach
     env_files: tuple[str, ...] | None = None  # remote paths of the uploaded secret env files
     access: HostGpuAccess | None = None  # how containers there reach the GPUs
+    gpu_host: GpuHost | None = None  # the driver and each GPU, as nvidia-smi said (device mode: its driver decides
+    # whether the image's cuda-compat goes first)
     torch: str | None = None  # the image's torch, where its labels say (dockerlaunch-built images do)
     selinux: bool | None = None  # the engine labels containers (EngineSecurity.selinux); None: not known
     # the image's (ENTRYPOINT, CMD) where host 0's probe read them: what the gang supervisor runs as its child

@@ -172,13 +172,14 @@ def _master_addr(config: ClusterConfig, hostname0: str | None, facts0: HostFacts
     return Deferred(f"address of {host0.address} that the other hosts reach", "master_addr")
 
 
-def gpu_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[str, str], where: str
-               ) -> GpuAccess | Deferred | None:
+def gpu_access(gpus, requested: str, gpu: HostGpuAccess | None, user_env: dict[str, str], where: str,
+               driver: str | None = None) -> GpuAccess | Deferred | None:
     """How a Docker engine on one host reaches the job's GPUs (gpu/access.py's rules), as the spec holds it;
-    Deferred when that depends on facts not gathered yet (a dry run)."""
+    Deferred when that depends on facts not gathered yet (a dry run). `driver`: the host's driver version
+    (gpu.host.GpuHost's), which device mode needs."""
     if gpus == "none":
         return None
-    chosen = choose_access(gpus, requested, gpu, user_env, where)
+    chosen = choose_access(gpus, requested, gpu, user_env, where, driver)
     if chosen is None:
         return Deferred(pending_access(requested), "gpu_access")
     return GpuAccess(chosen.mode, chosen.why, gpu_request(gpus), devices=chosen.devices,
@@ -410,7 +411,8 @@ def _host_plan(plan: JobPlan, rank: int, host: HostConfig, f: HostFacts | None, 
     config, c = plan.config, plan.config.container
     master_addr = plan.master_addr
     gpus = host.gpus if host.gpus is not None else c.gpus
-    access = gpu_access(gpus, c.gpu_mode, f.access if f else None, c.env, f"hosts[{rank}] {host.address}")
+    access = gpu_access(gpus, c.gpu_mode, f.access if f else None, c.env, f"hosts[{rank}] {host.address}",
+                        f.gpu_host.driver if f and f.gpu_host else None)
     nproc = _nproc(config, host, gpus, f)
 
     env: dict[str, str] = {

@@ -1,6 +1,6 @@
 #!/bin/sh
 # A fragment, not a program: every script whose output the launcher parses as key=value lines includes it where it
-# says `. ./kv.sh  # included` (shipped.script puts this text there). The contract (backends/docker/probe.py):
+# says `. ./kv.sh  # included` (shipped.script puts this text there). The contract (dockerlaunch/keyvalue.py):
 # one line per value, `KEY=VALUE`, VALUE with `%`, bytes 0x01-0x1f and 0x7f written as %XX (so no value can hold a
 # line break or a terminal control), decoded by dockerlaunch/keyvalue.py. Needs only sh (dash, bash, busybox).
 enc() {  # TEXT: printed encoded, without a line break

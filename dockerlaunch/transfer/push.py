@@ -83,7 +83,7 @@ STAR_WINDOW = 32  # image streams from this machine at once: each reads the imag
 
 def parse_host_view(host: str, address: str, text: str, image: LocalImage) -> HostView:
     """inspect.sh's output -> HostView (pure); `has_id`: the host has the ID `image` gets in its store. An answer
-    that breaks the key=value contract (backends/docker/probe.py) is the host's error, never a guess."""
+    that breaks the key=value contract (dockerlaunch/keyvalue.py) is the host's error, never a guess."""
     try:
         kv = keyvalue.parse(text, ("store", "tag", "zstd", "relay"), ("has", "layers", "id"))
         have = None if "layers" not in kv else set().union(

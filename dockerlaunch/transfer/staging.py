@@ -78,7 +78,7 @@ STAGE_PROBE_KEYS = ("flock", "fs", "staged", "id", "cache", "docker", "root")
 
 def parse_stage_facts(text: str, host: str = "?") -> StageFacts:
     """stage_facts.sh's output (key=value lines) -> StageFacts (pure); what a host did not say stays None. An
-    answer that breaks the key=value contract (backends/docker/probe.py) is a HostError naming the host and key."""
+    answer that breaks the key=value contract (dockerlaunch/keyvalue.py) is a HostError naming the host and key."""
     try:
         kv = {k: v[0] for k, v in keyvalue.parse(text, STAGE_PROBE_KEYS).items()}
     except keyvalue.Malformed as e:

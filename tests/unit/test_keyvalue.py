@@ -1,4 +1,4 @@
-"""The key=value contract (backends/docker/probe.py): what a host prints is data, whatever bytes it holds. The shell
+"""The key=value contract (dockerlaunch/keyvalue.py): what a host prints is data, whatever bytes it holds. The shell
 side (scripts/kv.sh) runs for real under each sh a host or image may have; the parser is pure."""
 
 import os

@@ -1,26 +1,14 @@
 """What a host must tell us before its container can be planned: NIC toward the master, IB ports, GPUs.
 
-One probe script per host (one SSH round trip); parsing is pure and tested on fixture output.
-
-The contract of every script whose output the launcher parses as key=value lines (probe.sh, observe.sh, reach.sh,
-container_probe.sh and hubs.py in backends/docker; inspect.sh, stage_facts.sh, relay.sh and load.sh's status lines
-in transfer; ranks.sh and linkspeed.sh in diagnostics) -- later scripts keep it:
-- each value is printed as one line `KEY=VALUE` through `kv KEY VALUE` (or `kvl KEY TEXT`, a line of TEXT each) of
-  `dockerlaunch/scripts/kv.sh`, with `printf '%s'`, never `echo` (dash's echo turns a host's `\n` into a line);
-- VALUE has `%`, every byte below 0x20 and 0x7f written as `%XX` (upper-case hex): no value can hold a line break
-  or a terminal control; `ldconfig -p` lines lose their leading tab first;
-- the parser (`keyvalue.parse`) names the keys a script may say once and refuses an answer that repeats one, holds a
-  raw control character or a bad escape, in one line naming the host and the key (doctor: a FAIL row `probe`; up: the
-  host's error), never a quiet guess. Lines end at `\n` only. Other keys and lines are ignored (a login's rc file).
-A host's words stay data: driver files come only from the `ldconfig -p` section and from `command -v nvidia-smi`, and
-are used (bind-mounted into the job) only when owned by root and not writable by group or others (`file=` lines).
+One probe script per host (one SSH round trip); parsing is pure and tested on fixture output. probe.sh answers in
+the key=value contract (`dockerlaunch/keyvalue.py`); its keys are PROBE_SINGLE and PROBE_LISTS here.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dockerlaunch import keyvalue
@@ -167,36 +155,25 @@ def untrusted_files(paths: list[str], files: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _gpu_access(kv: dict[str, list[str]]) -> HostGpuAccess:
+def _gpu_access(kv: dict[str, list[str]], info: dict | None) -> HostGpuAccess:
+    """How containers reach the GPUs there: the engine's facts from its one `docker info` (`info`: its version, the
+    CDI spec dirs it reads, its runtimes), the rest from probe.sh's own lines."""
     one = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
-    info = docker_info(one("docker_info"))
-    if info is not None:  # probe.sh since issue 21: one `docker info`; engine=/cdi_dirs=/runtimes= before
-        kv = {k: v for k, v in kv.items() if k not in ("engine", "cdi_dirs", "runtimes")}
-        if info.get("ServerVersion"):
-            kv["engine"] = [str(info["ServerVersion"])]
-        if "CDISpecDirs" in info:
-            kv["cdi_dirs"] = [json.dumps(info["CDISpecDirs"])]
-        kv["runtimes"] = [json.dumps(info.get("Runtimes") or {})]
-    try:
-        runtimes = json.loads(one("runtimes") or "{}")
-    except ValueError:
-        runtimes = {}
+    engine = info or {}
+    runtimes = engine.get("Runtimes") or {}
+    dirs = engine.get("CDISpecDirs")  # a field Docker has from 25 on: () where it lists none (CDI off)
     try:
         env = json.loads(one("image_env")) if one("image_env") else None
     except ValueError:
         env = None
-    try:
-        dirs = json.loads(one("cdi_dirs")) if "cdi_dirs" in kv else None
-    except ValueError:
-        dirs = None
     libs = parse_ldconfig(kv.get("lib", []))
     smi = one("nvidia_smi") or None
     return HostGpuAccess(
-        cdi_dirs=tuple(str(d) for d in dirs) if isinstance(dirs, list) else () if "cdi_dirs" in kv else None,
+        cdi_dirs=tuple(str(d) for d in dirs) if isinstance(dirs, list) else () if "CDISpecDirs" in engine else None,
         device_nodes=tuple(kv.get("gpu_dev", [])),
         nvidia_runtime=isinstance(runtimes, dict) and "nvidia" in runtimes,
         cdi_specs=tuple(kv.get("cdi", [])),
-        engine=one("engine") or None,
+        engine=str(engine["ServerVersion"]) if engine.get("ServerVersion") else None,
         libs=libs,
         nvidia_smi=smi,
         image_env=tuple(env) if isinstance(env, list) else None,
@@ -205,7 +182,7 @@ def _gpu_access(kv: dict[str, list[str]]) -> HostGpuAccess:
 
 
 def docker_info(text: str) -> dict | None:
-    """`docker info --format '{{json .}}'` -> its fields, or None (no engine answered)."""
+    """`docker info --format '{{json .}}'` -> its fields, or None (no engine answered, or not asked)."""
     try:
         value = json.loads(text) if text else None
     except ValueError:
@@ -216,12 +193,11 @@ def docker_info(text: str) -> dict | None:
 SELINUX_MODES = {"1": "enforcing", "0": "permissive"}
 
 
-def parse_selinux(kv: dict[str, list[str]]) -> tuple[bool | None, str | None]:
+def parse_selinux(kv: dict[str, list[str]], info: dict | None) -> tuple[bool | None, str | None]:
     """(the engine labels containers, the kernel's mode) from probe.sh's selinuxfs=, selinux_enforce= and the
-    engine's SecurityOptions (in docker_info=, or security_options= from a host that gets no GPUs). The engine's
-    word decides; without it, a kernel with no selinuxfs mounted is one whose engine cannot label (False), and one
-    with it is not known (None): `up` refuses to guess under container.selinux auto. (pure)"""
-    info = docker_info((kv.get("docker_info") or [""])[0])
+    engine's SecurityOptions (in its `docker info`, `info`, or security_options= from a host that gets no GPUs). The
+    engine's word decides; without it, a kernel with no selinuxfs mounted is one whose engine cannot label (False),
+    and one with it is not known (None): `up` refuses to guess under container.selinux auto. (pure)"""
     text = (kv.get("security_options") or [""])[0]
     security = None
     if info is not None and "SecurityOptions" in info:
@@ -238,20 +214,26 @@ def parse_selinux(kv: dict[str, list[str]]) -> tuple[bool | None, str | None]:
     return (False if mounted == "" else None), mode
 
 
-# probe.sh's keys: said once, or a line each (engine, cdi_dirs, runtimes: probe.sh before issue 21)
-SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info", "image_env",
-          "smi_driver", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager", "engine",
-          "cdi_dirs", "runtimes", "image_cmd", "selinuxfs", "selinux_enforce", "security_options")
-LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_parent", "smi_error", "smi_unknown", "xid", "gpu_dev", "cdi",
-         "lib", "file")
+# probe.sh's keys: said once, or a line each
+PROBE_SINGLE = ("route", "owner", "ib_dev", "gpus", "nvidia_smi", "has_ip", "image_labels", "docker_info",
+                "image_env", "xid_readable", "driver_loaded", "uptime", "nvswitches", "fabric_manager",
+                "image_cmd", "selinuxfs", "selinux_enforce", "security_options")
+PROBE_LISTS = ("ib_port", "smi_gpu", "smi_q", "smi_app", "smi_parent", "smi_error", "smi_unknown", "xid", "gpu_dev",
+               "cdi", "lib", "file")
 
 
 def parse_probe(text: str, host: str = "?") -> Probe:
-    """probe.sh's answer -> Probe; a HostError naming `host` and the key when it breaks the contract above."""
+    """probe.sh's answer -> Probe; a HostError naming `host` and the key when it breaks the key=value contract."""
     try:
-        kv = keyvalue.parse(text, SINGLE, LISTS)
+        kv = keyvalue.parse(text, PROBE_SINGLE, PROBE_LISTS)
     except keyvalue.Malformed as e:
         raise keyvalue.host_error(host, PROBE_STEP, e) from None
+    return read_probe(kv)
+
+
+def read_probe(kv: dict[str, list[str]]) -> Probe:
+    """probe.sh's answer once parsed (keyvalue.parse with PROBE_SINGLE and PROBE_LISTS among its keys: doctor parses
+    observe.sh's and probe.sh's answer, one round trip, in one go) -> Probe. (pure)"""
     get = lambda k: (kv.get(k) or [""])[0]  # noqa: E731
     if get("has_ip") == "0":
         iface, src, problem = None, None, "the host has no `ip` command (install iproute2)"
@@ -267,7 +249,8 @@ def parse_probe(text: str, host: str = "?") -> Probe:
     active, seen = parse_ib_ports(kv.get("ib_port", []))
     gpus = get("gpus")
     gpu_host = smi.parse(kv)
-    selinux, selinux_mode = parse_selinux(kv)
+    info = docker_info(get("docker_info"))  # the engine's one answer: GPU access and SELinux both read it
+    selinux, selinux_mode = parse_selinux(kv, info)
     return Probe(
         interface=iface,
         source=src,
@@ -276,7 +259,7 @@ def parse_probe(text: str, host: str = "?") -> Probe:
         ib_active=active,
         ib_seen=seen,
         gpu_count=int(gpus) if gpus.isdigit() else None,
-        access=replace(_gpu_access(kv), driver=gpu_host.driver if gpu_host is not None else None),
+        access=_gpu_access(kv, info),
         image_labels=_labels(get("image_labels")),
         gpu_host=gpu_host,
         image_command=parse_image_command(get("image_cmd")),

@@ -13,6 +13,7 @@ from dockerlaunch.container import Deferred
 from dockerlaunch.errors import ConfigError, DockerlaunchError
 from dockerlaunch.gpu import labels as labels_
 from dockerlaunch.hosts.fleet import Fleet
+from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.facts import HostFacts
 from dockerlaunch.job.plan import JobPlan, command_refusal, plan_job, resolve
@@ -51,8 +52,10 @@ class Session:
         self.fleet.close()
 
 
-def open_session(config: ClusterConfig, plan: JobPlan | None = None) -> Session:
-    cluster = Fleet.connect(config)
+def open_session(config: ClusterConfig, plan: JobPlan | None = None,
+                 targets: Sequence[SSHTarget] | None = None) -> Session:
+    """Connect to every host (at `targets` where the caller resolved them to make `plan`) with the job's plan."""
+    cluster = Fleet.connect(config, targets=targets)
     try:
         return Session(cluster, plan or plan_job(config, cluster.targets, require_image=False))
     except BaseException:
@@ -60,9 +63,10 @@ def open_session(config: ClusterConfig, plan: JobPlan | None = None) -> Session:
         raise
 
 
-def probed_plan(config: ClusterConfig, plan: JobPlan) -> JobPlan:
-    """The plan with every host value asked of the hosts, as `up` asks them; nothing is started (render --probe)."""
-    session = open_session(config, plan)
+def probed_plan(config: ClusterConfig, plan: JobPlan, targets: Sequence[SSHTarget] | None = None) -> JobPlan:
+    """The plan with every host value asked of the hosts, as `up` asks them; nothing is started (render --probe).
+    `targets`: the ones `plan` was made from."""
+    session = open_session(config, plan, targets)
     try:
         return resolve(plan, gather_facts(session), run_id="render")
     finally:
@@ -132,6 +136,7 @@ def gather_facts(session: Session, env_files: dict[int, tuple[str, ...]] | None 
             master_addr=master if hp.rank == 0 else None,
             env_files=(env_files or {}).get(hp.rank),
             access=p.access,
+            gpu_host=p.gpu_host,
             torch=(p.image_labels or labels or {}).get(labels_.TORCH),
             selinux=p.selinux,
             image_command=image_command,

@@ -44,6 +44,7 @@ from dockerlaunch.backends.docker.watchdog import Watchdogs
 from dockerlaunch.errors import DockerlaunchError, HostError, Terminated
 from dockerlaunch.hosts.fleet import Fleet, Host
 from dockerlaunch.hosts.ssh import Result
+from dockerlaunch.hosts.targets import SSHTarget
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import (
     DIAG_SUBDIRS,
@@ -111,10 +112,13 @@ def up(
     monitors: Sequence[Monitor] = (),
     plan: JobPlan | None = None,
     hooks: Hooks | None = None,
+    targets: Sequence[SSHTarget] | None = None,
 ) -> int:
     """Start the job, and start it again after a failure while job.max_restarts allows; return the exit code
     `dockerlaunch up` exits with (the last attempt's). `plan`: the one the caller showed or checked
-    (`plan_job(config)`), made here when not given (and again when a spare replaced a host).
+    (`plan_job(config, targets)`), made here when not given (and again when a spare replaced a host). `targets`: the
+    hosts' SSH targets `plan` was made from (hosts/targets.resolve_all), resolved here when not given: once per
+    host list, for every attempt (again only when a spare replaced a host).
 
     `monitors` run in threads beside a started job (not --detach), until `stop` is set (e.g. the transport
     watcher of `diagnostics`, which lives above this layer)."""
@@ -124,12 +128,13 @@ def up(
     secrets_blob = read_env_files(config) if config.container.env_files else b""
     run = RunFolder.create(log_dir, job.name) if log_dir and not detach else None
     attempt, swaps, fresh = 0, [], set()
+    resolved: list[SSHTarget] = list(targets or ())  # filled by the attempt that resolves them
     while True:
         t0, started = time.monotonic(), datetime.now().isoformat(timespec="seconds")
         try:
             ending = _attempt(config, plan, attempt, reporter, detach=detach, keep=keep, preflight=preflight,
                               run=run, secrets_blob=secrets_blob, monitors=monitors, hooks=hooks,
-                              fresh=fresh)
+                              fresh=fresh, targets=resolved)
         except DockerlaunchError as e:
             if attempt == 0:
                 raise  # nothing ran yet: the one-line error, as without restarts
@@ -143,7 +148,7 @@ def up(
                 reporter.say(f"replacing {sw}", "bold yellow")
             swaps += [str(sw) for sw in new]
             fresh |= {sw.rank for sw in new}
-            plan = None  # made again from the new host list (host 0 replaced: a new MASTER_ADDR)
+            plan, resolved = None, []  # made again from the new host list (host 0 replaced: a new MASTER_ADDR)
             continue
         record = AttemptRecord.of(attempt, ending, started, time.monotonic() - t0,
                                   [h.address for h in config.hosts], swaps)
@@ -166,7 +171,7 @@ def up(
                 reporter.say(f"replacing {sw}", "bold yellow")
             swaps = [str(sw) for sw in new]
             fresh |= {sw.rank for sw in new}
-            plan = None
+            plan, resolved = None, []
         attempt += 1
         reporter.say(f"restarting every host in {job.restart_backoff:g}s: attempt {attempt} of at most "
                      f"{job.max_restarts} restart(s) (DL_RESTART_COUNT={attempt})", "bold yellow")
@@ -175,11 +180,13 @@ def up(
 
 def _attempt(config: ClusterConfig, plan: JobPlan | None, attempt: int, reporter: Reporter, *, detach: bool,
              keep: bool, preflight: bool, run: RunFolder | None, secrets_blob: bytes, monitors: Sequence[Monitor],
-             hooks: Hooks, fresh: set[int]) -> Ending | Replace:
+             hooks: Hooks, fresh: set[int], targets: list[SSHTarget]) -> Ending | Replace:
     """One start of every host: connect, prepare, check, plan for real, start, watch, tear down; or, before
-    anything started, the hosts a spare should replace."""
+    anything started, the hosts a spare should replace. `targets`: the hosts' SSH targets, resolved by the first
+    attempt that connects when empty (and kept for the next)."""
     phases = Phases()
-    fleet = Fleet.connect(config, require_all=not config.spares)
+    fleet = Fleet.connect(config, require_all=not config.spares, targets=targets or None)
+    targets[:] = fleet.targets
     unreachable = {h.rank: h.error.reason if h.error else "unreachable" for h in fleet.hosts if not h.connected}
     if unreachable:
         fleet.close()

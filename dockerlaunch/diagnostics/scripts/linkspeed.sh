@@ -1,6 +1,6 @@
 #!/bin/sh
 # What a host's links should carry: the NIC's speed (Mb/s) and each InfiniBand port's rate (parsed by commtest).
-# Every value through kv (the key=value contract in backends/docker/probe.py).
+# Every value through kv (the key=value contract, dockerlaunch/keyvalue.py).
 # usage: linkspeed.sh NIC [HCA:PORT...]
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Inside a job container: every process with RANK in its environment (torchrun's workers and their children),
-# one line each: `proc PID PPID RANK LOCAL_RANK COMMAND...`, through kv.sh's `line` (the key=value contract in
-# backends/docker/probe.py: a command line holding a line break or `\n` never makes a line of its own).
+# one line each: `proc PID PPID RANK LOCAL_RANK COMMAND...`, through kv.sh's `line` (the key=value contract,
+# dockerlaunch/keyvalue.py: a command line holding a line break or `\n` never makes a line of its own).
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)
 for d in /proc/[0-9]*; do

@@ -6,7 +6,7 @@
 # containerd's store, list every image ID -- the launcher cannot name the image's ID there yet, and tells from
 # the list once it can, without asking again; the IDs: config digest, manifest digest -- the classic store names
 # an image by the first, containerd's store by the second)
-# Every value through kv/kvl (the key=value contract in backends/docker/probe.py).
+# Every value through kv/kvl (the key=value contract, dockerlaunch/keyvalue.py).
 set -u
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)

@@ -1,6 +1,6 @@
 #!/bin/sh
-# What a staged push needs to know of the host, one value each (the key=value contract in
-# backends/docker/probe.py): flock, the file system of $HOME/.cache, the staged prefix (size, sha256) once any load
+# What a staged push needs to know of the host, one value each (the key=value contract,
+# dockerlaunch/keyvalue.py): flock, the file system of $HOME/.cache, the staged prefix (size, sha256) once any load
 # of the same stream still running has finished (its lock), the Image ID the host has now, and the filesystems of
 # the staging folder and of docker's root (device, total KiB, free KiB).
 # usage: stage_facts.sh KEY IMAGE_ID

@@ -246,8 +246,8 @@ def planned(driver: str | None, env=ENV, user_env=None):
 
     gpu = HostGpuAccess(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"),
                         libs=(("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),),
-                        image_env=env, driver=driver)
-    return device_access("all", gpu, user_env or {}, "hosts[0] h", "no toolkit runtime")
+                        image_env=env)
+    return device_access("all", gpu, user_env or {}, "hosts[0] h", "no toolkit runtime", driver)
 
 
 def test_device_mode_puts_the_compat_folder_first_where_forward_compatibility_runs_the_image():
@@ -276,3 +276,25 @@ def test_the_dry_run_says_where_the_compat_folder_would_go():
 
     deferred = gpu_access("all", "devices", None, {}, "hosts[0] h")
     assert "cuda-compat folder first on LD_LIBRARY_PATH where the host's driver is older" in str(deferred)
+
+
+def test_up_and_doctor_take_the_driver_from_the_hosts_gpu_facts():
+    """The driver's version is the GpuHost's (nvidia-smi -q's, read once): `up`'s plan (HostFacts.gpu_host) and
+    doctor's GPU container (the probe's gpu_host) put the compat folder first from it, as the driver row judges."""
+    from dockerlaunch.backends.docker.doctor.observations import host_gpu_access
+    from dockerlaunch.backends.docker.probe import Probe
+    from dockerlaunch.job.config import ClusterConfig
+    from dockerlaunch.job.facts import HostFacts, HostGpuAccess
+    from dockerlaunch.job.plan import make_plan
+
+    config = ClusterConfig.model_validate({"hosts": ["10.0.0.1"], "image": "img:tag", "ssh": {"config_file": None},
+                                           "container": {"gpu_mode": "devices"}})
+    gpu = HostGpuAccess(device_nodes=("/dev/nvidiactl", "/dev/nvidia0"),
+                        libs=(("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),), image_env=ENV)
+    for driver, compat in (("570.86.15", True), ("580.95.05", False)):
+        hp = make_plan(config, facts={0: HostFacts(gpu_count=1, access=gpu, gpu_host=host(driver))}).hosts[0]
+        planned_first = hp.container.env.get("LD_LIBRARY_PATH", "").split(":")[0]
+        assert (planned_first == "/usr/local/cuda/compat") is compat, (driver, hp.container.env)
+        probe = Probe("eth0", None, None, False, [], [], 1, access=gpu, gpu_host=host(driver))
+        checked_first = dict(host_gpu_access(config, hp, probe).env).get("LD_LIBRARY_PATH", "").split(":")[0]
+        assert (checked_first == "/usr/local/cuda/compat") is compat, driver

@@ -182,7 +182,7 @@ def test_xid_lines_and_unsupported_fields_parse():
         "persistence_mode, mig.mode.current, ecc.errors.uncorrected.volatile.total, "
         "ecc.errors.uncorrected.aggregate.total, remapped_rows.pending",
         "0, 0000:18:00.0, Tesla V100, [N/A], 535.54.03, [N/A], 16384, [Not Supported], [N/A], [N/A], [N/A], [N/A]"],
-          "smi_unknown": ["remapped_rows.failure"],
+          "smi_q": ["Driver Version                            : 535.54.03"], "smi_unknown": ["remapped_rows.failure"],
           "xid_readable": ["1"], "xid": ["5.25 0000:18:00 79", "- 0000:3b:00 79", "1200.5 0000:18:00 13"],
           "driver_loaded": ["4.5"], "uptime": ["9000.1"]}
     smi = smilib.parse(kv)
@@ -194,6 +194,19 @@ def test_xid_lines_and_unsupported_fields_parse():
     assert smi.xids == (Xid(79, "0000:18:00", 5.25), Xid(79, "0000:3b:00", None), Xid(13, "0000:18:00", 1200.5))
     assert (smi.driver_loaded_s, smi.uptime_s) == (4.5, 9000.1)
     assert smilib.parse({"gpus": ["none"]}) is None
+
+
+def test_the_driver_is_read_once_from_q():
+    """The driver's version has one source: -q's `Driver Version` (`KMD Version` on R610+), which the probe asks
+    anyway for the CUDA version; the query asks no driver_version, and a column or line of another name is not read."""
+    assert "driver_version" not in smilib.QUERY
+    rows = ["index, pci.bus_id, name, driver_version", "0, 00000000:18:00.0, Tesla V100, 535.54.03"]
+    assert smilib.parse({"smi_gpu": rows}).driver is None
+    assert smilib.parse({"smi_gpu": rows, "smi_driver": ["535.54.03"]}).driver is None
+    q = ["Driver Version                            : 610.43.02 [Deprecated; see KMD Version]",
+         "KMD Version                               : 610.43.02", "CUDA UMD Version                          : 13.2"]
+    assert (smilib.parse({"smi_gpu": rows, "smi_q": q}).driver, smilib.parse({"smi_q": q[1:]}).driver) == (
+        "610.43.02", "610.43.02")
 
 
 def test_a_fatal_xid_fails_only_when_newer_than_the_drivers_load_or_inside_the_window():
@@ -244,12 +257,23 @@ def test_every_case_parses_through_the_probe(tmp_path, case):
         assert all(g.compute_cap for g in p.gpu_host.gpus)
 
 
+@pytest.mark.parametrize("case", [c for c in gpu_standin.WRITTEN if (gpu_standin.CASES / c / "L.txt").exists()])
+def test_the_probes_gpu_count_is_the_listings(tmp_path, case):
+    """`nvidia-smi -L` is counted by one rule: probe.sh's `gpus=` for its host (read by probe.py alone: GpuHost does
+    not read it) and gpu.smi.count_gpus for a probe container's listing (it may have no shell) agree."""
+    p = probed(tmp_path, case)
+    listed = (gpu_standin.CASES / case / "L.txt").read_text()
+    assert p.gpu_count == smilib.count_gpus(listed)
+    assert smilib.parse({"gpus": ["none"]}) is None and smilib.parse({"gpus": ["2"]}) is None
+
+
 def test_the_probe_asks_what_the_parser_reads():
     """probe.sh's SMI_GPU is gpu/smi.py's QUERY, and the written stand-in's columns are among them."""
     line = next(x for x in script("probe.sh").splitlines() if x.startswith("SMI_GPU="))
     asked = tuple(line.removeprefix("SMI_GPU=").strip('"').split())
     assert asked == smilib.QUERY
-    assert set(gpu_standin.QUERY_GPU) <= set(asked)
+    # (the recorded 12-field query's driver_version column: the probe reads the driver once, from -q)
+    assert set(gpu_standin.QUERY_GPU) - {"driver_version"} <= set(asked)
 
 
 SCAN = {"image": "someone/train:1", "cuda": "12.8", "cubins": {

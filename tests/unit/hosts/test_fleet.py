@@ -183,3 +183,42 @@ def test_up_says_where_its_time_went():
     p.done("start")
     text = str(p)
     assert text.startswith("5.0s (connect 3.0s, start 2.0s") and "plan" not in text, text
+
+
+def test_a_command_resolves_its_hosts_once(monkeypatch):
+    """`up`, `doctor` and `render --probe` resolve the hosts' SSH targets once, to plan from, and connect to those
+    (Fleet.connect's `targets`); `up` keeps them for every attempt until a spare replaces a host. Without them,
+    Fleet.connect resolves once itself (~/.ssh/config read once for the settings check and the targets)."""
+    from dockerlaunch.backends.docker import up as uplib
+    from dockerlaunch.hosts import fleet as fleetlib
+    from dockerlaunch.hosts import targets as targetslib
+    from dockerlaunch.hosts.fleet import Fleet, Host
+    from dockerlaunch.job.config import ClusterConfig
+    from dockerlaunch.reporting import Reporter
+
+    cfg = ClusterConfig.model_validate({"hosts": ["local", "local"], "image": "img:1", "ssh": {"config_file": None}})
+    given = targetslib.resolve_all(cfg)
+    resolved, loaded = [], []
+    resolve, load = targetslib.resolve_target, targetslib.load_ssh_config
+    monkeypatch.setattr(targetslib, "resolve_target", lambda *a, **k: resolved.append(a[0]) or resolve(*a, **k))
+    monkeypatch.setattr(fleetlib, "load_ssh_config", lambda *a: loaded.append(a) or load(*a))
+    with Fleet.connect(cfg, targets=given) as fleet:
+        assert fleet.targets == given and resolved == []
+    with Fleet.connect(cfg) as fleet:
+        assert fleet.targets == given and len(resolved) == 2 and len(loaded) == 2
+    with pytest.raises(ValueError):
+        Fleet.connect(cfg, targets=given[:1])
+
+    asked = []
+
+    def connect(config, *, require_all=True, targets=None):
+        asked.append(targets)  # then no host answers: the attempt stops before anything starts
+        return Fleet(config, [Host(i, h.address, t) for i, (h, t) in enumerate(zip(config.hosts, given))])
+
+    monkeypatch.setattr(uplib.Fleet, "connect", connect)
+    kept: list = []
+    for _ in range(2):
+        outcome = uplib._attempt(cfg, None, 0, Reporter(), detach=False, keep=False, preflight=False, run=None,
+                                 secrets_blob=b"", monitors=(), hooks=uplib.Hooks(), fresh=set(), targets=kept)
+        assert isinstance(outcome, uplib.Replace)
+    assert asked == [None, given] and kept == given  # resolved by the first attempt, kept for the next

@@ -457,13 +457,14 @@ def test_probe_reads_the_images_labels_and_gpu_facts():
 
     p = parse_probe('route=10.0.0.1 dev eth0 src 10.0.0.2 uid 0\nhas_ip=1\ngpus=2\n'
                     'image_labels={"ai.dockerlaunch.pin.torch":"2.11.0"}\n'
-                    'gpu_dev=/dev/nvidia0\ngpu_dev=/dev/nvidiactl\nruntimes={"io.containerd.runc.v2":{},"runc":{}}\n'
-                    'engine=20.10.24\nlib=libcuda.so.1 (libc6,x86-64) => /usr/lib/libcuda.so.1\n'
+                    'gpu_dev=/dev/nvidia0\ngpu_dev=/dev/nvidiactl\n'
+                    'docker_info={"ServerVersion":"20.10.24","Runtimes":{"io.containerd.runc.v2":{},"runc":{}}}\n'
+                    'lib=libcuda.so.1 (libc6,x86-64) => /usr/lib/libcuda.so.1\n'
                     'image_env=["PATH=/usr/bin"]\nnvidia_smi=/usr/bin/nvidia-smi\n')
     assert p.image_labels == {"ai.dockerlaunch.pin.torch": "2.11.0"} and p.gpu_count == 2
     assert p.access.device_nodes == ("/dev/nvidia0", "/dev/nvidiactl") and not p.access.nvidia_runtime
     assert p.access.libs == (("libcuda.so.1", "/usr/lib/libcuda.so.1"),) and p.access.image_env == ("PATH=/usr/bin",)
-    with_toolkit = parse_probe('runtimes={"nvidia":{"path":"nvidia-container-runtime"},"runc":{}}\n')
+    with_toolkit = parse_probe('docker_info={"Runtimes":{"nvidia":{"path":"nvidia-container-runtime"},"runc":{}}}\n')
     assert with_toolkit.access.nvidia_runtime and with_toolkit.image_labels is None
 
 

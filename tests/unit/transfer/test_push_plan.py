@@ -572,7 +572,7 @@ def probe_text(staged="", present="", cache="2049 262144000 41943040", docker="2
             + (f"fs={fs}\n" if fs is not None else ""))
 
 
-def test_the_stage_probe_is_parsed_by_key():
+def test_the_stage_facts_are_parsed_by_key():
     from dockerlaunch.transfer.staging import parse_stage_facts
 
     p = parse_stage_facts(probe_text(staged=f"123 {'a' * 64}", present="sha256:" + "b" * 64))

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported where they run: `doctor.report`, which every comma
     from dockerlaunch.backends.docker.doctor.observe import Progress
     from dockerlaunch.backends.docker.doctor.report import Report
     from dockerlaunch.hosts.fleet import Fleet
+    from dockerlaunch.hosts.targets import SSHTarget
     from dockerlaunch.job.config import ClusterConfig
     from dockerlaunch.job.plan import JobPlan
 
@@ -37,8 +38,10 @@ def check_observed(fleet: Fleet, plan: JobPlan, progress: Progress | None = None
     return judge(plan.config, plan, fleet.targets, observed), observed
 
 
-def doctor(config: ClusterConfig, plan: JobPlan, progress: Progress | None = None) -> Report:
+def doctor(config: ClusterConfig, plan: JobPlan, progress: Progress | None = None,
+           targets: list[SSHTarget] | None = None) -> Report:
+    """`targets`: the hosts' SSH targets `plan` was made from (resolved again when not given)."""
     from dockerlaunch.hosts.fleet import Fleet
 
-    with Fleet.connect(config, require_all=False) as fleet:
+    with Fleet.connect(config, require_all=False, targets=targets) as fleet:
         return check(fleet, plan, progress)

@@ -47,10 +47,6 @@ def parse_df_kb(text: str) -> tuple[int, int] | None:
         return None
 
 
-def count_gpus(nvidia_smi_l: str) -> int:
-    return sum(1 for line in nvidia_smi_l.splitlines() if line.startswith("GPU "))
-
-
 # How engines say that a container's command is not in the image: runc (Docker 20.10 to 28) and crun. Docker's own
 # exit status for it is 127; a shell inside the container that cannot find a command also exits 127, but says so in
 # its own words, so both are required.
@@ -258,7 +254,7 @@ class ContainerFacts:
     tools: list[str] | None = None  # which of nc, python3, bash, timeout the image has (reach.sh can use them)
     missing: str | None = None  # the probe's command is not in the image ("sh"): nothing ran inside it
     host_shm_kb: int | None = None  # with `missing` and ipc host: the host's /dev/shm, which the container shares
-    gpus: int | None = None  # GPUs nvidia-smi -L listed
+    gpus: int | None = None  # GPUs nvidia-smi -L listed in it (gpu.smi.count_gpus)
     ib_devices: list[str] | None = None  # /dev/infiniband in the container (probed where IB is used)
     ibverbs: bool | None = None  # the image has libibverbs
     ib_provider: bool | None = None  # ... and a verbs provider (libmlx5 & co.)
@@ -277,7 +273,7 @@ class HostObservation:
     ssh: str = ""  # user@host:port, when connected
     ssh_error: str | None = None
     error: str | None = None  # the observation round trip itself failed
-    probe_error: str | None = None  # its answer broke the key=value contract (probe.py): none of it was used
+    probe_error: str | None = None  # its answer broke the key=value contract (keyvalue.py): none of it was used
     clock: str | None = None  # the host's `date +%s.%N` at the start of its answer (observe.sh's first line)
     docker: str | None = None  # engine version
     docker_error: str | None = None
@@ -326,17 +322,15 @@ OBSERVE_LISTS = ("disk", "mount_ok", "mount_missing", "tcp")
 
 
 def parse_observation(obs: HostObservation, text: str) -> HostObservation:
-    """observe.sh + probe.sh output -> the fields of `obs` (pure; tested on recorded output). An answer that breaks
-    the key=value contract (probe.py) sets only `probe_error`: nothing of it is used."""
+    """observe.sh + probe.sh output (one answer: parsed once, with both scripts' keys) -> the fields of `obs` (pure;
+    tested on recorded output). An answer that breaks the key=value contract (keyvalue.py) sets only `probe_error`:
+    nothing of it is used."""
     try:
-        kv = keyvalue.parse(text, OBSERVE_SINGLE, OBSERVE_LISTS)
-        probe = probelib.parse_probe(text, obs.address)
+        kv = keyvalue.parse(text, OBSERVE_SINGLE + probelib.PROBE_SINGLE, OBSERVE_LISTS + probelib.PROBE_LISTS)
     except keyvalue.Malformed as e:
         obs.probe_error = keyvalue.host_error(obs.address, probelib.PROBE_STEP, e).reason
         return obs
-    except HostError as e:
-        obs.probe_error = e.reason
-        return obs
+    probe = probelib.read_probe(kv)
     one = lambda k: (kv.get(k) or [None])[0]  # noqa: E731
     obs.clock = one("clock")
     obs.docker, obs.docker_error = one("docker"), one("docker_error")
@@ -359,7 +353,7 @@ def host_gpu_access(config: ClusterConfig, hp: HostPlan, probe: probelib.Probe |
     """The job's GPU flags on this host, from what doctor observed there (raises ConfigError when impossible)."""
     gpus = hp.host.gpus if hp.host.gpus is not None else config.container.gpus
     access = gpu_access(gpus, config.container.gpu_mode, probe.access if probe else None, config.container.env,
-                        hp.address)
+                        hp.address, probe.gpu_host.driver if probe and probe.gpu_host else None)
     if not isinstance(access, GpuAccess):
         raise ConfigError("could not check: the host's GPU facts were not gathered")
     return access
@@ -381,7 +375,7 @@ CONTAINER_HUBS = ("huggingface.co", "modelscope.cn")  # hubs.py's hubs, each a `
 
 def parse_container_facts(out: str) -> ContainerFacts:
     """The probe container's output (container_probe.sh; hubs.py's lines where asked). An answer that breaks the
-    key=value contract (probe.py) is the container's error: nothing of it is used."""
+    key=value contract (keyvalue.py) is the container's error: nothing of it is used."""
     try:
         kv = keyvalue.parse(out, CONTAINER_SINGLE + tuple(f"hub.{h}" for h in CONTAINER_HUBS), ("shm",))
     except keyvalue.Malformed as e:

@@ -23,7 +23,6 @@ from dockerlaunch.backends.docker.doctor.observations import (
     Shared,
     can_connect,
     can_listen,
-    count_gpus,
     host_gpu_access,
     host_label_disable,
     image_lacks,
@@ -43,6 +42,7 @@ from dockerlaunch.container import IB_CAP, BindMount, ContainerSpec, Deferred, G
 from dockerlaunch.docker_run import run_argv
 from dockerlaunch.errors import ConfigError, HostError
 from dockerlaunch.gpu.access import NVIDIA_DIR
+from dockerlaunch.gpu.smi import count_gpus
 from dockerlaunch.hosts.fleet import Fleet, Host, each
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import HostPlan, JobPlan, infiniband_needs

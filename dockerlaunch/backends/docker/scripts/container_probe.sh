@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs inside a short-lived probe container with the job's own flags: what the job will see there.
 # $1: 1 to ask the model hubs (the Python program in $3, its wait in seconds $4), $2: 1 to look at InfiniBand.
-# Every value through kv (the key=value contract in probe.py). Needs only sh (dash, bash, busybox) and df.
+# Every value through kv (the key=value contract, dockerlaunch/keyvalue.py). Needs only sh (dash, bash, busybox) and df.
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)
 if [ "$1" = 1 ]; then

@@ -2,7 +2,7 @@
 
 Asked as the libraries ask (requests, its CA bundle, the proxy and endpoint variables of container.env); any HTTP
 answer counts. DNS is outside requests' timeout, so each hub is asked in a thread joined for argv[1] seconds.
-Prints `hub.<name>=ok` or `hub.<name>=<error>` per hub (the key=value contract of backends/docker/probe.py).
+Prints `hub.<name>=ok` or `hub.<name>=<error>` per hub (the key=value contract of dockerlaunch/keyvalue.py).
 Standard library only (requests if the image has it).
 """
 
@@ -42,7 +42,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join(WAIT)
-for name in hubs:  # the key=value contract (backends/docker/probe.py): %, controls as %XX
+for name in hubs:  # the key=value contract (dockerlaunch/keyvalue.py): %, controls as %XX
     value = got.get(name, f"no answer in {WAIT:g} s")
     value = "".join(f"%{ord(c):02X}" if c == "%" or ord(c) < 32 or ord(c) == 127 else c for c in value)
     print("hub." + name + "=" + value, flush=True)

@@ -1,7 +1,7 @@
 #!/bin/sh
 # What doctor needs to know about one host, in one round trip (parsed by doctor.parse_observation); the
 # launcher appends probe.sh (route, InfiniBand, GPUs). `clock=` comes first so its arrival can be timed.
-# Every value through kv/kvl (the key=value contract in probe.py).
+# Every value through kv/kvl (the key=value contract, dockerlaunch/keyvalue.py).
 # usage: observe.sh MASTER_ADDR IMAGE [MOUNT_SOURCE...]
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)

@@ -2,14 +2,14 @@
 # What a host must tell us before its container can be planned, in one round trip: the route and NIC
 # toward MASTER_ADDR, InfiniBand device and port states, the GPU count, whether `ip` exists, and how a
 # container can reach the GPUs (toolkit runtime, CDI specs, else device nodes + the driver's libraries).
-# Every value goes out through kv/kvl (the key=value contract in probe.py): a host's text never becomes a line.
+# Every value goes out through kv/kvl (the key=value contract, dockerlaunch/keyvalue.py): a host's text never becomes a line.
 # usage: probe.sh MASTER_ADDR [IMAGE]   (IMAGE: its labels and command are asked too)
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)
 m=$1
 # the --query-gpu fields doctor reads (gpu/smi.py's QUERY): each asked only where this driver's --help-query-gpu
 # lists it, and a field it still rejects is dropped and the rest asked again: one unknown field costs only itself
-SMI_GPU="index pci.bus_id name driver_version memory.used memory.total persistence_mode ecc.errors.uncorrected.volatile.total ecc.errors.uncorrected.aggregate.total compute_cap mig.mode.current remapped_rows.pending remapped_rows.failure remapped_rows.histogram.none clocks_event_reasons.active clocks_throttle_reasons.active pcie.link.gen.current pcie.link.width.current pcie.link.gen.max pcie.link.width.max"
+SMI_GPU="index pci.bus_id name memory.used memory.total persistence_mode ecc.errors.uncorrected.volatile.total ecc.errors.uncorrected.aggregate.total compute_cap mig.mode.current remapped_rows.pending remapped_rows.failure remapped_rows.histogram.none clocks_event_reasons.active clocks_throttle_reasons.active pcie.link.gen.current pcie.link.width.current pcie.link.gen.max pcie.link.width.max"
 # (never process_name: that is the process's command line, which its owner writes, raw in the CSV: a line feed in it
 # adds a row naming any bus, pid and memory. Each process's name is the kernel's, /proc/PID/comm, read below.)
 SMI_APPS=gpu_bus_id,pid,used_memory
@@ -52,8 +52,6 @@ gpu_query() {
     case ",$fields," in *",$bad,"*) ;; *) bad= ;; esac
     if [ -z "$bad" ] || [ "$tries" -gt 20 ]; then
       kv smi_error "nvidia-smi --query-gpu=$fields --format=csv,nounits: $(why "$out")"
-      d=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null) && kv smi_driver "${d%%
-*}"
       return
     fi
     kv smi_unknown "$bad"
@@ -64,7 +62,8 @@ gpu_query() {
 }
 gpu_facts() {
   gpu_query
-  # the CUDA version the driver runs and, per GPU, its NVSwitch fabric (State/Status, Health's Summary)
+  # the driver's version and the CUDA version it runs (their one source: gpu/smi.py's parse_q) and, per GPU, its
+  # NVSwitch fabric (State/Status, Health's Summary)
   kvl smi_q "$(nvidia-smi -q 2>/dev/null | awk '/^(CUDA Version|Driver Version|KMD Version|CUDA UMD Version) /{print; next}
     /^GPU [0-9A-Fa-f]/{print; next} /^    Fabric *$/{f=1; next} f && /^        (State|Status) /{print; next}
     f && /^            Summary /{print; next} /^    [^ ]/{f=0}')"
@@ -151,7 +150,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   smi=$(command -v nvidia-smi)
   kv nvidia_smi "$smi"
   owned "$smi"
-  # what doctor compares with the image and judges the GPUs' health by (backends/docker/nvsmi.py parses it);
+  # what doctor compares with the image and judges the GPUs' health by (gpu/smi.py reads it);
   # a command that fails says so (smi_error=), it is never read as "nothing to report"
   [ "${DL_PROBE_GPU:-1}" = 0 ] || gpu_facts
 else

@@ -8,7 +8,7 @@
 #        reach.sh listen SECONDS PORT...  listeners (python3, else nc -lk) in the background for at most SECONDS:
 #                                         "listen=TOOL PID" (kill PID to end them sooner), or "listen=none"
 #        reach.sh serve SECONDS PORT...   the same in the foreground (a probe container; 0: until removed)
-# Every value through kv (the key=value contract in probe.py; python3's lines encode the same way).
+# Every value through kv (the key=value contract, dockerlaunch/keyvalue.py; python3's lines encode the same way).
 # shellcheck source=/dev/null
 . ./kv.sh  # included when shipped (shipped.script)
 PY_CONNECT='

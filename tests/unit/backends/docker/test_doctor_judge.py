@@ -615,6 +615,24 @@ def test_parse_observation_on_a_debian_host_with_docker():
     assert o.usable and o.ssh == "root@10.0.0.2:22" and o.clock_offset is None  # the clock is observe's job
 
 
+def test_parse_observation_reads_the_answer_once(monkeypatch):
+    """observe.sh and probe.sh answer in one round trip: their answer is parsed once, with both scripts' keys (no
+    key is both's), and gives the same facts as probe.sh's answer parsed alone."""
+    from dockerlaunch import keyvalue
+    from dockerlaunch.backends.docker import probe as probelib
+    from dockerlaunch.backends.docker.doctor import observations
+
+    observe_keys = set(observations.OBSERVE_SINGLE + observations.OBSERVE_LISTS)
+    assert not observe_keys & set(probelib.PROBE_SINGLE + probelib.PROBE_LISTS)
+    calls = []
+    parse = keyvalue.parse
+    monkeypatch.setattr(keyvalue, "parse", lambda *a, **k: calls.append(a[1:]) or parse(*a, **k))
+    o = parse_observation(HostObservation(1, H1, ssh="root@10.0.0.2:22"), DEBIAN_WORKER)
+    assert len(calls) == 1, calls
+    monkeypatch.setattr(keyvalue, "parse", parse)
+    assert o.probe == probelib.parse_probe(DEBIAN_WORKER, H1)
+
+
 def test_parse_observation_on_the_master():
     o = parse_observation(HostObservation(0, H0), DEBIAN_MASTER)
     assert o.probe.interface == "eth0" and o.probe.problem is None

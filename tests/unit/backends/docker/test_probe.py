@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dockerlaunch.backends.docker.dockerhost import parse_inspect
-from dockerlaunch.backends.docker.doctor.observations import count_gpus, listening_ports, local_ports, parse_df_kb
+from dockerlaunch.backends.docker.doctor.observations import listening_ports, local_ports, parse_df_kb
 from dockerlaunch.backends.docker.probe import (
     nic_problem,
     parse_addr_owner,
@@ -13,6 +13,7 @@ from dockerlaunch.backends.docker.probe import (
     parse_probe,
     parse_route_get,
 )
+from dockerlaunch.gpu.smi import count_gpus
 from tests import docker_standin
 
 
@@ -156,6 +157,21 @@ def test_one_docker_info_gives_the_engine_cdi_dirs_and_runtimes():
     assert (on.engine, on.cdi_dirs) == ("28.5.2", ("/etc/cdi", "/var/run/cdi"))
     silent = parse_probe("has_ip=0\ndocker_info=\n").access  # no engine answered
     assert (silent.engine, silent.cdi_dirs) == (None, None)
+
+
+def test_the_engine_is_read_only_from_its_docker_info():
+    """engine=, cdi_dirs= and runtimes= lines (what probe.sh printed before it asked `docker info` once) are no
+    key of probe.sh's: a host that prints them is not read, and docker_info= is decoded once, for the GPU access
+    and the SELinux fact alike."""
+    from dockerlaunch.backends.docker.probe import parse_probe
+
+    old = parse_probe('has_ip=0\nengine=20.10.24\ncdi_dirs=["/etc/cdi"]\nruntimes={"nvidia":{}}\n').access
+    assert (old.engine, old.cdi_dirs, old.nvidia_runtime) == (None, None, False)
+    both = parse_probe('has_ip=0\nselinuxfs=/sys/fs/selinux\nselinux_enforce=0\n'
+                       'docker_info={"ServerVersion": "28.5.2", "Runtimes": {"nvidia": {}}, '
+                       '"SecurityOptions": ["name=selinux"]}\n')
+    assert (both.access.engine, both.access.nvidia_runtime, both.selinux, both.selinux_mode) == (
+        "28.5.2", True, True, "permissive")
 
 
 @pytest.mark.parametrize("gpu", [True, False])
