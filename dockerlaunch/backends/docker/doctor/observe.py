@@ -47,13 +47,14 @@ from dockerlaunch.hosts.fleet import Fleet, Host, each
 from dockerlaunch.job.config import ClusterConfig
 from dockerlaunch.job.plan import HostPlan, JobPlan, infiniband_needs
 
-PROBE_LABELS = {"dockerlaunch.probe": "1"}
-PROBE_RUN = "dockerlaunch.probe.run"  # one doctor run's probes, removed together when it is interrupted
-REMOVE_SETTLE_S = 3.0  # after an interrupt: how long the probes' `docker run`s under way are waited for
+# doctor's check containers keep the label and name prefix users see (`dockerlaunch.probe`, `dlprobe-`)
+CHECK_LABELS = {"dockerlaunch.probe": "1"}
+CHECK_RUN = "dockerlaunch.probe.run"  # one doctor run's check containers, removed together when it is interrupted
+REMOVE_SETTLE_S = 3.0  # after an interrupt: how long the checks' `docker run`s under way are waited for
 
 
-class ProbeRun:
-    """The probe containers of one doctor run: each labelled with the run's token and started through `run`, so
+class CheckContainers:
+    """The check containers of one doctor run: each labelled with the run's token and started through `run`, so
     that an interrupt (Ctrl-C, SIGTERM during `up`'s pre-flight) removes every one of them from the hosts before
     the command exits (a `dlprobe-reach-*` container was left on the nodes), and none starts after it."""
 
@@ -65,10 +66,10 @@ class ProbeRun:
 
     @property
     def labels(self) -> dict[str, str]:
-        return {**PROBE_LABELS, PROBE_RUN: self.token}
+        return {**CHECK_LABELS, CHECK_RUN: self.token}
 
     def run(self, h: Host, spec: ContainerSpec, timeout: float):
-        """`docker run` of a probe container on `h` (its Result); refused once the run is stopped."""
+        """`docker run` of a check container on `h` (its Result); refused once the run is stopped."""
         with self._lock:
             if self.stopped.is_set():
                 raise HostError(h.name, "the pre-flight was interrupted", step="starting a probe container")
@@ -80,32 +81,32 @@ class ProbeRun:
                 self._flying -= 1
                 self._lock.notify_all()
 
-    def remove(self, cluster: Fleet) -> None:
-        """Stop starting probes and remove every container of this run on every connected host. A `docker run`
+    def remove(self, fleet: Fleet) -> None:
+        """Stop starting checks and remove every container of this run on every connected host. A `docker run`
         already under way may create its container after a sweep: swept again until every run has returned (a
-        removed probe ends its run at once), for at most REMOVE_SETTLE_S."""
+        removed check container ends its run at once), for at most REMOVE_SETTLE_S."""
         self.stopped.set()
         deadline = time.monotonic() + REMOVE_SETTLE_S
         while True:
-            self._sweep(cluster)
+            self._sweep(fleet)
             with self._lock:
                 done = self._lock.wait_for(lambda: self._flying == 0, 0.5)
             if done or time.monotonic() > deadline:
                 if not done:
-                    self._sweep(cluster)
+                    self._sweep(fleet)
                 return
 
-    def _sweep(self, cluster: Fleet) -> None:
+    def _sweep(self, fleet: Fleet) -> None:
         def sweep(h: Host) -> None:
-            r = h.remote.run(["docker", "ps", "-aq", "--filter", f"label={PROBE_RUN}={self.token}"], timeout=30)
+            r = h.remote.run(["docker", "ps", "-aq", "--filter", f"label={CHECK_RUN}={self.token}"], timeout=30)
             ids = r.stdout.split() if r.ok else []
             if ids:
                 h.remote.run(["docker", "rm", "-f", *ids], timeout=60)
 
-        cluster.each(sweep)
+        fleet.each(sweep)
 
 
-def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,
+def _check_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu: GpuAccess | None = None,
                 ib: bool = False, mounts: list[BindMount] | None = None, env: dict[str, str] | None = None,
                 label_disable: bool = False, labels: dict[str, str] | None = None) -> ContainerSpec:
     """A short-lived container with the job's runtime flags that matter for the check, and the job's own mounts
@@ -118,7 +119,7 @@ def _probe_spec(hp: HostPlan, image: str, command: list[str], name: str, *, gpu:
         cap_add=list(c.cap_add) if ib else [x for x in c.cap_add if x != IB_CAP],
         mounts=list(mounts or []) + (list(gpu.mounts) if gpu else []),
         env={**(env or {}), **(dict(gpu.env) if gpu else {})},
-        detach=False, remove=True, init=False, labels=dict(labels or PROBE_LABELS),
+        detach=False, remove=True, init=False, labels=dict(labels or CHECK_LABELS),
     )
     if ib:  # what the job gets where IB is used, even when the dry plan left it to the host (infiniband: auto)
         infiniband_needs(spec, spec.ulimits)  # a memlock the job has (the user's own) wins, as in the plan
@@ -160,9 +161,9 @@ def _observe_host(h: Host, image: str, config: ClusterConfig, master: str) -> Ho
     return obs
 
 
-def _in_container(h: Host, spec: ContainerSpec, probes: ProbeRun) -> ContainerFacts | str:
-    """The probe's output, or what stopped it: the image lacks its command (`missing`) or the start failed."""
-    r = probes.run(h, spec, timeout=120)
+def _in_container(h: Host, spec: ContainerSpec, checks: CheckContainers) -> ContainerFacts | str:
+    """The check container's output, or what stopped it: the image lacks its command (`missing`) or the start failed."""
+    r = checks.run(h, spec, timeout=120)
     if r.ok:
         return r.stdout
     text = r.stderr + r.stdout
@@ -175,16 +176,16 @@ def _in_container(h: Host, spec: ContainerSpec, probes: ProbeRun) -> ContainerFa
 
 
 def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: ClusterConfig, image: str,
-                        probes: ProbeRun) -> None:
+                        checks: CheckContainers) -> None:
     ib = uses_ib(config.container.infiniband, obs.probe)
     mounts = [BindMount(m.source, m.target, m.read_only) for m in config.container.mounts]
     hubs = not config.job.offline
     off = host_label_disable(config, obs.probe)
-    spec = _probe_spec(hp, image, container_probe(hubs, ib),
+    spec = _check_spec(hp, image, container_probe(hubs, ib),
                        f"dlprobe-shm-{secrets.token_hex(3)}", ib=ib, mounts=mounts, label_disable=off,
                        env={k: v for k, v in config.container.env.items() if k.upper() in HUB_ENV} if hubs else None,
-                       labels=probes.labels)
-    out = _in_container(h, spec, probes)
+                       labels=checks.labels)
+    out = _in_container(h, spec, checks)
     obs.shm = parse_container_facts(out) if isinstance(out, str) else out
     if obs.shm.missing and spec.ipc == "host":  # no shell to ask inside: the container's /dev/shm is the host's
         df = parse_df_kb(h.remote.run(["df", "-Pk", "/dev/shm"], timeout=30).stdout)
@@ -198,9 +199,9 @@ def _observe_containers(h: Host, hp: HostPlan, obs: HostObservation, config: Clu
         # no shell: the toolkit and CDI put nvidia-smi on PATH; device mode mounts the host's under NVIDIA_DIR
         smi = f"{NVIDIA_DIR}/bin/nvidia-smi"
         smi = smi if any(m.target == smi for m in access.mounts) else "nvidia-smi"
-        spec = _probe_spec(hp, image, [smi, "-L"], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access, mounts=mounts,
-                           label_disable=off, labels=probes.labels)
-        out = _in_container(h, spec, probes)
+        spec = _check_spec(hp, image, [smi, "-L"], f"dlprobe-gpu-{secrets.token_hex(3)}", gpu=access, mounts=mounts,
+                           label_disable=off, labels=checks.labels)
+        out = _in_container(h, spec, checks)
         if isinstance(out, str):
             facts = ContainerFacts(gpus=count_gpus(out))
         else:
@@ -226,8 +227,8 @@ CONTAINER_PROBE = script("container_probe.sh")
 
 
 def container_probe(hubs: bool, ib: bool) -> list[str]:
-    """The probe container's command: shm, nofile and memlock, the image's tools for reach.sh, and the hubs and
-    InfiniBand where asked."""
+    """The check container's command (container_probe.sh): shm, nofile and memlock, the image's tools for reach.sh,
+    and the hubs and InfiniBand where asked."""
     return ["sh", "-c", CONTAINER_PROBE, "sh", "1" if hubs else "0", "1" if ib else "0", HUB_CHECK if hubs else "",
             str(HUB_WAIT_S)]
 
@@ -236,19 +237,19 @@ MARKER = ".dockerlaunch-shared-"  # + a random token: the file doctor writes on 
 IN_CONTAINER = "/dl-shared"  # where a marker container sees the mount
 
 
-def _observe_shared(cluster: Fleet, plan: JobPlan, obs: list[HostObservation], probes: ProbeRun) -> None:
+def _observe_shared(fleet: Fleet, plan: JobPlan, obs: list[HostObservation], checks: CheckContainers) -> None:
     """Is each `shared: true` mount the same storage on every host as on host 0? The mount's identity decides where
     it proves sameness (the same network filesystem at the same place, from each host's mount table); else a file
     written on host 0 and read on the others, written by the SSH user or, where that login may not write (no root
     on the hosts), from a container as the job's user. A mount nothing may write (read-only: models) is compared by
     the names at its top level."""
     mounts = [m for m in plan.config.container.mounts if m.shared]
-    if not mounts or not cluster.hosts[0].connected:
+    if not mounts or not fleet.hosts[0].connected:
         return
     sources = [m.source for m in mounts]
     argv = ["sh", "-c", script("mounts.sh"), "sh", *sources]
     ids: dict[int, dict[str, MountIdentity | None]] = {}
-    for o in cluster.each(lambda h: h.remote.run(argv, timeout=30), cluster.live):
+    for o in fleet.each(lambda h: h.remote.run(argv, timeout=30), fleet.live):
         if o.ok and o.value.ok:
             try:
                 ids[o.item.rank] = parse_mounts(o.value.stdout, sources)
@@ -257,24 +258,24 @@ def _observe_shared(cluster: Fleet, plan: JobPlan, obs: list[HostObservation], p
     for m in mounts:
         id0 = ids.get(0, {}).get(m.source)
         pending = []
-        for h in (h for h in cluster.live if h.rank != 0):
+        for h in (h for h in fleet.live if h.rank != 0):
             if id0 is not None and id0.networked and ids.get(h.rank, {}).get(m.source) == id0:
                 obs[h.rank].shared[m.source] = Shared(True, f"{id0.fstype} {id0.source} on both (mount table)")
             else:
                 pending.append(h)
         if pending:
-            _shared_by_marker(cluster.hosts[0], pending, plan, m, obs, probes, id0)
+            _shared_by_marker(fleet.hosts[0], pending, plan, m, obs, checks, id0)
 
 
 def _in_job_container(h: Host, plan: JobPlan, ob: HostObservation, source: str, command: list[str],
-                      probes: ProbeRun):
+                      checks: CheckContainers):
     """`command` in a container of the job's image as the job's user (its SELinux labels as the job's), the mount at
     IN_CONTAINER."""
-    spec = _probe_spec(plan.hosts[h.rank], plan.image, command, f"dlprobe-shared-{secrets.token_hex(3)}",
+    spec = _check_spec(plan.hosts[h.rank], plan.image, command, f"dlprobe-shared-{secrets.token_hex(3)}",
                        mounts=[BindMount(source, IN_CONTAINER)],
-                       label_disable=host_label_disable(plan.config, ob.probe), labels=probes.labels)
+                       label_disable=host_label_disable(plan.config, ob.probe), labels=checks.labels)
     spec.user = plan.hosts[h.rank].container.user
-    return probes.run(h, spec, timeout=60)
+    return checks.run(h, spec, timeout=60)
 
 
 ABSENT = 3  # READ's exit status when the file is not there (an exit status, not an error text in the host's locale)
@@ -282,7 +283,7 @@ READ = 'if [ -e "$1" ]; then exec cat -- "$1"; fi; exit 3'
 
 
 def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list[HostObservation],
-                      probes: ProbeRun, id0: MountIdentity | None) -> None:
+                      checks: CheckContainers, id0: MountIdentity | None) -> None:
     login = h0.target.user
     if m.read_only or (id0 is not None and id0.read_only):  # the job only reads it (models): doctor writes nothing
         _shared_by_listing(h0, readers, m, obs, "mounted read-only")
@@ -294,7 +295,7 @@ def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list
     as_job = None
     if not w.ok and obs[0].image_id:  # a login without root may not write where the job's containers do
         as_job = _in_job_container(h0, plan, obs[0], m.source,
-                                   ["sh", "-c", 'printf %s "$1" > "$2/$3"', "sh", token, IN_CONTAINER, name], probes)
+                                   ["sh", "-c", 'printf %s "$1" > "$2/$3"', "sh", token, IN_CONTAINER, name], checks)
     if not w.ok and not (as_job and as_job.ok):
         why = f"{login} cannot write to {m.source} ({w.last_line()})" + (
             f", nor the job's user in a container ({as_job.last_line()})" if as_job else
@@ -316,7 +317,7 @@ def _shared_by_marker(h0: Host, readers: list[Host], plan: JobPlan, m, obs: list
         if w.ok:
             h0.remote.run(["rm", "-f", path], timeout=30)
         else:
-            _in_job_container(h0, plan, obs[0], m.source, ["rm", "-f", f"{IN_CONTAINER}/{name}"], probes)
+            _in_job_container(h0, plan, obs[0], m.source, ["rm", "-f", f"{IN_CONTAINER}/{name}"], checks)
 
 
 def _shared_by_listing(h0: Host, readers: list[Host], m, obs: list[HostObservation], why: str) -> None:
@@ -360,14 +361,14 @@ def _image_why(facts: ContainerFacts | None, need: str) -> str:
 
 
 def _connect(h: Host, image: str, facts: ContainerFacts | None, master: str, ports: tuple[int, int],
-             probes: ProbeRun, label_disable: bool = False) -> tuple[dict[str, tuple[str, str, str]] | str, str]:
+             checks: CheckContainers, label_disable: bool = False) -> tuple[dict[str, tuple[str, str, str]] | str, str]:
     """reach.sh connect in a container of the job's image when it has a tool, else on the host (the same network:
     job containers use --network host). -> (per port results, or why nothing was checked; the note)."""
     args = ["sh", "-c", REACH, "sh", "connect", master, *map(str, ports)]
     if can_connect(facts.tools if facts else None):
         spec = ContainerSpec(name=f"dlprobe-reach-{secrets.token_hex(4)}", image=image, command=args, detach=False,
-                             remove=True, init=False, labels=probes.labels, label_disable=label_disable)
-        r = probes.run(h, spec, timeout=60)
+                             remove=True, init=False, labels=checks.labels, label_disable=label_disable)
+        r = checks.run(h, spec, timeout=60)
         got = parse_reach(r.stdout)
         if got:
             return got, ""
@@ -385,7 +386,7 @@ def _connect(h: Host, image: str, facts: ContainerFacts | None, master: str, por
     return got, f"checked from the host: {why}"
 
 
-def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int, int], probes: ProbeRun,
+def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int, int], checks: CheckContainers,
             label_disable: bool = False
             ) -> tuple[str, str, str | None]:
     """Listeners on host 0: in a --network host container of the job's image when it has a tool, else on the
@@ -394,9 +395,9 @@ def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int
         name = f"dlprobe-listen-{secrets.token_hex(4)}"
         spec = ContainerSpec(name=name, image=image, command=["sh", "-c", REACH, "sh", "serve", str(LISTEN_TTL_S),
                                                               *map(str, ports)],
-                             init=True, remove=True, labels=probes.labels, label_disable=label_disable)
+                             init=True, remove=True, labels=checks.labels, label_disable=label_disable)
         try:
-            started = probes.run(h0, spec, timeout=60)
+            started = checks.run(h0, spec, timeout=60)
         except BaseException:
             DockerHost(h0.remote).remove([name], grace=0)
             raise
@@ -418,14 +419,14 @@ def _listen(h0: Host, image: str, facts: ContainerFacts | None, ports: tuple[int
     return f"{line[0]} on host 0's host ({why})", line[1], None
 
 
-def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations, probes: ProbeRun,
+def _observe_reach(fleet: Fleet, plan: JobPlan, observations: Observations, checks: CheckContainers,
                    each: Callable[..., Any]) -> None:
     """Listeners on host 0 (master port + a random high port), then a connection to each from every other host.
 
     Both ends run reach.sh in a container of the job's image where it has nc or python3, else on the host itself:
     job containers use --network host, so it is the same network either way; the row says where it ran."""
     obs = observations.hosts
-    others = [h for h in cluster.live if h.rank != 0 and obs[h.rank].usable]
+    others = [h for h in fleet.live if h.rank != 0 and obs[h.rank].usable]
     if not others or not obs[0].usable or not obs[0].image_id:
         return
     # a supervised job (`up --detach`) needs the gang's port too: it is the second port tried, else a random one
@@ -434,9 +435,9 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations, pr
         return  # the master (or gang) port check fails; a listener there would not start
     ports = (plan.master_port, second)
     observations.reach_ports = ports
-    h0, how, handle = cluster.hosts[0], "", ""
+    h0, how, handle = fleet.hosts[0], "", ""
     try:  # from before the start: an interrupt between start and cleanup must not leave the listener
-        how, handle, missing = _listen(h0, plan.image, obs[0].shm, ports, probes,
+        how, handle, missing = _listen(h0, plan.image, obs[0].shm, ports, checks,
                                        host_label_disable(plan.config, obs[0].probe))
         if missing:
             observations.reach_missing = missing
@@ -458,17 +459,17 @@ def _observe_reach(cluster: Fleet, plan: JobPlan, observations: Observations, pr
             time.sleep(0.1)
         master = observations.master
 
-        def probe(h: Host) -> tuple[list[str] | str, str]:
+        def reach(h: Host) -> tuple[list[str] | str, str]:
             if not obs[h.rank].image_id:
                 return "image missing here", ""
             off = host_label_disable(plan.config, obs[h.rank].probe)
-            got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, probes, off)
+            got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, checks, off)
             if isinstance(got, dict) and any(v[0] == "fail" for v in got.values()):
                 time.sleep(0.5)  # once more, for a connection lost on the way
-                got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, probes, off)
+                got, note = _connect(h, plan.image, obs[h.rank].shm, master, ports, checks, off)
             return got, note  # type: ignore[return-value]
 
-        for o in each("reach", probe, others):
+        for o in each("reach", reach, others):
             ob = obs[o.item.rank]
             if not o.ok:
                 ob.reach = f"could not check: {o.error}"
@@ -518,21 +519,21 @@ def image_here(image: str) -> tuple[bool | None, ImageBuild | None]:
 Progress = Callable[[str, int, int], None]  # (what is asked, hosts that answered, hosts asked)
 
 
-def observe(cluster: Fleet, plan: JobPlan, progress: Progress | None = None) -> Observations:
+def observe(fleet: Fleet, plan: JobPlan, progress: Progress | None = None) -> Observations:
     """Every host's facts for the judge. `progress`: told, as each host answers a step, how many of the hosts asked
-    have answered (`up` shows it on a terminal). An interrupt removes the probe containers this run started, on
-    every host, before it goes on (ProbeRun)."""
-    probes = ProbeRun()
+    have answered (`up` shows it on a terminal). An interrupt removes the check containers this run started, on
+    every host, before it goes on (CheckContainers)."""
+    checks = CheckContainers()
     try:
-        return _observe(cluster, plan, probes, progress or (lambda what, done, asked: None))
+        return _observe(fleet, plan, checks, progress or (lambda what, done, asked: None))
     except BaseException:
-        probes.remove(cluster)
+        checks.remove(fleet)
         raise
 
 
-def _observe(cluster: Fleet, plan: JobPlan, probes: ProbeRun, progress: Progress) -> Observations:
+def _observe(fleet: Fleet, plan: JobPlan, checks: CheckContainers, progress: Progress) -> Observations:
     def each(what: str, fn: Callable[[Host], Any], hosts: Sequence[Host] | None = None):
-        hosts = list(cluster.live if hosts is None else hosts)
+        hosts = list(fleet.live if hosts is None else hosts)
         done = [0]
         lock = threading.Lock()
         progress(what, 0, len(hosts))
@@ -545,14 +546,14 @@ def _observe(cluster: Fleet, plan: JobPlan, probes: ProbeRun, progress: Progress
                     done[0] += 1
                     progress(what, done[0], len(hosts))
 
-        return cluster.each(step, hosts)
+        return fleet.each(step, hosts)
 
     config = plan.config  # after planning only the plan is read (its config is the one it was made from)
     master = plan.master_addr
     if isinstance(master, Deferred):
-        master = cluster.peer_ip(0) or master
+        master = fleet.peer_ip(0) or master
     obs = [HostObservation(h.rank, h.address, ssh=h.target.describe(),
-                           ssh_error=h.error.reason if h.error else None) for h in cluster.hosts]
+                           ssh_error=h.error.reason if h.error else None) for h in fleet.hosts]
     for o in each("host facts", lambda h: _observe_host(h, plan.known_image or "", config, master)):
         if o.ok:
             obs[o.item.rank] = o.value
@@ -562,7 +563,7 @@ def _observe(cluster: Fleet, plan: JobPlan, probes: ProbeRun, progress: Progress
     def containers(h: Host) -> None:
         ob = obs[h.rank]
         if ob.usable and ob.image_id:
-            _observe_containers(h, plan.hosts[h.rank], ob, config, plan.image, probes)
+            _observe_containers(h, plan.hosts[h.rank], ob, config, plan.image, checks)
 
     for o in each("probe containers", containers):
         if not o.ok:
@@ -575,12 +576,12 @@ def _observe(cluster: Fleet, plan: JobPlan, probes: ProbeRun, progress: Progress
     if plan.known_image:
         observations.image_here, observations.local_build = image_here(plan.image)
     try:
-        _observe_shared(cluster, plan, obs, probes)
+        _observe_shared(fleet, plan, obs, checks)
     except HostError as e:
         obs[0].shared = {m.source: Shared(None, f"could not check: {e.reason}") for m in config.container.mounts
                          if m.shared}
     try:
-        _observe_reach(cluster, plan, observations, probes, each)
+        _observe_reach(fleet, plan, observations, checks, each)
     except HostError as e:
         observations.reach_error = e.reason
     return observations

@@ -15,7 +15,7 @@ from dockerlaunch.backends.docker.doctor.observations import (
     Shared,
     parse_observation,
 )
-from dockerlaunch.backends.docker.doctor.observe import _probe_spec
+from dockerlaunch.backends.docker.doctor.observe import _check_spec
 from dockerlaunch.backends.docker.doctor.report import CHECK_ORDER, ERROR, FAIL, PASS, SKIP, WARN, Report
 from dockerlaunch.backends.docker.probe import Probe, nic_problem
 from dockerlaunch.docker_run import run_argv
@@ -301,7 +301,7 @@ def test_probe_container_in_auto_mode_gets_the_memlock_it_will_run_with():
     """On an IB host with infiniband: auto (the default), the job runs with --ulimit memlock=-1:-1 (make_plan with
     facts turns auto into on); the shm/memlock probe container must get it too, or memlock FAILs falsely."""
     plan = make_plan(cfg(infiniband="auto"))  # the plan doctor.check() judges: no facts
-    spec = _probe_spec(plan.hosts[0], IMAGE, ["sh", "-c", "ulimit -l"], "dlprobe-shm-x", ib=True)
+    spec = _check_spec(plan.hosts[0], IMAGE, ["sh", "-c", "ulimit -l"], "dlprobe-shm-x", ib=True)
     argv = run_argv(spec)
     assert "memlock=-1:-1" in argv, argv
     assert "/dev/infiniband" in argv, argv
@@ -1033,9 +1033,9 @@ def test_an_engine_that_refuses_memlock_where_infiniband_is_used():
 
 def test_probe_container_gets_the_jobs_open_files_limit():
     plan = make_plan(cfg(ulimits={"nofile": "20000"}))
-    spec = _probe_spec(plan.hosts[1], IMAGE, ["sh", "-c", "ulimit -n"], "dlprobe-shm-x")
+    spec = _check_spec(plan.hosts[1], IMAGE, ["sh", "-c", "ulimit -n"], "dlprobe-shm-x")
     assert "nofile=20000:20000" in run_argv(spec)
-    default = _probe_spec(make_plan(cfg()).hosts[0], IMAGE, ["true"], "dlprobe-shm-y")
+    default = _check_spec(make_plan(cfg()).hosts[0], IMAGE, ["true"], "dlprobe-shm-y")
     assert "nofile=1048576:1048576" in run_argv(default)
 
 
@@ -1083,7 +1083,7 @@ def test_an_engine_that_did_not_say_is_an_error_under_auto_only():
     ("keep", True, False)])
 def test_doctors_containers_get_the_labels_the_jobs_get(mode, engine_labels, expected):
     from dockerlaunch.backends.docker.doctor.observations import host_label_disable
-    from dockerlaunch.backends.docker.doctor.observe import ProbeRun, _observe_containers
+    from dockerlaunch.backends.docker.doctor.observe import CheckContainers, _observe_containers
 
     config = cfg(selinux=mode)
     said = probe(selinux=engine_labels)
@@ -1097,7 +1097,7 @@ def test_doctors_containers_get_the_labels_the_jobs_get(mode, engine_labels, exp
 
     h = type("H", (), {"remote": Remote(), "rank": 0})()
     obs = HostObservation(0, H0, probe=said)
-    _observe_containers(h, make_plan(config).hosts[0], obs, config, IMAGE, ProbeRun())
+    _observe_containers(h, make_plan(config).hosts[0], obs, config, IMAGE, CheckContainers())
     [shm] = argvs
     assert any(shm[i:i + 2] == ["--security-opt", "label=disable"] for i in range(len(shm))) is expected
 

@@ -118,7 +118,7 @@ def test_only_a_pid_the_host_said_for_its_listener_reaches_kill(said, killed):
     from types import SimpleNamespace
 
     from dockerlaunch.backends.docker.doctor.observations import HostObservation, Observations
-    from dockerlaunch.backends.docker.doctor.observe import ProbeRun, _observe_reach
+    from dockerlaunch.backends.docker.doctor.observe import CheckContainers, _observe_reach
     from dockerlaunch.job.config import ClusterConfig
     from dockerlaunch.job.plan import make_plan
 
@@ -140,5 +140,5 @@ def test_only_a_pid_the_host_said_for_its_listener_reaches_kill(said, killed):
     obs = [HostObservation(r, f"10.0.0.{r + 1}", docker="24.0.7", image_id="sha256:" + "a" * 64, listening={22})
            for r in (0, 1)]
     with pytest.raises(ConnectionResetError):
-        _observe_reach(cluster, make_plan(config), Observations("10.0.0.1", obs), ProbeRun(), None)
+        _observe_reach(cluster, make_plan(config), Observations("10.0.0.1", obs), CheckContainers(), None)
     assert [c for c in calls if c[:1] == ["kill"]] == killed
