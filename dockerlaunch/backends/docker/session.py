@@ -55,11 +55,11 @@ class Session:
 def open_session(config: ClusterConfig, plan: JobPlan | None = None,
                  targets: Sequence[SSHTarget] | None = None) -> Session:
     """Connect to every host (at `targets` where the caller resolved them to make `plan`) with the job's plan."""
-    cluster = Fleet.connect(config, targets=targets)
+    fleet = Fleet.connect(config, targets=targets)
     try:
-        return Session(cluster, plan or plan_job(config, cluster.targets, require_image=False))
+        return Session(fleet, plan or plan_job(config, fleet.targets, require_image=False))
     except BaseException:
-        cluster.close()
+        fleet.close()
         raise
 
 
