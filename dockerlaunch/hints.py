@@ -7,7 +7,7 @@ Each printing site names itself with `hint=`, a literal id. The tests declare th
 as printed (`@pytest.mark.hint(ID)`), or say why one cannot run here (tests/unit/test_hints.py NOT_RUNNABLE); that
 test fails for a site in neither, and for any other string in the package that spells a dockerlaunch command.
 
-The bottom layer (beside errors): gpu/, images/ and job/ all import it; job/invocation.py calls it for the
+The bottom layer (errors imports it): gpu/, images/ and job/ all do too; job/invocation.py calls it for the
 commands that repeat the user's own --config, --hosts and --name."""
 
 from __future__ import annotations

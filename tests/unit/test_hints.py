@@ -106,6 +106,8 @@ def marked_ids() -> dict[str, list[str]]:
 
 def test_every_printed_command_is_run_by_a_test_or_said_why_not():
     printed, run = source_ids(), marked_ids()
+    bad = sorted(i for i in printed if not hints._ID.match(i))  # hints.command would raise at the user's terminal
+    assert not bad, f"hint ids not of the form module.what: {bad}"
     neither = sorted(set(printed) - set(run) - set(NOT_RUNNABLE))
     assert not neither, ("printed commands no test runs and NOT_RUNNABLE does not explain: "
                          + "; ".join(f"{i} ({', '.join(printed[i])})" for i in neither))
