@@ -5,7 +5,6 @@ to show it does what the rules say and nothing else. Every result here carries a
 that read text: none does.
 """
 
-import hashlib
 import json
 from dataclasses import replace
 
@@ -13,7 +12,6 @@ import pytest
 
 from dockerlaunch.transfer import push
 from dockerlaunch.transfer.image_facts import CONTAINERD, LayerSource, LocalImage
-from dockerlaunch.transfer.oci import Blob, SaveFacts, chain_ids
 from dockerlaunch.transfer.push_plan import (
     Action,
     Fallback,
@@ -39,14 +37,8 @@ from dockerlaunch.transfer.push_plan import (
     star_after_chain,
     star_fallback,
 )
+from tests.unit.transfer.test_push_plan import CHAINS, DIFFS, c8d_image, sha
 
-
-def sha(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-DIFFS = tuple(sha(f"diff-{i}") for i in range(4))
-CHAINS = chain_ids(list(DIFFS))
 IMAGE = LocalImage(ref="app:2", id=sha("config-app-2"), size=10_000, diff_ids=DIFFS)
 LAYERS = [("aaa/layer.tar", 1000), ("bbb/layer.tar", 2000), ("ccc/layer.tar", 3000), ("ddd/layer.tar", 4000)]
 MISLEADING = "load failed: (a detail that reads like a refusal)"  # what a text-matching rule would have acted on
@@ -267,14 +259,8 @@ def test_apply_reports_planned_skips_and_failures_and_sends_nothing_for_them(mon
 # ---------------------------------------------------------------- decided once, before anything is sent
 
 
-def c8d_image() -> LocalImage:
-    facts = SaveFacts(Blob("cfg.json", IMAGE.id, 1234, "application/vnd.oci.image.config.v1+json"),
-                      tuple(Blob(f, d, n) for (f, n), d in zip(LAYERS, DIFFS)))
-    return replace(IMAGE, facts=facts)
-
-
 def test_a_containerd_host_is_asked_once_and_judged_from_its_ids_once_the_facts_are_read():
-    image = c8d_image()
+    image = c8d_image(IMAGE, LAYERS)
     manifest = image.facts.manifest_digest
     # asked before the launcher could name the image's ID in containerd's store: the host lists every image ID
     text = f"store=containerd\ntag=\nhas={IMAGE.id}\nid={sha('other')}\nid={manifest}\nzstd=1\nrelay=1\n"
@@ -327,7 +313,7 @@ def test_a_cache_route_whose_read_fell_back_to_the_save_is_told_as_the_save():
 def test_push_plan_asks_each_host_once_probes_once_and_plans_once(monkeypatch):
     """Push.plan's sequence with its I/O replaced: the first push of an image whose save was never read, to a
     containerd-store host among classic ones, as an auto chain whose probe finds a broken link."""
-    image = c8d_image()
+    image = c8d_image(IMAGE, LAYERS)
     manifest = image.facts.manifest_digest
     asked: list[str] = []
     probed: list[list[str]] = []

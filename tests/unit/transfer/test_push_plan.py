@@ -529,10 +529,11 @@ def test_auto_is_star_when_a_probed_link_is_broken():
 # ---------------------------------------------------------------- containerd's image store
 
 
-def c8d_image() -> LocalImage:
-    facts = SaveFacts(Blob("cfg.json", IMAGE.id, 1234, "application/vnd.oci.image.config.v1+json"),
-                      tuple(Blob(f, d, n) for (f, n), d in zip(LAYERS, DIFFS)))
-    return replace(IMAGE, facts=facts)
+def c8d_image(image: LocalImage = IMAGE, layers=LAYERS) -> LocalImage:
+    """`image` as a containerd-store launcher reads it: its save's facts (config and layer blobs)."""
+    facts = SaveFacts(Blob("cfg.json", image.id, 1234, "application/vnd.oci.image.config.v1+json"),
+                      tuple(Blob(f, d, n) for (f, n), d in zip(layers, image.diff_ids)))
+    return replace(image, facts=facts)
 
 
 def test_a_containerd_store_host_is_judged_by_the_manifest_digest_of_our_stream():
