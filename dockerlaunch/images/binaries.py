@@ -211,7 +211,7 @@ def wheel_table(entry: locks.Entry, files: list[idx.IndexFile], tags, elfscan, c
     t0 = time.monotonic()
     try:
         # a find-links file too is copied while it is hashed and the copy is read: the path hashed to choose it
-        # may hold other bytes by the time it is opened again (issue 50, finding 7)
+        # may hold other bytes by the time it is opened again
         local = not f.url.startswith(("http:", "https:"))
         if not local:
             log(f"{entry.name} {entry.version}: downloading {f.filename}")

@@ -165,7 +165,7 @@ def _cubin_cache_path(image_id: str) -> Path | None:
 
 
 def _drop_shared_cache() -> None:
-    """The one cache every image shared (dockerlaunch before issue 60): any image may have written into it."""
+    """The one cache every image shared (as older dockerlaunch versions kept it): any image may have written into it."""
     try:
         (cache_root() / "verify" / "cubins.json").unlink(missing_ok=True)
     except OSError:

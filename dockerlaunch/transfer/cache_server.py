@@ -1,6 +1,6 @@
 """Debian's docker-registry on 127.0.0.1 over the launcher's layer cache, for one push, and the engine's push into it.
 
-Nothing goes to its port until /proc shows the port's one listener is the registry's own socket (issue 50, finding 4);
+Nothing goes to its port until /proc shows the port's one listener is the registry's own socket;
 every request needs a password made for that push. What the registry's storage holds, and the stream made from it,
 is transfer/layer_cache.py's.
 """
@@ -175,7 +175,7 @@ def serve() -> Iterator[Served]:
     new each time (another login on this machine could otherwise read or write layers while it listens); it
     reaches the engine in the API request, never a command line. The port is picked free, then released for the
     registry to bind: another login may bind it first (the registry then exits), so nothing is sent to the port
-    until /proc shows its one listener is the registry's own socket (issue 50, finding 4)."""
+    until /proc shows its one listener is the registry's own socket."""
     import bcrypt
 
     store = private_root()

@@ -1,4 +1,4 @@
-"""The launcher's layer cache: a thin push's new layers without `docker save` reading the whole image (issue 43).
+"""The launcher's layer cache: a thin push's new layers without `docker save` reading the whole image.
 
 `docker save` has no "only these layers": for an ms-swift bump it reads and tars the whole 7.7 GB image (twice on
 Docker 20.10) to hand over 260 MB. The engine's own `docker push` reads only the layers a registry lacks, so the
