@@ -393,6 +393,7 @@ def plan_push(
     """
     out: list[HostTransfer] = []
     sending = senders(image, views, compress)
+    streamed = {v.host for v in sending}
     for v in views:
         if v.error:
             out.append(HostTransfer(v.host, Action.FAIL, reason=v.error))
@@ -402,10 +403,10 @@ def plan_push(
             have = image.expected_id(v.store)
             out.append(HostTransfer(v.host, Action.TAG, expect_id=have,
                                     reason=f"had {have[7:19]} untagged; tagged {image.ref}"))
-        elif compress == "zstd" and not v.zstd:  # not a sender (`senders`)
-            out.append(HostTransfer(v.host, Action.FAIL, reason="--compress zstd but zstd is not installed there"))
-        else:
+        elif v.host in streamed:
             out.append(HostTransfer(v.host, Action.SEND, expect_id=image.expected_id(v.store)))
+        else:  # what `senders` leaves out beyond the above: --compress zstd where zstd is not installed
+            out.append(HostTransfer(v.host, Action.FAIL, reason="--compress zstd but zstd is not installed there"))
     chosen, why = choose_strategy(strategy, sending, broken_links)
     by_host = {h.host: h for h in out}
     plan = PushPlan(image, chosen, out, route)
