@@ -13,6 +13,8 @@ from dockerlaunch.cli.console import RichReporter, host_text, print_table, style
 from dockerlaunch.cli.main import cli, output_option, split_hosts
 from dockerlaunch.errors import DockerlaunchError
 
+CACHE = hints.dockerlaunch("cache", hint="push.cache")  # shows (and prunes) the layer cache a push fills
+
 
 def _took(seconds: float, stream_seconds: float) -> str:
     """Total time, and how much of it the stream took (the rest is docker load applying layers)."""
@@ -78,13 +80,13 @@ def _route_lines(route, source) -> list[str]:
         out.append(f"This run: filled the layer cache with {_mb(source.added)} of the image's layers in "
                    f"{source.seconds:.1f} s (the engine read and gzipped them into the launcher's registry, "
                    f"on 127.0.0.1 only while a push runs, stored in {source.where}); the push after it reads them "
-                   f"from there. `{hints.dockerlaunch('cache', hint='push.cache')}` shows or prunes it.")
+                   f"from there. `{CACHE}` shows or prunes it.")
     elif source is not None and source.via == "cache":
         out.append(f"This run: the layer cache had every layer already ({source.seconds:.1f} s; {source.where}).")
     if route is not None and route.fill_later:
         out.append("After the push, the layer cache is filled with the image in the background (the engine reads and "
                    "gzips what the cache lacks), so that the next push of this image's lineage reads only its new "
-                   f"layers; `{hints.dockerlaunch('cache', hint='push.cache')}` shows it.")
+                   f"layers; `{CACHE}` shows it.")
     return out
 
 
@@ -178,7 +180,7 @@ def _push_lines(plan, pid: int | None) -> list[str]:
     if pid:
         out.append(f"Layer cache: filling it in the background with {plan.image.ref} (pid {pid}; the engine reads and "
                    "gzips what the cache lacks, logged in its fill.log): the next push of this image's lineage reads "
-                   f"only its new layers. `{hints.dockerlaunch('cache', hint='push.cache')}` shows it.")
+                   f"only its new layers. `{CACHE}` shows it.")
     return out
 
 

@@ -308,7 +308,6 @@ class Observations:
     image_here: bool | None = None  # this machine has the job image (None: unknown, no engine here)
     local_build: ImageBuild | None = None  # ... and which build it is: what the user built is what must run
 
-
     def probes(self) -> list[probelib.Probe | Exception]:
         """Each host's probe.sh answer, read in the round trip of its facts, or why it has none: `up` plans from
         these instead of asking each host again."""
