@@ -4,8 +4,12 @@ judges from (deleting them costs a scan, never a wrong verdict: a missing record
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from dockerlaunch.gpu.needs import ImageNeeds
 
@@ -13,6 +17,28 @@ from dockerlaunch.gpu.needs import ImageNeeds
 def cache_root() -> Path:
     """Where dockerlaunch caches things it can rebuild (wheelhouses, save tars, layer maps)."""
     return Path(os.environ.get("DOCKERLAUNCH_CACHE_DIR", "~/.cache/dockerlaunch")).expanduser()
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[IO[bytes]]:
+    """A binary file that becomes `path` whole when the block ends, and leaves nothing when it raises. Its temporary
+    name is its own: two writers of one path (threads of one push filling the same cache entry) each rename a
+    complete file, where a shared `.part` name let the first rename take the second's file away mid-write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_whole(path: Path, data: str | bytes) -> None:
+    with replacing(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 # What an image needs of a GPU host, by Image ID: `dockerlaunch verify` keeps, per image it scanned, the cubins and
@@ -27,11 +53,7 @@ def image_needs_path(image_id: str) -> Path:
 def save_image_needs(image_id: str, needs: ImageNeeds) -> None:
     import json
 
-    path = image_needs_path(image_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(needs.to_record()))
-    tmp.replace(path)
+    write_whole(image_needs_path(image_id), json.dumps(needs.to_record()))
 
 
 def load_image_needs(image_id: str | None) -> ImageNeeds | None:

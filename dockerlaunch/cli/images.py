@@ -204,6 +204,7 @@ def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple
     Everything the image installs, at one version each and with sha256 hashes, for the stack's Python and
     manylinux x86-64; builds install it with --require-hashes and `fetch` downloads exactly it. A changed pin
     moves only what it must: the current lock's other versions are kept unless --upgrade."""
+    from dockerlaunch.cache import write_whole
     from dockerlaunch.images import lock as locks
     from dockerlaunch.images.stacks import default_dockerfiles_dir, load_matrix
 
@@ -231,10 +232,7 @@ def stacks_lock(names: tuple[str, ...], index_url: str | None, find_links: tuple
             failed += 1
             echo(f"FAIL  {e}", err=True)
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".lock.part")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_whole(path, text)
         lock = locks.parse(text, path)
         echo(f"locked {s.name}: {len(lock.entries)} distributions -> {path}")
     sys.exit(1 if failed else 0)

@@ -32,7 +32,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from dockerlaunch import hints, shipped
-from dockerlaunch.cache import cache_root
+from dockerlaunch.cache import cache_root, replacing
 from dockerlaunch.container import BindMount
 from dockerlaunch.docker_run import tool_argv
 from dockerlaunch.errors import DockerlaunchError
@@ -112,12 +112,8 @@ def cached_table(sha256: str) -> dict | None:
 
 
 def _save_table(table: dict) -> None:
-    path = _table_path(table["sha256"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with gzip.open(tmp, "wt") as f:
+    with replacing(_table_path(table["sha256"])) as raw, gzip.open(raw, "wt") as f:
         json.dump(table, f, separators=(",", ":"))
-    tmp.replace(path)
 
 
 def _no_space(where: Path, what: str) -> BinariesError:
@@ -283,11 +279,8 @@ def record_base(stack: Stack, dockerfiles: Path, docker: str = "docker",
                  "how": hints.dockerlaunch("stacks", "base-tables", "--stack", stack.name, hint="binaries.how")})
     path = base_tables_path(stack, dockerfiles)
     assert path is not None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = path.with_suffix(".tmp")
-    with gzip.GzipFile(tmp_path, "wb", mtime=0) as f:  # the same base gives the same bytes
+    with replacing(path) as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:  # same base, same bytes
         f.write(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
-    tmp_path.replace(path)
     return path
 
 

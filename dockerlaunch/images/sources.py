@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockerlaunch import hints
-from dockerlaunch.cache import cache_root
+from dockerlaunch.cache import cache_root, replacing
 from dockerlaunch.errors import DockerlaunchError
 from dockerlaunch.images import index as idx
 from dockerlaunch.images import lock as locks
@@ -215,16 +215,13 @@ def sdist_file(src: Source, index_url: str | None) -> idx.IndexFile:
 
 
 def _download(src: Source, dest: Path) -> None:
-    part = dest.with_name(dest.name + ".part")
     try:
-        with idx.open_url(idx.request(src.url), timeout=120) as r, open(part, "wb") as f:
+        with idx.open_url(idx.request(src.url), timeout=120) as r, replacing(dest) as f:
             shutil.copyfileobj(r, f, 1 << 20)
     except idx.NET_ERRORS as e:
-        part.unlink(missing_ok=True)
         raise WheelError(f"{src.what} {src.filename} ({_pin_words(src)}) is not vendored with dockerlaunch and "
                          f"{idx.redact(src.url)} cannot be reached ({getattr(e, 'reason', e)}): "
                          f"{_put_it_words(src)}") from None
-    part.replace(dest)
 
 
 def _pin_words(src: Source) -> str:

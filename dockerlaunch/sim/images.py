@@ -18,6 +18,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from dockerlaunch.cache import replacing
 from dockerlaunch.engine import engine
 from dockerlaunch.images.index import file_sha256
 from dockerlaunch.sim.layout import BASE_TAG, DEFAULT_ENGINE, ENGINES, EngineKind, SimError, _log, cache_root
@@ -235,11 +236,9 @@ def _seed_tarball(client, image: str) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / (image.replace("/", "_").replace(":", "_") + ".tar")
     if not path.exists():
-        tmp = path.with_suffix(".part")
-        with open(tmp, "wb") as f:
+        with replacing(path) as f:
             # named=image: the tag asked for (named=True would take the image's first tag, another one where
             # two tags share an image ID, and the node would lack this one)
             for chunk in client.images.get(image).save(named=image):
                 f.write(chunk)
-        tmp.rename(path)
     return path

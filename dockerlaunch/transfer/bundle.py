@@ -28,6 +28,7 @@ from typing import IO, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dockerlaunch.cache import replacing
 from dockerlaunch.errors import DockerlaunchError, HostError, TransferError, describe_validation_error
 from dockerlaunch.hosts.ssh import Remote
 from dockerlaunch.tars import open_untrusted
@@ -97,8 +98,7 @@ def save_bundle(client, refs: list[str], path: Path, level: int = 3, base: str |
     images = [local_image(client, r) for r in refs]
     label, have = base_chains(client, base) if base else ("", frozenset())
     bundle = Bundle()
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "wb") as raw:
+    with replacing(path) as raw:
         with zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True).stream_writer(raw) as zout:
             with tarfile.open(fileobj=zout, mode="w|") as tar:
                 for img in images:
@@ -121,7 +121,6 @@ def save_bundle(client, refs: list[str], path: Path, level: int = 3, base: str |
                 info = tarfile.TarInfo("manifest.json")
                 info.size = len(manifest)
                 tar.addfile(info, io.BytesIO(manifest))
-    tmp.rename(path)
     return bundle
 
 

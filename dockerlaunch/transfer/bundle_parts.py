@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import BinaryIO
 
+from dockerlaunch.cache import write_whole
 from dockerlaunch.errors import TransferError
 from dockerlaunch.transfer.pipes import CHUNK
 
@@ -25,7 +26,6 @@ def split_bundle(path: Path, size: int) -> list[Path]:
     (each part's name, size and sha256, and the whole bundle's): FAT32 media hold 4 GiB files at most."""
     parts: list[dict] = []
     whole = hashlib.sha256()
-    tmp = path.with_name(path.name + ".parts")
     with open(path, "rb") as src:
         n = 0
         while True:
@@ -46,8 +46,7 @@ def split_bundle(path: Path, size: int) -> list[Path]:
                 part.unlink()
                 break
             parts.append({"name": name, "size": written, "sha256": h.hexdigest()})
-    tmp.write_text(json.dumps({"format": PARTS_FORMAT, "sha256": whole.hexdigest(), "parts": parts}, indent=1))
-    tmp.replace(path)
+    write_whole(path, json.dumps({"format": PARTS_FORMAT, "sha256": whole.hexdigest(), "parts": parts}, indent=1))
     return [path.with_name(p["name"]) for p in parts]
 
 

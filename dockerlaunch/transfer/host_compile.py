@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dockerlaunch.cache import replacing
 from dockerlaunch.container import BindMount
 from dockerlaunch.docker_run import tool_argv
 from dockerlaunch.errors import DockerlaunchError, HostError
@@ -168,22 +169,18 @@ class HostPlace(Place):
         r = self.remote.run(["sha256sum", f"{self.dir}/dist/{name}"], timeout=300)
         want = r.stdout.split()[0] if r.ok and r.stdout.split() else None
         dist = self.entry.folder / "build" / "dist"
-        dist.mkdir(parents=True, exist_ok=True)
-        part = dist / (name + ".part")
         digest = hashlib.sha256()
-        with open(part, "wb") as f:
+        with replacing(dist / name) as f:
             def write(data: bytes) -> None:
                 f.write(data)
                 digest.update(data)
 
             err = bytearray()
             status = self.remote.stream(["cat", f"{self.dir}/dist/{name}"], write, err.extend, timeout=3600)
-        if status != 0 or (want and digest.hexdigest() != want):
-            part.unlink(missing_ok=True)
-            why = err.decode(errors="replace").strip()[-200:] or (
-                f"sha256 {digest.hexdigest()} here, {want} on the host" if status == 0 else f"exit {status}")
-            raise WheelError(f"{self.on.what}: fetching {name} failed: {why}")
-        part.replace(dist / name)
+            if status != 0 or (want and digest.hexdigest() != want):
+                why = err.decode(errors="replace").strip()[-200:] or (
+                    f"sha256 {digest.hexdigest()} here, {want} on the host" if status == 0 else f"exit {status}")
+                raise WheelError(f"{self.on.what}: fetching {name} failed: {why}")
         self.on.log(f"{name}: fetched from {self.on.what} ({(dist / name).stat().st_size / 2**20:.0f} MB, "
                     f"sha256 {digest.hexdigest()})")
         return dist / name

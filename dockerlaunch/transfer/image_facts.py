@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Protocol
 
-from dockerlaunch.cache import cache_root
+from dockerlaunch.cache import cache_root, write_whole
 from dockerlaunch.errors import TransferError
 from dockerlaunch.tars import open_untrusted
 from dockerlaunch.transfer.oci import (
@@ -224,11 +224,7 @@ def _cached_facts(image: LocalImage) -> SaveFacts | None:
 
 
 def remember_facts(image: LocalImage, facts: SaveFacts) -> None:
-    path = _cache_path(image)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".part")
-    tmp.write_text(facts.to_json())
-    tmp.replace(path)
+    write_whole(_cache_path(image), facts.to_json())
 
 
 def facts_known(image: LocalImage) -> bool:

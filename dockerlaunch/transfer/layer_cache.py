@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
+from dockerlaunch.cache import write_whole
 from dockerlaunch.errors import TransferError
 from dockerlaunch.transfer.cache_server import REPO, engine_push, mode, private_root, root, serve, unavailable
 from dockerlaunch.transfer.image_facts import GRAPHDRIVER, LayerSource, LocalImage
@@ -259,9 +260,7 @@ def fill(client, image: LocalImage, on_progress: Callable[[int], None] | None = 
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+    write_whole(path, json.dumps(data))
 
 
 def _registry_image(client, image: LocalImage, on_progress: Callable[[int], None] | None) -> LocalImage:
