@@ -2,6 +2,8 @@
 tests/ functions, the repo's own conftest copied in): under DOCKERLAUNCH_NO_SECURITY_SKIPS=1 (.ci/run) every test
 the doc names must have passed, or the run fails."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 pytest_plugins = ["pytester"]
 
 CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
+GATE = Path(__file__).resolve().parents[1] / "gate.py"
 ROW = "| a threat | a defence | {} |\n"
 
 
@@ -25,6 +28,7 @@ def project(pytester, monkeypatch):
             "| threat | defence | test |\n|---|---|---|\n" + ROW.format(", ".join(f"`{n}`" for n in names)))
         (pytester.path / "tests").mkdir()
         (pytester.path / "tests" / "conftest.py").write_text(CONFTEST.read_text())
+        (pytester.path / "tests" / "gate.py").write_text(GATE.read_text())
         for name, text in modules.items():
             (pytester.path / "tests" / f"{name}.py").write_text(text)
 
@@ -103,6 +107,33 @@ def test_runs_pooled_in_one_folder_are_judged_together(project, tmp_path, monkey
     monkeypatch.setenv("NOT_ON_THIS_PYTHON", "1")  # the same proof, skipped in a third run
     assert run(where="tests/test_a.py", gate=False, pool=pool)[0] == 0
     code, out = run(where="tests/test_b.py", pool=pool)
+    assert code == 1 and "skipped (tests/test_a.py::test_proof)" in out, out
+
+
+def test_processes_run_at_once_are_judged_by_tests_gate_once_all_have_ended(project, pytester, tmp_path,
+                                                                            monkeypatch):
+    """scripts/test's integration tests: two pytest processes at once, each with the gate off (neither knows when the
+    other ends), then `python -m tests.gate POOL` judges the pool: a proof neither ran fails, one skipped fails."""
+    run = project(["test_proof", "test_more"], test_a="import os\nimport pytest\n\ndef test_proof():\n"
+                  "    if os.environ.get('SKIP_IT'):\n        pytest.skip('not here')\n",
+                  test_b="def test_more():\n    assert True\n")
+
+    def gate(pool: Path) -> tuple[int, str]:
+        r = subprocess.run([sys.executable, "-m", "tests.gate", str(pool)], cwd=pytester.path, capture_output=True,
+                           text=True, timeout=120)
+        return r.returncode, r.stdout + r.stderr
+
+    pool = tmp_path / "pool"
+    assert gate(tmp_path)[0] == 1  # no run left anything: not a pass
+    assert run(where="tests/test_a.py", gate=False, pool=pool)[0] == 0
+    code, out = gate(pool)
+    assert code == 1 and "did not pass in this run (tests/test_b.py::test_more)" in out, out
+    assert run(where="tests/test_b.py", gate=False, pool=pool)[0] == 0
+    code, out = gate(pool)
+    assert code == 0 and "every test docs/SECURITY.md names passed" in out, out
+    monkeypatch.setenv("SKIP_IT", "1")
+    assert run(where="tests/test_a.py", gate=False, pool=pool)[0] == 0
+    code, out = gate(pool)
     assert code == 1 and "skipped (tests/test_a.py::test_proof)" in out, out
 
 
