@@ -58,19 +58,32 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _entry_settings(entry: Any) -> dict[str, Any] | None:
+    """A hosts:/spares: entry as one mapping, the `[user@]host[:port]` of a string or of a mapping's address spread
+    into its keys; None where it has no address the validator would accept (the validator names that entry)."""
+    mapping = entry if isinstance(entry, dict) else {}
+    text = entry if isinstance(entry, str) else mapping.get("address")
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed = parse_host_string(text)
+    except ValueError:
+        return None
+    if any(k in mapping and mapping[k] != v for k, v in parsed.items() if k != "address"):
+        return {**mapping, "address": parsed["address"]}  # contradicts itself: the mapping's own keys stand
+    return {**mapping, **parsed}
+
+
 def _entry_address(entry: Any) -> Any:
     """The address of a hosts:/spares: entry as the file has it (a string or a mapping); None where it has none."""
-    if isinstance(entry, dict):
-        return entry.get("address")
-    try:
-        return parse_host_string(entry)["address"] if isinstance(entry, str) else None
-    except ValueError:
-        return None  # the validator names it
+    settings = _entry_settings(entry)
+    return settings["address"] if settings else None
 
 
 def _flag_hosts(texts: list[str], entries: Any, flag: str) -> list[Any]:
-    """A host list given as a flag; an address the file also lists keeps the file's other settings."""
-    by_address = {e["address"]: e for e in entries or [] if isinstance(e, dict) and "address" in e}
+    """A host list given as a flag; an address the file also lists (as a string or a mapping) keeps the file's
+    other settings, and what the flag says of it wins."""
+    by_address = {s["address"]: s for s in map(_entry_settings, entries if isinstance(entries, list) else []) if s}
     out: list[Any] = []
     for text in texts:
         try:

@@ -245,3 +245,16 @@ def test_a_spare_named_in_hosts_is_a_host_of_this_run_with_its_own_settings(tmp_
     cfg = load_config(str(path), Overrides(hosts=["10.0.0.9"]))
     assert [(h.address, h.port, h.user) for h in cfg.hosts] == [("10.0.0.9", 2200, "ops")]
     assert [s.address for s in cfg.spares] == ["10.0.0.8"]
+
+
+@pytest.mark.parametrize("entry", ["ops@10.0.0.1:2200", "{address: 'ops@10.0.0.1:2200'}",
+                                   "{address: 10.0.0.1, user: ops, port: 2200}"])
+def test_a_host_named_in_hosts_keeps_the_files_user_and_port_however_the_file_writes_it(tmp_path, entry):
+    """`--hosts 10.0.0.1` for a host the file lists as `ops@10.0.0.1:2200` (a string, or a mapping's address) kept
+    only a mapping's settings before: the string's user and port were lost and the run went to root@:22."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"hosts:\n  - {entry}\n  - 10.0.0.2\nimage: x:1\n")
+    cfg = load_config(str(path), Overrides(hosts=["10.0.0.1", "10.0.0.2"]))
+    assert [(h.address, h.user, h.port) for h in cfg.hosts] == [("10.0.0.1", "ops", 2200), ("10.0.0.2", None, None)]
+    cfg = load_config(str(path), Overrides(hosts=["root@10.0.0.1"]))  # what the flag says wins
+    assert [(h.address, h.user, h.port) for h in cfg.hosts] == [("10.0.0.1", "root", 2200)]
