@@ -41,6 +41,27 @@ def write_whole(path: Path, data: str | bytes) -> None:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
+class HashMismatch(Exception):
+    """The bytes that arrived are not the pinned ones (`got` is their sha256); nothing was written."""
+
+    def __init__(self, got: str):
+        super().__init__(got)
+        self.got = got
+
+
+def write_checked(src: IO[bytes], path: Path, sha256: str) -> None:
+    """`src` into `path` when its bytes have the pinned `sha256`, checked as they arrive; else HashMismatch."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with replacing(path) as out:
+        while chunk := src.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+        if digest.hexdigest() != sha256:
+            raise HashMismatch(digest.hexdigest())
+
+
 # What an image needs of a GPU host, by Image ID: `dockerlaunch verify` keeps, per image it scanned, the cubins and
 # PTX of every library with device code, the CUDA its runtime wheel is and its cuda-compat (gpu.needs.ImageNeeds);
 # doctor reads it for an image without dockerlaunch's labels instead of scanning it again.

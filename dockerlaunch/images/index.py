@@ -29,7 +29,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 
 from dockerlaunch import hints
-from dockerlaunch.cache import replacing
+from dockerlaunch.cache import HashMismatch, write_checked
 from dockerlaunch.errors import DockerlaunchError
 
 if TYPE_CHECKING:  # the lock names what to fetch; the index knows only an entry's name, version and hashes
@@ -302,19 +302,16 @@ def download(f: IndexFile, dest: Path) -> Path:
     target = dest / f.filename
     if target.is_file() and file_sha256(target) == f.sha256:
         return target
-    h = hashlib.sha256()
     try:
         if f.url.startswith(("http:", "https:")):
             src = open_url(request(f.url), timeout=300)
         else:
             src = open(f.url, "rb")
-        with src, replacing(target) as out:
-            while chunk := src.read(1 << 20):
-                h.update(chunk)
-                out.write(chunk)
-            if h.hexdigest() != f.sha256:
-                raise FetchError(f"{f.filename}: the bytes that arrived do not match the lock (expected sha256 "
-                                 f"{f.sha256}, got {h.hexdigest()}): the index or a proxy served another file")
+        with src:
+            write_checked(src, target, f.sha256)
+    except HashMismatch as e:
+        raise FetchError(f"{f.filename}: the bytes that arrived do not match the lock (expected sha256 {f.sha256}, "
+                         f"got {e.got}): the index or a proxy served another file") from None
     except NET_ERRORS as e:
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             raise NoSpace(f"no space left in {dest} while writing {f.filename}: free some") from None

