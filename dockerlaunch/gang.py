@@ -273,7 +273,8 @@ class Records:
                 with os.fdopen(fd, "a") as f:
                     f.write(text)
                 return
-            tmp = "%s.%d.tmp" % (path, os.getpid())
+            # a name of this thread's own: the link's thread and the main one may replace one file at once
+            tmp = "%s.%d.%d.tmp" % (path, os.getpid(), threading.get_ident())
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "w") as f:
                 f.write(text)

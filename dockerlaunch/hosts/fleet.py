@@ -1,6 +1,6 @@
 """The fleet: every host of one config resolved once, connected concurrently, per-host steps run on all, closed.
 
-`with Fleet.connect(config) as c:` owns the SSH config, the targets and the connections; `c.each(fn)`
+`with Fleet.connect(config) as fleet:` owns the SSH config, the targets and the connections; `fleet.each(fn)`
 runs `fn(host)` on every host at once and returns an `Outcomes` (per host: a value or the error).
 Only `Exception`s become outcomes: KeyboardInterrupt and SystemExit always reach the caller, so a
 Ctrl-C during any concurrent step stops the command instead of becoming one host's "result".

@@ -10,6 +10,19 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _nothing_left(engine):
+    """Each benchmark's sim cluster is gone after the module, also after a benchmark that failed halfway."""
+    yield
+    from dockerlaunch import sim
+
+    label = {"label": sim.SIM_LABEL}
+    left = ([c.name for c in engine.containers.list(all=True, filters=label, ignore_removed=True)]
+            + [n.name for n in engine.networks.list(filters=label)]
+            + [v.name for v in engine.volumes.list(filters=label)])
+    assert [x for x in left if "dlbench" in x] == []
+
+
 def test_distribution_benchmark_runs_and_prints_its_table(engine):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "distribute.py"), "--nodes", "2",
                         "--size-mb", "8", "--top-mb", "2", "--subnet", "172.30.251.0/24"],
