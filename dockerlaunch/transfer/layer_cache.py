@@ -301,9 +301,7 @@ def _registry_image(client, image: LocalImage, on_progress: Callable[[int], None
             sizes[diff_id] = _measure(path, diff_id)
         blobs.append(str(path))
         facts_layers.append(Blob(f"blobs/sha256/{diff_id[7:]}", diff_id, sizes[diff_id], OCI_LAYER))
-    tmp = root() / f"sizes.json.{os.getpid()}"
-    tmp.write_text(json.dumps(sizes, indent=0, sort_keys=True))
-    tmp.replace(root() / "sizes.json")
+    write_whole(root() / "sizes.json", json.dumps(sizes, indent=0, sort_keys=True))
     cfg = blob_path(image.id).read_bytes()
     if "sha256:" + hashlib.sha256(cfg).hexdigest() != image.id:
         raise TransferError(f"the launcher's registry blob {blob_path(image.id)} is not {image.ref}'s config")

@@ -60,6 +60,8 @@ def swift_cluster(engine, sim_cluster, cpu_stack):
     yield config_path, layout, folder, cpu_stack.tag
     engine.containers.run(cpu_stack.tag, ["rm", "-rf", folder], remove=True, network_mode="none",
                           volumes={volume: {"bind": "/shared", "mode": "rw"}})
+    for n in layout:  # the nodes' disk back as it was: a 1.2 GB image on each, beside the other tests' pushes
+        engine.containers.get(n.name).exec_run(["docker", "image", "rm", "-f", cpu_stack.tag])
 
 
 def test_swift_sft_on_two_hosts_then_infer_on_one(swift_cluster, tmp_path, job_containers):
