@@ -806,9 +806,14 @@ class Coordinator:
         self.event("ended", code=result["code"], text="the job ended: %s; exit code %d" % (
             describe(result), result["code"]))
         self.broadcast({"t": "end", "result": result})
-        # members say goodbye by closing; a lost one is not waited for
+        # members say goodbye by closing; a lost one is not waited for: a frozen host's connection stays open,
+        # and waiting for it would keep rank 0 (and the launcher's fail-fast) another 5 s
         deadline = time.monotonic() + 5
-        while self.wires and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            lost = silent({r: self.seen.get(r, now) for r in self.wires}, now, spec["host_timeout"])
+            if not set(self.wires) - set(lost):
+                break
             time.sleep(0.05)
 
 

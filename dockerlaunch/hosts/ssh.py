@@ -57,6 +57,12 @@ HANDSHAKE_BACKOFF_MAX = 3.0
 # Sessions (commands) at once on one connection: below sshd's default MaxSessions (10), which counts them
 SESSIONS_PER_CONNECTION = 8
 SESSION_WAIT = 120.0  # seconds a command waits for a free session before it is an error
+# sshd frees a closed session only after it has handled every message that arrived with the close (its loop reads
+# all that is there, handles it, then collects closed channels): commands that end together and the ones that take
+# their places can find sshd still counting the old sessions, and it refuses the new ones ("open failed"). Refused
+# opens are tried again for this long, from SESSION_RETRY_FIRST seconds apart, doubled up to 1 s.
+SESSION_RETRY = 10.0
+SESSION_RETRY_FIRST = 0.02
 # Handshakes at once through one jump host's connection (each is a direct-tcpip channel of that connection)
 HANDSHAKES_PER_JUMP = 8
 
@@ -353,12 +359,13 @@ class Remote:
             raise SSHError(self.name, f"{SESSIONS_PER_CONNECTION} commands have been running on this connection for "
                            f"{SESSION_WAIT:g}s: no session free for another (sshd's MaxSessions allows 10)")
         try:
-            chan = transport.open_session(timeout=self.target.connect_timeout)
+            chan = _open_session(transport, self.target.connect_timeout)
             chan.exec_command(command)
         except (paramiko.SSHException, EOFError, OSError) as e:
             self._sessions.release()
-            hint = (" (sshd's MaxSessions is below what this host needs: dockerlaunch keeps at most "
-                    f"{SESSIONS_PER_CONNECTION} at once)") if "prohibited" in str(e).lower() else ""
+            hint = (f", asked for {SESSION_RETRY:g}s (is sshd's MaxSessions below {SESSIONS_PER_CONNECTION + 2}? "
+                    f"dockerlaunch keeps at most {SESSIONS_PER_CONNECTION} at once)") \
+                if isinstance(e, paramiko.ChannelException) else ""
             raise SSHError(self.name, f"cannot start a command over SSH: {e}{hint}") from None
         return _Session(chan, self._sessions)  # type: ignore[return-value]
 
@@ -553,6 +560,22 @@ class _Session:
                 held, self._held = self._held, False
             if held:
                 self._slots.release()
+
+
+def _open_session(transport: paramiko.Transport, timeout: float) -> paramiko.Channel:
+    """A session channel; one sshd refused is asked for again while SESSION_RETRY lasts: sshd may still count
+    sessions that have just closed (see there). The refusal is a ChannelException ("open failed"), or, when another
+    thread's open took the transport's one saved error first, paramiko's "Unable to open channel."."""
+    deadline = time.monotonic() + SESSION_RETRY
+    pause = SESSION_RETRY_FIRST
+    while True:
+        try:
+            return transport.open_session(timeout=timeout)
+        except paramiko.SSHException:
+            if time.monotonic() + pause > deadline or not transport.is_active():
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 1.0)
 
 
 def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseException],

@@ -191,6 +191,26 @@ def test_sshd_defaults_many_handshakes_and_commands_at_once(cluster_config, remo
     assert time.monotonic() - t0 >= 2.0  # 20 one-second commands, 8 at a time: three rounds
 
 
+def test_commands_that_take_the_places_of_ones_just_ended_all_start(cluster_config):
+    """sshd frees a closed session only after it has handled every message that came with the close: a command's
+    close and the next command's open, read together, find it still counting the old session, and it refuses the
+    new one (seen in CI as `ChannelException(2, 'Connect failed')` on the test above). 16 threads, 40 short
+    commands each, on one connection: without asking again, about 70 of the 640 were refused here."""
+    import concurrent.futures as cf
+
+    remote = Remote(resolve_target(cluster_config.hosts[1], cluster_config.ssh))
+
+    def forty(w: int) -> list[str]:
+        return [remote.run(["echo", f"{w}.{i}"]).stdout.strip() for i in range(40)]
+
+    try:
+        with cf.ThreadPoolExecutor(16) as pool:
+            said = list(pool.map(forty, range(16)))
+    finally:
+        remote.close()
+    assert said == [[f"{w}.{i}" for i in range(40)] for w in range(16)]
+
+
 def test_large_outputs_arrive_whole_when_the_exit_status_comes_first(remotes):
     """sshd may send a command's exit status before the end of its output (still waiting for window space): a
     stream that stopped at the exit status lost the tail (seen: `docker inspect` of 64 containers cut, about half

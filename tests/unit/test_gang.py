@@ -491,6 +491,31 @@ def test_a_rank_that_loses_the_coordinator_stops_its_processes_and_exits_75(tmp_
         g.procs[0].kill()
 
 
+def test_a_frozen_rank_stops_rank_0_within_host_timeout_and_its_connection_is_not_waited_for(tmp_path, gangs):
+    """A frozen host's connection stays open: rank 0 ended the job, then waited up to 5 s more for that host to say
+    goodbye (seen in CI: rank 0 stopped 10 s after its peer froze, host_timeout 5)."""
+    pid0 = tmp_path / "pid0"
+    g = gangs(tmp_path, [f"echo $$ > {pid0}; exec sleep 100", "exec sleep 100"])
+    wait_for(lambda: pid0.exists() and pid0.read_text().strip(), 15, "rank 0's command")
+    time.sleep(0.5)
+    os.kill(g.procs[1].pid, signal.SIGSTOP)  # rank 1's host freezes
+    frozen_at = time.time()
+    try:
+        deadline = time.monotonic() + 5 + 10
+        while g.procs[0].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        took = time.time() - frozen_at
+        assert g.procs[0].poll() == 75, "rank 0 still runs beside a frozen rank\n" + g.output()
+        # silent for host_timeout (5) after its last beat (at most 1 s before the freeze), the stop (stop_grace 1)
+        assert 4 < took < 5 + 1 + 1 + 2, f"rank 0 ended {took:.1f}s after rank 1 froze\n" + g.output()
+        assert not alive(int(pid0.read_text())), "rank 0's command outlived its wrapper"
+        result = g.result(0)
+        assert (result["cause"], result["code"], result["rank"]) == ("host lost", 75, 1), result
+    finally:
+        os.kill(g.procs[1].pid, signal.SIGCONT)
+        g.procs[1].kill()
+
+
 def test_a_hang_dumps_every_ranks_stacks_and_ends_124(tmp_path, gangs):
     child = ("import time\n"
              "def wait_for_data():\n"
