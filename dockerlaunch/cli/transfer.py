@@ -422,7 +422,8 @@ def cache_prune(older_than: str | None) -> None:
     """Remove cached layers (all, or old ones).
 
     All of them, or with --older-than those no push used for that long; a later push of an image whose layers
-    went reads them again, once. Refused while a push is using the cache."""
+    went reads them again, once. Refused while a push fills the cache; one streaming from it keeps the layers it
+    opened."""
     from dockerlaunch.transfer.layer_cache import prune, root
 
     got = prune(_duration(older_than) if older_than else None)

@@ -32,7 +32,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
@@ -73,8 +73,8 @@ class _Gunzip(IO[bytes]):
     """A registry blob read as its layer's uncompressed tar, checked against the diff ID at its end; with
     `raw`, read as it is and checked against its own digest (a containerd-store engine's blob, as its save has it)."""
 
-    def __init__(self, path: Path, diff_id: str, raw: bool = False):
-        self.f = open(path, "rb")
+    def __init__(self, path: Path, diff_id: str, raw: bool = False, fd: int | None = None):
+        self.f = open(path, "rb") if fd is None else _At(fd)
         self.z = None if raw else zlib.decompressobj(wbits=31)
         self.h = hashlib.sha256()
         self.diff_id, self.path, self.buf, self.n, self.done = diff_id, path, b"", 0, False
@@ -98,6 +98,53 @@ class _Gunzip(IO[bytes]):
 
     def close(self) -> None:
         self.f.close()
+
+
+class _At:
+    """A blob another holds open, read from its start with offsets of this reader's own (streams to several hosts
+    read one blob at once)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.at = fd, 0
+
+    def read(self, n: int) -> bytes:
+        data = os.pread(self.fd, n, self.at)
+        self.at += len(data)
+        return data
+
+    def close(self) -> None:
+        pass
+
+
+class _Held:
+    """The blobs a push streams, opened while the registry's lock is held: another launcher's cap or
+    `cache prune` may remove them from the storage before the stream reaches them (the lock is not held through a
+    push), and an open file is still read whole. Closed when the push's image is let go (or the process ends)."""
+
+    def __init__(self, paths: list[Path]):
+        self.fds: list[int] = []
+        try:
+            for path in paths:
+                self.fds.append(os.open(path, os.O_RDONLY | os.O_NOFOLLOW))
+        except OSError as e:
+            self.close()
+            raise TransferError(f"the launcher's registry lost {path} while reading it ({e.strerror}): "
+                                f"push again") from None
+
+    def close(self) -> None:
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __copy__(self) -> _Held:
+        return self  # one owner of the descriptors: a copy that closed them would close another's
+
+    def __deepcopy__(self, memo: dict) -> _Held:
+        return self
 
 
 def _measure(path: Path, diff_id: str) -> int:
@@ -285,7 +332,7 @@ def _registry_image(client, image: LocalImage, on_progress: Callable[[int], None
     if image.store != GRAPHDRIVER:
         got = _content_store_image(image, manifest)
         _remember_layer_blobs(image, list(got.tar_source.blobs))
-        _cap({got.facts.config.digest, *(b.digest for b in got.facts.layers)})
+        _cap({got.facts.config.digest, *(b.digest for b in got.facts.layers)})  # got holds its blobs open
         return got
     config, layers = manifest.get("config") or {}, manifest.get("layers") or []
     if config.get("digest") != image.id or len(layers) != len(image.diff_ids):
@@ -306,10 +353,11 @@ def _registry_image(client, image: LocalImage, on_progress: Callable[[int], None
     if "sha256:" + hashlib.sha256(cfg).hexdigest() != image.id:
         raise TransferError(f"the launcher's registry blob {blob_path(image.id)} is not {image.ref}'s config")
     _remember_layer_blobs(image, blobs)
+    held = _Held([Path(b) for b in blobs])
     _cap({image.id, *(str(layer.get("digest")) for layer in layers)})
     facts = SaveFacts(Blob(f"blobs/sha256/{image.id[7:]}", image.id, len(cfg), OCI_CONFIG), tuple(facts_layers),
                       image.platform)
-    return replace(image, facts=facts, tar_source=CachedLayers(tuple(blobs)))
+    return replace(image, facts=facts, tar_source=CachedLayers(tuple(blobs), cfg, held))
 
 
 def _content_store_image(image: LocalImage, manifest: dict) -> LocalImage:
@@ -337,7 +385,7 @@ def _content_store_image(image: LocalImage, manifest: dict) -> LocalImage:
         blobs.append(str(path))
     facts = SaveFacts(Blob(f"blobs/sha256/{cfg_digest[7:]}", cfg_digest, len(cfg), OCI_CONFIG), tuple(facts_layers),
                       image.platform)
-    return replace(image, facts=facts, tar_source=CachedLayers(tuple(blobs)))
+    return replace(image, facts=facts, tar_source=CachedLayers(tuple(blobs), cfg, _Held([Path(b) for b in blobs])))
 
 
 @dataclass(frozen=True)
@@ -346,16 +394,21 @@ class CachedLayers:
     registry's storage, in RootFS order (registry_image finds them)."""
 
     blobs: tuple[str, ...]
+    config: bytes = field(default=b"", repr=False)  # read (and checked) while the lock was held
+    held: _Held | None = field(default=None, repr=False, compare=False)
 
     def tar(self, client, image: LocalImage, skip: set[str]) -> Iterator[bytes]:
-        return chunks(image, self.blobs, skip)
+        return chunks(image, self.blobs, skip, self.config, self.held)
 
 
-def chunks(image: LocalImage, blobs: tuple[str, ...], skip: set[str]) -> Iterator[bytes]:
+def chunks(image: LocalImage, blobs: tuple[str, ...], skip: set[str], config: bytes = b"",
+           held: _Held | None = None) -> Iterator[bytes]:
     """A `docker save`-shaped tar of the image from the registry's blobs: its config, every layer not in `skip`
     (uncompressed and checked against its diff ID; a containerd-store engine's as its save has them, checked
-    against their digests), manifest.json. What image_chunks re-streams."""
+    against their digests), manifest.json. What image_chunks re-streams. With `held`, the blobs are read from the
+    files opened under the lock (whatever the storage holds by now)."""
     assert image.facts is not None and len(blobs) == len(image.facts.layers)
+    assert held is None or len(held.fds) == len(blobs)
     facts = image.facts
     pipe = Pipe()
 
@@ -367,12 +420,13 @@ def chunks(image: LocalImage, blobs: tuple[str, ...], skip: set[str]) -> Iterato
     def produce() -> None:
         try:
             with tarfile.open(fileobj=pipe, mode="w|", format=tarfile.GNU_FORMAT) as tar:
-                cfg = blob_path(facts.config.digest).read_bytes()
+                cfg = config or blob_path(facts.config.digest).read_bytes()
                 tar.addfile(member(facts.config.path, len(cfg)), io.BytesIO(cfg))
-                for blob, path in zip(facts.layers, blobs):
+                for i, (blob, path) in enumerate(zip(facts.layers, blobs)):
                     if blob.path in skip:
                         continue
-                    g = _Gunzip(Path(path), blob.digest, raw=image.store != GRAPHDRIVER)
+                    g = _Gunzip(Path(path), blob.digest, raw=image.store != GRAPHDRIVER,
+                                fd=held.fds[i] if held is not None else None)
                     try:
                         tar.addfile(member(blob.path, blob.size), g)
                         if g.read(1) or not g.done:  # more bytes than its recorded size
@@ -570,7 +624,8 @@ class Pruned:
 
 def prune(older_than: float | None = None) -> Pruned:
     """Removes the whole layer cache, or (`older_than` seconds) the blobs no push used for that long. Never while a
-    push fills it: that push holds the lock, and this says so instead of waiting."""
+    push fills it: that push holds the lock, and this says so instead of waiting. A push that streams from it
+    has its blobs open (`_Held`) and streams them whole."""
     store = root()
     if not store.is_dir():
         return Pruned(0, 0, 0, 0)

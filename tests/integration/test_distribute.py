@@ -480,6 +480,28 @@ def test_a_containerd_store_launcher_reads_only_the_new_layers_too(sim_cluster, 
                 rm.run(["docker", "rmi", "-f", *bumps, base])
 
 
+def test_a_push_streams_whole_when_another_launcher_prunes_the_cache_meanwhile(engine, remotes, fresh_image,
+                                                                               tmp_path, monkeypatch):
+    """A push reads the image's blobs from the launcher's registry long after it filled it (the registry's lock is
+    not held through the stream: the layers go one after another, for minutes). Another launcher's `cache prune`
+    (or its cap) in between removed the blobs, and the push failed on a file that was gone. The push holds the
+    files it will stream open from the fill: the node loads the whole image, the Image ID the engine gives it."""
+    monkeypatch.setenv("DOCKERLAUNCH_CACHE_DIR", str(tmp_path))
+    ref = fresh_image(mb=8, scratch=True)
+    want = engine.images.get(ref).id
+    img = layer_cache.registry_image(engine, local_image(engine, ref, facts=False))  # this launcher's fill
+    assert list(tmp_path.glob("registry/store/**/data")), "the fill left no blob in the registry"
+    other = dl("cache", "prune")  # a second launcher, now
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert not list(tmp_path.glob("registry/store/**/data")), other.stdout
+    body = b"".join(img.tar_source.tar(engine, img, set()))
+    try:
+        loaded = remotes[0].run(["docker", "load"], stdin=body, timeout=300)
+        assert loaded.ok and f"Loaded image ID: {want}" in loaded.stdout, loaded.stdout + loaded.stderr
+    finally:
+        remotes[0].run(["docker", "rmi", "-f", want])
+
+
 def test_chain_push_relays_host_to_host(sim_cluster, engine, remotes, fresh_image):
     ref = fresh_image(mb=16)
     local_id = engine.images.get(ref).id

@@ -46,4 +46,4 @@ def test_cache_help_says_where_the_registry_runs_and_how_big_it_grows():
                   "DOCKERLAUNCH_LAYER_CACHE_GB", "prune"):
         assert words in out, (words, out)
     out = squeeze(dl("cache", "prune", "--help").stdout)
-    assert "--older-than AGE" in out and "Refused while a push is using the cache" in out, out
+    assert "--older-than AGE" in out and "Refused while a push fills the cache; one streaming from it keeps" in out, out
