@@ -283,7 +283,10 @@ LOG_DIR_OPTION = click.option("--log-dir", default=DEFAULT_LOG_DIR, show_default
               help="Exit 0 when the job has no containers (by default that is an error naming the jobs there are).")
 @LOG_DIR_OPTION
 def down(ignore_missing: bool, log_dir: str, **kw) -> None:
-    """Stop and remove the job's containers on every host."""
+    """Stop and remove the job's containers on every host.
+
+    A host that does not answer is named (exit 1) after the others' containers are removed, with the command to run
+    once it answers."""
     from dockerlaunch.backends.docker import after_up
 
     sys.exit(after_up.down(load(kw, log_dir=log_dir), LineReporter(), ignore_missing=ignore_missing,

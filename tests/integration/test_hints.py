@@ -147,6 +147,41 @@ def test_the_follow_and_down_hints_run_as_printed_from_another_folder(folders, r
         dl("down", "--config", str(cfg), "--name", job, "--ignore-missing")
 
 
+@pytest.mark.hint("down.again")
+def test_down_with_a_host_that_does_not_answer_removes_the_rest_and_its_fix_the_rest_once_it_answers(
+        folders, sim_cluster, engine, remotes):
+    """A host died mid-run: `down` needed every host to answer, so it removed nothing and the other hosts' ranks
+    kept running. Now the others' containers go, the silent host is named (exit 1), and the printed command,
+    pasted once it answers again, removes its container too."""
+    project, elsewhere = folders
+    job = job_name()
+    node2 = engine.containers.get(sim_cluster[2][1].name)
+    ip1 = sim_cluster[2][1].ip
+    # new SSH connections to node2 are refused (the suite's own connection, already up, goes on)
+    rule = ["INPUT", "-p", "tcp", "--dport", "22", "--syn", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    try:
+        r = dl("up", "--skip-preflight", "--detach", "--name", job, "--", "sleep", "600", cwd=project)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert node2.exec_run(["iptables", "-I", *rule]).exit_code == 0
+        try:
+            d = dl("down", "--name", job, cwd=project, timeout=180)
+            assert d.returncode == 1, d.stdout + d.stderr
+            assert containers_on(remotes[0], job) == [] and containers_on(remotes[1], job) == [f"{job}-1"]
+            assert f"removed 1 container(s) of job {job} on 1 of 2 host(s)" in d.stdout, d.stdout + d.stderr
+            [line] = [x for x in d.stderr.splitlines() if x.strip()]
+            assert f"host {ip1}: did not answer" in line and "still there; once it answers, fix: " in line, line
+            again = fix_in(line)
+            assert again == f"dockerlaunch down --ignore-missing --config {project / 'dockerlaunch.yaml'} --name " \
+                            f"{job} --log-dir {project / 'dockerlaunch-logs'}", again
+        finally:
+            node2.exec_run(["iptables", "-D", *rule])
+        pasted = paste(again, elsewhere)
+        assert pasted.returncode == 0, pasted.stdout + pasted.stderr
+        assert containers_on(remotes[1], job) == [], pasted.stdout
+    finally:
+        dl("down", "--name", job, "--ignore-missing", cwd=project)
+
+
 @pytest.mark.hint("exec.logs")
 def test_exec_into_an_exited_rank_says_the_jobs_state_and_its_fix_runs_from_another_folder(folders, remotes):
     """Quoted: `exec` into an exited rank printed Docker's `Container ... is not running`."""

@@ -247,26 +247,37 @@ def missing_job(config: ClusterConfig, on_hosts: Session | list[JobRow] | None, 
 
 def down(config: ClusterConfig, reporter: Reporter | None = None, ignore_missing: bool = False,
          log_dir: str = "dockerlaunch-logs") -> int:
-    """Remove the job's containers everywhere. A job with none: an error naming the jobs there are, unless
-    `ignore_missing` (as `kubectl delete --ignore-not-found`)."""
+    """Remove the job's containers on every host that answers. A job with none: an error naming the jobs there are,
+    unless `ignore_missing` (as `kubectl delete --ignore-not-found`). A host that does not answer (it died, its
+    network is down) keeps the others' containers from nothing: they go, and the host is named in one error with
+    the command to run once it answers (its containers, if any, are still there)."""
     reporter = reporter or Reporter()
-    session = open_session(config)
+    session = open_answering(config)
     try:
-        found = existing_job_containers(session, session.plan.job)
-        if not found:
-            remove_stale_env_files(session, session.plan.job)
+        job = session.plan.job
+        seen = job_on_hosts(session)
+        found, unanswered = seen.found, seen.unanswered
+        if not found and not unanswered:
+            remove_stale_env_files(session, job)
             if ignore_missing:
-                reporter.say(f"job {session.plan.job}: no containers on {session.plan.nnodes} host(s); nothing to "
-                             "remove")
+                reporter.say(f"job {job}: no containers on {session.plan.nnodes} host(s); nothing to remove")
                 return 0
             raise missing_job(config, session, log_dir, then=" (nothing removed; with --ignore-missing that exits 0)")
         by_host: dict[str, list[str]] = {}
         for host, s in found:
             by_host.setdefault(host, []).append(s.name)
-        for o in session.fleet.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, []))).failed:
-            raise DockerlaunchError(f"host {o.item.name}: removing containers failed: {o.error}")
-        remove_stale_env_files(session, session.plan.job)
-        reporter.say(f"removed {len(found)} container(s) of job {session.plan.job}")
+        failed = session.fleet.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, [])), seen.answered).failed
+        remove_stale_env_files(session, job)
+        gone = [(host, s) for host, s in found if host not in {o.item.name for o in failed}]
+        if gone or not unanswered:
+            on = f" on {len(seen.answered)} of {session.plan.nnodes} host(s)" if unanswered else ""
+            reporter.say(f"removed {len(gone)} container(s) of job {job}{on}")
+        problems = [f"host {o.item.name}: removing containers failed: {o.error}" for o in failed]
+        problems += [f"host {host}: did not answer ({why}): its containers of job {job}, if any, are still there"
+                     for host, why in unanswered]
+        if problems:
+            again = config.invocation.fix("down", "--ignore-missing", hint="down.again")
+            raise DockerlaunchError(f"{'; '.join(problems)}; {'once it answers, ' if unanswered else ''}{again}")
         return 0
     finally:
         session.close()
