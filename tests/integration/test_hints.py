@@ -150,9 +150,9 @@ def test_the_follow_and_down_hints_run_as_printed_from_another_folder(folders, r
 @pytest.mark.hint("down.again")
 def test_down_with_a_host_that_does_not_answer_removes_the_rest_and_its_fix_the_rest_once_it_answers(
         folders, sim_cluster, engine, remotes):
-    """A host died mid-run: `down` needed every host to answer, so it removed nothing and the other hosts' ranks
-    kept running. Now the others' containers go, the silent host is named (exit 1), and the printed command,
-    pasted once it answers again, removes its container too."""
+    """A host died mid-run: `down` (and `exec` on another rank) needed every host to answer, so it removed nothing
+    and the other hosts' ranks kept running. Now the others' containers go, the silent host is named (exit 1), and
+    the printed command, pasted once it answers again, removes its container too."""
     project, elsewhere = folders
     job = job_name()
     node2 = engine.containers.get(sim_cluster[2][1].name)
@@ -164,6 +164,11 @@ def test_down_with_a_host_that_does_not_answer_removes_the_rest_and_its_fix_the_
         assert r.returncode == 0, r.stdout + r.stderr
         assert node2.exec_run(["iptables", "-I", *rule]).exit_code == 0
         try:
+            # exec needs only its rank's host
+            ex = dl("exec", "--name", job, "--rank", "0", "--", "echo", "rank-0-answers", cwd=project, timeout=120)
+            assert ex.returncode == 0 and ex.stdout.strip() == "rank-0-answers", ex.stdout + ex.stderr
+            ex = dl("exec", "--name", job, "--rank", "1", "--", "true", cwd=project, timeout=120)
+            assert ex.returncode == 1 and f"host {ip1}" in ex.stderr, ex.stdout + ex.stderr
             d = dl("down", "--name", job, cwd=project, timeout=180)
             assert d.returncode == 1, d.stdout + d.stderr
             assert containers_on(remotes[0], job) == [] and containers_on(remotes[1], job) == [f"{job}-1"]

@@ -581,10 +581,11 @@ def exec_in(config: ClusterConfig, rank: int, command: list[str], out: BinaryIO,
     if not command:
         example = config.invocation.command("exec", "--rank", str(rank), "--", "nvidia-smi", hint="exec.example")
         raise ConfigError(f"exec: give a command after --, e.g. {example}")
-    session = open_session(config)
+    session = open_answering(config)  # the rank's host must answer; another that does not changes nothing here
     try:
         [i] = _rank_hosts(session, rank)
         name = session.plan.hosts[i].container.name
+        session.fleet.hosts[i].connection()  # its error, where it did not answer
         found = existing_job_containers(session, session.plan.job)
         if not found:
             raise missing_job(config, session, log_dir, "exec: ")
