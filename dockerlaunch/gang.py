@@ -810,9 +810,8 @@ class Coordinator:
         # and waiting for it would keep rank 0 (and the launcher's fail-fast) another 5 s
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            now = time.monotonic()
-            lost = silent({r: self.seen.get(r, now) for r in self.wires}, now, spec["host_timeout"])
-            if not set(self.wires) - set(lost):
+            now, wires = time.monotonic(), list(self.wires)  # a copy: the members' threads remove theirs
+            if not set(wires) - set(silent({r: self.seen.get(r, now) for r in wires}, now, spec["host_timeout"])):
                 break
             time.sleep(0.05)
 
