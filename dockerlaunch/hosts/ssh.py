@@ -365,7 +365,7 @@ class Remote:
             self._sessions.release()
             hint = (f", asked for {SESSION_RETRY:g}s (is sshd's MaxSessions below {SESSIONS_PER_CONNECTION + 2}? "
                     f"dockerlaunch keeps at most {SESSIONS_PER_CONNECTION} at once)") \
-                if isinstance(e, paramiko.ChannelException) else ""
+                if isinstance(e, paramiko.SSHException) and _session_refused(e) and transport.is_active() else ""
             raise SSHError(self.name, f"cannot start a command over SSH: {e}{hint}") from None
         return _Session(chan, self._sessions)  # type: ignore[return-value]
 
@@ -564,18 +564,25 @@ class _Session:
 
 def _open_session(transport: paramiko.Transport, timeout: float) -> paramiko.Channel:
     """A session channel; one sshd refused is asked for again while SESSION_RETRY lasts: sshd may still count
-    sessions that have just closed (see there). The refusal is a ChannelException ("open failed"), or, when another
-    thread's open took the transport's one saved error first, paramiko's "Unable to open channel."."""
+    sessions that have just closed (see there). Never a timeout (sshd did not answer: asking again would only
+    wait longer, and leave more channels it may open late)."""
     deadline = time.monotonic() + SESSION_RETRY
     pause = SESSION_RETRY_FIRST
     while True:
         try:
             return transport.open_session(timeout=timeout)
-        except paramiko.SSHException:
-            if time.monotonic() + pause > deadline or not transport.is_active():
+        except paramiko.SSHException as e:
+            if not _session_refused(e) or time.monotonic() + pause > deadline or not transport.is_active():
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 1.0)
+
+
+def _session_refused(e: paramiko.SSHException) -> bool:
+    """sshd answered a session open with a refusal: a ChannelException ("open failed"), or, where another thread's
+    open took the transport's one saved error first, the bare error paramiko raises in its place (it has no type
+    of its own: its text is all that tells it)."""
+    return isinstance(e, paramiko.ChannelException) or str(e) == "Unable to open channel."
 
 
 def _feed(chan: paramiko.Channel, stdin: bytes | BinaryIO, errors: list[BaseException],

@@ -128,8 +128,8 @@ class _Held:
                 self.fds.append(os.open(path, os.O_RDONLY | os.O_NOFOLLOW))
         except OSError as e:
             self.close()
-            raise TransferError(f"the launcher's registry lost {path} while reading it ({e.strerror}): "
-                                f"push again") from None
+            raise TransferError(f"cannot open {path} of the launcher's registry ({e.strerror}): push again, or with "
+                                f"DOCKERLAUNCH_LAYER_SOURCE=save") from None
 
     def close(self) -> None:
         fds, self.fds = self.fds, []
@@ -145,6 +145,9 @@ class _Held:
 
     def __deepcopy__(self, memo: dict) -> _Held:
         return self
+
+    def __reduce__(self):
+        raise TypeError("open registry blobs belong to this process: they cannot be pickled")
 
 
 def _measure(path: Path, diff_id: str) -> int:

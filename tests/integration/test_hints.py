@@ -150,39 +150,39 @@ def test_the_follow_and_down_hints_run_as_printed_from_another_folder(folders, r
 @pytest.mark.hint("down.again")
 def test_down_with_a_host_that_does_not_answer_removes_the_rest_and_its_fix_the_rest_once_it_answers(
         folders, sim_cluster, engine, remotes):
-    """A host died mid-run: `down` (and `exec` on another rank) needed every host to answer, so it removed nothing
+    """Host 0 died mid-run: `down` (and `exec` on another rank) needed every host to answer, so it removed nothing
     and the other hosts' ranks kept running. Now the others' containers go, the silent host is named (exit 1), and
     the printed command, pasted once it answers again, removes its container too."""
     project, elsewhere = folders
     job = job_name()
-    node2 = engine.containers.get(sim_cluster[2][1].name)
-    ip1 = sim_cluster[2][1].ip
-    # new SSH connections to node2 are refused (the suite's own connection, already up, goes on)
+    node1 = engine.containers.get(sim_cluster[2][0].name)
+    ip0 = sim_cluster[2][0].ip
+    # new SSH connections to host 0 are refused (the suite's own connection, already up, goes on)
     rule = ["INPUT", "-p", "tcp", "--dport", "22", "--syn", "-j", "REJECT", "--reject-with", "tcp-reset"]
     try:
         r = dl("up", "--skip-preflight", "--detach", "--name", job, "--", "sleep", "600", cwd=project)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert node2.exec_run(["iptables", "-I", *rule]).exit_code == 0
+        assert node1.exec_run(["iptables", "-I", *rule]).exit_code == 0
         try:
             # exec needs only its rank's host
-            ex = dl("exec", "--name", job, "--rank", "0", "--", "echo", "rank-0-answers", cwd=project, timeout=120)
-            assert ex.returncode == 0 and ex.stdout.strip() == "rank-0-answers", ex.stdout + ex.stderr
-            ex = dl("exec", "--name", job, "--rank", "1", "--", "true", cwd=project, timeout=120)
-            assert ex.returncode == 1 and f"host {ip1}" in ex.stderr, ex.stdout + ex.stderr
+            ex = dl("exec", "--name", job, "--rank", "1", "--", "echo", "rank-1-answers", cwd=project, timeout=120)
+            assert ex.returncode == 0 and ex.stdout.strip() == "rank-1-answers", ex.stdout + ex.stderr
+            ex = dl("exec", "--name", job, "--rank", "0", "--", "true", cwd=project, timeout=120)
+            assert ex.returncode == 1 and f"host {ip0}" in ex.stderr, ex.stdout + ex.stderr
             d = dl("down", "--name", job, cwd=project, timeout=180)
             assert d.returncode == 1, d.stdout + d.stderr
-            assert containers_on(remotes[0], job) == [] and containers_on(remotes[1], job) == [f"{job}-1"]
+            assert containers_on(remotes[1], job) == [] and containers_on(remotes[0], job) == [f"{job}-0"]
             assert f"removed 1 container(s) of job {job} on 1 of 2 host(s)" in d.stdout, d.stdout + d.stderr
             [line] = [x for x in d.stderr.splitlines() if x.strip()]
-            assert f"host {ip1}: did not answer" in line and "still there; once it answers, fix: " in line, line
+            assert f"host {ip0}: did not answer" in line and "still there; once it answers, fix: " in line, line
             again = fix_in(line)
             assert again == f"dockerlaunch down --ignore-missing --config {project / 'dockerlaunch.yaml'} --name " \
                             f"{job} --log-dir {project / 'dockerlaunch-logs'}", again
         finally:
-            node2.exec_run(["iptables", "-D", *rule])
+            node1.exec_run(["iptables", "-D", *rule])
         pasted = paste(again, elsewhere)
         assert pasted.returncode == 0, pasted.stdout + pasted.stderr
-        assert containers_on(remotes[1], job) == [], pasted.stdout
+        assert containers_on(remotes[0], job) == [], pasted.stdout
     finally:
         dl("down", "--name", job, "--ignore-missing", cwd=project)
 

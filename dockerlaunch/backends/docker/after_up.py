@@ -269,8 +269,9 @@ def down(config: ClusterConfig, reporter: Reporter | None = None, ignore_missing
         failed = session.fleet.each(lambda h: DockerHost.on(h).remove(by_host.get(h.name, [])), seen.answered).failed
         remove_stale_env_files(session, job)
         gone = [(host, s) for host, s in found if host not in {o.item.name for o in failed}]
-        if gone or not unanswered:
-            on = f" on {len(seen.answered)} of {session.plan.nnodes} host(s)" if unanswered else ""
+        if gone:
+            on = (f" on {len({host for host, _ in gone})} of {session.plan.nnodes} host(s)" if unanswered or failed
+                  else "")
             reporter.say(f"removed {len(gone)} container(s) of job {job}{on}")
         problems = [f"host {o.item.name}: removing containers failed: {o.error}" for o in failed]
         problems += [f"host {host}: did not answer ({why}): its containers of job {job}, if any, are still there"

@@ -161,7 +161,7 @@ def check_command(plan: JobPlan, probes: Sequence[probelib.Probe | Exception]) -
 
 def existing_job_containers(session: Session, job: str) -> list[tuple[str, ContainerState]]:
     found = session.fleet.each(lambda h: DockerHost.on(h).job_containers(job)).raise_first()
-    return own_containers([h.name for h in session.fleet.hosts], found)
+    return own_containers([h.name for h in session.fleet.live], found)  # what each answered, in the same order
 
 
 def own_containers(hosts: list[str], found: list[list[ContainerState]]) -> list[tuple[str, ContainerState]]:
