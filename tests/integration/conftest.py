@@ -63,19 +63,21 @@ _OTHER = (os.environ.get(QUIET_ENV, ""), _started(os.environ[QUIET_ENV]) if os.e
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
-    """The tests that count this machine's engine reads (`engine_reads`: the kernel's rchar of dockerd and
-    containerd, whoever asked them) run last: scripts/test runs the image tests in a second process on the same
-    engine, and its builds and saves in the count made a thin push read 145 MB instead of 8."""
-    counted = [i for i in items if i.get_closest_marker("engine_reads")]
-    items[:] = [i for i in items if not i.get_closest_marker("engine_reads")] + counted
+    """The tests marked `alone` run last: those that count this machine's engine reads (the kernel's rchar of
+    dockerd and containerd, whoever asked them) and those that stage pushes on the nodes (their disk is this
+    machine's: a host stages only with room to spare). scripts/test runs the image tests in a second process on the
+    same engine and disk: its builds and saves in the count made a thin push read 145 MB instead of 8, and its
+    images on the disk left a cut push nothing staged (13.6 GiB free, 13.6 GiB needed)."""
+    alone = [i for i in items if i.get_closest_marker("alone")]
+    items[:] = [i for i in items if not i.get_closest_marker("alone")] + alone
 
 
 @pytest.fixture(autouse=True)
 def _engine_quiet(request):
-    """An `engine_reads` test waits until the other test process has ended (QUIET_ENV: its pid, known by the start
+    """An `alone` test waits until the other test process has ended (QUIET_ENV: its pid, known by the start
     time it had when this process began; unset, this process is the only one)."""
     pid, started = _OTHER
-    if not request.node.get_closest_marker("engine_reads") or not pid:
+    if not request.node.get_closest_marker("alone") or not pid:
         return
     import time
 

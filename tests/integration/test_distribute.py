@@ -23,7 +23,9 @@ from dockerlaunch.transfer.push import push_to_host
 from tests import cli
 from tests.integration.helpers import ids_on_nodes, nc_listeners
 
-pytestmark = pytest.mark.integration
+# alone: the thin-push tests count this machine's engine reads; the cut and chain tests stage on the nodes' disk,
+# which is this machine's (tests/integration/conftest.py runs them after scripts/test's other process)
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
 def dl(*args, timeout=900):
@@ -292,7 +294,6 @@ def push_counting_reads(monkeypatch, cfg: str, host: str, ref: str, **env: str) 
     return r.stdout, read
 
 
-@pytest.mark.engine_reads
 def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_cluster, engine, remotes, fresh_image,
                                                                         tmp_path, monkeypatch):
     """issue 43: after a bump the launcher's engine reads about the new layer's bytes, not the image's: the engine
@@ -343,7 +344,6 @@ def test_a_thin_push_reads_only_the_new_layers_from_the_launchers_engine(sim_clu
             engine.images.remove(tag, force=True)
 
 
-@pytest.mark.engine_reads
 def test_a_bump_whose_layers_the_cache_never_saw_goes_by_docker_save_and_the_cache_fills_after_the_push(
         sim_cluster, engine, remotes, nodes, fresh_image, tools_image, tmp_path, monkeypatch):
     """issue 58 item 6: the first push after a 2 kB change took 2 min 20 s, filling the layer cache with the whole
@@ -419,7 +419,6 @@ def test_a_bump_whose_layers_the_cache_never_saw_goes_by_docker_save_and_the_cac
         engine.images.remove(bump, force=True)
 
 
-@pytest.mark.engine_reads
 def test_a_containerd_store_launcher_reads_only_the_new_layers_too(sim_cluster, engine, remotes, tmp_path,
                                                                    monkeypatch):
     """issue 43 on a launcher whose engine keeps images in containerd's store (Docker 28 with the store Docker 29
